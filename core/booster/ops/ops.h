@@ -1,0 +1,148 @@
+// The differentiable op library: what models are written with.
+//
+// Every op here (1) consults autocast (booster/autocast/autocast.h) where it is entered, (2) checks
+// shapes and dtypes and throws typed errors naming the op and the values, (3) allocates its output and
+// calls a kernel registered for the device (booster/kernels/kernels.h), and (4) records its backward
+// when an input requires grad. Kernels know nothing of autograd, autocast or the booster.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <vector>
+
+#include "booster/tensor/random.h"
+#include "booster/tensor/tensor.h"
+
+namespace booster {
+
+// ---------------------------------------------------------------- creation
+Tensor zeros(const Shape& shape, DType dtype = DType::Float32, Device device = Device::cpu());
+Tensor ones(const Shape& shape, DType dtype = DType::Float32, Device device = Device::cpu());
+Tensor full(const Shape& shape, double value, DType dtype = DType::Float32, Device device = Device::cpu());
+Tensor zeros_like(const Tensor& t);
+Tensor ones_like(const Tensor& t);
+Tensor full_like(const Tensor& t, double value);
+Tensor empty_like(const Tensor& t);
+// [start, end) with step; float32 unless dtype says otherwise.
+Tensor arange(double start, double end, double step = 1.0, DType dtype = DType::Int64);
+Tensor arange(int64_t end, DType dtype = DType::Int64);
+// Uniform in [0, 1), standard normal, integers in [low, high). Same seed, same numbers everywhere.
+Tensor rand(const Shape& shape, Generator* gen = nullptr, DType dtype = DType::Float32);
+Tensor randn(const Shape& shape, Generator* gen = nullptr, DType dtype = DType::Float32);
+Tensor randint(int64_t low, int64_t high, const Shape& shape, Generator* gen = nullptr,
+               DType dtype = DType::Int64);
+Tensor randperm(int64_t n, Generator* gen = nullptr);
+// From host values; the vector's size must equal the shape's element count.
+Tensor from_vector(const std::vector<float>& values, const Shape& shape, DType dtype = DType::Float32);
+Tensor from_vector(const std::vector<double>& values, const Shape& shape, DType dtype = DType::Float64);
+Tensor from_vector(const std::vector<int64_t>& values, const Shape& shape, DType dtype = DType::Int64);
+Tensor scalar_tensor(double value, DType dtype = DType::Float32, Device device = Device::cpu());
+
+// ---------------------------------------------------------------- elementwise (broadcasting)
+Tensor add(const Tensor& a, const Tensor& b, double alpha = 1.0);  // a + alpha * b
+Tensor sub(const Tensor& a, const Tensor& b, double alpha = 1.0);
+Tensor mul(const Tensor& a, const Tensor& b);
+Tensor div(const Tensor& a, const Tensor& b);
+Tensor add(const Tensor& a, double s);
+Tensor mul(const Tensor& a, double s);
+Tensor rsub(const Tensor& a, double s);  // s - a
+Tensor rdiv(const Tensor& a, double s);  // s / a
+Tensor pow(const Tensor& a, double exponent);
+Tensor pow(const Tensor& a, const Tensor& exponent);
+Tensor neg(const Tensor& a);
+Tensor exp(const Tensor& a);
+Tensor log(const Tensor& a);
+Tensor sqrt(const Tensor& a);
+Tensor rsqrt(const Tensor& a);
+Tensor abs(const Tensor& a);
+Tensor clamp(const Tensor& a, std::optional<double> min, std::optional<double> max);
+Tensor relu(const Tensor& a);
+// approximate: "none" (erf form) or "tanh", as torch.nn.functional.gelu.
+Tensor gelu(const Tensor& a, const std::string& approximate = "none");
+Tensor tanh(const Tensor& a);
+Tensor sigmoid(const Tensor& a);
+Tensor maximum(const Tensor& a, const Tensor& b);
+Tensor minimum(const Tensor& a, const Tensor& b);
+// Comparisons give bool tensors and have no gradient.
+Tensor eq(const Tensor& a, const Tensor& b);
+Tensor ne(const Tensor& a, const Tensor& b);
+Tensor lt(const Tensor& a, const Tensor& b);
+Tensor le(const Tensor& a, const Tensor& b);
+Tensor gt(const Tensor& a, const Tensor& b);
+Tensor ge(const Tensor& a, const Tensor& b);
+Tensor isfinite(const Tensor& a);
+// cond ? a : b, broadcasting all three; cond is bool.
+Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b);
+// a with value wherever mask (bool, broadcastable to a) is true.
+Tensor masked_fill(const Tensor& a, const Tensor& mask, double value);
+
+Tensor operator+(const Tensor& a, const Tensor& b);
+Tensor operator-(const Tensor& a, const Tensor& b);
+Tensor operator*(const Tensor& a, const Tensor& b);
+Tensor operator/(const Tensor& a, const Tensor& b);
+Tensor operator-(const Tensor& a);
+Tensor operator+(const Tensor& a, double s);
+Tensor operator+(double s, const Tensor& a);
+Tensor operator-(const Tensor& a, double s);
+Tensor operator-(double s, const Tensor& a);
+Tensor operator*(const Tensor& a, double s);
+Tensor operator*(double s, const Tensor& a);
+Tensor operator/(const Tensor& a, double s);
+Tensor operator/(double s, const Tensor& a);
+
+// ---------------------------------------------------------------- reductions
+// Empty dims means all. Sums of float16/bfloat16 accumulate in float32 and return the input dtype.
+Tensor sum(const Tensor& a, const std::vector<int64_t>& dims = {}, bool keepdim = false);
+Tensor mean(const Tensor& a, const std::vector<int64_t>& dims = {}, bool keepdim = false);
+// Max over one dim; the gradient flows to the first maximal element.
+Tensor max(const Tensor& a, int64_t dim, bool keepdim = false);
+Tensor max(const Tensor& a);  // over all elements
+Tensor argmax(const Tensor& a, int64_t dim, bool keepdim = false);  // int64, no gradient
+// Variance over dims (unbiased like torch.var by default).
+Tensor var(const Tensor& a, const std::vector<int64_t>& dims, bool unbiased = true, bool keepdim = false);
+
+// ---------------------------------------------------------------- linear algebra
+// 1-D/2-D/batched with broadcasting batch dims, as torch.matmul.
+Tensor matmul(const Tensor& a, const Tensor& b);
+// x [..., in] @ weight[out, in]^T + bias[out]
+Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias = Tensor());
+Tensor bmm(const Tensor& a, const Tensor& b);
+
+// ---------------------------------------------------------------- joining and indexing
+Tensor cat(const std::vector<Tensor>& tensors, int64_t dim = 0);
+Tensor stack(const std::vector<Tensor>& tensors, int64_t dim = 0);
+// Pieces of `split_size` along dim (the last may be smaller), as torch.split.
+std::vector<Tensor> split(const Tensor& a, int64_t split_size, int64_t dim = 0);
+std::vector<Tensor> chunk(const Tensor& a, int64_t chunks, int64_t dim = 0);
+// Rows of weight picked by integer indices of any shape: out shape = indices.shape + [dim].
+Tensor embedding(const Tensor& weight, const Tensor& indices);
+// out[i] = a[i][index[i]] along dim (index has a's shape except along dim).
+Tensor gather(const Tensor& a, int64_t dim, const Tensor& index);
+Tensor index_select(const Tensor& a, int64_t dim, const Tensor& index);
+
+// ---------------------------------------------------------------- neural-network functions
+Tensor softmax(const Tensor& a, int64_t dim);
+Tensor log_softmax(const Tensor& a, int64_t dim);
+Tensor layer_norm(const Tensor& x, const Shape& normalized_shape, const Tensor& weight = Tensor(),
+                  const Tensor& bias = Tensor(), double eps = 1e-5);
+// x [N, C] or [N, C, L]. In training, uses batch statistics and updates running_* in place with
+// momentum (unbiased variance, as PyTorch); in eval, uses running statistics.
+Tensor batch_norm(const Tensor& x, const Tensor& running_mean, const Tensor& running_var,
+                  const Tensor& weight, const Tensor& bias, bool training, double momentum = 0.1,
+                  double eps = 1e-5);
+// Zeroes elements with probability p and scales the rest by 1/(1-p); identity when !training.
+Tensor dropout(const Tensor& a, double p, bool training, Generator* gen = nullptr);
+// q, k, v: [..., L, E]. softmax(q k^T * scale + causal mask) v; scale defaults to 1/sqrt(E).
+Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v,
+                                    bool is_causal = false, std::optional<double> scale = std::nullopt);
+
+enum class Reduction { None, Mean, Sum };
+Reduction reduction_from_string(const std::string& s);
+// logits [N, C] (or [N, C, d...]), target int64 class indices [N] (or [N, d...]).
+Tensor cross_entropy(const Tensor& logits, const Tensor& target, Reduction reduction = Reduction::Mean,
+                     int64_t ignore_index = -100, double label_smoothing = 0.0);
+Tensor nll_loss(const Tensor& log_probs, const Tensor& target, Reduction reduction = Reduction::Mean,
+                int64_t ignore_index = -100);
+Tensor mse_loss(const Tensor& input, const Tensor& target, Reduction reduction = Reduction::Mean);
+
+}  // namespace booster

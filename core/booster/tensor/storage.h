@@ -1,0 +1,58 @@
+// Storage: one reference-counted allocation on one device. Tensors are views into it.
+#pragma once
+
+#include <cstddef>
+#include <functional>
+#include <memory>
+
+#include "booster/tensor/dtype.h"
+
+namespace booster {
+
+// Each device type registers one allocator. The CPU one caches freed blocks by size so training
+// loops, which allocate the same shapes every step, stop calling malloc after the first step.
+class Allocator {
+ public:
+  virtual ~Allocator() = default;
+  virtual void* allocate(size_t nbytes) = 0;
+  virtual void deallocate(void* p, size_t nbytes) = 0;
+  // Copies between this device and host memory; same-device copies when both are on the device.
+  virtual void copy_to_host(void* dst, const void* src, size_t nbytes) = 0;
+  virtual void copy_from_host(void* dst, const void* src, size_t nbytes) = 0;
+  virtual void copy_device(void* dst, const void* src, size_t nbytes) = 0;
+  virtual void memset_zero(void* dst, size_t nbytes) = 0;
+  // Returns cached blocks to the system.
+  virtual void empty_cache() {}
+};
+
+Allocator& allocator_for(Device d);
+void register_allocator(DeviceType t, Allocator* a);
+bool has_allocator(DeviceType t);
+
+// Bytes currently held by live CPU storages and the peak since the last reset (for memory benchmarks).
+size_t cpu_bytes_in_use();
+size_t cpu_peak_bytes();
+void reset_cpu_peak_bytes();
+
+class Storage {
+ public:
+  // Allocates nbytes on device (uninitialized).
+  Storage(size_t nbytes, Device device);
+  // Wraps memory owned elsewhere; `release` runs when the last view goes away.
+  Storage(void* data, size_t nbytes, Device device, std::function<void(void*)> release);
+  ~Storage();
+  Storage(const Storage&) = delete;
+  Storage& operator=(const Storage&) = delete;
+
+  void* data() const { return data_; }
+  size_t nbytes() const { return nbytes_; }
+  Device device() const { return device_; }
+
+ private:
+  void* data_ = nullptr;
+  size_t nbytes_ = 0;
+  Device device_;
+  std::function<void(void*)> release_;  // empty: memory came from allocator_for(device_)
+};
+
+}  // namespace booster
