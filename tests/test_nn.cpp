@@ -122,6 +122,9 @@ TEST_CASE("buffers and modules are listed with dotted names", "[nn]") {
   REQUIRE(modules.size() == 3);
   REQUIRE(modules[0].first.empty());
   REQUIRE(modules[1].first == "norm");
+  std::vector<std::string> visited;
+  toy.apply([&](nn::Module& m) { visited.push_back(m.name()); });
+  REQUIRE(visited == std::vector<std::string>{"BatchNorm1d", "Linear", "Toy"});  // children first
   for (const auto& [name, t] : toy.named_buffers()) CHECK_FALSE(t.requires_grad());
   const nn::StateDict sd = toy.state_dict();
   REQUIRE(sd.size() == 10);

@@ -47,7 +47,7 @@ Tensor GPT::forward(const Tensor& idx) {
   const int64_t T = idx.size(1);
   BOOSTER_CHECK(T <= config.context, ShapeError, "GPT: sequence length ", T, " exceeds the context length ",
                 config.context, "; pass at most ", config.context, " tokens");
-  const Tensor positions = arange(T, DType::Int64);
+  const Tensor positions = arange(T, DType::Int64).to(idx.device());
   Tensor x = drop->forward(wte->forward(idx) + wpe->forward(positions));  // [B, T, C] + [T, C]
   x = blocks->forward(x);
   return lm_head->forward(ln_f->forward(x));

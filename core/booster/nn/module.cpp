@@ -156,6 +156,11 @@ ModulePtr Module::child(const std::string& name) const {
   BOOSTER_FAIL(IndexError, this->name(), ": no child module \"", name, "\"; children are [", list_keys(names), "]");
 }
 
+void Module::apply(const std::function<void(Module&)>& fn) {
+  for (auto& [name, child] : children_) child->apply(fn);
+  fn(*this);
+}
+
 int64_t Module::num_parameters() const {
   int64_t n = 0;
   for (const auto& [name, t] : named_parameters()) n += t.numel();

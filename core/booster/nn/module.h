@@ -57,6 +57,9 @@ class Module {
   std::vector<ModulePtr> children() const;
   // This module (under the name "") and every descendant, pre-order, each once.
   std::vector<std::pair<std::string, const Module*>> named_modules() const;
+  // Calls fn on every descendant and then on this module (post-order, as torch.nn.Module.apply), e.g.
+  // to re-initialise weights by layer type.
+  void apply(const std::function<void(Module&)>& fn);
   // Total number of parameter elements.
   int64_t num_parameters() const;
   // The direct child registered as `name`; throws IndexError naming the children that exist.
