@@ -173,3 +173,119 @@ TEST_CASE("reductions reject bad dims with typed errors naming the op", "[ops]")
   REQUIRE_THROWS_AS(max(zeros({0})), IndexError);
   REQUIRE_THROWS_AS(mean(zeros({2}, DType::Int64)), DTypeError);
 }
+
+// ------------------------------------------------------------------------------------------ linear algebra
+
+TEST_CASE("matmul, linear and bmm match PyTorch in float64 and float32", "[ops]") {
+  for (const char* c : {"linalg_f64", "linalg_f32"}) {
+    const bool f32 = std::string(c) == "linalg_f32";
+    const double rtol = f32 ? 1e-5 : 1e-12, atol = f32 ? 1e-5 : 1e-12;
+    INFO(c);
+    check_close(matmul(fx(c, "a3"), fx(c, "b2")), fx(c, "a3_b2"), rtol, atol);
+    check_close(matmul(fx(c, "a4"), fx(c, "b3")), fx(c, "a4_b3"), rtol, atol);
+    check_close(matmul(fx(c, "v4"), fx(c, "m45")), fx(c, "v4_m45"), rtol, atol);
+    check_close(matmul(fx(c, "v4"), fx(c, "v4")), fx(c, "v4_v4"), rtol, atol);
+    check_close(matmul(fx(c, "m45").t(), fx(c, "v4")), fx(c, "m45t_v4"), rtol, atol);
+    check_close(linear(fx(c, "x"), fx(c, "w"), fx(c, "bias")), fx(c, "linear"), rtol, atol);
+    check_close(linear(fx(c, "x"), fx(c, "w")), fx(c, "linear_nobias"), rtol, atol);
+    check_close(bmm(fx(c, "ba"), fx(c, "bb")), fx(c, "bmm"), rtol, atol);
+  }
+}
+
+TEST_CASE("bfloat16 matmul and linear round like PyTorch (within one bf16 ulp)", "[ops]") {
+  const char* c = "linalg_bf16";
+  auto within_one_ulp = [](const Tensor& got, const Tensor& want) {
+    REQUIRE(got.dtype() == DType::BFloat16);
+    REQUIRE(got.shape() == want.shape());
+    auto g = got.tolist(), w = want.tolist();
+    int exact = 0;
+    for (size_t i = 0; i < g.size(); ++i) {
+      // One bf16 ulp at |w|: 2^(exponent - 7).
+      const double ulp = std::ldexp(1.0, std::ilogb(std::max(std::abs(w[i]), 1e-30)) - 7);
+      INFO("element " << i << ": " << g[i] << " vs " << w[i]);
+      REQUIRE(std::abs(g[i] - w[i]) <= ulp);
+      exact += g[i] == w[i];
+    }
+    REQUIRE(exact >= int(g.size() * 9 / 10));  // rounding once from float32: nearly all bit-equal
+  };
+  within_one_ulp(matmul(fx(c, "a"), fx(c, "b")), fx(c, "ab"));
+  within_one_ulp(linear(fx(c, "x"), fx(c, "w"), fx(c, "bias")), fx(c, "linear"));
+  // Transposed operands take the BLAS transpose flags and give the same values.
+  Tensor bt = fx(c, "b").t().contiguous().t();
+  within_one_ulp(matmul(fx(c, "a"), bt), fx(c, "ab"));
+}
+
+TEST_CASE("float16 matmul accumulates in float32 and rounds once", "[ops]") {
+  // 4096 products of 1 * 1: a float16 accumulator would stop at 2048.
+  Tensor a = ones({2, 4096}, DType::Float16), b = ones({4096, 3}, DType::Float16);
+  REQUIRE(matmul(a, b).tolist() == std::vector<double>(6, 4096.0));
+}
+
+TEST_CASE("matmul handles transposed, sliced and broadcast operands", "[ops]") {
+  Tensor a = rn({3, 5, 4}, 21), b = rn({4, 6}, 22);
+  Tensor ref = matmul(a.contiguous(), b.contiguous());
+  // Transposed storage for both (BLAS flags), and a strided slice (copied).
+  Tensor at = a.transpose(1, 2).contiguous().transpose(1, 2);
+  Tensor bt = b.t().contiguous().t();
+  REQUIRE(allclose(matmul(at, bt), ref, 1e-12, 1e-12));
+  Tensor wide = rn({4, 12}, 23);
+  Tensor sliced = wide.slice(1, 0, 12, 2);
+  REQUIRE(allclose(matmul(a, sliced), matmul(a, sliced.contiguous()), 1e-12, 1e-12));
+  // Broadcast batch dims: [2, 1, 5, 4] @ [3, 4, 6] -> [2, 3, 5, 6].
+  Tensor a4 = rn({2, 1, 5, 4}, 24), b3 = rn({3, 4, 6}, 25);
+  Tensor o = matmul(a4, b3);
+  REQUIRE(o.shape() == Shape{2, 3, 5, 6});
+  REQUIRE(allclose(o.select(0, 1).select(0, 2), matmul(a4.select(0, 1).select(0, 0), b3.select(0, 2)), 1e-12, 1e-12));
+  // 2-D @ batched.
+  Tensor m = rn({5, 4}, 26);
+  REQUIRE(allclose(matmul(m, b3).select(0, 1), matmul(m, b3.select(0, 1)), 1e-12, 1e-12));
+}
+
+TEST_CASE("linear algebra gradients match finite differences", "[ops][autograd]") {
+  Tensor a3 = rn({2, 3, 4}, 31), b2 = rn({4, 5}, 32), b3 = rn({2, 4, 5}, 33);
+  REQUIRE(gradcheck([](const std::vector<Tensor>& v) { return matmul(v[0], v[1]); }, {a3, b2}));
+  REQUIRE(gradcheck([](const std::vector<Tensor>& v) { return matmul(v[0], v[1]); }, {a3, b3}));
+  // Broadcasting batch dims: gradients are summed over the broadcast dims.
+  Tensor a4 = rn({2, 1, 3, 4}, 34), b31 = rn({3, 4, 2}, 35);
+  REQUIRE(gradcheck([](const std::vector<Tensor>& v) { return matmul(v[0], v[1]); }, {a4, b31}));
+  Tensor m = rn({3, 4}, 36);
+  REQUIRE(gradcheck([](const std::vector<Tensor>& v) { return matmul(v[0], v[1]); }, {m, b3}));
+  // 1-D operands.
+  Tensor v4 = rn({4}, 37);
+  REQUIRE(gradcheck([](const std::vector<Tensor>& v) { return matmul(v[0], v[1]); }, {v4, b2}));
+  REQUIRE(gradcheck([](const std::vector<Tensor>& v) { return matmul(v[0], v[1]); }, {a3, v4}));
+  REQUIRE(gradcheck([](const std::vector<Tensor>& v) { return matmul(v[0], v[1]); }, {v4, v4}));
+  // Transposed operands through the BLAS flags.
+  REQUIRE(gradcheck([](const std::vector<Tensor>& v) { return matmul(v[0].t(), v[1].t()); }, {rn({4, 3}, 38), rn({5, 4}, 39)}));
+  Tensor x = rn({2, 3, 4}, 40), w = rn({5, 4}, 41), bias = rn({5}, 42);
+  REQUIRE(gradcheck([](const std::vector<Tensor>& v) { return linear(v[0], v[1], v[2]); }, {x, w, bias}));
+  REQUIRE(gradcheck([](const std::vector<Tensor>& v) { return linear(v[0], v[1]); }, {rn({4}, 43), w}));
+  REQUIRE(gradcheck([](const std::vector<Tensor>& v) { return bmm(v[0], v[1]); }, {rn({3, 2, 4}, 44), rn({3, 4, 5}, 45)}));
+}
+
+TEST_CASE("linear under autocast runs in the autocast dtype", "[ops][amp]") {
+  Tensor x = rn({4, 8}, 50).to(DType::Float32), w = rn({3, 8}, 51).to(DType::Float32).requires_grad_();
+  Tensor b = zeros({3}).requires_grad_();
+  Tensor y;
+  {
+    autocast::AutocastGuard ac(true, DType::BFloat16);
+    y = linear(x, w, b);
+  }
+  REQUIRE(y.dtype() == DType::BFloat16);
+  sum(y.to(DType::Float32)).backward();
+  REQUIRE(w.grad().dtype() == DType::Float32);
+  REQUIRE(b.grad().tolist() == std::vector<double>{4, 4, 4});
+}
+
+TEST_CASE("linear algebra shape errors name the op and both shapes", "[ops]") {
+  REQUIRE_THROWS_WITH(matmul(zeros({2, 3}), zeros({4, 5})),
+                      "matmul: shapes [2, 3] and [4, 5] cannot be multiplied (3 != 4)");
+  REQUIRE_THROWS_AS(matmul(zeros({2, 2, 3}), zeros({3, 3, 2})), ShapeError);  // batch 2 vs 3
+  REQUIRE_THROWS_AS(matmul(zeros({}), zeros({3})), ShapeError);
+  REQUIRE_THROWS_AS(matmul(zeros({2, 3}), zeros({3, 2}, DType::Float64)), DTypeError);
+  REQUIRE_THROWS_WITH(linear(zeros({2, 3}), zeros({4, 5})),
+                      Catch::Contains("linear") && Catch::Contains("[2, 3]") && Catch::Contains("[4, 5]"));
+  REQUIRE_THROWS_WITH(linear(zeros({2, 5}), zeros({4, 5}), zeros({3})), Catch::Contains("linear: bias"));
+  REQUIRE_THROWS_WITH(bmm(zeros({2, 2, 3}), zeros({3, 3, 2})), Catch::Contains("bmm"));
+  REQUIRE_THROWS_WITH(bmm(zeros({2, 3}), zeros({3, 2})), Catch::Contains("bmm: expected 3-D"));
+}

@@ -39,9 +39,10 @@ struct MaxOp {
     if constexpr (std::is_floating_point_v<A>) return -std::numeric_limits<A>::infinity();
     else return std::numeric_limits<A>::lowest();
   }
-  // NaN wins and stays, as torch.max.
+  // NaN wins and stays (nothing compares greater than a NaN accumulator), as torch.max. A select the
+  // compiler turns into compare + blend, so the lane loop vectorizes.
   static A combine(A acc, A x) {
-    if constexpr (std::is_floating_point_v<A>) return (x > acc || x != x || acc != acc) ? (acc != acc ? acc : x) : acc;
+    if constexpr (std::is_floating_point_v<A>) return ((x > acc) | (x != x)) ? x : acc;
     else return x > acc ? x : acc;
   }
 };
