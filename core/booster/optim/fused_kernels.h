@@ -1,0 +1,104 @@
+// Fused CPU update loops of the optimizers (private to core/booster/optim).
+//
+// Each kernel updates elements [0, n) of flat spans in one pass: parameter P (float, double, Half,
+// BFloat16), gradient P, state S = acc_t<P>. Every scalar arrives already rounded to S, as torch
+// rounds its Python-double hyperparameters to the tensor's dtype, and each formula keeps torch's
+// order of operations (mul_ then add_, addcmul_, addcdiv_), so float32 results agree with torch to
+// rounding. Option switches are template parameters, so the loop body has no branches and the
+// compiler vectorizes it for float and double.
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+
+#include "booster/backends/cpu/loops.h"
+
+namespace booster::optim::detail {
+
+// Runs f.template operator()<B0, B1, B2>() with the runtime flags as compile-time constants.
+template <class F>
+void with_flags(bool b0, bool b1, bool b2, F&& f) {
+  auto lvl2 = [&]<bool X, bool Y>() {
+    if (b2) f.template operator()<X, Y, true>();
+    else f.template operator()<X, Y, false>();
+  };
+  auto lvl1 = [&]<bool X>() {
+    if (b1) lvl2.template operator()<X, true>();
+    else lvl2.template operator()<X, false>();
+  };
+  if (b0) lvl1.template operator()<true>();
+  else lvl1.template operator()<false>();
+}
+
+// Elements per parallel chunk cost: an optimizer touches ~5 streams per element.
+inline constexpr int64_t kOptimizerCostPerElement = 4;
+
+template <class S>
+struct SGDCoeffs {
+  S neg_lr, weight_decay, momentum, one_minus_dampening;
+};
+
+// kFirst: the momentum buffer is set to d (torch clones the first gradient).
+template <bool kWeightDecay, bool kMomentum, bool kNesterov, class P, class S>
+void sgd_update(P* __restrict p, const P* __restrict g, S* __restrict buf, int64_t n, const SGDCoeffs<S> c,
+                bool first) {
+  if constexpr (kMomentum) {
+    if (first) {
+      for (int64_t i = 0; i < n; ++i) {
+        const S pv = S(p[i]);
+        S d = S(g[i]);
+        if constexpr (kWeightDecay) d = d + c.weight_decay * pv;
+        buf[i] = d;
+        if constexpr (kNesterov) d = d + c.momentum * d;
+        p[i] = P(pv + c.neg_lr * d);
+      }
+      return;
+    }
+  }
+  for (int64_t i = 0; i < n; ++i) {
+    const S pv = S(p[i]);
+    S d = S(g[i]);
+    if constexpr (kWeightDecay) d = d + c.weight_decay * pv;
+    if constexpr (kMomentum) {
+      const S b = buf[i] * c.momentum + c.one_minus_dampening * d;
+      buf[i] = b;
+      if constexpr (kNesterov) d = d + c.momentum * b;
+      else d = b;
+    }
+    p[i] = P(pv + c.neg_lr * d);
+  }
+}
+
+template <class S>
+struct AdamCoeffs {
+  S beta1, beta2, one_minus_beta1, one_minus_beta2;
+  S weight_decay;       // L2 (Adam)
+  S decay;              // 1 - lr * weight_decay (AdamW)
+  S neg_step_size;      // -lr / (1 - beta1^t)
+  S bias_correction2_sqrt;
+  S eps;
+};
+
+template <bool kDecoupled, bool kWeightDecay, bool kAmsgrad, class P, class S>
+void adam_update(P* __restrict p, const P* __restrict g, S* __restrict m, S* __restrict v, S* __restrict vmax,
+                 int64_t n, const AdamCoeffs<S> c) {
+  for (int64_t i = 0; i < n; ++i) {
+    S pv = S(p[i]);
+    S gv = S(g[i]);
+    if constexpr (kDecoupled) pv = pv * c.decay;
+    else if constexpr (kWeightDecay) gv = gv + c.weight_decay * pv;
+    const S mv = m[i] * c.beta1 + c.one_minus_beta1 * gv;
+    S vv = v[i] * c.beta2 + c.one_minus_beta2 * gv * gv;
+    m[i] = mv;
+    v[i] = vv;
+    if constexpr (kAmsgrad) {
+      vv = std::max(vmax[i], vv);
+      vmax[i] = vv;
+    }
+    const S denom = std::sqrt(vv) / c.bias_correction2_sqrt + c.eps;
+    p[i] = P(pv + c.neg_step_size * mv / denom);
+  }
+}
+
+}  // namespace booster::optim::detail

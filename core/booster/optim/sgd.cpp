@@ -1,0 +1,85 @@
+// torch.optim.SGD (1.13) as one fused pass per run of parameters (see fused_kernels.h).
+#include "booster/autograd/autograd.h"
+#include "booster/optim/fused_kernels.h"
+#include "booster/optim/optimizer.h"
+
+namespace booster::optim {
+
+using nlohmann::json;
+
+json SGDOptions::to_json() const {
+  json o = {{"momentum", momentum}, {"dampening", dampening}, {"weight_decay", weight_decay}, {"nesterov", nesterov}};
+  if (!std::isnan(lr)) o["lr"] = lr;
+  return o;
+}
+
+namespace {
+json sgd_defaults() {
+  return {{"lr", nullptr}, {"momentum", 0.0}, {"dampening", 0.0}, {"weight_decay", 0.0}, {"nesterov", false}};
+}
+}  // namespace
+
+SGD::SGD(std::vector<Tensor> params, const SGDOptions& options) : SGD(std::move(params), options.to_json()) {}
+
+SGD::SGD(std::vector<Tensor> params, const json& options) : Optimizer("SGD", sgd_defaults()) {
+  std::vector<ParamGroup> groups;
+  groups.push_back(ParamGroup{std::move(params), json::object()});
+  defaults_ = complete_options(options);
+  add_groups(std::move(groups));
+}
+
+SGD::SGD(std::vector<ParamGroup> groups, const json& defaults) : Optimizer("SGD", sgd_defaults()) {
+  // Group options win over `defaults`, which may leave lr out when every group sets it.
+  for (auto it = defaults.begin(); it != defaults.end(); ++it) {
+    BOOSTER_CHECK(defaults_.contains(it.key()), ConfigError, "SGD: unknown option '", it.key(),
+                  "'; valid options are: dampening, lr, momentum, nesterov, weight_decay");
+    defaults_[it.key()] = it.value();
+  }
+  add_groups(std::move(groups));
+}
+
+void SGD::check_options(const json& o) const {
+  const double lr = num(o, "lr"), momentum = num(o, "momentum"), dampening = num(o, "dampening"),
+               wd = num(o, "weight_decay");
+  BOOSTER_CHECK(lr >= 0.0, ValueError, "Invalid learning rate: ", lr);
+  BOOSTER_CHECK(momentum >= 0.0, ValueError, "Invalid momentum value: ", momentum);
+  BOOSTER_CHECK(wd >= 0.0, ValueError, "Invalid weight_decay value: ", wd);
+  BOOSTER_CHECK(!flag(o, "nesterov") || (momentum > 0.0 && dampening == 0.0), ValueError,
+                "Nesterov momentum requires a momentum and zero dampening (got momentum ", momentum,
+                ", dampening ", dampening, ")");
+}
+
+std::vector<std::string> SGD::state_names(const json& o) const {
+  if (num(o, "momentum") != 0.0) return {"momentum_buffer"};
+  return {};
+}
+
+void SGD::step() {
+  NoGradGuard no_grad;
+  for (size_t g = 0; g < groups_.size(); ++g) {
+    const json& o = groups_[g].options;
+    const double lr = num(o, "lr"), momentum = num(o, "momentum"), dampening = num(o, "dampening"),
+                 wd = num(o, "weight_decay");
+    const bool nesterov = flag(o, "nesterov");
+    for_each_run(g, [&](Segment& seg, const Run& run) {
+      BOOSTER_CHECK(seg.flat.device().is_cpu(), NotImplementedError, "SGD.step: parameters on ",
+                    seg.flat.device(), " are not supported yet");
+      Tensor* buf = momentum != 0.0 ? &state_buffer(seg, "momentum_buffer") : nullptr;
+      BOOSTER_DISPATCH_FLOATING(seg.flat.dtype(), "SGD.step", [&] {
+        using S = acc_t<scalar_t>;
+        const detail::SGDCoeffs<S> c{S(-lr), S(wd), S(momentum), S(1.0 - dampening)};
+        scalar_t* p = seg.flat.data().data<scalar_t>() + run.begin;
+        const scalar_t* gr = seg.flat.grad().data<scalar_t>() + run.begin;
+        S* b = buf ? buf->data<S>() + run.begin : nullptr;
+        const bool first = run.step == 1;
+        detail::with_flags(wd != 0.0, momentum != 0.0, nesterov, [&]<bool kWD, bool kMom, bool kNest>() {
+          cpu::parallel_for(run.end - run.begin, detail::kOptimizerCostPerElement, [&](int64_t lo, int64_t hi) {
+            detail::sgd_update<kWD, kMom, kNest>(p + lo, gr + lo, b ? b + lo : nullptr, hi - lo, c, first);
+          });
+        });
+      });
+    });
+  }
+}
+
+}  // namespace booster::optim
