@@ -1,13 +1,286 @@
-// STUB: to be implemented (each throws NotImplementedError until then).
+// Neural-network functions: softmax, log_softmax, layer_norm, batch_norm, dropout and scaled
+// dot-product attention. Each one: autocast, checks, one fused kernel (kernels/nn.h), and a fused
+// backward kernel recorded for autograd. Saved statistics stay in float32 (float64 for float64).
+#include <cmath>
+
+#include "booster/autocast/autocast.h"
+#include "booster/autograd/autograd.h"
+#include "booster/kernels/nn.h"
 #include "booster/ops/ops.h"
 
 namespace booster {
 
-Tensor softmax(const Tensor&, int64_t) { BOOSTER_FAIL(NotImplementedError, __func__, ": not implemented yet"); }
-Tensor log_softmax(const Tensor&, int64_t) { BOOSTER_FAIL(NotImplementedError, __func__, ": not implemented yet"); }
-Tensor layer_norm(const Tensor&, const Shape&, const Tensor&, const Tensor&, double) { BOOSTER_FAIL(NotImplementedError, __func__, ": not implemented yet"); }
-Tensor batch_norm(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&, bool, double, double) { BOOSTER_FAIL(NotImplementedError, __func__, ": not implemented yet"); }
-Tensor dropout(const Tensor&, double, bool, Generator*) { BOOSTER_FAIL(NotImplementedError, __func__, ": not implemented yet"); }
-Tensor scaled_dot_product_attention(const Tensor&, const Tensor&, const Tensor&, bool, std::optional<double>) { BOOSTER_FAIL(NotImplementedError, __func__, ": not implemented yet"); }
+using autograd::grads;
+
+namespace {
+
+// The dtype kernels save statistics in: float64 for float64, float32 otherwise.
+DType stats_dtype(DType t) { return t == DType::Float64 ? DType::Float64 : DType::Float32; }
+
+void check_floating(const Tensor& t, const char* op, const char* what) {
+  BOOSTER_CHECK(is_floating(t.dtype()), DTypeError, op, ": expected a floating ", what,
+                " (float64, float32, float16, bfloat16), got ", t.dtype());
+}
+
+// An incoming gradient as the backward kernels want it: contiguous, in the forward's dtype.
+Tensor grad_as(const Tensor& g, DType dtype) {
+  Tensor r = g.dtype() == dtype ? g : g.to(dtype);
+  return r.contiguous();
+}
+
+// A parameter converted to x's dtype, differentiably (a float32 weight on float64 x in gradcheck).
+Tensor param_as(const Tensor& p, DType dtype) { return !p.defined() || p.dtype() == dtype ? p : p.to(dtype); }
+
+// ----------------------------------------------------------------------------------------- softmax
+
+Tensor softmax_common(const Tensor& a_in, int64_t dim, bool log) {
+  const char* name = log ? "log_softmax" : "softmax";
+  Tensor a = a_in;
+  autocast::apply(log ? autocast::Op::LogSoftmax : autocast::Op::Softmax, {&a});
+  check_floating(a, name, "input");
+  // A 0-d tensor takes dim 0 or -1, as torch.softmax does.
+  const int64_t d = wrap_dim(dim, std::max<int64_t>(a.dim(), 1), name);
+  int64_t outer = 1, inner = 1;
+  const int64_t size = a.dim() == 0 ? 1 : a.size(d);
+  for (int64_t i = 0; i < d; ++i) outer *= a.size(i);
+  for (int64_t i = d + 1; i < a.dim(); ++i) inner *= a.size(i);
+
+  const Tensor x = a.detach().contiguous();
+  Tensor out = Tensor::empty(a.shape(), a.dtype(), a.device());
+  if (out.numel() > 0) kernels::softmax_kernel(a.device())(x, outer, size, inner, log, out);
+  autograd::record(out, log ? "LogSoftmaxBackward" : "SoftmaxBackward", {a},
+                   [y = out.detach(), outer, size, inner, log](const Tensor& g) {
+                     const Tensor gc = grad_as(g, y.dtype());
+                     Tensor dx = Tensor::empty(y.shape(), y.dtype(), y.device());
+                     if (dx.numel() > 0)
+                       kernels::softmax_backward_kernel(y.device())(gc, y, outer, size, inner, log, dx);
+                     return grads{dx};
+                   });
+  return out;
+}
+
+}  // namespace
+
+Tensor softmax(const Tensor& a, int64_t dim) { return softmax_common(a, dim, /*log=*/false); }
+Tensor log_softmax(const Tensor& a, int64_t dim) { return softmax_common(a, dim, /*log=*/true); }
+
+// -------------------------------------------------------------------------------------- layer norm
+
+Tensor layer_norm(const Tensor& x_in, const Shape& normalized_shape, const Tensor& weight_in, const Tensor& bias_in,
+                  double eps) {
+  Tensor x = x_in, weight = weight_in, bias = bias_in;
+  autocast::apply(autocast::Op::LayerNorm, {&x, &weight, &bias});
+  check_floating(x, "layer_norm", "input");
+  const int64_t nd = int64_t(normalized_shape.size());
+  bool trailing_match = nd >= 1 && nd <= x.dim();
+  for (int64_t i = 0; trailing_match && i < nd; ++i)
+    trailing_match = x.size(x.dim() - nd + i) == normalized_shape[size_t(i)];
+  BOOSTER_CHECK(trailing_match, ShapeError, "layer_norm: normalized_shape ", normalized_shape,
+                " must be non-empty and equal the last dims of the input shape ", x.shape());
+  for (const Tensor* p : std::initializer_list<const Tensor*>{&weight, &bias})
+    BOOSTER_CHECK(!p->defined() || p->shape() == normalized_shape, ShapeError, "layer_norm: ",
+                  p == &weight ? "weight" : "bias", " of shape ", p->shape(), " must have normalized_shape ",
+                  normalized_shape);
+  BOOSTER_CHECK(eps >= 0, ValueError, "layer_norm: eps must be >= 0, got ", eps);
+  weight = param_as(weight, x.dtype());
+  bias = param_as(bias, x.dtype());
+
+  const int64_t cols = numel_of(normalized_shape);
+  const int64_t rows = cols == 0 ? 0 : x.numel() / cols;
+  const Tensor xc = x.detach().contiguous();
+  const Tensor wc = weight.defined() ? weight.detach().contiguous() : Tensor();
+  const Tensor bc = bias.defined() ? bias.detach().contiguous() : Tensor();
+  Tensor out = Tensor::empty(x.shape(), x.dtype(), x.device());
+  Tensor mean = Tensor::empty({rows}, stats_dtype(x.dtype()), x.device());
+  Tensor rstd = Tensor::empty({rows}, stats_dtype(x.dtype()), x.device());
+  if (out.numel() > 0) kernels::layer_norm_kernel(x.device())(xc, wc, bc, rows, cols, eps, out, mean, rstd);
+
+  if (autograd::needs_grad({&x, &weight, &bias})) {
+    const bool gx = x.requires_grad(), gw = weight.defined() && weight.requires_grad(),
+               gb = bias.defined() && bias.requires_grad();
+    autograd::record(out, "LayerNormBackward", {x, weight, bias},
+                     [xc, wc, mean, rstd, rows, cols, gx, gw, gb, ns = normalized_shape](const Tensor& g) {
+                       const Tensor gc = grad_as(g, xc.dtype());
+                       Tensor dx = gx ? Tensor::empty(xc.shape(), xc.dtype(), xc.device()) : Tensor();
+                       Tensor dw = gw ? Tensor::empty(ns, xc.dtype(), xc.device()) : Tensor();
+                       Tensor db = gb ? Tensor::empty(ns, xc.dtype(), xc.device()) : Tensor();
+                       if (rows == 0) {
+                         NoGradGuard ng;
+                         for (Tensor* t : {&dx, &dw, &db})
+                           if (t->defined()) t->zero_();
+                       } else {
+                         kernels::layer_norm_backward_kernel(xc.device())(gc, xc, mean, rstd, wc, rows, cols, dx, dw,
+                                                                          db);
+                       }
+                       return grads{dx, dw, db};
+                     });
+  }
+  return out;
+}
+
+// -------------------------------------------------------------------------------------- batch norm
+
+Tensor batch_norm(const Tensor& x_in, const Tensor& running_mean, const Tensor& running_var, const Tensor& weight_in,
+                  const Tensor& bias_in, bool training, double momentum, double eps) {
+  Tensor x = x_in, weight = weight_in, bias = bias_in;
+  autocast::apply(autocast::Op::BatchNorm, {&x, &weight, &bias});
+  check_floating(x, "batch_norm", "input");
+  BOOSTER_CHECK(x.dim() == 2 || x.dim() == 3, ShapeError, "batch_norm: expected input of shape [N, C] or [N, C, L], got ",
+                x.shape());
+  const int64_t N = x.size(0), C = x.size(1), L = x.dim() == 3 ? x.size(2) : 1;
+  BOOSTER_CHECK(running_mean.defined() == running_var.defined(), ValueError,
+                "batch_norm: running_mean and running_var must be both defined or both undefined");
+  for (const Tensor* p : std::initializer_list<const Tensor*>{&running_mean, &running_var, &weight, &bias})
+    BOOSTER_CHECK(!p->defined() || p->shape() == Shape{C}, ShapeError, "batch_norm: ",
+                  p == &running_mean ? "running_mean" : p == &running_var ? "running_var" : p == &weight ? "weight" : "bias",
+                  " of shape ", p->shape(), " must have shape [", C, "] (the input's channels, shape ", x.shape(), ")");
+  const bool use_batch_stats = training || !running_mean.defined();
+  BOOSTER_CHECK(!use_batch_stats || N * L > 1, ValueError,
+                "batch_norm: expected more than 1 value per channel when using batch statistics, got input shape ",
+                x.shape());
+  BOOSTER_CHECK(eps >= 0, ValueError, "batch_norm: eps must be >= 0, got ", eps);
+  weight = param_as(weight, x.dtype());
+  bias = param_as(bias, x.dtype());
+
+  const DType sdt = stats_dtype(x.dtype());
+  const Tensor xc = x.detach().contiguous().view({N, C, L});
+  const Tensor wc = weight.defined() ? weight.detach().contiguous() : Tensor();
+  const Tensor bc = bias.defined() ? bias.detach().contiguous() : Tensor();
+  Tensor rm, rv;
+  if (!use_batch_stats) {
+    rm = running_mean.detach().to(sdt).contiguous();
+    rv = running_var.detach().to(sdt).contiguous();
+  }
+  const bool update_running = training && running_mean.defined();
+  Tensor out = Tensor::empty({N, C, L}, x.dtype(), x.device());
+  Tensor save_mean = Tensor::empty({C}, sdt, x.device());
+  Tensor save_rstd = Tensor::empty({C}, sdt, x.device());
+  Tensor var_unbiased = update_running ? Tensor::empty({C}, sdt, x.device()) : Tensor();
+  if (C > 0)
+    kernels::batch_norm_kernel(x.device())(xc, wc, bc, rm, rv, use_batch_stats, eps, out, save_mean, save_rstd,
+                                           var_unbiased);
+  if (update_running) {
+    // running = (1 - momentum) running + momentum batch, with the unbiased variance (as PyTorch).
+    NoGradGuard ng;
+    Tensor(running_mean).mul_(1 - momentum).add_(save_mean, momentum);
+    Tensor(running_var).mul_(1 - momentum).add_(var_unbiased, momentum);
+  }
+  out = out.view(x.shape());
+
+  if (autograd::needs_grad({&x, &weight, &bias})) {
+    const bool gx = x.requires_grad(), gw = weight.defined() && weight.requires_grad(),
+               gb = bias.defined() && bias.requires_grad();
+    autograd::record(out, "BatchNormBackward", {x, weight, bias},
+                     [xc, wc, save_mean, save_rstd, use_batch_stats, gx, gw, gb, shape = x.shape()](const Tensor& g) {
+                       const Tensor gc = grad_as(g, xc.dtype()).view(xc.shape());
+                       const int64_t C = xc.size(1);
+                       Tensor dx = gx ? Tensor::empty(xc.shape(), xc.dtype(), xc.device()) : Tensor();
+                       Tensor dw = gw ? Tensor::empty({C}, xc.dtype(), xc.device()) : Tensor();
+                       Tensor db = gb ? Tensor::empty({C}, xc.dtype(), xc.device()) : Tensor();
+                       if (C > 0)
+                         kernels::batch_norm_backward_kernel(xc.device())(gc, xc, wc, save_mean, save_rstd,
+                                                                          use_batch_stats, dx, dw, db);
+                       return grads{gx ? dx.view(shape) : Tensor(), dw, db};
+                     });
+  }
+  return out;
+}
+
+// ----------------------------------------------------------------------------------------- dropout
+
+Tensor dropout(const Tensor& a, double p, bool training, Generator* gen) {
+  BOOSTER_CHECK(p >= 0.0 && p <= 1.0, ValueError, "dropout: probability p must be in [0, 1], got ", p);
+  if (!training || p == 0.0) return a;
+  check_floating(a, "dropout", "input");
+  // Note [Dropout masks]
+  // The mask is drawn on the host from the generator, one uniform float per element in row-major
+  // order, so a seeded Generator gives the same mask on every machine, thread count and device.
+  // Element i is kept when u_i >= p; kept elements are scaled by 1 / (1 - p).
+  const int64_t n = a.numel();
+  Tensor keep = Tensor::empty(a.shape(), DType::Bool, Device::cpu());
+  bool* pk = keep.data<bool>();
+  if (p == 1.0) {
+    std::fill_n(pk, n, false);
+  } else {
+    Generator& g = gen ? *gen : default_generator();
+    const float pf = float(p);
+    for (int64_t i = 0; i < n; ++i) pk[i] = g.uniform_float() >= pf;
+  }
+  keep = keep.to(a.device());
+  const double scale = p == 1.0 ? 0.0 : 1.0 / (1.0 - p);
+  Tensor out = Tensor::empty(a.shape(), a.dtype(), a.device());
+  kernels::masked_scale_kernel(a.device())(a.detach().contiguous(), keep, scale, out);
+  autograd::record(out, "DropoutBackward", {a}, [keep, scale](const Tensor& g) {
+    const Tensor gc = g.contiguous();
+    Tensor dx = Tensor::empty(gc.shape(), gc.dtype(), gc.device());
+    kernels::masked_scale_kernel(gc.device())(gc, keep, scale, dx);
+    return grads{dx};
+  });
+  return out;
+}
+
+// --------------------------------------------------------------------------------------- attention
+
+Tensor scaled_dot_product_attention(const Tensor& q_in, const Tensor& k_in, const Tensor& v_in, bool is_causal,
+                                    std::optional<double> scale_opt) {
+  const char* name = "scaled_dot_product_attention";
+  Tensor q = q_in, k = k_in, v = v_in;
+  autocast::apply(autocast::Op::Attention, {&q, &k, &v});
+  check_floating(q, name, "query");
+  BOOSTER_CHECK(q.dtype() == k.dtype() && q.dtype() == v.dtype(), DTypeError, name,
+                ": query, key and value must share a dtype, got ", q.dtype(), ", ", k.dtype(), " and ", v.dtype());
+  BOOSTER_CHECK(q.device() == k.device() && q.device() == v.device(), DeviceError, name,
+                ": query, key and value must be on one device, got ", q.device(), ", ", k.device(), " and ",
+                v.device());
+  BOOSTER_CHECK(q.dim() >= 2 && k.dim() == q.dim() && v.dim() == q.dim(), ShapeError, name,
+                ": expected query, key and value of shape [..., L, E] with the same number of dims, got ", q.shape(),
+                ", ", k.shape(), " and ", v.shape());
+  const int64_t nd = q.dim();
+  const Shape batch(q.shape().begin(), q.shape().end() - 2);
+  BOOSTER_CHECK(Shape(k.shape().begin(), k.shape().end() - 2) == batch &&
+                    Shape(v.shape().begin(), v.shape().end() - 2) == batch,
+                ShapeError, name, ": batch dims of query ", q.shape(), ", key ", k.shape(), " and value ", v.shape(),
+                " must be equal");
+  const int64_t L = q.size(nd - 2), E = q.size(nd - 1), S = k.size(nd - 2), Ev = v.size(nd - 1);
+  BOOSTER_CHECK(k.size(nd - 1) == E, ShapeError, name, ": key's last dim ", k.size(nd - 1),
+                " must equal query's embedding size ", E, " (query ", q.shape(), ", key ", k.shape(), ")");
+  BOOSTER_CHECK(v.size(nd - 2) == S, ShapeError, name, ": value's length ", v.size(nd - 2),
+                " must equal key's length ", S, " (key ", k.shape(), ", value ", v.shape(), ")");
+  const double scale = scale_opt ? *scale_opt : 1.0 / std::sqrt(double(E));
+  const int64_t B = numel_of(batch);
+
+  const Tensor qc = q.detach().contiguous().view({B, L, E});
+  const Tensor kc = k.detach().contiguous().view({B, S, E});
+  const Tensor vc = v.detach().contiguous().view({B, S, Ev});
+  Tensor out = Tensor::empty({B, L, Ev}, q.dtype(), q.device());
+  Tensor probs = Tensor::empty({B, L, S}, stats_dtype(q.dtype()), q.device());
+  if (out.numel() > 0) kernels::attention_kernel(q.device())(qc, kc, vc, is_causal, scale, out, probs);
+  Shape out_shape = batch;
+  out_shape.push_back(L);
+  out_shape.push_back(Ev);
+  out = out.view(out_shape);
+
+  if (autograd::needs_grad({&q, &k, &v})) {
+    const bool gq = q.requires_grad(), gk = k.requires_grad(), gv = v.requires_grad();
+    autograd::record(out, "ScaledDotProductAttentionBackward", {q, k, v},
+                     [qc, kc, vc, probs, scale, gq, gk, gv, qs = q.shape(), ks = k.shape(), vs = v.shape()](
+                         const Tensor& g) {
+                       const Tensor gc = grad_as(g, qc.dtype()).view({qc.size(0), qc.size(1), vc.size(2)});
+                       Tensor dq = gq ? Tensor::empty(qc.shape(), qc.dtype(), qc.device()) : Tensor();
+                       Tensor dk = gk ? Tensor::empty(kc.shape(), kc.dtype(), kc.device()) : Tensor();
+                       Tensor dv = gv ? Tensor::empty(vc.shape(), vc.dtype(), vc.device()) : Tensor();
+                       if (gc.numel() > 0 && probs.numel() > 0) {
+                         kernels::attention_backward_kernel(qc.device())(gc, qc, kc, vc, probs, scale, dq, dk, dv);
+                       } else {  // an empty length: the gradients are zero (or empty)
+                         NoGradGuard ng;
+                         for (Tensor* t : {&dq, &dk, &dv})
+                           if (t->defined()) t->zero_();
+                       }
+                       return grads{gq ? dq.view(qs) : Tensor(), gk ? dk.view(ks) : Tensor(),
+                                    gv ? dv.view(vs) : Tensor()};
+                     });
+  }
+  return out;
+}
 
 }  // namespace booster

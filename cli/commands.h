@@ -1,0 +1,17 @@
+// The subcommands of the `booster` program, called by main.cpp once the command line is parsed.
+#pragma once
+
+#include <nlohmann/json.hpp>
+
+namespace booster::cli {
+
+// Exit codes: 0 success, 1 a runtime failure, 2 a usage or config mistake.
+inline constexpr int kExitOk = 0;
+inline constexpr int kExitRuntimeError = 1;
+inline constexpr int kExitUsageError = 2;
+
+// Trains from a resolved config (booster::config::resolve): progress on stderr, one line of JSON
+// with the summary on stdout. Throws booster errors; main.cpp turns them into one line and an exit code.
+int train(const nlohmann::json& config);
+
+}  // namespace booster::cli

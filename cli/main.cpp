@@ -1,0 +1,144 @@
+// The `booster` program: parses the command line, dispatches to a subcommand, and turns every error
+// into one readable line on stderr and an exit code (2: usage or config mistake, 1: runtime failure).
+#include <exception>
+#include <iostream>
+#include <string>
+#include <vector>
+
+#include <boost/program_options.hpp>
+
+#include "booster/common/error.h"
+#include "booster/config/config.h"
+#include "cli/commands.h"
+
+namespace po = boost::program_options;
+
+namespace {
+
+// Kept equal to project(booster VERSION ...) in CMakeLists.txt.
+constexpr const char* kVersion = "0.1.0";
+
+constexpr const char* kUsage =
+    "usage: booster <command> [options]\n"
+    "\n"
+    "Train neural networks on the CPU from a JSON config.\n"
+    "\n"
+    "commands:\n"
+    "  train    train a model: booster train --config FILE [--set key.path=value ...]\n"
+    "  check    validate a config and print it with every default filled in\n"
+    "\n"
+    "options:\n"
+    "  -h, --help     show this help (or `booster <command> --help`)\n"
+    "  --version      show the version and the build options\n"
+    "\n"
+    "example:\n"
+    "  booster train --config examples/configs/fashion_mnist_mlp.json --set train.epochs=1\n";
+
+// A mistake on the command line: exit code 2 like a config mistake.
+struct UsageError : booster::Error {
+  using booster::Error::Error;
+};
+
+void print_version() {
+  std::cout << "booster " << kVersion << "\n"
+#ifdef BOOSTER_WITH_CUDA
+            << "  CUDA: on\n"
+#else
+            << "  CUDA: off\n"
+#endif
+#ifdef BOOSTER_WITH_MPI
+            << "  MPI: on\n"
+#else
+            << "  MPI: off\n"
+#endif
+#ifdef NDEBUG
+            << "  build: release\n";
+#else
+            << "  build: debug\n";
+#endif
+}
+
+// Options shared by the subcommands that read a config.
+po::options_description config_options(const std::string& command) {
+  po::options_description desc("usage: booster " + command + " --config FILE [--set key.path=value ...]\n\noptions");
+  desc.add_options()
+      ("help,h", "show this help")
+      ("config,c", po::value<std::string>()->value_name("FILE"), "the JSON config (see examples/configs/)")
+      ("set,s", po::value<std::vector<std::string>>()->composing()->value_name("KEY=VALUE"),
+       "override one config value, e.g. --set optimizer.lr=3e-4 (repeatable; the value is parsed as "
+       "JSON, else taken as a string)");
+  return desc;
+}
+
+// Parses `args` (after the subcommand); returns false when --help was printed.
+bool parse_config_args(const std::string& command, const std::vector<std::string>& args, std::string& config_path,
+                       std::vector<std::string>& overrides) {
+  po::options_description desc = config_options(command);
+  po::variables_map vm;
+  po::store(po::command_line_parser(args).options(desc).run(), vm);
+  po::notify(vm);
+  if (vm.count("help")) {
+    std::cout << desc;
+    return false;
+  }
+  if (!vm.count("config")) throw UsageError("'booster " + command + "' needs --config FILE (see booster " + command + " --help)");
+  config_path = vm["config"].as<std::string>();
+  if (vm.count("set")) overrides = vm["set"].as<std::vector<std::string>>();
+  return true;
+}
+
+int run(int argc, char** argv) {
+  std::vector<std::string> args(argv + 1, argv + argc);
+  if (args.empty()) {
+    std::cerr << kUsage;
+    return booster::cli::kExitUsageError;
+  }
+  const std::string command = args.front();
+  const std::vector<std::string> rest(args.begin() + 1, args.end());
+  if (command == "-h" || command == "--help" || command == "help") {
+    std::cout << kUsage;
+    return booster::cli::kExitOk;
+  }
+  if (command == "--version" || command == "version") {
+    print_version();
+    return booster::cli::kExitOk;
+  }
+  if (command == "train" || command == "check") {
+    std::string config_path;
+    std::vector<std::string> overrides;
+    if (!parse_config_args(command, rest, config_path, overrides)) return booster::cli::kExitOk;
+    nlohmann::json config = booster::config::load(config_path, overrides);
+    if (command == "check") {
+      std::cout << config.dump(2) << "\n";
+      return booster::cli::kExitOk;
+    }
+    return booster::cli::train(config);
+  }
+  std::string msg = "unknown command '" + command + "'";
+  if (auto guess = booster::config::nearest(command, {"train", "check"})) msg += "; did you mean '" + *guess + "'?";
+  throw UsageError(msg + " (see booster --help)");
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  // Every failure is one line: what was wrong and, where we know it, what would be right.
+  try {
+    return run(argc, argv);
+  } catch (const UsageError& e) {
+    std::cerr << "booster: error: " << e.what() << "\n";
+    return booster::cli::kExitUsageError;
+  } catch (const po::error& e) {
+    std::cerr << "booster: error: " << e.what() << " (see booster --help)\n";
+    return booster::cli::kExitUsageError;
+  } catch (const booster::ConfigError& e) {
+    std::cerr << "booster: error: " << e.what() << "\n";
+    return booster::cli::kExitUsageError;
+  } catch (const std::exception& e) {
+    std::cerr << "booster: error: " << e.what() << "\n";
+    return booster::cli::kExitRuntimeError;
+  } catch (...) {
+    std::cerr << "booster: error: unknown failure\n";
+    return booster::cli::kExitRuntimeError;
+  }
+}

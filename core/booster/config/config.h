@@ -1,0 +1,93 @@
+// Training configuration: strict, table-driven validation of a JSON config, with defaults.
+//
+// A config is one JSON object with the sections `model`, `optimizer`, `criterion`, `data`,
+// `lr_scheduler` and `train`. Every section's keys, types, ranges and defaults are described once, in
+// the schema table in schema.cpp; nothing else in the library re-checks them.
+//
+// See Note [Config errors]: every mistake is a ConfigError naming the JSON path (`train.epochs`), the
+// value that was given and what would be allowed, and an unknown key suggests the nearest valid one.
+#pragma once
+
+#include <cstddef>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+namespace booster::config {
+
+using json = nlohmann::json;
+
+// Note [Config errors]
+// ~~~~~~~~~~~~~~~~~~~~
+// A config is usually written by hand and fixed from the error message alone, so a message names
+//  * the JSON path of the offending key, dotted from the root (`optimizer.betas[1]`),
+//  * the value as it was given (JSON-printed, so "1" and 1 look different),
+//  * and what would be right: the type, the range, the allowed names, or, for an unknown key, the
+//    nearest valid key by edit distance ("did you mean 'epochs'?").
+// Defaults are filled by resolve(), so the resolved config (printed by `booster check`) shows every
+// value a run will use.
+
+// ------------------------------------------------------------------------------------ the schema
+enum class Kind { Bool, Int, Number, String, Object, Array, Any };
+const char* kind_name(Kind k);
+
+// One key of a section. A field without a default is required.
+struct Field {
+  std::string key;
+  Kind kind = Kind::Any;
+  std::optional<json> default_value;  // nullopt: required
+  std::string help;
+  // Numbers (Int, Number, and the items of an Array of numbers): inclusive or exclusive bounds.
+  std::optional<double> min, max;
+  bool min_exclusive = false, max_exclusive = false;
+  std::vector<std::string> choices;  // String: the allowed values (empty: any string)
+  Kind item_kind = Kind::Any;        // Array: the kind of each item
+  std::optional<size_t> length;      // Array: exact length
+  bool nullable = false;             // null is accepted (means "not set")
+};
+
+// A section is a set of fields, or, when `discriminator` is set (e.g. "type"), one set of fields per
+// variant plus the fields every variant shares.
+struct Section {
+  std::string name;
+  std::string help;
+  std::vector<Field> common;
+  std::string discriminator;                                       // empty: no variants
+  std::vector<std::pair<std::string, std::vector<Field>>> variants;  // in the order help lists them
+  bool optional = false;  // may be absent from the config (then it is filled with its defaults)
+  std::string default_variant;
+};
+
+// The schema of a whole training config, one Section per top-level key.
+const std::vector<Section>& training_schema();
+
+// ------------------------------------------------------------------------------------ operations
+// Checks `config` against the schema and returns it with every default filled. Throws ConfigError
+// (Note [Config errors]) on the first mistake.
+json resolve(const json& config);
+json resolve(const json& config, const std::vector<Section>& schema);
+
+// Reads a JSON file; ConfigError naming the file when it is missing or not valid JSON (with the line
+// and column of the parse error).
+json load_file(const std::string& path);
+
+// Applies one `--set a.b.c=value` override in place. The value is parsed as JSON when it is valid JSON
+// (`3`, `1e-3`, `true`, `[0.9, 0.95]`, `"x"`), else taken as a string (`adamw`). Intermediate objects
+// are created as needed; indexing into a non-object is a ConfigError naming the path. The result is
+// validated by resolve() like any other config.
+void apply_override(json& config, const std::string& assignment);
+
+// load_file + apply_override for each `key.path=value` in order + resolve: what `booster train` runs.
+json load(const std::string& path, const std::vector<std::string>& overrides = {});
+
+// Levenshtein distance, and the candidate nearest to `word` (nullopt when none is close enough to be a
+// plausible typo).
+size_t edit_distance(const std::string& a, const std::string& b);
+std::optional<std::string> nearest(const std::string& word, const std::vector<std::string>& candidates);
+
+// Reads a JSON value for messages: strings quoted, long values shortened.
+std::string show(const json& value);
+
+}  // namespace booster::config

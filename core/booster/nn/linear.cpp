@@ -1,0 +1,30 @@
+#include "booster/nn/linear.h"
+
+#include <cmath>
+
+#include "booster/nn/init.h"
+#include "booster/ops/ops.h"
+
+namespace booster::nn {
+
+Linear::Linear(int64_t in, int64_t out, bool with_bias, Generator* gen)
+    : in_features(in), out_features(out) {
+  BOOSTER_CHECK(in > 0 && out > 0, ValueError, "Linear: in_features and out_features must be positive, got ",
+                in, " and ", out);
+  Generator& g = gen ? *gen : default_generator();
+  const double bound = 1.0 / std::sqrt(double(in));
+  weight = register_parameter("weight", Tensor::empty({out, in}));
+  init::uniform_(weight, -bound, bound, g);
+  if (with_bias) {
+    bias = register_parameter("bias", Tensor::empty({out}));
+    init::uniform_(bias, -bound, bound, g);
+  }
+}
+
+Tensor Linear::forward(const Tensor& x) {
+  BOOSTER_CHECK(x.dim() >= 1 && x.size(-1) == in_features, ShapeError, "Linear: expected input [..., ",
+                in_features, "], got shape ", x.shape());
+  return linear(x, weight, bias);
+}
+
+}  // namespace booster::nn

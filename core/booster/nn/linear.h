@@ -1,0 +1,24 @@
+// Linear: y = x W^T + b over the last dim (torch.nn.Linear).
+#pragma once
+
+#include "booster/nn/module.h"
+#include "booster/tensor/random.h"
+
+namespace booster::nn {
+
+class Linear : public Module {
+ public:
+  // PyTorch's default init: kaiming_uniform_(a = sqrt(5)) for the weight, which is
+  // U(-1/sqrt(in), 1/sqrt(in)), and the same bound for the bias. Weight first, then bias, from gen
+  // (the default generator when null).
+  Linear(int64_t in_features, int64_t out_features, bool bias = true, Generator* gen = nullptr);
+
+  Tensor forward(const Tensor& x) override;
+  std::string name() const override { return "Linear"; }
+
+  int64_t in_features, out_features;
+  Tensor weight;  // [out, in]
+  Tensor bias;    // [out], undefined without bias
+};
+
+}  // namespace booster::nn

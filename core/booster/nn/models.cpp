@@ -1,0 +1,152 @@
+#include "booster/nn/models.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "booster/nn/init.h"
+#include "booster/ops/ops.h"
+
+namespace booster::nn {
+
+// ------------------------------------------------------------------------------------------ GPT
+
+GPT::GPT(const GPTConfig& cfg, uint64_t seed)
+    : config(cfg), dropout_gen_(std::make_shared<Generator>(seed ^ 0x9E3779B97F4A7C15ull)) {
+  BOOSTER_CHECK(cfg.vocab_size > 0 && cfg.context > 0 && cfg.width > 0 && cfg.layers > 0 && cfg.heads > 0,
+                ValueError, "GPT: vocab_size, context, width, layers and heads must be positive, got ", cfg.vocab_size,
+                ", ", cfg.context, ", ", cfg.width, ", ", cfg.layers, ", ", cfg.heads);
+  BOOSTER_CHECK(cfg.width % cfg.heads == 0, ValueError, "GPT: width ", cfg.width, " is not divisible by heads ",
+                cfg.heads);
+  Generator gen(seed);
+  wte = register_module("wte", std::make_shared<Embedding>(cfg.vocab_size, cfg.width, &gen));
+  wpe = register_module("wpe", std::make_shared<Embedding>(cfg.context, cfg.width, &gen));
+  drop = register_module("drop", std::make_shared<Dropout>(cfg.dropout, dropout_gen_));
+  blocks = register_module("blocks", std::make_shared<Sequential>());
+  for (int64_t i = 0; i < cfg.layers; ++i)
+    blocks->push_back(std::make_shared<Block>(cfg.width, cfg.heads, cfg.dropout, &gen, dropout_gen_));
+  ln_f = register_module("ln_f", std::make_shared<LayerNorm>(cfg.width));
+  lm_head = register_module("lm_head", std::make_shared<Linear>(cfg.width, cfg.vocab_size, false, &gen));
+
+  // nanoGPT's init, re-drawn over the layers' defaults in parameter order from a fresh generator.
+  Generator init_gen(seed + 1);
+  const double residual_std = 0.02 / std::sqrt(2.0 * double(cfg.layers));
+  for (const auto& [path, m] : named_modules()) {
+    if (auto* lin = dynamic_cast<const Linear*>(m)) {
+      const bool residual = path.size() >= 7 && path.compare(path.size() - 7, 7, ".c_proj") == 0;
+      init::normal_(lin->weight, 0.0, residual ? residual_std : 0.02, init_gen);
+      if (lin->bias.defined()) init::zeros_(lin->bias);
+    } else if (auto* emb = dynamic_cast<const Embedding*>(m)) {
+      init::normal_(emb->weight, 0.0, 0.02, init_gen);
+    }
+  }
+  set_tensor_names();
+}
+
+Tensor GPT::forward(const Tensor& idx) {
+  BOOSTER_CHECK(idx.dim() == 2, ShapeError, "GPT: expected token ids [B, T], got shape ", idx.shape());
+  const int64_t T = idx.size(1);
+  BOOSTER_CHECK(T <= config.context, ShapeError, "GPT: sequence length ", T, " exceeds the context length ",
+                config.context, "; pass at most ", config.context, " tokens");
+  const Tensor positions = arange(T, DType::Int64).to(idx.device());
+  Tensor x = drop->forward(wte->forward(idx) + wpe->forward(positions));  // [B, T, C] + [T, C]
+  x = blocks->forward(x);
+  return lm_head->forward(ln_f->forward(x));
+}
+
+// ------------------------------------------------------------------------------------------ MLPClassifier
+
+MLPClassifier::MLPClassifier(int64_t in, std::vector<int64_t> hidden, int64_t classes, const std::string& activation,
+                             uint64_t seed)
+    : in_features(in), num_classes(classes) {
+  Generator gen(seed);
+  layers = register_module("layers", std::make_shared<Sequential>());
+  int64_t width = in;
+  for (int64_t h : hidden) {
+    layers->push_back(std::make_shared<Linear>(width, h, true, &gen));
+    layers->push_back(make_activation(activation));
+    width = h;
+  }
+  layers->push_back(std::make_shared<Linear>(width, classes, true, &gen));
+  set_tensor_names();
+}
+
+Tensor MLPClassifier::forward(const Tensor& x) {
+  BOOSTER_CHECK(x.dim() >= 1 && x.numel() == x.size(0) * in_features, ShapeError,
+                "MLPClassifier: expected input [N, ...] with ", in_features, " features per sample, got shape ",
+                x.shape());
+  return layers->forward(x.reshape({x.size(0), in_features}));
+}
+
+// ------------------------------------------------------------------------------------------ factory
+
+namespace {
+
+void check_keys(const nlohmann::json& cfg, const std::string& type, const std::vector<std::string>& allowed,
+                const std::vector<std::string>& required) {
+  auto list = [](const std::vector<std::string>& keys) { return str(keys); };
+  for (const auto& [key, value] : cfg.items())
+    BOOSTER_CHECK(std::find(allowed.begin(), allowed.end(), key) != allowed.end(), ConfigError,
+                  "make_model: unknown key \"", key, "\" for model type \"", type, "\"; allowed keys are ",
+                  list(allowed));
+  for (const auto& key : required)
+    BOOSTER_CHECK(cfg.contains(key), ConfigError, "make_model: missing key \"", key, "\" for model type \"", type,
+                  "\"; required keys are ", list(required));
+}
+
+int64_t positive_int(const nlohmann::json& cfg, const std::string& key) {
+  const auto& v = cfg.at(key);
+  BOOSTER_CHECK(v.is_number_integer() && v.get<int64_t>() > 0, ConfigError, "make_model: \"", key,
+                "\" must be a positive integer, got ", v.dump());
+  return v.get<int64_t>();
+}
+
+}  // namespace
+
+ModulePtr make_model(const nlohmann::json& cfg, uint64_t seed) {
+  BOOSTER_CHECK(cfg.is_object(), ConfigError, "make_model: expected a JSON object, got ", cfg.dump());
+  BOOSTER_CHECK(cfg.contains("type") && cfg["type"].is_string(), ConfigError,
+                "make_model: missing string key \"type\"; allowed types are \"mlp\", \"gpt\"");
+  const std::string type = cfg["type"].get<std::string>();
+  if (type == "mlp") {
+    check_keys(cfg, type, {"type", "in", "hidden", "classes", "activation"}, {"in", "hidden", "classes"});
+    const auto& hidden_json = cfg["hidden"];
+    BOOSTER_CHECK(hidden_json.is_array(), ConfigError, "make_model: \"hidden\" must be a list of positive integers, got ",
+                  hidden_json.dump());
+    std::vector<int64_t> hidden;
+    for (const auto& h : hidden_json) {
+      BOOSTER_CHECK(h.is_number_integer() && h.get<int64_t>() > 0, ConfigError,
+                    "make_model: \"hidden\" must be a list of positive integers, got ", hidden_json.dump());
+      hidden.push_back(h.get<int64_t>());
+    }
+    std::string activation = "relu";
+    if (cfg.contains("activation")) {
+      BOOSTER_CHECK(cfg["activation"].is_string(), ConfigError, "make_model: \"activation\" must be a string, got ",
+                    cfg["activation"].dump());
+      activation = cfg["activation"].get<std::string>();
+    }
+    return std::make_shared<MLPClassifier>(positive_int(cfg, "in"), hidden, positive_int(cfg, "classes"), activation,
+                                           seed);
+  }
+  if (type == "gpt") {
+    check_keys(cfg, type, {"type", "vocab_size", "context", "width", "layers", "heads", "dropout"},
+               {"vocab_size", "context", "width", "layers", "heads"});
+    GPTConfig g;
+    g.vocab_size = positive_int(cfg, "vocab_size");
+    g.context = positive_int(cfg, "context");
+    g.width = positive_int(cfg, "width");
+    g.layers = positive_int(cfg, "layers");
+    g.heads = positive_int(cfg, "heads");
+    BOOSTER_CHECK(g.width % g.heads == 0, ConfigError, "make_model: \"width\" ", g.width,
+                  " must be divisible by \"heads\" ", g.heads);
+    if (cfg.contains("dropout")) {
+      const auto& d = cfg["dropout"];
+      BOOSTER_CHECK(d.is_number() && d.get<double>() >= 0.0 && d.get<double>() < 1.0, ConfigError,
+                    "make_model: \"dropout\" must be a number in [0, 1), got ", d.dump());
+      g.dropout = d.get<double>();
+    }
+    return std::make_shared<GPT>(g, seed);
+  }
+  BOOSTER_FAIL(ConfigError, "make_model: unknown model type \"", type, "\"; allowed types are \"mlp\", \"gpt\"");
+}
+
+}  // namespace booster::nn

@@ -1,0 +1,128 @@
+// Module: the base of every layer and model, with PyTorch's torch.nn.Module semantics.
+//
+// A module owns named parameters (leaf tensors that require grad), named buffers (state that is saved
+// but not trained, e.g. BatchNorm's running statistics) and named child modules, each kept in
+// registration order. Names are dotted from the root, as in PyTorch: "blocks.0.attn.c_attn.weight".
+//
+// Note [Module tensors keep their handles]
+// Layers hold their parameters as Tensor members (Linear::weight) and the module keeps a second
+// handle to the same TensorImpl in its registry. Everything that changes a parameter in place
+// (to(dtype), to(device), load_state_dict) therefore mutates the TensorImpl (its storage, dtype,
+// strides) instead of installing a new Tensor, so that every handle ever handed out, the layer's
+// member, named_parameters()' result and an optimizer's parameter list, keeps seeing the current
+// values. Converting dtype or device allocates new storage: an optimizer that captured raw pointers or
+// views of the old storage (flat buffers) must be created after to(), as in PyTorch.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "booster/tensor/tensor.h"
+
+namespace booster::nn {
+
+using StateDict = std::map<std::string, Tensor>;
+
+class Module;
+using ModulePtr = std::shared_ptr<Module>;
+// Chooses the modules whose own parameters and buffers a conversion touches (see Module::to).
+using ModuleFilter = std::function<bool(const Module&)>;
+
+class Module {
+ public:
+  Module() = default;
+  virtual ~Module() = default;
+  // Modules are held by shared_ptr and registered by identity; copying one would alias its tensors.
+  Module(const Module&) = delete;
+  Module& operator=(const Module&) = delete;
+
+  // Single-input forward. The base throws NotImplementedError naming the module.
+  virtual Tensor forward(const Tensor& x);
+  Tensor operator()(const Tensor& x) { return forward(x); }
+
+  // The class name, as PyTorch prints it: "Linear", "LayerNorm", "GPT", ...
+  virtual std::string name() const { return "Module"; }
+
+  // --- registries (registration order; recurse walks children depth-first, self first) ---
+  std::vector<std::pair<std::string, Tensor>> named_parameters(bool recurse = true) const;
+  std::vector<Tensor> parameters(bool recurse = true) const;
+  std::vector<std::pair<std::string, Tensor>> named_buffers(bool recurse = true) const;
+  std::vector<Tensor> buffers(bool recurse = true) const;
+  std::vector<std::pair<std::string, ModulePtr>> named_children() const;
+  std::vector<ModulePtr> children() const;
+  // This module (under the name "") and every descendant, pre-order, each once.
+  std::vector<std::pair<std::string, const Module*>> named_modules() const;
+  // Calls fn on every descendant and then on this module (post-order, as torch.nn.Module.apply), e.g.
+  // to re-initialise weights by layer type.
+  void apply(const std::function<void(Module&)>& fn);
+  // Total number of parameter elements.
+  int64_t num_parameters() const;
+  // The direct child registered as `name`; throws IndexError naming the children that exist.
+  ModulePtr child(const std::string& name) const;
+
+  // Names every parameter and buffer (Tensor::set_name) by its dotted path below this module, so
+  // messages from ops and optimizers say "blocks.0.attn.c_attn.weight". Models call it once built.
+  void set_tensor_names();
+
+  // --- mode ---
+  void train(bool on = true);  // this module and every descendant
+  void eval() { train(false); }
+  bool is_training() const { return training_; }
+
+  // --- conversion (see Note [Module tensors keep their handles]) ---
+  // Converts floating parameters, their gradients and floating buffers; integer buffers
+  // (num_batches_tracked) keep their dtype, as in PyTorch.
+  void to(DType dtype);
+  // As to(dtype), but only for the tensors owned directly by modules for which keep_if(module) is
+  // true. Mixed precision O2 keeps batch norm in float32:
+  //   model.to(DType::Float16, [](const Module& m) { return !is_batch_norm(m); });
+  void to(DType dtype, const ModuleFilter& convert_if);
+  // Moves every parameter, gradient and buffer (floating or not).
+  void to(Device device);
+
+  // --- checkpoints ---
+  // Parameters and buffers by dotted name. The tensors are detached but share storage with the
+  // module's (as PyTorch's state_dict), so clone them to keep a snapshot.
+  StateDict state_dict() const;
+  // Copies values into the existing tensors (under NoGradGuard, converting dtype and device).
+  // strict: keys missing from `sd` and keys of `sd` the module does not have are errors. Shape
+  // mismatches are always errors. Every problem is reported by name in one CheckpointError, and
+  // nothing is copied unless all keys pass.
+  void load_state_dict(const StateDict& sd, bool strict = true);
+
+  // Clears (set_to_none) or zeroes every parameter's gradient.
+  void zero_grad(bool set_to_none = true);
+
+ protected:
+  // Registers a parameter under `name` (no dots) and returns the handle the layer keeps. The tensor
+  // becomes a leaf that requires grad (unless requires_grad is false) named `name`.
+  Tensor register_parameter(const std::string& name, Tensor t, bool requires_grad = true);
+  // Registers a buffer (saved in state_dict, never trained).
+  Tensor register_buffer(const std::string& name, Tensor t);
+  // Registers a child module and returns it, typed.
+  template <class M>
+  std::shared_ptr<M> register_module(const std::string& name, std::shared_ptr<M> module) {
+    add_child(name, module);
+    return module;
+  }
+
+ private:
+  void add_child(const std::string& name, ModulePtr module);
+  void check_new_name(const std::string& name, const char* what) const;
+  void collect_modules(const std::string& prefix, std::vector<std::pair<std::string, const Module*>>& out) const;
+  // Converts this module's own tensors (not its children's).
+  void convert_own(DType dtype);
+  void move_own(Device device);
+
+  std::vector<std::pair<std::string, Tensor>> params_;
+  std::vector<std::pair<std::string, Tensor>> buffers_;
+  std::vector<std::pair<std::string, ModulePtr>> children_;
+  bool training_ = true;
+};
+
+}  // namespace booster::nn

@@ -1,0 +1,13 @@
+// Everything in booster::nn: Module, the layers, the models and make_model.
+#pragma once
+
+#include "booster/nn/activation.h"
+#include "booster/nn/container.h"
+#include "booster/nn/dropout.h"
+#include "booster/nn/embedding.h"
+#include "booster/nn/init.h"
+#include "booster/nn/linear.h"
+#include "booster/nn/models.h"
+#include "booster/nn/module.h"
+#include "booster/nn/normalization.h"
+#include "booster/nn/transformer.h"

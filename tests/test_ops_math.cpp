@@ -1,0 +1,291 @@
+// Reductions, linear algebra, joining and indexing: values against PyTorch (tests/fixtures/math.json,
+// made by make_math_fixtures.py), gradients against finite differences, typed errors.
+#include <catch2/catch.hpp>
+
+#include "booster/autocast/autocast.h"
+#include "booster/autograd/autograd.h"
+#include "booster/ops/ops.h"
+#include "fixture.h"
+#include "gradcheck.h"
+
+using namespace booster;
+using testing::allclose;
+using testing::gradcheck;
+using testing::tensor_from_json;
+
+namespace {
+
+const nlohmann::json& fixtures() {
+  static const nlohmann::json j = testing::load_fixture_json("math.json");
+  return j;
+}
+
+Tensor fx(const std::string& c, const std::string& name) { return tensor_from_json(fixtures().at(c).at(name)); }
+
+// Values and shape match the fixture (float32: relative 1e-5; float64: 1e-12).
+void check_close(const Tensor& got, const Tensor& want, double rtol, double atol) {
+  INFO("got " << got.str() << "\nwant " << want.str());
+  REQUIRE(got.shape() == want.shape());
+  REQUIRE(got.dtype() == want.dtype());
+  REQUIRE(allclose(got, want, rtol, atol));
+}
+
+using Fn = std::function<Tensor(const std::vector<Tensor>&)>;
+
+Tensor rn(const Shape& s, uint64_t seed) {
+  Generator g(seed);
+  return randn(s, &g, DType::Float64);
+}
+
+}  // namespace
+
+// ------------------------------------------------------------------------------------------ reductions
+
+TEST_CASE("reductions match PyTorch in float64 and float32", "[ops]") {
+  for (const char* c : {"reduce_f64", "reduce_f32"}) {
+    const bool f32 = std::string(c) == "reduce_f32";
+    const double rtol = f32 ? 1e-5 : 1e-12, atol = f32 ? 1e-6 : 1e-12;
+    INFO(c);
+    Tensor x = fx(c, "x");
+    check_close(sum(x), fx(c, "sum_all"), rtol, atol);
+    check_close(sum(x, {0, 2}), fx(c, "sum_0_2"), rtol, atol);
+    check_close(sum(x, {-1}, true), fx(c, "sum_m1_keep"), rtol, atol);
+    check_close(sum(x, {0}), fx(c, "sum_0"), rtol, atol);
+    check_close(mean(x, {1}), fx(c, "mean_1"), rtol, atol);
+    check_close(mean(x), fx(c, "mean_all"), rtol, atol);
+    check_close(var(x, {1}), fx(c, "var_1"), rtol, atol);
+    check_close(var(x, {0, 2}, false, true), fx(c, "var_0_2_biased_keep"), rtol, atol);
+    check_close(max(x, 1), fx(c, "max_1_values"), 0, 0);
+    check_close(argmax(x, 1), fx(c, "max_1_indices"), 0, 0);
+    check_close(max(x), fx(c, "max_all"), 0, 0);
+    check_close(argmax(x, -1), fx(c, "argmax_m1"), 0, 0);
+    Tensor xt = x.transpose(0, 2);
+    check_close(sum(xt, {1}), fx(c, "xt_sum_1"), rtol, atol);
+    check_close(sum(xt, {2}), fx(c, "xt_sum_2"), rtol, atol);
+  }
+}
+
+TEST_CASE("bfloat16 sums and means accumulate in float32 and round once as PyTorch", "[ops]") {
+  Tensor x = fx("reduce_bf16", "x");
+  REQUIRE(x.dtype() == DType::BFloat16);
+  // Exact equality: one rounding of a float32 sum agrees with PyTorch bit for bit on these sizes.
+  check_close(sum(x, {0}), fx("reduce_bf16", "sum_0"), 0, 0);
+  check_close(sum(x, {1}), fx("reduce_bf16", "sum_1"), 0, 0);
+  check_close(mean(x, {1}), fx("reduce_bf16", "mean_1"), 0, 0);
+}
+
+TEST_CASE("float16 sums of many values accumulate in float32", "[ops]") {
+  // Naive float16 accumulation sticks at 2048 (2048 + 1 rounds back to 2048).
+  Tensor h = ones({4096}, DType::Float16);
+  Tensor s = sum(h);
+  REQUIRE(s.dtype() == DType::Float16);
+  REQUIRE(s.item() == 4096.0);
+  Tensor rows = ones({3, 4096}, DType::Float16);
+  REQUIRE(sum(rows, {1}).tolist() == std::vector<double>{4096, 4096, 4096});
+  Tensor cols = ones({4096, 3}, DType::Float16);
+  REQUIRE(sum(cols, {0}).tolist() == std::vector<double>{4096, 4096, 4096});
+  REQUIRE(mean(h).item() == 1.0);
+}
+
+TEST_CASE("sums of integers and bools are int64", "[ops]") {
+  Tensor b = from_vector(std::vector<int64_t>{1, 0, 1, 1}, {2, 2}).to(DType::Bool);
+  Tensor s = sum(b);
+  REQUIRE(s.dtype() == DType::Int64);
+  REQUIRE(s.item() == 3);
+  Tensor i = from_vector(std::vector<int64_t>{2000000000, 2000000000}, {2}).to(DType::Int32);
+  REQUIRE(sum(i).dtype() == DType::Int64);
+  REQUIRE(sum(i).item<int64_t>() == 4000000000LL);  // would overflow int32
+  REQUIRE(sum(b, {0}).tolist() == std::vector<double>{2, 1});
+}
+
+TEST_CASE("large reductions take the parallel paths and agree with float64", "[ops]") {
+  // Sizes past the parallel grain: full, row (last dim), column (first dim) and strided cases.
+  Tensor x64 = rn({300, 517}, 5);
+  Tensor x = x64.to(DType::Float32);
+  auto ref = [&](const std::vector<int64_t>& d) { return sum(x64, d).to(DType::Float32); };
+  REQUIRE(allclose(sum(x), ref({}), 1e-4, 1e-3));
+  REQUIRE(allclose(sum(x, {1}), ref({1}), 1e-4, 1e-4));
+  REQUIRE(allclose(sum(x, {0}), ref({0}), 1e-4, 1e-4));
+  REQUIRE(allclose(sum(x.t(), {0}), ref({1}), 1e-4, 1e-4));
+  REQUIRE(allclose(sum(x.t(), {1}), ref({0}), 1e-4, 1e-4));
+  REQUIRE(max(x).item() == max(x64).item<float>());
+  REQUIRE(allclose(max(x, 0), max(x64, 0).to(DType::Float32), 0, 0));
+  Tensor x3 = rn({40, 30, 50}, 6);
+  REQUIRE(allclose(sum(x3, {0, 2}), sum(sum(x3, {2}), {0}), 1e-12, 1e-12));
+  REQUIRE(allclose(sum(x3.permute({2, 0, 1}), {0, 2}), sum(sum(x3, {1}), {1}), 1e-12, 1e-12));
+}
+
+TEST_CASE("max and argmax pick the first maximum; NaN wins", "[ops]") {
+  Tensor x = from_vector(std::vector<double>{1, 3, 3, 2, 5, 5}, {2, 3});
+  REQUIRE(argmax(x, 1).tolist() == std::vector<double>{1, 1});
+  REQUIRE(max(x, 1, true).shape() == Shape{2, 1});
+  Tensor n = from_vector(std::vector<double>{1, NAN, 3}, {3});
+  REQUIRE(std::isnan(max(n).item()));
+  REQUIRE(std::isnan(max(n, 0).item()));
+  REQUIRE(argmax(n, 0).item() == 1);
+}
+
+TEST_CASE("reduction gradients match finite differences", "[ops][autograd]") {
+  Tensor x = rn({3, 4, 5}, 11);
+  REQUIRE(gradcheck([](const std::vector<Tensor>& v) { return sum(v[0]); }, {x}));
+  REQUIRE(gradcheck([](const std::vector<Tensor>& v) { return sum(v[0], {0, 2}); }, {x}));
+  REQUIRE(gradcheck([](const std::vector<Tensor>& v) { return sum(v[0], {-1}, true); }, {x}));
+  REQUIRE(gradcheck([](const std::vector<Tensor>& v) { return mean(v[0], {1}); }, {x}));
+  REQUIRE(gradcheck([](const std::vector<Tensor>& v) { return mean(v[0], {-2, 0}, true); }, {x}));
+  REQUIRE(gradcheck([](const std::vector<Tensor>& v) { return var(v[0], {1}); }, {x}));
+  REQUIRE(gradcheck([](const std::vector<Tensor>& v) { return var(v[0], {0, -1}, false, true); }, {x}));
+  REQUIRE(gradcheck([](const std::vector<Tensor>& v) { return max(v[0], 1); }, {x}));
+  REQUIRE(gradcheck([](const std::vector<Tensor>& v) { return max(v[0], -1, true); }, {x}));
+  REQUIRE(gradcheck([](const std::vector<Tensor>& v) { return max(v[0]); }, {x}));
+  // Broadcasting backward (autograd::sum_to) runs through sum.
+  Tensor b = rn({4, 1}, 12);
+  REQUIRE(gradcheck([](const std::vector<Tensor>& v) { return mul(v[0], v[1]); }, {x, b}));
+}
+
+TEST_CASE("max gradients go to the first maximum (dim) or split among ties (all)", "[ops][autograd]") {
+  Tensor x = from_vector(std::vector<double>{2, 2, 1, 0, 3, 3}, {2, 3}).requires_grad_();
+  max(x, 1).backward(ones({2}, DType::Float64));
+  REQUIRE(x.grad().tolist() == std::vector<double>{1, 0, 0, 0, 1, 0});
+  Tensor y = from_vector(std::vector<double>{3, 1, 3, 3}, {4}).requires_grad_();
+  max(y).backward();
+  auto g = y.grad().tolist();
+  REQUIRE(g[0] == Approx(1.0 / 3));
+  REQUIRE(g[1] == 0);
+  REQUIRE(g[3] == Approx(1.0 / 3));
+}
+
+TEST_CASE("sum and mean under autocast run in float32", "[ops][amp]") {
+  Tensor h = ones({8}, DType::Float16);
+  autocast::AutocastGuard ac(true, DType::Float16);
+  REQUIRE(sum(h).dtype() == DType::Float32);
+  REQUIRE(mean(h).dtype() == DType::Float32);
+}
+
+TEST_CASE("reductions reject bad dims with typed errors naming the op", "[ops]") {
+  Tensor x = zeros({2, 3});
+  REQUIRE_THROWS_AS(sum(x, {2}), IndexError);
+  REQUIRE_THROWS_WITH(sum(x, {-3}), Catch::Contains("sum") && Catch::Contains("-3"));
+  REQUIRE_THROWS_WITH(sum(x, {1, -1}), Catch::Contains("sum") && Catch::Contains("more than once"));
+  REQUIRE_THROWS_WITH(mean(x, {5}), Catch::Contains("mean"));
+  REQUIRE_THROWS_WITH(max(x, 2), Catch::Contains("max"));
+  REQUIRE_THROWS_WITH(argmax(x, -3), Catch::Contains("argmax"));
+  REQUIRE_THROWS_WITH(var(x, {3}), Catch::Contains("var"));
+  REQUIRE_THROWS_AS(max(zeros({0})), IndexError);
+  REQUIRE_THROWS_AS(mean(zeros({2}, DType::Int64)), DTypeError);
+}
+
+// ------------------------------------------------------------------------------------------ linear algebra
+
+TEST_CASE("matmul, linear and bmm match PyTorch in float64 and float32", "[ops]") {
+  for (const char* c : {"linalg_f64", "linalg_f32"}) {
+    const bool f32 = std::string(c) == "linalg_f32";
+    const double rtol = f32 ? 1e-5 : 1e-12, atol = f32 ? 1e-5 : 1e-12;
+    INFO(c);
+    check_close(matmul(fx(c, "a3"), fx(c, "b2")), fx(c, "a3_b2"), rtol, atol);
+    check_close(matmul(fx(c, "a4"), fx(c, "b3")), fx(c, "a4_b3"), rtol, atol);
+    check_close(matmul(fx(c, "v4"), fx(c, "m45")), fx(c, "v4_m45"), rtol, atol);
+    check_close(matmul(fx(c, "v4"), fx(c, "v4")), fx(c, "v4_v4"), rtol, atol);
+    check_close(matmul(fx(c, "m45").t(), fx(c, "v4")), fx(c, "m45t_v4"), rtol, atol);
+    check_close(linear(fx(c, "x"), fx(c, "w"), fx(c, "bias")), fx(c, "linear"), rtol, atol);
+    check_close(linear(fx(c, "x"), fx(c, "w")), fx(c, "linear_nobias"), rtol, atol);
+    check_close(bmm(fx(c, "ba"), fx(c, "bb")), fx(c, "bmm"), rtol, atol);
+  }
+}
+
+TEST_CASE("bfloat16 matmul and linear round like PyTorch (within one bf16 ulp)", "[ops]") {
+  const char* c = "linalg_bf16";
+  auto within_one_ulp = [](const Tensor& got, const Tensor& want) {
+    REQUIRE(got.dtype() == DType::BFloat16);
+    REQUIRE(got.shape() == want.shape());
+    auto g = got.tolist(), w = want.tolist();
+    int exact = 0;
+    for (size_t i = 0; i < g.size(); ++i) {
+      // One bf16 ulp at |w|: 2^(exponent - 7).
+      const double ulp = std::ldexp(1.0, std::ilogb(std::max(std::abs(w[i]), 1e-30)) - 7);
+      INFO("element " << i << ": " << g[i] << " vs " << w[i]);
+      REQUIRE(std::abs(g[i] - w[i]) <= ulp);
+      exact += g[i] == w[i];
+    }
+    REQUIRE(exact >= int(g.size() * 9 / 10));  // rounding once from float32: nearly all bit-equal
+  };
+  within_one_ulp(matmul(fx(c, "a"), fx(c, "b")), fx(c, "ab"));
+  within_one_ulp(linear(fx(c, "x"), fx(c, "w"), fx(c, "bias")), fx(c, "linear"));
+  // Transposed operands take the BLAS transpose flags and give the same values.
+  Tensor bt = fx(c, "b").t().contiguous().t();
+  within_one_ulp(matmul(fx(c, "a"), bt), fx(c, "ab"));
+}
+
+TEST_CASE("float16 matmul accumulates in float32 and rounds once", "[ops]") {
+  // 4096 products of 1 * 1: a float16 accumulator would stop at 2048.
+  Tensor a = ones({2, 4096}, DType::Float16), b = ones({4096, 3}, DType::Float16);
+  REQUIRE(matmul(a, b).tolist() == std::vector<double>(6, 4096.0));
+}
+
+TEST_CASE("matmul handles transposed, sliced and broadcast operands", "[ops]") {
+  Tensor a = rn({3, 5, 4}, 21), b = rn({4, 6}, 22);
+  Tensor ref = matmul(a.contiguous(), b.contiguous());
+  // Transposed storage for both (BLAS flags), and a strided slice (copied).
+  Tensor at = a.transpose(1, 2).contiguous().transpose(1, 2);
+  Tensor bt = b.t().contiguous().t();
+  REQUIRE(allclose(matmul(at, bt), ref, 1e-12, 1e-12));
+  Tensor wide = rn({4, 12}, 23);
+  Tensor sliced = wide.slice(1, 0, 12, 2);
+  REQUIRE(allclose(matmul(a, sliced), matmul(a, sliced.contiguous()), 1e-12, 1e-12));
+  // Broadcast batch dims: [2, 1, 5, 4] @ [3, 4, 6] -> [2, 3, 5, 6].
+  Tensor a4 = rn({2, 1, 5, 4}, 24), b3 = rn({3, 4, 6}, 25);
+  Tensor o = matmul(a4, b3);
+  REQUIRE(o.shape() == Shape{2, 3, 5, 6});
+  REQUIRE(allclose(o.select(0, 1).select(0, 2), matmul(a4.select(0, 1).select(0, 0), b3.select(0, 2)), 1e-12, 1e-12));
+  // 2-D @ batched.
+  Tensor m = rn({5, 4}, 26);
+  REQUIRE(allclose(matmul(m, b3).select(0, 1), matmul(m, b3.select(0, 1)), 1e-12, 1e-12));
+}
+
+TEST_CASE("linear algebra gradients match finite differences", "[ops][autograd]") {
+  Tensor a3 = rn({2, 3, 4}, 31), b2 = rn({4, 5}, 32), b3 = rn({2, 4, 5}, 33);
+  REQUIRE(gradcheck([](const std::vector<Tensor>& v) { return matmul(v[0], v[1]); }, {a3, b2}));
+  REQUIRE(gradcheck([](const std::vector<Tensor>& v) { return matmul(v[0], v[1]); }, {a3, b3}));
+  // Broadcasting batch dims: gradients are summed over the broadcast dims.
+  Tensor a4 = rn({2, 1, 3, 4}, 34), b31 = rn({3, 4, 2}, 35);
+  REQUIRE(gradcheck([](const std::vector<Tensor>& v) { return matmul(v[0], v[1]); }, {a4, b31}));
+  Tensor m = rn({3, 4}, 36);
+  REQUIRE(gradcheck([](const std::vector<Tensor>& v) { return matmul(v[0], v[1]); }, {m, b3}));
+  // 1-D operands.
+  Tensor v4 = rn({4}, 37);
+  REQUIRE(gradcheck([](const std::vector<Tensor>& v) { return matmul(v[0], v[1]); }, {v4, b2}));
+  REQUIRE(gradcheck([](const std::vector<Tensor>& v) { return matmul(v[0], v[1]); }, {a3, v4}));
+  REQUIRE(gradcheck([](const std::vector<Tensor>& v) { return matmul(v[0], v[1]); }, {v4, v4}));
+  // Transposed operands through the BLAS flags.
+  REQUIRE(gradcheck([](const std::vector<Tensor>& v) { return matmul(v[0].t(), v[1].t()); }, {rn({4, 3}, 38), rn({5, 4}, 39)}));
+  Tensor x = rn({2, 3, 4}, 40), w = rn({5, 4}, 41), bias = rn({5}, 42);
+  REQUIRE(gradcheck([](const std::vector<Tensor>& v) { return linear(v[0], v[1], v[2]); }, {x, w, bias}));
+  REQUIRE(gradcheck([](const std::vector<Tensor>& v) { return linear(v[0], v[1]); }, {rn({4}, 43), w}));
+  REQUIRE(gradcheck([](const std::vector<Tensor>& v) { return bmm(v[0], v[1]); }, {rn({3, 2, 4}, 44), rn({3, 4, 5}, 45)}));
+}
+
+TEST_CASE("linear under autocast runs in the autocast dtype", "[ops][amp]") {
+  Tensor x = rn({4, 8}, 50).to(DType::Float32), w = rn({3, 8}, 51).to(DType::Float32).requires_grad_();
+  Tensor b = zeros({3}).requires_grad_();
+  Tensor y;
+  {
+    autocast::AutocastGuard ac(true, DType::BFloat16);
+    y = linear(x, w, b);
+  }
+  REQUIRE(y.dtype() == DType::BFloat16);
+  sum(y.to(DType::Float32)).backward();
+  REQUIRE(w.grad().dtype() == DType::Float32);
+  REQUIRE(b.grad().tolist() == std::vector<double>{4, 4, 4});
+}
+
+TEST_CASE("linear algebra shape errors name the op and both shapes", "[ops]") {
+  REQUIRE_THROWS_WITH(matmul(zeros({2, 3}), zeros({4, 5})),
+                      "matmul: shapes [2, 3] and [4, 5] cannot be multiplied (3 != 4)");
+  REQUIRE_THROWS_AS(matmul(zeros({2, 2, 3}), zeros({3, 3, 2})), ShapeError);  // batch 2 vs 3
+  REQUIRE_THROWS_AS(matmul(zeros({}), zeros({3})), ShapeError);
+  REQUIRE_THROWS_AS(matmul(zeros({2, 3}), zeros({3, 2}, DType::Float64)), DTypeError);
+  REQUIRE_THROWS_WITH(linear(zeros({2, 3}), zeros({4, 5})),
+                      Catch::Contains("linear") && Catch::Contains("[2, 3]") && Catch::Contains("[4, 5]"));
+  REQUIRE_THROWS_WITH(linear(zeros({2, 5}), zeros({4, 5}), zeros({3})), Catch::Contains("linear: bias"));
+  REQUIRE_THROWS_WITH(bmm(zeros({2, 2, 3}), zeros({3, 3, 2})), Catch::Contains("bmm"));
+  REQUIRE_THROWS_WITH(bmm(zeros({2, 3}), zeros({3, 2})), Catch::Contains("bmm: expected 3-D"));
+}

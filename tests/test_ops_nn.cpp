@@ -1,0 +1,383 @@
+// Neural-network functions and losses: values against PyTorch fixtures (tests/fixtures/nn.json,
+// made by make_nn_fixtures.py), gradients against central finite differences in float64, typed
+// errors, autocast policies, and dropout's seeded masks.
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <iostream>
+
+#include "booster/autocast/autocast.h"
+#include "booster/autograd/autograd.h"
+#include "booster/ops/ops.h"
+#include "fixture.h"
+
+using namespace booster;
+using testing::allclose;
+using testing::max_abs_diff;
+using testing::tensor_from_json;
+
+namespace {
+
+const nlohmann::json& fixtures() {
+  static const nlohmann::json j = testing::load_fixture_json("nn.json");
+  return j;
+}
+Tensor fx(const char* c, const char* name) { return tensor_from_json(fixtures().at(c).at(name)); }
+
+// Central-difference gradient check, as tests/gradcheck.h, but seeding backward with the random
+// projection w directly (out.backward(w)) and forming L = sum(w * f(x)) on the host, so it relies on
+// no op outside the ones under test.
+bool nn_gradcheck(const std::function<Tensor(const std::vector<Tensor>&)>& f, std::vector<Tensor> inputs,
+                  double atol = 1e-5, double rtol = 1e-4) {
+  for (auto& x : inputs)
+    if (x.defined() && is_floating(x.dtype())) x = x.detach().to(DType::Float64).contiguous().clone().requires_grad_();
+  Tensor out = f(inputs);
+  Generator gen(1234);
+  const Tensor w = randn(out.shape(), &gen, DType::Float64);
+  const std::vector<double> wv = w.tolist();
+  auto loss_of = [&](const std::vector<Tensor>& xs) {
+    NoGradGuard ng;
+    const std::vector<double> y = f(xs).tolist();
+    double s = 0;
+    for (size_t i = 0; i < y.size(); ++i) s += y[i] * wv[i];
+    return s;
+  };
+  out.backward(w);
+  const double eps = 1e-6;
+  bool ok = true;
+  for (size_t k = 0; k < inputs.size(); ++k) {
+    Tensor& x = inputs[k];
+    if (!x.defined() || !x.requires_grad()) continue;
+    const std::vector<double> an = x.grad().defined() ? x.grad().tolist() : std::vector<double>(size_t(x.numel()), 0.0);
+    double* p = x.data<double>();
+    for (int64_t i = 0; i < x.numel(); ++i) {
+      const double orig = p[i];
+      p[i] = orig + eps;
+      const double lp = loss_of(inputs);
+      p[i] = orig - eps;
+      const double lm = loss_of(inputs);
+      p[i] = orig;
+      const double numeric = (lp - lm) / (2 * eps);
+      if (std::abs(numeric - an[size_t(i)]) > atol + rtol * std::abs(numeric)) {
+        std::cerr << "gradcheck: input " << k << " element " << i << ": analytic " << an[size_t(i)] << " vs numeric "
+                  << numeric << "\n";
+        ok = false;
+      }
+    }
+  }
+  return ok;
+}
+
+Tensor rnd(const Shape& s, uint64_t seed, double scale = 1.0) {
+  Generator g(seed);
+  return randn(s, &g, DType::Float64) * scale;
+}
+
+}  // namespace
+
+// ============================================================================================ softmax
+
+TEST_CASE("softmax and log_softmax match PyTorch over every dim", "[ops][nn_functional]") {
+  const Tensor x = fx("softmax_last", "x");
+  CHECK(allclose(softmax(x, -1), fx("softmax_last", "softmax"), 1e-12, 1e-14));
+  CHECK(allclose(log_softmax(x, 1), fx("softmax_last", "log_softmax"), 1e-12, 1e-14));
+  const Tensor y = fx("softmax_middle", "x");
+  CHECK(allclose(softmax(y, 0), fx("softmax_middle", "softmax_dim0"), 1e-12, 1e-14));
+  CHECK(allclose(softmax(y, 1), fx("softmax_middle", "softmax_dim1"), 1e-12, 1e-14));
+  CHECK(allclose(log_softmax(y, -2), fx("softmax_middle", "log_softmax_dim1"), 1e-12, 1e-14));
+  // A strided (transposed) input takes the same result as its contiguous copy.
+  CHECK(allclose(softmax(y.transpose(0, 2), 2), fx("softmax_middle", "softmax_dim0").transpose(0, 2), 1e-12, 1e-14));
+  // float32 and float16 compute in float32 and round once.
+  CHECK(allclose(softmax(x.to(DType::Float32), -1), fx("softmax_last", "softmax"), 1e-5, 1e-7));
+  const Tensor h = softmax(x.to(DType::Float16), -1);
+  REQUIRE(h.dtype() == DType::Float16);
+  CHECK(allclose(h, fx("softmax_last", "softmax"), 2e-3, 1e-4));
+  // Large logits do not overflow (the max is subtracted).
+  const Tensor big = softmax(from_vector(std::vector<float>{1000, 1000}, {2}), 0);
+  CHECK(big.tolist() == std::vector<double>{0.5, 0.5});
+}
+
+TEST_CASE("softmax and log_softmax gradients", "[ops][nn_functional]") {
+  const Tensor x = rnd({3, 4, 5}, 1);
+  for (int64_t dim : {0, 1, -1}) {
+    INFO("dim " << dim);
+    CHECK(nn_gradcheck([dim](const std::vector<Tensor>& in) { return softmax(in[0], dim); }, {x}));
+    CHECK(nn_gradcheck([dim](const std::vector<Tensor>& in) { return log_softmax(in[0], dim); }, {x}));
+  }
+}
+
+TEST_CASE("softmax checks and autocast", "[ops][nn_functional]") {
+  REQUIRE_THROWS_AS(softmax(zeros({2, 3}), 2), IndexError);
+  REQUIRE_THROWS_WITH(softmax(zeros({2}, DType::Int64), 0),
+                      Catch::Contains("softmax") && Catch::Contains("int64"));
+  // Float32 policy: a float16 input under autocast gives a float32 output.
+  const Tensor h = rnd({2, 3}, 2).to(DType::Float16);
+  {
+    autocast::AutocastGuard guard(true, DType::Float16);
+    CHECK(softmax(h, -1).dtype() == DType::Float32);
+    CHECK(log_softmax(h, -1).dtype() == DType::Float32);
+  }
+  CHECK(softmax(h, -1).dtype() == DType::Float16);
+}
+
+// ========================================================================================= layer norm
+
+TEST_CASE("layer_norm matches PyTorch with and without affine", "[ops][nn_functional]") {
+  const Tensor x = fx("layer_norm", "x");
+  CHECK(allclose(layer_norm(x, {4}, fx("layer_norm", "weight"), fx("layer_norm", "bias")),
+                 fx("layer_norm", "out_affine"), 1e-10, 1e-12));
+  CHECK(allclose(layer_norm(x, {4}), fx("layer_norm", "out_plain"), 1e-10, 1e-12));
+  CHECK(allclose(layer_norm(x, {3, 4}, fx("layer_norm", "weight2"), fx("layer_norm", "bias2"), 1e-3),
+                 fx("layer_norm", "out_two_dims"), 1e-10, 1e-12));
+  // bfloat16 input: statistics in float32, output rounded to bfloat16.
+  const Tensor b = layer_norm(x.to(DType::BFloat16), {4});
+  REQUIRE(b.dtype() == DType::BFloat16);
+  CHECK(allclose(b, fx("layer_norm", "out_plain"), 2e-2, 2e-2));
+}
+
+TEST_CASE("layer_norm gradients", "[ops][nn_functional]") {
+  const Tensor x = rnd({3, 2, 5}, 3, 2.0), w = rnd({5}, 4), b = rnd({5}, 5);
+  CHECK(nn_gradcheck([](const std::vector<Tensor>& in) { return layer_norm(in[0], {5}, in[1], in[2]); }, {x, w, b}));
+  CHECK(nn_gradcheck([](const std::vector<Tensor>& in) { return layer_norm(in[0], {5}); }, {x}));
+  CHECK(nn_gradcheck([](const std::vector<Tensor>& in) { return layer_norm(in[0], {2, 5}, in[1]); },
+                     {x, rnd({2, 5}, 6)}));
+}
+
+TEST_CASE("layer_norm checks shapes and casts under autocast", "[ops][nn_functional]") {
+  REQUIRE_THROWS_WITH(layer_norm(zeros({2, 3}), {4}),
+                      Catch::Contains("layer_norm") && Catch::Contains("[4]") && Catch::Contains("[2, 3]"));
+  REQUIRE_THROWS_AS(layer_norm(zeros({2, 3}), {3}, zeros({4})), ShapeError);
+  autocast::AutocastGuard guard(true, DType::BFloat16);
+  CHECK(layer_norm(zeros({2, 3}, DType::BFloat16), {3}).dtype() == DType::Float32);
+}
+
+// ========================================================================================= batch norm
+
+TEST_CASE("batch_norm matches PyTorch in training and eval, and updates running stats", "[ops][nn_functional]") {
+  for (const char* c : {"batch_norm_2d", "batch_norm_3d"}) {
+    INFO(c);
+    const Tensor x = fx(c, "x"), w = fx(c, "weight"), b = fx(c, "bias");
+    const double momentum = fixtures().at(c).at("momentum").get<double>();
+    Tensor rm = fx(c, "running_mean"), rv = fx(c, "running_var");
+    CHECK(allclose(batch_norm(x, rm, rv, w, b, true, momentum), fx(c, "out_train"), 1e-10, 1e-12));
+    // The running variance takes the unbiased batch variance (a biased one fails this).
+    CHECK(allclose(rm, fx(c, "running_mean_after"), 1e-12, 1e-14));
+    CHECK(allclose(rv, fx(c, "running_var_after"), 1e-12, 1e-14));
+    Tensor rm0 = fx(c, "running_mean"), rv0 = fx(c, "running_var");
+    CHECK(allclose(batch_norm(x, rm0, rv0, w, b, false, momentum), fx(c, "out_eval"), 1e-10, 1e-12));
+    CHECK(allclose(rm0, fx(c, "running_mean"), 0, 0));  // eval leaves them alone
+    // float32 running stats with a float32 input.
+    Tensor rm32 = fx(c, "running_mean").to(DType::Float32), rv32 = fx(c, "running_var").to(DType::Float32);
+    CHECK(allclose(batch_norm(x.to(DType::Float32), rm32, rv32, w.to(DType::Float32), b.to(DType::Float32), true,
+                              momentum),
+                   fx(c, "out_train"), 1e-4, 1e-5));
+    CHECK(allclose(rv32, fx(c, "running_var_after"), 1e-5, 1e-6));
+  }
+  // Without running stats, eval mode uses the batch statistics too.
+  const Tensor x = fx("batch_norm_2d", "x");
+  CHECK(allclose(batch_norm(x, Tensor(), Tensor(), Tensor(), Tensor(), false),
+                 batch_norm(x, Tensor(), Tensor(), Tensor(), Tensor(), true), 0, 0));
+}
+
+TEST_CASE("batch_norm gradients in training and eval", "[ops][nn_functional]") {
+  for (const Shape& s : {Shape{5, 3}, Shape{3, 2, 4}}) {
+    INFO("shape " << shape_str(s));
+    const Tensor x = rnd(s, 7, 1.5), w = rnd({s[1]}, 8), b = rnd({s[1]}, 9);
+    Tensor rm = rnd({s[1]}, 10, 0.1), rv = abs(rnd({s[1]}, 11)) + 0.5;
+    CHECK(nn_gradcheck(
+        [](const std::vector<Tensor>& in) { return batch_norm(in[0], Tensor(), Tensor(), in[1], in[2], true); },
+        {x, w, b}));
+    CHECK(nn_gradcheck([&](const std::vector<Tensor>& in) { return batch_norm(in[0], rm, rv, in[1], in[2], false); },
+                       {x, w, b}));
+    CHECK(nn_gradcheck([](const std::vector<Tensor>& in) {
+      return batch_norm(in[0], Tensor(), Tensor(), Tensor(), Tensor(), true);
+    }, {x}));
+  }
+}
+
+TEST_CASE("batch_norm checks its arguments", "[ops][nn_functional]") {
+  REQUIRE_THROWS_WITH(batch_norm(zeros({2, 3, 4, 5}), Tensor(), Tensor(), Tensor(), Tensor(), true),
+                      Catch::Contains("batch_norm") && Catch::Contains("[2, 3, 4, 5]"));
+  REQUIRE_THROWS_AS(batch_norm(zeros({4, 3}), zeros({2}), ones({2}), Tensor(), Tensor(), true), ShapeError);
+  REQUIRE_THROWS_WITH(batch_norm(zeros({1, 3}), Tensor(), Tensor(), Tensor(), Tensor(), true),
+                      Catch::Contains("more than 1 value per channel"));
+  // One value per channel is fine in eval with running stats.
+  CHECK_NOTHROW(batch_norm(zeros({1, 3}), zeros({3}), ones({3}), Tensor(), Tensor(), false));
+  autocast::AutocastGuard guard(true, DType::Float16);
+  CHECK(batch_norm(ones({4, 3}, DType::Float16), zeros({3}), ones({3}), Tensor(), Tensor(), true).dtype() ==
+        DType::Float32);
+}
+
+// ============================================================================================ dropout
+
+TEST_CASE("dropout masks are seeded, scaled and kept for backward", "[ops][nn_functional]") {
+  const Tensor x = ones({64, 50}, DType::Float64);
+  Generator g1(42), g2(42), g3(43);
+  const auto a = dropout(x, 0.3, true, &g1).tolist();
+  const auto b = dropout(x, 0.3, true, &g2).tolist();
+  const auto c = dropout(x, 0.3, true, &g3).tolist();
+  CHECK(a == b);
+  CHECK(a != c);
+  // The mask is the generator's uniform floats in row-major order, kept where u >= p: the same on any
+  // machine for a given seed.
+  Generator ref(42);
+  int64_t kept = 0;
+  for (double v : a) {
+    const bool keep = ref.uniform_float() >= 0.3f;
+    REQUIRE(v == (keep ? 1.0 / 0.7 : 0.0));
+    kept += keep;
+  }
+  // About 70% kept, and the mean is preserved in expectation.
+  CHECK(double(kept) / double(a.size()) == Approx(0.7).margin(0.03));
+  // Backward passes the same mask and scale.
+  Generator g4(42);
+  Tensor xr = rnd({64, 50}, 12).requires_grad_();
+  Tensor y = dropout(xr, 0.3, true, &g4);
+  y.backward(ones_like(y));
+  CHECK(xr.grad().tolist() == a);
+}
+
+TEST_CASE("dropout edge cases", "[ops][nn_functional]") {
+  const Tensor x = rnd({3, 4}, 13);
+  CHECK(dropout(x, 0.0, true).is_same(x));
+  CHECK(dropout(x, 0.7, false).is_same(x));
+  CHECK(dropout(x, 1.0, true).tolist() == std::vector<double>(12, 0.0));
+  REQUIRE_THROWS_WITH(dropout(x, 1.5, true), Catch::Contains("dropout") && Catch::Contains("1.5"));
+  REQUIRE_THROWS_AS(dropout(x, -0.1, true), ValueError);
+  // The default generator follows manual_seed.
+  manual_seed(5);
+  const auto a = dropout(x, 0.5, true).tolist();
+  manual_seed(5);
+  CHECK(dropout(x, 0.5, true).tolist() == a);
+  CHECK(nn_gradcheck([](const std::vector<Tensor>& in) {
+    Generator g(9);
+    return dropout(in[0], 0.4, true, &g);
+  }, {x}));
+}
+
+// ========================================================================================== attention
+
+TEST_CASE("scaled_dot_product_attention matches the explicit math", "[ops][nn_functional]") {
+  const Tensor q = fx("attention", "q"), k = fx("attention", "k"), v = fx("attention", "v");
+  CHECK(allclose(scaled_dot_product_attention(q, k, v), fx("attention", "out"), 1e-10, 1e-12));
+  CHECK(allclose(scaled_dot_product_attention(q, k, v, false, 0.3), fx("attention", "out_scaled"), 1e-10, 1e-12));
+  const Tensor qc = fx("attention_causal", "q"), kc = fx("attention_causal", "k"), vc = fx("attention_causal", "v");
+  CHECK(allclose(scaled_dot_product_attention(qc, kc, vc, true), fx("attention_causal", "out"), 1e-10, 1e-12));
+  // float32 through cblas_sgemm; float16 widened to float32 and rounded once.
+  CHECK(allclose(scaled_dot_product_attention(q.to(DType::Float32), k.to(DType::Float32), v.to(DType::Float32)),
+                 fx("attention", "out"), 1e-4, 1e-5));
+  const Tensor h = scaled_dot_product_attention(q.to(DType::Float16), k.to(DType::Float16), v.to(DType::Float16));
+  REQUIRE(h.dtype() == DType::Float16);
+  CHECK(allclose(h, fx("attention", "out"), 1e-2, 1e-2));
+  // Lower policy: float32 inputs under autocast compute and return the autocast dtype.
+  autocast::AutocastGuard guard(true, DType::BFloat16);
+  CHECK(scaled_dot_product_attention(q.to(DType::Float32), k.to(DType::Float32), v.to(DType::Float32)).dtype() ==
+        DType::BFloat16);
+}
+
+TEST_CASE("scaled_dot_product_attention gradients, causal and not", "[ops][nn_functional]") {
+  const Tensor q = rnd({2, 3, 4}, 14), k = rnd({2, 5, 4}, 15), v = rnd({2, 5, 3}, 16);
+  CHECK(nn_gradcheck([](const std::vector<Tensor>& in) { return scaled_dot_product_attention(in[0], in[1], in[2]); },
+                     {q, k, v}));
+  CHECK(nn_gradcheck([](const std::vector<Tensor>& in) {
+    return scaled_dot_product_attention(in[0], in[1], in[2], true, 0.7);
+  }, {q, k, v}));
+  const Tensor q4 = rnd({1, 2, 4, 3}, 17), k4 = rnd({1, 2, 4, 3}, 18), v4 = rnd({1, 2, 4, 2}, 19);
+  CHECK(nn_gradcheck([](const std::vector<Tensor>& in) {
+    return scaled_dot_product_attention(in[0], in[1], in[2], true);
+  }, {q4, k4, v4}));
+}
+
+TEST_CASE("scaled_dot_product_attention checks shapes and dtypes", "[ops][nn_functional]") {
+  REQUIRE_THROWS_WITH(scaled_dot_product_attention(zeros({2, 3, 4}), zeros({2, 5, 3}), zeros({2, 5, 3})),
+                      Catch::Contains("scaled_dot_product_attention") && Catch::Contains("[2, 5, 3]"));
+  REQUIRE_THROWS_AS(scaled_dot_product_attention(zeros({2, 3, 4}), zeros({2, 5, 4}), zeros({2, 6, 4})), ShapeError);
+  REQUIRE_THROWS_AS(scaled_dot_product_attention(zeros({2, 3, 4}), zeros({3, 5, 4}), zeros({3, 5, 4})), ShapeError);
+  REQUIRE_THROWS_AS(scaled_dot_product_attention(zeros({3, 4}), zeros({5, 4}, DType::Float64), zeros({5, 4})),
+                    DTypeError);
+}
+
+// ============================================================================================= losses
+
+TEST_CASE("reduction_from_string", "[ops][nn_functional]") {
+  CHECK(reduction_from_string("none") == Reduction::None);
+  CHECK(reduction_from_string("mean") == Reduction::Mean);
+  CHECK(reduction_from_string("sum") == Reduction::Sum);
+  REQUIRE_THROWS_AS(reduction_from_string("avg"), ValueError);
+  REQUIRE_THROWS_WITH(reduction_from_string("avg"), Catch::Contains("avg") && Catch::Contains("'none'") &&
+                                                        Catch::Contains("'mean'") && Catch::Contains("'sum'"));
+}
+
+TEST_CASE("cross_entropy matches PyTorch with ignore_index and label_smoothing", "[ops][nn_functional]") {
+  const Tensor logits = fx("cross_entropy", "logits");
+  const Tensor target = fx("cross_entropy", "target").to(DType::Int64);
+  for (const char* red : {"none", "mean", "sum"}) {
+    INFO(red);
+    const Reduction r = reduction_from_string(red);
+    CHECK(allclose(cross_entropy(logits, target, r), fx("cross_entropy", red), 1e-12, 1e-13));
+    // The smoothed mean divides by the 5 non-ignored targets, not by 6.
+    CHECK(allclose(cross_entropy(logits, target, r, -100, 0.1),
+                   fx("cross_entropy", (std::string(red) + "_smooth").c_str()), 1e-12, 1e-13));
+  }
+  const Tensor l3 = fx("cross_entropy_nd", "logits"), t3 = fx("cross_entropy_nd", "target").to(DType::Int64);
+  CHECK(allclose(cross_entropy(l3, t3), fx("cross_entropy_nd", "mean"), 1e-12, 1e-13));
+  CHECK(allclose(cross_entropy(l3, t3, Reduction::None, -100, 0.2), fx("cross_entropy_nd", "none_smooth"), 1e-12,
+                 1e-13));
+  // float16 logits: computed in float32.
+  CHECK(allclose(cross_entropy(logits.to(DType::Float16), target).to(DType::Float64), fx("cross_entropy", "mean"),
+                 2e-3, 1e-3));
+  autocast::AutocastGuard guard(true, DType::Float16);
+  CHECK(cross_entropy(logits.to(DType::Float16), target).dtype() == DType::Float32);
+}
+
+TEST_CASE("cross_entropy gradients for every reduction", "[ops][nn_functional]") {
+  const Tensor logits = rnd({5, 4}, 20, 2.0);
+  const Tensor target = from_vector(std::vector<int64_t>{1, 3, 2, 3, 0}, {5});
+  for (Reduction r : {Reduction::None, Reduction::Mean, Reduction::Sum})
+    for (double smoothing : {0.0, 0.15}) {
+      INFO("reduction " << int(r) << " smoothing " << smoothing);
+      // ignore_index 3 drops two rows: their gradient must be zero and the mean divides by 3.
+      CHECK(nn_gradcheck([&](const std::vector<Tensor>& in) { return cross_entropy(in[0], target, r, 3, smoothing); },
+                         {logits}));
+    }
+  const Tensor l3 = rnd({2, 3, 2, 2}, 21);
+  const Tensor t3 = from_vector(std::vector<int64_t>{0, 2, 1, -100, 2, 2, 0, 1}, {2, 2, 2});
+  CHECK(nn_gradcheck([&](const std::vector<Tensor>& in) { return cross_entropy(in[0], t3, Reduction::Mean, -100, 0.1); },
+                     {l3}));
+  // An ignored row really gets a zero gradient.
+  Tensor x = rnd({2, 3}, 22).requires_grad_();
+  cross_entropy(x, from_vector(std::vector<int64_t>{-100, 1}, {2})).backward();
+  const auto g = x.grad().tolist();
+  CHECK(g[0] == 0.0);
+  CHECK(g[1] == 0.0);
+  CHECK(g[2] == 0.0);
+  CHECK(g[4] < 0.0);
+}
+
+TEST_CASE("losses check targets and shapes", "[ops][nn_functional]") {
+  const Tensor logits = zeros({2, 3});
+  REQUIRE_THROWS_AS(cross_entropy(logits, from_vector(std::vector<int64_t>{0, 3}, {2})), IndexError);
+  REQUIRE_THROWS_WITH(cross_entropy(logits, from_vector(std::vector<int64_t>{0, 7}, {2})),
+                      Catch::Contains("cross_entropy") && Catch::Contains("target 7") && Catch::Contains("3 classes"));
+  REQUIRE_THROWS_WITH(nll_loss(logits, from_vector(std::vector<int64_t>{-2, 0}, {2})),
+                      Catch::Contains("nll_loss") && Catch::Contains("target -2"));
+  REQUIRE_THROWS_AS(cross_entropy(logits, from_vector(std::vector<int64_t>{0, 1, 2}, {3})), ShapeError);
+  REQUIRE_THROWS_AS(cross_entropy(logits, zeros({2})), DTypeError);
+  REQUIRE_THROWS_AS(cross_entropy(logits, zeros({2}, DType::Int64), Reduction::Mean, -100, 1.5), ValueError);
+  REQUIRE_THROWS_AS(mse_loss(zeros({2, 3}), zeros({4})), ShapeError);
+}
+
+TEST_CASE("nll_loss and mse_loss match PyTorch, with gradients", "[ops][nn_functional]") {
+  const Tensor lp = fx("nll_loss", "log_probs"), t = fx("nll_loss", "target").to(DType::Int64);
+  const Tensor a = fx("mse_loss", "input"), b = fx("mse_loss", "target");
+  for (const char* red : {"none", "mean", "sum"}) {
+    INFO(red);
+    const Reduction r = reduction_from_string(red);
+    CHECK(allclose(nll_loss(lp, t, r, 1), fx("nll_loss", red), 1e-12, 1e-13));
+    CHECK(allclose(mse_loss(a, b, r), fx("mse_loss", red), 1e-12, 1e-13));
+    CHECK(nn_gradcheck([&](const std::vector<Tensor>& in) { return nll_loss(in[0], t, r, 1); }, {lp}));
+    CHECK(nn_gradcheck([&](const std::vector<Tensor>& in) { return mse_loss(in[0], in[1], r); }, {a, b}));
+  }
+  autocast::AutocastGuard guard(true, DType::Float16);
+  CHECK(mse_loss(a.to(DType::Float16), b.to(DType::Float16)).dtype() == DType::Float32);
+}
