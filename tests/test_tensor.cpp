@@ -88,3 +88,12 @@ TEST_CASE("printing", "[tensor]") {
   REQUIRE(a.str() == "tensor([1.5, -2])");
   REQUIRE(a.to(DType::Float16).str() == "tensor([1.5, -2], dtype=float16)");
 }
+
+TEST_CASE("0-d tensors view and reshape to any one-element shape", "[tensor]") {
+  Tensor s = full({}, 3.5);
+  REQUIRE(s.reshape({1}).shape() == Shape{1});
+  REQUIRE(s.view({1, 1}).shape() == Shape{1, 1});
+  REQUIRE(s.flatten().shape() == Shape{1});
+  REQUIRE(s.view({1, 1}).item() == 3.5);
+  REQUIRE_THROWS_AS(s.view({2}), ShapeError);
+}

@@ -110,7 +110,8 @@ Shape infer_shape(Shape shape, int64_t numel, const char* op, const Shape& from)
 // computeStride): each run of old dims that is contiguous within itself may be re-split.
 bool view_strides(const Shape& shape, const Shape& strides, const Shape& new_shape, Shape& out) {
   out.assign(new_shape.size(), 0);
-  if (numel_of(shape) == 0) {
+  // Empty tensors and 0-d scalars have no stride constraint: any shape of the same count is a view.
+  if (numel_of(shape) == 0 || shape.empty()) {
     out = contiguous_strides(new_shape);
     return true;
   }
