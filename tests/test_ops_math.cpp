@@ -289,3 +289,98 @@ TEST_CASE("linear algebra shape errors name the op and both shapes", "[ops]") {
   REQUIRE_THROWS_WITH(bmm(zeros({2, 2, 3}), zeros({3, 3, 2})), Catch::Contains("bmm"));
   REQUIRE_THROWS_WITH(bmm(zeros({2, 3}), zeros({3, 2})), Catch::Contains("bmm: expected 3-D"));
 }
+
+// ------------------------------------------------------------------------------------------ joining and indexing
+
+TEST_CASE("joining and indexing match PyTorch", "[ops]") {
+  const char* c = "indexing";
+  Tensor p = fx(c, "p"), q = fx(c, "q");
+  check_close(cat({p, q}, 1), fx(c, "cat_1"), 0, 0);
+  check_close(stack({p, mul(p, 2.0)}, -1), fx(c, "stack_m1"), 0, 0);
+  check_close(embedding(fx(c, "weight"), fx(c, "ids")), fx(c, "embedding"), 0, 0);
+  check_close(gather(fx(c, "g_src"), 1, fx(c, "g_idx")), fx(c, "gather_1"), 0, 0);
+  check_close(index_select(fx(c, "g_src"), 1, fx(c, "sel_idx")), fx(c, "index_select_1"), 0, 0);
+  // int32 indices select the same rows.
+  check_close(embedding(fx(c, "weight"), fx(c, "ids").to(DType::Int32)), fx(c, "embedding"), 0, 0);
+}
+
+TEST_CASE("cat promotes dtypes, skips empty 1-D tensors, and works on non-contiguous inputs", "[ops]") {
+  Tensor a = from_vector(std::vector<float>{1, 2}, {1, 2});
+  Tensor b = from_vector(std::vector<double>{3, 4}, {1, 2});
+  Tensor c = cat({a, b});
+  REQUIRE(c.dtype() == DType::Float64);
+  REQUIRE(c.tolist() == std::vector<double>{1, 2, 3, 4});
+  REQUIRE(cat({zeros({0}), a}, 0).tolist() == std::vector<double>{1, 2});
+  Tensor t = arange(0, 6, 1, DType::Float32).reshape({2, 3}).t();  // [3, 2], non-contiguous
+  REQUIRE(cat({t, t}, 1).tolist() == std::vector<double>{0, 3, 0, 3, 1, 4, 1, 4, 2, 5, 2, 5});
+  Tensor h = ones({2}, DType::Float16), f = ones({2}, DType::BFloat16);
+  REQUIRE(cat({h, f}).dtype() == DType::Float32);
+}
+
+TEST_CASE("split and chunk are views with torch's piece sizes", "[ops]") {
+  Tensor a = arange(0, 10, 1, DType::Float32).reshape({5, 2});
+  auto s = split(a, 2);
+  REQUIRE(s.size() == 3);
+  REQUIRE(s[2].shape() == Shape{1, 2});
+  REQUIRE(s[1].tolist() == std::vector<double>{4, 5, 6, 7});
+  REQUIRE(s[1].storage() == a.storage());
+  auto c = chunk(a, 3, 0);  // ceil(5 / 3) = 2 -> sizes 2, 2, 1
+  REQUIRE(c.size() == 3);
+  REQUIRE(c[2].shape() == Shape{1, 2});
+  auto c4 = chunk(arange(0, 6, 1, DType::Float32), 4);  // ceil(6 / 4) = 2 -> only 3 pieces, as torch
+  REQUIRE(c4.size() == 3);
+  auto cols = chunk(a, 2, -1);
+  REQUIRE(cols[1].tolist() == std::vector<double>{1, 3, 5, 7, 9});
+}
+
+TEST_CASE("joining and indexing gradients match finite differences", "[ops][autograd]") {
+  Tensor a = rn({2, 3}, 61), b = rn({2, 1}, 62), c = rn({2, 3}, 63);
+  REQUIRE(gradcheck([](const std::vector<Tensor>& v) { return cat({v[0], v[1]}, -1); }, {a, b}));
+  REQUIRE(gradcheck([](const std::vector<Tensor>& v) { return cat({v[0], v[1]}, 0); }, {a, c}));
+  REQUIRE(gradcheck([](const std::vector<Tensor>& v) { return stack({v[0], v[1]}, 1); }, {a, c}));
+  REQUIRE(gradcheck([](const std::vector<Tensor>& v) { return mul(split(v[0], 2, 1)[1], 3.0); }, {a}));
+  REQUIRE(gradcheck([](const std::vector<Tensor>& v) {
+    auto p = chunk(v[0], 3, -1);
+    return add(mul(p[0], p[2]), p[1]);
+  }, {a}));
+  Tensor ids = from_vector(std::vector<int64_t>{1, 4, 1, 0, 4, 4}, {2, 3});  // repeats must accumulate
+  REQUIRE(gradcheck([ids](const std::vector<Tensor>& v) { return embedding(v[0], ids); }, {rn({5, 3}, 64)}));
+  Tensor gi = from_vector(std::vector<int64_t>{0, 2, 2, 1, 1, 0}, {2, 3});
+  REQUIRE(gradcheck([gi](const std::vector<Tensor>& v) { return gather(v[0], 1, gi); }, {rn({2, 4}, 65)}));
+  Tensor gi0 = from_vector(std::vector<int64_t>{2, 0, 2}, {1, 3});
+  REQUIRE(gradcheck([gi0](const std::vector<Tensor>& v) { return gather(v[0], -2, gi0); }, {rn({3, 3}, 66)}));
+  Tensor si = from_vector(std::vector<int64_t>{2, 0, 2}, {3});
+  REQUIRE(gradcheck([si](const std::vector<Tensor>& v) { return index_select(v[0], -1, si); }, {rn({2, 3, 4}, 67)}));
+  REQUIRE(gradcheck([si](const std::vector<Tensor>& v) { return index_select(v[0], 0, si); }, {rn({4, 2}, 68)}));
+}
+
+TEST_CASE("embedding gradients of repeated rows accumulate in the weight's dtype", "[ops][autograd]") {
+  Tensor w = zeros({3, 2}, DType::BFloat16).requires_grad_();
+  Tensor ids = from_vector(std::vector<int64_t>(300, 1), {300});
+  sum(embedding(w, ids)).backward();
+  REQUIRE(w.grad().dtype() == DType::BFloat16);
+  // 300 ones accumulated in float32 then rounded (bf16 accumulation would stop at 256).
+  REQUIRE(w.grad().tolist() == std::vector<double>{0, 0, 300, 300, 0, 0});
+}
+
+TEST_CASE("joining and indexing reject bad shapes and indices with typed errors", "[ops]") {
+  Tensor w = zeros({7, 3});
+  REQUIRE_THROWS_AS(embedding(w, from_vector(std::vector<int64_t>{0, 7}, {2})), IndexError);
+  REQUIRE_THROWS_WITH(embedding(w, from_vector(std::vector<int64_t>{0, 7}, {2})),
+                      Catch::Contains("embedding") && Catch::Contains("index 7") && Catch::Contains("size 7"));
+  REQUIRE_THROWS_WITH(embedding(w, from_vector(std::vector<int64_t>{-1}, {1})), Catch::Contains("index -1"));
+  REQUIRE_THROWS_AS(embedding(w, zeros({2})), DTypeError);
+  REQUIRE_THROWS_AS(embedding(zeros({7}), from_vector(std::vector<int64_t>{0}, {1})), ShapeError);
+  REQUIRE_THROWS_WITH(cat({zeros({2, 3}), zeros({3, 3})}, 1), Catch::Contains("cat") && Catch::Contains("[3, 3]"));
+  REQUIRE_THROWS_AS(cat({}, 0), ValueError);
+  REQUIRE_THROWS_AS(cat({zeros({2})}, 1), IndexError);
+  REQUIRE_THROWS_WITH(stack({zeros({2}), zeros({3})}), Catch::Contains("stack"));
+  REQUIRE_THROWS_WITH(gather(zeros({2, 3}), 1, from_vector(std::vector<int64_t>{3}, {1, 1})),
+                      Catch::Contains("gather") && Catch::Contains("index 3"));
+  REQUIRE_THROWS_AS(gather(zeros({2, 3}), 1, from_vector(std::vector<int64_t>{0}, {1})), ShapeError);
+  REQUIRE_THROWS_AS(gather(zeros({2, 3}), 2, from_vector(std::vector<int64_t>{0}, {1, 1})), IndexError);
+  REQUIRE_THROWS_WITH(index_select(zeros({2, 3}), 0, from_vector(std::vector<int64_t>{2}, {1})),
+                      Catch::Contains("index_select") && Catch::Contains("index 2"));
+  REQUIRE_THROWS_AS(split(zeros({4}), 0), ValueError);
+  REQUIRE_THROWS_AS(chunk(zeros({4}), 0), ValueError);
+}

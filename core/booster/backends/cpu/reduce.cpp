@@ -63,8 +63,23 @@ inline A reduce_lanes(const A* x, int64_t n, A init) {
   A lanes[kLanes];
   for (int j = 0; j < kLanes; ++j) lanes[j] = Op::identity();
   int64_t i = 0;
-  for (; i + kLanes <= n; i += kLanes)
-    for (int j = 0; j < kLanes; ++j) lanes[j] = Op::combine(lanes[j], x[i + j]);
+  if constexpr (std::is_same_v<Op, MaxOp<A>> && std::is_floating_point_v<A>) {
+    // An ordered max (one compare + blend per lane) and a separate NaN flag: the NaN-propagating select
+    // in MaxOp::combine does not vectorize.
+    int32_t nan[kLanes] = {};
+    for (; i + kLanes <= n; i += kLanes)
+      for (int j = 0; j < kLanes; ++j) {
+        const A v = x[i + j];
+        lanes[j] = v > lanes[j] ? v : lanes[j];
+        nan[j] |= int32_t(v != v);
+      }
+    int32_t any_nan = 0;
+    for (int j = 0; j < kLanes; ++j) any_nan |= nan[j];
+    if (any_nan) return std::numeric_limits<A>::quiet_NaN();
+  } else {
+    for (; i + kLanes <= n; i += kLanes)
+      for (int j = 0; j < kLanes; ++j) lanes[j] = Op::combine(lanes[j], x[i + j]);
+  }
   A r = init;
   for (int j = 0; j < kLanes; ++j) r = Op::combine(r, lanes[j]);
   for (; i < n; ++i) r = Op::combine(r, x[i]);
