@@ -88,6 +88,17 @@ TEST_CASE("MLP parameters have PyTorch's names, order and shapes", "[nn]") {
   REQUIRE(mlp->num_parameters() == 12 * 10 + 10 + 10 * 8 + 8 + 8 * 5 + 5);
   REQUIRE(mlp->parameters().size() == named.size());
   REQUIRE(mlp->parameters()[0].is_same(named[0].second));
+  REQUIRE(mlp->repr() ==
+          "MLPClassifier(\n"
+          "  (layers): Sequential(\n"
+          "    (0): Linear(in_features=12, out_features=10, bias=True)\n"
+          "    (1): ReLU()\n"
+          "    (2): Linear(in_features=10, out_features=8, bias=True)\n"
+          "    (3): ReLU()\n"
+          "    (4): Linear(in_features=8, out_features=5, bias=True)\n"
+          "  )\n"
+          ")");
+  REQUIRE(nn::BatchNorm1d(3).repr() == "BatchNorm1d(3, eps=1e-05, momentum=0.1, affine=True, track_running_stats=True)");
 }
 
 TEST_CASE("GPT parameters have PyTorch's names, order and shapes", "[nn]") {
