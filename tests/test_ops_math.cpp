@@ -4,6 +4,7 @@
 
 #include "booster/autocast/autocast.h"
 #include "booster/autograd/autograd.h"
+#include "booster/kernels/gemm.h"
 #include "booster/ops/ops.h"
 #include "fixture.h"
 #include "gradcheck.h"
@@ -239,6 +240,34 @@ TEST_CASE("matmul handles transposed, sliced and broadcast operands", "[ops]") {
   // 2-D @ batched.
   Tensor m = rn({5, 4}, 26);
   REQUIRE(allclose(matmul(m, b3).select(0, 1), matmul(m, b3.select(0, 1)), 1e-12, 1e-12));
+}
+
+TEST_CASE("gemm kernel honours trans flags, alpha, beta and broadcast batches", "[ops]") {
+  // C = alpha op(A) op(B) + beta C, checked against matmul of explicitly transposed copies.
+  for (DType dt : {DType::Float64, DType::Float32, DType::BFloat16}) {
+    INFO(dt);
+    Tensor a = rn({2, 4, 3}, 81).to(dt), b = rn({1, 5, 4}, 82).to(dt), c0 = rn({2, 3, 5}, 83).to(dt);
+    Tensor b_bcast = b.expand({2, 5, 4});  // batch stride 0
+    Tensor c = c0.clone();
+    kernels::GemmArgs args;
+    args.trans_a = true;
+    args.trans_b = true;
+    args.alpha = 0.5;
+    args.beta = 2.0;
+    kernels::gemm_kernel(Device::cpu())(args, a, b_bcast, c);
+    Tensor ref = add(mul(matmul(a.to(DType::Float64).transpose(1, 2), b_bcast.to(DType::Float64).transpose(1, 2)), 0.5),
+                     mul(c0.to(DType::Float64), 2.0));
+    const double tol = dt == DType::BFloat16 ? 2e-2 : 1e-5;
+    REQUIRE(allclose(c.to(DType::Float64), ref, tol, tol));
+  }
+}
+
+TEST_CASE("linear and matmul accept non-contiguous inputs", "[ops]") {
+  Tensor x = rn({4, 3, 5}, 91).transpose(0, 1);  // [3, 4, 5], not viewable as [12, 5]
+  Tensor w = rn({6, 5}, 92), b = rn({6}, 93);
+  REQUIRE(allclose(linear(x, w, b), linear(x.contiguous(), w, b), 1e-12, 1e-12));
+  REQUIRE(allclose(linear(x, w.t().contiguous().t(), b), linear(x.contiguous(), w, b), 1e-12, 1e-12));
+  REQUIRE(allclose(matmul(x, w.t()), matmul(x.contiguous(), w.t().contiguous()), 1e-12, 1e-12));
 }
 
 TEST_CASE("linear algebra gradients match finite differences", "[ops][autograd]") {
