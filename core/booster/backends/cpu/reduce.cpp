@@ -134,7 +134,14 @@ void for_each_index(const Dims& d, int64_t begin, int64_t end, F&& f) {
     if (begin < end) f(int64_t(0), int64_t(0));
     return;
   }
-  std::vector<int64_t> idx(nd);
+  // Called once per output element by the row loop: no heap allocation for ordinary ranks.
+  int64_t small[8];
+  std::vector<int64_t> large;
+  int64_t* idx = small;
+  if (nd > 8) {
+    large.resize(nd);
+    idx = large.data();
+  }
   int64_t r = begin, in_off = 0, out_off = 0;
   for (size_t k = nd; k-- > 0;) {
     idx[k] = r % d.sizes[k];
