@@ -270,6 +270,17 @@ TEST_CASE("linear and matmul accept non-contiguous inputs", "[ops]") {
   REQUIRE(allclose(matmul(x, w.t()), matmul(x.contiguous(), w.t().contiguous()), 1e-12, 1e-12));
 }
 
+TEST_CASE("matmul of attention-style permuted batch dims matches the contiguous result", "[ops]") {
+  // [B, T, H, D] viewed as [B, H, T, D]: the batch dims have no single stride.
+  Tensor x = rn({2, 5, 3, 4}, 95), y = rn({2, 5, 3, 4}, 96);
+  Tensor q = x.transpose(1, 2), k = y.transpose(1, 2);
+  Tensor scores = matmul(q, k.transpose(-1, -2));
+  REQUIRE(scores.shape() == Shape{2, 3, 5, 5});
+  REQUIRE(allclose(scores, matmul(q.contiguous(), k.contiguous().transpose(-1, -2).contiguous()), 1e-12, 1e-12));
+  REQUIRE(gradcheck([](const std::vector<Tensor>& v) { return matmul(v[0].transpose(1, 2), v[1].permute({0, 2, 3, 1})); },
+                    {x, y}));
+}
+
 TEST_CASE("linear algebra gradients match finite differences", "[ops][autograd]") {
   Tensor a3 = rn({2, 3, 4}, 31), b2 = rn({4, 5}, 32), b3 = rn({2, 4, 5}, 33);
   REQUIRE(gradcheck([](const std::vector<Tensor>& v) { return matmul(v[0], v[1]); }, {a3, b2}));
