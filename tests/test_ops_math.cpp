@@ -424,3 +424,11 @@ TEST_CASE("joining and indexing reject bad shapes and indices with typed errors"
   REQUIRE_THROWS_AS(split(zeros({4}), 0), ValueError);
   REQUIRE_THROWS_AS(chunk(zeros({4}), 0), ValueError);
 }
+
+TEST_CASE("empty operands give empty or zero results", "[ops]") {
+  REQUIRE(matmul(zeros({2, 3, 0}), zeros({0, 4})).tolist() == std::vector<double>(24, 0.0));
+  REQUIRE(linear(zeros({0, 5}), zeros({3, 5}), zeros({3})).shape() == Shape{0, 3});
+  REQUIRE(sum(zeros({0, 3}), {0}).tolist() == std::vector<double>{0, 0, 0});
+  REQUIRE(sum(zeros({3, 0}), {1}).tolist() == std::vector<double>{0, 0, 0});
+  REQUIRE(cat({zeros({0, 2}), ones({1, 2})}).tolist() == std::vector<double>{1, 1});
+}

@@ -45,6 +45,14 @@ bool batch_stride(const Tensor& t, int64_t first, int64_t& stride) {
   return true;
 }
 
+// t [..., c] viewed (or, when its strides forbid, copied) as [rows, c], rows = product of the leading
+// dims (explicit, so empty tensors fold too).
+Tensor fold_rows(const Tensor& t) {
+  if (t.dim() == 2) return t;
+  const int64_t c = t.dim() == 0 ? 1 : t.shape().back();
+  return t.reshape({numel_of(Shape(t.shape().begin(), t.shape().end() - (t.dim() > 0 ? 1 : 0))), c});
+}
+
 void check_operands(const Tensor& a, const Tensor& b, const char* op) {
   check_same_device(a, b, op);
   BOOSTER_CHECK(a.dtype() == b.dtype(), DTypeError, op, ": expected both operands to have the same dtype, got ",
@@ -57,7 +65,7 @@ Tensor mm_nd(const Tensor& a, const Tensor& b) {
   const int64_t k = a.shape().back(), n = b.shape().back();
   const int64_t m = a.shape()[size_t(a.dim() - 2)];
   if (b.dim() == 2) {  // Note [Folding batch into rows]
-    Tensor a2 = a.dim() == 2 ? a : a.reshape({-1, k});
+    Tensor a2 = fold_rows(a);
     Tensor out = Tensor::empty({a2.shape()[0], n}, a.dtype(), a.device());
     Tensor c3 = as_3d_2d(out);
     gemm3(as_3d_2d(a2), as_3d_2d(b), c3);
@@ -112,10 +120,7 @@ Tensor matmul_nd(const Tensor& a, const Tensor& b) {
       if (ga) grad_a = autograd::sum_to(mm_nd(g, mT(b)), a.shape());
       if (gb) {
         if (b.dim() == 2) {  // one GEMM over all folded rows: a2^T g2
-          const int64_t k = a.shape().back(), n = b.shape().back();
-          Tensor a2 = a.dim() == 2 ? a : a.reshape({-1, k});
-          Tensor g2 = g.dim() == 2 ? g : g.reshape({-1, n});
-          grad_b = mm_nd(a2.t(), g2);
+          grad_b = mm_nd(fold_rows(a).t(), fold_rows(g));
         } else {
           grad_b = autograd::sum_to(mm_nd(mT(a), g), b.shape());
         }
@@ -191,7 +196,7 @@ Tensor linear(const Tensor& x_in, const Tensor& w_in, const Tensor& bias_in) {
   }
 
   // Note [Folding batch into rows]: one GEMM; the bias is broadcast into C first and added by beta = 1.
-  const Tensor x2 = x.detach().reshape({-1, in});
+  const Tensor x2 = fold_rows(x.detach());
   Tensor out2 = Tensor::empty({x2.shape()[0], out_features}, x.dtype(), x.device());
   if (bias.defined()) {
     NoGradGuard ng;
@@ -210,8 +215,7 @@ Tensor linear(const Tensor& x_in, const Tensor& w_in, const Tensor& bias_in) {
     autograd::record(out, "LinearBackward", inputs,
                      [x2 = gw ? x2 : Tensor(), w = w.detach(), x_shape = x.shape(), gx, gw, gb,
                       has_bias = bias.defined()](const Tensor& g) {
-                       const int64_t nout = w.shape()[0];
-                       Tensor g2 = g.reshape({-1, nout});
+                       Tensor g2 = fold_rows(g);
                        grads r(has_bias ? 3 : 2);
                        if (gx) r[0] = mm_nd(g2, w).reshape(x_shape);  // dX = dY W
                        if (gw) r[1] = mm_nd(g2.t(), x2);              // dW = dY^T X, one GEMM over all rows
