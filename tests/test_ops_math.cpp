@@ -432,3 +432,12 @@ TEST_CASE("empty operands give empty or zero results", "[ops]") {
   REQUIRE(sum(zeros({3, 0}), {1}).tolist() == std::vector<double>{0, 0, 0});
   REQUIRE(cat({zeros({0, 2}), ones({1, 2})}).tolist() == std::vector<double>{1, 1});
 }
+
+TEST_CASE("matmul of strided vectors (rows and columns of a matrix)", "[ops]") {
+  Tensor m = rn({4, 5}, 97), w = rn({4, 3}, 98);
+  Tensor col = m.select(1, 2);  // stride 5
+  REQUIRE(allclose(matmul(col, w), matmul(col.contiguous(), w), 1e-12, 1e-12));
+  Tensor w2 = rn({3, 4}, 99);
+  REQUIRE(allclose(matmul(w2, col), matmul(w2, col.contiguous()), 1e-12, 1e-12));
+  REQUIRE(matmul(col, col).item() == Approx(matmul(col.contiguous(), col.contiguous()).item()));
+}
