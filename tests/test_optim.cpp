@@ -424,3 +424,15 @@ TEST_CASE("a large group split over threads equals the same update on small piec
   }
   REQUIRE(values(big) == values(many.flat_buffers(0)[0]->data()));
 }
+
+TEST_CASE("stepping parameters that left the flat buffer is a StateError", "[optim]") {
+  Tensor w = ones({3}).requires_grad_(), b = ones({2}).requires_grad_();
+  SGD opt({w, b}, SGDOptions{.lr = 0.1});
+  w.grad().fill_(1.0);
+  opt.step();
+  FlatBuffer elsewhere({b, w});  // another order: copies and repoints both parameters
+  REQUIRE_THROWS_WITH(opt.step(), Catch::Contains("no longer lives in the optimizer's flat buffer"));
+  SGD other({ones({1}).requires_grad_()}, SGDOptions{.lr = 0.1});
+  other.param_groups().push_back(ParamGroup{{ones({1}).requires_grad_()}, {{"lr", 0.1}}});
+  REQUIRE_THROWS_WITH(other.step(), Catch::Contains("add_param_group"));
+}

@@ -126,6 +126,8 @@ class Optimizer {
 
 template <class F>
 void Optimizer::for_each_run(size_t group, F&& update) {
+  BOOSTER_CHECK(groups_.size() == segments_.size(), StateError, type_, ".step: param_groups() has ", groups_.size(),
+                " groups but ", segments_.size(), " were added; add groups with add_param_group()");
   for (Segment& seg : segments_[group]) {
     seg.flat.check_bound(type_.c_str());
     const std::vector<char> arrived = seg.flat.sync_grads();
