@@ -362,6 +362,9 @@ TEST_CASE("factory, defaults, groups with their own options, set_lr", "[optim]")
   REQUIRE(adamw->name() == "AdamW");
   REQUIRE(adamw->defaults().at("weight_decay") == 0.01);
   REQUIRE(adamw->param_groups()[0].options.at("betas") == json{0.9, 0.999});
+  Tensor a2 = ones({3}).requires_grad_(), a3 = ones({3}).requires_grad_();
+  REQUIRE(AdamW({a2}, AdamOptions{.lr = 0.1}).defaults().at("weight_decay") == 0.01);  // torch's defaults
+  REQUIRE(Adam({a3}, AdamOptions{.lr = 0.1}).defaults().at("weight_decay") == 0.0);
 
   // Two groups, two dtypes in the second: each group steps with its own lr.
   Tensor w = from_vector(std::vector<float>{1, 2}, {2}).requires_grad_();

@@ -10,8 +10,9 @@ namespace booster::optim {
 using nlohmann::json;
 
 json AdamOptions::to_json() const {
-  return {{"lr", lr}, {"betas", {betas[0], betas[1]}}, {"eps", eps}, {"weight_decay", weight_decay},
-          {"amsgrad", amsgrad}};
+  json o = {{"lr", lr}, {"betas", {betas[0], betas[1]}}, {"eps", eps}, {"amsgrad", amsgrad}};
+  if (!std::isnan(weight_decay)) o["weight_decay"] = weight_decay;
+  return o;
 }
 
 namespace {

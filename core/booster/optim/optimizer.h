@@ -183,7 +183,8 @@ struct AdamOptions {
   double lr = 1e-3;
   std::array<double, 2> betas{0.9, 0.999};
   double eps = 1e-8;
-  double weight_decay = 0.0;  // AdamW's default is 1e-2
+  // NaN means the optimizer's own default, as in torch: 0 for Adam, 1e-2 for AdamW.
+  double weight_decay = std::numeric_limits<double>::quiet_NaN();
   bool amsgrad = false;
   nlohmann::json to_json() const;
 };
@@ -207,8 +208,6 @@ class Adam : public Optimizer {
 
 class AdamW : public Adam {
  public:
-  // AdamOptions' weight_decay default is Adam's 0; pass 1e-2 for torch's AdamW default (the JSON
-  // constructors and make_optimizer apply it when the key is absent).
   AdamW(std::vector<Tensor> params, const AdamOptions& options);
   AdamW(std::vector<Tensor> params, const nlohmann::json& options = nlohmann::json::object());
   AdamW(std::vector<ParamGroup> groups, const nlohmann::json& defaults);
