@@ -439,3 +439,19 @@ TEST_CASE("stepping parameters that left the flat buffer is a StateError", "[opt
   other.param_groups().push_back(ParamGroup{{ones({1}).requires_grad_()}, {{"lr", 0.1}}});
   REQUIRE_THROWS_WITH(other.step(), Catch::Contains("add_param_group"));
 }
+
+TEST_CASE("SGD makes its momentum buffer on the first step that uses momentum", "[optim]") {
+  // torch: a step with momentum 0 leaves momentum_buffer None; the first step with momentum copies d.
+  Tensor w = from_vector(std::vector<double>{1.0}, {1}).requires_grad_();
+  SGD opt({w}, json{{"lr", 0.1}});
+  w.grad().fill_(1.0);
+  opt.step();  // plain: 0.9
+  REQUIRE(opt.state_dict().tensors.empty());
+  opt.param_groups()[0].options["momentum"] = 0.5;
+  opt.param_groups()[0].options["dampening"] = 0.5;
+  opt.step();  // buf = 1 (not (1 - dampening) * 1): 0.8
+  REQUIRE(w.tolist()[0] == Approx(0.8).epsilon(1e-15));
+  opt.step();  // buf = 0.5 * 1 + 0.5 * 1 = 1: 0.7
+  REQUIRE(w.tolist()[0] == Approx(0.7).epsilon(1e-15));
+  REQUIRE(opt.state_dict().tensors.at("state.0.momentum_buffer").tolist()[0] == 1.0);
+}

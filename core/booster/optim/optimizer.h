@@ -100,7 +100,10 @@ class Optimizer {
   struct Run {
     int64_t begin, end;
     int64_t step;
+    size_t first_param, end_param;  // the parameters, as indices into the segment
   };
+  // Runs also break where this key changes (SGD: whether a momentum buffer exists yet).
+  virtual int64_t run_key(size_t /*global_index*/) const { return 0; }
 
   // The state buffer `name` of a segment, allocated zeroed on first use.
   Tensor& state_buffer(Segment& seg, const std::string& name);
@@ -140,9 +143,9 @@ void Optimizer::for_each_run(size_t group, F&& update) {
         continue;
       }
       size_t j = i + 1;
-      const int64_t step = steps_[seg.index[i]];
-      while (j < n && arrived[j] && steps_[seg.index[j]] == step) ++j;
-      update(seg, Run{seg.flat.offset(i), seg.flat.offset(j), step});
+      const int64_t step = steps_[seg.index[i]], key = run_key(seg.index[i]);
+      while (j < n && arrived[j] && steps_[seg.index[j]] == step && run_key(seg.index[j]) == key) ++j;
+      update(seg, Run{seg.flat.offset(i), seg.flat.offset(j), step, i, j});
       for (size_t k = i; k < j; ++k) seg.flat.params()[k].bump_version();
       i = j;
     }
@@ -168,10 +171,17 @@ class SGD : public Optimizer {
   SGD(std::vector<ParamGroup> groups, const nlohmann::json& defaults);
   void step() override;
   std::string name() const override { return "SGD"; }
+  void load_state_dict(const OptimizerState& state) override;
 
  protected:
   void check_options(const nlohmann::json& o) const override;
   std::vector<std::string> state_names(const nlohmann::json& o) const override;
+  int64_t run_key(size_t global_index) const override { return has_buffer_[global_index]; }
+
+ private:
+  // Per global parameter: has its momentum buffer been made? torch makes it (a copy of the update
+  // direction) on the first step that uses momentum, which need not be the parameter's first step.
+  std::vector<char> has_buffer_;
 };
 
 // ------------------------------------------------------------------------------------------------ Adam
