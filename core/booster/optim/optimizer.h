@@ -153,7 +153,7 @@ void Optimizer::for_each_run(size_t group, F&& update) {
 }
 
 // ------------------------------------------------------------------------------------------------ SGD
-// torch.optim.SGD (1.13): d = g + wd * p; with momentum, buf = d on a parameter's first step, else
+// torch.optim.SGD (1.13): d = g + wd * p; with momentum, buf = d on the first step that uses it, else
 // buf = momentum * buf + (1 - dampening) * d, and d = nesterov ? d + momentum * buf : buf; p -= lr * d.
 struct SGDOptions {
   double lr = std::numeric_limits<double>::quiet_NaN();  // required, as in torch

@@ -82,7 +82,9 @@ void SGD::step() {
         const bool first = !has_buffer_[seg.index[run.first_param]];
         detail::with_flags(wd != 0.0, momentum != 0.0, nesterov, [&]<bool kWD, bool kMom, bool kNest>() {
           cpu::parallel_for(run.end - run.begin, detail::kOptimizerCostPerElement, [&](int64_t lo, int64_t hi) {
-            detail::sgd_update<kWD, kMom, kNest>(p + lo, gr + lo, b ? b + lo : nullptr, hi - lo, c, first);
+            detail::in_compute_precision(p + lo, gr + lo, hi - lo, [&](auto* pc, const auto* gc, int64_t at, int64_t len) {
+              detail::sgd_update<kWD, kMom, kNest>(pc, gc, b ? b + lo + at : nullptr, len, c, first);
+            });
           });
         });
       });
