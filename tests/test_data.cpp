@@ -10,6 +10,7 @@
 #include <map>
 #include <numeric>
 #include <set>
+#include <thread>
 
 #include "booster/data/data.h"
 #include "booster/ops/ops.h"
@@ -417,6 +418,39 @@ TEST_CASE("DataLoader: leaving a pass early stops the worker; the next pass star
     REQUIRE(it != loader.end());
   }
   REQUIRE(std::chrono::steady_clock::now() - start < std::chrono::seconds(60));
+}
+
+namespace {
+// Counts the batches asked of it, to see how far the worker runs ahead.
+class CountingDataset : public Dataset {
+ public:
+  int64_t size() const override { return 100; }
+  Batch get(int64_t i) const override { return {full({1}, double(i)), full({}, double(i), DType::Int64)}; }
+  Batch get_batch(const std::vector<int64_t>& indices) const override {
+    ++batches_made;
+    return Dataset::get_batch(indices);
+  }
+  mutable std::atomic<int> batches_made{0};
+};
+}  // namespace
+
+TEST_CASE("DataLoader's worker runs at most `prefetch` batches ahead of the consumer", "[data]") {
+  for (int prefetch : {1, 3}) {
+    auto ds = std::make_shared<CountingDataset>();
+    DataLoader loader(ds, {.batch_size = 2, .prefetch = prefetch});
+    auto it = loader.begin();  // the consumer holds batch 0
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+    while (ds->batches_made < 1 + prefetch && std::chrono::steady_clock::now() < deadline)
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    REQUIRE(ds->batches_made == 1 + prefetch);  // then it waits for room
+    ++it;
+    while (ds->batches_made < 2 + prefetch && std::chrono::steady_clock::now() < deadline)
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    REQUIRE(ds->batches_made == 2 + prefetch);
+    REQUIRE(it->y.to_vector<int64_t>() == std::vector<int64_t>{2, 3});
+  }
 }
 
 namespace {
