@@ -210,9 +210,20 @@ class SquaresDataset : public Dataset {
     return {from_vector(std::vector<float>{float(i), float(i * i), -1.f}, {3}), from_vector(std::vector<int64_t>{i}, {})};
   }
 };
+// Item i has i + 1 features: items of different shapes cannot be stacked.
+class RaggedDataset : public Dataset {
+ public:
+  int64_t size() const override { return 3; }
+  Batch get(int64_t i) const override { return {zeros({i + 1}), zeros({}, DType::Int64)}; }
+};
 }  // namespace
 
 TEST_CASE("Dataset::get_batch stacks items; TensorDataset gathers rows", "[data]") {
+  RaggedDataset ragged;
+  REQUIRE(ragged.get_batch({1, 1}).x.shape() == Shape{2, 2});
+  REQUIRE_THROWS_AS(ragged.get_batch({0, 2}), ShapeError);
+  REQUIRE_THROWS_WITH(ragged.get_batch({0, 2}), Catch::Contains("item 1") && Catch::Contains("[3]"));
+
   SquaresDataset sq;
   Batch b = sq.get_batch({4, 1, 4});
   REQUIRE(b.x.shape() == Shape{3, 3});
@@ -627,6 +638,14 @@ TEST_CASE("Fashion-MNIST: missing, truncated and malformed files give DataError 
   }
   REQUIRE_THROWS_WITH(load_fashion_mnist(dir.path.string(), false),
                       Catch::Contains(raw_labels.string()) && Catch::Contains("truncated"));
+  // A label file of another split: the counts disagree.
+  {
+    std::ofstream f(raw_labels, std::ios::binary);
+    const unsigned char header[] = {0, 0, 8, 1, 0, 0, 0, 5, 1, 2, 3, 4, 5};
+    f.write(reinterpret_cast<const char*>(header), sizeof header);
+  }
+  REQUIRE_THROWS_WITH(load_fashion_mnist(dir.path.string(), false),
+                      Catch::Contains("10000 images") && Catch::Contains("5 labels"));
   // Right sizes but a label out of 0..9.
   {
     std::ofstream f(raw_labels, std::ios::binary);
