@@ -4,6 +4,7 @@
 
 #include "booster/autocast/autocast.h"
 #include "booster/autograd/autograd.h"
+#include "booster/kernels/gemm.h"
 #include "booster/ops/ops.h"
 #include "fixture.h"
 #include "gradcheck.h"
@@ -241,6 +242,45 @@ TEST_CASE("matmul handles transposed, sliced and broadcast operands", "[ops]") {
   REQUIRE(allclose(matmul(m, b3).select(0, 1), matmul(m, b3.select(0, 1)), 1e-12, 1e-12));
 }
 
+TEST_CASE("gemm kernel honours trans flags, alpha, beta and broadcast batches", "[ops]") {
+  // C = alpha op(A) op(B) + beta C, checked against matmul of explicitly transposed copies.
+  for (DType dt : {DType::Float64, DType::Float32, DType::BFloat16}) {
+    INFO(dt);
+    Tensor a = rn({2, 4, 3}, 81).to(dt), b = rn({1, 5, 4}, 82).to(dt), c0 = rn({2, 3, 5}, 83).to(dt);
+    Tensor b_bcast = b.expand({2, 5, 4});  // batch stride 0
+    Tensor c = c0.clone();
+    kernels::GemmArgs args;
+    args.trans_a = true;
+    args.trans_b = true;
+    args.alpha = 0.5;
+    args.beta = 2.0;
+    kernels::gemm_kernel(Device::cpu())(args, a, b_bcast, c);
+    Tensor ref = add(mul(matmul(a.to(DType::Float64).transpose(1, 2), b_bcast.to(DType::Float64).transpose(1, 2)), 0.5),
+                     mul(c0.to(DType::Float64), 2.0));
+    const double tol = dt == DType::BFloat16 ? 2e-2 : 1e-5;
+    REQUIRE(allclose(c.to(DType::Float64), ref, tol, tol));
+  }
+}
+
+TEST_CASE("linear and matmul accept non-contiguous inputs", "[ops]") {
+  Tensor x = rn({4, 3, 5}, 91).transpose(0, 1);  // [3, 4, 5], not viewable as [12, 5]
+  Tensor w = rn({6, 5}, 92), b = rn({6}, 93);
+  REQUIRE(allclose(linear(x, w, b), linear(x.contiguous(), w, b), 1e-12, 1e-12));
+  REQUIRE(allclose(linear(x, w.t().contiguous().t(), b), linear(x.contiguous(), w, b), 1e-12, 1e-12));
+  REQUIRE(allclose(matmul(x, w.t()), matmul(x.contiguous(), w.t().contiguous()), 1e-12, 1e-12));
+}
+
+TEST_CASE("matmul of attention-style permuted batch dims matches the contiguous result", "[ops]") {
+  // [B, T, H, D] viewed as [B, H, T, D]: the batch dims have no single stride.
+  Tensor x = rn({2, 5, 3, 4}, 95), y = rn({2, 5, 3, 4}, 96);
+  Tensor q = x.transpose(1, 2), k = y.transpose(1, 2);
+  Tensor scores = matmul(q, k.transpose(-1, -2));
+  REQUIRE(scores.shape() == Shape{2, 3, 5, 5});
+  REQUIRE(allclose(scores, matmul(q.contiguous(), k.contiguous().transpose(-1, -2).contiguous()), 1e-12, 1e-12));
+  REQUIRE(gradcheck([](const std::vector<Tensor>& v) { return matmul(v[0].transpose(1, 2), v[1].permute({0, 2, 3, 1})); },
+                    {x, y}));
+}
+
 TEST_CASE("linear algebra gradients match finite differences", "[ops][autograd]") {
   Tensor a3 = rn({2, 3, 4}, 31), b2 = rn({4, 5}, 32), b3 = rn({2, 4, 5}, 33);
   REQUIRE(gradcheck([](const std::vector<Tensor>& v) { return matmul(v[0], v[1]); }, {a3, b2}));
@@ -288,4 +328,116 @@ TEST_CASE("linear algebra shape errors name the op and both shapes", "[ops]") {
   REQUIRE_THROWS_WITH(linear(zeros({2, 5}), zeros({4, 5}), zeros({3})), Catch::Contains("linear: bias"));
   REQUIRE_THROWS_WITH(bmm(zeros({2, 2, 3}), zeros({3, 3, 2})), Catch::Contains("bmm"));
   REQUIRE_THROWS_WITH(bmm(zeros({2, 3}), zeros({3, 2})), Catch::Contains("bmm: expected 3-D"));
+}
+
+// ------------------------------------------------------------------------------------------ joining and indexing
+
+TEST_CASE("joining and indexing match PyTorch", "[ops]") {
+  const char* c = "indexing";
+  Tensor p = fx(c, "p"), q = fx(c, "q");
+  check_close(cat({p, q}, 1), fx(c, "cat_1"), 0, 0);
+  check_close(stack({p, mul(p, 2.0)}, -1), fx(c, "stack_m1"), 0, 0);
+  check_close(embedding(fx(c, "weight"), fx(c, "ids")), fx(c, "embedding"), 0, 0);
+  check_close(gather(fx(c, "g_src"), 1, fx(c, "g_idx")), fx(c, "gather_1"), 0, 0);
+  check_close(index_select(fx(c, "g_src"), 1, fx(c, "sel_idx")), fx(c, "index_select_1"), 0, 0);
+  // int32 indices select the same rows.
+  check_close(embedding(fx(c, "weight"), fx(c, "ids").to(DType::Int32)), fx(c, "embedding"), 0, 0);
+}
+
+TEST_CASE("cat promotes dtypes, skips empty 1-D tensors, and works on non-contiguous inputs", "[ops]") {
+  Tensor a = from_vector(std::vector<float>{1, 2}, {1, 2});
+  Tensor b = from_vector(std::vector<double>{3, 4}, {1, 2});
+  Tensor c = cat({a, b});
+  REQUIRE(c.dtype() == DType::Float64);
+  REQUIRE(c.tolist() == std::vector<double>{1, 2, 3, 4});
+  REQUIRE(cat({zeros({0}), a}, 0).tolist() == std::vector<double>{1, 2});
+  Tensor t = arange(0, 6, 1, DType::Float32).reshape({2, 3}).t();  // [3, 2], non-contiguous
+  REQUIRE(cat({t, t}, 1).tolist() == std::vector<double>{0, 3, 0, 3, 1, 4, 1, 4, 2, 5, 2, 5});
+  Tensor h = ones({2}, DType::Float16), f = ones({2}, DType::BFloat16);
+  REQUIRE(cat({h, f}).dtype() == DType::Float32);
+}
+
+TEST_CASE("split and chunk are views with torch's piece sizes", "[ops]") {
+  Tensor a = arange(0, 10, 1, DType::Float32).reshape({5, 2});
+  auto s = split(a, 2);
+  REQUIRE(s.size() == 3);
+  REQUIRE(s[2].shape() == Shape{1, 2});
+  REQUIRE(s[1].tolist() == std::vector<double>{4, 5, 6, 7});
+  REQUIRE(s[1].storage() == a.storage());
+  auto c = chunk(a, 3, 0);  // ceil(5 / 3) = 2 -> sizes 2, 2, 1
+  REQUIRE(c.size() == 3);
+  REQUIRE(c[2].shape() == Shape{1, 2});
+  auto c4 = chunk(arange(0, 6, 1, DType::Float32), 4);  // ceil(6 / 4) = 2 -> only 3 pieces, as torch
+  REQUIRE(c4.size() == 3);
+  auto cols = chunk(a, 2, -1);
+  REQUIRE(cols[1].tolist() == std::vector<double>{1, 3, 5, 7, 9});
+}
+
+TEST_CASE("joining and indexing gradients match finite differences", "[ops][autograd]") {
+  Tensor a = rn({2, 3}, 61), b = rn({2, 1}, 62), c = rn({2, 3}, 63);
+  REQUIRE(gradcheck([](const std::vector<Tensor>& v) { return cat({v[0], v[1]}, -1); }, {a, b}));
+  REQUIRE(gradcheck([](const std::vector<Tensor>& v) { return cat({v[0], v[1]}, 0); }, {a, c}));
+  REQUIRE(gradcheck([](const std::vector<Tensor>& v) { return stack({v[0], v[1]}, 1); }, {a, c}));
+  REQUIRE(gradcheck([](const std::vector<Tensor>& v) { return mul(split(v[0], 2, 1)[1], 3.0); }, {a}));
+  REQUIRE(gradcheck([](const std::vector<Tensor>& v) {
+    auto p = chunk(v[0], 3, -1);
+    return add(mul(p[0], p[2]), p[1]);
+  }, {a}));
+  Tensor ids = from_vector(std::vector<int64_t>{1, 4, 1, 0, 4, 4}, {2, 3});  // repeats must accumulate
+  REQUIRE(gradcheck([ids](const std::vector<Tensor>& v) { return embedding(v[0], ids); }, {rn({5, 3}, 64)}));
+  Tensor gi = from_vector(std::vector<int64_t>{0, 2, 2, 1, 1, 0}, {2, 3});
+  REQUIRE(gradcheck([gi](const std::vector<Tensor>& v) { return gather(v[0], 1, gi); }, {rn({2, 4}, 65)}));
+  Tensor gi0 = from_vector(std::vector<int64_t>{2, 0, 2}, {1, 3});
+  REQUIRE(gradcheck([gi0](const std::vector<Tensor>& v) { return gather(v[0], -2, gi0); }, {rn({3, 3}, 66)}));
+  Tensor si = from_vector(std::vector<int64_t>{2, 0, 2}, {3});
+  REQUIRE(gradcheck([si](const std::vector<Tensor>& v) { return index_select(v[0], -1, si); }, {rn({2, 3, 4}, 67)}));
+  REQUIRE(gradcheck([si](const std::vector<Tensor>& v) { return index_select(v[0], 0, si); }, {rn({4, 2}, 68)}));
+}
+
+TEST_CASE("embedding gradients of repeated rows accumulate in the weight's dtype", "[ops][autograd]") {
+  Tensor w = zeros({3, 2}, DType::BFloat16).requires_grad_();
+  Tensor ids = from_vector(std::vector<int64_t>(300, 1), {300});
+  sum(embedding(w, ids)).backward();
+  REQUIRE(w.grad().dtype() == DType::BFloat16);
+  // 300 ones accumulated in float32 then rounded (bf16 accumulation would stop at 256).
+  REQUIRE(w.grad().tolist() == std::vector<double>{0, 0, 300, 300, 0, 0});
+}
+
+TEST_CASE("joining and indexing reject bad shapes and indices with typed errors", "[ops]") {
+  Tensor w = zeros({7, 3});
+  REQUIRE_THROWS_AS(embedding(w, from_vector(std::vector<int64_t>{0, 7}, {2})), IndexError);
+  REQUIRE_THROWS_WITH(embedding(w, from_vector(std::vector<int64_t>{0, 7}, {2})),
+                      Catch::Contains("embedding") && Catch::Contains("index 7") && Catch::Contains("size 7"));
+  REQUIRE_THROWS_WITH(embedding(w, from_vector(std::vector<int64_t>{-1}, {1})), Catch::Contains("index -1"));
+  REQUIRE_THROWS_AS(embedding(w, zeros({2})), DTypeError);
+  REQUIRE_THROWS_AS(embedding(zeros({7}), from_vector(std::vector<int64_t>{0}, {1})), ShapeError);
+  REQUIRE_THROWS_WITH(cat({zeros({2, 3}), zeros({3, 3})}, 1), Catch::Contains("cat") && Catch::Contains("[3, 3]"));
+  REQUIRE_THROWS_AS(cat({}, 0), ValueError);
+  REQUIRE_THROWS_AS(cat({zeros({2})}, 1), IndexError);
+  REQUIRE_THROWS_WITH(stack({zeros({2}), zeros({3})}), Catch::Contains("stack"));
+  REQUIRE_THROWS_WITH(gather(zeros({2, 3}), 1, from_vector(std::vector<int64_t>{3}, {1, 1})),
+                      Catch::Contains("gather") && Catch::Contains("index 3"));
+  REQUIRE_THROWS_AS(gather(zeros({2, 3}), 1, from_vector(std::vector<int64_t>{0}, {1})), ShapeError);
+  REQUIRE_THROWS_AS(gather(zeros({2, 3}), 2, from_vector(std::vector<int64_t>{0}, {1, 1})), IndexError);
+  REQUIRE_THROWS_WITH(index_select(zeros({2, 3}), 0, from_vector(std::vector<int64_t>{2}, {1})),
+                      Catch::Contains("index_select") && Catch::Contains("index 2"));
+  REQUIRE_THROWS_AS(split(zeros({4}), 0), ValueError);
+  REQUIRE_THROWS_AS(chunk(zeros({4}), 0), ValueError);
+}
+
+TEST_CASE("empty operands give empty or zero results", "[ops]") {
+  REQUIRE(matmul(zeros({2, 3, 0}), zeros({0, 4})).tolist() == std::vector<double>(24, 0.0));
+  REQUIRE(linear(zeros({0, 5}), zeros({3, 5}), zeros({3})).shape() == Shape{0, 3});
+  REQUIRE(sum(zeros({0, 3}), {0}).tolist() == std::vector<double>{0, 0, 0});
+  REQUIRE(sum(zeros({3, 0}), {1}).tolist() == std::vector<double>{0, 0, 0});
+  REQUIRE(cat({zeros({0, 2}), ones({1, 2})}).tolist() == std::vector<double>{1, 1});
+}
+
+TEST_CASE("matmul of strided vectors (rows and columns of a matrix)", "[ops]") {
+  Tensor m = rn({4, 5}, 97), w = rn({4, 3}, 98);
+  Tensor col = m.select(1, 2);  // stride 5
+  REQUIRE(allclose(matmul(col, w), matmul(col.contiguous(), w), 1e-12, 1e-12));
+  Tensor w2 = rn({3, 4}, 99);
+  REQUIRE(allclose(matmul(w2, col), matmul(w2, col.contiguous()), 1e-12, 1e-12));
+  REQUIRE(matmul(col, col).item() == Approx(matmul(col.contiguous(), col.contiguous()).item()));
 }

@@ -63,8 +63,23 @@ inline A reduce_lanes(const A* x, int64_t n, A init) {
   A lanes[kLanes];
   for (int j = 0; j < kLanes; ++j) lanes[j] = Op::identity();
   int64_t i = 0;
-  for (; i + kLanes <= n; i += kLanes)
-    for (int j = 0; j < kLanes; ++j) lanes[j] = Op::combine(lanes[j], x[i + j]);
+  if constexpr (std::is_same_v<Op, MaxOp<A>> && std::is_floating_point_v<A>) {
+    // An ordered max (one compare + blend per lane) and a separate NaN flag: the NaN-propagating select
+    // in MaxOp::combine does not vectorize.
+    int32_t nan[kLanes] = {};
+    for (; i + kLanes <= n; i += kLanes)
+      for (int j = 0; j < kLanes; ++j) {
+        const A v = x[i + j];
+        lanes[j] = v > lanes[j] ? v : lanes[j];
+        nan[j] |= int32_t(v != v);
+      }
+    int32_t any_nan = 0;
+    for (int j = 0; j < kLanes; ++j) any_nan |= nan[j];
+    if (any_nan) return std::numeric_limits<A>::quiet_NaN();
+  } else {
+    for (; i + kLanes <= n; i += kLanes)
+      for (int j = 0; j < kLanes; ++j) lanes[j] = Op::combine(lanes[j], x[i + j]);
+  }
   A r = init;
   for (int j = 0; j < kLanes; ++j) r = Op::combine(r, lanes[j]);
   for (; i < n; ++i) r = Op::combine(r, x[i]);
@@ -119,7 +134,14 @@ void for_each_index(const Dims& d, int64_t begin, int64_t end, F&& f) {
     if (begin < end) f(int64_t(0), int64_t(0));
     return;
   }
-  std::vector<int64_t> idx(nd);
+  // Called once per output element by the row loop: no heap allocation for ordinary ranks.
+  int64_t small[8];
+  std::vector<int64_t> large;
+  int64_t* idx = small;
+  if (nd > 8) {
+    large.resize(nd);
+    idx = large.data();
+  }
   int64_t r = begin, in_off = 0, out_off = 0;
   for (size_t k = nd; k-- > 0;) {
     idx[k] = r % d.sizes[k];
@@ -211,18 +233,10 @@ void reduce_typed(const Tensor& a, const std::vector<int64_t>& dims, Tensor& out
 
   if (nout == 1 && red_outer.sizes.empty()) {  // full reduction of one run: partials per thread
     const int nt = num_threads_for(run_n);
-    std::vector<A> partial(size_t(std::max(nt, 1)), Op::identity());
-    if (nt <= 1) {
-      partial[0] = reduce_run<Op>(in, run_n, run_s, Op::identity());
-    } else {
-#pragma omp parallel num_threads(nt)
-      {
-        const int t = omp_get_thread_num();
-        const int64_t chunk = (run_n + nt - 1) / nt;
-        const int64_t b = std::min<int64_t>(run_n, t * chunk), e = std::min<int64_t>(run_n, b + chunk);
-        if (b < e) partial[size_t(t)] = reduce_run<Op>(in + b * run_s, e - b, run_s, Op::identity());
-      }
-    }
+    std::vector<A> partial(size_t(nt), Op::identity());
+    parallel_for(run_n, 1, [&](int64_t b, int64_t e) {
+      partial[nt == 1 ? 0 : size_t(omp_get_thread_num())] = reduce_run<Op>(in + b * run_s, e - b, run_s, Op::identity());
+    });
     A r = Op::identity();
     for (A p : partial) r = Op::combine(r, p);
     for_each_index(kept, 0, 1, [&](int64_t, int64_t oo) { po[oo] = O(r); });
