@@ -292,37 +292,38 @@ void layer_norm_backward_impl(const Tensor& grad, const Tensor& x, const Tensor&
   const T* pw = weight.defined() ? cptr<T>(weight) : nullptr;
   T* pdx = dx.defined() ? mptr<T>(dx) : nullptr;
   const bool want_dw = dweight.defined(), want_db = dbias.defined();
+  // The weight as acc-type values (ones without one), so the row loops below have no branches.
+  std::vector<A> w(static_cast<size_t>(cols), A(1));
+  if (pw)
+    for (int64_t i = 0; i < cols; ++i) w[size_t(i)] = A(pw[i]);
   const int max_chunks = std::max(1, num_threads_for(rows * cols * 6));
-  // Per-chunk partial column sums for dweight (sum g * xhat) and dbias (sum g).
-  std::vector<A> part_dw(want_dw ? size_t(max_chunks * cols) : 0, A(0));
-  std::vector<A> part_db(want_db ? size_t(max_chunks * cols) : 0, A(0));
+  // Per-chunk partial column sums for dweight (sum g * xhat) and dbias (sum g), always accumulated
+  // (cheaper than a branch per element); only the wanted ones are stored.
+  std::vector<A> part_dw(size_t(max_chunks * cols), A(0)), part_db(size_t(max_chunks * cols), A(0));
   const int chunks = parallel_chunks(rows, cols * 6, [&](int c, int64_t rb, int64_t re) {
-    A* dw = want_dw ? part_dw.data() + size_t(c) * size_t(cols) : nullptr;
-    A* db = want_db ? part_db.data() + size_t(c) * size_t(cols) : nullptr;
+    A* dw = part_dw.data() + size_t(c) * size_t(cols);
+    A* db = part_db.data() + size_t(c) * size_t(cols);
+    const A* wv = w.data();
     for (int64_t r = rb; r < re; ++r) {
       const T* g = pg + r * cols;
       const T* xr = px + r * cols;
       const A mu = pm[r], rs = pr[r];
-      if (dw)
-        for (int64_t i = 0; i < cols; ++i) dw[i] += A(g[i]) * (A(xr[i]) - mu) * rs;
-      if (db)
-        for (int64_t i = 0; i < cols; ++i) db[i] += A(g[i]);
-      if (!pdx) continue;
-      // dx = rstd * (gw - mean(gw) - xhat * mean(gw * xhat)), gw = g * weight.
+      // dx = rstd * (gw - mean(gw) - xhat * mean(gw * xhat)), gw = g * weight; one pass for the two
+      // means and the dweight/dbias columns, one to write dx.
       A sum_gw = 0, sum_gw_xhat = 0;
       #pragma omp simd reduction(+ : sum_gw, sum_gw_xhat)
       for (int64_t i = 0; i < cols; ++i) {
-        const A gw = pw ? A(g[i]) * A(pw[i]) : A(g[i]);
+        const A gi = A(g[i]), xhat = (A(xr[i]) - mu) * rs, gw = gi * wv[i];
         sum_gw += gw;
-        sum_gw_xhat += gw * (A(xr[i]) - mu) * rs;
+        sum_gw_xhat += gw * xhat;
+        dw[i] += gi * xhat;
+        db[i] += gi;
       }
+      if (!pdx) continue;
       const A inv_n = A(1) / A(cols);
       const A m1 = sum_gw * inv_n, m2 = sum_gw_xhat * inv_n;
       T* d = pdx + r * cols;
-      for (int64_t i = 0; i < cols; ++i) {
-        const A gw = pw ? A(g[i]) * A(pw[i]) : A(g[i]);
-        d[i] = T(rs * (gw - m1 - (A(xr[i]) - mu) * rs * m2));
-      }
+      for (int64_t i = 0; i < cols; ++i) d[i] = T(rs * (A(g[i]) * wv[i] - m1 - (A(xr[i]) - mu) * rs * m2));
     }
   });
   auto combine = [&](const std::vector<A>& part, Tensor& dst) {
@@ -364,20 +365,30 @@ void for_channel_blocks(int64_t N, int64_t C, int64_t L, F&& f) {
 }
 
 
-// acc[c - c0] = sum over n, l of term(c, flat index of x[n, c, l]) for c in [c0, c1).
-template <class A, class F>
-void channel_sums(int64_t N, int64_t C, int64_t L, int64_t c0, int64_t c1, A* acc, F&& term) {
-  std::fill(acc, acc + (c1 - c0), A(0));
+// For c in [c0, c1): sum_a[c - c0] = sum over n, l of term_a(c, i), and likewise sum_b, where i is
+// the flat index of x[n, c, l]. One pass over the channels' data for both sums.
+template <class A, class Fa, class Fb>
+void channel_sums(int64_t N, int64_t C, int64_t L, int64_t c0, int64_t c1, A* sum_a, A* sum_b, Fa&& term_a,
+                  Fb&& term_b) {
+  std::fill(sum_a, sum_a + (c1 - c0), A(0));
+  std::fill(sum_b, sum_b + (c1 - c0), A(0));
   for (int64_t n = 0; n < N; ++n) {
     if (L == 1) {
-      for (int64_t c = c0; c < c1; ++c) acc[c - c0] += term(c, n * C + c);
+      for (int64_t c = c0; c < c1; ++c) {
+        sum_a[c - c0] += term_a(c, n * C + c);
+        sum_b[c - c0] += term_b(c, n * C + c);
+      }
     } else {
       for (int64_t c = c0; c < c1; ++c) {
         const int64_t base = (n * C + c) * L;
-        A s = 0;
-        #pragma omp simd reduction(+ : s)
-        for (int64_t l = 0; l < L; ++l) s += term(c, base + l);
-        acc[c - c0] += s;
+        A sa = 0, sb = 0;
+        #pragma omp simd reduction(+ : sa, sb)
+        for (int64_t l = 0; l < L; ++l) {
+          sa += term_a(c, base + l);
+          sb += term_b(c, base + l);
+        }
+        sum_a[c - c0] += sa;
+        sum_b[c - c0] += sb;
       }
     }
   }
@@ -423,16 +434,22 @@ void batch_norm_impl(const Tensor& x, const Tensor& weight, const Tensor& bias, 
   A* vu = batch_var_unbiased.defined() ? mptr<A>(batch_var_unbiased) : nullptr;
   if (training) {
     for_channel_blocks(N, C, L, [&](int64_t c0, int64_t c1) {
-      A acc[kChannelBlock];
-      channel_sums(N, C, L, c0, c1, acc, [&](int64_t, int64_t i) { return A(px[i]); });
-      for (int64_t c = c0; c < c1; ++c) sm[c] = acc[c - c0] / A(M);
-      channel_sums(N, C, L, c0, c1, acc, [&](int64_t c, int64_t i) {
-        const A d = A(px[i]) - sm[c];
-        return d * d;
-      });
+      // One pass with the data shifted by the channel's first value: sums of d and d^2, d = x - shift,
+      // give mean and variance without the cancellation of raw sums of x^2 (shift ~ mean).
+      A shift[kChannelBlock], sd[kChannelBlock], sd2[kChannelBlock];
+      for (int64_t c = c0; c < c1; ++c) shift[c - c0] = A(px[c * L]);
+      channel_sums(
+          N, C, L, c0, c1, sd, sd2, [&](int64_t c, int64_t i) { return A(px[i]) - shift[c - c0]; },
+          [&](int64_t c, int64_t i) {
+            const A d = A(px[i]) - shift[c - c0];
+            return d * d;
+          });
       for (int64_t c = c0; c < c1; ++c) {
-        sr[c] = A(1) / std::sqrt(acc[c - c0] / A(M) + A(eps));
-        if (vu) vu[c] = M > 1 ? acc[c - c0] / A(M - 1) : std::numeric_limits<A>::quiet_NaN();
+        const A s1 = sd[c - c0], s2 = sd2[c - c0];
+        const A m2 = std::max(s2 - s1 * s1 / A(M), A(0));  // sum of squared deviations
+        sm[c] = shift[c - c0] + s1 / A(M);
+        sr[c] = A(1) / std::sqrt(m2 / A(M) + A(eps));
+        if (vu) vu[c] = M > 1 ? m2 / A(M - 1) : std::numeric_limits<A>::quiet_NaN();
       }
     });
   } else {
@@ -476,9 +493,9 @@ void batch_norm_backward_impl(const Tensor& grad, const Tensor& x, const Tensor&
   // Per channel: sum(g) and sum(g * (x - mean)).
   std::vector<A> sum_g(static_cast<size_t>(C)), sum_gxc(static_cast<size_t>(C));
   for_channel_blocks(N, C, L, [&](int64_t c0, int64_t c1) {
-    channel_sums(N, C, L, c0, c1, sum_g.data() + c0, [&](int64_t, int64_t i) { return A(pg[i]); });
-    channel_sums(N, C, L, c0, c1, sum_gxc.data() + c0,
-                 [&](int64_t c, int64_t i) { return A(pg[i]) * (A(px[i]) - sm[c]); });
+    channel_sums(
+        N, C, L, c0, c1, sum_g.data() + c0, sum_gxc.data() + c0, [&](int64_t, int64_t i) { return A(pg[i]); },
+        [&](int64_t c, int64_t i) { return A(pg[i]) * (A(px[i]) - sm[c]); });
   });
   if (dweight.defined()) {
     T* p = mptr<T>(dweight);
