@@ -400,3 +400,70 @@ TEST_CASE("nll_loss and mse_loss match PyTorch, with gradients", "[ops][nn_funct
   autocast::AutocastGuard guard(true, DType::Float16);
   CHECK(mse_loss(a.to(DType::Float16), b.to(DType::Float16)).dtype() == DType::Float32);
 }
+
+// ====================================================================================== 16-bit paths
+
+namespace {
+// Gradients of sum(w * f(x)) for the given inputs, as float64 values.
+std::vector<std::vector<double>> grads_of(const std::function<Tensor(const std::vector<Tensor>&)>& f,
+                                          std::vector<Tensor> inputs, const Tensor& w) {
+  for (auto& x : inputs) x = x.detach().clone().requires_grad_();
+  Tensor out = f(inputs);
+  out.backward(w.to(out.dtype()));
+  std::vector<std::vector<double>> g;
+  for (auto& x : inputs) g.push_back(x.grad().tolist());
+  return g;
+}
+}  // namespace
+
+TEST_CASE("float16 and bfloat16 backward kernels compute in float32", "[ops][nn_functional]") {
+  using Fn = std::function<Tensor(const std::vector<Tensor>&)>;
+  struct Case {
+    const char* name;
+    Fn f;
+    std::vector<Tensor> inputs;
+  };
+  const std::vector<Case> cases = {
+      {"softmax", [](const std::vector<Tensor>& x) { return softmax(x[0], 1); }, {rnd({4, 6, 3}, 50)}},
+      {"log_softmax", [](const std::vector<Tensor>& x) { return log_softmax(x[0], -1); }, {rnd({4, 6}, 51)}},
+      {"layer_norm", [](const std::vector<Tensor>& x) { return layer_norm(x[0], {6}, x[1], x[2]); },
+       {rnd({4, 6}, 52), rnd({6}, 53), rnd({6}, 54)}},
+      {"batch_norm", [](const std::vector<Tensor>& x) {
+         return batch_norm(x[0], Tensor(), Tensor(), x[1], x[2], true);
+       }, {rnd({5, 3, 4}, 55), rnd({3}, 56), rnd({3}, 57)}},
+      {"attention", [](const std::vector<Tensor>& x) { return scaled_dot_product_attention(x[0], x[1], x[2], true); },
+       {rnd({2, 5, 4}, 58), rnd({2, 5, 4}, 59), rnd({2, 5, 3}, 60)}},
+      {"cross_entropy", [](const std::vector<Tensor>& x) {
+         return cross_entropy(x[0], from_vector(std::vector<int64_t>{2, 0, -100, 1}, {4}), Reduction::Sum, -100, 0.1);
+       }, {rnd({4, 3}, 61)}},
+  };
+  for (DType dt : {DType::Float16, DType::BFloat16}) {
+    const double tol = dt == DType::Float16 ? 1e-2 : 5e-2;
+    for (const Case& c : cases) {
+      INFO(c.name << " in " << dt);
+      // The same (rounded) values in float64 are the reference.
+      std::vector<Tensor> low, ref;
+      for (const Tensor& x : c.inputs) {
+        low.push_back(x.to(dt));
+        ref.push_back(x.to(dt).to(DType::Float64));
+      }
+      const Tensor out_ref = c.f(ref);
+      const Tensor w = rnd(out_ref.shape(), 62);
+      const auto g_low = grads_of(c.f, low, w.to(dt).to(DType::Float64));
+      const auto g_ref = grads_of(c.f, ref, w.to(dt).to(DType::Float64));
+      REQUIRE(c.f(low).dtype() == dt);
+      for (size_t k = 0; k < g_ref.size(); ++k)
+        for (size_t i = 0; i < g_ref[k].size(); ++i)
+          REQUIRE(std::abs(g_low[k][i] - g_ref[k][i]) <= tol * (1 + std::abs(g_ref[k][i])));
+    }
+  }
+}
+
+TEST_CASE("cross_entropy takes a single unbatched row", "[ops][nn_functional]") {
+  const Tensor logits = fx("cross_entropy", "logits");
+  const Tensor target = fx("cross_entropy", "target").to(DType::Int64);
+  // Row 3 of the fixture, alone: logits [C], target [].
+  const Tensor one = cross_entropy(logits.select(0, 3), target.select(0, 3), Reduction::None);
+  REQUIRE(one.dim() == 0);
+  CHECK(one.item() == Approx(fx("cross_entropy", "none").tolist()[3]).epsilon(1e-12));
+}
