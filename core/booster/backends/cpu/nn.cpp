@@ -5,14 +5,8 @@
 // reduces across rows (dweight, dbias, a loss's mean), each thread sums its own contiguous chunk and
 // the partial sums are added in chunk order, so a run is repeatable for a given thread count.
 
-// Note [No trapping math here]
-// Under GCC's default -ftrapping-math, a select such as the clamp in exp_f32 may not be computed
-// speculatively, so loops calling it stay scalar. Nothing in these kernels reads floating-point
-// exception flags, so this file (and every inline function it instantiates) drops that promise.
-// It must come before the includes, so callee and caller agree and inlining is unaffected.
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC optimize("no-trapping-math")
-#endif
+// The build compiles with -fno-trapping-math (see CMakeLists.txt): under GCC's default, the select in
+// exp_f32's clamp may not be computed speculatively and loops calling it stay scalar.
 
 #include <cblas.h>
 
