@@ -65,7 +65,7 @@ fs::path write_config(const std::string& name, const json& config) {
 // A small synthetic classification run that trains in a second.
 json synthetic_config() {
   return json::parse(R"({
-    "model": {"type": "mlp", "in_features": 8, "hidden_sizes": [16], "out_features": 3},
+    "model": {"type": "mlp", "in": 8, "hidden": [16], "classes": 3},
     "optimizer": {"type": "adamw", "lr": 0.01},
     "criterion": {"type": "cross_entropy"},
     "data": {"type": "synthetic", "num_samples": 256, "num_test_samples": 64, "num_features": 8,
@@ -158,8 +158,8 @@ TEST_CASE("--set parses JSON values and falls back to strings", "[cli][config]")
   CHECK(c["optimizer"]["lr"] == 3e-4);
   booster::config::apply_override(c, "optimizer.type=sgd");  // not JSON: a string
   CHECK(c["optimizer"]["type"] == "sgd");
-  booster::config::apply_override(c, "model.hidden_sizes=[4, 5]");
-  CHECK(c["model"]["hidden_sizes"] == json::array({4, 5}));
+  booster::config::apply_override(c, "model.hidden=[4, 5]");
+  CHECK(c["model"]["hidden"] == json::array({4, 5}));
   booster::config::apply_override(c, "lr_scheduler.type=cosine");  // creates the section
   CHECK(c["lr_scheduler"]["type"] == "cosine");
   booster::config::apply_override(c, "data.shuffle=false");
