@@ -344,6 +344,13 @@ TEST_CASE("BatchNorm1d matches PyTorch in training and eval", "[nn]") {
   CHECK(allclose(y3, tensor_from_json(c.at("eval_out")), 1e-5, 1e-6));
   REQUIRE(bn.num_batches_tracked.item() == 2);  // eval does not count batches
   REQUIRE_THROWS_WITH(bn.forward(zeros({2, 4})), Catch::Contains("BatchNorm1d") && Catch::Contains("3 channels"));
+
+  // Without running statistics: no buffers, and batch statistics even in eval.
+  nn::BatchNorm1d stateless(3, 1e-5, 0.1, false, false);
+  REQUIRE(stateless.state_dict().empty());
+  stateless.eval();
+  const Tensor y = stateless.forward(tensor_from_json(c.at("x1")));
+  for (double m : mean(y, {0}).tolist()) REQUIRE(m == Approx(0.0).margin(1e-5));
 }
 
 // ------------------------------------------------------------------------------------------ conversion

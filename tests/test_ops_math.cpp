@@ -4,6 +4,7 @@
 
 #include "booster/autocast/autocast.h"
 #include "booster/autograd/autograd.h"
+#include "booster/kernels/gemm.h"
 #include "booster/ops/ops.h"
 #include "fixture.h"
 #include "gradcheck.h"
@@ -172,4 +173,243 @@ TEST_CASE("reductions reject bad dims with typed errors naming the op", "[ops]")
   REQUIRE_THROWS_WITH(var(x, {3}), Catch::Contains("var"));
   REQUIRE_THROWS_AS(max(zeros({0})), IndexError);
   REQUIRE_THROWS_AS(mean(zeros({2}, DType::Int64)), DTypeError);
+}
+
+// ------------------------------------------------------------------------------------------ linear algebra
+
+TEST_CASE("matmul, linear and bmm match PyTorch in float64 and float32", "[ops]") {
+  for (const char* c : {"linalg_f64", "linalg_f32"}) {
+    const bool f32 = std::string(c) == "linalg_f32";
+    const double rtol = f32 ? 1e-5 : 1e-12, atol = f32 ? 1e-5 : 1e-12;
+    INFO(c);
+    check_close(matmul(fx(c, "a3"), fx(c, "b2")), fx(c, "a3_b2"), rtol, atol);
+    check_close(matmul(fx(c, "a4"), fx(c, "b3")), fx(c, "a4_b3"), rtol, atol);
+    check_close(matmul(fx(c, "v4"), fx(c, "m45")), fx(c, "v4_m45"), rtol, atol);
+    check_close(matmul(fx(c, "v4"), fx(c, "v4")), fx(c, "v4_v4"), rtol, atol);
+    check_close(matmul(fx(c, "m45").t(), fx(c, "v4")), fx(c, "m45t_v4"), rtol, atol);
+    check_close(linear(fx(c, "x"), fx(c, "w"), fx(c, "bias")), fx(c, "linear"), rtol, atol);
+    check_close(linear(fx(c, "x"), fx(c, "w")), fx(c, "linear_nobias"), rtol, atol);
+    check_close(bmm(fx(c, "ba"), fx(c, "bb")), fx(c, "bmm"), rtol, atol);
+  }
+}
+
+TEST_CASE("bfloat16 matmul and linear round like PyTorch (within one bf16 ulp)", "[ops]") {
+  const char* c = "linalg_bf16";
+  auto within_one_ulp = [](const Tensor& got, const Tensor& want) {
+    REQUIRE(got.dtype() == DType::BFloat16);
+    REQUIRE(got.shape() == want.shape());
+    auto g = got.tolist(), w = want.tolist();
+    int exact = 0;
+    for (size_t i = 0; i < g.size(); ++i) {
+      // One bf16 ulp at |w|: 2^(exponent - 7).
+      const double ulp = std::ldexp(1.0, std::ilogb(std::max(std::abs(w[i]), 1e-30)) - 7);
+      INFO("element " << i << ": " << g[i] << " vs " << w[i]);
+      REQUIRE(std::abs(g[i] - w[i]) <= ulp);
+      exact += g[i] == w[i];
+    }
+    REQUIRE(exact >= int(g.size() * 9 / 10));  // rounding once from float32: nearly all bit-equal
+  };
+  within_one_ulp(matmul(fx(c, "a"), fx(c, "b")), fx(c, "ab"));
+  within_one_ulp(linear(fx(c, "x"), fx(c, "w"), fx(c, "bias")), fx(c, "linear"));
+  // Transposed operands take the BLAS transpose flags and give the same values.
+  Tensor bt = fx(c, "b").t().contiguous().t();
+  within_one_ulp(matmul(fx(c, "a"), bt), fx(c, "ab"));
+}
+
+TEST_CASE("float16 matmul accumulates in float32 and rounds once", "[ops]") {
+  // 4096 products of 1 * 1: a float16 accumulator would stop at 2048.
+  Tensor a = ones({2, 4096}, DType::Float16), b = ones({4096, 3}, DType::Float16);
+  REQUIRE(matmul(a, b).tolist() == std::vector<double>(6, 4096.0));
+}
+
+TEST_CASE("matmul handles transposed, sliced and broadcast operands", "[ops]") {
+  Tensor a = rn({3, 5, 4}, 21), b = rn({4, 6}, 22);
+  Tensor ref = matmul(a.contiguous(), b.contiguous());
+  // Transposed storage for both (BLAS flags), and a strided slice (copied).
+  Tensor at = a.transpose(1, 2).contiguous().transpose(1, 2);
+  Tensor bt = b.t().contiguous().t();
+  REQUIRE(allclose(matmul(at, bt), ref, 1e-12, 1e-12));
+  Tensor wide = rn({4, 12}, 23);
+  Tensor sliced = wide.slice(1, 0, 12, 2);
+  REQUIRE(allclose(matmul(a, sliced), matmul(a, sliced.contiguous()), 1e-12, 1e-12));
+  // Broadcast batch dims: [2, 1, 5, 4] @ [3, 4, 6] -> [2, 3, 5, 6].
+  Tensor a4 = rn({2, 1, 5, 4}, 24), b3 = rn({3, 4, 6}, 25);
+  Tensor o = matmul(a4, b3);
+  REQUIRE(o.shape() == Shape{2, 3, 5, 6});
+  REQUIRE(allclose(o.select(0, 1).select(0, 2), matmul(a4.select(0, 1).select(0, 0), b3.select(0, 2)), 1e-12, 1e-12));
+  // 2-D @ batched.
+  Tensor m = rn({5, 4}, 26);
+  REQUIRE(allclose(matmul(m, b3).select(0, 1), matmul(m, b3.select(0, 1)), 1e-12, 1e-12));
+}
+
+TEST_CASE("gemm kernel honours trans flags, alpha, beta and broadcast batches", "[ops]") {
+  // C = alpha op(A) op(B) + beta C, checked against matmul of explicitly transposed copies.
+  for (DType dt : {DType::Float64, DType::Float32, DType::BFloat16}) {
+    INFO(dt);
+    Tensor a = rn({2, 4, 3}, 81).to(dt), b = rn({1, 5, 4}, 82).to(dt), c0 = rn({2, 3, 5}, 83).to(dt);
+    Tensor b_bcast = b.expand({2, 5, 4});  // batch stride 0
+    Tensor c = c0.clone();
+    kernels::GemmArgs args;
+    args.trans_a = true;
+    args.trans_b = true;
+    args.alpha = 0.5;
+    args.beta = 2.0;
+    kernels::gemm_kernel(Device::cpu())(args, a, b_bcast, c);
+    Tensor ref = add(mul(matmul(a.to(DType::Float64).transpose(1, 2), b_bcast.to(DType::Float64).transpose(1, 2)), 0.5),
+                     mul(c0.to(DType::Float64), 2.0));
+    const double tol = dt == DType::BFloat16 ? 2e-2 : 1e-5;
+    REQUIRE(allclose(c.to(DType::Float64), ref, tol, tol));
+  }
+}
+
+TEST_CASE("linear and matmul accept non-contiguous inputs", "[ops]") {
+  Tensor x = rn({4, 3, 5}, 91).transpose(0, 1);  // [3, 4, 5], not viewable as [12, 5]
+  Tensor w = rn({6, 5}, 92), b = rn({6}, 93);
+  REQUIRE(allclose(linear(x, w, b), linear(x.contiguous(), w, b), 1e-12, 1e-12));
+  REQUIRE(allclose(linear(x, w.t().contiguous().t(), b), linear(x.contiguous(), w, b), 1e-12, 1e-12));
+  REQUIRE(allclose(matmul(x, w.t()), matmul(x.contiguous(), w.t().contiguous()), 1e-12, 1e-12));
+}
+
+TEST_CASE("linear algebra gradients match finite differences", "[ops][autograd]") {
+  Tensor a3 = rn({2, 3, 4}, 31), b2 = rn({4, 5}, 32), b3 = rn({2, 4, 5}, 33);
+  REQUIRE(gradcheck([](const std::vector<Tensor>& v) { return matmul(v[0], v[1]); }, {a3, b2}));
+  REQUIRE(gradcheck([](const std::vector<Tensor>& v) { return matmul(v[0], v[1]); }, {a3, b3}));
+  // Broadcasting batch dims: gradients are summed over the broadcast dims.
+  Tensor a4 = rn({2, 1, 3, 4}, 34), b31 = rn({3, 4, 2}, 35);
+  REQUIRE(gradcheck([](const std::vector<Tensor>& v) { return matmul(v[0], v[1]); }, {a4, b31}));
+  Tensor m = rn({3, 4}, 36);
+  REQUIRE(gradcheck([](const std::vector<Tensor>& v) { return matmul(v[0], v[1]); }, {m, b3}));
+  // 1-D operands.
+  Tensor v4 = rn({4}, 37);
+  REQUIRE(gradcheck([](const std::vector<Tensor>& v) { return matmul(v[0], v[1]); }, {v4, b2}));
+  REQUIRE(gradcheck([](const std::vector<Tensor>& v) { return matmul(v[0], v[1]); }, {a3, v4}));
+  REQUIRE(gradcheck([](const std::vector<Tensor>& v) { return matmul(v[0], v[1]); }, {v4, v4}));
+  // Transposed operands through the BLAS flags.
+  REQUIRE(gradcheck([](const std::vector<Tensor>& v) { return matmul(v[0].t(), v[1].t()); }, {rn({4, 3}, 38), rn({5, 4}, 39)}));
+  Tensor x = rn({2, 3, 4}, 40), w = rn({5, 4}, 41), bias = rn({5}, 42);
+  REQUIRE(gradcheck([](const std::vector<Tensor>& v) { return linear(v[0], v[1], v[2]); }, {x, w, bias}));
+  REQUIRE(gradcheck([](const std::vector<Tensor>& v) { return linear(v[0], v[1]); }, {rn({4}, 43), w}));
+  REQUIRE(gradcheck([](const std::vector<Tensor>& v) { return bmm(v[0], v[1]); }, {rn({3, 2, 4}, 44), rn({3, 4, 5}, 45)}));
+}
+
+TEST_CASE("linear under autocast runs in the autocast dtype", "[ops][amp]") {
+  Tensor x = rn({4, 8}, 50).to(DType::Float32), w = rn({3, 8}, 51).to(DType::Float32).requires_grad_();
+  Tensor b = zeros({3}).requires_grad_();
+  Tensor y;
+  {
+    autocast::AutocastGuard ac(true, DType::BFloat16);
+    y = linear(x, w, b);
+  }
+  REQUIRE(y.dtype() == DType::BFloat16);
+  sum(y.to(DType::Float32)).backward();
+  REQUIRE(w.grad().dtype() == DType::Float32);
+  REQUIRE(b.grad().tolist() == std::vector<double>{4, 4, 4});
+}
+
+TEST_CASE("linear algebra shape errors name the op and both shapes", "[ops]") {
+  REQUIRE_THROWS_WITH(matmul(zeros({2, 3}), zeros({4, 5})),
+                      "matmul: shapes [2, 3] and [4, 5] cannot be multiplied (3 != 4)");
+  REQUIRE_THROWS_AS(matmul(zeros({2, 2, 3}), zeros({3, 3, 2})), ShapeError);  // batch 2 vs 3
+  REQUIRE_THROWS_AS(matmul(zeros({}), zeros({3})), ShapeError);
+  REQUIRE_THROWS_AS(matmul(zeros({2, 3}), zeros({3, 2}, DType::Float64)), DTypeError);
+  REQUIRE_THROWS_WITH(linear(zeros({2, 3}), zeros({4, 5})),
+                      Catch::Contains("linear") && Catch::Contains("[2, 3]") && Catch::Contains("[4, 5]"));
+  REQUIRE_THROWS_WITH(linear(zeros({2, 5}), zeros({4, 5}), zeros({3})), Catch::Contains("linear: bias"));
+  REQUIRE_THROWS_WITH(bmm(zeros({2, 2, 3}), zeros({3, 3, 2})), Catch::Contains("bmm"));
+  REQUIRE_THROWS_WITH(bmm(zeros({2, 3}), zeros({3, 2})), Catch::Contains("bmm: expected 3-D"));
+}
+
+// ------------------------------------------------------------------------------------------ joining and indexing
+
+TEST_CASE("joining and indexing match PyTorch", "[ops]") {
+  const char* c = "indexing";
+  Tensor p = fx(c, "p"), q = fx(c, "q");
+  check_close(cat({p, q}, 1), fx(c, "cat_1"), 0, 0);
+  check_close(stack({p, mul(p, 2.0)}, -1), fx(c, "stack_m1"), 0, 0);
+  check_close(embedding(fx(c, "weight"), fx(c, "ids")), fx(c, "embedding"), 0, 0);
+  check_close(gather(fx(c, "g_src"), 1, fx(c, "g_idx")), fx(c, "gather_1"), 0, 0);
+  check_close(index_select(fx(c, "g_src"), 1, fx(c, "sel_idx")), fx(c, "index_select_1"), 0, 0);
+  // int32 indices select the same rows.
+  check_close(embedding(fx(c, "weight"), fx(c, "ids").to(DType::Int32)), fx(c, "embedding"), 0, 0);
+}
+
+TEST_CASE("cat promotes dtypes, skips empty 1-D tensors, and works on non-contiguous inputs", "[ops]") {
+  Tensor a = from_vector(std::vector<float>{1, 2}, {1, 2});
+  Tensor b = from_vector(std::vector<double>{3, 4}, {1, 2});
+  Tensor c = cat({a, b});
+  REQUIRE(c.dtype() == DType::Float64);
+  REQUIRE(c.tolist() == std::vector<double>{1, 2, 3, 4});
+  REQUIRE(cat({zeros({0}), a}, 0).tolist() == std::vector<double>{1, 2});
+  Tensor t = arange(0, 6, 1, DType::Float32).reshape({2, 3}).t();  // [3, 2], non-contiguous
+  REQUIRE(cat({t, t}, 1).tolist() == std::vector<double>{0, 3, 0, 3, 1, 4, 1, 4, 2, 5, 2, 5});
+  Tensor h = ones({2}, DType::Float16), f = ones({2}, DType::BFloat16);
+  REQUIRE(cat({h, f}).dtype() == DType::Float32);
+}
+
+TEST_CASE("split and chunk are views with torch's piece sizes", "[ops]") {
+  Tensor a = arange(0, 10, 1, DType::Float32).reshape({5, 2});
+  auto s = split(a, 2);
+  REQUIRE(s.size() == 3);
+  REQUIRE(s[2].shape() == Shape{1, 2});
+  REQUIRE(s[1].tolist() == std::vector<double>{4, 5, 6, 7});
+  REQUIRE(s[1].storage() == a.storage());
+  auto c = chunk(a, 3, 0);  // ceil(5 / 3) = 2 -> sizes 2, 2, 1
+  REQUIRE(c.size() == 3);
+  REQUIRE(c[2].shape() == Shape{1, 2});
+  auto c4 = chunk(arange(0, 6, 1, DType::Float32), 4);  // ceil(6 / 4) = 2 -> only 3 pieces, as torch
+  REQUIRE(c4.size() == 3);
+  auto cols = chunk(a, 2, -1);
+  REQUIRE(cols[1].tolist() == std::vector<double>{1, 3, 5, 7, 9});
+}
+
+TEST_CASE("joining and indexing gradients match finite differences", "[ops][autograd]") {
+  Tensor a = rn({2, 3}, 61), b = rn({2, 1}, 62), c = rn({2, 3}, 63);
+  REQUIRE(gradcheck([](const std::vector<Tensor>& v) { return cat({v[0], v[1]}, -1); }, {a, b}));
+  REQUIRE(gradcheck([](const std::vector<Tensor>& v) { return cat({v[0], v[1]}, 0); }, {a, c}));
+  REQUIRE(gradcheck([](const std::vector<Tensor>& v) { return stack({v[0], v[1]}, 1); }, {a, c}));
+  REQUIRE(gradcheck([](const std::vector<Tensor>& v) { return mul(split(v[0], 2, 1)[1], 3.0); }, {a}));
+  REQUIRE(gradcheck([](const std::vector<Tensor>& v) {
+    auto p = chunk(v[0], 3, -1);
+    return add(mul(p[0], p[2]), p[1]);
+  }, {a}));
+  Tensor ids = from_vector(std::vector<int64_t>{1, 4, 1, 0, 4, 4}, {2, 3});  // repeats must accumulate
+  REQUIRE(gradcheck([ids](const std::vector<Tensor>& v) { return embedding(v[0], ids); }, {rn({5, 3}, 64)}));
+  Tensor gi = from_vector(std::vector<int64_t>{0, 2, 2, 1, 1, 0}, {2, 3});
+  REQUIRE(gradcheck([gi](const std::vector<Tensor>& v) { return gather(v[0], 1, gi); }, {rn({2, 4}, 65)}));
+  Tensor gi0 = from_vector(std::vector<int64_t>{2, 0, 2}, {1, 3});
+  REQUIRE(gradcheck([gi0](const std::vector<Tensor>& v) { return gather(v[0], -2, gi0); }, {rn({3, 3}, 66)}));
+  Tensor si = from_vector(std::vector<int64_t>{2, 0, 2}, {3});
+  REQUIRE(gradcheck([si](const std::vector<Tensor>& v) { return index_select(v[0], -1, si); }, {rn({2, 3, 4}, 67)}));
+  REQUIRE(gradcheck([si](const std::vector<Tensor>& v) { return index_select(v[0], 0, si); }, {rn({4, 2}, 68)}));
+}
+
+TEST_CASE("embedding gradients of repeated rows accumulate in the weight's dtype", "[ops][autograd]") {
+  Tensor w = zeros({3, 2}, DType::BFloat16).requires_grad_();
+  Tensor ids = from_vector(std::vector<int64_t>(300, 1), {300});
+  sum(embedding(w, ids)).backward();
+  REQUIRE(w.grad().dtype() == DType::BFloat16);
+  // 300 ones accumulated in float32 then rounded (bf16 accumulation would stop at 256).
+  REQUIRE(w.grad().tolist() == std::vector<double>{0, 0, 300, 300, 0, 0});
+}
+
+TEST_CASE("joining and indexing reject bad shapes and indices with typed errors", "[ops]") {
+  Tensor w = zeros({7, 3});
+  REQUIRE_THROWS_AS(embedding(w, from_vector(std::vector<int64_t>{0, 7}, {2})), IndexError);
+  REQUIRE_THROWS_WITH(embedding(w, from_vector(std::vector<int64_t>{0, 7}, {2})),
+                      Catch::Contains("embedding") && Catch::Contains("index 7") && Catch::Contains("size 7"));
+  REQUIRE_THROWS_WITH(embedding(w, from_vector(std::vector<int64_t>{-1}, {1})), Catch::Contains("index -1"));
+  REQUIRE_THROWS_AS(embedding(w, zeros({2})), DTypeError);
+  REQUIRE_THROWS_AS(embedding(zeros({7}), from_vector(std::vector<int64_t>{0}, {1})), ShapeError);
+  REQUIRE_THROWS_WITH(cat({zeros({2, 3}), zeros({3, 3})}, 1), Catch::Contains("cat") && Catch::Contains("[3, 3]"));
+  REQUIRE_THROWS_AS(cat({}, 0), ValueError);
+  REQUIRE_THROWS_AS(cat({zeros({2})}, 1), IndexError);
+  REQUIRE_THROWS_WITH(stack({zeros({2}), zeros({3})}), Catch::Contains("stack"));
+  REQUIRE_THROWS_WITH(gather(zeros({2, 3}), 1, from_vector(std::vector<int64_t>{3}, {1, 1})),
+                      Catch::Contains("gather") && Catch::Contains("index 3"));
+  REQUIRE_THROWS_AS(gather(zeros({2, 3}), 1, from_vector(std::vector<int64_t>{0}, {1})), ShapeError);
+  REQUIRE_THROWS_AS(gather(zeros({2, 3}), 2, from_vector(std::vector<int64_t>{0}, {1, 1})), IndexError);
+  REQUIRE_THROWS_WITH(index_select(zeros({2, 3}), 0, from_vector(std::vector<int64_t>{2}, {1})),
+                      Catch::Contains("index_select") && Catch::Contains("index 2"));
+  REQUIRE_THROWS_AS(split(zeros({4}), 0), ValueError);
+  REQUIRE_THROWS_AS(chunk(zeros({4}), 0), ValueError);
 }

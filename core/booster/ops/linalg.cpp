@@ -1,10 +1,208 @@
-// STUB: to be implemented (each throws NotImplementedError until then).
+// Linear algebra: matmul (torch.matmul semantics), linear, bmm. All GEMMs go through gemm_kernel
+// (backends/cpu/gemm.cpp); transposes are passed as views and become BLAS transpose flags (Note [GEMM
+// operand layouts]), so no backward materializes a transposed matrix.
+//
+// Note [Folding batch into rows]
+// x[..., k] @ W[k, n] with a 2-D right operand is one GEMM of x viewed as [rows, k], rows = the product
+// of x's leading dims, rather than one GEMM per batch entry; its weight gradient x^T g is then also one
+// GEMM whose inner dim runs over all rows, which sums over the batch for free. linear is the same with
+// W^T.
+#include "booster/autocast/autocast.h"
+#include "booster/autograd/autograd.h"
+#include "booster/kernels/gemm.h"
 #include "booster/ops/ops.h"
+#include "booster/ops/ops_impl.h"
 
 namespace booster {
 
-Tensor matmul(const Tensor&, const Tensor&) { BOOSTER_FAIL(NotImplementedError, __func__, ": not implemented yet"); }
-Tensor linear(const Tensor&, const Tensor&, const Tensor&) { BOOSTER_FAIL(NotImplementedError, __func__, ": not implemented yet"); }
-Tensor bmm(const Tensor&, const Tensor&) { BOOSTER_FAIL(NotImplementedError, __func__, ": not implemented yet"); }
+using autograd::grads;
+
+namespace {
+
+// c[b] = op(a[b]) @ op(b[b]) (+ c[b] when accumulate) on 3-D views; no autograd.
+void gemm3(const Tensor& a, const Tensor& b, Tensor& c, bool accumulate = false) {
+  kernels::GemmArgs args;
+  args.beta = accumulate ? 1.0 : 0.0;
+  kernels::gemm_kernel(c.device())(args, a, b, c);
+}
+
+Tensor as_3d_2d(const Tensor& m) {  // [r, c] -> [1, r, c] without copying
+  return make_view(m, {1, m.shape()[0], m.shape()[1]}, {0, m.strides()[0], m.strides()[1]}, m.offset());
+}
+
+// t viewed as [batch, r, c] where its leading dims collapse into one with a single stride (an expanded
+// operand gives stride 0); copies only when no single stride describes them.
+Tensor as_3d(const Tensor& t) {
+  const int64_t nd = t.dim();
+  const int64_t r = t.shape()[size_t(nd - 2)], c = t.shape()[size_t(nd - 1)];
+  int64_t batch = 1, stride = 0, expected = -1;
+  bool ok = true;
+  for (int64_t d = nd - 3; d >= 0; --d) {
+    const int64_t size = t.shape()[size_t(d)], st = t.strides()[size_t(d)];
+    batch *= size;
+    if (size == 1) continue;
+    if (expected < 0) {
+      stride = st;
+    } else if (st != expected) {
+      ok = false;
+    }
+    expected = st * size;
+  }
+  if (!ok) return as_3d(t.contiguous());
+  return make_view(t, {batch, r, c}, {stride, t.strides()[size_t(nd - 2)], t.strides()[size_t(nd - 1)]}, t.offset());
+}
+
+void check_operands(const Tensor& a, const Tensor& b, const char* op) {
+  check_same_device(a, b, op);
+  BOOSTER_CHECK(a.dtype() == b.dtype(), DTypeError, op, ": expected both operands to have the same dtype, got ",
+                a.dtype(), " and ", b.dtype());
+  BOOSTER_CHECK(is_floating(a.dtype()), DTypeError, op, ": expected floating operands, got ", a.dtype());
+}
+
+// a @ b for a, b of at least 2 dims, on detached tensors (no autograd), broadcasting batch dims.
+Tensor mm_nd(const Tensor& a, const Tensor& b) {
+  const int64_t k = a.shape().back(), n = b.shape().back();
+  const int64_t m = a.shape()[size_t(a.dim() - 2)];
+  if (b.dim() == 2) {  // Note [Folding batch into rows]
+    Tensor a2 = a.dim() == 2 ? a : a.reshape({-1, k});
+    Tensor out = Tensor::empty({a2.shape()[0], n}, a.dtype(), a.device());
+    Tensor c3 = as_3d_2d(out);
+    gemm3(as_3d_2d(a2), as_3d_2d(b), c3);
+    Shape s(a.shape().begin(), a.shape().end() - 1);
+    s.push_back(n);
+    return a.dim() == 2 ? out : make_view(out, s, contiguous_strides(s), 0);
+  }
+  const Shape ba(a.shape().begin(), a.shape().end() - 2), bb(b.shape().begin(), b.shape().end() - 2);
+  Shape batch = broadcast_shapes(ba, bb, "matmul");
+  Shape sa = batch, sb = batch, so = batch;
+  sa.insert(sa.end(), {m, k});
+  sb.insert(sb.end(), {k, n});
+  so.insert(so.end(), {m, n});
+  Tensor out = Tensor::empty(so, a.dtype(), a.device());
+  Tensor c3 = make_view(out, {numel_of(batch), m, n}, {m * n, n, 1}, 0);
+  gemm3(as_3d(a.expand(sa)), as_3d(b.expand(sb)), c3);
+  return out;
+}
+
+Tensor mT(const Tensor& t) { return t.transpose(-1, -2); }
+
+Tensor matmul_nd(const Tensor& a, const Tensor& b) {
+  Tensor out = mm_nd(a.detach(), b.detach());
+  if (autograd::needs_grad({&a, &b})) {
+    const bool ga = a.requires_grad(), gb = b.requires_grad();
+    autograd::record(out, "MatmulBackward", {a, b}, [a = a.detach(), b = b.detach(), ga, gb](const Tensor& g) {
+      Tensor grad_a, grad_b;
+      if (ga) grad_a = autograd::sum_to(mm_nd(g, mT(b)), a.shape());
+      if (gb) {
+        if (b.dim() == 2) {  // one GEMM over all folded rows: a2^T g2
+          const int64_t k = a.shape().back(), n = b.shape().back();
+          Tensor a2 = a.dim() == 2 ? a : a.reshape({-1, k});
+          Tensor g2 = g.dim() == 2 ? g : g.reshape({-1, n});
+          grad_b = mm_nd(a2.t(), g2);
+        } else {
+          grad_b = autograd::sum_to(mm_nd(mT(a), g), b.shape());
+        }
+      }
+      return grads{grad_a, grad_b};
+    });
+  }
+  return out;
+}
+
+}  // namespace
+
+Tensor matmul(const Tensor& a_in, const Tensor& b_in) {
+  Tensor a = a_in, b = b_in;
+  autocast::apply(autocast::Op::Matmul, {&a, &b});
+  BOOSTER_CHECK(a.dim() >= 1 && b.dim() >= 1, ShapeError, "matmul: both operands need at least 1 dim, got shapes ",
+                a.shape(), " and ", b.shape());
+  const int64_t ka = a.shape().back(), kb = b.dim() == 1 ? b.shape()[0] : b.shape()[size_t(b.dim() - 2)];
+  BOOSTER_CHECK(ka == kb, ShapeError, "matmul: shapes ", a.shape(), " and ", b.shape(), " cannot be multiplied (",
+                ka, " != ", kb, ")");
+  check_operands(a, b, "matmul");
+  // 1-D operands become matrices through differentiable views, as torch.matmul does.
+  if (a.dim() == 1 && b.dim() == 1) return matmul_nd(a.unsqueeze(0), b.unsqueeze(1)).squeeze(-1).squeeze(-1);
+  if (a.dim() == 1) return matmul_nd(a.unsqueeze(0), b).squeeze(-2);
+  if (b.dim() == 1) return matmul_nd(a, b.unsqueeze(1)).squeeze(-1);
+  return matmul_nd(a, b);
+}
+
+Tensor bmm(const Tensor& a_in, const Tensor& b_in) {
+  Tensor a = a_in, b = b_in;
+  autocast::apply(autocast::Op::Bmm, {&a, &b});
+  BOOSTER_CHECK(a.dim() == 3 && b.dim() == 3, ShapeError, "bmm: expected 3-D operands, got shapes ", a.shape(),
+                " and ", b.shape());
+  BOOSTER_CHECK(a.shape()[0] == b.shape()[0], ShapeError, "bmm: batch sizes differ: shapes ", a.shape(), " and ",
+                b.shape(), " (", a.shape()[0], " != ", b.shape()[0], ")");
+  BOOSTER_CHECK(a.shape()[2] == b.shape()[1], ShapeError, "bmm: shapes ", a.shape(), " and ", b.shape(),
+                " cannot be multiplied (", a.shape()[2], " != ", b.shape()[1], ")");
+  check_operands(a, b, "bmm");
+  Tensor out = Tensor::empty({a.shape()[0], a.shape()[1], b.shape()[2]}, a.dtype(), a.device());
+  gemm3(a.detach(), b.detach(), out);
+  if (autograd::needs_grad({&a, &b})) {
+    const bool ga = a.requires_grad(), gb = b.requires_grad();
+    autograd::record(out, "BmmBackward", {a, b}, [a = a.detach(), b = b.detach(), ga, gb](const Tensor& g) {
+      Tensor grad_a, grad_b;
+      if (ga) {
+        grad_a = Tensor::empty(a.shape(), g.dtype(), g.device());
+        gemm3(g, mT(b), grad_a);
+      }
+      if (gb) {
+        grad_b = Tensor::empty(b.shape(), g.dtype(), g.device());
+        gemm3(mT(a), g, grad_b);
+      }
+      return grads{grad_a, grad_b};
+    });
+  }
+  return out;
+}
+
+Tensor linear(const Tensor& x_in, const Tensor& w_in, const Tensor& bias_in) {
+  Tensor x = x_in, w = w_in, bias = bias_in;
+  autocast::apply(autocast::Op::Linear, {&x, &w, &bias});
+  BOOSTER_CHECK(w.dim() == 2, ShapeError, "linear: weight must be 2-D [out_features, in_features], got shape ",
+                w.shape());
+  BOOSTER_CHECK(x.dim() >= 1, ShapeError, "linear: input must have at least 1 dim, got shape ", x.shape());
+  const int64_t in = w.shape()[1], out_features = w.shape()[0];
+  BOOSTER_CHECK(x.shape().back() == in, ShapeError, "linear: input shape ", x.shape(), " and weight shape ",
+                w.shape(), " cannot be multiplied (", x.shape().back(), " != ", in, ")");
+  check_operands(x, w, "linear");
+  if (bias.defined()) {
+    BOOSTER_CHECK(bias.dim() == 1 && bias.shape()[0] == out_features, ShapeError, "linear: bias shape ",
+                  bias.shape(), " does not match out_features ", out_features, " of weight shape ", w.shape());
+    check_operands(x, bias, "linear");
+  }
+
+  // Note [Folding batch into rows]: one GEMM; the bias is broadcast into C first and added by beta = 1.
+  const Tensor x2 = x.detach().reshape({-1, in});
+  Tensor out2 = Tensor::empty({x2.shape()[0], out_features}, x.dtype(), x.device());
+  if (bias.defined()) {
+    NoGradGuard ng;
+    out2.copy_(bias.detach().expand(out2.shape()));
+  }
+  Tensor c3 = as_3d_2d(out2);
+  gemm3(as_3d_2d(x2), as_3d_2d(w.detach().t()), c3, bias.defined());
+  Shape s(x.shape().begin(), x.shape().end() - 1);
+  s.push_back(out_features);
+  Tensor out = make_view(out2, s, contiguous_strides(s), 0);
+
+  if (autograd::needs_grad({&x, &w, &bias})) {
+    const bool gx = x.requires_grad(), gw = w.requires_grad(), gb = bias.defined() && bias.requires_grad();
+    std::vector<Tensor> inputs{x, w};
+    if (bias.defined()) inputs.push_back(bias);
+    autograd::record(out, "LinearBackward", inputs,
+                     [x2 = gw ? x2 : Tensor(), w = w.detach(), x_shape = x.shape(), gx, gw, gb,
+                      has_bias = bias.defined()](const Tensor& g) {
+                       const int64_t nout = w.shape()[0];
+                       Tensor g2 = g.reshape({-1, nout});
+                       grads r(has_bias ? 3 : 2);
+                       if (gx) r[0] = mm_nd(g2, w).reshape(x_shape);  // dX = dY W
+                       if (gw) r[1] = mm_nd(g2.t(), x2);              // dW = dY^T X, one GEMM over all rows
+                       if (gb) r[2] = sum(g2, {0});                   // db = column sums of dY
+                       return r;
+                     });
+  }
+  return out;
+}
 
 }  // namespace booster

@@ -99,9 +99,15 @@ FlatBuffer::FlatBuffer(std::vector<Tensor> params) : params_(std::move(params)) 
     allocator_for(device).memset_zero(grad_.data_ptr(), grad_.nbytes());
     for (size_t i = 0; i < n; ++i) {
       if (!needs_slot(i)) continue;
-      Tensor old = params_[i].grad();
+      const Tensor old = params_[i].grad();
       Tensor view = grad_view(i);
-      if (old.defined()) view.copy_(old);  // keeps the gradient and marks it arrived (version 1)
+      if (old.defined()) {
+        // Keep the gradient. It counts as arrived unless it is an unwritten slice of another flat
+        // buffer (version 0 and smaller than its storage): then it is a zeroed slot, not a gradient.
+        const bool unwritten_slot = old.version() == 0 && old.nbytes() < old.storage()->nbytes();
+        grad_view(i).copy_(old);  // a scratch view takes the version bump...
+        if (!unwritten_slot) view.bump_version();  // ...and the installed one only when it arrived
+      }
       params_[i].set_grad(view);
     }
   }

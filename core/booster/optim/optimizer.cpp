@@ -34,7 +34,8 @@ bool parse_state_key(const std::string& key, size_t& index, std::string& name) {
 
 Optimizer::Optimizer(std::string type, json defaults) : type_(std::move(type)), defaults_(std::move(defaults)) {}
 
-json Optimizer::complete_options(const json& options) const {
+json Optimizer::complete_options(const json& options_in) const {
+  const json options = options_in.is_null() ? json::object() : options_in;  // `{}` in C++ is null
   BOOSTER_CHECK(options.is_object(), ConfigError, type_, ": options must be a JSON object, got ", options.dump());
   json out = defaults_;
   for (auto it = options.begin(); it != options.end(); ++it) {

@@ -29,12 +29,12 @@ SGD::SGD(std::vector<Tensor> params, const json& options) : Optimizer("SGD", sgd
 }
 
 SGD::SGD(std::vector<ParamGroup> groups, const json& defaults) : Optimizer("SGD", sgd_defaults()) {
-  // Group options win over `defaults`, which may leave lr out when every group sets it.
-  for (auto it = defaults.begin(); it != defaults.end(); ++it) {
-    BOOSTER_CHECK(defaults_.contains(it.key()), ConfigError, "SGD: unknown option '", it.key(),
-                  "'; valid options are: dampening, lr, momentum, nesterov, weight_decay");
-    defaults_[it.key()] = it.value();
-  }
+  // Group options win over `defaults`, which may leave lr out when every group sets it; what it
+  // does set is checked (keys, types, ranges) as a complete option set would be.
+  json probe = defaults.is_null() ? json::object() : defaults;
+  if (probe.is_object() && !probe.contains("lr")) probe["lr"] = 0.0;
+  complete_options(probe);
+  for (auto it = defaults.begin(); it != defaults.end(); ++it) defaults_[it.key()] = it.value();
   add_groups(std::move(groups));
 }
 

@@ -39,9 +39,10 @@ struct MaxOp {
     if constexpr (std::is_floating_point_v<A>) return -std::numeric_limits<A>::infinity();
     else return std::numeric_limits<A>::lowest();
   }
-  // NaN wins and stays, as torch.max.
+  // NaN wins and stays (nothing compares greater than a NaN accumulator), as torch.max. A select the
+  // compiler turns into compare + blend, so the lane loop vectorizes.
   static A combine(A acc, A x) {
-    if constexpr (std::is_floating_point_v<A>) return (x > acc || x != x || acc != acc) ? (acc != acc ? acc : x) : acc;
+    if constexpr (std::is_floating_point_v<A>) return ((x > acc) | (x != x)) ? x : acc;
     else return x > acc ? x : acc;
   }
 };
@@ -62,8 +63,23 @@ inline A reduce_lanes(const A* x, int64_t n, A init) {
   A lanes[kLanes];
   for (int j = 0; j < kLanes; ++j) lanes[j] = Op::identity();
   int64_t i = 0;
-  for (; i + kLanes <= n; i += kLanes)
-    for (int j = 0; j < kLanes; ++j) lanes[j] = Op::combine(lanes[j], x[i + j]);
+  if constexpr (std::is_same_v<Op, MaxOp<A>> && std::is_floating_point_v<A>) {
+    // An ordered max (one compare + blend per lane) and a separate NaN flag: the NaN-propagating select
+    // in MaxOp::combine does not vectorize.
+    int32_t nan[kLanes] = {};
+    for (; i + kLanes <= n; i += kLanes)
+      for (int j = 0; j < kLanes; ++j) {
+        const A v = x[i + j];
+        lanes[j] = v > lanes[j] ? v : lanes[j];
+        nan[j] |= int32_t(v != v);
+      }
+    int32_t any_nan = 0;
+    for (int j = 0; j < kLanes; ++j) any_nan |= nan[j];
+    if (any_nan) return std::numeric_limits<A>::quiet_NaN();
+  } else {
+    for (; i + kLanes <= n; i += kLanes)
+      for (int j = 0; j < kLanes; ++j) lanes[j] = Op::combine(lanes[j], x[i + j]);
+  }
   A r = init;
   for (int j = 0; j < kLanes; ++j) r = Op::combine(r, lanes[j]);
   for (; i < n; ++i) r = Op::combine(r, x[i]);
