@@ -15,6 +15,7 @@
 #include "booster/data/data.h"
 #include "booster/nn/models.h"
 #include "booster/ops/ops.h"
+#include "booster/optim/lr_scheduler.h"
 #include "booster/optim/optimizer.h"
 #include "booster/tensor/random.h"
 #include "cli/commands.h"
@@ -66,10 +67,13 @@ int train(const json& config) {
   nn::ModulePtr model = nn::make_model(config.at("model"), seed);
   std::unique_ptr<optim::Optimizer> optimizer = optim::make_optimizer(config.at("optimizer"), model->parameters());
   const config::Criterion criterion = config::make_criterion(config.at("criterion"));
+  std::unique_ptr<optim::LRScheduler> scheduler =
+      config::make_lr_scheduler(config.at("lr_scheduler"), *optimizer, total_steps);
 
   std::cerr << "booster: " << split.description << "\n"
             << "booster: model " << model->name() << " with " << human_count(model->num_parameters())
-            << " parameters, optimizer " << optimizer->name() << ", " << total_steps << " steps ("
+            << " parameters, optimizer " << optimizer->name()
+            << (scheduler ? ", lr scheduler " + scheduler->name() : std::string()) << ", " << total_steps << " steps ("
             << loader.size() << " per epoch)\n";
 
   // ---- the loop
@@ -95,11 +99,13 @@ int train(const json& config) {
     loader.set_epoch(epoch);
     for (data::Batch& batch : loader) {
       const auto step_start = Clock::now();
+      const double step_lr = optimizer->lr();  // the lr this step uses (the scheduler moves it after)
       Tensor output = (*model)(batch.x);
       Tensor loss = criterion(output, batch.y);
       optimizer->zero_grad();
       loss.backward();
       optimizer->step();
+      if (scheduler) scheduler->step();
       ++step;
       last_loss = loss.item();
       train_seconds += seconds_since(step_start);
@@ -113,7 +119,7 @@ int train(const json& config) {
         const double window_seconds = seconds_since(window_start);
         std::fprintf(stderr, "step %6lld/%lld | epoch %lld | loss %.4f | lr %.3g | %.0f samples/s\n",
                      static_cast<long long>(step), static_cast<long long>(total_steps),
-                     static_cast<long long>(epoch + 1), last_loss, optimizer->lr(),
+                     static_cast<long long>(epoch + 1), last_loss, step_lr,
                      double(window_samples) / std::max(window_seconds, 1e-9));
         window_samples = 0;
         window_start = Clock::now();

@@ -201,7 +201,8 @@ std::vector<Section> make_training_schema() {
   });
 
   // ------------------------------------------------------------------------------------- lr_scheduler
-  // Stepped once per optimizer step. cosine's t_max = null means the whole run.
+  // Read by optim::make_scheduler, with PyTorch's names; stepped once per optimizer step. A null
+  // T_max / total_steps means the run's total number of steps (filled in by the training driver).
   schema.push_back(Section{
       "lr_scheduler",
       "{\"type\": \"none\" | \"step\" | \"cosine\" | \"linear_warmup\"}",
@@ -210,9 +211,15 @@ std::vector<Section> make_training_schema() {
       {
           {"none", {}},
           {"step", {integer("step_size", std::nullopt, 1), number("gamma", 0.1, 0.0, std::nullopt, true)}},
-          {"cosine", {optional_integer("t_max", 1, "null: the whole run"), number("eta_min", 0.0, 0.0)}},
+          {"cosine", {optional_integer("T_max", 1, "null: the whole run"), number("eta_min", 0.0, 0.0)}},
           {"linear_warmup",
-           {integer("warmup_steps", std::nullopt, 0), number("start_factor", 0.0, 0.0, 1.0)}},
+           {
+               integer("warmup_steps", std::nullopt, 0),
+               optional_integer("total_steps", 1, "null: the whole run"),
+               text("decay", "cosine", {"cosine", "linear", "constant"}, "after the warmup"),
+               number("min_lr_ratio", 0.0, 0.0, 1.0, false, false, "the floor as a fraction of the base lr"),
+               number("start_factor", 0.0, 0.0, 1.0, false, false, "the warmup starts at lr * start_factor"),
+           }},
       },
       /*optional=*/true,
       /*default_variant=*/"none",

@@ -126,6 +126,15 @@ DataSplits make_datasets(const json& cfg, uint64_t seed) {
   BOOSTER_FAIL(ConfigError, "'data.type' is \"", type, "\"; expected one of 'fashion_mnist', 'synthetic', 'text'");
 }
 
+std::unique_ptr<optim::LRScheduler> make_lr_scheduler(const json& lr_scheduler, optim::Optimizer& optimizer,
+                                                      int64_t total_steps) {
+  if (lr_scheduler.at("type") == "none") return nullptr;
+  json options = lr_scheduler;
+  for (const char* key : {"T_max", "total_steps"})
+    if (options.contains(key) && options.at(key).is_null()) options[key] = std::max<int64_t>(total_steps, 1);
+  return optim::make_scheduler(options, optimizer);
+}
+
 Evaluation evaluate(nn::Module& model, const DataSplits& split, const Criterion& criterion, int64_t batch_size) {
   BOOSTER_CHECK(split.test != nullptr, StateError, "evaluate: the data has no test split");
   const bool was_training = model.is_training();

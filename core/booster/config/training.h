@@ -13,6 +13,7 @@
 
 #include "booster/data/dataset.h"
 #include "booster/nn/module.h"
+#include "booster/optim/lr_scheduler.h"
 #include "booster/tensor/tensor.h"
 
 namespace booster::config {
@@ -43,6 +44,11 @@ struct DataSplits {
 //  * text: byte windows of `path`; the last test_fraction of the file is the test split.
 // DataError (naming the file) when the data cannot be read.
 DataSplits make_datasets(const nlohmann::json& data, uint64_t seed);
+
+// From the resolved `lr_scheduler` section: null for "none", else optim::make_scheduler with a null
+// T_max / total_steps replaced by `total_steps` (the run's length).
+std::unique_ptr<optim::LRScheduler> make_lr_scheduler(const nlohmann::json& lr_scheduler, optim::Optimizer& optimizer,
+                                                      int64_t total_steps);
 
 struct Evaluation {
   double loss = 0.0;      // mean over the evaluated targets
