@@ -250,6 +250,30 @@ TEST_CASE("--set overrides are applied and validated", "[cli]") {
   CHECK(r.exit_code == 2);
 }
 
+TEST_CASE("settings that contradict each other across sections exit 2 naming both", "[cli]") {
+  fs::path cfg = write_config("cross.json", synthetic_config());
+  RunResult r = run_booster("check --config " + cfg.string() + " --set model.in=9");
+  CHECK(r.exit_code == 2);
+  CHECK(r.err.find("model.in") != std::string::npos);
+  CHECK(r.err.find("8 features") != std::string::npos);
+  r = run_booster("check --config " + cfg.string() + " --set data.type=text --set data.path=/x --set data.num_samples=1");
+  CHECK(r.exit_code == 2);  // num_samples is not a key of text data
+  CHECK(r.err.find("unknown key 'data.num_") != std::string::npos);
+}
+
+TEST_CASE("a runtime failure exits 1 with one line naming the cause", "[cli]") {
+  json c = json::parse(R"({
+    "model": {"type": "gpt", "vocab_size": 256, "context": 8, "width": 8, "layers": 1, "heads": 2},
+    "optimizer": {"type": "adamw"},
+    "data": {"type": "text", "path": "/nonexistent/corpus.txt", "context": 8}
+  })");
+  RunResult r = run_booster("train --config " + write_config("runtime.json", c).string());
+  CHECK(r.exit_code == 1);
+  CHECK(r.err.find("/nonexistent/corpus.txt") != std::string::npos);
+  CHECK(r.err.find("booster: error: ") != std::string::npos);
+  CHECK(std::count(r.err.begin(), r.err.end(), '\n') == 1);
+}
+
 TEST_CASE("the shipped example configs are valid", "[cli]") {
   for (const char* name : {"examples/configs/fashion_mnist_mlp.json", "examples/configs/gpt_char.json"}) {
     INFO(name);
