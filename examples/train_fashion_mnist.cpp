@@ -15,6 +15,7 @@
 #include "booster/data/fashion_mnist.h"    // load_fashion_mnist: the IDX files as tensors
 #include "booster/nn/models.h"             // MLPClassifier: Linear/ReLU stack
 #include "booster/ops/ops.h"               // cross_entropy, argmax, eq, sum
+#include "booster/optim/lr_scheduler.h"    // CosineAnnealingLR: lr from 1e-3 down to 0 over the run
 #include "booster/optim/optimizer.h"       // AdamW
 
 using namespace booster;
@@ -37,9 +38,10 @@ int main(int argc, char** argv) {
     data::DataLoader train_loader(train_set, loader_options);
 
     // ---- model and optimizer: 784 -> 1024 -> 1024 -> 10 with ReLU; AdamW with PyTorch's defaults
-    // except the learning rate.
+    // except the learning rate, which follows a cosine from 1e-3 to 0 over the whole run.
     auto model = std::make_shared<nn::MLPClassifier>(784, std::vector<int64_t>{1024, 1024}, 10, "relu", seed);
     optim::AdamW optimizer(model->parameters(), nlohmann::json{{"lr", 1e-3}, {"weight_decay", 0.01}});
+    optim::CosineAnnealingLR scheduler(optimizer, /*T_max=*/epochs * train_loader.size());
     std::printf("MLP with %lld parameters, %lld steps per epoch\n", static_cast<long long>(model->num_parameters()),
                 static_cast<long long>(train_loader.size()));
 
@@ -55,11 +57,12 @@ int main(int argc, char** argv) {
         optimizer.zero_grad();                          // drop last step's gradients
         loss.backward();                                // fills each parameter's .grad
         optimizer.step();                               // one fused AdamW update
+        scheduler.step();                               // the next step's lr
         ++step;
         if (step % 100 == 0) {
           double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-          std::printf("epoch %d step %5lld | loss %.4f | %.0f images/s\n", epoch + 1, static_cast<long long>(step),
-                      loss.item(), 100.0 * double(batch_size) / seconds);
+          std::printf("epoch %d step %5lld | loss %.4f | lr %.2e | %.0f images/s\n", epoch + 1,
+                      static_cast<long long>(step), loss.item(), optimizer.lr(), 100.0 * double(batch_size) / seconds);
           t0 = std::chrono::steady_clock::now();
         }
       }

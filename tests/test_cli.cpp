@@ -115,6 +115,8 @@ TEST_CASE("resolve fills defaults and keeps given values", "[cli][config]") {
   json d = synthetic_config();
   d["train"]["epochs"] = 3.0;
   CHECK(booster::config::resolve(d)["train"]["epochs"].is_number_integer());
+  // What `booster check` prints is itself a valid config that resolves to the same thing.
+  CHECK(booster::config::resolve(c) == c);
 }
 
 TEST_CASE("config errors name the path, the value and what is allowed", "[cli][config]") {
