@@ -4,6 +4,7 @@
 
 #include <cmath>
 
+#include "booster/autocast/autocast.h"
 #include "booster/autograd/autograd.h"
 #include "booster/nn/nn.h"
 #include "booster/ops/ops.h"
@@ -87,6 +88,17 @@ TEST_CASE("MLP parameters have PyTorch's names, order and shapes", "[nn]") {
   REQUIRE(mlp->num_parameters() == 12 * 10 + 10 + 10 * 8 + 8 + 8 * 5 + 5);
   REQUIRE(mlp->parameters().size() == named.size());
   REQUIRE(mlp->parameters()[0].is_same(named[0].second));
+  REQUIRE(mlp->repr() ==
+          "MLPClassifier(\n"
+          "  (layers): Sequential(\n"
+          "    (0): Linear(in_features=12, out_features=10, bias=True)\n"
+          "    (1): ReLU()\n"
+          "    (2): Linear(in_features=10, out_features=8, bias=True)\n"
+          "    (3): ReLU()\n"
+          "    (4): Linear(in_features=8, out_features=5, bias=True)\n"
+          "  )\n"
+          ")");
+  REQUIRE(nn::BatchNorm1d(3).repr() == "BatchNorm1d(3, eps=1e-05, momentum=0.1, affine=True, track_running_stats=True)");
 }
 
 TEST_CASE("GPT parameters have PyTorch's names, order and shapes", "[nn]") {
@@ -490,5 +502,50 @@ TEST_CASE("gradients reach every GPT parameter", "[nn]") {
     double norm = 0;
     for (double g : p.grad().tolist()) norm += g * g;
     CHECK(norm > 0.0);
+  }
+}
+
+TEST_CASE("a GPT converted to float16 or bfloat16 runs forward and backward close to float32", "[nn]") {
+  const Tensor idx = from_vector(std::vector<int64_t>{1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 0, 1, 2, 3, 4, 5}, {2, 8});
+  const Tensor target = from_vector(std::vector<int64_t>{2, 3, 4, 5, 6, 7, 8, 9, 10, 0, 1, 2, 3, 4, 5, 6}, {16});
+  auto reference = tiny_gpt(8);
+  const Tensor expected = reference->forward(idx);
+  for (DType dt : {DType::Float16, DType::BFloat16}) {
+    INFO(dtype_name(dt));
+    auto gpt = tiny_gpt(8);
+    gpt->to(dt);
+    const Tensor logits = gpt->forward(idx);
+    REQUIRE(logits.dtype() == dt);
+    INFO("max abs diff " << max_abs_diff(logits, expected));
+    REQUIRE(allclose(logits.to(DType::Float32), expected, 0.05, 0.02));
+    cross_entropy(logits.reshape({-1, 11}), target).backward();
+    for (const auto& [name, p] : gpt->named_parameters()) {
+      INFO(name);
+      REQUIRE(p.grad().defined());
+      REQUIRE(p.grad().dtype() == dt);
+    }
+  }
+}
+
+TEST_CASE("a float32 GPT under autocast gives float32 gradients close to float32 training", "[nn]") {
+  const Tensor idx = from_vector(std::vector<int64_t>{1, 2, 3, 4, 5, 6, 7, 8}, {1, 8});
+  const Tensor target = from_vector(std::vector<int64_t>{2, 3, 4, 5, 6, 7, 8, 9}, {8});
+  auto reference = tiny_gpt(4), gpt = tiny_gpt(4);
+  cross_entropy(reference->forward(idx).reshape({-1, 11}), target).backward();
+  {
+    autocast::AutocastGuard autocast(true, DType::BFloat16);
+    const Tensor logits = gpt->forward(idx);
+    REQUIRE(logits.dtype() == DType::BFloat16);  // lm_head is a linear: lowered
+    cross_entropy(logits.reshape({-1, 11}), target).backward();
+  }
+  const auto expected = reference->named_parameters();
+  const auto got = gpt->named_parameters();
+  for (size_t i = 0; i < got.size(); ++i) {
+    INFO(got[i].first << " max abs diff " << max_abs_diff(got[i].second.grad(), expected[i].second.grad()));
+    REQUIRE(got[i].second.dtype() == DType::Float32);
+    REQUIRE(got[i].second.grad().dtype() == DType::Float32);
+    // bfloat16 keeps 8 bits: each gradient within a few percent of its largest element.
+    const Tensor& want = expected[i].second.grad();
+    CHECK(max_abs_diff(got[i].second.grad(), want) <= 0.03 * max_abs_diff(want, zeros_like(want)) + 1e-6);
   }
 }

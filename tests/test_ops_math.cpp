@@ -270,6 +270,17 @@ TEST_CASE("linear and matmul accept non-contiguous inputs", "[ops]") {
   REQUIRE(allclose(matmul(x, w.t()), matmul(x.contiguous(), w.t().contiguous()), 1e-12, 1e-12));
 }
 
+TEST_CASE("matmul of attention-style permuted batch dims matches the contiguous result", "[ops]") {
+  // [B, T, H, D] viewed as [B, H, T, D]: the batch dims have no single stride.
+  Tensor x = rn({2, 5, 3, 4}, 95), y = rn({2, 5, 3, 4}, 96);
+  Tensor q = x.transpose(1, 2), k = y.transpose(1, 2);
+  Tensor scores = matmul(q, k.transpose(-1, -2));
+  REQUIRE(scores.shape() == Shape{2, 3, 5, 5});
+  REQUIRE(allclose(scores, matmul(q.contiguous(), k.contiguous().transpose(-1, -2).contiguous()), 1e-12, 1e-12));
+  REQUIRE(gradcheck([](const std::vector<Tensor>& v) { return matmul(v[0].transpose(1, 2), v[1].permute({0, 2, 3, 1})); },
+                    {x, y}));
+}
+
 TEST_CASE("linear algebra gradients match finite differences", "[ops][autograd]") {
   Tensor a3 = rn({2, 3, 4}, 31), b2 = rn({4, 5}, 32), b3 = rn({2, 4, 5}, 33);
   REQUIRE(gradcheck([](const std::vector<Tensor>& v) { return matmul(v[0], v[1]); }, {a3, b2}));
@@ -412,4 +423,21 @@ TEST_CASE("joining and indexing reject bad shapes and indices with typed errors"
                       Catch::Contains("index_select") && Catch::Contains("index 2"));
   REQUIRE_THROWS_AS(split(zeros({4}), 0), ValueError);
   REQUIRE_THROWS_AS(chunk(zeros({4}), 0), ValueError);
+}
+
+TEST_CASE("empty operands give empty or zero results", "[ops]") {
+  REQUIRE(matmul(zeros({2, 3, 0}), zeros({0, 4})).tolist() == std::vector<double>(24, 0.0));
+  REQUIRE(linear(zeros({0, 5}), zeros({3, 5}), zeros({3})).shape() == Shape{0, 3});
+  REQUIRE(sum(zeros({0, 3}), {0}).tolist() == std::vector<double>{0, 0, 0});
+  REQUIRE(sum(zeros({3, 0}), {1}).tolist() == std::vector<double>{0, 0, 0});
+  REQUIRE(cat({zeros({0, 2}), ones({1, 2})}).tolist() == std::vector<double>{1, 1});
+}
+
+TEST_CASE("matmul of strided vectors (rows and columns of a matrix)", "[ops]") {
+  Tensor m = rn({4, 5}, 97), w = rn({4, 3}, 98);
+  Tensor col = m.select(1, 2);  // stride 5
+  REQUIRE(allclose(matmul(col, w), matmul(col.contiguous(), w), 1e-12, 1e-12));
+  Tensor w2 = rn({3, 4}, 99);
+  REQUIRE(allclose(matmul(w2, col), matmul(w2, col.contiguous()), 1e-12, 1e-12));
+  REQUIRE(matmul(col, col).item() == Approx(matmul(col.contiguous(), col.contiguous()).item()));
 }

@@ -97,6 +97,30 @@ TEST_CASE("softmax and log_softmax match PyTorch over every dim", "[ops][nn_func
   CHECK(big.tolist() == std::vector<double>{0.5, 0.5});
 }
 
+TEST_CASE("float32 softmax keeps float64 accuracy over a wide range, masked entries exactly zero",
+          "[ops][nn_functional]") {
+  // Rows spanning [-100, 100] with -inf entries (masks): exercises the vectorized exp's range
+  // reduction, underflow to 0 and exp(-inf) = 0.
+  std::vector<double> v;
+  Generator g(30);
+  for (int r = 0; r < 16; ++r)
+    for (int c = 0; c < 67; ++c) v.push_back(c % 11 == 3 ? -INFINITY : (g.uniform() - 0.5) * (r < 8 ? 200.0 : 6.0));
+  // The float64 reference starts from the same float32-rounded inputs, so only the kernel's own
+  // error counts: float32's rounding of x - max (relative |x - max| * 6e-8 after exp, so up to 1e-5
+  // on the wide rows), and below float32's normal range an absolute one.
+  const Tensor x32 = from_vector(v, {16, 67}).to(DType::Float32);
+  const Tensor x64 = x32.to(DType::Float64);
+  const Tensor ref = softmax(x64, -1), got = softmax(x32, -1);
+  CHECK(allclose(got, ref, 1e-5, 1e-37));
+  CHECK(allclose(got.slice(0, 8, 16), ref.slice(0, 8, 16), 1e-6, 1e-37));
+  const auto gv = got.tolist();
+  for (size_t i = 0; i < v.size(); ++i)
+    if (std::isinf(v[i])) REQUIRE(gv[i] == 0.0);
+  CHECK(allclose(log_softmax(x32, -1), log_softmax(x64, -1), 1e-5, 1e-5));
+  // Over dim 0 (the strided lane-block path) too.
+  CHECK(allclose(softmax(x32, 0), softmax(x64, 0), 1e-5, 1e-37));
+}
+
 TEST_CASE("softmax and log_softmax gradients", "[ops][nn_functional]") {
   const Tensor x = rnd({3, 4, 5}, 1);
   for (int64_t dim : {0, 1, -1}) {
@@ -177,6 +201,20 @@ TEST_CASE("batch_norm matches PyTorch in training and eval, and updates running 
   const Tensor x = fx("batch_norm_2d", "x");
   CHECK(allclose(batch_norm(x, Tensor(), Tensor(), Tensor(), Tensor(), false),
                  batch_norm(x, Tensor(), Tensor(), Tensor(), Tensor(), true), 0, 0));
+}
+
+TEST_CASE("batch_norm statistics stay accurate for data far from zero", "[ops][nn_functional]") {
+  // Raw sums of x^2 in float32 would lose the variance of 1000 + N(0, 1) entirely.
+  for (const Shape& s : {Shape{512, 4}, Shape{16, 4, 32}}) {
+    const Tensor x = rnd(s, 31) + 1000.0;
+    Tensor rm64 = zeros({4}, DType::Float64), rv64 = ones({4}, DType::Float64);
+    Tensor rm32 = zeros({4}), rv32 = ones({4});
+    const Tensor ref = batch_norm(x, rm64, rv64, Tensor(), Tensor(), true);
+    const Tensor got = batch_norm(x.to(DType::Float32), rm32, rv32, Tensor(), Tensor(), true);
+    CHECK(max_abs_diff(got, ref) < 2e-3);
+    CHECK(allclose(rv32, rv64, 1e-3, 1e-4));
+    CHECK(allclose(rm32, rm64, 1e-6, 1e-4));
+  }
 }
 
 TEST_CASE("batch_norm gradients in training and eval", "[ops][nn_functional]") {
@@ -286,6 +324,30 @@ TEST_CASE("scaled_dot_product_attention gradients, causal and not", "[ops][nn_fu
   CHECK(nn_gradcheck([](const std::vector<Tensor>& in) {
     return scaled_dot_product_attention(in[0], in[1], in[2], true);
   }, {q4, k4, v4}));
+}
+
+TEST_CASE("scaled_dot_product_attention over many heads equals head by head", "[ops][nn_functional]") {
+  // Enough work to split the heads across threads (with BLAS single-threaded meanwhile); each head
+  // alone takes the serial path. The two must agree, forward and backward.
+  const Tensor q = rnd({4, 3, 40, 16}, 40).to(DType::Float32), k = rnd({4, 3, 48, 16}, 41).to(DType::Float32),
+               v = rnd({4, 3, 48, 24}, 42).to(DType::Float32);
+  for (bool causal : {false, true}) {
+    Tensor qa = q.detach().requires_grad_(), ka = k.detach().requires_grad_(), va = v.detach().requires_grad_();
+    Tensor out = scaled_dot_product_attention(qa, ka, va, causal);
+    out.backward(ones_like(out));
+    for (int64_t b = 0; b < 4; ++b)
+      for (int64_t h = 0; h < 3; ++h) {
+        Tensor qh = q.select(0, b).select(0, h).contiguous().requires_grad_();
+        Tensor kh = k.select(0, b).select(0, h).contiguous().requires_grad_();
+        Tensor vh = v.select(0, b).select(0, h).contiguous().requires_grad_();
+        Tensor oh = scaled_dot_product_attention(qh, kh, vh, causal);
+        oh.backward(ones_like(oh));
+        REQUIRE(allclose(out.select(0, b).select(0, h), oh, 1e-5, 1e-6));
+        REQUIRE(allclose(qa.grad().select(0, b).select(0, h), qh.grad(), 1e-4, 1e-5));
+        REQUIRE(allclose(ka.grad().select(0, b).select(0, h), kh.grad(), 1e-4, 1e-5));
+        REQUIRE(allclose(va.grad().select(0, b).select(0, h), vh.grad(), 1e-4, 1e-5));
+      }
+  }
 }
 
 TEST_CASE("scaled_dot_product_attention checks shapes and dtypes", "[ops][nn_functional]") {

@@ -362,6 +362,9 @@ TEST_CASE("factory, defaults, groups with their own options, set_lr", "[optim]")
   REQUIRE(adamw->name() == "AdamW");
   REQUIRE(adamw->defaults().at("weight_decay") == 0.01);
   REQUIRE(adamw->param_groups()[0].options.at("betas") == json{0.9, 0.999});
+  Tensor a2 = ones({3}).requires_grad_(), a3 = ones({3}).requires_grad_();
+  REQUIRE(AdamW({a2}, AdamOptions{.lr = 0.1}).defaults().at("weight_decay") == 0.01);  // torch's defaults
+  REQUIRE(Adam({a3}, AdamOptions{.lr = 0.1}).defaults().at("weight_decay") == 0.0);
 
   // Two groups, two dtypes in the second: each group steps with its own lr.
   Tensor w = from_vector(std::vector<float>{1, 2}, {2}).requires_grad_();
@@ -423,4 +426,32 @@ TEST_CASE("a large group split over threads equals the same update on small piec
     many.step();
   }
   REQUIRE(values(big) == values(many.flat_buffers(0)[0]->data()));
+}
+
+TEST_CASE("stepping parameters that left the flat buffer is a StateError", "[optim]") {
+  Tensor w = ones({3}).requires_grad_(), b = ones({2}).requires_grad_();
+  SGD opt({w, b}, SGDOptions{.lr = 0.1});
+  w.grad().fill_(1.0);
+  opt.step();
+  FlatBuffer elsewhere({b, w});  // another order: copies and repoints both parameters
+  REQUIRE_THROWS_WITH(opt.step(), Catch::Contains("no longer lives in the optimizer's flat buffer"));
+  SGD other({ones({1}).requires_grad_()}, SGDOptions{.lr = 0.1});
+  other.param_groups().push_back(ParamGroup{{ones({1}).requires_grad_()}, {{"lr", 0.1}}});
+  REQUIRE_THROWS_WITH(other.step(), Catch::Contains("add_param_group"));
+}
+
+TEST_CASE("SGD makes its momentum buffer on the first step that uses momentum", "[optim]") {
+  // torch: a step with momentum 0 leaves momentum_buffer None; the first step with momentum copies d.
+  Tensor w = from_vector(std::vector<double>{1.0}, {1}).requires_grad_();
+  SGD opt({w}, json{{"lr", 0.1}});
+  w.grad().fill_(1.0);
+  opt.step();  // plain: 0.9
+  REQUIRE(opt.state_dict().tensors.empty());
+  opt.param_groups()[0].options["momentum"] = 0.5;
+  opt.param_groups()[0].options["dampening"] = 0.5;
+  opt.step();  // buf = 1 (not (1 - dampening) * 1): 0.8
+  REQUIRE(w.tolist()[0] == Approx(0.8).epsilon(1e-15));
+  opt.step();  // buf = 0.5 * 1 + 0.5 * 1 = 1: 0.7
+  REQUIRE(w.tolist()[0] == Approx(0.7).epsilon(1e-15));
+  REQUIRE(opt.state_dict().tensors.at("state.0.momentum_buffer").tolist()[0] == 1.0);
 }

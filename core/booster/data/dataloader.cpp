@@ -26,7 +26,11 @@ class BatchSource {
         next_(first),
         end_(end),
         capacity_(size_t(prefetch)) {
-    if (prefetch > 0 && first < end) worker_ = std::thread([this] { run_worker(); });
+    if (prefetch == 0) return;
+    if (first < end)
+      worker_ = std::thread([this] { run_worker(); });
+    else
+      worker_done_ = true;  // an empty pass needs no worker
   }
 
   ~BatchSource() {

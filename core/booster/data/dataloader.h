@@ -37,7 +37,9 @@ struct DataLoaderOptions {
   bool shuffle = false;    // a new permutation per epoch (RandomSampler(n, seed)); needs no sampler
   bool drop_last = false;  // drop the last batch when it would be smaller than batch_size
   uint64_t seed = 0;
-  int prefetch = 2;        // batches assembled ahead by a worker thread; 0 assembles in the caller
+  // Batches assembled ahead by a worker thread; 0 assembles them in the caller. With a worker, the
+  // data set's get_batch runs on that thread, concurrently with the training loop: it must only read.
+  int prefetch = 2;
 };
 
 namespace detail {

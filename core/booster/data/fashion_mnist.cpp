@@ -62,7 +62,7 @@ class GzReader {
         int code = 0;
         const char* msg = gzerror(file_, &code);
         BOOSTER_FAIL(DataError, "load_fashion_mnist: ", path_, " is corrupt (zlib: ", msg,
-                     "); delete it and reinstall the package dataset-fashion-mnist");
+                     "); replace it with a good copy (apt-get install --reinstall dataset-fashion-mnist)");
       }
       if (got == 0) break;
       done += size_t(got);
@@ -75,7 +75,7 @@ class GzReader {
     const size_t got = read(dst, n);
     BOOSTER_CHECK(got == n, DataError, "load_fashion_mnist: ", path_, " is truncated: its ", what,
                   " needs ", n, " bytes but the file ended after ", got,
-                  "; delete it and reinstall the package dataset-fashion-mnist");
+                  "; replace it with a good copy (apt-get install --reinstall dataset-fashion-mnist)");
   }
 
   const std::string& path() const { return path_; }

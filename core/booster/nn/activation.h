@@ -17,6 +17,7 @@ class GELU : public Module {
   explicit GELU(std::string approximate = "none");
   Tensor forward(const Tensor& x) override;
   std::string name() const override { return "GELU"; }
+  std::string extra_repr() const override { return "approximate='" + approximate + "'"; }
   const std::string approximate;
 };
 

@@ -14,6 +14,7 @@ class Embedding : public Module {
   // indices: integer tensor of any shape; returns indices.shape + [embedding_dim].
   Tensor forward(const Tensor& indices) override;
   std::string name() const override { return "Embedding"; }
+  std::string extra_repr() const override { return str(num_embeddings, ", ", embedding_dim); }
 
   int64_t num_embeddings, embedding_dim;
   Tensor weight;  // [num_embeddings, embedding_dim]

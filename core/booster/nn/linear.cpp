@@ -27,4 +27,8 @@ Tensor Linear::forward(const Tensor& x) {
   return linear(x, weight, bias);
 }
 
+std::string Linear::extra_repr() const {
+  return str("in_features=", in_features, ", out_features=", out_features, ", bias=", bias.defined() ? "True" : "False");
+}
+
 }  // namespace booster::nn

@@ -15,6 +15,7 @@ class Linear : public Module {
 
   Tensor forward(const Tensor& x) override;
   std::string name() const override { return "Linear"; }
+  std::string extra_repr() const override;
 
   int64_t in_features, out_features;
   Tensor weight;  // [out, in]

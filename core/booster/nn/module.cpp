@@ -50,6 +50,19 @@ std::string list_keys(const std::vector<std::string>& keys) {
 
 }  // namespace
 
+std::string Module::repr() const {
+  std::string out = name() + "(" + extra_repr();
+  if (children_.empty()) return out + ")";
+  out += "\n";
+  for (const auto& [child_name, child] : children_) {
+    std::string body = child->repr();
+    // Indent the child's lines by two spaces.
+    for (size_t pos = body.find('\n'); pos != std::string::npos; pos = body.find('\n', pos + 1)) body.insert(pos + 1, "  ");
+    out += "  (" + child_name + "): " + body + "\n";
+  }
+  return out + ")";
+}
+
 Tensor Module::forward(const Tensor&) {
   BOOSTER_FAIL(NotImplementedError, name(), ".forward: this module does not take a single tensor input");
 }

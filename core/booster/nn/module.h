@@ -47,6 +47,14 @@ class Module {
 
   // The class name, as PyTorch prints it: "Linear", "LayerNorm", "GPT", ...
   virtual std::string name() const { return "Module"; }
+  // The layer's settings for repr(), e.g. "in_features=784, out_features=10, bias=true".
+  virtual std::string extra_repr() const { return ""; }
+  // The module tree as PyTorch prints it:
+  //   MLPClassifier(
+  //     (layers): Sequential(
+  //       (0): Linear(in_features=784, out_features=10, bias=true)
+  //   ...
+  std::string repr() const;
 
   // --- registries (registration order; recurse walks children depth-first, self first) ---
   std::vector<std::pair<std::string, Tensor>> named_parameters(bool recurse = true) const;
@@ -78,7 +86,7 @@ class Module {
   // Converts floating parameters, their gradients and floating buffers; integer buffers
   // (num_batches_tracked) keep their dtype, as in PyTorch.
   void to(DType dtype);
-  // As to(dtype), but only for the tensors owned directly by modules for which keep_if(module) is
+  // As to(dtype), but only for the tensors owned directly by modules for which convert_if(module) is
   // true. Mixed precision O2 keeps batch norm in float32:
   //   model.to(DType::Float16, [](const Module& m) { return !is_batch_norm(m); });
   void to(DType dtype, const ModuleFilter& convert_if);

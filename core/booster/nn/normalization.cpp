@@ -48,6 +48,15 @@ Tensor BatchNorm1d::forward(const Tensor& x) {
   return batch_norm(x, running_mean, running_var, weight, bias, use_batch_stats, momentum, eps);
 }
 
+std::string LayerNorm::extra_repr() const {
+  return str(normalized_shape, ", eps=", eps, ", elementwise_affine=", weight.defined() ? "True" : "False");
+}
+
+std::string BatchNorm1d::extra_repr() const {
+  return str(num_features, ", eps=", eps, ", momentum=", momentum, ", affine=", weight.defined() ? "True" : "False",
+             ", track_running_stats=", running_mean.defined() ? "True" : "False");
+}
+
 bool is_batch_norm(const Module& m) { return dynamic_cast<const BatchNorm1d*>(&m) != nullptr; }
 
 }  // namespace booster::nn

@@ -14,6 +14,7 @@ class LayerNorm : public Module {
 
   Tensor forward(const Tensor& x) override;
   std::string name() const override { return "LayerNorm"; }
+  std::string extra_repr() const override;
 
   const Shape normalized_shape;
   const double eps;
@@ -31,6 +32,7 @@ class BatchNorm1d : public Module {
   // updated with momentum; eval: the running statistics.
   Tensor forward(const Tensor& x) override;
   std::string name() const override { return "BatchNorm1d"; }
+  std::string extra_repr() const override;
 
   const int64_t num_features;
   const double eps, momentum;

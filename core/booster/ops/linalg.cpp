@@ -30,26 +30,27 @@ Tensor as_3d_2d(const Tensor& m) {  // [r, c] -> [1, r, c] without copying
   return make_view(m, {1, m.shape()[0], m.shape()[1]}, {0, m.strides()[0], m.strides()[1]}, m.offset());
 }
 
-// t viewed as [batch, r, c] where its leading dims collapse into one with a single stride (an expanded
-// operand gives stride 0); copies only when no single stride describes them.
-Tensor as_3d(const Tensor& t) {
-  const int64_t nd = t.dim();
-  const int64_t r = t.shape()[size_t(nd - 2)], c = t.shape()[size_t(nd - 1)];
-  int64_t batch = 1, stride = 0, expected = -1;
-  bool ok = true;
-  for (int64_t d = nd - 3; d >= 0; --d) {
+// The single stride that walks t's batch dims [first, nb) (nb = t.dim() - 2) in row-major order, if
+// one exists: contiguous batches, or an expanded operand's stride 0.
+bool batch_stride(const Tensor& t, int64_t first, int64_t& stride) {
+  stride = 0;
+  int64_t expected = -1;
+  for (int64_t d = t.dim() - 3; d >= first; --d) {
     const int64_t size = t.shape()[size_t(d)], st = t.strides()[size_t(d)];
-    batch *= size;
     if (size == 1) continue;
-    if (expected < 0) {
-      stride = st;
-    } else if (st != expected) {
-      ok = false;
-    }
+    if (expected < 0) stride = st;
+    else if (st != expected) return false;
     expected = st * size;
   }
-  if (!ok) return as_3d(t.contiguous());
-  return make_view(t, {batch, r, c}, {stride, t.strides()[size_t(nd - 2)], t.strides()[size_t(nd - 1)]}, t.offset());
+  return true;
+}
+
+// t [..., c] viewed (or, when its strides forbid, copied) as [rows, c], rows = product of the leading
+// dims (explicit, so empty tensors fold too).
+Tensor fold_rows(const Tensor& t) {
+  if (t.dim() == 2) return t;
+  const int64_t c = t.dim() == 0 ? 1 : t.shape().back();
+  return t.reshape({numel_of(Shape(t.shape().begin(), t.shape().end() - (t.dim() > 0 ? 1 : 0))), c});
 }
 
 void check_operands(const Tensor& a, const Tensor& b, const char* op) {
@@ -64,7 +65,7 @@ Tensor mm_nd(const Tensor& a, const Tensor& b) {
   const int64_t k = a.shape().back(), n = b.shape().back();
   const int64_t m = a.shape()[size_t(a.dim() - 2)];
   if (b.dim() == 2) {  // Note [Folding batch into rows]
-    Tensor a2 = a.dim() == 2 ? a : a.reshape({-1, k});
+    Tensor a2 = fold_rows(a);
     Tensor out = Tensor::empty({a2.shape()[0], n}, a.dtype(), a.device());
     Tensor c3 = as_3d_2d(out);
     gemm3(as_3d_2d(a2), as_3d_2d(b), c3);
@@ -79,8 +80,32 @@ Tensor mm_nd(const Tensor& a, const Tensor& b) {
   sb.insert(sb.end(), {k, n});
   so.insert(so.end(), {m, n});
   Tensor out = Tensor::empty(so, a.dtype(), a.device());
-  Tensor c3 = make_view(out, {numel_of(batch), m, n}, {m * n, n, 1}, 0);
-  gemm3(as_3d(a.expand(sa)), as_3d(b.expand(sb)), c3);
+  if (out.numel() == 0) return out;
+  // Note [Batched GEMM without copies]: the trailing batch dims that collapse into one stride in both
+  // operands form the kernel's batch; the leading rest (e.g. the B of a [B, H, T, D] view permuted from
+  // [B, T, H, D], as attention heads are) is walked here, one kernel call each, instead of copying.
+  const Tensor ae = a.expand(sa), be = b.expand(sb);
+  const int64_t nb = int64_t(batch.size());
+  int64_t first = 0, stride_a = 0, stride_b = 0;
+  // One batch dim always has a stride, so this stops at nb - 1 at the latest (0 without batch dims).
+  while (!(batch_stride(ae, first, stride_a) && batch_stride(be, first, stride_b))) ++first;
+  const Shape outer_batch(batch.begin(), batch.begin() + first);
+  int64_t inner = 1;
+  for (int64_t d = first; d < nb; ++d) inner *= batch[size_t(d)];
+  const int64_t outer = numel_of(outer_batch);
+  for (int64_t o = 0; o < outer; ++o) {
+    int64_t off_a = ae.offset(), off_b = be.offset(), rest = o;
+    for (int64_t d = first - 1; d >= 0; --d) {
+      const int64_t i = rest % batch[size_t(d)];
+      rest /= batch[size_t(d)];
+      off_a += i * ae.strides()[size_t(d)];
+      off_b += i * be.strides()[size_t(d)];
+    }
+    Tensor a3 = make_view(ae, {inner, m, k}, {stride_a, ae.strides()[size_t(nb)], ae.strides()[size_t(nb + 1)]}, off_a);
+    Tensor b3 = make_view(be, {inner, k, n}, {stride_b, be.strides()[size_t(nb)], be.strides()[size_t(nb + 1)]}, off_b);
+    Tensor c3 = make_view(out, {inner, m, n}, {m * n, n, 1}, o * inner * m * n);
+    gemm3(a3, b3, c3);
+  }
   return out;
 }
 
@@ -95,10 +120,7 @@ Tensor matmul_nd(const Tensor& a, const Tensor& b) {
       if (ga) grad_a = autograd::sum_to(mm_nd(g, mT(b)), a.shape());
       if (gb) {
         if (b.dim() == 2) {  // one GEMM over all folded rows: a2^T g2
-          const int64_t k = a.shape().back(), n = b.shape().back();
-          Tensor a2 = a.dim() == 2 ? a : a.reshape({-1, k});
-          Tensor g2 = g.dim() == 2 ? g : g.reshape({-1, n});
-          grad_b = mm_nd(a2.t(), g2);
+          grad_b = mm_nd(fold_rows(a).t(), fold_rows(g));
         } else {
           grad_b = autograd::sum_to(mm_nd(mT(a), g), b.shape());
         }
@@ -174,7 +196,7 @@ Tensor linear(const Tensor& x_in, const Tensor& w_in, const Tensor& bias_in) {
   }
 
   // Note [Folding batch into rows]: one GEMM; the bias is broadcast into C first and added by beta = 1.
-  const Tensor x2 = x.detach().reshape({-1, in});
+  const Tensor x2 = fold_rows(x.detach());
   Tensor out2 = Tensor::empty({x2.shape()[0], out_features}, x.dtype(), x.device());
   if (bias.defined()) {
     NoGradGuard ng;
@@ -193,8 +215,7 @@ Tensor linear(const Tensor& x_in, const Tensor& w_in, const Tensor& bias_in) {
     autograd::record(out, "LinearBackward", inputs,
                      [x2 = gw ? x2 : Tensor(), w = w.detach(), x_shape = x.shape(), gx, gw, gb,
                       has_bias = bias.defined()](const Tensor& g) {
-                       const int64_t nout = w.shape()[0];
-                       Tensor g2 = g.reshape({-1, nout});
+                       Tensor g2 = fold_rows(g);
                        grads r(has_bias ? 3 : 2);
                        if (gx) r[0] = mm_nd(g2, w).reshape(x_shape);  // dX = dY W
                        if (gw) r[1] = mm_nd(g2.t(), x2);              // dW = dY^T X, one GEMM over all rows

@@ -56,7 +56,9 @@ int64_t count_of(const Shape& s, const std::vector<int64_t>& dims) {
 Tensor reduce_raw(ReduceOp op, const Tensor& a, const std::vector<int64_t>& dims, bool keepdim, DType out_dtype) {
   Tensor out = Tensor::empty(keepdim_shape(a.shape(), dims), out_dtype, a.device());
   kernels::reduce_kernel(a.device())(op, a.detach(), dims, out);
-  return keepdim ? out : make_view(out, squeezed_shape(a.shape(), dims), contiguous_strides(squeezed_shape(a.shape(), dims)), 0);
+  if (keepdim) return out;
+  const Shape s = squeezed_shape(a.shape(), dims);
+  return make_view(out, s, contiguous_strides(s), 0);
 }
 
 // The gradient of a reduced output brought back to the input's shape (a broadcast view, no copy).

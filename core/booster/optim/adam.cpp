@@ -10,8 +10,9 @@ namespace booster::optim {
 using nlohmann::json;
 
 json AdamOptions::to_json() const {
-  return {{"lr", lr}, {"betas", {betas[0], betas[1]}}, {"eps", eps}, {"weight_decay", weight_decay},
-          {"amsgrad", amsgrad}};
+  json o = {{"lr", lr}, {"betas", {betas[0], betas[1]}}, {"eps", eps}, {"amsgrad", amsgrad}};
+  if (!std::isnan(weight_decay)) o["weight_decay"] = weight_decay;
+  return o;
 }
 
 namespace {
@@ -103,8 +104,10 @@ void Adam::step() {
         S* vmaxp = vmax ? vmax->data<S>() + run.begin : nullptr;
         detail::with_flags(decoupled_, wd != 0.0, amsgrad, [&]<bool kDecoupled, bool kWD, bool kAms>() {
           cpu::parallel_for(run.end - run.begin, detail::kOptimizerCostPerElement, [&](int64_t lo, int64_t hi) {
-            detail::adam_update<kDecoupled, kWD, kAms>(p + lo, gr + lo, mp + lo, vp + lo,
-                                                       vmaxp ? vmaxp + lo : nullptr, hi - lo, c);
+            detail::in_compute_precision(p + lo, gr + lo, hi - lo, [&](auto* pc, const auto* gc, int64_t at, int64_t len) {
+              const int64_t o = lo + at;
+              detail::adam_update<kDecoupled, kWD, kAms>(pc, gc, mp + o, vp + o, vmaxp ? vmaxp + o : nullptr, len, c);
+            });
           });
         });
       });

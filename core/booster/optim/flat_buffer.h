@@ -27,6 +27,11 @@
 // the flat buffer and counts as arrived; an undefined gradient counts as none. Optimizers skip
 // parameters that got none, exactly as torch skips `p.grad is None`. (Writes through raw pointers that
 // do not bump the version are not seen; kernels that write gradients must call bump_version().)
+//
+// Consequences for callers: zero gradients with optimizer.zero_grad(). A module's zero_grad that sets
+// .grad to None still works (the next backward creates a separate gradient, which step() copies into
+// the buffer) but costs that copy every step. A parameter that was a view into some larger tensor is
+// copied out of it when bound: other views of the old storage no longer alias it.
 #pragma once
 
 #include <cstdint>

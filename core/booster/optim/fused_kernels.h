@@ -19,6 +19,7 @@
 #endif
 
 #include "booster/backends/cpu/loops.h"
+#include "booster/tensor/half.h"
 
 namespace booster::optim::detail {
 
@@ -35,6 +36,31 @@ void with_flags(bool b0, bool b1, bool b2, F&& f) {
   };
   if (b0) lvl1.template operator()<true>();
   else lvl1.template operator()<false>();
+}
+
+inline void to_float(const Half* s, float* d, int64_t n) { half_to_float(s, d, n); }
+inline void to_float(const BFloat16* s, float* d, int64_t n) { bf16_to_float(s, d, n); }
+inline void from_float(const float* s, Half* d, int64_t n) { float_to_half(s, d, n); }
+inline void from_float(const float* s, BFloat16* d, int64_t n) { float_to_bf16(s, d, n); }
+
+// Calls update(p, g, offset, len) over [0, n). float and double spans pass straight through; 16-bit
+// parameters and gradients are widened to float block by block (vectorized conversions), updated
+// there, and the parameters rounded back, so the update loops only ever see float or double.
+template <class P, class F>
+void in_compute_precision(P* p, const P* g, int64_t n, F&& update) {
+  if constexpr (std::is_same_v<P, float> || std::is_same_v<P, double>) {
+    update(p, g, int64_t(0), n);
+  } else {
+    constexpr int64_t kBlock = 1024;
+    alignas(64) float pf[kBlock], gf[kBlock];
+    for (int64_t b = 0; b < n; b += kBlock) {
+      const int64_t len = std::min(kBlock, n - b);
+      to_float(p + b, pf, len);
+      to_float(g + b, gf, len);
+      update(pf, static_cast<const float*>(gf), b, len);
+      from_float(pf, p + b, len);
+    }
+  }
 }
 
 // Elements per parallel chunk cost: an optimizer touches ~5 streams per element.

@@ -100,7 +100,10 @@ class Optimizer {
   struct Run {
     int64_t begin, end;
     int64_t step;
+    size_t first_param, end_param;  // the parameters, as indices into the segment
   };
+  // Runs also break where this key changes (SGD: whether a momentum buffer exists yet).
+  virtual int64_t run_key(size_t /*global_index*/) const { return 0; }
 
   // The state buffer `name` of a segment, allocated zeroed on first use.
   Tensor& state_buffer(Segment& seg, const std::string& name);
@@ -126,6 +129,8 @@ class Optimizer {
 
 template <class F>
 void Optimizer::for_each_run(size_t group, F&& update) {
+  BOOSTER_CHECK(groups_.size() == segments_.size(), StateError, type_, ".step: param_groups() has ", groups_.size(),
+                " groups but ", segments_.size(), " were added; add groups with add_param_group()");
   for (Segment& seg : segments_[group]) {
     seg.flat.check_bound(type_.c_str());
     const std::vector<char> arrived = seg.flat.sync_grads();
@@ -138,9 +143,9 @@ void Optimizer::for_each_run(size_t group, F&& update) {
         continue;
       }
       size_t j = i + 1;
-      const int64_t step = steps_[seg.index[i]];
-      while (j < n && arrived[j] && steps_[seg.index[j]] == step) ++j;
-      update(seg, Run{seg.flat.offset(i), seg.flat.offset(j), step});
+      const int64_t step = steps_[seg.index[i]], key = run_key(seg.index[i]);
+      while (j < n && arrived[j] && steps_[seg.index[j]] == step && run_key(seg.index[j]) == key) ++j;
+      update(seg, Run{seg.flat.offset(i), seg.flat.offset(j), step, i, j});
       for (size_t k = i; k < j; ++k) seg.flat.params()[k].bump_version();
       i = j;
     }
@@ -148,7 +153,7 @@ void Optimizer::for_each_run(size_t group, F&& update) {
 }
 
 // ------------------------------------------------------------------------------------------------ SGD
-// torch.optim.SGD (1.13): d = g + wd * p; with momentum, buf = d on a parameter's first step, else
+// torch.optim.SGD (1.13): d = g + wd * p; with momentum, buf = d on the first step that uses it, else
 // buf = momentum * buf + (1 - dampening) * d, and d = nesterov ? d + momentum * buf : buf; p -= lr * d.
 struct SGDOptions {
   double lr = std::numeric_limits<double>::quiet_NaN();  // required, as in torch
@@ -166,10 +171,17 @@ class SGD : public Optimizer {
   SGD(std::vector<ParamGroup> groups, const nlohmann::json& defaults);
   void step() override;
   std::string name() const override { return "SGD"; }
+  void load_state_dict(const OptimizerState& state) override;
 
  protected:
   void check_options(const nlohmann::json& o) const override;
   std::vector<std::string> state_names(const nlohmann::json& o) const override;
+  int64_t run_key(size_t global_index) const override { return has_buffer_[global_index]; }
+
+ private:
+  // Per global parameter: has its momentum buffer been made? torch makes it (a copy of the update
+  // direction) on the first step that uses momentum, which need not be the parameter's first step.
+  std::vector<char> has_buffer_;
 };
 
 // ------------------------------------------------------------------------------------------------ Adam
@@ -181,7 +193,8 @@ struct AdamOptions {
   double lr = 1e-3;
   std::array<double, 2> betas{0.9, 0.999};
   double eps = 1e-8;
-  double weight_decay = 0.0;  // AdamW's default is 1e-2
+  // NaN means the optimizer's own default, as in torch: 0 for Adam, 1e-2 for AdamW.
+  double weight_decay = std::numeric_limits<double>::quiet_NaN();
   bool amsgrad = false;
   nlohmann::json to_json() const;
 };
@@ -205,8 +218,6 @@ class Adam : public Optimizer {
 
 class AdamW : public Adam {
  public:
-  // AdamOptions' weight_decay default is Adam's 0; pass 1e-2 for torch's AdamW default (the JSON
-  // constructors and make_optimizer apply it when the key is absent).
   AdamW(std::vector<Tensor> params, const AdamOptions& options);
   AdamW(std::vector<Tensor> params, const nlohmann::json& options = nlohmann::json::object());
   AdamW(std::vector<ParamGroup> groups, const nlohmann::json& defaults);

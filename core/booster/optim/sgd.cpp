@@ -54,8 +54,16 @@ std::vector<std::string> SGD::state_names(const json& o) const {
   return {};
 }
 
+void SGD::load_state_dict(const OptimizerState& state) {
+  Optimizer::load_state_dict(state);
+  has_buffer_.assign(num_params(), 0);
+  for (size_t gi = 0; gi < num_params(); ++gi)
+    has_buffer_[gi] = state.tensors.count("state." + std::to_string(gi) + ".momentum_buffer") > 0;
+}
+
 void SGD::step() {
   NoGradGuard no_grad;
+  has_buffer_.resize(num_params(), 0);
   for (size_t g = 0; g < groups_.size(); ++g) {
     const json& o = groups_[g].options;
     const double lr = num(o, "lr"), momentum = num(o, "momentum"), dampening = num(o, "dampening"),
@@ -71,13 +79,17 @@ void SGD::step() {
         scalar_t* p = seg.flat.data().data<scalar_t>() + run.begin;
         const scalar_t* gr = seg.flat.grad().data<scalar_t>() + run.begin;
         S* b = buf ? buf->data<S>() + run.begin : nullptr;
-        const bool first = run.step == 1;
+        const bool first = !has_buffer_[seg.index[run.first_param]];
         detail::with_flags(wd != 0.0, momentum != 0.0, nesterov, [&]<bool kWD, bool kMom, bool kNest>() {
           cpu::parallel_for(run.end - run.begin, detail::kOptimizerCostPerElement, [&](int64_t lo, int64_t hi) {
-            detail::sgd_update<kWD, kMom, kNest>(p + lo, gr + lo, b ? b + lo : nullptr, hi - lo, c, first);
+            detail::in_compute_precision(p + lo, gr + lo, hi - lo, [&](auto* pc, const auto* gc, int64_t at, int64_t len) {
+              detail::sgd_update<kWD, kMom, kNest>(pc, gc, b ? b + lo + at : nullptr, len, c, first);
+            });
           });
         });
       });
+      if (buf)
+        for (size_t k = run.first_param; k < run.end_param; ++k) has_buffer_[seg.index[k]] = 1;
     });
   }
 }

@@ -35,8 +35,10 @@ struct BlasOperand {
 bool describe(const Tensor& m, BlasOperand& op) {
   const int64_t rows = m.shape()[1], cols = m.shape()[2];
   int64_t rs = m.strides()[1], cs = m.strides()[2];
-  if (cols == 1) cs = 1;                          // the stride of a size-1 dim is free
-  if (rows == 1) rs = std::max<int64_t>(cols, 1);
+  // The stride of a size-1 dim is free: pick the one that makes a layout fit (a lone row or column
+  // with any stride is a valid BLAS matrix).
+  if (rows == 1) rs = cs == 1 ? std::max<int64_t>(cols, 1) : 1;
+  if (cols == 1) cs = rs == 1 ? std::max<int64_t>(rows, 1) : 1;
   op.data = m.data_ptr();
   op.batch_stride = m.shape()[0] == 1 ? 0 : m.strides()[0];
   if (cs == 1 && rs >= std::max<int64_t>(cols, 1)) {

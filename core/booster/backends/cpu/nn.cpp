@@ -4,8 +4,18 @@
 // (float64) accumulators, and splits rows across threads with cpu::parallel_for. Where a kernel also
 // reduces across rows (dweight, dbias, a loss's mean), each thread sums its own contiguous chunk and
 // the partial sums are added in chunk order, so a run is repeatable for a given thread count.
+// Note [No trapping math here]
+// Under GCC's default -ftrapping-math, a select such as the clamp in exp_f32 may not be computed
+// speculatively, so loops calling it stay scalar. Nothing in these kernels reads floating-point
+// exception flags, so this file (and every inline function it instantiates) drops that promise.
+// It must come before the includes, so callee and caller agree and inlining is unaffected.
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC optimize("no-trapping-math")
+#endif
+
 #include <cblas.h>
 
+#include <bit>
 #include <cmath>
 #include <limits>
 #include <type_traits>
@@ -58,6 +68,37 @@ double parallel_sum(int64_t n, int64_t cost_per_item, F&& f) {
   return total;
 }
 
+// Note [Vectorizable exp]
+// std::exp is a library call the compiler cannot vectorize (without -ffast-math), and the softmax
+// and loss kernels are bound by it. exp_f32 is Cephes' expf polynomial written without branches, so
+// loops calling it vectorize: clamp x to [-104, 89], reduce x = n ln2 + r, a degree-6 polynomial for
+// e^r, and 2^n applied as two factors 2^(n/2) 2^(n - n/2) so that both stay normal floats. The
+// product then underflows to 0 (exp(-inf) = 0) and overflows to +inf exactly where expf does; NaN
+// stays NaN. Relative error below 1e-7 (checked over [-104, 88.7] in steps of 7e-4).
+// float64 keeps std::exp (float64 is the reference precision).
+inline float exp_f32(float x) {
+  const float xc = std::min(std::max(x, -104.0f), 89.0f);  // NaN passes through both
+  const float n = std::floor(xc * 1.44269504088896341f + 0.5f);
+  const float r = xc - n * 0.693359375f - n * -2.12194440e-4f;  // ln2 split in two for precision
+  float p = 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  p = p * r * r + r + 1.0f;
+  const int32_t ni = int32_t(n), n1 = ni >> 1, n2 = ni - n1;
+  return p * std::bit_cast<float>((n1 + 127) << 23) * std::bit_cast<float>((n2 + 127) << 23);
+}
+template <class A>
+inline A exp_acc(A x) {
+  if constexpr (std::is_same_v<A, float>) {
+    return exp_f32(x);
+  } else {
+    return std::exp(x);
+  }
+}
+
 // ============================================================================================ softmax
 
 // Note [Softmax geometry]
@@ -79,17 +120,20 @@ void softmax_impl(const Tensor& x, int64_t outer, int64_t dim_size, int64_t inne
         const T* xr = px + r * dim_size;
         T* yr = py + r * dim_size;
         A mx = -std::numeric_limits<A>::infinity();
+        #pragma omp simd reduction(max : mx)
         for (int64_t i = 0; i < dim_size; ++i) mx = std::max(mx, A(xr[i]));
         A s = 0;
         if (log) {
-          for (int64_t i = 0; i < dim_size; ++i) s += std::exp(A(xr[i]) - mx);
+          #pragma omp simd reduction(+ : s)
+          for (int64_t i = 0; i < dim_size; ++i) s += exp_acc(A(xr[i]) - mx);
           const A lse = mx + std::log(s);
           for (int64_t i = 0; i < dim_size; ++i) yr[i] = T(A(xr[i]) - lse);
         } else {
           // Keep exp(x - max) in full precision until it is divided (y itself when T is the acc type).
           A* e = std::is_same_v<T, A> ? reinterpret_cast<A*>(yr) : e_buf.data();
+          #pragma omp simd reduction(+ : s)
           for (int64_t i = 0; i < dim_size; ++i) {
-            e[i] = std::exp(A(xr[i]) - mx);
+            e[i] = exp_acc(A(xr[i]) - mx);
             s += e[i];
           }
           const A inv = A(1) / s;
@@ -111,7 +155,7 @@ void softmax_impl(const Tensor& x, int64_t outer, int64_t dim_size, int64_t inne
       for (int64_t d = 0; d < dim_size; ++d)
         for (int64_t j = 0; j < nl; ++j) mx[size_t(j)] = std::max(mx[size_t(j)], A(xb[d * inner + j]));
       for (int64_t d = 0; d < dim_size; ++d)
-        for (int64_t j = 0; j < nl; ++j) s[size_t(j)] += std::exp(A(xb[d * inner + j]) - mx[size_t(j)]);
+        for (int64_t j = 0; j < nl; ++j) s[size_t(j)] += exp_acc(A(xb[d * inner + j]) - mx[size_t(j)]);
       if (log) {
         for (int64_t j = 0; j < nl; ++j) mx[size_t(j)] += std::log(s[size_t(j)]);  // now the lse
         for (int64_t d = 0; d < dim_size; ++d)
@@ -120,7 +164,7 @@ void softmax_impl(const Tensor& x, int64_t outer, int64_t dim_size, int64_t inne
         for (int64_t j = 0; j < nl; ++j) s[size_t(j)] = A(1) / s[size_t(j)];
         for (int64_t d = 0; d < dim_size; ++d)
           for (int64_t j = 0; j < nl; ++j)
-            yb[d * inner + j] = T(std::exp(A(xb[d * inner + j]) - mx[size_t(j)]) * s[size_t(j)]);
+            yb[d * inner + j] = T(exp_acc(A(xb[d * inner + j]) - mx[size_t(j)]) * s[size_t(j)]);
       }
     }
   });
@@ -146,9 +190,11 @@ void softmax_backward_impl(const Tensor& grad, const Tensor& y, int64_t outer, i
         T* d = pd + r * dim_size;
         A s = 0;
         if (log) {
+          #pragma omp simd reduction(+ : s)
           for (int64_t i = 0; i < dim_size; ++i) s += A(g[i]);
-          for (int64_t i = 0; i < dim_size; ++i) d[i] = T(A(g[i]) - std::exp(A(yr[i])) * s);
+          for (int64_t i = 0; i < dim_size; ++i) d[i] = T(A(g[i]) - exp_acc(A(yr[i])) * s);
         } else {
+          #pragma omp simd reduction(+ : s)
           for (int64_t i = 0; i < dim_size; ++i) s += A(g[i]) * A(yr[i]);
           for (int64_t i = 0; i < dim_size; ++i) d[i] = T(A(yr[i]) * (A(g[i]) - s));
         }
@@ -172,7 +218,7 @@ void softmax_backward_impl(const Tensor& grad, const Tensor& y, int64_t outer, i
       for (int64_t k = 0; k < dim_size; ++k)
         for (int64_t j = 0; j < nl; ++j) {
           const int64_t i = k * inner + j;
-          d[i] = log ? T(A(g[i]) - std::exp(A(yr[i])) * s[size_t(j)]) : T(A(yr[i]) * (A(g[i]) - s[size_t(j)]));
+          d[i] = log ? T(A(g[i]) - exp_acc(A(yr[i])) * s[size_t(j)]) : T(A(yr[i]) * (A(g[i]) - s[size_t(j)]));
         }
     }
   });
@@ -202,9 +248,11 @@ void layer_norm_impl(const Tensor& x, const Tensor& weight, const Tensor& bias, 
       T* yr = py + r * cols;
       // Two passes (mean, then squared deviations): no cancellation for rows with a large mean.
       A s = 0;
+      #pragma omp simd reduction(+ : s)
       for (int64_t i = 0; i < cols; ++i) s += A(xr[i]);
       const A mu = s / A(cols);
       A ss = 0;
+      #pragma omp simd reduction(+ : ss)
       for (int64_t i = 0; i < cols; ++i) {
         const A d = A(xr[i]) - mu;
         ss += d * d;
@@ -244,36 +292,38 @@ void layer_norm_backward_impl(const Tensor& grad, const Tensor& x, const Tensor&
   const T* pw = weight.defined() ? cptr<T>(weight) : nullptr;
   T* pdx = dx.defined() ? mptr<T>(dx) : nullptr;
   const bool want_dw = dweight.defined(), want_db = dbias.defined();
+  // The weight as acc-type values (ones without one), so the row loops below have no branches.
+  std::vector<A> w(static_cast<size_t>(cols), A(1));
+  if (pw)
+    for (int64_t i = 0; i < cols; ++i) w[size_t(i)] = A(pw[i]);
   const int max_chunks = std::max(1, num_threads_for(rows * cols * 6));
-  // Per-chunk partial column sums for dweight (sum g * xhat) and dbias (sum g).
-  std::vector<A> part_dw(want_dw ? size_t(max_chunks * cols) : 0, A(0));
-  std::vector<A> part_db(want_db ? size_t(max_chunks * cols) : 0, A(0));
+  // Per-chunk partial column sums for dweight (sum g * xhat) and dbias (sum g), always accumulated
+  // (cheaper than a branch per element); only the wanted ones are stored.
+  std::vector<A> part_dw(size_t(max_chunks * cols), A(0)), part_db(size_t(max_chunks * cols), A(0));
   const int chunks = parallel_chunks(rows, cols * 6, [&](int c, int64_t rb, int64_t re) {
-    A* dw = want_dw ? part_dw.data() + size_t(c) * size_t(cols) : nullptr;
-    A* db = want_db ? part_db.data() + size_t(c) * size_t(cols) : nullptr;
+    A* dw = part_dw.data() + size_t(c) * size_t(cols);
+    A* db = part_db.data() + size_t(c) * size_t(cols);
+    const A* wv = w.data();
     for (int64_t r = rb; r < re; ++r) {
       const T* g = pg + r * cols;
       const T* xr = px + r * cols;
       const A mu = pm[r], rs = pr[r];
-      if (dw)
-        for (int64_t i = 0; i < cols; ++i) dw[i] += A(g[i]) * (A(xr[i]) - mu) * rs;
-      if (db)
-        for (int64_t i = 0; i < cols; ++i) db[i] += A(g[i]);
-      if (!pdx) continue;
-      // dx = rstd * (gw - mean(gw) - xhat * mean(gw * xhat)), gw = g * weight.
+      // dx = rstd * (gw - mean(gw) - xhat * mean(gw * xhat)), gw = g * weight; one pass for the two
+      // means and the dweight/dbias columns, one to write dx.
       A sum_gw = 0, sum_gw_xhat = 0;
+      #pragma omp simd reduction(+ : sum_gw, sum_gw_xhat)
       for (int64_t i = 0; i < cols; ++i) {
-        const A gw = pw ? A(g[i]) * A(pw[i]) : A(g[i]);
+        const A gi = A(g[i]), xhat = (A(xr[i]) - mu) * rs, gw = gi * wv[i];
         sum_gw += gw;
-        sum_gw_xhat += gw * (A(xr[i]) - mu) * rs;
+        sum_gw_xhat += gw * xhat;
+        dw[i] += gi * xhat;
+        db[i] += gi;
       }
+      if (!pdx) continue;
       const A inv_n = A(1) / A(cols);
       const A m1 = sum_gw * inv_n, m2 = sum_gw_xhat * inv_n;
       T* d = pdx + r * cols;
-      for (int64_t i = 0; i < cols; ++i) {
-        const A gw = pw ? A(g[i]) * A(pw[i]) : A(g[i]);
-        d[i] = T(rs * (gw - m1 - (A(xr[i]) - mu) * rs * m2));
-      }
+      for (int64_t i = 0; i < cols; ++i) d[i] = T(rs * (A(g[i]) * wv[i] - m1 - (A(xr[i]) - mu) * rs * m2));
     }
   });
   auto combine = [&](const std::vector<A>& part, Tensor& dst) {
@@ -315,19 +365,30 @@ void for_channel_blocks(int64_t N, int64_t C, int64_t L, F&& f) {
 }
 
 
-// acc[c - c0] = sum over n, l of term(c, flat index of x[n, c, l]) for c in [c0, c1).
-template <class A, class F>
-void channel_sums(int64_t N, int64_t C, int64_t L, int64_t c0, int64_t c1, A* acc, F&& term) {
-  std::fill(acc, acc + (c1 - c0), A(0));
+// For c in [c0, c1): sum_a[c - c0] = sum over n, l of term_a(c, i), and likewise sum_b, where i is
+// the flat index of x[n, c, l]. One pass over the channels' data for both sums.
+template <class A, class Fa, class Fb>
+void channel_sums(int64_t N, int64_t C, int64_t L, int64_t c0, int64_t c1, A* sum_a, A* sum_b, Fa&& term_a,
+                  Fb&& term_b) {
+  std::fill(sum_a, sum_a + (c1 - c0), A(0));
+  std::fill(sum_b, sum_b + (c1 - c0), A(0));
   for (int64_t n = 0; n < N; ++n) {
     if (L == 1) {
-      for (int64_t c = c0; c < c1; ++c) acc[c - c0] += term(c, n * C + c);
+      for (int64_t c = c0; c < c1; ++c) {
+        sum_a[c - c0] += term_a(c, n * C + c);
+        sum_b[c - c0] += term_b(c, n * C + c);
+      }
     } else {
       for (int64_t c = c0; c < c1; ++c) {
         const int64_t base = (n * C + c) * L;
-        A s = 0;
-        for (int64_t l = 0; l < L; ++l) s += term(c, base + l);
-        acc[c - c0] += s;
+        A sa = 0, sb = 0;
+        #pragma omp simd reduction(+ : sa, sb)
+        for (int64_t l = 0; l < L; ++l) {
+          sa += term_a(c, base + l);
+          sb += term_b(c, base + l);
+        }
+        sum_a[c - c0] += sa;
+        sum_b[c - c0] += sb;
       }
     }
   }
@@ -373,16 +434,22 @@ void batch_norm_impl(const Tensor& x, const Tensor& weight, const Tensor& bias, 
   A* vu = batch_var_unbiased.defined() ? mptr<A>(batch_var_unbiased) : nullptr;
   if (training) {
     for_channel_blocks(N, C, L, [&](int64_t c0, int64_t c1) {
-      A acc[kChannelBlock];
-      channel_sums(N, C, L, c0, c1, acc, [&](int64_t, int64_t i) { return A(px[i]); });
-      for (int64_t c = c0; c < c1; ++c) sm[c] = acc[c - c0] / A(M);
-      channel_sums(N, C, L, c0, c1, acc, [&](int64_t c, int64_t i) {
-        const A d = A(px[i]) - sm[c];
-        return d * d;
-      });
+      // One pass with the data shifted by the channel's first value: sums of d and d^2, d = x - shift,
+      // give mean and variance without the cancellation of raw sums of x^2 (shift ~ mean).
+      A shift[kChannelBlock], sd[kChannelBlock], sd2[kChannelBlock];
+      for (int64_t c = c0; c < c1; ++c) shift[c - c0] = A(px[c * L]);
+      channel_sums(
+          N, C, L, c0, c1, sd, sd2, [&](int64_t c, int64_t i) { return A(px[i]) - shift[c - c0]; },
+          [&](int64_t c, int64_t i) {
+            const A d = A(px[i]) - shift[c - c0];
+            return d * d;
+          });
       for (int64_t c = c0; c < c1; ++c) {
-        sr[c] = A(1) / std::sqrt(acc[c - c0] / A(M) + A(eps));
-        if (vu) vu[c] = M > 1 ? acc[c - c0] / A(M - 1) : std::numeric_limits<A>::quiet_NaN();
+        const A s1 = sd[c - c0], s2 = sd2[c - c0];
+        const A m2 = std::max(s2 - s1 * s1 / A(M), A(0));  // sum of squared deviations
+        sm[c] = shift[c - c0] + s1 / A(M);
+        sr[c] = A(1) / std::sqrt(m2 / A(M) + A(eps));
+        if (vu) vu[c] = M > 1 ? m2 / A(M - 1) : std::numeric_limits<A>::quiet_NaN();
       }
     });
   } else {
@@ -426,9 +493,9 @@ void batch_norm_backward_impl(const Tensor& grad, const Tensor& x, const Tensor&
   // Per channel: sum(g) and sum(g * (x - mean)).
   std::vector<A> sum_g(static_cast<size_t>(C)), sum_gxc(static_cast<size_t>(C));
   for_channel_blocks(N, C, L, [&](int64_t c0, int64_t c1) {
-    channel_sums(N, C, L, c0, c1, sum_g.data() + c0, [&](int64_t, int64_t i) { return A(pg[i]); });
-    channel_sums(N, C, L, c0, c1, sum_gxc.data() + c0,
-                 [&](int64_t c, int64_t i) { return A(pg[i]) * (A(px[i]) - sm[c]); });
+    channel_sums(
+        N, C, L, c0, c1, sum_g.data() + c0, sum_gxc.data() + c0, [&](int64_t, int64_t i) { return A(pg[i]); },
+        [&](int64_t c, int64_t i) { return A(pg[i]) * (A(px[i]) - sm[c]); });
   });
   if (dweight.defined()) {
     T* p = mptr<T>(dweight);
@@ -494,6 +561,39 @@ void blas_gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, double alpha, 
               blasint(k), alpha, a, blasint(lda), b, blasint(ldb), beta, c, blasint(ldc));
 }
 
+// Note [OpenBLAS inside parallel regions]
+// Debian's OpenBLAS keeps its own pthread pool. When several of our OpenMP threads each call a GEMM,
+// each call fans out onto that pool as well, and the spinning threads oversubscribe the cores: on 2
+// cores attention ran 4-7x slower than with one BLAS thread per caller. So while our threads split
+// the heads, OpenBLAS is held to one thread; a single head (or a single thread) keeps BLAS's own
+// parallelism. The setting is process-wide, so it is restored as soon as the region ends.
+class SingleThreadedBlas {
+ public:
+  SingleThreadedBlas() : prev_(openblas_get_num_threads()) {
+    if (prev_ > 1) openblas_set_num_threads(1);
+  }
+  ~SingleThreadedBlas() {
+    if (prev_ > 1) openblas_set_num_threads(prev_);
+  }
+  SingleThreadedBlas(const SingleThreadedBlas&) = delete;
+  SingleThreadedBlas& operator=(const SingleThreadedBlas&) = delete;
+
+ private:
+  int prev_;
+};
+
+// Runs body(b0, b1) over the heads [0, heads): split across threads when there are several heads
+// and enough work, with BLAS single-threaded meanwhile; otherwise in one call with BLAS threaded.
+template <class F>
+void for_heads(int64_t heads, int64_t cost_per_head, F&& body) {
+  if (heads < 2 || num_threads_for(heads * cost_per_head) < 2) {
+    body(int64_t(0), heads);
+    return;
+  }
+  SingleThreadedBlas single;
+  parallel_for(heads, cost_per_head, body);
+}
+
 // Note [Attention in 16 bits]
 // OpenBLAS has no float16 GEMM, so a float16/bfloat16 head is widened into per-thread float32
 // scratch (allocated once per thread, reused across heads), computed in float32, and rounded once
@@ -534,7 +634,7 @@ void attention_impl(const Tensor& q, const Tensor& k, const Tensor& v, bool is_c
   const T* pv = cptr<T>(v);
   T* po = mptr<T>(out);
   A* pp = mptr<A>(probs);
-  parallel_for(B, L * S * (E + Ev) * 2, [&](int64_t b0, int64_t b1) {
+  for_heads(B, L * S * (E + Ev) * 2, [&](int64_t b0, int64_t b1) {
     std::vector<A> qs, ks, vs, os;
     for (int64_t b = b0; b < b1; ++b) {
       const A* Q = widen(pq + b * L * E, L * E, qs);
@@ -546,10 +646,12 @@ void attention_impl(const Tensor& q, const Tensor& k, const Tensor& v, bool is_c
         A* row = P + i * S;
         const int64_t valid = is_causal ? std::min(i + 1, S) : S;  // keys this query may attend
         A mx = -std::numeric_limits<A>::infinity();
+        #pragma omp simd reduction(max : mx)
         for (int64_t j = 0; j < valid; ++j) mx = std::max(mx, row[j]);
         A s = 0;
+        #pragma omp simd reduction(+ : s)
         for (int64_t j = 0; j < valid; ++j) {
-          row[j] = std::exp(row[j] - mx);
+          row[j] = exp_acc(row[j] - mx);
           s += row[j];
         }
         const A inv = A(1) / s;
@@ -586,7 +688,7 @@ void attention_backward_impl(const Tensor& grad_out, const Tensor& q, const Tens
   T* pdq = dq.defined() ? mptr<T>(dq) : nullptr;
   T* pdk = dk.defined() ? mptr<T>(dk) : nullptr;
   T* pdv = dv.defined() ? mptr<T>(dv) : nullptr;
-  parallel_for(B, L * S * (E + Ev) * 4, [&](int64_t b0, int64_t b1) {
+  for_heads(B, L * S * (E + Ev) * 4, [&](int64_t b0, int64_t b1) {
     std::vector<A> gs, qs, ks, vs, dqs, dks, dvs, dp;
     for (int64_t b = b0; b < b1; ++b) {
       const A* P = pp + b * L * S;
@@ -606,6 +708,7 @@ void attention_backward_impl(const Tensor& grad_out, const Tensor& q, const Tens
         const A* pr = P + i * S;
         A* dr = dS + i * S;
         A dot = 0;
+        #pragma omp simd reduction(+ : dot)
         for (int64_t j = 0; j < S; ++j) dot += dr[j] * pr[j];
         for (int64_t j = 0; j < S; ++j) dr[j] = pr[j] * (dr[j] - dot);
       }
@@ -673,10 +776,12 @@ template <int64_t kStride, class T, class A>
 A ce_forward_row(const T* x, int64_t C, int64_t D, int64_t t, A on, A smooth_per_class, A& lse_out) {
   const int64_t st = kStride > 0 ? kStride : D;
   A mx = -std::numeric_limits<A>::infinity();
+  #pragma omp simd reduction(max : mx)
   for (int64_t c = 0; c < C; ++c) mx = std::max(mx, A(x[c * st]));
   A s = 0, sum_x = 0;
+  #pragma omp simd reduction(+ : s, sum_x)
   for (int64_t c = 0; c < C; ++c) {
-    s += std::exp(A(x[c * st]) - mx);
+    s += exp_acc(A(x[c * st]) - mx);
     sum_x += A(x[c * st]);
   }
   const A lse = mx + std::log(s);
@@ -753,9 +858,9 @@ void cross_entropy_backward_impl(const Tensor& grad, const Tensor& logits, const
       }
       const A k = scale.at(i), l = pl[i];
       if (D == 1) {
-        for (int64_t c = 0; c < C; ++c) d[c] = T(k * (std::exp(A(x[c]) - l) - spc));
+        for (int64_t c = 0; c < C; ++c) d[c] = T(k * (exp_acc(A(x[c]) - l) - spc));
       } else {
-        for (int64_t c = 0; c < C; ++c) d[c * D] = T(k * (std::exp(A(x[c * D]) - l) - spc));
+        for (int64_t c = 0; c < C; ++c) d[c * D] = T(k * (exp_acc(A(x[c * D]) - l) - spc));
       }
       d[t * D] = T(A(d[t * D]) - k * on);
     }
@@ -834,6 +939,7 @@ void cpu_mse_loss(const Tensor& input, const Tensor& target, LossReduction reduc
     }
     const double total = parallel_sum(n, 1, [&](int64_t b, int64_t e) {
       A s = 0;
+      _Pragma("omp simd reduction(+ : s)")  // inside a macro argument: no #pragma
       for (int64_t i = b; i < e; ++i) {
         const A d = A(px[i]) - A(pt[i]);
         s += d * d;

@@ -134,7 +134,14 @@ void for_each_index(const Dims& d, int64_t begin, int64_t end, F&& f) {
     if (begin < end) f(int64_t(0), int64_t(0));
     return;
   }
-  std::vector<int64_t> idx(nd);
+  // Called once per output element by the row loop: no heap allocation for ordinary ranks.
+  int64_t small[8];
+  std::vector<int64_t> large;
+  int64_t* idx = small;
+  if (nd > 8) {
+    large.resize(nd);
+    idx = large.data();
+  }
   int64_t r = begin, in_off = 0, out_off = 0;
   for (size_t k = nd; k-- > 0;) {
     idx[k] = r % d.sizes[k];
@@ -226,18 +233,10 @@ void reduce_typed(const Tensor& a, const std::vector<int64_t>& dims, Tensor& out
 
   if (nout == 1 && red_outer.sizes.empty()) {  // full reduction of one run: partials per thread
     const int nt = num_threads_for(run_n);
-    std::vector<A> partial(size_t(std::max(nt, 1)), Op::identity());
-    if (nt <= 1) {
-      partial[0] = reduce_run<Op>(in, run_n, run_s, Op::identity());
-    } else {
-#pragma omp parallel num_threads(nt)
-      {
-        const int t = omp_get_thread_num();
-        const int64_t chunk = (run_n + nt - 1) / nt;
-        const int64_t b = std::min<int64_t>(run_n, t * chunk), e = std::min<int64_t>(run_n, b + chunk);
-        if (b < e) partial[size_t(t)] = reduce_run<Op>(in + b * run_s, e - b, run_s, Op::identity());
-      }
-    }
+    std::vector<A> partial(size_t(nt), Op::identity());
+    parallel_for(run_n, 1, [&](int64_t b, int64_t e) {
+      partial[nt == 1 ? 0 : size_t(omp_get_thread_num())] = reduce_run<Op>(in + b * run_s, e - b, run_s, Op::identity());
+    });
     A r = Op::identity();
     for (A p : partial) r = Op::combine(r, p);
     for_each_index(kept, 0, 1, [&](int64_t, int64_t oo) { po[oo] = O(r); });
