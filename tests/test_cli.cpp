@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -307,6 +308,30 @@ TEST_CASE("a short synthetic training run prints a JSON summary", "[cli]") {
   REQUIRE(b.exit_code == 0);
   CHECK(summary_line(a.out)["steps"] == 5);
   CHECK(summary_line(a.out)["final_loss"] == summary_line(b.out)["final_loss"]);
+}
+
+TEST_CASE("a tiny character GPT trains on a text file", "[cli]") {
+  fs::path text = scratch_dir() / "corpus.txt";
+  {
+    std::ofstream out(text);
+    for (int i = 0; i < 200; ++i) out << "the quick brown fox jumps over the lazy dog. ";
+  }
+  json c = json::parse(R"({
+    "model": {"type": "gpt", "vocab_size": 256, "context": 16, "width": 16, "layers": 1, "heads": 2},
+    "optimizer": {"type": "adamw", "lr": 0.01},
+    "data": {"type": "text", "context": 16, "batch_size": 8},
+    "lr_scheduler": {"type": "linear_warmup", "warmup_steps": 2},
+    "train": {"max_steps": 6, "log_every": 3}
+  })");
+  c["data"]["path"] = text.string();
+  RunResult r = run_booster("train --config " + write_config("gpt.json", c).string());
+  INFO(r.err);
+  REQUIRE(r.exit_code == 0);
+  json summary = summary_line(r.out);
+  CHECK(summary["steps"] == 6);
+  CHECK(summary.contains("tokens_per_second"));
+  CHECK(summary.contains("test_accuracy"));  // next-character accuracy on the file's last 10%
+  CHECK(summary["final_loss"].get<double>() < std::log(256.0));  // better than uniform over bytes
 }
 
 TEST_CASE("the default Fashion-MNIST config reaches 85% test accuracy", "[cli][e2e]") {
