@@ -4,15 +4,16 @@
 #include <catch2/catch.hpp>
 
 #include <cmath>
-#include <iostream>
 
 #include "booster/autocast/autocast.h"
 #include "booster/autograd/autograd.h"
 #include "booster/ops/ops.h"
 #include "fixture.h"
+#include "gradcheck.h"
 
 using namespace booster;
 using testing::allclose;
+using testing::gradcheck;
 using testing::max_abs_diff;
 using testing::tensor_from_json;
 
@@ -23,50 +24,6 @@ const nlohmann::json& fixtures() {
   return j;
 }
 Tensor fx(const char* c, const char* name) { return tensor_from_json(fixtures().at(c).at(name)); }
-
-// Central-difference gradient check, as tests/gradcheck.h, but seeding backward with the random
-// projection w directly (out.backward(w)) and forming L = sum(w * f(x)) on the host, so it relies on
-// no op outside the ones under test.
-bool nn_gradcheck(const std::function<Tensor(const std::vector<Tensor>&)>& f, std::vector<Tensor> inputs,
-                  double atol = 1e-5, double rtol = 1e-4) {
-  for (auto& x : inputs)
-    if (x.defined() && is_floating(x.dtype())) x = x.detach().to(DType::Float64).contiguous().clone().requires_grad_();
-  Tensor out = f(inputs);
-  Generator gen(1234);
-  const Tensor w = randn(out.shape(), &gen, DType::Float64);
-  const std::vector<double> wv = w.tolist();
-  auto loss_of = [&](const std::vector<Tensor>& xs) {
-    NoGradGuard ng;
-    const std::vector<double> y = f(xs).tolist();
-    double s = 0;
-    for (size_t i = 0; i < y.size(); ++i) s += y[i] * wv[i];
-    return s;
-  };
-  out.backward(w);
-  const double eps = 1e-6;
-  bool ok = true;
-  for (size_t k = 0; k < inputs.size(); ++k) {
-    Tensor& x = inputs[k];
-    if (!x.defined() || !x.requires_grad()) continue;
-    const std::vector<double> an = x.grad().defined() ? x.grad().tolist() : std::vector<double>(size_t(x.numel()), 0.0);
-    double* p = x.data<double>();
-    for (int64_t i = 0; i < x.numel(); ++i) {
-      const double orig = p[i];
-      p[i] = orig + eps;
-      const double lp = loss_of(inputs);
-      p[i] = orig - eps;
-      const double lm = loss_of(inputs);
-      p[i] = orig;
-      const double numeric = (lp - lm) / (2 * eps);
-      if (std::abs(numeric - an[size_t(i)]) > atol + rtol * std::abs(numeric)) {
-        std::cerr << "gradcheck: input " << k << " element " << i << ": analytic " << an[size_t(i)] << " vs numeric "
-                  << numeric << "\n";
-        ok = false;
-      }
-    }
-  }
-  return ok;
-}
 
 Tensor rnd(const Shape& s, uint64_t seed, double scale = 1.0) {
   Generator g(seed);
@@ -125,8 +82,8 @@ TEST_CASE("softmax and log_softmax gradients", "[ops][nn_functional]") {
   const Tensor x = rnd({3, 4, 5}, 1);
   for (int64_t dim : {0, 1, -1}) {
     INFO("dim " << dim);
-    CHECK(nn_gradcheck([dim](const std::vector<Tensor>& in) { return softmax(in[0], dim); }, {x}));
-    CHECK(nn_gradcheck([dim](const std::vector<Tensor>& in) { return log_softmax(in[0], dim); }, {x}));
+    CHECK(gradcheck([dim](const std::vector<Tensor>& in) { return softmax(in[0], dim); }, {x}));
+    CHECK(gradcheck([dim](const std::vector<Tensor>& in) { return log_softmax(in[0], dim); }, {x}));
   }
 }
 
@@ -161,9 +118,9 @@ TEST_CASE("layer_norm matches PyTorch with and without affine", "[ops][nn_functi
 
 TEST_CASE("layer_norm gradients", "[ops][nn_functional]") {
   const Tensor x = rnd({3, 2, 5}, 3, 2.0), w = rnd({5}, 4), b = rnd({5}, 5);
-  CHECK(nn_gradcheck([](const std::vector<Tensor>& in) { return layer_norm(in[0], {5}, in[1], in[2]); }, {x, w, b}));
-  CHECK(nn_gradcheck([](const std::vector<Tensor>& in) { return layer_norm(in[0], {5}); }, {x}));
-  CHECK(nn_gradcheck([](const std::vector<Tensor>& in) { return layer_norm(in[0], {2, 5}, in[1]); },
+  CHECK(gradcheck([](const std::vector<Tensor>& in) { return layer_norm(in[0], {5}, in[1], in[2]); }, {x, w, b}));
+  CHECK(gradcheck([](const std::vector<Tensor>& in) { return layer_norm(in[0], {5}); }, {x}));
+  CHECK(gradcheck([](const std::vector<Tensor>& in) { return layer_norm(in[0], {2, 5}, in[1]); },
                      {x, rnd({2, 5}, 6)}));
 }
 
@@ -222,12 +179,12 @@ TEST_CASE("batch_norm gradients in training and eval", "[ops][nn_functional]") {
     INFO("shape " << shape_str(s));
     const Tensor x = rnd(s, 7, 1.5), w = rnd({s[1]}, 8), b = rnd({s[1]}, 9);
     Tensor rm = rnd({s[1]}, 10, 0.1), rv = abs(rnd({s[1]}, 11)) + 0.5;
-    CHECK(nn_gradcheck(
+    CHECK(gradcheck(
         [](const std::vector<Tensor>& in) { return batch_norm(in[0], Tensor(), Tensor(), in[1], in[2], true); },
         {x, w, b}));
-    CHECK(nn_gradcheck([&](const std::vector<Tensor>& in) { return batch_norm(in[0], rm, rv, in[1], in[2], false); },
+    CHECK(gradcheck([&](const std::vector<Tensor>& in) { return batch_norm(in[0], rm, rv, in[1], in[2], false); },
                        {x, w, b}));
-    CHECK(nn_gradcheck([](const std::vector<Tensor>& in) {
+    CHECK(gradcheck([](const std::vector<Tensor>& in) {
       return batch_norm(in[0], Tensor(), Tensor(), Tensor(), Tensor(), true);
     }, {x}));
   }
@@ -287,7 +244,7 @@ TEST_CASE("dropout edge cases", "[ops][nn_functional]") {
   const auto a = dropout(x, 0.5, true).tolist();
   manual_seed(5);
   CHECK(dropout(x, 0.5, true).tolist() == a);
-  CHECK(nn_gradcheck([](const std::vector<Tensor>& in) {
+  CHECK(gradcheck([](const std::vector<Tensor>& in) {
     Generator g(9);
     return dropout(in[0], 0.4, true, &g);
   }, {x}));
@@ -315,13 +272,13 @@ TEST_CASE("scaled_dot_product_attention matches the explicit math", "[ops][nn_fu
 
 TEST_CASE("scaled_dot_product_attention gradients, causal and not", "[ops][nn_functional]") {
   const Tensor q = rnd({2, 3, 4}, 14), k = rnd({2, 5, 4}, 15), v = rnd({2, 5, 3}, 16);
-  CHECK(nn_gradcheck([](const std::vector<Tensor>& in) { return scaled_dot_product_attention(in[0], in[1], in[2]); },
+  CHECK(gradcheck([](const std::vector<Tensor>& in) { return scaled_dot_product_attention(in[0], in[1], in[2]); },
                      {q, k, v}));
-  CHECK(nn_gradcheck([](const std::vector<Tensor>& in) {
+  CHECK(gradcheck([](const std::vector<Tensor>& in) {
     return scaled_dot_product_attention(in[0], in[1], in[2], true, 0.7);
   }, {q, k, v}));
   const Tensor q4 = rnd({1, 2, 4, 3}, 17), k4 = rnd({1, 2, 4, 3}, 18), v4 = rnd({1, 2, 4, 2}, 19);
-  CHECK(nn_gradcheck([](const std::vector<Tensor>& in) {
+  CHECK(gradcheck([](const std::vector<Tensor>& in) {
     return scaled_dot_product_attention(in[0], in[1], in[2], true);
   }, {q4, k4, v4}));
 }
@@ -399,12 +356,12 @@ TEST_CASE("cross_entropy gradients for every reduction", "[ops][nn_functional]")
     for (double smoothing : {0.0, 0.15}) {
       INFO("reduction " << int(r) << " smoothing " << smoothing);
       // ignore_index 3 drops two rows: their gradient must be zero and the mean divides by 3.
-      CHECK(nn_gradcheck([&](const std::vector<Tensor>& in) { return cross_entropy(in[0], target, r, 3, smoothing); },
+      CHECK(gradcheck([&](const std::vector<Tensor>& in) { return cross_entropy(in[0], target, r, 3, smoothing); },
                          {logits}));
     }
   const Tensor l3 = rnd({2, 3, 2, 2}, 21);
   const Tensor t3 = from_vector(std::vector<int64_t>{0, 2, 1, -100, 2, 2, 0, 1}, {2, 2, 2});
-  CHECK(nn_gradcheck([&](const std::vector<Tensor>& in) { return cross_entropy(in[0], t3, Reduction::Mean, -100, 0.1); },
+  CHECK(gradcheck([&](const std::vector<Tensor>& in) { return cross_entropy(in[0], t3, Reduction::Mean, -100, 0.1); },
                      {l3}));
   // An ignored row really gets a zero gradient.
   Tensor x = rnd({2, 3}, 22).requires_grad_();
@@ -437,9 +394,76 @@ TEST_CASE("nll_loss and mse_loss match PyTorch, with gradients", "[ops][nn_funct
     const Reduction r = reduction_from_string(red);
     CHECK(allclose(nll_loss(lp, t, r, 1), fx("nll_loss", red), 1e-12, 1e-13));
     CHECK(allclose(mse_loss(a, b, r), fx("mse_loss", red), 1e-12, 1e-13));
-    CHECK(nn_gradcheck([&](const std::vector<Tensor>& in) { return nll_loss(in[0], t, r, 1); }, {lp}));
-    CHECK(nn_gradcheck([&](const std::vector<Tensor>& in) { return mse_loss(in[0], in[1], r); }, {a, b}));
+    CHECK(gradcheck([&](const std::vector<Tensor>& in) { return nll_loss(in[0], t, r, 1); }, {lp}));
+    CHECK(gradcheck([&](const std::vector<Tensor>& in) { return mse_loss(in[0], in[1], r); }, {a, b}));
   }
   autocast::AutocastGuard guard(true, DType::Float16);
   CHECK(mse_loss(a.to(DType::Float16), b.to(DType::Float16)).dtype() == DType::Float32);
+}
+
+// ====================================================================================== 16-bit paths
+
+namespace {
+// Gradients of sum(w * f(x)) for the given inputs, as float64 values.
+std::vector<std::vector<double>> grads_of(const std::function<Tensor(const std::vector<Tensor>&)>& f,
+                                          std::vector<Tensor> inputs, const Tensor& w) {
+  for (auto& x : inputs) x = x.detach().clone().requires_grad_();
+  Tensor out = f(inputs);
+  out.backward(w.to(out.dtype()));
+  std::vector<std::vector<double>> g;
+  for (auto& x : inputs) g.push_back(x.grad().tolist());
+  return g;
+}
+}  // namespace
+
+TEST_CASE("float16 and bfloat16 backward kernels compute in float32", "[ops][nn_functional]") {
+  using Fn = std::function<Tensor(const std::vector<Tensor>&)>;
+  struct Case {
+    const char* name;
+    Fn f;
+    std::vector<Tensor> inputs;
+  };
+  const std::vector<Case> cases = {
+      {"softmax", [](const std::vector<Tensor>& x) { return softmax(x[0], 1); }, {rnd({4, 6, 3}, 50)}},
+      {"log_softmax", [](const std::vector<Tensor>& x) { return log_softmax(x[0], -1); }, {rnd({4, 6}, 51)}},
+      {"layer_norm", [](const std::vector<Tensor>& x) { return layer_norm(x[0], {6}, x[1], x[2]); },
+       {rnd({4, 6}, 52), rnd({6}, 53), rnd({6}, 54)}},
+      {"batch_norm", [](const std::vector<Tensor>& x) {
+         return batch_norm(x[0], Tensor(), Tensor(), x[1], x[2], true);
+       }, {rnd({5, 3, 4}, 55), rnd({3}, 56), rnd({3}, 57)}},
+      {"attention", [](const std::vector<Tensor>& x) { return scaled_dot_product_attention(x[0], x[1], x[2], true); },
+       {rnd({2, 5, 4}, 58), rnd({2, 5, 4}, 59), rnd({2, 5, 3}, 60)}},
+      {"cross_entropy", [](const std::vector<Tensor>& x) {
+         return cross_entropy(x[0], from_vector(std::vector<int64_t>{2, 0, -100, 1}, {4}), Reduction::Sum, -100, 0.1);
+       }, {rnd({4, 3}, 61)}},
+  };
+  for (DType dt : {DType::Float16, DType::BFloat16}) {
+    const double tol = dt == DType::Float16 ? 1e-2 : 5e-2;
+    for (const Case& c : cases) {
+      INFO(c.name << " in " << dt);
+      // The same (rounded) values in float64 are the reference.
+      std::vector<Tensor> low, ref;
+      for (const Tensor& x : c.inputs) {
+        low.push_back(x.to(dt));
+        ref.push_back(x.to(dt).to(DType::Float64));
+      }
+      const Tensor out_ref = c.f(ref);
+      const Tensor w = rnd(out_ref.shape(), 62);
+      const auto g_low = grads_of(c.f, low, w.to(dt).to(DType::Float64));
+      const auto g_ref = grads_of(c.f, ref, w.to(dt).to(DType::Float64));
+      REQUIRE(c.f(low).dtype() == dt);
+      for (size_t k = 0; k < g_ref.size(); ++k)
+        for (size_t i = 0; i < g_ref[k].size(); ++i)
+          REQUIRE(std::abs(g_low[k][i] - g_ref[k][i]) <= tol * (1 + std::abs(g_ref[k][i])));
+    }
+  }
+}
+
+TEST_CASE("cross_entropy takes a single unbatched row", "[ops][nn_functional]") {
+  const Tensor logits = fx("cross_entropy", "logits");
+  const Tensor target = fx("cross_entropy", "target").to(DType::Int64);
+  // Row 3 of the fixture, alone: logits [C], target [].
+  const Tensor one = cross_entropy(logits.select(0, 3), target.select(0, 3), Reduction::None);
+  REQUIRE(one.dim() == 0);
+  CHECK(one.item() == Approx(fx("cross_entropy", "none").tolist()[3]).epsilon(1e-12));
 }

@@ -4,6 +4,7 @@
 // (float64) accumulators, and splits rows across threads with cpu::parallel_for. Where a kernel also
 // reduces across rows (dweight, dbias, a loss's mean), each thread sums its own contiguous chunk and
 // the partial sums are added in chunk order, so a run is repeatable for a given thread count.
+
 // Note [No trapping math here]
 // Under GCC's default -ftrapping-math, a select such as the clamp in exp_f32 may not be computed
 // speculatively, so loops calling it stay scalar. Nothing in these kernels reads floating-point
