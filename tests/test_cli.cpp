@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -65,7 +66,7 @@ fs::path write_config(const std::string& name, const json& config) {
 // A small synthetic classification run that trains in a second.
 json synthetic_config() {
   return json::parse(R"({
-    "model": {"type": "mlp", "in_features": 8, "hidden_sizes": [16], "out_features": 3},
+    "model": {"type": "mlp", "in": 8, "hidden": [16], "classes": 3},
     "optimizer": {"type": "adamw", "lr": 0.01},
     "criterion": {"type": "cross_entropy"},
     "data": {"type": "synthetic", "num_samples": 256, "num_test_samples": 64, "num_features": 8,
@@ -115,6 +116,8 @@ TEST_CASE("resolve fills defaults and keeps given values", "[cli][config]") {
   json d = synthetic_config();
   d["train"]["epochs"] = 3.0;
   CHECK(booster::config::resolve(d)["train"]["epochs"].is_number_integer());
+  // What `booster check` prints is itself a valid config that resolves to the same thing.
+  CHECK(booster::config::resolve(c) == c);
 }
 
 TEST_CASE("config errors name the path, the value and what is allowed", "[cli][config]") {
@@ -158,8 +161,8 @@ TEST_CASE("--set parses JSON values and falls back to strings", "[cli][config]")
   CHECK(c["optimizer"]["lr"] == 3e-4);
   booster::config::apply_override(c, "optimizer.type=sgd");  // not JSON: a string
   CHECK(c["optimizer"]["type"] == "sgd");
-  booster::config::apply_override(c, "model.hidden_sizes=[4, 5]");
-  CHECK(c["model"]["hidden_sizes"] == json::array({4, 5}));
+  booster::config::apply_override(c, "model.hidden=[4, 5]");
+  CHECK(c["model"]["hidden"] == json::array({4, 5}));
   booster::config::apply_override(c, "lr_scheduler.type=cosine");  // creates the section
   CHECK(c["lr_scheduler"]["type"] == "cosine");
   booster::config::apply_override(c, "data.shuffle=false");
@@ -250,6 +253,30 @@ TEST_CASE("--set overrides are applied and validated", "[cli]") {
   CHECK(r.exit_code == 2);
 }
 
+TEST_CASE("settings that contradict each other across sections exit 2 naming both", "[cli]") {
+  fs::path cfg = write_config("cross.json", synthetic_config());
+  RunResult r = run_booster("check --config " + cfg.string() + " --set model.in=9");
+  CHECK(r.exit_code == 2);
+  CHECK(r.err.find("model.in") != std::string::npos);
+  CHECK(r.err.find("8 features") != std::string::npos);
+  r = run_booster("check --config " + cfg.string() + " --set data.type=text --set data.path=/x --set data.num_samples=1");
+  CHECK(r.exit_code == 2);  // num_samples is not a key of text data
+  CHECK(r.err.find("unknown key 'data.num_") != std::string::npos);
+}
+
+TEST_CASE("a runtime failure exits 1 with one line naming the cause", "[cli]") {
+  json c = json::parse(R"({
+    "model": {"type": "gpt", "vocab_size": 256, "context": 8, "width": 8, "layers": 1, "heads": 2},
+    "optimizer": {"type": "adamw"},
+    "data": {"type": "text", "path": "/nonexistent/corpus.txt", "context": 8}
+  })");
+  RunResult r = run_booster("train --config " + write_config("runtime.json", c).string());
+  CHECK(r.exit_code == 1);
+  CHECK(r.err.find("/nonexistent/corpus.txt") != std::string::npos);
+  CHECK(r.err.find("booster: error: ") != std::string::npos);
+  CHECK(std::count(r.err.begin(), r.err.end(), '\n') == 1);
+}
+
 TEST_CASE("the shipped example configs are valid", "[cli]") {
   for (const char* name : {"examples/configs/fashion_mnist_mlp.json", "examples/configs/gpt_char.json"}) {
     INFO(name);
@@ -281,6 +308,30 @@ TEST_CASE("a short synthetic training run prints a JSON summary", "[cli]") {
   REQUIRE(b.exit_code == 0);
   CHECK(summary_line(a.out)["steps"] == 5);
   CHECK(summary_line(a.out)["final_loss"] == summary_line(b.out)["final_loss"]);
+}
+
+TEST_CASE("a tiny character GPT trains on a text file", "[cli]") {
+  fs::path text = scratch_dir() / "corpus.txt";
+  {
+    std::ofstream out(text);
+    for (int i = 0; i < 200; ++i) out << "the quick brown fox jumps over the lazy dog. ";
+  }
+  json c = json::parse(R"({
+    "model": {"type": "gpt", "vocab_size": 256, "context": 16, "width": 16, "layers": 1, "heads": 2},
+    "optimizer": {"type": "adamw", "lr": 0.01},
+    "data": {"type": "text", "context": 16, "batch_size": 8},
+    "lr_scheduler": {"type": "linear_warmup", "warmup_steps": 2},
+    "train": {"max_steps": 6, "log_every": 3}
+  })");
+  c["data"]["path"] = text.string();
+  RunResult r = run_booster("train --config " + write_config("gpt.json", c).string());
+  INFO(r.err);
+  REQUIRE(r.exit_code == 0);
+  json summary = summary_line(r.out);
+  CHECK(summary["steps"] == 6);
+  CHECK(summary.contains("tokens_per_second"));
+  CHECK(summary.contains("test_accuracy"));  // next-character accuracy on the file's last 10%
+  CHECK(summary["final_loss"].get<double>() < std::log(256.0));  // better than uniform over bytes
 }
 
 TEST_CASE("the default Fashion-MNIST config reaches 85% test accuracy", "[cli][e2e]") {

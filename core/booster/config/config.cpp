@@ -277,7 +277,11 @@ json resolve(const json& config, const std::vector<Section>& schema) {
   return out;
 }
 
-json resolve(const json& config) { return resolve(config, training_schema()); }
+json resolve(const json& config) {
+  json resolved = resolve(config, training_schema());
+  check_training_config(resolved);
+  return resolved;
+}
 
 json load_file(const std::string& path) {
   std::ifstream in(path);

@@ -62,10 +62,14 @@ struct Section {
 
 // The schema of a whole training config, one Section per top-level key.
 const std::vector<Section>& training_schema();
+// Checks that go across sections of a resolved training config (text data needs a GPT whose context
+// covers data.context; the MLP's in/classes match the data). ConfigError naming both paths.
+void check_training_config(const json& resolved);
 
 // ------------------------------------------------------------------------------------ operations
 // Checks `config` against the schema and returns it with every default filled. Throws ConfigError
-// (Note [Config errors]) on the first mistake.
+// (Note [Config errors]) on the first mistake. The one-argument form uses the training schema and
+// also runs check_training_config.
 json resolve(const json& config);
 json resolve(const json& config, const std::vector<Section>& schema);
 

@@ -5,6 +5,8 @@
 // and a key they read must be declared here.
 #include "booster/config/config.h"
 
+#include "booster/common/error.h"
+
 namespace booster::config {
 namespace {
 
@@ -83,7 +85,7 @@ std::vector<Section> make_training_schema() {
   std::vector<Section> schema;
 
   // ------------------------------------------------------------------------------------- model
-  // Read by nn::make_model (booster/nn). Sizes of the MLP are the input, each hidden layer, the output.
+  // Read by nn::make_model (booster/nn/models.h), with the same key names.
   schema.push_back(Section{
       "model",
       "the network: {\"type\": \"mlp\" | \"gpt\", ...}",
@@ -92,21 +94,19 @@ std::vector<Section> make_training_schema() {
       {
           {"mlp",
            {
-               integer("in_features", 784, 1),
-               numbers("hidden_sizes", json::array({1024, 1024}), Kind::Int, 1, std::nullopt, std::nullopt),
-               integer("out_features", 10, 1),
-               text("activation", "relu", {"relu", "gelu", "tanh", "sigmoid"}),
-               number("dropout", 0.0, 0.0, 1.0, false, true),
+               integer("in", 784, 1, std::nullopt, "input features per sample"),
+               numbers("hidden", json::array({1024, 1024}), Kind::Int, 1, std::nullopt, std::nullopt),
+               integer("classes", 10, 1),
+               text("activation", "relu", {"relu", "gelu", "gelu_tanh", "tanh"}),
            }},
           {"gpt",
            {
                integer("vocab_size", 256, 1),
-               integer("context_length", 128, 1),
-               integer("n_embd", 256, 1),
-               integer("n_layer", 4, 1),
-               integer("n_head", 4, 1),
+               integer("context", 128, 1, std::nullopt, "longest sequence"),
+               integer("width", 256, 1),
+               integer("layers", 4, 1),
+               integer("heads", 4, 1, std::nullopt, "must divide width"),
                number("dropout", 0.0, 0.0, 1.0, false, true),
-               boolean("tie_weights", true, "share the token embedding with the output projection"),
            }},
       },
       /*optional=*/false,
@@ -177,7 +177,11 @@ std::vector<Section> make_training_schema() {
       },
       "type",
       {
-          {"fashion_mnist", {text("dir", "/usr/share/datasets/fashion-mnist")}},
+          {"fashion_mnist",
+           {
+               text("dir", "/usr/share/datasets/fashion-mnist"),
+               boolean("normalize", true, "(x - mean) / std with the training set's statistics"),
+           }},
           {"synthetic",
            {
                integer("num_samples", 2048, 1),
@@ -197,7 +201,8 @@ std::vector<Section> make_training_schema() {
   });
 
   // ------------------------------------------------------------------------------------- lr_scheduler
-  // Stepped once per optimizer step. cosine's t_max = null means the whole run.
+  // Read by optim::make_scheduler, with PyTorch's names; stepped once per optimizer step. A null
+  // T_max / total_steps means the run's total number of steps (filled in by the training driver).
   schema.push_back(Section{
       "lr_scheduler",
       "{\"type\": \"none\" | \"step\" | \"cosine\" | \"linear_warmup\"}",
@@ -206,9 +211,15 @@ std::vector<Section> make_training_schema() {
       {
           {"none", {}},
           {"step", {integer("step_size", std::nullopt, 1), number("gamma", 0.1, 0.0, std::nullopt, true)}},
-          {"cosine", {optional_integer("t_max", 1, "null: the whole run"), number("eta_min", 0.0, 0.0)}},
+          {"cosine", {optional_integer("T_max", 1, "null: the whole run"), number("eta_min", 0.0, 0.0)}},
           {"linear_warmup",
-           {integer("warmup_steps", std::nullopt, 0), number("start_factor", 0.0, 0.0, 1.0)}},
+           {
+               integer("warmup_steps", std::nullopt, 0),
+               optional_integer("total_steps", 1, "null: the whole run"),
+               text("decay", "cosine", {"cosine", "linear", "constant"}, "after the warmup"),
+               number("min_lr_ratio", 0.0, 0.0, 1.0, false, false, "the floor as a fraction of the base lr"),
+               number("start_factor", 0.0, 0.0, 1.0, false, false, "the warmup starts at lr * start_factor"),
+           }},
       },
       /*optional=*/true,
       /*default_variant=*/"none",
@@ -235,6 +246,41 @@ std::vector<Section> make_training_schema() {
 }
 
 }  // namespace
+
+void check_training_config(const json& c) {
+  const json& model = c.at("model");
+  const json& data = c.at("data");
+  const std::string model_type = model.at("type").get<std::string>();
+  const std::string data_type = data.at("type").get<std::string>();
+  const std::string criterion = c.at("criterion").at("type").get<std::string>();
+  auto fail = [](const std::string& msg) { throw ConfigError(msg); };
+  auto num = [](const json& v) { return v.dump(); };
+
+  if (data_type == "text") {
+    if (model_type != "gpt") fail("'data.type' \"text\" needs a language model: set 'model.type' to \"gpt\" (it is \"" + model_type + "\")");
+    if (criterion != "cross_entropy") fail("'criterion.type' must be \"cross_entropy\" for text data (it is \"" + criterion + "\")");
+    if (model.at("vocab_size").get<int64_t>() < 256)
+      fail("'model.vocab_size' is " + num(model.at("vocab_size")) + "; text data has one token per byte, so it must be >= 256");
+    if (data.at("context").get<int64_t>() > model.at("context").get<int64_t>())
+      fail("'data.context' is " + num(data.at("context")) + " but 'model.context' is " + num(model.at("context")) +
+           "; the model cannot see more tokens than its context");
+  } else {
+    if (model_type != "mlp") fail("'model.type' \"" + model_type + "\" needs token data: set 'data.type' to \"text\", or use \"mlp\" for \"" + data_type + "\"");
+    const int64_t features = data_type == "fashion_mnist" ? 784 : data.at("num_features").get<int64_t>();
+    const int64_t classes = data_type == "fashion_mnist" ? 10 : data.at("num_classes").get<int64_t>();
+    if (model.at("in").get<int64_t>() != features)
+      fail("'model.in' is " + num(model.at("in")) + " but the " + data_type + " data has " + std::to_string(features) + " features per sample");
+    if (model.at("classes").get<int64_t>() != classes)
+      fail("'model.classes' is " + num(model.at("classes")) + " but the " + data_type + " data has " + std::to_string(classes) + " classes");
+  }
+  if (model_type == "gpt" && model.at("width").get<int64_t>() % model.at("heads").get<int64_t>() != 0)
+    fail("'model.width' " + num(model.at("width")) + " is not divisible by 'model.heads' " + num(model.at("heads")));
+  const json& sched = c.at("lr_scheduler");
+  if (sched.at("type") == "linear_warmup" && c.at("train").at("max_steps").is_number() &&
+      sched.at("warmup_steps").get<int64_t>() > c.at("train").at("max_steps").get<int64_t>())
+    fail("'lr_scheduler.warmup_steps' is " + num(sched.at("warmup_steps")) + ", more than 'train.max_steps' " +
+         num(c.at("train").at("max_steps")));
+}
 
 const std::vector<Section>& training_schema() {
   static const std::vector<Section> schema = make_training_schema();

@@ -1,0 +1,174 @@
+// Loss, data splits and evaluation built from a resolved config (training.h).
+#include "booster/config/training.h"
+
+#include <algorithm>
+#include <fstream>
+#include <sstream>
+
+#include "booster/autograd/autograd.h"
+#include "booster/common/error.h"
+#include "booster/data/fashion_mnist.h"
+#include "booster/data/synthetic.h"
+#include "booster/ops/ops.h"
+
+namespace booster::config {
+
+using nlohmann::json;
+
+namespace {
+
+// [N] int64 labels -> [N, classes] one-hot in `dtype`.
+Tensor one_hot(const Tensor& labels, int64_t classes, DType dtype) {
+  Tensor flat = labels.to(DType::Int64).contiguous();
+  const int64_t n = flat.numel();
+  std::vector<float> values(size_t(n * classes), 0.0f);
+  const int64_t* y = flat.data<int64_t>();
+  for (int64_t i = 0; i < n; ++i) {
+    BOOSTER_CHECK(y[i] >= 0 && y[i] < classes, IndexError, "mse: target class ", y[i], " is outside [0, ", classes,
+                  ")");
+    values[size_t(i * classes + y[i])] = 1.0f;
+  }
+  Shape shape = labels.shape();
+  shape.push_back(classes);
+  return from_vector(values, shape).to(dtype);
+}
+
+// The first `n` rows of a dataset's tensors, and the rest.
+std::pair<std::shared_ptr<data::TensorDataset>, std::shared_ptr<data::TensorDataset>> split_rows(
+    const data::TensorDataset& all, int64_t n) {
+  const int64_t total = all.size();
+  auto head = std::make_shared<data::TensorDataset>(all.x().narrow(0, 0, n).contiguous(),
+                                                    all.y().narrow(0, 0, n).contiguous());
+  auto tail = std::make_shared<data::TensorDataset>(all.x().narrow(0, n, total - n).contiguous(),
+                                                    all.y().narrow(0, n, total - n).contiguous());
+  return {head, tail};
+}
+
+std::string read_file_bytes(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  BOOSTER_CHECK(in.good(), DataError, "text data: cannot open '", path, "'; set data.path to a readable text file");
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+}  // namespace
+
+Criterion make_criterion(const json& criterion) {
+  const std::string type = criterion.at("type").get<std::string>();
+  if (type == "cross_entropy") {
+    const double label_smoothing = criterion.at("label_smoothing").get<double>();
+    const int64_t ignore_index = criterion.at("ignore_index").get<int64_t>();
+    return [=](const Tensor& output, const Tensor& target) {
+      // A language model's [B, T, C] logits are B*T classifications.
+      if (output.dim() > 2 && target.dim() == output.dim() - 1) {
+        const int64_t classes = output.size(-1);
+        return cross_entropy(output.reshape({-1, classes}), target.reshape({-1}), Reduction::Mean, ignore_index,
+                             label_smoothing);
+      }
+      return cross_entropy(output, target, Reduction::Mean, ignore_index, label_smoothing);
+    };
+  }
+  if (type == "mse") {
+    return [](const Tensor& output, const Tensor& target) {
+      if (is_floating(target.dtype())) return mse_loss(output, target);
+      return mse_loss(output, one_hot(target, output.size(-1), output.dtype()));
+    };
+  }
+  BOOSTER_FAIL(ConfigError, "'criterion.type' is \"", type, "\"; expected one of 'cross_entropy', 'mse'");
+}
+
+DataSplits make_datasets(const json& cfg, uint64_t seed) {
+  const std::string type = cfg.at("type").get<std::string>();
+  DataSplits split;
+  if (type == "fashion_mnist") {
+    const std::string dir = cfg.at("dir").get<std::string>();
+    const bool normalize = cfg.at("normalize").get<bool>();
+    split.train = data::load_fashion_mnist(dir, /*train=*/true, normalize);
+    split.test = data::load_fashion_mnist(dir, /*train=*/false, normalize);
+    split.description = str("Fashion-MNIST from ", dir, ": ", split.train->size(), " train, ", split.test->size(),
+                            " test images");
+    return split;
+  }
+  if (type == "synthetic") {
+    const int64_t n_train = cfg.at("num_samples").get<int64_t>();
+    const int64_t n_test = cfg.at("num_test_samples").get<int64_t>();
+    const int64_t features = cfg.at("num_features").get<int64_t>();
+    const int64_t classes = cfg.at("num_classes").get<int64_t>();
+    // One draw, then split, so both splits come from the same blobs.
+    auto all = data::synthetic_classification(n_train + n_test, features, classes, seed);
+    auto [train, test] = split_rows(*all, n_train);
+    split.train = train;
+    if (n_test > 0) split.test = test;
+    split.description = str("synthetic blobs: ", n_train, " train, ", n_test, " test points, ", features,
+                            " features, ", classes, " classes");
+    return split;
+  }
+  if (type == "text") {
+    const std::string path = cfg.at("path").get<std::string>();
+    const int64_t context = cfg.at("context").get<int64_t>();
+    const double test_fraction = cfg.at("test_fraction").get<double>();
+    std::string text = read_file_bytes(path);
+    const int64_t n_test_bytes = int64_t(double(text.size()) * test_fraction);
+    const int64_t n_train_bytes = int64_t(text.size()) - n_test_bytes;
+    BOOSTER_CHECK(n_train_bytes > context, DataError, "text data: '", path, "' has ", n_train_bytes,
+                  " training bytes, fewer than data.context + 1 = ", context + 1, "; use a longer file or a shorter context");
+    split.train = std::make_shared<data::CharDataset>(text.substr(0, size_t(n_train_bytes)), context);
+    if (n_test_bytes > context) {
+      split.test = std::make_shared<data::CharDataset>(text.substr(size_t(n_train_bytes)), context);
+      split.eval_stride = context;
+    }
+    split.tokens_per_sample = context;
+    split.description = str("text ", path, ": ", n_train_bytes, " train bytes, ", n_test_bytes, " test bytes, context ",
+                            context);
+    return split;
+  }
+  BOOSTER_FAIL(ConfigError, "'data.type' is \"", type, "\"; expected one of 'fashion_mnist', 'synthetic', 'text'");
+}
+
+std::unique_ptr<optim::LRScheduler> make_lr_scheduler(const json& lr_scheduler, optim::Optimizer& optimizer,
+                                                      int64_t total_steps) {
+  if (lr_scheduler.at("type") == "none") return nullptr;
+  json options = lr_scheduler;
+  for (const char* key : {"T_max", "total_steps"})
+    if (options.contains(key) && options.at(key).is_null()) options[key] = std::max<int64_t>(total_steps, 1);
+  return optim::make_scheduler(options, optimizer);
+}
+
+Evaluation evaluate(nn::Module& model, const DataSplits& split, const Criterion& criterion, int64_t batch_size) {
+  BOOSTER_CHECK(split.test != nullptr, StateError, "evaluate: the data has no test split");
+  const bool was_training = model.is_training();
+  model.eval();
+  autograd::NoGradGuard no_grad;
+
+  double loss_sum = 0.0;
+  int64_t correct = 0, targets = 0, samples = 0;
+  const int64_t n = split.test->size();
+  std::vector<int64_t> indices;
+  for (int64_t begin = 0; begin < n; begin += batch_size * split.eval_stride) {
+    indices.clear();
+    for (int64_t i = begin; i < n && int64_t(indices.size()) < batch_size; i += split.eval_stride) indices.push_back(i);
+    data::Batch batch = split.test->get_batch(indices);
+    Tensor output = model(batch.x);
+    const int64_t batch_targets = batch.y.numel();
+    loss_sum += criterion(output, batch.y).item() * double(batch_targets);
+    if (!is_floating(batch.y.dtype())) {
+      Tensor predicted = argmax(output, -1).contiguous();
+      Tensor truth = batch.y.to(DType::Int64).contiguous();
+      const int64_t* p = predicted.data<int64_t>();
+      const int64_t* t = truth.data<int64_t>();
+      for (int64_t i = 0; i < batch_targets; ++i) correct += p[i] == t[i];
+    }
+    targets += batch_targets;
+    samples += int64_t(indices.size());
+  }
+  model.train(was_training);
+
+  Evaluation e;
+  e.samples = samples;
+  e.loss = targets ? loss_sum / double(targets) : 0.0;
+  e.accuracy = targets ? double(correct) / double(targets) : 0.0;
+  return e;
+}
+
+}  // namespace booster::config

@@ -1,0 +1,63 @@
+// The pieces of a training run that are built from a resolved config and shared by every driver
+// (the `booster train` command, the Booster, examples): the loss, the data splits, evaluation.
+//
+// The model, optimizer and lr scheduler come from their own factories (nn::make_model,
+// optim::make_optimizer, optim::make_scheduler), which read the same resolved sections.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "booster/data/dataset.h"
+#include "booster/nn/module.h"
+#include "booster/optim/lr_scheduler.h"
+#include "booster/tensor/tensor.h"
+
+namespace booster::config {
+
+// A loss: (model output, target) -> a scalar tensor.
+using Criterion = std::function<Tensor(const Tensor& output, const Tensor& target)>;
+
+// From the resolved `criterion` section:
+//  * cross_entropy: output [N, C] or [B, T, C] (a language model; flattened to [B*T, C]) against class
+//    indices [N] or [B, T], with label_smoothing and ignore_index as torch.nn.CrossEntropyLoss;
+//  * mse: output against the target; integer class targets are one-hot encoded to the output's shape.
+Criterion make_criterion(const nlohmann::json& criterion);
+
+// What a run trains and evaluates on.
+struct DataSplits {
+  data::DatasetPtr train;
+  data::DatasetPtr test;    // null when the data has no test split (then no evaluation)
+  // Items of the test split to evaluate: every `eval_stride`-th. Overlapping windows of a text would
+  // count each character `context` times; a stride of `context` counts each once.
+  int64_t eval_stride = 1;
+  int64_t tokens_per_sample = 1;  // `context` for text, 1 for classification
+  std::string description;       // "Fashion-MNIST: 60000 train, 10000 test", for the log
+};
+
+// From the resolved `data` section:
+//  * fashion_mnist: the train/test splits from `dir` (normalized unless normalize = false);
+//  * synthetic: num_samples + num_test_samples gaussian-blob points (same blobs in both splits);
+//  * text: byte windows of `path`; the last test_fraction of the file is the test split.
+// DataError (naming the file) when the data cannot be read.
+DataSplits make_datasets(const nlohmann::json& data, uint64_t seed);
+
+// From the resolved `lr_scheduler` section: null for "none", else optim::make_scheduler with a null
+// T_max / total_steps replaced by `total_steps` (the run's length).
+std::unique_ptr<optim::LRScheduler> make_lr_scheduler(const nlohmann::json& lr_scheduler, optim::Optimizer& optimizer,
+                                                      int64_t total_steps);
+
+struct Evaluation {
+  double loss = 0.0;      // mean over the evaluated targets
+  double accuracy = 0.0;  // fraction of targets whose argmax over the last dim is right
+  int64_t samples = 0;
+};
+
+// Evaluates `model` on split.test (which must exist) in eval mode under NoGradGuard, `batch_size` items
+// at a time, and restores the model's training mode.
+Evaluation evaluate(nn::Module& model, const DataSplits& split, const Criterion& criterion, int64_t batch_size);
+
+}  // namespace booster::config
