@@ -155,7 +155,7 @@ TEST_CASE("config errors name the path, the value and what is allowed", "[cli][c
   REQUIRE_THROWS_WITH(booster::config::resolve(c), Contains("did you mean 'model'?"));
 }
 
-TEST_CASE("--set parses JSON values and falls back to strings", "[cli][config]") {
+TEST_CASE("set overrides parse JSON values and fall back to strings", "[cli][config]") {
   json c = synthetic_config();
   booster::config::apply_override(c, "optimizer.lr=3e-4");
   CHECK(c["optimizer"]["lr"] == 3e-4);
@@ -231,7 +231,7 @@ TEST_CASE("a missing or broken config file exits 2 naming it", "[cli]") {
   CHECK(r.err.find("line") != std::string::npos);
 }
 
-TEST_CASE("--set overrides are applied and validated", "[cli]") {
+TEST_CASE("set overrides are applied and validated", "[cli]") {
   fs::path cfg = write_config("set.json", synthetic_config());
   RunResult r = run_booster("check --config " + cfg.string() +
                             " --set optimizer.lr=0.5 --set train.max_steps=3 --set optimizer.type=sgd");
