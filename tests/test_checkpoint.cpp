@@ -152,7 +152,10 @@ std::map<std::string, ReaderTensor> parse_reader_output(const std::string& out) 
 std::string shape_text(const Shape& s) {
   if (s.empty()) return "scalar";
   std::string out;
-  for (int64_t d : s) out += (out.empty() ? "" : ",") + std::to_string(d);
+  for (int64_t d : s) {
+    if (!out.empty()) out += ',';
+    out += std::to_string(d);
+  }
   return out;
 }
 
@@ -176,6 +179,11 @@ TEST_CASE("safetensors: every dtype, 0-d and empty tensors round trip bit for bi
   CHECK(back.metadata == Metadata{{"format", "pt"}, {"note", "héllo"}});
   // No temporary file is left beside it.
   CHECK(std::distance(fs::directory_iterator(dir.path), fs::directory_iterator()) == 1);
+
+  // An empty map is a valid file too (a header of "{}" and no data).
+  write_safetensors(dir / "empty.safetensors", {});
+  CHECK(read_bytes(dir / "empty.safetensors").size() == 16);
+  CHECK(read_safetensors(dir / "empty.safetensors").tensors.empty());
 }
 
 TEST_CASE("safetensors: the file is laid out as the format specifies", "[checkpoint]") {

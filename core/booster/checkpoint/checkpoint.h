@@ -26,6 +26,8 @@
 // `step-N/`: that rename is the commit point (Note [Atomic checkpoint writes]). Only after it is
 // `latest` updated and are old checkpoints pruned to keep_last, so a crash at any moment leaves the
 // previous checkpoint loadable. Only names `step-` + 8 digits count as checkpoints.
+// One process saves into a root at a time (rank 0 under data parallelism): a save removes the `.tmp`
+// directories it finds, taking them for leftovers of crashed saves.
 #pragma once
 
 #include <cstdint>
