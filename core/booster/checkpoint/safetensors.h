@@ -21,11 +21,12 @@
 // save_model() writes `model.safetensors`, or, when the tensors exceed max_shard_bytes,
 // `model-00001-of-0000N.safetensors` ... plus `model.safetensors.index.json`
 //   {"metadata": {"total_size": <bytes of tensor data>}, "weight_map": {"<name>": "<shard file>"}}
-// exactly as transformers' save_pretrained does: tensors taken in name order, a new shard started when
-// the next tensor would overflow the current one (a tensor larger than the limit gets a shard alone).
+// with the names and index format of transformers' save_pretrained and its greedy split: a new shard
+// starts when the next tensor would overflow the current one (a tensor larger than the limit gets a
+// shard alone). We take tensors in name order (transformers takes the state dict's order).
 // Each file is replaced atomically and the index is written last, but a save into a directory that
-// already holds a model is not atomic as a whole (an interrupted save may mix old and new shards, which
-// load_model then reports). save_checkpoint writes into a fresh directory and commits it by a rename.
+// already holds a model is not atomic as a whole (an interrupted save may mix old and new shards;
+// load_model reports shards that disagree with the index). save_checkpoint writes into a fresh directory and commits it by a rename.
 #pragma once
 
 #include <cstdint>
