@@ -24,7 +24,7 @@ double value_of(int r, int64_t i, DType dtype) {
 }
 
 std::vector<double> rank_values(int r, int64_t n, DType dtype, int64_t first = 0) {
-  std::vector<double> v(size_t(n));
+  std::vector<double> v(static_cast<size_t>(n));
   for (int64_t i = 0; i < n; ++i) v[size_t(i)] = value_of(r, first + i, dtype);
   return v;
 }
@@ -35,7 +35,7 @@ Tensor rank_tensor(int r, const Shape& shape, DType dtype) {
 
 // op over ranks of value_of(r, first + i), computed in double and rounded to `dtype` once.
 std::vector<double> expected(ReduceOp op, int64_t n, DType dtype, int world, int64_t first = 0) {
-  std::vector<double> out(size_t(n));
+  std::vector<double> out(static_cast<size_t>(n));
   for (int64_t i = 0; i < n; ++i) {
     double acc = value_of(0, first + i, dtype);
     for (int r = 1; r < world; ++r) {
