@@ -10,7 +10,7 @@
 using namespace booster;
 using namespace booster::distributed;
 
-TEST_CASE("default group outside mpirun is the local group of rank 0, size 1", "[distributed]") {
+TEST_CASE("distributed: default group outside mpirun is the local group of rank 0, size 1", "[distributed]") {
   REQUIRE_FALSE(launched_by_mpi_launcher());
   ProcessGroup& pg = default_process_group();
   REQUIRE(is_initialized());
@@ -25,7 +25,7 @@ TEST_CASE("default group outside mpirun is the local group of rank 0, size 1", "
   REQUIRE_THROWS_AS(init_process_group("gloo"), StateError);
 }
 
-TEST_CASE("init_process_group names the backends it knows", "[distributed]") {
+TEST_CASE("distributed: init_process_group names the backends it knows", "[distributed]") {
   // Run before any default group exists only when this test runs alone (as CTest does); otherwise
   // the switch is refused first. Either way the call throws a typed error.
   if (!is_initialized()) {
@@ -38,7 +38,7 @@ TEST_CASE("init_process_group names the backends it knows", "[distributed]") {
   REQUIRE_THROWS_AS(init_process_group("gloo"), Error);
 }
 
-TEST_CASE("local group: collectives are identities and copies", "[distributed]") {
+TEST_CASE("distributed: local group: collectives are identities and copies", "[distributed]") {
   LocalProcessGroup pg;
   for (DType dtype : {DType::Float32, DType::Float64, DType::Float16, DType::BFloat16, DType::Int64}) {
     INFO(dtype_name(dtype));
@@ -69,7 +69,7 @@ TEST_CASE("local group: collectives are identities and copies", "[distributed]")
   pg.barrier();
 }
 
-TEST_CASE("local group: span overloads touch only the span", "[distributed]") {
+TEST_CASE("distributed: local group: span overloads touch only the span", "[distributed]") {
   LocalProcessGroup pg;
   Tensor flat = arange(0, 10, 1, DType::Float32);
   Tensor out = zeros({10});
@@ -85,7 +85,7 @@ TEST_CASE("local group: span overloads touch only the span", "[distributed]") {
   REQUIRE_THROWS_AS(BufferSpan::of(flat).slice(-1, 2), IndexError);
 }
 
-TEST_CASE("argument checks are the same on every backend", "[distributed]") {
+TEST_CASE("distributed: argument checks are the same on every backend", "[distributed]") {
   LocalProcessGroup pg;
   Tensor m = zeros({3, 4});
   Tensor strided = m.t();
@@ -115,7 +115,7 @@ TEST_CASE("argument checks are the same on every backend", "[distributed]") {
   REQUIRE_THROWS_AS(pg.reduce_scatter(same, same), ValueError);
 }
 
-TEST_CASE("mpi backend outside mpirun is a singleton world", "[distributed]") {
+TEST_CASE("distributed: mpi backend outside mpirun is a singleton world", "[distributed]") {
   if (!mpi_built()) {
     REQUIRE_THROWS_AS(make_mpi_process_group(), ConfigError);
     return;

@@ -67,7 +67,7 @@ TEST_CASE("failure helper: rank 1 fails while rank 0 waits in all_reduce", "[.fa
   REQUIRE(t.tolist()[0] == 4.0);
 }
 
-TEST_CASE("an uncaught exception on one rank ends the job with an error, not a hang",
+TEST_CASE("distributed: an uncaught exception on one rank ends the job with an error, not a hang",
           "[distributed][mpi]") {
   if (!mpi_built() || !have_mpirun()) return;
   const JobResult job = run_job("throw");
@@ -79,7 +79,7 @@ TEST_CASE("an uncaught exception on one rank ends the job with an error, not a h
   REQUIRE_THAT(job.output, Catch::Contains("aborting the MPI job"));
 }
 
-TEST_CASE("a non-zero exit on one rank ends the job with an error, not a hang",
+TEST_CASE("distributed: a non-zero exit on one rank ends the job with an error, not a hang",
           "[distributed][mpi]") {
   if (!mpi_built() || !have_mpirun()) return;
   const JobResult job = run_job("exit");
@@ -90,7 +90,7 @@ TEST_CASE("a non-zero exit on one rank ends the job with an error, not a hang",
   REQUIRE_THAT(job.output, Catch::Contains("rank 1 of 2 exits with status 3"));
 }
 
-TEST_CASE("the same job without a failure exits 0", "[distributed][mpi]") {
+TEST_CASE("distributed: the same job without a failure exits 0", "[distributed][mpi]") {
   if (!mpi_built() || !have_mpirun()) return;
   const JobResult job = run_job("ok");
   INFO(job.output);
