@@ -234,14 +234,17 @@ std::string thread_level_name(int level) {
 
 // ---------------------------------------------------------------------------------------- group
 
-class MpiProcessGroup;
-
 // A started non-blocking collective: its requests and the step that finishes the result (Avg).
 class MpiWork final : public Work {
  public:
-  MpiWork(MpiProcessGroup* group, const char* op, std::vector<MPI_Request> requests,
+  // `mpi_mutex` is the group's MPI mutex when calls must be serialized, else null; shared so that a
+  // Work may outlive its group.
+  MpiWork(std::shared_ptr<std::mutex> mpi_mutex, const char* op, std::vector<MPI_Request> requests,
           std::function<void()> finish)
-      : group_(group), op_(op), requests_(std::move(requests)), finish_(std::move(finish)) {}
+      : mpi_mutex_(std::move(mpi_mutex)),
+        op_(op),
+        requests_(std::move(requests)),
+        finish_(std::move(finish)) {}
   ~MpiWork() override;
   void wait() override;
   bool is_completed() override;
@@ -252,7 +255,11 @@ class MpiWork final : public Work {
     if (finish_) finish_();
   }
 
-  MpiProcessGroup* group_;
+  std::unique_lock<std::mutex> maybe_lock() {
+    return mpi_mutex_ ? std::unique_lock<std::mutex>(*mpi_mutex_) : std::unique_lock<std::mutex>();
+  }
+
+  std::shared_ptr<std::mutex> mpi_mutex_;
   const char* op_;
   std::vector<MPI_Request> requests_;
   std::function<void()> finish_;
@@ -263,7 +270,7 @@ class MpiProcessGroup final : public ProcessGroup {
  public:
   MpiProcessGroup() {
     std::call_once(g_mpi_once, init_mpi);
-    serialize_ = g_mpi.thread_provided < MPI_THREAD_MULTIPLE;
+    if (g_mpi.thread_provided < MPI_THREAD_MULTIPLE) mpi_mutex_ = std::make_shared<std::mutex>();
     // A communicator of our own: collectives of the application's MPI code cannot match ours.
     check_mpi(MPI_Comm_dup(MPI_COMM_WORLD, &comm_), "init_process_group", "MPI_Comm_dup");
     check_mpi(MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN), "init_process_group",
@@ -293,9 +300,8 @@ class MpiProcessGroup final : public ProcessGroup {
 
   // Locks the MPI mutex when MPI does not support concurrent calls from several threads.
   std::unique_lock<std::mutex> maybe_lock() {
-    return serialize_ ? std::unique_lock<std::mutex>(mutex_) : std::unique_lock<std::mutex>();
+    return mpi_mutex_ ? std::unique_lock<std::mutex>(*mpi_mutex_) : std::unique_lock<std::mutex>();
   }
-  bool serialized() const { return serialize_; }
 
  protected:
   WorkPtr all_reduce_impl(const BufferSpan& buf, ReduceOp op, bool async) override {
@@ -406,19 +412,18 @@ class MpiProcessGroup final : public ProcessGroup {
       if (finish) finish();
       return nullptr;
     }
-    return std::make_shared<MpiWork>(this, op, std::move(requests), std::move(finish));
+    return std::make_shared<MpiWork>(mpi_mutex_, op, std::move(requests), std::move(finish));
   }
 
   MPI_Comm comm_ = MPI_COMM_NULL;
   int rank_ = 0;
   int size_ = 1;
-  bool serialize_ = false;
-  std::mutex mutex_;
+  std::shared_ptr<std::mutex> mpi_mutex_;  // set when MPI is not MPI_THREAD_MULTIPLE
 };
 
 void MpiWork::wait() {
   if (done_) return;
-  if (group_->serialized()) {
+  if (mpi_mutex_) {
     // MPI_Waitall would hold the MPI mutex for the whole collective; poll instead.
     while (!is_completed()) std::this_thread::yield();
     return;
@@ -432,7 +437,7 @@ bool MpiWork::is_completed() {
   if (done_) return true;
   int flag = 0;
   {
-    auto lock = group_->maybe_lock();
+    auto lock = maybe_lock();
     check_mpi(MPI_Testall(int(requests_.size()), requests_.data(), &flag, MPI_STATUSES_IGNORE), op_,
               "MPI_Testall");
   }
