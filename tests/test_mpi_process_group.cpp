@@ -10,6 +10,7 @@
 #include "booster/distributed/mpi_process_group.h"
 #include "booster/distributed/process_group.h"
 #include "booster/ops/ops.h"
+#include "booster/optim/flat_buffer.h"
 
 using namespace booster;
 using namespace booster::distributed;
@@ -298,4 +299,25 @@ TEST_CASE("mpi large buffers all-reduce correctly, blocking and not", "[mpi]") {
   const auto want = expected(ReduceOp::Avg, n, DType::Float32, pg.size());
   REQUIRE(a.tolist() == want);
   REQUIRE(b.tolist() == want);
+}
+
+TEST_CASE("mpi all_reduce of one bucket of a flat gradient buffer", "[mpi]") {
+  ProcessGroup& pg = group();
+  Tensor w = zeros({3, 4});
+  Tensor b = zeros({4});
+  w.requires_grad_();
+  b.requires_grad_();
+  optim::FlatBuffer flat({w, b});
+  // Gradients as backward would leave them: rank-dependent values in the flat gradient storage.
+  Tensor grads = flat.grad();
+  grads.copy_(rank_tensor(pg.rank(), {flat.numel()}, DType::Float32));
+  const auto before = flat.grad().tolist();
+  // The bucket holding `b` only (as a data-parallel plugin reduces buckets as they become ready).
+  const BufferSpan bucket = BufferSpan::of(flat.grad()).slice(flat.offset(1), b.numel());
+  pg.all_reduce_async(bucket, ReduceOp::Avg)->wait();
+  const auto avg = expected(ReduceOp::Avg, flat.numel(), DType::Float32, pg.size());
+  const auto after = flat.grad().tolist();
+  for (int64_t i = 0; i < flat.numel(); ++i)
+    REQUIRE(after[size_t(i)] == (i >= flat.offset(1) ? avg[size_t(i)] : before[size_t(i)]));
+  REQUIRE(b.grad().tolist() == std::vector<double>(avg.begin() + flat.offset(1), avg.end()));
 }
