@@ -22,11 +22,13 @@
 // OpenMPI (shared memory and TCP) has no progress thread: a started collective advances only while
 // this rank is inside an MPI call. Code that overlaps compute with a collective should call
 // Work::is_completed() now and then (it is a cheap MPI_Testall), or the collective does most of its
-// work in wait(). OpenMPI's non-blocking collectives (libnbc) also use simpler algorithms than the
-// tuned blocking ones; measured on 2 ranks, 25 MiB float32: blocking all_reduce ~55 ms, async + wait
-// ~100 ms. If the data-parallel plugin needs better overlap, the alternative is the one
+// work in wait(). OpenMPI's non-blocking all-reduce (libnbc) picks a binomial reduce + broadcast for
+// in-place buffers, which measured twice slower than the blocking call on 25 MiB (2 ranks); unless the
+// user set it, we ask for Rabenseifner's reduce-scatter + all-gather instead
+// (OMPI_MCA_coll_libnbc_iallreduce_algorithm=3, set before MPI_Init), which matches the blocking call.
+// If the data-parallel plugin needs more overlap than polling gives, the alternative is the one
 // torch.distributed's MPI backend takes: one worker thread per group running the blocking calls in
-// issue order (needs MPI_THREAD_MULTIPLE or SERIALIZED).
+// issue order.
 //
 // MPI is initialized once per process with MPI_Init_thread asking for MPI_THREAD_MULTIPLE; when the
 // library provides less, every MPI call of this backend is serialized by one mutex (collectives may
