@@ -15,8 +15,13 @@
 //   form is kept alive by its Work). Dropping a Work that was not waited for waits for it.
 // * ReduceOp::Avg is a sum followed by a division by size(); it is for floating dtypes only (an integer
 //   average would truncate). float16/bfloat16 reductions combine two values at a time in float32 and
-//   round back to 16 bits (as NCCL does), so with more than two ranks the result can differ from a
-//   float32 sum of all ranks rounded once by a rounding step per combination.
+//   round back to 16 bits (as NCCL does; MPI has no 16-bit float type, so the MPI backend registers
+//   its own MPI_Op that widens blocks to float32 and rounds to nearest even; no float32 copy of the
+//   buffer is made). With more than two ranks the result can therefore differ from a float32 sum of
+//   all ranks rounded once, by a rounding step per combination.
+// * Tensor forms bump the tensor's version (they write in place), so autocast caches see the change.
+// * For the CUDA issue: an "nccl" backend implements the same four *_impl slots on device spans
+//   (BufferSpan carries the device); its Work::wait() would make the current stream wait.
 // * Failures: a failed MPI call throws DistributedError naming the collective, the MPI call and MPI's
 //   error string. A rank that dies must not leave the others hanging; see Note [Failing ranks] in
 //   mpi_process_group.h.
@@ -50,7 +55,7 @@ struct BufferSpan {
   size_t nbytes() const { return size_t(numel) * itemsize(dtype); }
 };
 
-// Handle of a non-blocking collective.
+// Handle of a non-blocking collective. Not thread-safe: wait for a Work from one thread.
 class Work {
  public:
   virtual ~Work() = default;
