@@ -5,18 +5,14 @@
 
 namespace booster::mixed_precision {
 
-namespace {
-
-std::unique_ptr<optim::Optimizer> make_like(const optim::Optimizer& original, std::vector<optim::ParamGroup> groups) {
+std::unique_ptr<optim::Optimizer> rebuild_optimizer(const optim::Optimizer& original, std::vector<optim::ParamGroup> groups) {
   const std::string type = original.name();
   if (type == "SGD") return std::make_unique<optim::SGD>(std::move(groups), original.defaults());
   if (type == "Adam") return std::make_unique<optim::Adam>(std::move(groups), original.defaults());
   if (type == "AdamW") return std::make_unique<optim::AdamW>(std::move(groups), original.defaults());
   BOOSTER_FAIL(IncompatibleError, "master weights: cannot rebuild a '", type,
-               "' optimizer over float32 masters; supported: SGD, Adam, AdamW");
+               "' optimizer over converted parameters; supported: SGD, Adam, AdamW");
 }
-
-}  // namespace
 
 MasterWeightOptimizer::MasterWeightOptimizer(const optim::Optimizer& original,
                                              const std::function<void()>& convert_model)
@@ -37,7 +33,7 @@ MasterWeightOptimizer::MasterWeightOptimizer(const optim::Optimizer& original,
     masters_.push_back(std::move(masters));
   }
   convert_model();
-  inner_ = make_like(original, std::move(master_groups));
+  inner_ = rebuild_optimizer(original, std::move(master_groups));
   // The inner optimizer bound the masters (repointing them into its flat buffers); masters_ holds the
   // same TensorImpls, so it sees the flat memory.
   add_groups(std::move(model_groups));

@@ -25,6 +25,12 @@
 
 namespace booster::mixed_precision {
 
+// A new optimizer of original's type (SGD, Adam, AdamW) and defaults over `groups` (IncompatibleError
+// for other types). Strategies that convert the model after the user built the optimizer use it: the
+// converted parameters no longer live in the original optimizer's flat buffers.
+std::unique_ptr<optim::Optimizer> rebuild_optimizer(const optim::Optimizer& original,
+                                                    std::vector<optim::ParamGroup> groups);
+
 class MasterWeightOptimizer final : public optim::Optimizer {
  public:
   // `original` was built over the model's float32 parameters: its type (SGD, Adam, AdamW), groups and
