@@ -7,8 +7,9 @@
 //   O3     float16          false                  false                false           1.0
 //
 // Any property may be overridden by an option of the same name, with apex's consistency checks (O1
-// patches functions instead of casting weights, so it refuses cast_model_type, keep_batchnorm_fp32 and
-// master_weights). Here:
+// patches functions instead of casting weights, so it refuses cast_model_type other than float32,
+// keep_batchnorm_fp32 and master_weights, and only O1 may set patch_torch_functions; a null override
+// is no override, as in amp.initialize). Here:
 //   cast_model_type float16      -> the model is converted (batch norm kept float32 when
 //                                   keep_batchnorm_fp32), inputs go in as float16, outputs come out
 //                                   float32;
@@ -106,8 +107,9 @@ class ApexLossScaler {
   int64_t unskipped_ = 0;
 };
 
-std::optional<bool> read_optional_bool(OptionReader& r, const std::string& key, std::optional<bool> fallback) {
-  const nlohmann::json v = r.raw(key, fallback ? nlohmann::json(*fallback) : nlohmann::json());
+// A boolean override: nullopt when absent or null (no override).
+std::optional<bool> read_optional_bool(OptionReader& r, const std::string& key) {
+  const nlohmann::json v = r.raw(key, nullptr);
   if (v.is_null()) return std::nullopt;
   if (v.is_boolean()) return v.get<bool>();
   // apex accepts the strings "True" and "False" (from argparse).
@@ -129,34 +131,40 @@ class Fp16Apex final : public MasterWeightStrategy {
     p_ = level_properties(opt_level_);
     const bool o1 = opt_level_ == "O1";
 
-    if (r.has("cast_model_type")) {
-      const nlohmann::json v = r.raw("cast_model_type", nullptr);
-      if (v.is_null() || v == false) {
+    // As amp.initialize: an override that is null is no override.
+    const nlohmann::json cast = r.raw("cast_model_type", nullptr);
+    if (!cast.is_null()) {
+      if (cast == false) {
         p_.cast_model_type.reset();
       } else {
-        BOOSTER_CHECK(v.is_string() && (v == "float16" || v == "float32"), ConfigError,
-                      "mixed precision 'fp16_apex': option 'cast_model_type' must be \"float16\", \"float32\" or null, "
-                      "got ", v.dump());
-        p_.cast_model_type = v == "float16" ? DType::Float16 : DType::Float32;
+        BOOSTER_CHECK(cast.is_string() && (cast == "float16" || cast == "float32"), ConfigError,
+                      "mixed precision 'fp16_apex': option 'cast_model_type' must be \"float16\", \"float32\", false "
+                      "or null, got ", cast.dump());
+        p_.cast_model_type = cast == "float16" ? DType::Float16 : DType::Float32;
       }
-      BOOSTER_CHECK(!o1 || !p_.cast_model_type || *p_.cast_model_type == DType::Float32, ConfigError,
+      BOOSTER_CHECK(!o1 || cast == false || cast == "float32", ConfigError,
                     "fp16_apex: O1 inserts casts around Torch functions rather than model weights, so with O1, the "
                     "model weights themselves should remain FP32. If you wish to cast the model to a different type, "
-                    "use opt_level='O2' or 'O3'. cast_model_type was ", v.dump());
-    } else {
-      r.raw("cast_model_type", nullptr);
+                    "use opt_level='O2' or 'O3'. cast_model_type was ", cast.dump());
     }
-    p_.patch_torch_functions = r.flag("patch_torch_functions", p_.patch_torch_functions);
-    const bool bn_given = r.has("keep_batchnorm_fp32");
-    p_.keep_batchnorm_fp32 = read_optional_bool(r, "keep_batchnorm_fp32", p_.keep_batchnorm_fp32);
-    BOOSTER_CHECK(!o1 || !bn_given || !p_.keep_batchnorm_fp32.has_value(), ConfigError,
-                  "fp16_apex: with opt_level O1, batchnorm functions are automatically patched to run in FP32, so "
-                  "keep_batchnorm_fp32 should be None. keep_batchnorm_fp32 was ", *p_.keep_batchnorm_fp32);
-    const bool mw_given = r.has("master_weights");
-    p_.master_weights = read_optional_bool(r, "master_weights", p_.master_weights);
-    BOOSTER_CHECK(!o1 || !mw_given || !p_.master_weights.has_value(), ConfigError,
-                  "fp16_apex: it doesn't make sense to use master_weights with O1. With O1, your model weights "
-                  "themselves should be FP32.");
+    const nlohmann::json patch = r.raw("patch_torch_functions", nullptr);
+    if (!patch.is_null()) {
+      BOOSTER_CHECK(patch.is_boolean(), ConfigError, "mixed precision 'fp16_apex': option 'patch_torch_functions' "
+                    "must be true, false or null, got ", patch.dump());
+      BOOSTER_CHECK(o1 || !patch.get<bool>(), ConfigError, "fp16_apex: currently, patch_torch_functions=True should "
+                    "only be set by selecting opt_level='O1'.");
+      p_.patch_torch_functions = patch.get<bool>();
+    }
+    if (const std::optional<bool> bn = read_optional_bool(r, "keep_batchnorm_fp32")) {
+      BOOSTER_CHECK(!o1, ConfigError, "fp16_apex: with opt_level O1, batchnorm functions are automatically patched "
+                    "to run in FP32, so keep_batchnorm_fp32 should be None. keep_batchnorm_fp32 was ", *bn);
+      p_.keep_batchnorm_fp32 = bn;
+    }
+    if (const std::optional<bool> mw = read_optional_bool(r, "master_weights")) {
+      BOOSTER_CHECK(!o1, ConfigError, "fp16_apex: it doesn't make sense to use master_weights with O1. With O1, "
+                    "your model weights themselves should be FP32.");
+      p_.master_weights = mw;
+    }
 
     const nlohmann::json ls = r.raw("loss_scale", p_.dynamic ? nlohmann::json("dynamic") : nlohmann::json(p_.static_scale));
     if (ls == "dynamic") {
@@ -231,8 +239,7 @@ class Fp16Apex final : public MasterWeightStrategy {
   void backward(const Tensor& loss, optim::Optimizer& optimizer) override {
     if (use_masters_) return MasterWeightStrategy::backward(loss, optimizer);
     unscaled_ = false;
-    if (scaler_.scale() == 1.0) loss.backward();
-    else mul(loss, scaler_.scale()).backward();
+    scale_loss(loss, scaler_.scale()).backward();
   }
   void unscale_gradients(optim::Optimizer& optimizer) override {
     if (use_masters_) return MasterWeightStrategy::unscale_gradients(optimizer);

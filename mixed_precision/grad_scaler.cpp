@@ -18,7 +18,7 @@ GradScaler::GradScaler(const GradScalerOptions& options) : options_(options), sc
 
 Tensor GradScaler::scale(const Tensor& loss) const {
   if (!options_.enabled) return loss;
-  return mul(loss, double(scale_));
+  return scale_loss(loss, double(scale_));
 }
 
 void GradScaler::unscale_(optim::Optimizer& optimizer) {

@@ -32,9 +32,7 @@ MasterWeightOptimizer& MasterWeightStrategy::masters_of(optim::Optimizer& optimi
 void MasterWeightStrategy::backward(const Tensor& loss, optim::Optimizer& optimizer) {
   masters_of(optimizer);
   gathered_ = false;
-  const double scale = current_scale();
-  if (scale == 1.0) loss.backward();
-  else mul(loss, scale).backward();
+  scale_loss(loss, current_scale()).backward();
 }
 
 void MasterWeightStrategy::gather(optim::Optimizer& optimizer) {

@@ -236,6 +236,11 @@ TEST_CASE("GradScaler: unscale_ state machine errors carry torch's messages", "[
   CHECK(scaler.step(*w.opt));
   scaler.update();
 
+  // A float16 loss is scaled in float32 (torch's float32 scale tensor promotes): 2 * 2^16 would be inf.
+  Tensor scaled = GradScaler().scale(full({}, 2.0, DType::Float16));
+  CHECK(scaled.dtype() == DType::Float32);
+  CHECK(scaled.item() == 131072.0);
+
   GradScaler fresh;
   REQUIRE_THROWS_WITH(fresh.update(), "No inf checks were recorded prior to update().");
 
@@ -616,6 +621,15 @@ TEST_CASE("strategies wrap the model without renaming it and run the forward und
   // The logits of the float16 linear layer are rounded to float16: autocast was on.
   Tensor out = (*s.c.model)(data->x());
   CHECK(out.dtype() == DType::Float16);
+  // eval() reaches the wrapped model's own flag (a model may consult it in its forward).
+  auto wrapped = std::dynamic_pointer_cast<PrecisionModule>(s.c.model);
+  REQUIRE(wrapped);
+  s.c.model->eval();
+  (*s.c.model)(data->x());
+  CHECK_FALSE(wrapped->inner()->is_training());
+  s.c.model->train();
+  (*s.c.model)(data->x());
+  CHECK(wrapped->inner()->is_training());
   // fp16_naive keeps the whole model in float16 but hands float32 out (the loss is float32).
   Setup n = make_setup("fp16_naive", json::object(), 1);
   CHECK(n.c.model->parameters().front().dtype() == DType::Float16);
@@ -674,6 +688,12 @@ TEST_CASE("fp16_apex: opt levels follow apex's property table; overrides are che
                       Contains("master_weights with O1"));
   REQUIRE_THROWS_WITH(create("fp16_apex", {{"opt_level", "O1"}, {"keep_batchnorm_fp32", false}}),
                       Contains("keep_batchnorm_fp32 should be None"));
+  REQUIRE_THROWS_WITH(create("fp16_apex", {{"opt_level", "O2"}, {"patch_torch_functions", true}}),
+                      Contains("patch_torch_functions=True should only be set by selecting opt_level='O1'"));
+  // A null override is no override (amp.initialize applies only overrides that are not None).
+  CHECK(create("fp16_apex", {{"opt_level", "O2"}, {"master_weights", nullptr}})->options().at("master_weights") == true);
+  CHECK_NOTHROW(create("fp16_apex", {{"opt_level", "O1"}, {"master_weights", nullptr}}));
+  CHECK_NOTHROW(create("fp16_apex", {{"opt_level", "O1"}, {"cast_model_type", false}}));
   REQUIRE_THROWS_WITH(create("fp16_apex", {{"loss_scale", "auto"}}), Contains("'loss_scale'"));
   REQUIRE_THROWS_WITH(create("fp16_apex", {{"min_loss_scale", -1}}), Contains("'min_loss_scale'"));
   REQUIRE_THROWS_WITH(create("fp16_apex", {{"opt_levl", "O2"}}), Contains("unknown option 'opt_levl'") &&

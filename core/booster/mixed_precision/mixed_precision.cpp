@@ -177,6 +177,8 @@ PrecisionModule::PrecisionModule(nn::ModulePtr inner, Options options)
 }
 
 Tensor PrecisionModule::forward(const Tensor& x) {
+  // train()/eval() reach the adopted children but not the inner module's own flag.
+  if (inner_->is_training() != is_training()) inner_->train(is_training());
   Tensor input = x;
   if (options_.cast_io && is_floating(x.dtype())) input = x.to(options_.input_dtype);
   Tensor out;
@@ -193,6 +195,11 @@ Criterion autocast_criterion(Criterion criterion, DType dtype, std::shared_ptr<c
     autocast::AutocastGuard guard(true, dtype, table);
     return criterion(output, target);
   };
+}
+
+Tensor scale_loss(const Tensor& loss, double scale) {
+  const Tensor wide = is_low_precision(loss.dtype()) ? loss.to(DType::Float32) : loss;
+  return scale == 1.0 ? wide : mul(wide, scale);
 }
 
 std::vector<Tensor> flat_grads(const optim::Optimizer& optimizer) {

@@ -178,6 +178,10 @@ class PrecisionModule : public nn::Module {
 Criterion autocast_criterion(Criterion criterion, DType dtype,
                              std::shared_ptr<const autocast::PolicyTable> table = nullptr);
 
+// loss * scale, computed in float32 when the loss is float16/bfloat16 (as torch's GradScaler.scale,
+// whose float32 scale tensor promotes the product): a 16-bit loss times 2^16 would overflow.
+Tensor scale_loss(const Tensor& loss, double scale);
+
 // Gradient buffers of an optimizer: one 1-D tensor per flat buffer of every group.
 std::vector<Tensor> flat_grads(const optim::Optimizer& optimizer);
 
