@@ -18,7 +18,10 @@
 #include "booster/autograd/autograd.h"
 #include "booster/data/synthetic.h"
 #include "booster/mixed_precision/mixed_precision.h"
+#include "booster/nn/activation.h"
+#include "booster/nn/container.h"
 #include "booster/nn/linear.h"
+#include "booster/nn/normalization.h"
 #include "booster/nn/models.h"
 #include "booster/ops/ops.h"
 #include "booster/optim/optimizer.h"
@@ -405,6 +408,18 @@ TEST_CASE("underflow: gradients below float16's smallest subnormal vanish unscal
   // Without scaling every float16 gradient is zero: the model does not move at all.
   CHECK(u.train("fp16", {{"enabled", false}}, 30) == std::vector<double>(4, 0.0));
   CHECK(u.train("fp16_naive", {{"initial_scale", 1.0}, {"min_scale", 1.0}}, 30) == std::vector<double>(4, 0.0));
+  // log_num_zeros_in_grad counts the zero master-gradient elements: all 4 unscaled, none scaled.
+  for (double scale : {1.0, 65536.0}) {
+    auto model = std::make_shared<nn::Linear>(4, 1, false);
+    std::shared_ptr<optim::Optimizer> opt = std::make_shared<optim::SGD>(model->parameters(), json{{"lr", 0.1}});
+    auto mp = create("fp16_naive", {{"initial_scale", scale}, {"log_num_zeros_in_grad", true}});
+    Criterion crit = [](const Tensor& out, const Tensor& t) { return mul(mse_loss(out, t), Underflow::kLossFactor); };
+    Configured c = mp->configure(model, opt, crit);
+    mp->backward(c.criterion((*c.model)(u.x), u.y), *c.optimizer);
+    mp->step(*c.optimizer);
+    CHECK(mp->last_step_stats().num_zeros == (scale == 1.0 ? 4 : 0));
+  }
+  CHECK(create("fp16_naive")->last_step_stats().num_zeros == -1);  // off by default
   // With the default scale (2^16) it learns.
   for (const char* strategy : {"fp16", "fp16_naive"}) {
     INFO(strategy);
@@ -743,4 +758,29 @@ TEST_CASE("fp16_apex: dynamic scale starts at min(max_loss_scale, 2^16), halves 
   st.mp->step(*st.c.optimizer);
   CHECK_FALSE(st.mp->step_was_skipped());
   CHECK(st.mp->loss_scale() == 8.0);
+}
+
+TEST_CASE("fp16_apex O2 keeps batch norm float32 in a float16 model and trains through it", "[amp]") {
+  auto data = data::synthetic_classification(512, 16, 4, 4);
+  auto model = std::make_shared<nn::Sequential>(std::vector<nn::ModulePtr>{
+      std::make_shared<nn::Linear>(16, 32), std::make_shared<nn::BatchNorm1d>(32), std::make_shared<nn::ReLU>(),
+      std::make_shared<nn::Linear>(32, 4)});
+  std::shared_ptr<optim::Optimizer> opt = std::make_shared<optim::Adam>(model->parameters(), json{{"lr", 1e-2}});
+  auto mp = create("fp16_apex", {{"opt_level", "O2"}});
+  Configured c = mp->configure(model, opt, cross_entropy_criterion());
+  const auto named = c.model->named_parameters();
+  for (const auto& [n, p] : named) {
+    INFO(n);
+    CHECK(p.dtype() == (n.rfind("1.", 0) == 0 ? DType::Float32 : DType::Float16));
+  }
+  double first = 0, last = 0;
+  for (int i = 0; i < 40; ++i) {
+    c.optimizer->zero_grad();
+    Tensor loss = c.criterion((*c.model)(data->x().narrow(0, 32 * (i % 16), 32)), data->y().narrow(0, 32 * (i % 16), 32));
+    mp->backward(loss, *c.optimizer);
+    mp->step(*c.optimizer);
+    REQUIRE_FALSE(mp->step_was_skipped());
+    (i == 0 ? first : last) = loss.item();
+  }
+  CHECK(last < first * 0.5);
 }
