@@ -82,7 +82,12 @@ bool MasterWeightOptimizer::gather_grads(float inv_scale) {
   return fused_unscale_and_check(spans, inv_scale);
 }
 
-std::vector<Tensor> MasterWeightOptimizer::master_grads() const { return flat_grads(*inner_); }
+std::vector<Tensor> MasterWeightOptimizer::master_grads() {
+  std::vector<Tensor> out;
+  for (size_t g = 0; g < groups_.size(); ++g)
+    for (const optim::FlatBuffer* fb : inner_->flat_buffers(g)) out.push_back(fb->grad());
+  return out;
+}
 
 void MasterWeightOptimizer::step_masters() {
   forward_options();

@@ -52,7 +52,7 @@ class MasterWeightOptimizer final : public optim::Optimizer {
   void copy_masters_to_model();
 
   // The master gradient buffers (one per flat buffer of the inner optimizer).
-  std::vector<Tensor> master_grads() const;
+  std::vector<Tensor> master_grads();
   // Master parameters per group, in the order of param_groups()[g].params.
   const std::vector<std::vector<Tensor>>& masters() const { return masters_; }
   const optim::Optimizer& inner() const { return *inner_; }

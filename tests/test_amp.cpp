@@ -784,3 +784,22 @@ TEST_CASE("fp16_apex O2 keeps batch norm float32 in a float16 model and trains t
   }
   CHECK(last < first * 0.5);
 }
+
+TEST_CASE("fp16: gradients created outside the flat buffer (module zero_grad to None) are unscaled too", "[amp]") {
+  auto data = data::synthetic_classification(256, 16, 4, 6);
+  const json sgd = {{"type", "sgd"}, {"lr", 0.1}};
+  Setup a = make_setup("fp16", json::object(), 8, 16, 4, sgd);
+  Setup b = make_setup("fp16", json::object(), 8, 16, 4, sgd);
+  for (int64_t i = 0; i < 3; ++i) {
+    a.c.optimizer->zero_grad();
+    b.c.model->zero_grad(/*set_to_none*/ true);  // the next backward makes separate gradient tensors
+    for (Setup* s : {&a, &b}) {
+      Tensor loss = s->c.criterion((*s->c.model)(data->x().narrow(0, 32 * i, 32)), data->y().narrow(0, 32 * i, 32));
+      s->mp->backward(loss, *s->c.optimizer);
+      s->mp->clip_grad_norm(*s->c.optimizer, 100.0);
+      s->mp->step(*s->c.optimizer);
+    }
+    CHECK(a.mp->last_step_stats().grad_norm == b.mp->last_step_stats().grad_norm);
+  }
+  CHECK(snapshot(a.c.model->parameters()) == snapshot(b.c.model->parameters()));
+}

@@ -202,10 +202,15 @@ Tensor scale_loss(const Tensor& loss, double scale) {
   return scale == 1.0 ? wide : mul(wide, scale);
 }
 
-std::vector<Tensor> flat_grads(const optim::Optimizer& optimizer) {
+std::vector<Tensor> flat_grads(optim::Optimizer& optimizer) {
   std::vector<Tensor> out;
   for (size_t g = 0; g < optimizer.param_groups().size(); ++g)
-    for (const optim::FlatBuffer* fb : optimizer.flat_buffers(g)) out.push_back(fb->grad());
+    for (const optim::FlatBuffer* fb : optimizer.flat_buffers(g)) {
+      // The optimizer owns its (non-const) buffers and hands them out read-only; syncing is what its
+      // own step() does first, and is idempotent (a synced gradient stays "arrived").
+      const_cast<optim::FlatBuffer*>(fb)->sync_grads();
+      out.push_back(fb->grad());
+    }
   return out;
 }
 

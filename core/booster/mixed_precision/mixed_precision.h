@@ -182,8 +182,10 @@ Criterion autocast_criterion(Criterion criterion, DType dtype,
 // whose float32 scale tensor promotes the product): a 16-bit loss times 2^16 would overflow.
 Tensor scale_loss(const Tensor& loss, double scale);
 
-// Gradient buffers of an optimizer: one 1-D tensor per flat buffer of every group.
-std::vector<Tensor> flat_grads(const optim::Optimizer& optimizer);
+// Gradient buffers of an optimizer: one 1-D tensor per flat buffer of every group, after bringing
+// every gradient into them (a gradient that backward created outside the buffer, after a module's
+// zero_grad set it to None, is copied in; see Note [Flat buffers]), so an in-place pass sees them all.
+std::vector<Tensor> flat_grads(optim::Optimizer& optimizer);
 
 // Note [Fused gradient passes]
 // Unscaling and the inf/NaN check read every gradient once, together: dst = src * inv_scale for each
