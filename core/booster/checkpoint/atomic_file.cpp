@@ -1,0 +1,115 @@
+#include "booster/checkpoint/atomic_file.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <system_error>
+
+#include "booster/common/error.h"
+
+namespace booster::checkpoint {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+std::string errno_text() { return std::strerror(errno); }
+
+}  // namespace
+
+FileWriter::FileWriter(fs::path path) : path_(std::move(path)) {
+  fd_ = ::open(path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  BOOSTER_CHECK(fd_ >= 0, CheckpointError, "cannot create ", path_.string(), ": ", errno_text());
+}
+
+FileWriter::~FileWriter() {
+  if (fd_ >= 0) ::close(fd_);
+}
+
+void FileWriter::write(const void* data, size_t nbytes) {
+  BOOSTER_CHECK(fd_ >= 0, CheckpointError, "write to ", path_.string(), " after it was closed");
+  const char* p = static_cast<const char*>(data);
+  while (nbytes > 0) {
+    // Linux writes at most ~2 GiB per call; loop over partial writes.
+    const ssize_t n = ::write(fd_, p, nbytes < (size_t(1) << 30) ? nbytes : (size_t(1) << 30));
+    if (n < 0 && errno == EINTR) continue;
+    BOOSTER_CHECK(n > 0, CheckpointError, "cannot write ", path_.string(), ": ", errno_text());
+    p += n;
+    nbytes -= size_t(n);
+  }
+}
+
+void FileWriter::sync_and_close() {
+  if (fd_ < 0) return;
+  const int fd = fd_;
+  fd_ = -1;
+  if (::fsync(fd) != 0) {
+    const std::string why = errno_text();
+    ::close(fd);
+    BOOSTER_FAIL(CheckpointError, "cannot flush ", path_.string(), " to disk: ", why);
+  }
+  BOOSTER_CHECK(::close(fd) == 0, CheckpointError, "cannot close ", path_.string(), ": ", errno_text());
+}
+
+void sync_directory(const fs::path& dir) {
+  const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  BOOSTER_CHECK(fd >= 0, CheckpointError, "cannot open directory ", dir.string(), ": ", errno_text());
+  // Some file systems refuse fsync on directories (EINVAL); their renames are durable regardless.
+  const bool ok = ::fsync(fd) == 0 || errno == EINVAL;
+  const std::string why = ok ? "" : errno_text();
+  ::close(fd);
+  BOOSTER_CHECK(ok, CheckpointError, "cannot flush directory ", dir.string(), ": ", why);
+}
+
+void write_file_atomically(const fs::path& path, const std::function<void(FileWriter&)>& fill) {
+  fs::path tmp = path;
+  tmp += ".tmp-" + std::to_string(::getpid());
+  try {
+    FileWriter out(tmp);
+    fill(out);
+    out.sync_and_close();
+  } catch (...) {
+    std::error_code ignored;
+    fs::remove(tmp, ignored);
+    throw;
+  }
+  if (::rename(tmp.c_str(), path.c_str()) != 0) {
+    const std::string why = errno_text();
+    std::error_code ignored;
+    fs::remove(tmp, ignored);
+    BOOSTER_FAIL(CheckpointError, "cannot rename ", tmp.string(), " to ", path.string(), ": ", why);
+  }
+  sync_directory(path.has_parent_path() ? path.parent_path() : fs::path("."));
+}
+
+void write_text_file_atomically(const fs::path& path, const std::string& text) {
+  write_file_atomically(path, [&](FileWriter& out) { out.write(text); });
+}
+
+std::string read_text_file(const fs::path& path, size_t max_bytes) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  BOOSTER_CHECK(fd >= 0, CheckpointError, "cannot open ", path.string(), ": ", errno_text());
+  struct stat st {};
+  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || size_t(st.st_size) > max_bytes) {
+    ::close(fd);
+    BOOSTER_FAIL(CheckpointError, "cannot read ", path.string(), ": not a regular file of at most ",
+                 max_bytes, " bytes");
+  }
+  std::string text(size_t(st.st_size), '\0');
+  size_t done = 0;
+  while (done < text.size()) {
+    const ssize_t n = ::read(fd, text.data() + done, text.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) break;
+    done += size_t(n);
+  }
+  ::close(fd);
+  BOOSTER_CHECK(done == text.size(), CheckpointError, "cannot read ", path.string(), ": got ", done,
+                " of ", text.size(), " bytes");
+  return text;
+}
+
+}  // namespace booster::checkpoint

@@ -1,0 +1,205 @@
+#include "booster/checkpoint/checkpoint.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <regex>
+#include <system_error>
+
+#include "booster/checkpoint/atomic_file.h"
+#include "booster/common/error.h"
+
+namespace booster::checkpoint {
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+
+namespace {
+
+const std::regex kStepDirName(R"(step-(\d{8}))");
+const std::regex kTmpDirName(R"(step-\d{8}\.(tmp|replaced))");
+constexpr const char* kFormatName = "booster-checkpoint";
+
+std::string step_dir_name(int64_t step) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "step-%08lld", static_cast<long long>(step));
+  return buf;
+}
+
+void remove_tree(const fs::path& p) {
+  std::error_code ec;
+  fs::remove_all(p, ec);
+  BOOSTER_CHECK(!ec, CheckpointError, "cannot remove ", p.string(), ": ", ec.message());
+}
+
+void rename_or_throw(const fs::path& from, const fs::path& to) {
+  std::error_code ec;
+  fs::rename(from, to, ec);
+  BOOSTER_CHECK(!ec, CheckpointError, "cannot rename ", from.string(), " to ", to.string(), ": ", ec.message());
+}
+
+// A json value of trainer_state.json that must be there.
+const json& field(const json& state, const fs::path& file, const char* key) {
+  BOOSTER_CHECK(state.contains(key), CheckpointError, "corrupt checkpoint ", file.string(), ": no \"", key,
+                "\" field");
+  return state[key];
+}
+
+}  // namespace
+
+std::vector<std::pair<int64_t, fs::path>> list_checkpoints(const fs::path& root) {
+  std::vector<std::pair<int64_t, fs::path>> out;
+  std::error_code ec;
+  for (const auto& entry : fs::directory_iterator(root, ec)) {
+    std::smatch m;
+    const std::string name = entry.path().filename().string();
+    if (entry.is_directory(ec) && std::regex_match(name, m, kStepDirName))
+      out.emplace_back(std::stoll(m[1].str()), entry.path());
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+fs::path save_checkpoint(const fs::path& root, const TrainingState& state, const SaveOptions& options) {
+  BOOSTER_CHECK(state.step >= 0 && state.step <= 99'999'999, ValueError, "save_checkpoint: step ", state.step,
+                " is outside [0, 99999999]");
+  BOOSTER_CHECK(options.keep_last >= 0, ValueError, "save_checkpoint: keep_last must be >= 0 (0 keeps all), got ",
+                options.keep_last);
+  std::error_code ec;
+  fs::create_directories(root, ec);
+  BOOSTER_CHECK(fs::is_directory(root), CheckpointError, "save_checkpoint: cannot create directory ", root.string(),
+                ec ? ": " + ec.message() : std::string());
+
+  // Leftovers of crashed saves are never checkpoints (only step-XXXXXXXX is); clear them away.
+  for (const auto& entry : fs::directory_iterator(root, ec))
+    if (std::regex_match(entry.path().filename().string(), kTmpDirName)) remove_tree(entry.path());
+
+  const std::string name = step_dir_name(state.step);
+  const fs::path final_dir = root / name;
+  const fs::path tmp_dir = root / (name + ".tmp");
+  fs::create_directory(tmp_dir, ec);
+  BOOSTER_CHECK(!ec, CheckpointError, "save_checkpoint: cannot create ", tmp_dir.string(), ": ", ec.message());
+
+  try {
+    save_model(tmp_dir, state.model, options.max_shard_bytes);
+    const bool has_optimizer = !state.optimizer.meta.is_null() || !state.optimizer.tensors.empty();
+    if (has_optimizer) write_safetensors(tmp_dir / kOptimizerFileName, state.optimizer.tensors, {{"format", "pt"}});
+    json rng = json::object();
+    for (const auto& [rng_name, words] : state.rng) rng[rng_name] = words;
+    const json trainer_state = {
+        {"format", kFormatName},
+        {"version", kCheckpointFormatVersion},
+        {"step", state.step},
+        {"optimizer", has_optimizer ? state.optimizer.meta : json()},
+        {"scheduler", state.scheduler},
+        {"dataloader", state.dataloader},
+        {"rng", rng},
+        {"extra", state.extra},
+    };
+    write_text_file_atomically(tmp_dir / kTrainerStateFileName, trainer_state.dump(2) + "\n");
+    sync_directory(tmp_dir);
+  } catch (...) {
+    std::error_code ignored;
+    fs::remove_all(tmp_dir, ignored);
+    throw;
+  }
+
+  // Test hook for the crash test: everything is written, nothing is committed.
+  if (const char* hook = std::getenv("BOOSTER_TEST_ABORT_BEFORE_COMMIT"); hook && std::strcmp(hook, "1") == 0)
+    std::abort();
+
+  // The commit. A directory cannot be renamed over a non-empty one, so an existing checkpoint of the
+  // same step is first moved aside (a crash right here leaves the previous checkpoints, not this one).
+  if (fs::exists(final_dir)) {
+    const fs::path aside = root / (name + ".replaced");
+    rename_or_throw(final_dir, aside);
+    rename_or_throw(tmp_dir, final_dir);
+    remove_tree(aside);
+  } else {
+    rename_or_throw(tmp_dir, final_dir);
+  }
+  sync_directory(root);
+  write_text_file_atomically(root / kLatestFileName, name + "\n");
+
+  // Prune only now that the new checkpoint is committed and named by `latest`.
+  if (options.keep_last > 0) {
+    auto committed = list_checkpoints(root);
+    const size_t keep = size_t(options.keep_last);
+    for (size_t i = 0; i + keep < committed.size(); ++i)
+      if (committed[i].second != final_dir) remove_tree(committed[i].second);
+  }
+  return final_dir;
+}
+
+fs::path resolve_checkpoint(const fs::path& path) {
+  BOOSTER_CHECK(fs::is_directory(path), CheckpointError, "load_checkpoint: ", path.string(),
+                " is not a directory");
+  if (fs::exists(path / kTrainerStateFileName)) return path;
+  if (fs::exists(path / kLatestFileName)) {
+    std::string name = read_text_file(path / kLatestFileName, 4096);
+    while (!name.empty() && (name.back() == '\n' || name.back() == ' ')) name.pop_back();
+    BOOSTER_CHECK(std::regex_match(name, kStepDirName), CheckpointError, "load_checkpoint: ",
+                  (path / kLatestFileName).string(), " names '", name, "', not a step-XXXXXXXX directory");
+    const fs::path dir = path / name;
+    BOOSTER_CHECK(fs::is_directory(dir), CheckpointError, "load_checkpoint: ", (path / kLatestFileName).string(),
+                  " names ", name, ", which does not exist in ", path.string());
+    return dir;
+  }
+  const auto committed = list_checkpoints(path);
+  BOOSTER_CHECK(!committed.empty(), CheckpointError, "load_checkpoint: no checkpoint in ", path.string(),
+                " (no ", kTrainerStateFileName, ", no ", kLatestFileName, ", no step-XXXXXXXX directory)");
+  return committed.back().second;
+}
+
+TrainingState load_checkpoint(const fs::path& path, const LoadOptions& options) {
+  const fs::path dir = resolve_checkpoint(path);
+  const fs::path state_file = dir / kTrainerStateFileName;
+  BOOSTER_CHECK(fs::exists(state_file), CheckpointError, "load_checkpoint: ", dir.string(), " has no ",
+                kTrainerStateFileName, "; it is not a complete checkpoint");
+  json saved;
+  try {
+    saved = json::parse(read_text_file(state_file));
+  } catch (const json::exception& e) {
+    BOOSTER_FAIL(CheckpointError, "corrupt checkpoint ", state_file.string(), ": not valid JSON: ", e.what());
+  }
+  BOOSTER_CHECK(saved.is_object() && saved.value("format", json()) == kFormatName, CheckpointError,
+                "load_checkpoint: ", state_file.string(), " is not a booster checkpoint (no \"format\": \"",
+                kFormatName, "\")");
+  const json& version = field(saved, state_file, "version");
+  BOOSTER_CHECK(version == kCheckpointFormatVersion, CheckpointError, "load_checkpoint: ", dir.string(),
+                " has checkpoint format version ", version.dump(), "; this build reads version ",
+                kCheckpointFormatVersion);
+
+  TrainingState state;
+  try {
+    state.step = field(saved, state_file, "step").get<int64_t>();
+    state.scheduler = field(saved, state_file, "scheduler");
+    state.dataloader = field(saved, state_file, "dataloader");
+    for (const auto& [name, words] : field(saved, state_file, "rng").items())
+      state.rng[name] = words.get<std::vector<uint64_t>>();
+    state.extra = field(saved, state_file, "extra");
+    state.optimizer.meta = field(saved, state_file, "optimizer");
+  } catch (const json::exception& e) {
+    BOOSTER_FAIL(CheckpointError, "corrupt checkpoint ", state_file.string(), ": ", e.what());
+  }
+
+  for (const auto& [key, expected] : options.expect_extra.items()) {
+    BOOSTER_CHECK(state.extra.is_object() && state.extra.contains(key), CheckpointError, "load_checkpoint: ",
+                  dir.string(), " does not record \"", key, "\" (this run expects ", expected.dump(), ")");
+    BOOSTER_CHECK(state.extra[key] == expected, CheckpointError, "load_checkpoint: ", dir.string(),
+                  " was saved with ", key, " = ", state.extra[key].dump(), " but this run uses ", key, " = ",
+                  expected.dump(), "; resume with the same ", key, " or start a new run");
+  }
+
+  state.model = load_model(dir);
+  if (!state.optimizer.meta.is_null()) {
+    const fs::path optimizer_file = dir / kOptimizerFileName;
+    BOOSTER_CHECK(fs::exists(optimizer_file), CheckpointError, "load_checkpoint: ", optimizer_file.string(),
+                  " is missing but ", kTrainerStateFileName, " records an optimizer");
+    state.optimizer.tensors = read_safetensors(optimizer_file).tensors;
+  }
+  return state;
+}
+
+}  // namespace booster::checkpoint

@@ -1,0 +1,486 @@
+#include "booster/distributed/mpi_process_group.h"
+
+#if BOOSTER_WITH_MPI
+
+// The C API only: OpenMPI's deprecated C++ bindings are not used.
+#define OMPI_SKIP_MPICXX 1
+#include <mpi.h>
+#include <stdlib.h>  // on_exit (glibc)
+
+#include <algorithm>
+#include <climits>
+#include <cstdio>
+#include <exception>
+#include <functional>
+#include <mutex>
+#include <thread>
+#include <type_traits>
+
+namespace booster::distributed {
+
+namespace {
+
+// ---------------------------------------------------------------------------------------- runtime
+
+// Process-wide MPI state: initialized once, read-only afterwards.
+struct MpiRuntime {
+  bool we_initialized = false;  // finalize at exit only what we started
+  int thread_provided = -1;
+  int world_rank = 0;
+  int world_size = 1;
+  // User-defined reductions for float16 / bfloat16, indexed by reduce_slot().
+  MPI_Op half_ops[3] = {MPI_OP_NULL, MPI_OP_NULL, MPI_OP_NULL};
+  MPI_Op bf16_ops[3] = {MPI_OP_NULL, MPI_OP_NULL, MPI_OP_NULL};
+};
+
+MpiRuntime g_mpi;
+std::once_flag g_mpi_once;
+
+bool mpi_finalized() {
+  int finalized = 0;
+  MPI_Finalized(&finalized);
+  return finalized != 0;
+}
+
+std::string mpi_error_string(int code) {
+  char text[MPI_MAX_ERROR_STRING];
+  int length = 0;
+  if (MPI_Error_string(code, text, &length) != MPI_SUCCESS) return "MPI error " + std::to_string(code);
+  return std::string(text, size_t(length));
+}
+
+void check_mpi(int code, const char* op, const char* call) {
+  if (code == MPI_SUCCESS) [[likely]]
+    return;
+  BOOSTER_FAIL(DistributedError, op, ": ", call, " failed on rank ", g_mpi.world_rank, " of ",
+               g_mpi.world_size, ": ", mpi_error_string(code));
+}
+
+// See Note [Failing ranks]: an uncaught exception ends the whole job, not only this rank.
+[[noreturn]] void abort_job_on_terminate() {
+  std::string what = "std::terminate was called";
+  if (std::exception_ptr e = std::current_exception()) {
+    try {
+      std::rethrow_exception(e);
+    } catch (const std::exception& ex) {
+      what = str("uncaught exception: ", ex.what());
+    } catch (...) {
+      what = "uncaught exception of a non-std type";
+    }
+  }
+  std::fprintf(stderr, "booster: rank %d of %d: %s; aborting the MPI job so no rank waits for this one\n",
+               g_mpi.world_rank, g_mpi.world_size, what.c_str());
+  std::fflush(stderr);
+  int initialized = 0;
+  MPI_Initialized(&initialized);
+  if (initialized && !mpi_finalized()) MPI_Abort(MPI_COMM_WORLD, 1);
+  std::abort();
+}
+
+// See Note [Failing ranks]: a non-zero exit aborts the job; a zero exit finalizes.
+void finalize_at_exit(int status, void*) {
+  if (mpi_finalized()) return;
+  if (status != 0 && g_mpi.world_size > 1) {
+    std::fprintf(stderr,
+                 "booster: rank %d of %d exits with status %d; aborting the MPI job so no rank waits "
+                 "for this one\n",
+                 g_mpi.world_rank, g_mpi.world_size, status);
+    std::fflush(stderr);
+    MPI_Abort(MPI_COMM_WORLD, status);
+  }
+  if (g_mpi.we_initialized) MPI_Finalize();
+}
+
+// ---------------------------------------------------------------------------------------- 16-bit ops
+
+int reduce_slot(ReduceOp op) { return op == ReduceOp::Max ? 1 : op == ReduceOp::Min ? 2 : 0; }
+
+// inout[i] = inout[i] (op) in[i] for 16-bit floats: widen a block to float32, combine, round back.
+template <class Half16, int Slot>
+void reduce_16bit(void* in_v, void* inout_v, int* len, MPI_Datatype*) {
+  constexpr int kBlock = 256;
+  const auto* in = static_cast<const Half16*>(in_v);
+  auto* inout = static_cast<Half16*>(inout_v);
+  float a[kBlock], b[kBlock];
+  for (int start = 0; start < *len; start += kBlock) {
+    const int n = std::min(kBlock, *len - start);
+    if constexpr (std::is_same_v<Half16, Half>) {
+      half_to_float(in + start, a, n);
+      half_to_float(inout + start, b, n);
+    } else {
+      bf16_to_float(in + start, a, n);
+      bf16_to_float(inout + start, b, n);
+    }
+    for (int i = 0; i < n; ++i) {
+      if constexpr (Slot == 0) b[i] = a[i] + b[i];
+      else if constexpr (Slot == 1) b[i] = a[i] > b[i] ? a[i] : b[i];
+      else b[i] = a[i] < b[i] ? a[i] : b[i];
+    }
+    if constexpr (std::is_same_v<Half16, Half>) float_to_half(b, inout + start, n);
+    else float_to_bf16(b, inout + start, n);
+  }
+}
+
+void init_mpi() {
+  int initialized = 0;
+  check_mpi(MPI_Initialized(&initialized), "init_process_group", "MPI_Initialized");
+  if (initialized && mpi_finalized())
+    BOOSTER_FAIL(DistributedError, "init_process_group: MPI was already finalized in this process");
+  if (!initialized) {
+    // See Note [MPI progress]: OpenMPI picks a reduce-then-broadcast tree for in-place non-blocking
+    // all-reduces, about twice slower than the blocking call on large buffers. Rabenseifner's
+    // reduce-scatter + all-gather is as fast as the blocking one. A value the user set wins.
+    setenv("OMPI_MCA_coll_libnbc_iallreduce_algorithm", "3", /*overwrite=*/0);
+    int provided = -1;
+    const int rc = MPI_Init_thread(nullptr, nullptr, MPI_THREAD_MULTIPLE, &provided);
+    if (rc != MPI_SUCCESS)
+      BOOSTER_FAIL(DistributedError, "init_process_group: MPI_Init_thread failed (error ", rc,
+                   "); is this process started by mpirun, and is OpenMPI installed?");
+    g_mpi.we_initialized = true;
+    g_mpi.thread_provided = provided;
+  } else {
+    check_mpi(MPI_Query_thread(&g_mpi.thread_provided), "init_process_group", "MPI_Query_thread");
+  }
+  check_mpi(MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN), "init_process_group",
+            "MPI_Comm_set_errhandler");
+  check_mpi(MPI_Comm_rank(MPI_COMM_WORLD, &g_mpi.world_rank), "init_process_group", "MPI_Comm_rank");
+  check_mpi(MPI_Comm_size(MPI_COMM_WORLD, &g_mpi.world_size), "init_process_group", "MPI_Comm_size");
+
+  auto make_op = [](MPI_User_function* fn, MPI_Op* op) {
+    check_mpi(MPI_Op_create(fn, /*commute=*/1, op), "init_process_group", "MPI_Op_create");
+  };
+  make_op(&reduce_16bit<Half, 0>, &g_mpi.half_ops[0]);
+  make_op(&reduce_16bit<Half, 1>, &g_mpi.half_ops[1]);
+  make_op(&reduce_16bit<Half, 2>, &g_mpi.half_ops[2]);
+  make_op(&reduce_16bit<BFloat16, 0>, &g_mpi.bf16_ops[0]);
+  make_op(&reduce_16bit<BFloat16, 1>, &g_mpi.bf16_ops[1]);
+  make_op(&reduce_16bit<BFloat16, 2>, &g_mpi.bf16_ops[2]);
+
+  std::set_terminate(&abort_job_on_terminate);
+  on_exit(&finalize_at_exit, nullptr);
+}
+
+// ---------------------------------------------------------------------------------------- mapping
+
+MPI_Datatype mpi_type(DType dtype) {
+  switch (dtype) {
+    case DType::Float32: return MPI_FLOAT;
+    case DType::Float64: return MPI_DOUBLE;
+    case DType::Int64: return MPI_INT64_T;
+    case DType::Int32: return MPI_INT32_T;
+    case DType::Float16:
+    case DType::BFloat16: return MPI_UINT16_T;  // moved as bits; reduced by our own ops
+    case DType::Bool: return MPI_UINT8_T;
+  }
+  return MPI_DATATYPE_NULL;
+}
+
+MPI_Op mpi_op(ReduceOp op, DType dtype) {
+  if (dtype == DType::Float16) return g_mpi.half_ops[reduce_slot(op)];
+  if (dtype == DType::BFloat16) return g_mpi.bf16_ops[reduce_slot(op)];
+  switch (op) {
+    case ReduceOp::Sum:
+    case ReduceOp::Avg: return MPI_SUM;  // Avg divides afterwards
+    case ReduceOp::Max: return MPI_MAX;
+    case ReduceOp::Min: return MPI_MIN;
+  }
+  return MPI_OP_NULL;
+}
+
+// Avg's finishing step: buf /= world size.
+template <class T>
+void divide_plain(T* p, int64_t n, int divisor) {
+  const T d = T(divisor);
+  for (int64_t i = 0; i < n; ++i) p[i] /= d;
+}
+
+template <class Half16>
+void divide_16bit(Half16* p, int64_t n, int divisor) {
+  constexpr int64_t kBlock = 1024;
+  float tmp[kBlock];
+  const float d = float(divisor);
+  for (int64_t start = 0; start < n; start += kBlock) {
+    const int64_t m = std::min(kBlock, n - start);
+    if constexpr (std::is_same_v<Half16, Half>) half_to_float(p + start, tmp, m);
+    else bf16_to_float(p + start, tmp, m);
+    for (int64_t i = 0; i < m; ++i) tmp[i] /= d;
+    if constexpr (std::is_same_v<Half16, Half>) float_to_half(tmp, p + start, m);
+    else float_to_bf16(tmp, p + start, m);
+  }
+}
+
+void divide_by(const BufferSpan& buf, int divisor) {
+  switch (buf.dtype) {
+    case DType::Float32: return divide_plain(static_cast<float*>(buf.data), buf.numel, divisor);
+    case DType::Float64: return divide_plain(static_cast<double*>(buf.data), buf.numel, divisor);
+    case DType::Float16: return divide_16bit(static_cast<Half*>(buf.data), buf.numel, divisor);
+    case DType::BFloat16: return divide_16bit(static_cast<BFloat16*>(buf.data), buf.numel, divisor);
+    default: BOOSTER_FAIL(DTypeError, "all_reduce: avg of ", buf.dtype, " is not supported");
+  }
+}
+
+// MPI counts are int: all_reduce and broadcast split larger buffers into pieces of this many.
+constexpr int64_t kMaxChunk = int64_t(1) << 30;
+
+int checked_count(int64_t n, const char* op) {
+  BOOSTER_CHECK(n <= INT_MAX, ValueError, op, ": ", n,
+                " elements per rank exceed what one MPI call takes (", INT_MAX, ")");
+  return int(n);
+}
+
+std::string thread_level_name(int level) {
+  if (level == MPI_THREAD_SINGLE) return "single";
+  if (level == MPI_THREAD_FUNNELED) return "funneled";
+  if (level == MPI_THREAD_SERIALIZED) return "serialized";
+  if (level == MPI_THREAD_MULTIPLE) return "multiple";
+  return "none";
+}
+
+// ---------------------------------------------------------------------------------------- group
+
+// A started non-blocking collective: its requests and the step that finishes the result (Avg).
+class MpiWork final : public Work {
+ public:
+  // `mpi_mutex` is the group's MPI mutex when calls must be serialized, else null; shared so that a
+  // Work may outlive its group.
+  MpiWork(std::shared_ptr<std::mutex> mpi_mutex, const char* op, std::vector<MPI_Request> requests,
+          std::function<void()> finish)
+      : mpi_mutex_(std::move(mpi_mutex)),
+        op_(op),
+        requests_(std::move(requests)),
+        finish_(std::move(finish)) {}
+  ~MpiWork() override;
+  void wait() override;
+  bool is_completed() override;
+
+ private:
+  void complete() {
+    done_ = true;
+    if (finish_) finish_();
+  }
+
+  std::unique_lock<std::mutex> maybe_lock() {
+    return mpi_mutex_ ? std::unique_lock<std::mutex>(*mpi_mutex_) : std::unique_lock<std::mutex>();
+  }
+
+  std::shared_ptr<std::mutex> mpi_mutex_;
+  const char* op_;
+  std::vector<MPI_Request> requests_;
+  std::function<void()> finish_;
+  bool done_ = false;
+};
+
+class MpiProcessGroup final : public ProcessGroup {
+ public:
+  MpiProcessGroup() {
+    std::call_once(g_mpi_once, init_mpi);
+    if (g_mpi.thread_provided < MPI_THREAD_MULTIPLE) mpi_mutex_ = std::make_shared<std::mutex>();
+    // A communicator of our own: collectives of the application's MPI code cannot match ours.
+    check_mpi(MPI_Comm_dup(MPI_COMM_WORLD, &comm_), "init_process_group", "MPI_Comm_dup");
+    check_mpi(MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN), "init_process_group",
+              "MPI_Comm_set_errhandler");
+    check_mpi(MPI_Comm_rank(comm_, &rank_), "init_process_group", "MPI_Comm_rank");
+    check_mpi(MPI_Comm_size(comm_, &size_), "init_process_group", "MPI_Comm_size");
+  }
+  ~MpiProcessGroup() override {
+    if (!mpi_finalized()) MPI_Comm_free(&comm_);
+  }
+
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  std::string backend() const override { return "mpi"; }
+
+  void barrier() override {
+    auto lock = maybe_lock();
+    check_mpi(MPI_Barrier(comm_), "barrier", "MPI_Barrier");
+  }
+
+  [[noreturn]] void abort(int exit_code, const std::string& why) override {
+    std::fprintf(stderr, "booster: rank %d of %d aborts the MPI job: %s\n", rank_, size_, why.c_str());
+    std::fflush(stderr);
+    MPI_Abort(MPI_COMM_WORLD, exit_code == 0 ? 1 : exit_code);
+    std::abort();
+  }
+
+  // Locks the MPI mutex when MPI does not support concurrent calls from several threads.
+  std::unique_lock<std::mutex> maybe_lock() {
+    return mpi_mutex_ ? std::unique_lock<std::mutex>(*mpi_mutex_) : std::unique_lock<std::mutex>();
+  }
+
+ protected:
+  WorkPtr all_reduce_impl(const BufferSpan& buf, ReduceOp op, bool async) override {
+    check_cpu(buf, "all_reduce");
+    if (buf.numel == 0) return completed_work();
+    const MPI_Datatype type = mpi_type(buf.dtype);
+    const MPI_Op mop = mpi_op(op, buf.dtype);
+    std::function<void()> finish;
+    if (op == ReduceOp::Avg) finish = [buf, n = size_] { divide_by(buf, n); };
+    std::vector<MPI_Request> requests;
+    {
+      auto lock = maybe_lock();
+      for (int64_t start = 0; start < buf.numel; start += kMaxChunk) {
+        const BufferSpan piece = buf.slice(start, std::min(kMaxChunk, buf.numel - start));
+        if (async) {
+          requests.emplace_back();
+          check_mpi(MPI_Iallreduce(MPI_IN_PLACE, piece.data, int(piece.numel), type, mop, comm_,
+                                   &requests.back()),
+                    "all_reduce_async", "MPI_Iallreduce");
+        } else {
+          check_mpi(MPI_Allreduce(MPI_IN_PLACE, piece.data, int(piece.numel), type, mop, comm_),
+                    "all_reduce", "MPI_Allreduce");
+        }
+      }
+    }
+    return finish_or_work(async, "all_reduce_async", std::move(requests), std::move(finish));
+  }
+
+  WorkPtr broadcast_impl(const BufferSpan& buf, int root, bool async) override {
+    check_cpu(buf, "broadcast");
+    if (buf.numel == 0) return completed_work();
+    const MPI_Datatype type = mpi_type(buf.dtype);
+    std::vector<MPI_Request> requests;
+    {
+      auto lock = maybe_lock();
+      for (int64_t start = 0; start < buf.numel; start += kMaxChunk) {
+        const BufferSpan piece = buf.slice(start, std::min(kMaxChunk, buf.numel - start));
+        if (async) {
+          requests.emplace_back();
+          check_mpi(MPI_Ibcast(piece.data, int(piece.numel), type, root, comm_, &requests.back()),
+                    "broadcast_async", "MPI_Ibcast");
+        } else {
+          check_mpi(MPI_Bcast(piece.data, int(piece.numel), type, root, comm_), "broadcast",
+                    "MPI_Bcast");
+        }
+      }
+    }
+    return finish_or_work(async, "broadcast_async", std::move(requests), nullptr);
+  }
+
+  WorkPtr all_gather_impl(const BufferSpan& out, const BufferSpan& in, bool async) override {
+    check_cpu(in, "all_gather");
+    if (in.numel == 0) return completed_work();
+    const int count = checked_count(in.numel, "all_gather");
+    const MPI_Datatype type = mpi_type(in.dtype);
+    // `in` as this rank's slice of `out` is MPI's in-place all-gather.
+    const bool in_place = in.data == out.slice(int64_t(rank_) * in.numel, in.numel).data;
+    const void* send = in_place ? MPI_IN_PLACE : in.data;
+    std::vector<MPI_Request> requests;
+    {
+      auto lock = maybe_lock();
+      if (async) {
+        requests.emplace_back();
+        check_mpi(MPI_Iallgather(send, count, type, out.data, count, type, comm_, &requests.back()),
+                  "all_gather_async", "MPI_Iallgather");
+      } else {
+        check_mpi(MPI_Allgather(send, count, type, out.data, count, type, comm_), "all_gather",
+                  "MPI_Allgather");
+      }
+    }
+    return finish_or_work(async, "all_gather_async", std::move(requests), nullptr);
+  }
+
+  WorkPtr reduce_scatter_impl(const BufferSpan& out, const BufferSpan& in, ReduceOp op,
+                              bool async) override {
+    check_cpu(in, "reduce_scatter");
+    if (out.numel == 0) return completed_work();
+    const int count = checked_count(out.numel, "reduce_scatter");
+    const MPI_Datatype type = mpi_type(in.dtype);
+    const MPI_Op mop = mpi_op(op, in.dtype);
+    std::function<void()> finish;
+    if (op == ReduceOp::Avg) finish = [out, n = size_] { divide_by(out, n); };
+    std::vector<MPI_Request> requests;
+    {
+      auto lock = maybe_lock();
+      if (async) {
+        requests.emplace_back();
+        check_mpi(MPI_Ireduce_scatter_block(in.data, out.data, count, type, mop, comm_,
+                                            &requests.back()),
+                  "reduce_scatter_async", "MPI_Ireduce_scatter_block");
+      } else {
+        check_mpi(MPI_Reduce_scatter_block(in.data, out.data, count, type, mop, comm_),
+                  "reduce_scatter", "MPI_Reduce_scatter_block");
+      }
+    }
+    return finish_or_work(async, "reduce_scatter_async", std::move(requests), std::move(finish));
+  }
+
+ private:
+  static void check_cpu(const BufferSpan& buf, const char* op) {
+    BOOSTER_CHECK(buf.device.is_cpu(), DeviceError, op, ": the mpi backend takes CPU buffers, got ",
+                  buf.device, "; CUDA tensors need the nccl backend");
+  }
+
+  WorkPtr finish_or_work(bool async, const char* op, std::vector<MPI_Request> requests,
+                         std::function<void()> finish) {
+    if (!async) {
+      if (finish) finish();
+      return nullptr;
+    }
+    return std::make_shared<MpiWork>(mpi_mutex_, op, std::move(requests), std::move(finish));
+  }
+
+  MPI_Comm comm_ = MPI_COMM_NULL;
+  int rank_ = 0;
+  int size_ = 1;
+  std::shared_ptr<std::mutex> mpi_mutex_;  // set when MPI is not MPI_THREAD_MULTIPLE
+};
+
+void MpiWork::wait() {
+  if (done_) return;
+  if (mpi_mutex_) {
+    // MPI_Waitall would hold the MPI mutex for the whole collective; poll instead.
+    while (!is_completed()) std::this_thread::yield();
+    return;
+  }
+  check_mpi(MPI_Waitall(int(requests_.size()), requests_.data(), MPI_STATUSES_IGNORE), op_,
+            "MPI_Waitall");
+  complete();
+}
+
+bool MpiWork::is_completed() {
+  if (done_) return true;
+  int flag = 0;
+  {
+    auto lock = maybe_lock();
+    check_mpi(MPI_Testall(int(requests_.size()), requests_.data(), &flag, MPI_STATUSES_IGNORE), op_,
+              "MPI_Testall");
+  }
+  if (flag) complete();
+  return done_;
+}
+
+MpiWork::~MpiWork() {
+  if (done_ || mpi_finalized()) return;
+  try {
+    wait();
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "booster: %s dropped without wait() and failed: %s\n", op_, e.what());
+  }
+}
+
+}  // namespace
+
+bool mpi_built() { return true; }
+
+std::shared_ptr<ProcessGroup> make_mpi_process_group() { return std::make_shared<MpiProcessGroup>(); }
+
+std::string mpi_thread_support() { return thread_level_name(g_mpi.thread_provided); }
+
+}  // namespace booster::distributed
+
+#else  // !BOOSTER_WITH_MPI
+
+namespace booster::distributed {
+
+bool mpi_built() { return false; }
+
+std::shared_ptr<ProcessGroup> make_mpi_process_group() {
+  BOOSTER_FAIL(ConfigError, "init_process_group: backend \"mpi\" needs a build with MPI (OpenMPI was "
+                            "not found when booster was configured); use \"local\" for one process");
+}
+
+std::string mpi_thread_support() { return "none"; }
+
+}  // namespace booster::distributed
+
+#endif

@@ -1,0 +1,265 @@
+#include "booster/distributed/process_group.h"
+
+#include <cstdlib>
+#include <mutex>
+
+#include "booster/distributed/local_process_group.h"
+#include "booster/distributed/mpi_process_group.h"
+
+namespace booster::distributed {
+
+const char* reduce_op_name(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::Sum: return "sum";
+    case ReduceOp::Avg: return "avg";
+    case ReduceOp::Max: return "max";
+    case ReduceOp::Min: return "min";
+  }
+  return "?";
+}
+
+BufferSpan BufferSpan::of(const Tensor& t, const char* op) {
+  BOOSTER_CHECK(t.defined(), ValueError, op, ": expected a defined tensor");
+  BOOSTER_CHECK(t.is_contiguous(), ShapeError, op, ": expected a contiguous tensor, got shape ",
+                t.shape(), " with strides ", t.strides(), "; call .contiguous() first");
+  return BufferSpan{t.data_ptr(), t.numel(), t.dtype(), t.device()};
+}
+
+BufferSpan BufferSpan::slice(int64_t start, int64_t length) const {
+  BOOSTER_CHECK(start >= 0 && length >= 0 && start + length <= numel, IndexError,
+                "BufferSpan::slice: elements [", start, ", ", start + length,
+                ") are out of a span of ", numel, " elements");
+  return BufferSpan{static_cast<char*>(data) + size_t(start) * itemsize(dtype), length, dtype, device};
+}
+
+void wait_all(const std::vector<WorkPtr>& works) {
+  for (const WorkPtr& w : works)
+    if (w) w->wait();
+}
+
+namespace {
+
+class CompletedWork final : public Work {
+ public:
+  void wait() override {}
+  bool is_completed() override { return true; }
+};
+
+bool overlaps(const BufferSpan& a, const BufferSpan& b) {
+  auto* a0 = static_cast<const char*>(a.data);
+  auto* b0 = static_cast<const char*>(b.data);
+  return a.nbytes() != 0 && b.nbytes() != 0 && a0 < b0 + b.nbytes() && b0 < a0 + a.nbytes();
+}
+
+void check_reducible(DType dtype, ReduceOp op, const char* name) {
+  BOOSTER_CHECK(dtype != DType::Bool, DTypeError, name,
+                ": cannot reduce bool buffers; use an integer or floating dtype");
+  BOOSTER_CHECK(op != ReduceOp::Avg || is_floating(dtype), DTypeError, name,
+                ": ReduceOp avg needs a floating dtype (an integer average would truncate), got ",
+                dtype, "; use sum and divide");
+}
+
+void check_same_kind(const BufferSpan& out, const BufferSpan& in, const char* name) {
+  BOOSTER_CHECK(out.dtype == in.dtype, DTypeError, name, ": output dtype ", out.dtype,
+                " differs from input dtype ", in.dtype);
+  BOOSTER_CHECK(out.device == in.device, DeviceError, name, ": output on ", out.device,
+                " but input on ", in.device);
+}
+
+// Keeps the tensors alive for an async collective's lifetime.
+WorkPtr keeping(WorkPtr w, std::initializer_list<Tensor> tensors) {
+  if (!w) w = completed_work();
+  for (const Tensor& t : tensors) w->keep_alive(t);
+  return w;
+}
+
+}  // namespace
+
+WorkPtr completed_work() { return std::make_shared<CompletedWork>(); }
+
+// ---------------------------------------------------------------------------------------- checks
+
+void ProcessGroup::check_all_reduce(const BufferSpan& buf, ReduceOp op, const char* name) const {
+  BOOSTER_CHECK(buf.data != nullptr || buf.numel == 0, ValueError, name, ": null buffer of ",
+                buf.numel, " elements");
+  BOOSTER_CHECK(buf.numel >= 0, ValueError, name, ": negative element count ", buf.numel);
+  check_reducible(buf.dtype, op, name);
+}
+
+void ProcessGroup::check_broadcast(int root, const char* name) const {
+  BOOSTER_CHECK(root >= 0 && root < size(), ValueError, name, ": root ", root,
+                " is not a rank of a group of size ", size(), "; expected 0..", size() - 1);
+}
+
+void ProcessGroup::check_all_gather(const BufferSpan& out, const BufferSpan& in,
+                                    const char* name) const {
+  check_same_kind(out, in, name);
+  BOOSTER_CHECK(out.numel == in.numel * size(), ShapeError, name, ": output has ", out.numel,
+                " elements but ", size(), " ranks x ", in.numel, " input elements need ",
+                in.numel * size());
+  // The one overlap allowed: `in` is exactly this rank's slice of `out` (gather in place).
+  const bool in_place = static_cast<const char*>(in.data) ==
+                        static_cast<const char*>(out.data) + size_t(rank()) * in.nbytes();
+  BOOSTER_CHECK(in_place || !overlaps(out, in), ValueError, name,
+                ": input overlaps the output other than as this rank's slice (rank ", rank(),
+                ", elements [", rank() * in.numel, ", ", (rank() + 1) * in.numel, "))");
+}
+
+void ProcessGroup::check_reduce_scatter(const BufferSpan& out, const BufferSpan& in, ReduceOp op,
+                                        const char* name) const {
+  check_same_kind(out, in, name);
+  check_reducible(in.dtype, op, name);
+  BOOSTER_CHECK(in.numel == out.numel * size(), ShapeError, name, ": input has ", in.numel,
+                " elements but ", size(), " ranks x ", out.numel, " output elements need ",
+                out.numel * size());
+  BOOSTER_CHECK(!overlaps(out, in), ValueError, name,
+                ": output overlaps the input; reduce_scatter needs separate buffers");
+}
+
+// ---------------------------------------------------------------------------------------- tensors
+
+void ProcessGroup::all_reduce(Tensor& t, ReduceOp op) {
+  all_reduce(BufferSpan::of(t, "all_reduce"), op);
+  t.bump_version();
+}
+
+WorkPtr ProcessGroup::all_reduce_async(Tensor& t, ReduceOp op) {
+  WorkPtr w = all_reduce_async(BufferSpan::of(t, "all_reduce_async"), op);
+  t.bump_version();
+  return keeping(std::move(w), {t});
+}
+
+void ProcessGroup::broadcast(Tensor& t, int root) {
+  broadcast(BufferSpan::of(t, "broadcast"), root);
+  t.bump_version();
+}
+
+WorkPtr ProcessGroup::broadcast_async(Tensor& t, int root) {
+  WorkPtr w = broadcast_async(BufferSpan::of(t, "broadcast_async"), root);
+  t.bump_version();
+  return keeping(std::move(w), {t});
+}
+
+void ProcessGroup::all_gather(Tensor& out, const Tensor& in) {
+  all_gather(BufferSpan::of(out, "all_gather"), BufferSpan::of(in, "all_gather"));
+  out.bump_version();
+}
+
+WorkPtr ProcessGroup::all_gather_async(Tensor& out, const Tensor& in) {
+  WorkPtr w = all_gather_async(BufferSpan::of(out, "all_gather_async"),
+                               BufferSpan::of(in, "all_gather_async"));
+  out.bump_version();
+  return keeping(std::move(w), {out, in});
+}
+
+void ProcessGroup::reduce_scatter(Tensor& out, const Tensor& in, ReduceOp op) {
+  reduce_scatter(BufferSpan::of(out, "reduce_scatter"), BufferSpan::of(in, "reduce_scatter"), op);
+  out.bump_version();
+}
+
+WorkPtr ProcessGroup::reduce_scatter_async(Tensor& out, const Tensor& in, ReduceOp op) {
+  WorkPtr w = reduce_scatter_async(BufferSpan::of(out, "reduce_scatter_async"),
+                                   BufferSpan::of(in, "reduce_scatter_async"), op);
+  out.bump_version();
+  return keeping(std::move(w), {out, in});
+}
+
+// ---------------------------------------------------------------------------------------- spans
+
+void ProcessGroup::all_reduce(const BufferSpan& buf, ReduceOp op) {
+  check_all_reduce(buf, op, "all_reduce");
+  if (WorkPtr w = all_reduce_impl(buf, op, false)) w->wait();
+}
+
+WorkPtr ProcessGroup::all_reduce_async(const BufferSpan& buf, ReduceOp op) {
+  check_all_reduce(buf, op, "all_reduce_async");
+  return keeping(all_reduce_impl(buf, op, true), {});
+}
+
+void ProcessGroup::broadcast(const BufferSpan& buf, int root) {
+  check_broadcast(root, "broadcast");
+  if (WorkPtr w = broadcast_impl(buf, root, false)) w->wait();
+}
+
+WorkPtr ProcessGroup::broadcast_async(const BufferSpan& buf, int root) {
+  check_broadcast(root, "broadcast_async");
+  return keeping(broadcast_impl(buf, root, true), {});
+}
+
+void ProcessGroup::all_gather(const BufferSpan& out, const BufferSpan& in) {
+  check_all_gather(out, in, "all_gather");
+  if (WorkPtr w = all_gather_impl(out, in, false)) w->wait();
+}
+
+WorkPtr ProcessGroup::all_gather_async(const BufferSpan& out, const BufferSpan& in) {
+  check_all_gather(out, in, "all_gather_async");
+  return keeping(all_gather_impl(out, in, true), {});
+}
+
+void ProcessGroup::reduce_scatter(const BufferSpan& out, const BufferSpan& in, ReduceOp op) {
+  check_reduce_scatter(out, in, op, "reduce_scatter");
+  if (WorkPtr w = reduce_scatter_impl(out, in, op, false)) w->wait();
+}
+
+WorkPtr ProcessGroup::reduce_scatter_async(const BufferSpan& out, const BufferSpan& in,
+                                           ReduceOp op) {
+  check_reduce_scatter(out, in, op, "reduce_scatter_async");
+  return keeping(reduce_scatter_impl(out, in, op, true), {});
+}
+
+// ---------------------------------------------------------------------------------------- default group
+
+namespace {
+
+std::mutex g_default_mutex;
+std::shared_ptr<ProcessGroup> g_default_group;
+
+std::string resolve_backend(const std::string& backend) {
+  if (backend == "auto") return launched_by_mpi_launcher() && mpi_built() ? "mpi" : "local";
+  return backend;
+}
+
+}  // namespace
+
+bool launched_by_mpi_launcher() {
+  // OpenMPI's mpirun, PMIx launchers, MPICH's hydra and Slurm's srun (with an MPI plugin).
+  for (const char* var : {"OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "PMI_SIZE", "PMI_RANK"})
+    if (std::getenv(var) != nullptr) return true;
+  return false;
+}
+
+ProcessGroup& init_process_group(const std::string& backend) {
+  std::lock_guard<std::mutex> lock(g_default_mutex);
+  const std::string chosen = resolve_backend(backend);
+  if (g_default_group) {
+    BOOSTER_CHECK(backend == "auto" || g_default_group->backend() == chosen, StateError,
+                  "init_process_group: the default group already uses backend \"",
+                  g_default_group->backend(), "\"; cannot switch to \"", chosen, "\"");
+    return *g_default_group;
+  }
+  if (chosen == "local") {
+    g_default_group = std::make_shared<LocalProcessGroup>();
+  } else if (chosen == "mpi") {
+    BOOSTER_CHECK(mpi_built(), ConfigError,
+                  "init_process_group: backend \"mpi\" needs a build with MPI (OpenMPI was not "
+                  "found when booster was configured); use \"local\" for one process");
+    g_default_group = make_mpi_process_group();
+  } else if (chosen == "nccl") {
+    BOOSTER_FAIL(NotImplementedError,
+                 "init_process_group: backend \"nccl\" is not implemented yet; use \"mpi\" for CPU "
+                 "tensors");
+  } else {
+    BOOSTER_FAIL(ConfigError, "init_process_group: unknown backend \"", backend,
+                 "\"; expected \"auto\", \"mpi\" or \"local\"");
+  }
+  return *g_default_group;
+}
+
+ProcessGroup& default_process_group() { return init_process_group("auto"); }
+
+bool is_initialized() {
+  std::lock_guard<std::mutex> lock(g_default_mutex);
+  return g_default_group != nullptr;
+}
+
+}  // namespace booster::distributed

@@ -1,0 +1,164 @@
+// ProcessGroup: the collectives every parallelism plugin is written against (all_reduce,
+// reduce_scatter, all_gather, broadcast, barrier), blocking and non-blocking, on tensors and on raw
+// buffer spans. Backends: "mpi" (CPU tensors, OpenMPI) and "local" (one process, identities); the CUDA
+// issue adds "nccl" behind the same interface.
+//
+// Note [Process groups]
+// * Launch is mpirun's job: rank and world size come from MPI; multi-node runs use mpirun's hostfile.
+//   init_process_group("auto") picks "mpi" when the process was started by mpirun (or srun/hydra) and
+//   the library was built with MPI, and "local" otherwise, so a single-process run never needs MPI.
+// * Every collective works in place on contiguous memory (a contiguous tensor, or a BufferSpan such as
+//   a bucket of a flat gradient buffer). Every rank must call the same collectives in the same order
+//   with the same sizes and dtype, as with MPI and torch.distributed.
+// * Blocking forms return when this rank's buffers hold the result. Non-blocking forms (*_async) return
+//   a Work; the buffers must stay alive and untouched until Work::wait() (a tensor passed to an async
+//   form is kept alive by its Work). Dropping a Work that was not waited for waits for it.
+// * ReduceOp::Avg is a sum followed by a division by size(); it is for floating dtypes only (an integer
+//   average would truncate). float16/bfloat16 reductions combine two values at a time in float32 and
+//   round back to 16 bits (as NCCL does; MPI has no 16-bit float type, so the MPI backend registers
+//   its own MPI_Op that widens blocks to float32 and rounds to nearest even; no float32 copy of the
+//   buffer is made). With more than two ranks the result can therefore differ from a float32 sum of
+//   all ranks rounded once, by a rounding step per combination.
+// * Tensor forms bump the tensor's version (they write in place), so autocast caches see the change.
+// * For the CUDA issue: an "nccl" backend implements the same four *_impl slots on device spans
+//   (BufferSpan carries the device); its Work::wait() would make the current stream wait.
+// * Failures: a failed MPI call throws DistributedError naming the collective, the MPI call and MPI's
+//   error string. A rank that dies must not leave the others hanging; see Note [Failing ranks] in
+//   mpi_process_group.h.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "booster/tensor/tensor.h"
+
+namespace booster::distributed {
+
+// How values from all ranks are combined.
+enum class ReduceOp : uint8_t { Sum, Avg, Max, Min };
+const char* reduce_op_name(ReduceOp op);
+
+// A contiguous run of `numel` elements of one dtype on one device: a whole contiguous tensor, or a
+// piece of one (a bucket of a flat gradient buffer) without making a Tensor for it.
+struct BufferSpan {
+  void* data = nullptr;
+  int64_t numel = 0;
+  DType dtype = DType::Float32;
+  Device device = Device::cpu();
+
+  // The elements of a contiguous tensor; ShapeError (naming `op`) when it is not contiguous.
+  static BufferSpan of(const Tensor& t, const char* op = "BufferSpan::of");
+  // Elements [start, start + length) of this span; IndexError when that is out of range.
+  BufferSpan slice(int64_t start, int64_t length) const;
+  size_t nbytes() const { return size_t(numel) * itemsize(dtype); }
+};
+
+// Handle of a non-blocking collective. Not thread-safe: wait for a Work from one thread.
+class Work {
+ public:
+  virtual ~Work() = default;
+  // Blocks until the collective finished on this rank and its result is in the buffers (including
+  // any finishing step such as Avg's division). Throws DistributedError if it failed. Idempotent.
+  virtual void wait() = 0;
+  // True when the result is in the buffers (then wait() returns at once). Does not block.
+  virtual bool is_completed() = 0;
+
+  // Keeps `t` (and so its storage) alive until this Work is destroyed. Tensor forms use it.
+  void keep_alive(Tensor t) { kept_.push_back(std::move(t)); }
+
+ private:
+  std::vector<Tensor> kept_;
+};
+using WorkPtr = std::shared_ptr<Work>;
+
+// Waits for every Work in order (convenience for "start several, wait all").
+void wait_all(const std::vector<WorkPtr>& works);
+
+// A set of processes that run collectives together. Public methods validate their arguments (typed
+// errors naming the op, shapes and dtypes) and forward to the backend's protected *_impl slots.
+class ProcessGroup {
+ public:
+  virtual ~ProcessGroup() = default;
+
+  // This process's index in [0, size()).
+  virtual int rank() const = 0;
+  // Number of processes in the group.
+  virtual int size() const = 0;
+  // "mpi", "local" (later "nccl").
+  virtual std::string backend() const = 0;
+
+  // ---------------------------------------------------------------- tensors (contiguous, in place)
+  // Every rank's `t` becomes op(t of every rank). Floating, int64 and int32 dtypes.
+  void all_reduce(Tensor& t, ReduceOp op = ReduceOp::Sum);
+  WorkPtr all_reduce_async(Tensor& t, ReduceOp op = ReduceOp::Sum);
+  // Every rank's `t` becomes root's `t`. Any dtype.
+  void broadcast(Tensor& t, int root);
+  WorkPtr broadcast_async(Tensor& t, int root);
+  // `out` (size() * in.numel() elements, any shape) becomes the ranks' `in` one after another, in rank
+  // order. `in` may be this rank's slice of `out` (in place, as ZeRO gathers shards). Any dtype.
+  void all_gather(Tensor& out, const Tensor& in);
+  WorkPtr all_gather_async(Tensor& out, const Tensor& in);
+  // `in` has size() * out.numel() elements; `out` becomes op over ranks of this rank's slice of `in`
+  // (slice r = elements [r * out.numel(), (r + 1) * out.numel())). `in` is left unchanged; `out` must
+  // not overlap it.
+  void reduce_scatter(Tensor& out, const Tensor& in, ReduceOp op = ReduceOp::Sum);
+  WorkPtr reduce_scatter_async(Tensor& out, const Tensor& in, ReduceOp op = ReduceOp::Sum);
+
+  // ---------------------------------------------------------------- raw spans (same rules as above)
+  void all_reduce(const BufferSpan& buf, ReduceOp op = ReduceOp::Sum);
+  WorkPtr all_reduce_async(const BufferSpan& buf, ReduceOp op = ReduceOp::Sum);
+  void all_reduce(void* data, int64_t numel, DType dtype, ReduceOp op = ReduceOp::Sum) {
+    all_reduce(BufferSpan{data, numel, dtype, Device::cpu()}, op);
+  }
+  void broadcast(const BufferSpan& buf, int root);
+  WorkPtr broadcast_async(const BufferSpan& buf, int root);
+  void all_gather(const BufferSpan& out, const BufferSpan& in);
+  WorkPtr all_gather_async(const BufferSpan& out, const BufferSpan& in);
+  void reduce_scatter(const BufferSpan& out, const BufferSpan& in, ReduceOp op = ReduceOp::Sum);
+  WorkPtr reduce_scatter_async(const BufferSpan& out, const BufferSpan& in,
+                               ReduceOp op = ReduceOp::Sum);
+
+  // Returns when every rank has called barrier().
+  virtual void barrier() = 0;
+
+  // Ends the whole job now with `exit_code` after printing `why` (with this rank) to stderr: the way
+  // out for a rank that cannot go on while others may be waiting in a collective.
+  [[noreturn]] virtual void abort(int exit_code, const std::string& why) = 0;
+
+ protected:
+  // Backend slots, called with validated arguments: spans are well formed (possibly empty),
+  // dtypes match, sizes fit, root is in range. With async == false they return when done (and may
+  // return nullptr); with async == true they return the Work of the started collective.
+  virtual WorkPtr all_reduce_impl(const BufferSpan& buf, ReduceOp op, bool async) = 0;
+  virtual WorkPtr broadcast_impl(const BufferSpan& buf, int root, bool async) = 0;
+  virtual WorkPtr all_gather_impl(const BufferSpan& out, const BufferSpan& in, bool async) = 0;
+  virtual WorkPtr reduce_scatter_impl(const BufferSpan& out, const BufferSpan& in, ReduceOp op,
+                                      bool async) = 0;
+
+ private:
+  void check_all_reduce(const BufferSpan& buf, ReduceOp op, const char* name) const;
+  void check_broadcast(int root, const char* name) const;
+  void check_all_gather(const BufferSpan& out, const BufferSpan& in, const char* name) const;
+  void check_reduce_scatter(const BufferSpan& out, const BufferSpan& in, ReduceOp op,
+                            const char* name) const;
+};
+
+// A Work that is already complete (what the local backend and empty collectives return).
+WorkPtr completed_work();
+
+// ---------------------------------------------------------------- the default (world) group
+// Creates the default group once. backend: "auto" (mpi under mpirun, else local), "mpi", "local".
+// Calling it again with the same backend (or "auto") returns the existing group; with another backend
+// it throws StateError. "mpi" without MPI support in the build throws ConfigError; "nccl" is not
+// implemented yet (NotImplementedError).
+ProcessGroup& init_process_group(const std::string& backend = "auto");
+// The default group, created with "auto" on first use.
+ProcessGroup& default_process_group();
+bool is_initialized();
+// True when this process was started by an MPI launcher (mpirun/mpiexec, srun, hydra): the launcher's
+// environment variables are present.
+bool launched_by_mpi_launcher();
+
+}  // namespace booster::distributed

@@ -1,0 +1,217 @@
+// The MixedPrecision base (the unscaled step), the strategy registry, option reading, and the module
+// and criterion wrappers strategies hand back from configure().
+#include "booster/mixed_precision/mixed_precision.h"
+
+#include <algorithm>
+#include <cmath>
+#include <mutex>
+
+#include "booster/autograd/autograd.h"
+#include "booster/ops/ops.h"
+
+namespace booster::mixed_precision {
+
+using json = nlohmann::json;
+
+// ---------------------------------------------------------------------------------- the unscaled step
+
+void MixedPrecision::backward(const Tensor& loss, optim::Optimizer& /*optimizer*/) {
+  unscaled_this_step_ = false;
+  loss.backward();
+}
+
+void MixedPrecision::unscale_gradients(optim::Optimizer& /*optimizer*/) { unscaled_this_step_ = true; }
+
+double MixedPrecision::clip_grad_norm(optim::Optimizer& optimizer, double max_norm) {
+  BOOSTER_CHECK(max_norm > 0.0, ValueError, name(), ": clip_grad_norm: max_norm must be > 0, got ", max_norm);
+  unscale_gradients(optimizer);
+  const std::vector<Tensor> grads = flat_grads(optimizer);
+  const double norm = grad_norm_l2(grads);
+  const double coef = max_norm / (norm + 1e-6);
+  if (std::isfinite(norm) && coef < 1.0) scale_grads(grads, float(coef));
+  pending_grad_norm_ = norm;
+  return norm;
+}
+
+void MixedPrecision::step(optim::Optimizer& optimizer) {
+  optimizer.step();
+  stats_ = StepStats{};
+  stats_.loss_scale = loss_scale();
+  stats_.grad_norm = pending_grad_norm_;
+  pending_grad_norm_ = std::numeric_limits<double>::quiet_NaN();
+  unscaled_this_step_ = false;
+}
+
+// ------------------------------------------------------------------------------------------ registry
+
+namespace {
+
+std::map<std::string, Factory>& registry() {
+  static std::map<std::string, Factory> r;
+  return r;
+}
+std::mutex& registry_mutex() {
+  static std::mutex m;
+  return m;
+}
+
+std::string join(const std::vector<std::string>& names) {
+  std::string out;
+  for (const std::string& n : names) out += (out.empty() ? "" : ", ") + n;
+  return out;
+}
+
+}  // namespace
+
+void register_strategy(const std::string& name, Factory factory) {
+  std::lock_guard<std::mutex> lock(registry_mutex());
+  BOOSTER_CHECK(!registry().count(name), ValueError, "mixed precision: strategy '", name,
+                "' is registered twice");
+  registry()[name] = std::move(factory);
+}
+
+std::vector<std::string> registered_strategies() {
+  std::lock_guard<std::mutex> lock(registry_mutex());
+  std::vector<std::string> names;
+  for (const auto& [n, f] : registry()) names.push_back(n);
+  return names;
+}
+
+std::unique_ptr<MixedPrecision> create(const std::string& name, const json& options) {
+  Factory factory;
+  {
+    std::lock_guard<std::mutex> lock(registry_mutex());
+    auto it = registry().find(name);
+    if (it != registry().end()) factory = it->second;
+  }
+  if (!factory) {
+    BOOSTER_FAIL(ConfigError, "mixed precision: unknown strategy '", name, "'; valid strategies are: ",
+                 join(registered_strategies()));
+  }
+  return factory(options.is_null() ? json::object() : options);
+}
+
+// ------------------------------------------------------------------------------------- option reader
+
+OptionReader::OptionReader(std::string strategy, const json& options)
+    : strategy_(std::move(strategy)), options_(options.is_null() ? json::object() : options) {
+  BOOSTER_CHECK(options_.is_object(), ConfigError, "mixed precision '", strategy_,
+                "': options must be a JSON object, got ", options_.dump());
+}
+
+double OptionReader::number(const std::string& key, double fallback, double min, double max, bool min_exclusive,
+                            bool max_exclusive) {
+  valid_.push_back(key);
+  if (!options_.contains(key)) return fallback;
+  const json& v = options_.at(key);
+  BOOSTER_CHECK(v.is_number(), ConfigError, "mixed precision '", strategy_, "': option '", key,
+                "' must be a number, got ", v.dump());
+  const double x = v.get<double>();
+  const bool low_ok = min_exclusive ? x > min : x >= min;
+  const bool high_ok = max_exclusive ? x < max : x <= max;
+  BOOSTER_CHECK(low_ok && high_ok && !std::isnan(x), ConfigError, "mixed precision '", strategy_, "': option '",
+                key, "' = ", v.dump(), " is out of range; it must be ", min_exclusive ? "> " : ">= ", min,
+                " and ", max_exclusive ? "< " : "<= ", max);
+  return x;
+}
+
+int64_t OptionReader::integer(const std::string& key, int64_t fallback, int64_t min, int64_t max) {
+  valid_.push_back(key);
+  if (!options_.contains(key)) return fallback;
+  const json& v = options_.at(key);
+  const bool integral = v.is_number_integer() || (v.is_number_float() && std::floor(v.get<double>()) == v.get<double>());
+  BOOSTER_CHECK(integral, ConfigError, "mixed precision '", strategy_, "': option '", key,
+                "' must be an integer, got ", v.dump());
+  const int64_t x = v.get<int64_t>();
+  BOOSTER_CHECK(x >= min && x <= max, ConfigError, "mixed precision '", strategy_, "': option '", key, "' = ", x,
+                " is out of range; it must be in [", min, ", ", max, "]");
+  return x;
+}
+
+bool OptionReader::flag(const std::string& key, bool fallback) {
+  valid_.push_back(key);
+  if (!options_.contains(key)) return fallback;
+  const json& v = options_.at(key);
+  BOOSTER_CHECK(v.is_boolean(), ConfigError, "mixed precision '", strategy_, "': option '", key,
+                "' must be true or false, got ", v.dump());
+  return v.get<bool>();
+}
+
+std::string OptionReader::choice(const std::string& key, const std::string& fallback,
+                                 const std::vector<std::string>& choices) {
+  valid_.push_back(key);
+  if (!options_.contains(key)) return fallback;
+  const json& v = options_.at(key);
+  const bool ok = v.is_string() && std::find(choices.begin(), choices.end(), v.get<std::string>()) != choices.end();
+  BOOSTER_CHECK(ok, ConfigError, "mixed precision '", strategy_, "': option '", key, "' = ", v.dump(),
+                " is not valid; choose one of: ", join(choices));
+  return v.get<std::string>();
+}
+
+json OptionReader::raw(const std::string& key, const json& fallback) {
+  valid_.push_back(key);
+  return options_.contains(key) ? options_.at(key) : fallback;
+}
+
+void OptionReader::finish() const {
+  for (auto it = options_.begin(); it != options_.end(); ++it) {
+    const bool known = std::find(valid_.begin(), valid_.end(), it.key()) != valid_.end();
+    BOOSTER_CHECK(known, ConfigError, "mixed precision '", strategy_, "': unknown option '", it.key(), "'; ",
+                  valid_.empty() ? std::string("this strategy takes no options")
+                                 : "valid options are: " + join(valid_));
+  }
+}
+
+// ------------------------------------------------------------------------------------------- wrappers
+
+PrecisionModule::PrecisionModule(nn::ModulePtr inner, Options options)
+    : inner_(std::move(inner)), options_(std::move(options)) {
+  BOOSTER_CHECK(inner_ != nullptr, ValueError, "PrecisionModule: the model is null");
+  // Adopt the inner module's registries under the same names (see the header): the tensors and
+  // children are shared, so conversions and state_dict act on the inner model itself.
+  for (const auto& [n, p] : inner_->named_parameters(false)) register_parameter(n, p, p.requires_grad());
+  for (const auto& [n, b] : inner_->named_buffers(false)) register_buffer(n, b);
+  for (const auto& [n, c] : inner_->named_children()) register_module(n, c);
+  set_tensor_names();
+  train(inner_->is_training());
+}
+
+Tensor PrecisionModule::forward(const Tensor& x) {
+  // train()/eval() reach the adopted children but not the inner module's own flag.
+  if (inner_->is_training() != is_training()) inner_->train(is_training());
+  Tensor input = x;
+  if (options_.cast_io && is_floating(x.dtype())) input = x.to(options_.input_dtype);
+  Tensor out;
+  {
+    autocast::AutocastGuard guard(options_.autocast, options_.autocast_dtype, options_.table);
+    out = inner_->forward(input);
+  }
+  if (options_.cast_io && is_floating(out.dtype())) out = out.to(DType::Float32);
+  return out;
+}
+
+Criterion autocast_criterion(Criterion criterion, DType dtype, std::shared_ptr<const autocast::PolicyTable> table) {
+  return [criterion = std::move(criterion), dtype, table](const Tensor& output, const Tensor& target) {
+    autocast::AutocastGuard guard(true, dtype, table);
+    return criterion(output, target);
+  };
+}
+
+Tensor scale_loss(const Tensor& loss, double scale) {
+  const Tensor wide = is_low_precision(loss.dtype()) ? loss.to(DType::Float32) : loss;
+  return scale == 1.0 ? wide : mul(wide, scale);
+}
+
+std::vector<Tensor> flat_grads(optim::Optimizer& optimizer) {
+  std::vector<Tensor> out;
+  for (size_t g = 0; g < optimizer.param_groups().size(); ++g)
+    for (const optim::FlatBuffer* fb : optimizer.flat_buffers(g)) {
+      // The optimizer owns its (non-const) buffers and hands them out read-only; syncing is what its
+      // own step() does first, and is idempotent (a synced gradient stays "arrived").
+      const_cast<optim::FlatBuffer*>(fb)->sync_grads();
+      out.push_back(fb->grad());
+    }
+  return out;
+}
+
+}  // namespace booster::mixed_precision

@@ -1,0 +1,208 @@
+// MixedPrecision: the interface every precision strategy implements, and the registry that builds one
+// from a name and a JSON object of options.
+//
+// Note [The mixed-precision step]
+// A strategy owns everything precision-specific in one training step, so the loop reads the same for
+// every strategy:
+//
+//   auto mp = mixed_precision::create("fp16", {{"init_scale", 1024}});
+//   auto [model, optimizer, criterion] = mp->configure(model, optimizer, criterion);
+//   for (batch : loader) {
+//     optimizer->zero_grad();
+//     Tensor loss = criterion((*model)(batch.x), batch.y);   // forward under autocast where needed
+//     mp->backward(loss, *optimizer);                        // scaled backward
+//     mp->clip_grad_norm(*optimizer, 1.0);                   // optional; unscales first
+//     mp->step(*optimizer);                                  // steps, or skips on inf/NaN
+//     if (!mp->step_was_skipped()) scheduler.step();         // as Accelerate: a skipped step is no step
+//   }
+//
+// configure() may convert the model (fp16_naive: the whole model in float16), wrap it (a Module whose
+// forward opens an AutocastGuard), wrap the criterion likewise, and replace the optimizer (one that
+// keeps float32 master weights). Always use what it returns. The optimizer passed in must have been
+// built over the model's parameters while they were float32; configure() reads its type, groups and
+// options, so a strategy that needs master weights can rebuild it over them.
+//
+// Skipping: a strategy that scales the loss checks every gradient for inf/NaN in the same pass that
+// unscales them (fused_unscale_and_check). A step with a non-finite gradient leaves parameters and
+// optimizer state untouched and lowers the scale. A scale that would have to fall below the
+// strategy's floor throws TrainingError: gradients that overflow at the smallest allowed scale mean
+// the run has diverged, and training on would only produce garbage.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <limits>
+#include <map>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "booster/autocast/autocast.h"
+#include "booster/nn/module.h"
+#include "booster/optim/optimizer.h"
+#include "booster/tensor/tensor.h"
+
+namespace booster::mixed_precision {
+
+// loss = criterion(model output, target)
+using Criterion = std::function<Tensor(const Tensor& output, const Tensor& target)>;
+
+// What one step did, for logging and for the loop.
+struct StepStats {
+  double loss_scale = 1.0;                                       // the scale the backward used
+  bool skipped = false;                                          // inf/NaN found: no update
+  double grad_norm = std::numeric_limits<double>::quiet_NaN();  // L2 of the unscaled gradients, when
+                                                                 // clip_grad_norm computed it
+  int64_t num_zeros = -1;                                        // zero gradient elements, when counted
+};
+
+// Checkpointable strategy state: json (scaler counters) plus tensors (master weights).
+struct MixedPrecisionState {
+  nlohmann::json meta = nlohmann::json::object();
+  std::map<std::string, Tensor> tensors;
+};
+
+struct Configured {
+  nn::ModulePtr model;
+  std::shared_ptr<optim::Optimizer> optimizer;
+  Criterion criterion;
+};
+
+class MixedPrecision {
+ public:
+  virtual ~MixedPrecision() = default;
+
+  // The registered name ("fp16", ...) and every option with the value in use.
+  virtual std::string name() const = 0;
+  virtual nlohmann::json options() const = 0;
+
+  // Converts/wraps model, optimizer and criterion (see Note [The mixed-precision step]). Call once.
+  virtual Configured configure(nn::ModulePtr model, std::shared_ptr<optim::Optimizer> optimizer,
+                               Criterion criterion) = 0;
+
+  // Backward of the loss, scaled by loss_scale(). `optimizer` is the one configure() returned.
+  virtual void backward(const Tensor& loss, optim::Optimizer& optimizer);
+  // Divides the gradients by the loss scale (at most once per step; later calls in the same step are
+  // no-ops, unlike GradScaler::unscale_, which the loop need not know about).
+  virtual void unscale_gradients(optim::Optimizer& optimizer);
+  // Unscales, then scales every gradient down so that their joint L2 norm is at most max_norm
+  // (torch.nn.utils.clip_grad_norm_: coefficient max_norm / (norm + 1e-6) when below 1). Returns the
+  // norm before clipping (inf when a gradient is not finite; nothing is clipped then).
+  virtual double clip_grad_norm(optim::Optimizer& optimizer, double max_norm);
+  // Steps the optimizer unless a gradient is inf/NaN, then updates the loss scale.
+  virtual void step(optim::Optimizer& optimizer);
+
+  // Whether the last step() skipped the update; an LR scheduler must not advance then.
+  bool step_was_skipped() const { return stats_.skipped; }
+  const StepStats& last_step_stats() const { return stats_; }
+  // The scale the next backward() multiplies the loss by (1 for unscaled strategies).
+  virtual double loss_scale() const { return 1.0; }
+
+  virtual MixedPrecisionState state_dict() const { return {}; }
+  virtual void load_state_dict(const MixedPrecisionState& state) {}
+
+ protected:
+  // Per-step bookkeeping shared by the strategies: unscaled/clipped already this step?
+  StepStats stats_;
+  bool unscaled_this_step_ = false;
+  double pending_grad_norm_ = std::numeric_limits<double>::quiet_NaN();
+};
+
+// ------------------------------------------------------------------------------------------ registry
+using Factory = std::function<std::unique_ptr<MixedPrecision>(const nlohmann::json& options)>;
+
+// Registers a strategy under `name` (ValueError when taken). Strategies in mixed_precision/ register
+// themselves when the core library loads.
+void register_strategy(const std::string& name, Factory factory);
+// Registered names, sorted (aliases included).
+std::vector<std::string> registered_strategies();
+// Builds a strategy; ConfigError listing the registered names when `name` is unknown, and from the
+// strategy for unknown option names and out-of-range values.
+std::unique_ptr<MixedPrecision> create(const std::string& name,
+                                       const nlohmann::json& options = nlohmann::json::object());
+
+// Registers a factory from a static initializer: static Registrar r("fp16", make_fp16);
+struct Registrar {
+  Registrar(const std::string& name, Factory factory) { register_strategy(name, std::move(factory)); }
+};
+
+// Reads a strategy's options with range checks. Every read names a valid option; finish() throws a
+// ConfigError for any key that was not read, listing the valid ones.
+class OptionReader {
+ public:
+  OptionReader(std::string strategy, const nlohmann::json& options);
+  double number(const std::string& key, double fallback, double min, double max, bool min_exclusive = false,
+                bool max_exclusive = false);
+  int64_t integer(const std::string& key, int64_t fallback, int64_t min, int64_t max);
+  bool flag(const std::string& key, bool fallback);
+  std::string choice(const std::string& key, const std::string& fallback, const std::vector<std::string>& choices);
+  // The raw value (or fallback) for options with their own syntax; the caller validates it.
+  nlohmann::json raw(const std::string& key, const nlohmann::json& fallback);
+  bool has(const std::string& key) const { return options_.contains(key); }
+  void finish() const;
+  const std::string& strategy() const { return strategy_; }
+
+ private:
+  std::string strategy_;
+  nlohmann::json options_;
+  std::vector<std::string> valid_;
+};
+
+// ----------------------------------------------------------------------------------- building blocks
+
+// A module whose forward runs `inner` under autocast to `dtype`. It adopts the inner module's
+// parameters, buffers and children under their own names, so state_dict keys do not change.
+// With cast_io, floating inputs are cast to `input_dtype` and outputs to float32 first (for models
+// held entirely in 16 bits: the loss is then computed and scaled in float32).
+class PrecisionModule : public nn::Module {
+ public:
+  struct Options {
+    bool autocast = false;
+    DType autocast_dtype = DType::Float16;
+    std::shared_ptr<const autocast::PolicyTable> table;  // null: default table
+    bool cast_io = false;
+    DType input_dtype = DType::Float32;
+  };
+  PrecisionModule(nn::ModulePtr inner, Options options);
+  Tensor forward(const Tensor& x) override;
+  std::string name() const override { return inner_->name(); }
+  const nn::ModulePtr& inner() const { return inner_; }
+
+ private:
+  nn::ModulePtr inner_;
+  Options options_;
+};
+
+// The criterion run under autocast to `dtype` (losses are float32 ops in the policy table).
+Criterion autocast_criterion(Criterion criterion, DType dtype,
+                             std::shared_ptr<const autocast::PolicyTable> table = nullptr);
+
+// loss * scale, computed in float32 when the loss is float16/bfloat16 (as torch's GradScaler.scale,
+// whose float32 scale tensor promotes the product): a 16-bit loss times 2^16 would overflow.
+Tensor scale_loss(const Tensor& loss, double scale);
+
+// Gradient buffers of an optimizer: one 1-D tensor per flat buffer of every group, after bringing
+// every gradient into them (a gradient that backward created outside the buffer, after a module's
+// zero_grad set it to None, is copied in; see Note [Flat buffers]), so an in-place pass sees them all.
+std::vector<Tensor> flat_grads(optim::Optimizer& optimizer);
+
+// Note [Fused gradient passes]
+// Unscaling and the inf/NaN check read every gradient once, together: dst = src * inv_scale for each
+// span, and found_inf is set when any *source* element is inf or NaN (as torch's
+// _amp_foreach_non_finite_check_and_unscale_). src is float32, float16 or bfloat16; dst is float32 or
+// src itself. The inner loops are branch-free (the check ORs exponent bits) so they vectorize, and
+// spans longer than cpu::kParallelGrain are split across threads.
+struct GradSpan {
+  Tensor src;  // 1-D contiguous
+  Tensor dst;  // same numel; float32, or src itself (in place)
+};
+bool fused_unscale_and_check(const std::vector<GradSpan>& spans, float inv_scale);
+// L2 norm of all elements of all tensors (accumulated in double across chunks).
+double grad_norm_l2(const std::vector<Tensor>& grads);
+// grads *= factor, in place.
+void scale_grads(const std::vector<Tensor>& grads, float factor);
+// Number of elements equal to zero.
+int64_t count_zeros(const std::vector<Tensor>& grads);
+
+}  // namespace booster::mixed_precision

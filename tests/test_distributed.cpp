@@ -1,0 +1,135 @@
+// ProcessGroup in one process: the "local" backend's identities, the default group outside mpirun,
+// argument checks shared by every backend, and MPI's singleton mode.
+#include <catch2/catch.hpp>
+
+#include "booster/distributed/local_process_group.h"
+#include "booster/distributed/mpi_process_group.h"
+#include "booster/distributed/process_group.h"
+#include "booster/ops/ops.h"
+
+using namespace booster;
+using namespace booster::distributed;
+
+TEST_CASE("distributed: default group outside mpirun is the local group of rank 0, size 1", "[distributed]") {
+  REQUIRE_FALSE(launched_by_mpi_launcher());
+  ProcessGroup& pg = default_process_group();
+  REQUIRE(is_initialized());
+  REQUIRE(pg.backend() == "local");
+  REQUIRE(pg.rank() == 0);
+  REQUIRE(pg.size() == 1);
+  REQUIRE(&init_process_group("auto") == &pg);
+  REQUIRE(&init_process_group("local") == &pg);
+  // The default group cannot change backend once made; unknown backends are configuration errors.
+  REQUIRE_THROWS_AS(init_process_group("mpi"), StateError);
+  REQUIRE_THROWS_WITH(init_process_group("mpi"), Catch::Contains("local") && Catch::Contains("mpi"));
+  REQUIRE_THROWS_AS(init_process_group("gloo"), StateError);
+}
+
+TEST_CASE("distributed: init_process_group names the backends it knows", "[distributed]") {
+  // Run before any default group exists only when this test runs alone (as CTest does); otherwise
+  // the switch is refused first. Either way the call throws a typed error.
+  if (!is_initialized()) {
+    REQUIRE_THROWS_AS(init_process_group("gloo"), ConfigError);
+    REQUIRE_THROWS_WITH(init_process_group("gloo"), Catch::Contains("\"mpi\"") &&
+                                                        Catch::Contains("\"local\""));
+    REQUIRE_THROWS_AS(init_process_group("nccl"), NotImplementedError);
+    REQUIRE_FALSE(is_initialized());
+  }
+  REQUIRE_THROWS_AS(init_process_group("gloo"), Error);
+}
+
+TEST_CASE("distributed: local group: collectives are identities and copies", "[distributed]") {
+  LocalProcessGroup pg;
+  for (DType dtype : {DType::Float32, DType::Float64, DType::Float16, DType::BFloat16, DType::Int64}) {
+    INFO(dtype_name(dtype));
+    Tensor t = from_vector(std::vector<double>{1, -2, 3.5, 4}, {2, 2}, dtype);
+    const auto values = t.tolist();
+    for (ReduceOp op : {ReduceOp::Sum, ReduceOp::Avg, ReduceOp::Max, ReduceOp::Min}) {
+      if (op == ReduceOp::Avg && !is_floating(dtype)) continue;
+      pg.all_reduce(t, op);
+      REQUIRE(t.tolist() == values);
+      pg.all_reduce_async(t, op)->wait();
+      REQUIRE(t.tolist() == values);
+    }
+    pg.broadcast(t, 0);
+    REQUIRE(t.tolist() == values);
+
+    Tensor gathered = zeros({4}, dtype);
+    pg.all_gather(gathered, t);
+    REQUIRE(gathered.tolist() == values);
+    Tensor scattered = zeros({2, 2}, dtype);
+    WorkPtr w = pg.reduce_scatter_async(scattered, t);
+    REQUIRE(w->is_completed());
+    REQUIRE(scattered.tolist() == values);
+  }
+  // A shard that already is the whole output (in place) stays as it is.
+  Tensor buf = from_vector(std::vector<float>{1, 2, 3}, {3});
+  pg.all_gather(buf, buf);
+  REQUIRE(buf.tolist() == std::vector<double>{1, 2, 3});
+  pg.barrier();
+}
+
+TEST_CASE("distributed: local group: span overloads touch only the span", "[distributed]") {
+  LocalProcessGroup pg;
+  Tensor flat = arange(0, 10, 1, DType::Float32);
+  Tensor out = zeros({10});
+  const BufferSpan src = BufferSpan::of(flat).slice(2, 3);
+  const BufferSpan dst = BufferSpan::of(out).slice(5, 3);
+  REQUIRE(src.numel == 3);
+  REQUIRE(src.nbytes() == 12);
+  pg.all_gather(dst, src);
+  REQUIRE(out.tolist() == std::vector<double>{0, 0, 0, 0, 0, 2, 3, 4, 0, 0});
+  pg.all_reduce(flat.data<float>() + 1, 4, DType::Float32, ReduceOp::Avg);
+  REQUIRE(flat.tolist() == arange(0, 10, 1, DType::Float32).tolist());
+  REQUIRE_THROWS_AS(BufferSpan::of(flat).slice(8, 3), IndexError);
+  REQUIRE_THROWS_AS(BufferSpan::of(flat).slice(-1, 2), IndexError);
+}
+
+TEST_CASE("distributed: argument checks are the same on every backend", "[distributed]") {
+  LocalProcessGroup pg;
+  Tensor m = zeros({3, 4});
+  Tensor strided = m.t();
+  REQUIRE_THROWS_AS(pg.all_reduce(strided), ShapeError);
+  REQUIRE_THROWS_WITH(pg.all_reduce(strided),
+                      Catch::Contains("all_reduce") && Catch::Contains("[4, 3]") &&
+                          Catch::Contains("[1, 4]"));
+  Tensor in = zeros({2, 3});
+  Tensor out = zeros({7});
+  REQUIRE_THROWS_AS(pg.all_gather(out, in), ShapeError);
+  REQUIRE_THROWS_WITH(pg.all_gather_async(out, in),
+                      Catch::Contains("all_gather_async") && Catch::Contains("7") &&
+                          Catch::Contains("6"));
+  REQUIRE_THROWS_AS(pg.reduce_scatter(out, in), ShapeError);
+  Tensor out16 = zeros({6}, DType::Float16);
+  REQUIRE_THROWS_WITH(pg.all_gather(out16, in), Catch::Contains("float16") &&
+                                                    Catch::Contains("float32"));
+  Tensor ints = zeros({3}, DType::Int64);
+  REQUIRE_THROWS_AS(pg.all_reduce(ints, ReduceOp::Avg), DTypeError);
+  REQUIRE_THROWS_AS(pg.reduce_scatter(ints, ints, ReduceOp::Avg), DTypeError);
+  REQUIRE_THROWS_AS(pg.broadcast(m, 1), ValueError);
+  Tensor undefined;
+  REQUIRE_THROWS_AS(pg.all_reduce(undefined), ValueError);
+  REQUIRE_THROWS_AS(pg.all_reduce(nullptr, 4, DType::Float32), ValueError);
+  // reduce_scatter into its own input would read what it already overwrote.
+  Tensor same = zeros({4});
+  REQUIRE_THROWS_AS(pg.reduce_scatter(same, same), ValueError);
+}
+
+TEST_CASE("distributed: mpi backend outside mpirun is a singleton world", "[distributed]") {
+  if (!mpi_built()) {
+    REQUIRE_THROWS_AS(make_mpi_process_group(), ConfigError);
+    return;
+  }
+  std::shared_ptr<ProcessGroup> pg = make_mpi_process_group();
+  REQUIRE(pg->backend() == "mpi");
+  REQUIRE(pg->rank() == 0);
+  REQUIRE(pg->size() == 1);
+  REQUIRE(mpi_thread_support() != "none");
+  Tensor t = from_vector(std::vector<double>{1.5, -2}, {2}, DType::BFloat16);
+  pg->all_reduce(t, ReduceOp::Avg);
+  REQUIRE(t.tolist() == std::vector<double>{1.5, -2});
+  Tensor out = zeros({2}, DType::BFloat16);
+  pg->reduce_scatter_async(out, t, ReduceOp::Sum)->wait();
+  REQUIRE(out.tolist() == std::vector<double>{1.5, -2});
+  pg->barrier();
+}
