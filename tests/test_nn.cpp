@@ -549,3 +549,27 @@ TEST_CASE("a float32 GPT under autocast gives float32 gradients close to float32
     CHECK(max_abs_diff(got[i].second.grad(), want) <= 0.03 * max_abs_diff(want, zeros_like(want)) + 1e-6);
   }
 }
+
+TEST_CASE("loss modules compute torch's losses and convert to a Criterion", "[nn]") {
+  Tensor logits = from_vector(std::vector<float>{2.0f, 0.5f, -1.0f, 0.1f, 0.2f, 3.0f}, {2, 3});
+  Tensor target = from_vector(std::vector<int64_t>{0, 2}, {2});
+  // Reference by hand: mean over rows of logsumexp(row) - row[target].
+  auto row_loss = [](double a, double b, double c, double t) {
+    return std::log(std::exp(a) + std::exp(b) + std::exp(c)) - t;
+  };
+  const double expected = 0.5 * (row_loss(2.0, 0.5, -1.0, 2.0) + row_loss(0.1, 0.2, 3.0, 3.0));
+  nn::CrossEntropyLoss ce;
+  REQUIRE(ce(logits, target).item() == Approx(expected).epsilon(1e-6));
+  nn::Criterion crit = std::ref(ce);
+  REQUIRE(crit(logits, target).item() == Approx(expected).epsilon(1e-6));
+  nn::CrossEntropyLoss summed({.reduction = Reduction::Sum});
+  REQUIRE(summed(logits, target).item() == Approx(2 * expected).epsilon(1e-6));
+  nn::CrossEntropyLoss ignoring({.ignore_index = 2});
+  REQUIRE(ignoring(logits, target).item() == Approx(row_loss(2.0, 0.5, -1.0, 2.0)).epsilon(1e-6));
+  REQUIRE_THROWS_AS(nn::CrossEntropyLoss({.label_smoothing = 1.5}), ValueError);
+
+  Tensor a = from_vector(std::vector<float>{1, 2, 3, 4}, {4});
+  Tensor b = from_vector(std::vector<float>{1, 0, 3, 1}, {4});
+  REQUIRE(nn::MSELoss()(a, b).item() == Approx((0 + 4 + 0 + 9) / 4.0));
+  REQUIRE(nn::MSELoss(Reduction::Sum)(a, b).item() == Approx(13.0));
+}

@@ -12,14 +12,14 @@
 #include <nlohmann/json.hpp>
 
 #include "booster/data/dataset.h"
+#include "booster/nn/loss.h"
 #include "booster/nn/module.h"
 #include "booster/optim/lr_scheduler.h"
 #include "booster/tensor/tensor.h"
 
 namespace booster::config {
 
-// A loss: (model output, target) -> a scalar tensor.
-using Criterion = std::function<Tensor(const Tensor& output, const Tensor& target)>;
+using nn::Criterion;
 
 // From the resolved `criterion` section:
 //  * cross_entropy: output [N, C] or [B, T, C] (a language model; flattened to [B*T, C]) against class

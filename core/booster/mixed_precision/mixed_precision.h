@@ -39,14 +39,14 @@
 #include <vector>
 
 #include "booster/autocast/autocast.h"
+#include "booster/nn/loss.h"
 #include "booster/nn/module.h"
 #include "booster/optim/optimizer.h"
 #include "booster/tensor/tensor.h"
 
 namespace booster::mixed_precision {
 
-// loss = criterion(model output, target)
-using Criterion = std::function<Tensor(const Tensor& output, const Tensor& target)>;
+using nn::Criterion;
 
 // What one step did, for logging and for the loop.
 struct StepStats {

@@ -7,6 +7,7 @@
 #include "booster/nn/embedding.h"
 #include "booster/nn/init.h"
 #include "booster/nn/linear.h"
+#include "booster/nn/loss.h"
 #include "booster/nn/models.h"
 #include "booster/nn/module.h"
 #include "booster/nn/normalization.h"
