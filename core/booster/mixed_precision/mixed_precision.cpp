@@ -8,6 +8,8 @@
 
 #include "booster/autograd/autograd.h"
 #include "booster/ops/ops.h"
+#include "booster/plugin/abi.h"
+#include "booster/plugin/loader.h"
 
 namespace booster::mixed_precision {
 
@@ -84,11 +86,24 @@ std::unique_ptr<MixedPrecision> create(const std::string& name, const json& opti
     auto it = registry().find(name);
     if (it != registry().end()) factory = it->second;
   }
-  if (!factory) {
-    BOOSTER_FAIL(ConfigError, "mixed precision: unknown strategy '", name, "'; valid strategies are: ",
-                 join(registered_strategies()));
-  }
-  return factory(options.is_null() ? json::object() : options);
+  const json opts = options.is_null() ? json::object() : options;
+  if (factory) return factory(opts);
+  // Not built in: a precision plugin of that name, or at that path.
+  if (plugin::is_path(name) || !plugin::find_or_empty(plugin::kPrecisionKind, name).empty())
+    return create_from_plugin(name, opts);
+  BOOSTER_FAIL(ConfigError, "mixed precision: unknown strategy '", name, "'; the built-in strategies are: ",
+               join(registered_strategies()), ", and no precision plugin ",
+               plugin::file_name(plugin::kPrecisionKind, name), " was found in ", plugin::describe_search_path(),
+               " (set BOOSTER_PLUGIN_PATH, or give the path to the plugin's .so)");
+}
+
+std::vector<StrategyInfo> available_strategies() {
+  std::vector<StrategyInfo> out;
+  const std::vector<std::string> built_in = registered_strategies();
+  for (const std::string& n : built_in) out.push_back({n, ""});
+  for (const plugin::Found& f : plugin::list(plugin::kPrecisionKind))
+    if (std::find(built_in.begin(), built_in.end(), f.name) == built_in.end()) out.push_back({f.name, f.file.string()});
+  return out;
 }
 
 // ------------------------------------------------------------------------------------- option reader

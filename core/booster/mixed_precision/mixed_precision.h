@@ -117,10 +117,28 @@ using Factory = std::function<std::unique_ptr<MixedPrecision>(const nlohmann::js
 void register_strategy(const std::string& name, Factory factory);
 // Registered names, sorted (aliases included).
 std::vector<std::string> registered_strategies();
-// Builds a strategy; ConfigError listing the registered names when `name` is unknown, and from the
-// strategy for unknown option names and out-of-range values.
+// Builds a strategy. A name that is not built in is looked up as a precision plugin
+// (libbooster_precision_<name>.so on the plugin search path, or a path to a .so; see
+// booster/plugin/loader.h), whose strategy stays bound to its library (Note [Plugin lifetime]).
+// ConfigError listing the built-in names and the directories searched when neither has it;
+// PluginError for a file that is not a plugin or has another ABI version; and from the strategy,
+// ConfigError for unknown option names and out-of-range values.
 std::unique_ptr<MixedPrecision> create(const std::string& name,
                                        const nlohmann::json& options = nlohmann::json::object());
+
+// One strategy create() can build: built in (file empty) or a precision plugin found on the plugin
+// search path (its file; found by file name, not loaded).
+struct StrategyInfo {
+  std::string name;
+  std::string file;
+};
+// Built-in strategies, then the precision plugins on the search path whose names no built-in takes;
+// each sorted by name.
+std::vector<StrategyInfo> available_strategies();
+// The strategy of a precision plugin (name or path), wrapped so every call goes through the plugin
+// boundary (exceptions become host errors) and the library stays loaded while the strategy or anything
+// its configure() returned lives. create() calls this for names that are not built in.
+std::unique_ptr<MixedPrecision> create_from_plugin(const std::string& name_or_path, const nlohmann::json& options);
 
 // Registers a factory from a static initializer: static Registrar r("fp16", make_fp16);
 struct Registrar {

@@ -1,0 +1,69 @@
+// What a plugin shared library exports, and the version of that contract.
+//
+// Note [Plugin ABI]
+// A plugin is a shared library built by the same build, with the same compiler and flags, as the core
+// it links (booster_core). It exports four unmangled symbols (Boost.DLL aliases):
+//   booster_plugin_abi_version  int()           the BOOSTER_PLUGIN_ABI_VERSION it was compiled with
+//   booster_plugin_kind         const char*()   "precision" or "parallel"
+//   booster_plugin_name         const char*()   the name users select it by
+//   booster_create_<kind>       the factory (for "precision": PrecisionFactory below)
+// The host reads the version first and calls nothing else in a library whose version differs, so a
+// stale plugin is refused with a message instead of crashing on a changed vtable.
+//
+// Bump BOOSTER_PLUGIN_ABI_VERSION with any change a plugin compiled before it could not survive: a
+// virtual function added, removed or reordered in an interface a plugin implements (MixedPrecision, the
+// parallel Plugin), a changed factory signature, or a changed layout of a class a plugin derives from
+// or allocates (MixedPrecision's protected members, StepStats, ...). Adding non-virtual functions or
+// new free functions to the core needs no bump.
+//
+// The version functions generated below have internal linkage on purpose: the core includes this
+// header too, and an exported inline function would be interposed by the core's copy, so a plugin
+// would report the host's version instead of its own.
+#pragma once
+
+#include <boost/dll/alias.hpp>
+#include <memory>
+#include <nlohmann/json.hpp>
+
+#define BOOSTER_PLUGIN_ABI_VERSION 1
+
+namespace booster::mixed_precision {
+class MixedPrecision;
+}
+
+namespace booster::plugin {
+
+// A precision plugin's factory: a new strategy built from its options, owned by the caller (the host
+// binds it to the library, see loader.h). Errors are thrown as booster errors (ConfigError for options).
+using PrecisionFactory = mixed_precision::MixedPrecision*(const nlohmann::json& options);
+
+inline constexpr const char* kPrecisionKind = "precision";
+inline constexpr const char* kParallelKind = "parallel";
+
+}  // namespace booster::plugin
+
+// The general form: exports the version, kind, name and `Factory` as booster_create_<Kind>. Plugins use
+// the kind-specific macros below; tests use this one to build a plugin with a wrong version.
+#define BOOSTER_EXPORT_PLUGIN_WITH_ABI(Kind, NameString, Factory, AbiVersion)                 \
+  namespace booster_plugin_exports {                                                          \
+  static int abi_version() { return (AbiVersion); }                                           \
+  static const char* kind() { return #Kind; }                                                 \
+  static const char* name() { return (NameString); }                                          \
+  }                                                                                           \
+  BOOST_DLL_ALIAS(booster_plugin_exports::abi_version, booster_plugin_abi_version)            \
+  BOOST_DLL_ALIAS(booster_plugin_exports::kind, booster_plugin_kind)                          \
+  BOOST_DLL_ALIAS(booster_plugin_exports::name, booster_plugin_name)                          \
+  BOOST_DLL_ALIAS(Factory, booster_create_##Kind)
+
+// A precision plugin: `MakeStrategy` is any function
+//   std::unique_ptr<booster::mixed_precision::MixedPrecision> MakeStrategy(const nlohmann::json& options)
+// (see examples/static_fp16/plugin.cpp). The strategy is then selected by NameString, e.g. from a
+// config's "mixed_precision": {"name": NameString, ...}.
+#define BOOSTER_EXPORT_PRECISION_PLUGIN(NameString, MakeStrategy)                                  \
+  namespace booster_plugin_exports {                                                               \
+  static ::booster::mixed_precision::MixedPrecision* create_precision(const nlohmann::json& options) { \
+    return (MakeStrategy)(options).release();                                                      \
+  }                                                                                                \
+  }                                                                                                \
+  BOOSTER_EXPORT_PLUGIN_WITH_ABI(precision, NameString, booster_plugin_exports::create_precision,   \
+                                 BOOSTER_PLUGIN_ABI_VERSION)

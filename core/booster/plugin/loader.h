@@ -1,0 +1,110 @@
+// Finds plugin shared libraries by name, loads them with Boost.DLL, checks their ABI version, and binds
+// what they create to the library so nothing outlives it. Shared by precision and parallel plugins.
+//
+// Note [Finding a plugin]
+// A name containing '/' or ending in ".so" is a path, loaded as is. Any other name is a file name
+//   precision: libbooster_precision_<name>.so      parallel: libbooster_plugin_<name>.so
+// looked for in each directory of BOOSTER_PLUGIN_PATH (colon-separated, in order), then the build's
+// lib directory, then the install prefix's lib/booster. The first hit wins. A name found nowhere is a
+// PluginError listing every directory searched.
+//
+// Note [Plugin lifetime]
+// Unloading a library while an object it created (or a function it holds) is alive leaves dangling
+// vtables. So the loader hands out objects through shared_ptrs whose control block also owns the
+// library (a shared_ptr<Plugin>): the library is closed after the last of them is destroyed, whatever
+// order the host drops them in. bind() does this for any object from a plugin.
+#pragma once
+
+#include <filesystem>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "booster/common/error.h"
+
+namespace booster::plugin {
+
+// A loaded plugin library whose ABI version matched. Held by shared_ptr; see Note [Plugin lifetime].
+class Plugin {
+ public:
+  ~Plugin();
+  Plugin(const Plugin&) = delete;
+  Plugin& operator=(const Plugin&) = delete;
+
+  const std::filesystem::path& file() const { return file_; }
+  const std::string& kind() const { return kind_; }
+  const std::string& name() const { return name_; }
+  int abi_version() const { return abi_version_; }
+
+  // The address of an exported Boost.DLL alias (e.g. "booster_create_precision"); PluginError naming the
+  // file when it is absent.
+  void* symbol(const std::string& alias) const;
+
+ private:
+  friend std::shared_ptr<Plugin> load(const std::string&, const std::string&);
+  struct Library;
+  Plugin() = default;
+  std::unique_ptr<Library> library_;
+  std::filesystem::path file_;
+  std::string kind_, name_;
+  int abi_version_ = 0;
+};
+
+// Loads a plugin of `kind` ("precision" or "parallel") by name or path (Note [Finding a plugin]).
+// PluginError: not found (lists the directories searched), not a booster plugin (no
+// booster_plugin_abi_version export), a different ABI version (names both and the file), or a plugin
+// of another kind. Loading the same file twice shares one library (the OS refcounts it).
+std::shared_ptr<Plugin> load(const std::string& kind, const std::string& name_or_path);
+
+// The directories searched, in order.
+std::vector<std::filesystem::path> search_path();
+// The file name a plugin called `name` of `kind` has.
+std::string file_name(const std::string& kind, const std::string& name);
+// Whether `name_or_path` is taken as a path rather than a name.
+bool is_path(const std::string& name_or_path);
+// The file for `name` on the search path; PluginError listing the directories when there is none.
+std::filesystem::path find(const std::string& kind, const std::string& name);
+// The same, empty when not found.
+std::filesystem::path find_or_empty(const std::string& kind, const std::string& name);
+// "dir1, dir2, ..." for messages.
+std::string describe_search_path();
+
+// One plugin file found on the search path (by its file name: it is not loaded).
+struct Found {
+  std::string kind;
+  std::string name;
+  std::filesystem::path file;
+};
+// Every plugin file of `kind` ("" for both) on the search path, the first of each name only, sorted by
+// kind then name.
+std::vector<Found> list(const std::string& kind = "");
+
+// `object` (created by `plugin`) as a shared_ptr that also keeps the plugin loaded: the object is
+// destroyed first, then the library reference is dropped.
+template <class T>
+std::shared_ptr<T> bind(std::shared_ptr<Plugin> plugin, std::shared_ptr<T> object) {
+  if (!object) return object;
+  struct Keeper {
+    std::shared_ptr<Plugin> plugin;  // declared first: destroyed last
+    std::shared_ptr<T> object;
+  };
+  T* raw = object.get();
+  auto keeper = std::make_shared<Keeper>(Keeper{std::move(plugin), std::move(object)});
+  return std::shared_ptr<T>(std::move(keeper), raw);
+}
+
+// Runs `f` (a call into a plugin) and converts what it throws into host errors: a booster error keeps
+// its type and message, anything else becomes a PluginError naming the plugin.
+void rethrow_as_host_error(const Plugin& plugin, const std::string& what_call);
+
+template <class F>
+decltype(auto) call_into(const Plugin& plugin, const std::string& what_call, F&& f) {
+  try {
+    return f();
+  } catch (...) {
+    rethrow_as_host_error(plugin, what_call);
+    throw;  // not reached
+  }
+}
+
+}  // namespace booster::plugin
