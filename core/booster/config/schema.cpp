@@ -6,6 +6,7 @@
 #include "booster/config/config.h"
 
 #include <algorithm>
+#include <cctype>
 
 #include "booster/common/error.h"
 #include "booster/mixed_precision/mixed_precision.h"
@@ -320,12 +321,21 @@ json resolve_mixed_precision(const json& given) {
   try {
     resolved.update(mixed_precision::create(name, options)->options());
   } catch (const ConfigError& e) {
-    // The strategy's message names the option as 'key'; lead with its JSON path and value.
+    // The strategy's message names the option ('key', or the bare word); lead with its JSON path and
+    // value.
     const std::string what = e.what();
-    for (const auto& [key, value] : options.items()) {
-      if (what.find("'" + key + "'") == std::string::npos) continue;
-      throw ConfigError("'" + path + "." + key + "' is " + show(value) + ": " + what);
-    }
+    auto names_option = [&](const std::string& key) {
+      if (what.find("'" + key + "'") != std::string::npos) return true;
+      for (size_t at = what.find(key); at != std::string::npos; at = what.find(key, at + 1)) {
+        const size_t end = at + key.size();
+        const bool word_start = at == 0 || !(std::isalnum(static_cast<unsigned char>(what[at - 1])) || what[at - 1] == '_');
+        const bool word_end = end == what.size() || !(std::isalnum(static_cast<unsigned char>(what[end])) || what[end] == '_');
+        if (word_start && word_end) return true;
+      }
+      return false;
+    };
+    for (const auto& [key, value] : options.items())
+      if (names_option(key)) throw ConfigError("'" + path + "." + key + "' is " + show(value) + ": " + what);
     throw ConfigError("'" + path + "': " + what);
   }
   return resolved;
