@@ -555,6 +555,12 @@ TEST_CASE("the default Fashion-MNIST config reaches 85% test accuracy", "[cli][e
 // (the examples' configs, shrunk to 784-256-10 for one epoch so that the eight runs stay CI-sized), and
 // the test accuracy within 1 point of float32's. A strategy that rounds wrong (a gradient left scaled,
 // master weights not copied back, a skipped step that still updated) loses far more than a point.
+// apex O3 (the whole model in float16, loss scale 1: apex documents it as a speed baseline, not an
+// accuracy target) is held to the same bound because it meets it here: a 784-256-10 MLP with float32
+// cross-entropy has no gradient small enough to flush to zero in float16 (measured 85.15% against
+// float32's 85.11%). On this model bf16 pure matches bf16 autocast and fp16_naive/apex O1/O2 match fp16
+// autocast to the last bit: Linear+ReLU see the same 16-bit weights (cast each forward, or kept 16-bit
+// and refreshed from float32 masters), produce the same 16-bit gradients, and the same float32 update.
 TEST_CASE("every mixed-precision strategy trains Fashion-MNIST to within 1 point of float32", "[cli][e2e][amp]") {
   if (!have_fashion_mnist()) {
     WARN("skipped: /usr/share/datasets/fashion-mnist is absent");
