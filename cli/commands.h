@@ -14,4 +14,8 @@ inline constexpr int kExitUsageError = 2;
 // with the summary on stdout. Throws booster errors; main.cpp turns them into one line and an exit code.
 int train(const nlohmann::json& config);
 
+// Prints every registered mixed-precision strategy (built-in or plugin), one block each: the name,
+// then each option with its default, as `booster precisions` shows them.
+int precisions();
+
 }  // namespace booster::cli

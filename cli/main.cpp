@@ -26,13 +26,15 @@ constexpr const char* kUsage =
     "commands:\n"
     "  train    train a model: booster train --config FILE [--set key.path=value ...]\n"
     "  check    validate a config and print it with every default filled in\n"
+    "  precisions  list the mixed-precision strategies with their options and defaults\n"
     "\n"
     "options:\n"
     "  -h, --help     show this help (or `booster <command> --help`)\n"
     "  --version      show the version and the build options\n"
     "\n"
     "example:\n"
-    "  booster train --config examples/configs/fashion_mnist_mlp.json --set train.epochs=1\n";
+    "  booster train --config examples/configs/fashion_mnist_mlp.json --set train.epochs=1\n"
+    "  booster train --config examples/configs/fashion_mnist_mlp.json --mixed-precision bf16\n";
 
 // A mistake on the command line: exit code 2 like a config mistake.
 struct UsageError : booster::Error {
@@ -66,7 +68,11 @@ po::options_description config_options(const std::string& command) {
       ("config,c", po::value<std::string>()->value_name("FILE"), "the JSON config (see examples/configs/)")
       ("set,s", po::value<std::vector<std::string>>()->composing()->value_name("KEY=VALUE"),
        "override one config value, e.g. --set optimizer.lr=3e-4 (repeatable; the value is parsed as "
-       "JSON, else taken as a string)");
+       "JSON, else taken as a string)")
+      ("mixed-precision,m", po::value<std::string>()->value_name("NAME"),
+       "train with this mixed-precision strategy and its default options (replaces the whole "
+       "mixed_precision section; `booster precisions` lists them; for options use --set "
+       "mixed_precision.KEY=VALUE after it)");
   return desc;
 }
 
@@ -83,7 +89,10 @@ bool parse_config_args(const std::string& command, const std::vector<std::string
   }
   if (!vm.count("config")) throw UsageError("'booster " + command + "' needs --config FILE (see booster " + command + " --help)");
   config_path = vm["config"].as<std::string>();
-  if (vm.count("set")) overrides = vm["set"].as<std::vector<std::string>>();
+  // --mixed-precision NAME goes first, so --set mixed_precision.KEY=VALUE can add options to it.
+  if (vm.count("mixed-precision")) overrides.push_back("mixed_precision=" + vm["mixed-precision"].as<std::string>());
+  if (vm.count("set"))
+    for (const std::string& s : vm["set"].as<std::vector<std::string>>()) overrides.push_back(s);
   return true;
 }
 
@@ -114,8 +123,19 @@ int run(int argc, char** argv) {
     }
     return booster::cli::train(config);
   }
+  if (command == "precisions") {
+    if (!rest.empty()) {
+      if (rest.front() == "-h" || rest.front() == "--help") {
+        std::cout << "usage: booster precisions\n\nLists every registered mixed-precision strategy with its options "
+                     "and their defaults.\n";
+        return booster::cli::kExitOk;
+      }
+      throw UsageError("'booster precisions' takes no arguments, got '" + rest.front() + "'");
+    }
+    return booster::cli::precisions();
+  }
   std::string msg = "unknown command '" + command + "'";
-  if (auto guess = booster::config::nearest(command, {"train", "check"})) msg += "; did you mean '" + *guess + "'?";
+  if (auto guess = booster::config::nearest(command, {"train", "check", "precisions"})) msg += "; did you mean '" + *guess + "'?";
   throw UsageError(msg + " (see booster --help)");
 }
 

@@ -13,6 +13,7 @@
 #include "booster/common/error.h"
 #include "booster/config/training.h"
 #include "booster/data/data.h"
+#include "booster/mixed_precision/mixed_precision.h"
 #include "booster/nn/models.h"
 #include "booster/ops/ops.h"
 #include "booster/optim/lr_scheduler.h"
@@ -63,17 +64,33 @@ int train(const json& config) {
   int64_t total_steps = epochs * loader.size();
   if (train_cfg.at("max_steps").is_number()) total_steps = std::min(total_steps, train_cfg.at("max_steps").get<int64_t>());
 
-  // ---- model, optimizer, loss
-  nn::ModulePtr model = nn::make_model(config.at("model"), seed);
-  std::unique_ptr<optim::Optimizer> optimizer = optim::make_optimizer(config.at("optimizer"), model->parameters());
-  const config::Criterion criterion = config::make_criterion(config.at("criterion"));
+  // ---- model, optimizer, loss, all three through the precision strategy (Note [The mixed-precision
+  // step]): it may convert or wrap each, so only what configure() returns is used from here on, and
+  // the scheduler is built on the optimizer it returns (which may hold float32 master weights).
+  json mp_options = config.at("mixed_precision");
+  const std::string mp_name = mp_options.at("name").get<std::string>();
+  mp_options.erase("name");
+  std::unique_ptr<mixed_precision::MixedPrecision> precision = mixed_precision::create(mp_name, mp_options);
+  const mixed_precision::Configured configured = [&] {
+    nn::ModulePtr plain_model = nn::make_model(config.at("model"), seed);
+    std::shared_ptr<optim::Optimizer> plain_optimizer =
+        optim::make_optimizer(config.at("optimizer"), plain_model->parameters());
+    return precision->configure(plain_model, plain_optimizer, config::make_criterion(config.at("criterion")));
+  }();
+  const nn::ModulePtr& model = configured.model;
+  const std::shared_ptr<optim::Optimizer>& optimizer = configured.optimizer;
+  const config::Criterion& criterion = configured.criterion;
   std::unique_ptr<optim::LRScheduler> scheduler =
       config::make_lr_scheduler(config.at("lr_scheduler"), *optimizer, total_steps);
+  // Strategies that scale the loss start above 1 (dynamic scalers at 2^16); their scale and skipped
+  // steps are worth a column in the log and a value in the summary.
+  const bool scales_loss = precision->loss_scale() != 1.0;
 
   std::cerr << "booster: " << split.description << "\n"
             << "booster: model " << model->name() << " with " << human_count(model->num_parameters())
             << " parameters, optimizer " << optimizer->name()
-            << (scheduler ? ", lr scheduler " + scheduler->name() : std::string()) << ", " << total_steps << " steps ("
+            << (scheduler ? ", lr scheduler " + scheduler->name() : std::string()) << ", precision "
+            << precision->name() << ", " << total_steps << " steps ("
             << loader.size() << " per epoch)\n";
 
   // ---- the loop
@@ -90,6 +107,7 @@ int train(const json& config) {
 
   model->train();
   int64_t step = 0;
+  int64_t skipped_steps = 0;
   double last_loss = 0.0;
   int64_t samples_seen = 0, window_samples = 0;
   double train_seconds = 0.0;  // time in training steps, without evaluation
@@ -103,9 +121,13 @@ int train(const json& config) {
       Tensor output = (*model)(batch.x);
       Tensor loss = criterion(output, batch.y);
       optimizer->zero_grad();
-      loss.backward();
-      optimizer->step();
-      if (scheduler) scheduler->step();
+      precision->backward(loss, *optimizer);
+      precision->step(*optimizer);
+      // A skipped step (inf/NaN gradients, the scale was lowered) changed no weight, so, as Accelerate
+      // does, it does not move the schedule either.
+      const bool skipped = precision->step_was_skipped();
+      if (skipped) ++skipped_steps;
+      else if (scheduler) scheduler->step();
       ++step;
       last_loss = loss.item();
       train_seconds += seconds_since(step_start);
@@ -113,13 +135,19 @@ int train(const json& config) {
       samples_seen += batch_samples;
       window_samples += batch_samples;
 
-      BOOSTER_CHECK(std::isfinite(last_loss), TrainingError, "the loss is ", last_loss, " at step ", step,
+      // An overflowing 16-bit loss on a skipped step is the scaler's to handle (it throws itself when
+      // the scale would fall below its floor).
+      BOOSTER_CHECK(skipped || std::isfinite(last_loss), TrainingError, "the loss is ", last_loss, " at step ", step,
                     "; lower optimizer.lr or check the data");
       if (step % log_every == 0 || step == total_steps) {
         const double window_seconds = seconds_since(window_start);
-        std::fprintf(stderr, "step %6lld/%lld | epoch %lld | loss %.4f | lr %.3g | %.0f samples/s\n",
+        char scale_text[64] = "";
+        if (scales_loss)
+          std::snprintf(scale_text, sizeof scale_text, " | scale %g | skipped %lld", precision->loss_scale(),
+                        static_cast<long long>(skipped_steps));
+        std::fprintf(stderr, "step %6lld/%lld | epoch %lld | loss %.4f | lr %.3g%s | %.0f samples/s\n",
                      static_cast<long long>(step), static_cast<long long>(total_steps),
-                     static_cast<long long>(epoch + 1), last_loss, step_lr,
+                     static_cast<long long>(epoch + 1), last_loss, step_lr, scale_text,
                      double(window_samples) / std::max(window_seconds, 1e-9));
         window_samples = 0;
         window_start = Clock::now();
@@ -134,6 +162,9 @@ int train(const json& config) {
 
   summary["final_loss"] = last_loss;
   summary["steps"] = step;
+  summary["mixed_precision"] = precision->name();
+  summary["skipped_steps"] = skipped_steps;
+  summary["final_loss_scale"] = scales_loss ? json(precision->loss_scale()) : json(nullptr);
   summary["seconds"] = seconds_since(run_start);
   summary["train_seconds"] = train_seconds;
   summary["samples_per_second"] = double(samples_seen) / std::max(train_seconds, 1e-9);

@@ -20,9 +20,13 @@
 
 #include "booster/common/error.h"
 #include "booster/config/config.h"
+#include "booster/mixed_precision/mixed_precision.h"
 
 namespace fs = std::filesystem;
 using nlohmann::json;
+namespace config = booster::config;
+namespace mixed_precision = booster::mixed_precision;
+using booster::ConfigError;
 
 namespace {
 
@@ -89,6 +93,73 @@ std::string source_path(const std::string& rel) { return std::string(BOOSTER_SOU
 }  // namespace
 
 // ------------------------------------------------------------------------------------------ config
+TEST_CASE("mixed_precision: a name or an object, resolved with the strategy's own defaults", "[cli][config][amp]") {
+  json c = synthetic_config();
+  // Absent: float32.
+  json fp32 = mixed_precision::create("fp32")->options();
+  fp32["name"] = "fp32";
+  CHECK(config::resolve(c).at("mixed_precision") == fp32);
+  // Every registered strategy: the name alone resolves to {name, every option at its default}, and
+  // resolving the resolved section again changes nothing (a resolved config can be saved and run).
+  for (const std::string& name : mixed_precision::registered_strategies()) {
+    INFO(name);
+    c["mixed_precision"] = name;
+    json expected = mixed_precision::create(name)->options();
+    expected["name"] = name;
+    const json resolved = config::resolve(c).at("mixed_precision");
+    CHECK(resolved == expected);
+    c["mixed_precision"] = resolved;
+    CHECK(config::resolve(c).at("mixed_precision") == resolved);
+  }
+  // An object keeps the given options and fills the rest.
+  c["mixed_precision"] = {{"name", "fp16"}, {"init_scale", 1024}};
+  const json fp16 = config::resolve(c).at("mixed_precision");
+  CHECK(fp16.at("init_scale") == 1024);
+  CHECK(fp16.at("growth_interval") == mixed_precision::create("fp16")->options().at("growth_interval"));
+  c["mixed_precision"] = {{"name", "fp16_apex"}, {"opt_level", "O2"}};
+  CHECK(config::resolve(c).at("mixed_precision").at("opt_level") == "O2");
+
+  // --set reaches into the short form: "fp16" becomes {"name": "fp16"} first.
+  c["mixed_precision"] = "fp16";
+  config::apply_override(c, "mixed_precision.init_scale=8");
+  CHECK(c["mixed_precision"] == json({{"name", "fp16"}, {"init_scale", 8}}));
+  config::apply_override(c, "mixed_precision.name=bf16");
+  config::apply_override(c, "mixed_precision=bf16");
+  CHECK(config::resolve(c).at("mixed_precision").at("name") == "bf16");
+}
+
+TEST_CASE("mixed_precision mistakes name the JSON path, the value and what is allowed", "[cli][config][amp]") {
+  using Catch::Matchers::Contains;
+  json c = synthetic_config();
+  c["mixed_precision"] = "fp61";
+  REQUIRE_THROWS_AS(config::resolve(c), ConfigError);
+  REQUIRE_THROWS_WITH(config::resolve(c), Contains("'mixed_precision.name' is \"fp61\"") &&
+                                              Contains("'fp16_naive'") && Contains("'bf16'") &&
+                                              Contains("did you mean 'fp16'"));
+  c["mixed_precision"] = {{"name", 16}};
+  REQUIRE_THROWS_WITH(config::resolve(c), Contains("'mixed_precision.name' is 16"));
+  c["mixed_precision"] = {{"init_scale", 8}};
+  REQUIRE_THROWS_WITH(config::resolve(c), Contains("'mixed_precision.name' is missing"));
+  c["mixed_precision"] = 3;
+  REQUIRE_THROWS_WITH(config::resolve(c), Contains("'mixed_precision' is 3"));
+
+  c["mixed_precision"] = {{"name", "fp16"}, {"init_scal", 8}};
+  REQUIRE_THROWS_WITH(config::resolve(c), Contains("unknown key 'mixed_precision.init_scal'") &&
+                                              Contains("did you mean 'init_scale'") && Contains("'growth_interval'"));
+  c["mixed_precision"] = {{"name", "bf16"}, {"init_scale", 8}};  // an fp16 option on bf16
+  REQUIRE_THROWS_WITH(config::resolve(c), Contains("unknown key 'mixed_precision.init_scale'") && Contains("'pure'"));
+
+  c["mixed_precision"] = {{"name", "fp16"}, {"init_scale", "big"}};
+  REQUIRE_THROWS_WITH(config::resolve(c), Contains("'mixed_precision.init_scale' is \"big\"") &&
+                                              Contains("must be a number"));
+  c["mixed_precision"] = {{"name", "bf16"}, {"pure", 1}};
+  REQUIRE_THROWS_WITH(config::resolve(c), Contains("'mixed_precision.pure' is 1") && Contains("true or false"));
+  c["mixed_precision"] = {{"name", "fp16"}, {"growth_factor", 0.5}};
+  REQUIRE_THROWS_WITH(config::resolve(c), Contains("'mixed_precision.growth_factor' is 0.5") && Contains("> 1"));
+  c["mixed_precision"] = {{"name", "fp16_apex"}, {"opt_level", "O4"}};
+  REQUIRE_THROWS_WITH(config::resolve(c), Contains("'mixed_precision.opt_level' is \"O4\""));
+}
+
 TEST_CASE("edit distance and nearest key", "[cli][config]") {
   using booster::config::edit_distance;
   using booster::config::nearest;
@@ -264,6 +335,105 @@ TEST_CASE("settings that contradict each other across sections exit 2 naming bot
   CHECK(r.err.find("unknown key 'data.num_") != std::string::npos);
 }
 
+TEST_CASE("mixed_precision mistakes exit 2 naming the path", "[cli][amp]") {
+  fs::path cfg = write_config("mp_errors.json", synthetic_config());
+  RunResult r = run_booster("train --config " + cfg.string() + " --mixed-precision fp61");
+  CHECK(r.exit_code == 2);
+  CHECK(r.err.find("'mixed_precision.name' is \"fp61\"") != std::string::npos);
+  for (const std::string& name : mixed_precision::registered_strategies()) {
+    INFO(name);
+    CHECK(r.err.find("'" + name + "'") != std::string::npos);  // every strategy is listed
+  }
+  r = run_booster("train --config " + cfg.string() + " --mixed-precision fp16 --set mixed_precision.init_scal=8");
+  CHECK(r.exit_code == 2);
+  CHECK(r.err.find("unknown key 'mixed_precision.init_scal'") != std::string::npos);
+  r = run_booster("check --config " + cfg.string() + " --set mixed_precision.name=fp16 --set mixed_precision.init_scale=-1");
+  CHECK(r.exit_code == 2);
+  CHECK(r.err.find("'mixed_precision.init_scale' is -1") != std::string::npos);
+  CHECK(r.err.find("out of range") != std::string::npos);
+  r = run_booster("check --config " + cfg.string() + " --set mixed_precision.name=bf16 --set mixed_precision.pure=yes");
+  CHECK(r.exit_code == 2);
+  CHECK(r.err.find("'mixed_precision.pure' is \"yes\"") != std::string::npos);
+  CHECK(r.err.find("true or false") != std::string::npos);
+}
+
+TEST_CASE("booster precisions lists every registered strategy with its options and defaults", "[cli][amp]") {
+  RunResult r = run_booster("precisions");
+  INFO(r.err);
+  REQUIRE(r.exit_code == 0);
+  for (const std::string& name : mixed_precision::registered_strategies()) {
+    INFO(name);
+    const size_t block = r.out.find("\n" + name + "\n");
+    REQUIRE(block != std::string::npos);
+    const size_t end = r.out.find("\n\n", block + 1);
+    const std::string text = r.out.substr(block, end == std::string::npos ? std::string::npos : end - block);
+    const json options = mixed_precision::create(name)->options();
+    for (const auto& [key, value] : options.items())
+      CHECK(text.find("  " + key + " = " + value.dump()) != std::string::npos);
+  }
+  CHECK(run_booster("precisions extra").exit_code == 2);
+}
+
+TEST_CASE("mixed precision in a training run: summary, progress, flag and --set", "[cli][amp]") {
+  fs::path cfg = write_config("mp_run.json", synthetic_config());
+  RunResult r = run_booster("train --config " + cfg.string() + " --mixed-precision fp16");
+  INFO(r.err);
+  REQUIRE(r.exit_code == 0);
+  json summary = summary_line(r.out);
+  CHECK(summary["mixed_precision"] == "fp16");
+  CHECK(summary["skipped_steps"] == 0);
+  CHECK(summary["final_loss_scale"] == 65536.0);
+  CHECK(summary["test_accuracy"].get<double>() > 0.5);
+  CHECK(r.err.find("| scale 65536 | skipped 0 |") != std::string::npos);
+
+  // No scaling: null scale, no scale column.
+  r = run_booster("train --config " + cfg.string() + " --set mixed_precision.name=bf16");
+  REQUIRE(r.exit_code == 0);
+  summary = summary_line(r.out);
+  CHECK(summary["mixed_precision"] == "bf16");
+  CHECK(summary["final_loss_scale"].is_null());
+  CHECK(summary["skipped_steps"] == 0);
+  CHECK(r.err.find("scale") == std::string::npos);
+  r = run_booster("train --config " + cfg.string() + " --set train.max_steps=2");
+  REQUIRE(r.exit_code == 0);
+  CHECK(summary_line(r.out)["mixed_precision"] == "fp32");
+}
+
+// A skipped step changed no weight, so it must not move the schedule (as Accelerate). An initial scale
+// of 2^22 makes the first steps overflow in float16; StepLR halves the lr at every real step,
+// so the lr a step uses must be 0.01 * 0.5^(real steps before it).
+TEST_CASE("a skipped step does not advance the lr scheduler", "[cli][amp]") {
+  json c = synthetic_config();
+  c["lr_scheduler"] = {{"type", "step"}, {"step_size", 1}, {"gamma", 0.5}};
+  c["train"]["log_every"] = 1;
+  c["train"]["max_steps"] = 12;
+  c["mixed_precision"] = {{"name", "fp16"}, {"init_scale", 4194304}};
+  RunResult r = run_booster("train --config " + write_config("mp_skip.json", c).string());
+  INFO(r.err);
+  REQUIRE(r.exit_code == 0);
+  std::istringstream lines(r.err);
+  std::string line;
+  long long skipped_before = 0, steps_seen = 0;
+  while (std::getline(lines, line)) {
+    long long step = 0, total = 0, epoch = 0, skipped = 0;
+    double loss = 0, lr = 0, scale = 0;
+    if (std::sscanf(line.c_str(), "step %lld/%lld | epoch %lld | loss %lf | lr %lf | scale %lf | skipped %lld", &step,
+                    &total, &epoch, &loss, &lr, &scale, &skipped) != 7)
+      continue;
+    INFO(line);
+    const long long real_steps_before = (step - 1) - skipped_before;
+    CHECK(lr == Approx(0.01 * std::pow(0.5, double(real_steps_before))).epsilon(1e-2));
+    skipped_before = skipped;
+    ++steps_seen;
+  }
+  CHECK(steps_seen == 12);
+  const json summary = summary_line(r.out);
+  CHECK(summary["skipped_steps"] == skipped_before);
+  CHECK(skipped_before > 0);           // the scale did overflow at first ...
+  CHECK(skipped_before < 12);          // ... and came down far enough to train
+  CHECK(summary["final_loss_scale"].get<double>() < 4194304);
+}
+
 TEST_CASE("a runtime failure exits 1 with one line naming the cause", "[cli]") {
   json c = json::parse(R"({
     "model": {"type": "gpt", "vocab_size": 256, "context": 8, "width": 8, "layers": 1, "heads": 2},
@@ -277,12 +447,44 @@ TEST_CASE("a runtime failure exits 1 with one line naming the cause", "[cli]") {
   CHECK(std::count(r.err.begin(), r.err.end(), '\n') == 1);
 }
 
-TEST_CASE("the shipped example configs are valid", "[cli]") {
-  for (const char* name : {"examples/configs/fashion_mnist_mlp.json", "examples/configs/gpt_char.json"}) {
+bool have_fashion_mnist() { return fs::exists("/usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz"); }
+
+TEST_CASE("every shipped example config is valid and trains for a few steps", "[cli]") {
+  std::vector<fs::path> configs;
+  for (const auto& entry : fs::directory_iterator(source_path("examples/configs")))
+    if (entry.path().extension() == ".json") configs.push_back(entry.path());
+  std::sort(configs.begin(), configs.end());
+  REQUIRE(configs.size() >= 9);  // the float32 MLP, its seven precision twins, the GPT
+  for (const fs::path& cfg : configs) {
+    INFO(cfg.string());
+    RunResult check = run_booster("check --config " + cfg.string());
+    INFO(check.err);
+    REQUIRE(check.exit_code == 0);
+    const json resolved = json::parse(check.out);
+    CHECK(resolved.at("mixed_precision").contains("name"));  // check prints the resolved section
+    if (resolved.at("data").at("type") == "fashion_mnist" && !have_fashion_mnist()) {
+      WARN("skipped training " << cfg.filename().string() << ": /usr/share/datasets/fashion-mnist is absent");
+      continue;
+    }
+    RunResult r = run_booster("train --config " + cfg.string() + " --set train.max_steps=3 --set train.log_every=1");
+    INFO(r.err);
+    REQUIRE(r.exit_code == 0);
+    const json summary = summary_line(r.out);
+    CHECK(summary["steps"] == 3);
+    CHECK(summary["mixed_precision"] == resolved.at("mixed_precision").at("name"));
+  }
+}
+
+// The Fashion-MNIST twins of the float32 config differ from it in one line: the point of the
+// mixed_precision section is that switching precision is a one-line change.
+TEST_CASE("the precision example configs differ from the float32 one only in mixed_precision", "[cli]") {
+  const json base = config::load_file(source_path("examples/configs/fashion_mnist_mlp.json"));
+  for (const char* name : {"fp16", "bf16", "bf16_pure", "fp16_naive", "apex_O1", "apex_O2", "apex_O3"}) {
     INFO(name);
-    RunResult r = run_booster(std::string("check --config ") + source_path(name));
-    CHECK(r.exit_code == 0);
-    CHECK_NOTHROW(json::parse(r.out));
+    json twin = config::load_file(source_path(std::string("examples/configs/fashion_mnist_") + name + ".json"));
+    CHECK(twin.at("mixed_precision") != base.at("mixed_precision"));
+    twin["mixed_precision"] = base.at("mixed_precision");
+    CHECK(twin == base);
   }
 }
 
@@ -346,4 +548,40 @@ TEST_CASE("the default Fashion-MNIST config reaches 85% test accuracy", "[cli][e
   REQUIRE(summary.contains("test_accuracy"));
   CHECK(summary["test_accuracy"].get<double>() >= 0.85);
   WARN("Fashion-MNIST: test accuracy " << summary["test_accuracy"] << " in " << summary["seconds"] << " s");
+}
+
+// Note [Mixed-precision accuracy on Fashion-MNIST]
+// Each precision strategy must train as well as float32: the same MLP, seed, data order and schedule
+// (the examples' configs, shrunk to 784-256-10 for one epoch so that the eight runs stay CI-sized), and
+// the test accuracy within 1 point of float32's. A strategy that rounds wrong (a gradient left scaled,
+// master weights not copied back, a skipped step that still updated) loses far more than a point.
+// apex O3 (the whole model in float16, loss scale 1: apex documents it as a speed baseline, not an
+// accuracy target) is held to the same bound because it meets it here: a 784-256-10 MLP with float32
+// cross-entropy has no gradient small enough to flush to zero in float16 (measured 85.15% against
+// float32's 85.11%). On this model bf16 pure matches bf16 autocast and fp16_naive/apex O1/O2 match fp16
+// autocast to the last bit: Linear+ReLU see the same 16-bit weights (cast each forward, or kept 16-bit
+// and refreshed from float32 masters), produce the same 16-bit gradients, and the same float32 update.
+TEST_CASE("every mixed-precision strategy trains Fashion-MNIST to within 1 point of float32", "[cli][e2e][amp]") {
+  if (!have_fashion_mnist()) {
+    WARN("skipped: /usr/share/datasets/fashion-mnist is absent");
+    return;
+  }
+  const std::string shrink = " --set 'model.hidden=[256]' --set train.epochs=1 --set train.log_every=1000";
+  auto accuracy_of = [&](const std::string& config_name) {
+    RunResult r = run_booster("train --config " + source_path("examples/configs/" + config_name) + shrink);
+    INFO(config_name << ": " << r.err);
+    REQUIRE(r.exit_code == 0);
+    const json summary = summary_line(r.out);
+    WARN(config_name << ": test accuracy " << summary["test_accuracy"] << ", skipped steps "
+                     << summary["skipped_steps"] << ", final loss scale " << summary["final_loss_scale"] << ", "
+                     << summary["train_seconds"] << " s training");
+    return summary["test_accuracy"].get<double>();
+  };
+  const double float32 = accuracy_of("fashion_mnist_mlp.json");
+  CHECK(float32 > 0.8);
+  for (const char* name : {"fp16", "bf16", "bf16_pure", "fp16_naive", "apex_O1", "apex_O2", "apex_O3"}) {
+    const double accuracy = accuracy_of(std::string("fashion_mnist_") + name + ".json");
+    INFO(name << ": " << accuracy << " against float32 " << float32);
+    CHECK(std::abs(accuracy - float32) <= 0.01);
+  }
 }

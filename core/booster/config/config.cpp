@@ -208,6 +208,7 @@ void check_fields(const std::vector<const Field*>& fields, const std::string& pa
 }
 
 json resolve_section(const Section& s, const json& given) {
+  if (s.custom_resolve) return s.custom_resolve(given);
   if (!given.is_object()) {
     throw ConfigError("'" + s.name + "' is " + show(given) + "; expected an object" +
                       (s.help.empty() ? "" : " (" + s.help + ")"));
@@ -320,6 +321,9 @@ void apply_override(json& config, const std::string& assignment) {
     walked = join_path(walked, keys[i]);
     json& child = (*node)[keys[i]];
     if (child.is_null()) child = json::object();
+    // "mixed_precision": "fp16" is short for {"name": "fp16"} (Note [The mixed_precision section]), so
+    // --set mixed_precision.init_scale=8 adds an option to it.
+    if (i == 0 && keys[0] == "mixed_precision" && child.is_string()) child = json{{"name", child}};
     if (!child.is_object()) {
       throw ConfigError("--set '" + assignment + "': '" + walked + "' is " + show(child) +
                         ", not an object, so it has no key '" + keys[i + 1] + "'");

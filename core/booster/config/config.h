@@ -9,6 +9,7 @@
 #pragma once
 
 #include <cstddef>
+#include <functional>
 #include <optional>
 #include <string>
 #include <vector>
@@ -58,6 +59,11 @@ struct Section {
   std::vector<std::pair<std::string, std::vector<Field>>> variants;  // in the order help lists them
   bool optional = false;  // may be absent from the config (then it is filled with its defaults)
   std::string default_variant;
+  // A section whose keys are not known to the table (they belong to a plugin-extensible registry, as
+  // mixed_precision's options do) resolves through this instead of `common`/`variants`: it gets the
+  // given value (an empty object when absent) and returns the resolved one, throwing ConfigError
+  // naming the path as every other check does.
+  std::function<json(const json& given)> custom_resolve;
 };
 
 // The schema of a whole training config, one Section per top-level key.
@@ -65,6 +71,12 @@ const std::vector<Section>& training_schema();
 // Checks that go across sections of a resolved training config (text data needs a GPT whose context
 // covers data.context; the MLP's in/classes match the data). ConfigError naming both paths.
 void check_training_config(const json& resolved);
+
+// The `mixed_precision` section (see Note [The mixed_precision section] in schema.cpp): a strategy name
+// or {"name": ..., options...}, resolved to an object with every option of the strategy filled in.
+json resolve_mixed_precision(const json& given);
+// The section's default strategy.
+inline constexpr const char* kDefaultMixedPrecision = "fp32";
 
 // ------------------------------------------------------------------------------------ operations
 // Checks `config` against the schema and returns it with every default filled. Throws ConfigError

@@ -5,7 +5,11 @@
 // and a key they read must be declared here.
 #include "booster/config/config.h"
 
+#include <algorithm>
+#include <cctype>
+
 #include "booster/common/error.h"
+#include "booster/mixed_precision/mixed_precision.h"
 
 namespace booster::config {
 namespace {
@@ -111,6 +115,7 @@ std::vector<Section> make_training_schema() {
       },
       /*optional=*/false,
       /*default_variant=*/"",
+      /*custom_resolve=*/nullptr,
   });
 
   // ------------------------------------------------------------------------------------- optimizer
@@ -145,6 +150,7 @@ std::vector<Section> make_training_schema() {
       },
       /*optional=*/false,
       /*default_variant=*/"",
+      /*custom_resolve=*/nullptr,
   });
 
   // ------------------------------------------------------------------------------------- criterion
@@ -163,6 +169,7 @@ std::vector<Section> make_training_schema() {
       },
       /*optional=*/true,
       /*default_variant=*/"cross_entropy",
+      /*custom_resolve=*/nullptr,
   });
 
   // ------------------------------------------------------------------------------------- data
@@ -198,6 +205,7 @@ std::vector<Section> make_training_schema() {
       },
       /*optional=*/false,
       /*default_variant=*/"",
+      /*custom_resolve=*/nullptr,
   });
 
   // ------------------------------------------------------------------------------------- lr_scheduler
@@ -223,6 +231,7 @@ std::vector<Section> make_training_schema() {
       },
       /*optional=*/true,
       /*default_variant=*/"none",
+      /*custom_resolve=*/nullptr,
   });
 
   // ------------------------------------------------------------------------------------- train
@@ -240,12 +249,97 @@ std::vector<Section> make_training_schema() {
       {},
       /*optional=*/true,
       /*default_variant=*/"",
+      /*custom_resolve=*/nullptr,
   });
+
+  // ------------------------------------------------------------------------------------- mixed_precision
+  // Its options belong to the strategy (built-in or a plugin), so the strategy checks them: see
+  // Note [The mixed_precision section].
+  Section mixed_precision;
+  mixed_precision.name = "mixed_precision";
+  mixed_precision.help = "a strategy name (\"bf16\") or {\"name\": ..., options...}; `booster precisions` lists them";
+  mixed_precision.optional = true;
+  mixed_precision.custom_resolve = resolve_mixed_precision;
+  schema.push_back(std::move(mixed_precision));
 
   return schema;
 }
 
+std::string quoted(const std::vector<std::string>& names) {
+  std::string s;
+  for (const std::string& n : names) s += (s.empty() ? "'" : ", '") + n + "'";
+  return s;
+}
+
 }  // namespace
+
+// Note [The mixed_precision section]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// `"mixed_precision": "bf16"` is short for `{"name": "bf16"}`; an object carries the strategy's
+// options next to its name (`{"name": "fp16", "init_scale": 1024}`). Absent, it is "fp32".
+// The strategies live in a registry that plugins extend at run time, so the schema table cannot list
+// their options. Instead the strategy is asked: options() of a strategy built with no options gives
+// the valid keys and their defaults, and building it with the given options runs its own checks
+// (types, ranges, choices: OptionReader). Those checks stay the one place that knows an option; here
+// their messages are only re-addressed to the JSON path (`mixed_precision.init_scale`) so a config
+// error reads like every other. The resolved section is {"name", every option with its value}, and
+// resolving it again gives the same object, so a resolved config can be saved and run.
+json resolve_mixed_precision(const json& given) {
+  const std::string path = "mixed_precision";
+  json section = given.is_string() ? json{{"name", given}} : given;
+  if (!section.is_object()) {
+    throw ConfigError("'" + path + "' is " + show(given) +
+                      "; expected a strategy name or an object {\"name\": ..., options...}");
+  }
+  if (section.empty()) section["name"] = kDefaultMixedPrecision;
+  const std::vector<std::string> names = mixed_precision::registered_strategies();
+  if (!section.contains("name")) {
+    throw ConfigError("'" + path + ".name' is missing; expected one of " + quoted(names));
+  }
+  const json& name_value = section.at("name");
+  const std::string name = name_value.is_string() ? name_value.get<std::string>() : std::string();
+  if (!name_value.is_string() || std::find(names.begin(), names.end(), name) == names.end()) {
+    std::string msg = "'" + path + ".name' is " + show(name_value) + "; expected one of " + quoted(names);
+    if (auto guess = nearest(name, names)) msg += " (did you mean '" + *guess + "'?)";
+    throw ConfigError(msg);
+  }
+
+  json options = section;
+  options.erase("name");
+  // Unknown keys first, with the nearest valid one, as for any other section.
+  const json defaults = mixed_precision::create(name)->options();
+  std::vector<std::string> valid = {"name"};
+  for (const auto& [key, _] : defaults.items()) valid.push_back(key);
+  for (const auto& [key, _] : options.items()) {
+    if (defaults.contains(key)) continue;
+    std::string msg = "unknown key '" + path + "." + key + "' for strategy \"" + name + "\"";
+    if (auto guess = nearest(key, valid)) msg += "; did you mean '" + *guess + "'?";
+    throw ConfigError(msg + " (valid keys of '" + path + "': " + quoted(valid) + ")");
+  }
+
+  json resolved = {{"name", name}};
+  try {
+    resolved.update(mixed_precision::create(name, options)->options());
+  } catch (const ConfigError& e) {
+    // The strategy's message names the option ('key', or the bare word); lead with its JSON path and
+    // value.
+    const std::string what = e.what();
+    auto names_option = [&](const std::string& key) {
+      if (what.find("'" + key + "'") != std::string::npos) return true;
+      for (size_t at = what.find(key); at != std::string::npos; at = what.find(key, at + 1)) {
+        const size_t end = at + key.size();
+        const bool word_start = at == 0 || !(std::isalnum(static_cast<unsigned char>(what[at - 1])) || what[at - 1] == '_');
+        const bool word_end = end == what.size() || !(std::isalnum(static_cast<unsigned char>(what[end])) || what[end] == '_');
+        if (word_start && word_end) return true;
+      }
+      return false;
+    };
+    for (const auto& [key, value] : options.items())
+      if (names_option(key)) throw ConfigError("'" + path + "." + key + "' is " + show(value) + ": " + what);
+    throw ConfigError("'" + path + "': " + what);
+  }
+  return resolved;
+}
 
 void check_training_config(const json& c) {
   const json& model = c.at("model");
