@@ -5,7 +5,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 packages=(build-essential cmake ninja-build pkg-config
-          libopenblas-dev libboost-dev libboost-program-options-dev nlohmann-json3-dev catch2
+          libopenblas-dev libopenblas-openmp-dev libboost-dev libboost-program-options-dev nlohmann-json3-dev catch2
           zlib1g-dev libopenmpi-dev openmpi-bin dataset-fashion-mnist python3-numpy)
 missing=()
 for p in "${packages[@]}"; do

@@ -5,6 +5,7 @@
 #include <cmath>
 
 #include "booster/backends/cpu/loops.h"
+#include "booster/backends/cpu/vec_math.h"
 #include "booster/kernels/elementwise.h"
 
 namespace booster::cpu {
@@ -102,7 +103,6 @@ void unary_loop(const Tensor& a, Tensor& out, F f) {
   });
 }
 
-constexpr double kSqrt2OverPi = 0.7978845608028654;
 constexpr double kInvSqrt2 = 0.7071067811865476;
 
 void cpu_unary(UnaryOp op, const Tensor& a, Tensor& out, double p0, double p1) {
@@ -126,7 +126,7 @@ void cpu_unary(UnaryOp op, const Tensor& a, Tensor& out, double p0, double p1) {
         case UnaryOp::GeluErf:
           return run([](A x) { return A(0.5 * x * (1 + std::erf(x * A(kInvSqrt2)))); });
         case UnaryOp::GeluTanh:
-          return run([](A x) { return A(0.5 * x * (1 + std::tanh(A(kSqrt2OverPi) * (x + A(0.044715) * x * x * x)))); });
+          return run([](A x) { return gelu_tanh(x); });  // Note [GELU through exp]
         case UnaryOp::Tanh: return run([](A x) { return A(std::tanh(x)); });
         case UnaryOp::Sigmoid: return run([](A x) { return A(1 / (1 + std::exp(-x))); });
         case UnaryOp::AddScalar: return run([s0](A x) { return x + s0; });
@@ -172,12 +172,7 @@ void cpu_unary_backward(UnaryBackwardOp op, const Tensor& grad, const Tensor& sa
           return g * (cdf + x * pdf);
         });
       case UnaryBackwardOp::GeluTanh:
-        return run([](A g, A x) {
-          const A inner = A(kSqrt2OverPi) * (x + A(0.044715) * x * x * x);
-          const A t = A(std::tanh(inner));
-          const A dinner = A(kSqrt2OverPi) * (1 + A(3 * 0.044715) * x * x);
-          return g * A(0.5 * (1 + t) + 0.5 * x * (1 - t * t) * dinner);
-        });
+        return run([](A g, A x) { return gelu_tanh_backward(g, x); });
       case UnaryBackwardOp::ClampMask: {
         const bool has_lo = !std::isnan(p0), has_hi = !std::isnan(p1);
         const A lo = A(p0), hi = A(p1);

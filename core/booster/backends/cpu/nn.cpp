@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "booster/backends/cpu/loops.h"
+#include "booster/backends/cpu/vec_math.h"
 #include "booster/kernels/nn.h"
 
 namespace booster::cpu {
@@ -61,37 +62,6 @@ double parallel_sum(int64_t n, int64_t cost_per_item, F&& f) {
   double total = 0;
   for (double p : partial) total += p;
   return total;
-}
-
-// Note [Vectorizable exp]
-// std::exp is a library call the compiler cannot vectorize (without -ffast-math), and the softmax
-// and loss kernels are bound by it. exp_f32 is Cephes' expf polynomial written without branches, so
-// loops calling it vectorize: clamp x to [-104, 89], reduce x = n ln2 + r, a degree-6 polynomial for
-// e^r, and 2^n applied as two factors 2^(n/2) 2^(n - n/2) so that both stay normal floats. The
-// product then underflows to 0 (exp(-inf) = 0) and overflows to +inf exactly where expf does; NaN
-// stays NaN. Relative error below 1e-7 (checked over [-104, 88.7] in steps of 7e-4).
-// float64 keeps std::exp (float64 is the reference precision).
-inline float exp_f32(float x) {
-  const float xc = std::min(std::max(x, -104.0f), 89.0f);  // NaN passes through both
-  const float n = std::floor(xc * 1.44269504088896341f + 0.5f);
-  const float r = xc - n * 0.693359375f - n * -2.12194440e-4f;  // ln2 split in two for precision
-  float p = 1.9875691500e-4f;
-  p = p * r + 1.3981999507e-3f;
-  p = p * r + 8.3334519073e-3f;
-  p = p * r + 4.1665795894e-2f;
-  p = p * r + 1.6666665459e-1f;
-  p = p * r + 5.0000001201e-1f;
-  p = p * r * r + r + 1.0f;
-  const int32_t ni = int32_t(n), n1 = ni >> 1, n2 = ni - n1;
-  return p * std::bit_cast<float>((n1 + 127) << 23) * std::bit_cast<float>((n2 + 127) << 23);
-}
-template <class A>
-inline A exp_acc(A x) {
-  if constexpr (std::is_same_v<A, float>) {
-    return exp_f32(x);
-  } else {
-    return std::exp(x);
-  }
 }
 
 // ============================================================================================ softmax
@@ -562,9 +532,13 @@ void blas_gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, double alpha, 
 // cores attention ran 4-7x slower than with one BLAS thread per caller. So while our threads split
 // the heads, OpenBLAS is held to one thread; a single head (or a single thread) keeps BLAS's own
 // parallelism. The setting is process-wide, so it is restored as soon as the region ends.
+// The OpenMP build of OpenBLAS (see Note [One thread pool] in CMakeLists.txt) needs none of this: it
+// runs single-threaded inside an OpenMP region by itself, and its openblas_set_num_threads would
+// call omp_set_num_threads, which would keep our own loop from forking.
 class SingleThreadedBlas {
  public:
-  SingleThreadedBlas() : prev_(openblas_get_num_threads()) {
+  static constexpr int kOpenMPBuild = 2;  // openblas_get_parallel(): 0 serial, 1 pthreads, 2 OpenMP
+  SingleThreadedBlas() : prev_(openblas_get_parallel() == kOpenMPBuild ? 1 : openblas_get_num_threads()) {
     if (prev_ > 1) openblas_set_num_threads(1);
   }
   ~SingleThreadedBlas() {
