@@ -1,7 +1,7 @@
 // `booster precisions`: the mixed-precision strategies a config may name, with their options.
 //
-// The list comes from the registry, so strategies registered by plugins show up like built-in ones,
-// and the defaults are what each strategy reports for itself (MixedPrecision::options()), the same
+// The list is the built-in strategies, then the precision plugins found on the search path (with their
+// file), and the defaults are what each strategy reports for itself (MixedPrecision::options()), the same
 // values `booster check` fills into a config.
 #include <iostream>
 #include <string>
@@ -16,9 +16,9 @@ int precisions() {
   std::cout << "mixed-precision strategies (config: \"mixed_precision\": NAME or {\"name\": NAME, OPTION: VALUE, ...};\n"
                "command line: --mixed-precision NAME, --set mixed_precision.OPTION=VALUE; default \""
             << config::kDefaultMixedPrecision << "\")\n";
-  for (const std::string& name : mixed_precision::registered_strategies()) {
+  for (const auto& [name, file] : mixed_precision::available_strategies()) {
     const nlohmann::json options = mixed_precision::create(name)->options();
-    std::cout << "\n" << name << "\n";
+    std::cout << "\n" << name << (file.empty() ? "" : " (plugin: " + file + ")") << "\n";
     if (options.empty()) std::cout << "  (no options)\n";
     for (const auto& [key, value] : options.items()) std::cout << "  " << key << " = " << value.dump() << "\n";
   }

@@ -292,7 +292,9 @@ json resolve_mixed_precision(const json& given) {
                       "; expected a strategy name or an object {\"name\": ..., options...}");
   }
   if (section.empty()) section["name"] = kDefaultMixedPrecision;
-  const std::vector<std::string> names = mixed_precision::registered_strategies();
+  // Built-in strategies and the precision plugins found on the search path.
+  std::vector<std::string> names;
+  for (const auto& info : mixed_precision::available_strategies()) names.push_back(info.name);
   if (!section.contains("name")) {
     throw ConfigError("'" + path + ".name' is missing; expected one of " + quoted(names));
   }
