@@ -22,11 +22,7 @@ class Bf16 final : public MasterWeightStrategy {
   Configured configure(nn::ModulePtr model, std::shared_ptr<optim::Optimizer> optimizer,
                        Criterion criterion) override {
     if (pure_) return configure_masters(std::move(model), std::move(optimizer), std::move(criterion));
-    PrecisionModule::Options mo;
-    mo.autocast = true;
-    mo.autocast_dtype = DType::BFloat16;
-    return {std::make_shared<PrecisionModule>(std::move(model), mo), std::move(optimizer),
-            autocast_criterion(std::move(criterion), DType::BFloat16)};
+    return configure_autocast(std::move(model), std::move(optimizer), std::move(criterion), DType::BFloat16);
   }
 
   // Autocast: the plain unscaled step of the base; pure: the master-weight step.

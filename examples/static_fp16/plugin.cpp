@@ -35,11 +35,7 @@ class StaticFp16 final : public MixedPrecision {
 
   Configured configure(nn::ModulePtr model, std::shared_ptr<optim::Optimizer> optimizer,
                        Criterion criterion) override {
-    PrecisionModule::Options mo;
-    mo.autocast = true;
-    mo.autocast_dtype = DType::Float16;
-    return {std::make_shared<PrecisionModule>(std::move(model), mo), std::move(optimizer),
-            autocast_criterion(std::move(criterion), DType::Float16)};
+    return configure_autocast(std::move(model), std::move(optimizer), std::move(criterion), DType::Float16);
   }
 
   double loss_scale() const override { return loss_scale_; }

@@ -212,6 +212,15 @@ Criterion autocast_criterion(Criterion criterion, DType dtype, std::shared_ptr<c
   };
 }
 
+Configured configure_autocast(nn::ModulePtr model, std::shared_ptr<optim::Optimizer> optimizer, Criterion criterion,
+                              DType dtype) {
+  PrecisionModule::Options mo;
+  mo.autocast = true;
+  mo.autocast_dtype = dtype;
+  return {std::make_shared<PrecisionModule>(std::move(model), mo), std::move(optimizer),
+          autocast_criterion(std::move(criterion), dtype)};
+}
+
 Tensor scale_loss(const Tensor& loss, double scale) {
   const Tensor wide = is_low_precision(loss.dtype()) ? loss.to(DType::Float32) : loss;
   return scale == 1.0 ? wide : mul(wide, scale);

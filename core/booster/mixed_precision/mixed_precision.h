@@ -196,6 +196,11 @@ class PrecisionModule : public nn::Module {
 Criterion autocast_criterion(Criterion criterion, DType dtype,
                              std::shared_ptr<const autocast::PolicyTable> table = nullptr);
 
+// The torch-style configuration shared by the autocast strategies (fp16, bf16, plugins): the model's
+// forward and the criterion run under autocast to `dtype`; parameters and optimizer stay as they are.
+Configured configure_autocast(nn::ModulePtr model, std::shared_ptr<optim::Optimizer> optimizer, Criterion criterion,
+                              DType dtype);
+
 // loss * scale, computed in float32 when the loss is float16/bfloat16 (as torch's GradScaler.scale,
 // whose float32 scale tensor promotes the product): a 16-bit loss times 2^16 would overflow.
 Tensor scale_loss(const Tensor& loss, double scale);
