@@ -658,3 +658,31 @@ TEST_CASE("Fashion-MNIST: missing, truncated and malformed files give DataError 
   REQUIRE_THROWS_WITH(load_fashion_mnist(dir.path.string(), false),
                       Catch::Contains("label 12 at index 77"));
 }
+
+TEST_CASE("DataLoader's collate builds each batch from its items, in sampler order", "[data]") {
+  auto ds = indexed_dataset(10);
+  for (int prefetch : {0, 2}) {
+    DataLoaderOptions opt;
+    opt.batch_size = 4;
+    opt.prefetch = prefetch;
+    std::vector<std::vector<int64_t>> seen;
+    // A collate that keeps only the labels, as a sum, and records the items it was given.
+    opt.collate = [&seen](std::vector<Batch> items) {
+      std::vector<int64_t> labels;
+      for (const Batch& b : items) labels.push_back(int64_t(b.y.item()));
+      seen.push_back(labels);
+      int64_t total = 0;
+      for (int64_t l : labels) total += l;
+      return Batch{from_vector(std::vector<int64_t>{total}, {1}), from_vector(std::vector<int64_t>{int64_t(labels.size())}, {1})};
+    };
+    DataLoader loader(ds, opt);
+    std::vector<double> sums, counts;
+    for (auto& [x, y] : loader) {
+      sums.push_back(x.item());
+      counts.push_back(y.item());
+    }
+    REQUIRE(sums == std::vector<double>{0 + 1 + 2 + 3, 4 + 5 + 6 + 7, 8 + 9});
+    REQUIRE(counts == std::vector<double>{4, 4, 2});
+    REQUIRE(seen == std::vector<std::vector<int64_t>>{{0, 1, 2, 3}, {4, 5, 6, 7}, {8, 9}});
+  }
+}

@@ -19,8 +19,9 @@ namespace detail {
 class BatchSource {
  public:
   BatchSource(DatasetPtr dataset, std::vector<int64_t> order, int64_t batch_size, int64_t first, int64_t end,
-              int prefetch)
+              int prefetch, std::function<Batch(std::vector<Batch>)> collate)
       : dataset_(std::move(dataset)),
+        collate_(std::move(collate)),
         order_(std::move(order)),
         batch_size_(batch_size),
         next_(first),
@@ -71,7 +72,11 @@ class BatchSource {
   Batch make(int64_t b) const {
     const auto from = order_.begin() + b * batch_size_;
     const auto to = order_.begin() + std::min<int64_t>((b + 1) * batch_size_, int64_t(order_.size()));
-    return dataset_->get_batch(std::vector<int64_t>(from, to));
+    if (!collate_) return dataset_->get_batch(std::vector<int64_t>(from, to));
+    std::vector<Batch> items;
+    items.reserve(size_t(to - from));
+    for (auto it = from; it != to; ++it) items.push_back(dataset_->get(*it));
+    return collate_(std::move(items));
   }
 
   void run_worker() {
@@ -108,6 +113,7 @@ class BatchSource {
   }
 
   const DatasetPtr dataset_;
+  const std::function<Batch(std::vector<Batch>)> collate_;
   const std::vector<int64_t> order_;
   const int64_t batch_size_;
   int64_t next_;  // the next batch to make (the worker's start when there is one)
@@ -198,7 +204,7 @@ DataLoader::Iterator DataLoader::begin() {
   sampler_->set_epoch(epoch_);
   std::vector<int64_t> order = sampler_->indices();
   auto source = std::make_unique<detail::BatchSource>(dataset_, std::move(order), options_.batch_size, consumed_,
-                                                      size(), options_.prefetch);
+                                                      size(), options_.prefetch, options_.collate);
   return Iterator(this, std::move(source));
 }
 

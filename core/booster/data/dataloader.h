@@ -23,6 +23,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <iterator>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -40,6 +41,9 @@ struct DataLoaderOptions {
   // Batches assembled ahead by a worker thread; 0 assembles them in the caller. With a worker, the
   // data set's get_batch runs on that thread, concurrently with the training loop: it must only read.
   int prefetch = 2;
+  // Builds a batch from its items (dataset.get(i) for each index, in order), as torch's collate_fn.
+  // Empty: the data set's get_batch, which for a TensorDataset gathers the rows in one pass.
+  std::function<Batch(std::vector<Batch> items)> collate;
 };
 
 namespace detail {
