@@ -27,6 +27,9 @@ inline bool is_available() { return device_count() > 0; }
 std::string unavailable_reason();
 // "NVIDIA H100 80GB HBM3" or "" when there is none.
 std::string device_name(int index = 0);
+// The backend's stream of device `index` as an opaque cudaStream_t (for code outside the backend that
+// queues work on it, such as the NCCL process group); makes `index` the current device.
+void* stream_handle(int index = 0);
 // Blocks until all work queued on the backend's stream of `index` has finished.
 void synchronize(int index = 0);
 // Bytes held by live CUDA storages, the peak since the last reset, and bytes cached in free lists.

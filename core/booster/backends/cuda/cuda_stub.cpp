@@ -9,6 +9,7 @@ int device_count() { return 0; }
 std::string unavailable_reason() { return "this build has no CUDA backend (nvcc was not found at configure time)"; }
 std::string device_name(int) { return ""; }
 void synchronize(int) {}
+void* stream_handle(int) { return nullptr; }
 size_t bytes_in_use() { return 0; }
 size_t peak_bytes() { return 0; }
 void reset_peak_bytes() {}

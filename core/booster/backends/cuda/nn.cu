@@ -47,6 +47,30 @@ __global__ void softmax_rows_kernel(const T* x, O* y, int64_t rows, int64_t n, b
   }
 }
 
+// Attention's softmax: in place on the compute-type scores, and the same probabilities rounded to the
+// input dtype into `low` for the P V product (one pass instead of a softmax and a cast).
+template <class C, class L>
+__global__ void softmax_rows_dual_kernel(C* p, L* low, int64_t rows, int64_t n, int64_t causal_period) {
+  __shared__ C shared[32];
+  for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+    C* pr = p + r * n;
+    L* lr = low + r * n;
+    const int64_t valid = causal_period > 0 ? min(n, r % causal_period + 1) : n;
+    C mx = -INFINITY;
+    for (int64_t i = threadIdx.x; i < valid; i += blockDim.x) mx = max(mx, pr[i]);
+    mx = block_max(mx, shared);
+    C s = 0;
+    for (int64_t i = threadIdx.x; i < valid; i += blockDim.x) s += exp(pr[i] - mx);
+    s = block_sum(s, shared);
+    const C inv = C(1) / s;
+    for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
+      const C v = i < valid ? exp(pr[i] - mx) * inv : C(0);
+      pr[i] = v;
+      lr[i] = store_as<L>(v);
+    }
+  }
+}
+
 // [outer, dim, inner] with inner > 1: a thread per (outer, inner) walks dim (coalesced over inner).
 template <class T>
 __global__ void softmax_inner_kernel(const T* x, T* y, int64_t outer, int64_t dim, int64_t inner, bool log) {
@@ -320,6 +344,13 @@ void rowmajor_gemm(int dev, bool ta, bool tb, int64_t M, int64_t N, int64_t K, d
 
 DType compute_dtype(DType t) { return t == DType::Float64 ? DType::Float64 : DType::Float32; }
 
+// f(float{}) or f(double{}) for a compute dtype (attention's probabilities are never 16-bit).
+template <class F>
+void with_compute_type(DType ct, F&& f) {
+  if (ct == DType::Float64) f(double{});
+  else f(float{});
+}
+
 // probs (compute type) rounded to the input dtype, or probs itself when they agree.
 Tensor probs_as(const Tensor& probs, DType dt) {
   if (probs.dtype() == dt) return probs;
@@ -340,30 +371,43 @@ void cuda_attention(const Tensor& q, const Tensor& k, const Tensor& v, bool is_c
   }
   rowmajor_gemm(dev, false, true, L, S, E, scale, q.data_ptr(), dt, E, L * E, k.data_ptr(), E, S * E, 0.0,
                 probs.data_ptr(), ct, S, L * S, B);
-  BOOSTER_DISPATCH_FLOATING(ct, "attention", [&] {
-    using C = dev_t<scalar_t>;
-    C* p = mptr<scalar_t>(probs);
-    softmax_rows_kernel<C, C><<<unsigned(std::min<int64_t>(B * L, 1 << 20)), row_threads(S), 0, stream(dev)>>>(
-        p, p, B * L, S, false, is_causal ? L : 0);
+  // The causal mask of the CPU kernel is top-left aligned: query i sees keys j <= i.
+  const unsigned rows_grid = unsigned(std::min<int64_t>(B * L, 1 << 20));
+  Tensor pl = probs;
+  with_compute_type(ct, [&](auto tag) {
+    using C = decltype(tag);
+    C* p = static_cast<C*>(probs.data_ptr());
+    if (dt == ct) {
+      softmax_rows_kernel<C, C><<<rows_grid, row_threads(S), 0, stream(dev)>>>(p, p, B * L, S, false,
+                                                                              is_causal ? L : 0);
+    } else {
+      pl = Tensor::empty(probs.shape(), dt, probs.device());
+      if (dt == DType::Float16)
+        softmax_rows_dual_kernel<C, __half><<<rows_grid, row_threads(S), 0, stream(dev)>>>(
+            p, static_cast<__half*>(pl.data_ptr()), B * L, S, is_causal ? L : 0);
+      else
+        softmax_rows_dual_kernel<C, __nv_bfloat16><<<rows_grid, row_threads(S), 0, stream(dev)>>>(
+            p, static_cast<__nv_bfloat16*>(pl.data_ptr()), B * L, S, is_causal ? L : 0);
+    }
     BOOSTER_CUDA_CHECK_LAUNCH();
   });
-  // The causal mask of the CPU kernel is top-left aligned: query i sees keys j <= i.
-  const Tensor pl = probs_as(probs, dt);
   rowmajor_gemm(dev, false, false, L, Ev, S, 1.0, pl.data_ptr(), dt, S, L * S, v.data_ptr(), Ev, S * Ev, 0.0,
                 out.data_ptr(), dt, Ev, L * Ev, B);
 }
 
-// dS = P (dP - rowsum(dP P)) in place on dP (compute type).
-template <class C>
-__global__ void attention_ds_kernel(const C* P, C* dP, int64_t rows, int64_t S) {
+// dS = P (dP - rowsum(dP P)) from dP (compute type) into dS (the input dtype; may alias dP when
+// that is the compute type too).
+template <class C, class O>
+__global__ void attention_ds_kernel(const C* P, const C* dP, O* dS, int64_t rows, int64_t S) {
   __shared__ C shared[32];
   for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
     const C* pr = P + r * S;
-    C* dr = dP + r * S;
+    const C* dr = dP + r * S;
+    O* out = dS + r * S;
     C dot = 0;
     for (int64_t j = threadIdx.x; j < S; j += blockDim.x) dot += dr[j] * pr[j];
     dot = block_sum(dot, shared);
-    for (int64_t j = threadIdx.x; j < S; j += blockDim.x) dr[j] = pr[j] * (dr[j] - dot);
+    for (int64_t j = threadIdx.x; j < S; j += blockDim.x) out[j] = store_as<O>(pr[j] * (dr[j] - dot));
   }
 }
 
@@ -387,16 +431,26 @@ void cuda_attention_backward(const Tensor& grad_out, const Tensor& q, const Tens
     rowmajor_gemm(dev, true, false, S, Ev, L, 1.0, pl.data_ptr(), dt, S, L * S, grad_out.data_ptr(), Ev, L * Ev, 0.0,
                   dv.data_ptr(), dt, Ev, S * Ev, B);
   if (!dq.defined() && !dk.defined()) return;
-  Tensor ds = Tensor::empty({B, L, S}, ct, q.device());  // dP = dO V^T, then dS in place
+  Tensor dp = Tensor::empty({B, L, S}, ct, q.device());  // dP = dO V^T
   rowmajor_gemm(dev, false, true, L, S, Ev, 1.0, grad_out.data_ptr(), dt, Ev, L * Ev, v.data_ptr(), Ev, S * Ev, 0.0,
-                ds.data_ptr(), ct, S, L * S, B);
-  BOOSTER_DISPATCH_FLOATING(ct, "attention_backward", [&] {
-    using C = dev_t<scalar_t>;
-    attention_ds_kernel<C><<<unsigned(std::min<int64_t>(B * L, 1 << 20)), row_threads(S), 0, stream(dev)>>>(
-        cptr<scalar_t>(probs), mptr<scalar_t>(ds), B * L, S);
+                dp.data_ptr(), ct, S, L * S, B);
+  Tensor dsl = dt == ct ? dp : Tensor::empty({B, L, S}, dt, q.device());  // dS, rounded once to dt
+  with_compute_type(ct, [&](auto tag) {
+    using C = decltype(tag);
+    const unsigned grid = unsigned(std::min<int64_t>(B * L, 1 << 20));
+    const C* pp = static_cast<const C*>(probs.data_ptr());
+    const C* pdp = static_cast<const C*>(dp.data_ptr());
+    if (dt == ct)
+      attention_ds_kernel<C, C><<<grid, row_threads(S), 0, stream(dev)>>>(pp, pdp, static_cast<C*>(dsl.data_ptr()),
+                                                                          B * L, S);
+    else if (dt == DType::Float16)
+      attention_ds_kernel<C, __half><<<grid, row_threads(S), 0, stream(dev)>>>(
+          pp, pdp, static_cast<__half*>(dsl.data_ptr()), B * L, S);
+    else
+      attention_ds_kernel<C, __nv_bfloat16><<<grid, row_threads(S), 0, stream(dev)>>>(
+          pp, pdp, static_cast<__nv_bfloat16*>(dsl.data_ptr()), B * L, S);
     BOOSTER_CUDA_CHECK_LAUNCH();
   });
-  const Tensor dsl = probs_as(ds, dt);
   if (dq.defined())  // dQ = scale dS K
     rowmajor_gemm(dev, false, false, L, E, S, scale, dsl.data_ptr(), dt, S, L * S, k.data_ptr(), E, S * E, 0.0,
                   dq.data_ptr(), dt, E, L * E, B);

@@ -109,6 +109,11 @@ std::string device_name(int index) {
   return p.name;
 }
 
+void* stream_handle(int index) {
+  set_device(index);
+  return stream(index);
+}
+
 void synchronize(int index) {
   if (device_count() == 0) return;
   BOOSTER_CUDA_CHECK(cudaStreamSynchronize(stream(index)));
