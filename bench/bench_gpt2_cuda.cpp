@@ -160,6 +160,13 @@ int main(int argc, char** argv) {
                                 .dump()
                                 .c_str());
       std::fflush(stdout);
+      // Under BOOSTER_CUDA_PROFILE=1: device time per kernel family over all steps above, per step.
+      const std::string profile = cuda::profile_report();
+      if (!profile.empty()) {
+        std::printf("kernel families, %s, totals over %d steps (Note [CUDA kernel profile]):\n%s", precision.c_str(),
+                    warmup + steps + 3, profile.c_str());
+        cuda::reset_profile();
+      }
       model.reset();
       opt.reset();
       mp.reset();

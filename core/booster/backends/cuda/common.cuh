@@ -53,6 +53,35 @@ cublasLtHandle_t cublaslt_handle(int device = 0);
 void* cublas_workspace(int device, size_t& bytes);
 int sm_count(int device = 0);
 
+// ------------------------------------------------------------------------------ kernel profile
+// Note [CUDA kernel profile]
+// With BOOSTER_CUDA_PROFILE=1 in the environment, every kernel family registered through
+// BOOSTER_REGISTER_CUDA_KERNEL synchronizes the stream before and after it runs and adds the elapsed
+// time to its family's total (cuda::profile_report() prints the table). Synchronizing serializes host
+// and device, so the totals are device time per family plus launch overhead; steps run slower while
+// profiling. Off (the default), the wrapper costs one well-predicted branch.
+bool profiling();
+void profile_add(const char* family, double seconds);
+double profile_clock();
+
+template <auto Fn> struct Timed;
+template <class... A, void (*Fn)(A...)>
+struct Timed<Fn> {
+  static inline const char* family = "?";
+  static void call(A... a) {
+    if (!profiling()) return Fn(a...);
+    synchronize(0);
+    const double t0 = profile_clock();
+    Fn(a...);
+    synchronize(0);
+    profile_add(family, profile_clock() - t0);
+  }
+};
+
+#define BOOSTER_REGISTER_CUDA_KERNEL(kname, fn)                                                            \
+  [[maybe_unused]] static const bool booster_cuda_family_##kname = (::booster::cuda::Timed<fn>::family = #kname, true); \
+  BOOSTER_REGISTER_KERNEL(kname, CUDA, &::booster::cuda::Timed<fn>::call)
+
 // ------------------------------------------------------------------------------ device element types
 // booster::Half / BFloat16 are host types with the IEEE bit layouts of __half / __nv_bfloat16.
 template <class T> struct DevType { using type = T; };
@@ -93,12 +122,31 @@ struct OffsetCalc {
   int64_t strides[NT][kMaxDims];
   bool contiguous = true;  // every operand is dense row-major: offsets are the linear index
 
+  bool small = false;       // every size, stride and offset fits 32 bits: cheaper index arithmetic
+
   __device__ __forceinline__ void get(int64_t linear, int64_t (&off)[NT]) const {
 #pragma unroll
     for (int t = 0; t < NT; ++t) off[t] = 0;
     if (contiguous) {
 #pragma unroll
       for (int t = 0; t < NT; ++t) off[t] = linear;
+      return;
+    }
+    if (small) {
+      // 64-bit division is emulated in software on the GPU (tens of instructions); 32-bit is not.
+      uint32_t l = uint32_t(linear);
+      uint32_t o[NT];
+#pragma unroll
+      for (int t = 0; t < NT; ++t) o[t] = 0;
+      for (int d = ndim - 1; d >= 0; --d) {
+        const uint32_t size = uint32_t(sizes[d]);
+        const uint32_t q = l / size, i = l - q * size;
+        l = q;
+#pragma unroll
+        for (int t = 0; t < NT; ++t) o[t] += i * uint32_t(strides[t][d]);
+      }
+#pragma unroll
+      for (int t = 0; t < NT; ++t) off[t] = int64_t(o[t]);
       return;
     }
     for (int d = ndim - 1; d >= 0; --d) {
@@ -143,6 +191,19 @@ OffsetCalc<NT> make_offset_calc(const Shape& shape, const Shape* const (&strides
     for (int t = 0; t < NT; ++t) c.strides[t][d] = st[size_t(d)][t];
   }
   if (c.ndim == 0) c.contiguous = true;
+  // 32-bit arithmetic when the element count and every operand's largest offset stay below 2^31
+  // (strides are non-negative here: views never have negative strides).
+  int64_t total = 1;
+  for (int d = 0; d < c.ndim; ++d) total *= c.sizes[d];
+  c.small = total < (int64_t(1) << 31);
+  for (int t = 0; t < NT; ++t) {
+    int64_t extent = 0;
+    for (int d = 0; d < c.ndim; ++d) {
+      c.small &= c.strides[t][d] >= 0;
+      extent += (c.sizes[d] - 1) * c.strides[t][d];
+    }
+    c.small &= extent < (int64_t(1) << 31);
+  }
   return c;
 }
 

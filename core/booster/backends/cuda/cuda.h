@@ -37,6 +37,10 @@ size_t bytes_in_use();
 size_t peak_bytes();
 void reset_peak_bytes();
 size_t cached_bytes();
+// The kernel-family time table gathered under BOOSTER_CUDA_PROFILE=1 (Note [CUDA kernel profile]),
+// largest first, and a reset.
+std::string profile_report();
+void reset_profile();
 // Lets float32 GEMMs use TF32 tensor cores (torch.backends.cuda.matmul.allow_tf32). Off by default,
 // as in PyTorch since 1.12.
 void set_allow_tf32(bool allow);

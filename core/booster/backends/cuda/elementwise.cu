@@ -31,7 +31,21 @@ __device__ __forceinline__ D convert(S v) {
   else return store_as<D>(load_as<float>(v));
 }
 
+void cuda_copy_impl(const Tensor& src, Tensor& dst);
+
+// Under BOOSTER_CUDA_PROFILE each kind of copy (dtypes, layout, size) also gets a row of its own.
 void cuda_copy(const Tensor& src, Tensor& dst) {
+  if (!profiling()) return cuda_copy_impl(src, dst);
+  synchronize(dst.device().index);
+  const double t0 = profile_clock();
+  cuda_copy_impl(src, dst);
+  synchronize(dst.device().index);
+  const std::string key = str("  copy ", src.dtype(), "->", dst.dtype(), src.is_contiguous() ? "" : " strided-src",
+                              dst.is_contiguous() ? "" : " strided-dst", " ", src.shape());
+  profile_add(key.c_str(), profile_clock() - t0);
+}
+
+void cuda_copy_impl(const Tensor& src, Tensor& dst) {
   const int dev = device_of(dst);
   BOOSTER_DISPATCH_ALL(src.dtype(), "copy", [&] {
     using S = dev_t<scalar_t>;
@@ -294,11 +308,11 @@ void cuda_masked_scale(const Tensor& x, const Tensor& keep, double scale, Tensor
 }  // namespace booster::cuda
 
 namespace booster::kernels {
-BOOSTER_REGISTER_KERNEL(copy_kernel, CUDA, &cuda::cuda_copy);
-BOOSTER_REGISTER_KERNEL(fill_kernel, CUDA, &cuda::cuda_fill);
-BOOSTER_REGISTER_KERNEL(binary_kernel, CUDA, &cuda::cuda_binary);
-BOOSTER_REGISTER_KERNEL(unary_kernel, CUDA, &cuda::cuda_unary);
-BOOSTER_REGISTER_KERNEL(unary_backward_kernel, CUDA, &cuda::cuda_unary_backward);
-BOOSTER_REGISTER_KERNEL(where_kernel, CUDA, &cuda::cuda_where);
-BOOSTER_REGISTER_KERNEL(masked_scale_kernel, CUDA, &cuda::cuda_masked_scale);
+BOOSTER_REGISTER_CUDA_KERNEL(copy_kernel, cuda::cuda_copy);
+BOOSTER_REGISTER_CUDA_KERNEL(fill_kernel, cuda::cuda_fill);
+BOOSTER_REGISTER_CUDA_KERNEL(binary_kernel, cuda::cuda_binary);
+BOOSTER_REGISTER_CUDA_KERNEL(unary_kernel, cuda::cuda_unary);
+BOOSTER_REGISTER_CUDA_KERNEL(unary_backward_kernel, cuda::cuda_unary_backward);
+BOOSTER_REGISTER_CUDA_KERNEL(where_kernel, cuda::cuda_where);
+BOOSTER_REGISTER_CUDA_KERNEL(masked_scale_kernel, cuda::cuda_masked_scale);
 }  // namespace booster::kernels

@@ -148,8 +148,8 @@ void cuda_adam(const kernels::AdamStep& s, Tensor& param, const Tensor& grad, Te
 }  // namespace booster::cuda
 
 namespace booster::kernels {
-BOOSTER_REGISTER_KERNEL(unscale_check_kernel, CUDA, &cuda::cuda_unscale_check);
-BOOSTER_REGISTER_KERNEL(sum_squares_kernel, CUDA, &cuda::cuda_sum_squares);
-BOOSTER_REGISTER_KERNEL(count_zeros_kernel, CUDA, &cuda::cuda_count_zeros);
-BOOSTER_REGISTER_KERNEL(adam_kernel, CUDA, &cuda::cuda_adam);
+BOOSTER_REGISTER_CUDA_KERNEL(unscale_check_kernel, cuda::cuda_unscale_check);
+BOOSTER_REGISTER_CUDA_KERNEL(sum_squares_kernel, cuda::cuda_sum_squares);
+BOOSTER_REGISTER_CUDA_KERNEL(count_zeros_kernel, cuda::cuda_count_zeros);
+BOOSTER_REGISTER_CUDA_KERNEL(adam_kernel, cuda::cuda_adam);
 }  // namespace booster::kernels

@@ -92,10 +92,24 @@ void gemm_rowmajor_c(const GemmArgs& args, const Tensor& a, const Tensor& b, Ten
   cublasComputeType_t compute = CUBLAS_COMPUTE_32F;
   if (dt == DType::Float64) compute = CUBLAS_COMPUTE_64F;
   else if (dt == DType::Float32 && allow_tf32()) compute = CUBLAS_COMPUTE_32F_FAST_TF32;
+  // Under BOOSTER_CUDA_PROFILE each GEMM shape also gets a row of its own (cuBLAS time only).
+  const bool detail = profiling();
+  double t0 = 0;
+  if (detail) {
+    synchronize(dev);
+    t0 = profile_clock();
+  }
   BOOSTER_CUBLAS_CHECK(cublasGemmStridedBatchedEx(
       h, ob.trans ? CUBLAS_OP_T : CUBLAS_OP_N, oa.trans ? CUBLAS_OP_T : CUBLAS_OP_N, int(n), int(m), int(k), alpha,
       ob.data, type, int(ob.ld), ob.batch_stride, oa.data, type, int(oa.ld), oa.batch_stride, beta, c.data_ptr(), type,
       int(ldc), c.strides()[0], int(batch), compute, CUBLAS_GEMM_DEFAULT));
+  if (detail) {
+    synchronize(dev);
+    const std::string key = str("  cublas ", dtype_name(dt), " b", batch, " m", m, " n", n, " k", k, oa.trans ? " At" : "",
+                                ob.trans ? " Bt" : "", a_copy.defined() ? " A-copied" : "",
+                                b_copy.defined() ? " B-copied" : "", args.beta != 0 ? " beta" : "");
+    profile_add(key.c_str(), profile_clock() - t0);
+  }
 }
 
 void cuda_gemm(const GemmArgs& args, const Tensor& a, const Tensor& b, Tensor& c) {
@@ -128,5 +142,5 @@ void cuda_gemm(const GemmArgs& args, const Tensor& a, const Tensor& b, Tensor& c
 }  // namespace booster::cuda
 
 namespace booster::kernels {
-BOOSTER_REGISTER_KERNEL(gemm_kernel, CUDA, &cuda::cuda_gemm);
+BOOSTER_REGISTER_CUDA_KERNEL(gemm_kernel, cuda::cuda_gemm);
 }  // namespace booster::kernels

@@ -115,8 +115,8 @@ void cuda_scatter_add(Tensor& out, int64_t dim, const Tensor& index, const Tenso
 }  // namespace booster::cuda
 
 namespace booster::kernels {
-BOOSTER_REGISTER_KERNEL(index_select_kernel, CUDA, &cuda::cuda_index_select);
-BOOSTER_REGISTER_KERNEL(index_add_kernel, CUDA, &cuda::cuda_index_add);
-BOOSTER_REGISTER_KERNEL(gather_kernel, CUDA, &cuda::cuda_gather);
-BOOSTER_REGISTER_KERNEL(scatter_add_kernel, CUDA, &cuda::cuda_scatter_add);
+BOOSTER_REGISTER_CUDA_KERNEL(index_select_kernel, cuda::cuda_index_select);
+BOOSTER_REGISTER_CUDA_KERNEL(index_add_kernel, cuda::cuda_index_add);
+BOOSTER_REGISTER_CUDA_KERNEL(gather_kernel, cuda::cuda_gather);
+BOOSTER_REGISTER_CUDA_KERNEL(scatter_add_kernel, cuda::cuda_scatter_add);
 }  // namespace booster::kernels

@@ -709,16 +709,16 @@ void cuda_mse_loss_backward(const Tensor& grad, const Tensor& input, const Tenso
 }  // namespace booster::cuda
 
 namespace booster::kernels {
-BOOSTER_REGISTER_KERNEL(softmax_kernel, CUDA, &cuda::cuda_softmax);
-BOOSTER_REGISTER_KERNEL(softmax_backward_kernel, CUDA, &cuda::cuda_softmax_backward);
-BOOSTER_REGISTER_KERNEL(layer_norm_kernel, CUDA, &cuda::cuda_layer_norm);
-BOOSTER_REGISTER_KERNEL(layer_norm_backward_kernel, CUDA, &cuda::cuda_layer_norm_backward);
-BOOSTER_REGISTER_KERNEL(attention_kernel, CUDA, &cuda::cuda_attention);
-BOOSTER_REGISTER_KERNEL(attention_backward_kernel, CUDA, &cuda::cuda_attention_backward);
-BOOSTER_REGISTER_KERNEL(cross_entropy_kernel, CUDA, &cuda::cuda_cross_entropy);
-BOOSTER_REGISTER_KERNEL(cross_entropy_backward_kernel, CUDA, &cuda::cuda_cross_entropy_backward);
-BOOSTER_REGISTER_KERNEL(nll_loss_kernel, CUDA, &cuda::cuda_nll_loss);
-BOOSTER_REGISTER_KERNEL(nll_loss_backward_kernel, CUDA, &cuda::cuda_nll_loss_backward);
-BOOSTER_REGISTER_KERNEL(mse_loss_kernel, CUDA, &cuda::cuda_mse_loss);
-BOOSTER_REGISTER_KERNEL(mse_loss_backward_kernel, CUDA, &cuda::cuda_mse_loss_backward);
+BOOSTER_REGISTER_CUDA_KERNEL(softmax_kernel, cuda::cuda_softmax);
+BOOSTER_REGISTER_CUDA_KERNEL(softmax_backward_kernel, cuda::cuda_softmax_backward);
+BOOSTER_REGISTER_CUDA_KERNEL(layer_norm_kernel, cuda::cuda_layer_norm);
+BOOSTER_REGISTER_CUDA_KERNEL(layer_norm_backward_kernel, cuda::cuda_layer_norm_backward);
+BOOSTER_REGISTER_CUDA_KERNEL(attention_kernel, cuda::cuda_attention);
+BOOSTER_REGISTER_CUDA_KERNEL(attention_backward_kernel, cuda::cuda_attention_backward);
+BOOSTER_REGISTER_CUDA_KERNEL(cross_entropy_kernel, cuda::cuda_cross_entropy);
+BOOSTER_REGISTER_CUDA_KERNEL(cross_entropy_backward_kernel, cuda::cuda_cross_entropy_backward);
+BOOSTER_REGISTER_CUDA_KERNEL(nll_loss_kernel, cuda::cuda_nll_loss);
+BOOSTER_REGISTER_CUDA_KERNEL(nll_loss_backward_kernel, cuda::cuda_nll_loss_backward);
+BOOSTER_REGISTER_CUDA_KERNEL(mse_loss_kernel, cuda::cuda_mse_loss);
+BOOSTER_REGISTER_CUDA_KERNEL(mse_loss_backward_kernel, cuda::cuda_mse_loss_backward);
 }  // namespace booster::kernels

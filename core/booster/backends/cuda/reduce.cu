@@ -238,5 +238,5 @@ void cuda_reduce(ReduceOp op, const Tensor& a, const std::vector<int64_t>& dims,
 }  // namespace booster::cuda
 
 namespace booster::kernels {
-BOOSTER_REGISTER_KERNEL(reduce_kernel, CUDA, &cuda::cuda_reduce);
+BOOSTER_REGISTER_CUDA_KERNEL(reduce_kernel, cuda::cuda_reduce);
 }  // namespace booster::kernels

@@ -1,6 +1,11 @@
 // The CUDA runtime layer: checked-call errors, one stream and one cuBLAS handle per device, the
 // caching allocator, and the availability queries of cuda.h.
+#include <algorithm>
 #include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
 #include <map>
 #include <mutex>
 #include <vector>
@@ -117,6 +122,48 @@ void* stream_handle(int index) {
 void synchronize(int index) {
   if (device_count() == 0) return;
   BOOSTER_CUDA_CHECK(cudaStreamSynchronize(stream(index)));
+}
+
+namespace {
+std::mutex g_profile_mu;
+std::map<std::string, std::pair<double, int64_t>> g_profile;  // family -> (seconds, calls)
+}  // namespace
+
+bool profiling() {
+  static const bool on = [] {
+    const char* v = std::getenv("BOOSTER_CUDA_PROFILE");
+    return v && *v && std::string(v) != "0";
+  }();
+  return on;
+}
+
+double profile_clock() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+void profile_add(const char* family, double seconds) {
+  std::lock_guard<std::mutex> lock(g_profile_mu);
+  auto& e = g_profile[family];
+  e.first += seconds;
+  e.second += 1;
+}
+
+std::string profile_report() {
+  std::lock_guard<std::mutex> lock(g_profile_mu);
+  std::vector<std::pair<std::string, std::pair<double, int64_t>>> rows(g_profile.begin(), g_profile.end());
+  std::sort(rows.begin(), rows.end(), [](const auto& a, const auto& b) { return a.second.first > b.second.first; });
+  std::string out;
+  for (const auto& [name, v] : rows) {
+    char line[160];
+    std::snprintf(line, sizeof line, "%-32s %10.3f ms %8lld calls\n", name.c_str(), v.first * 1e3, (long long)v.second);
+    out += line;
+  }
+  return out;
+}
+
+void reset_profile() {
+  std::lock_guard<std::mutex> lock(g_profile_mu);
+  g_profile.clear();
 }
 
 void set_allow_tf32(bool allow) { g_allow_tf32 = allow; }
