@@ -246,7 +246,7 @@ class Fp16Apex final : public MasterWeightStrategy {
     if (unscaled_) return;
     std::vector<GradSpan> spans;
     for (const Tensor& g : flat_grads(optimizer)) spans.push_back({g, g});
-    found_inf_ = fused_unscale_and_check(spans, float(1.0 / scaler_.scale())) && scaler_.dynamic();
+    found_inf_ = agree_on_found_inf(fused_unscale_and_check(spans, float(1.0 / scaler_.scale()))) && scaler_.dynamic();
     unscaled_ = true;
   }
   double clip_grad_norm(optim::Optimizer& optimizer, double max_norm) override {

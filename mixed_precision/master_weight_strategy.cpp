@@ -37,7 +37,7 @@ void MasterWeightStrategy::backward(const Tensor& loss, optim::Optimizer& optimi
 
 void MasterWeightStrategy::gather(optim::Optimizer& optimizer) {
   if (gathered_) return;
-  found_inf_ = masters_of(optimizer).gather_grads(float(1.0 / current_scale()));
+  found_inf_ = agree_on_found_inf(masters_of(optimizer).gather_grads(float(1.0 / current_scale())));
   if (!skip_on_overflow_) found_inf_ = false;
   gathered_ = true;
 }

@@ -238,4 +238,19 @@ std::vector<Tensor> flat_grads(optim::Optimizer& optimizer) {
   return out;
 }
 
+// ---------------------------------------------------------------------------------- PrecisionDecorator
+PrecisionDecorator::PrecisionDecorator(std::shared_ptr<MixedPrecision> inner) : inner_(std::move(inner)) {
+  BOOSTER_CHECK(inner_ != nullptr, ValueError, "PrecisionDecorator: the inner strategy is null");
+}
+
+Configured PrecisionDecorator::configure(nn::ModulePtr model, std::shared_ptr<optim::Optimizer> optimizer,
+                                         Criterion criterion) {
+  return inner_->configure(std::move(model), std::move(optimizer), std::move(criterion));
+}
+
+void PrecisionDecorator::step(optim::Optimizer& optimizer) {
+  inner_->step(optimizer);
+  stats_ = inner_->last_step_stats();
+}
+
 }  // namespace booster::mixed_precision
