@@ -6,6 +6,9 @@
 // itself, locally, from the same seeds, so the comparison needs no communication of its own. The ddp
 // model on rank 1 starts from different weights: the plugin's broadcast from rank 0 must fix that.
 //
+// Assertions are CHECKs, not REQUIREs: a REQUIRE that fails on one rank only would end that rank's
+// test case while the other goes on into collectives it never joins, and the job would hang.
+//
 // The plugin is driven as the Booster drives it (load + factory + configure, then the precision
 // strategy it returns runs backward and step).
 #include <catch2/catch.hpp>
@@ -167,20 +170,20 @@ Tensor all_parameters(const nn::Module& model) {
 
 TEST_CASE("ddp: options are validated and the declarations are the documented ones", "[mpi][ddp]") {
   auto plugin = load_ddp();
-  REQUIRE(plugin->name() == "ddp");
-  REQUIRE(plugin->options() ==
+  CHECK(plugin->name() == "ddp");
+  CHECK(plugin->options() ==
           json{{"bucket_cap_mb", 25.0}, {"broadcast_buffers", true}, {"find_unused_parameters", false}});
-  REQUIRE(plugin->supported_devices() == std::vector<std::string>{"cpu"});
-  REQUIRE(plugin->supported_precisions() == std::vector<std::string>{"*"});
-  REQUIRE_FALSE(plugin->control_precision());
-  REQUIRE_FALSE(plugin->control_device());
-  REQUIRE(plugin->support_no_sync());
-  REQUIRE_FALSE(plugin->control_checkpoint_io());
-  REQUIRE(plugin->layout().data == group().size());
-  REQUIRE(plugin->layout().tensor == 1);
-  REQUIRE(plugin->layout().pipeline == 1);
-  REQUIRE(&plugin->process_group() == &group());
-  REQUIRE(load_ddp({{"bucket_cap_mb", 0.5}, {"broadcast_buffers", false}})->options()["bucket_cap_mb"] == 0.5);
+  CHECK(plugin->supported_devices() == std::vector<std::string>{"cpu"});
+  CHECK(plugin->supported_precisions() == std::vector<std::string>{"*"});
+  CHECK_FALSE(plugin->control_precision());
+  CHECK_FALSE(plugin->control_device());
+  CHECK(plugin->support_no_sync());
+  CHECK_FALSE(plugin->control_checkpoint_io());
+  CHECK(plugin->layout().data == group().size());
+  CHECK(plugin->layout().tensor == 1);
+  CHECK(plugin->layout().pipeline == 1);
+  CHECK(&plugin->process_group() == &group());
+  CHECK(load_ddp({{"bucket_cap_mb", 0.5}, {"broadcast_buffers", false}})->options()["bucket_cap_mb"] == 0.5);
 
   // Each bad option is a ConfigError whose message names it.
   auto config_error = [](const json& options) {
@@ -191,13 +194,13 @@ TEST_CASE("ddp: options are validated and the declarations are the documented on
     }
     return std::string("no ConfigError");
   };
-  REQUIRE_THAT(config_error({{"bucket_cap", 5}}),
+  CHECK_THAT(config_error({{"bucket_cap", 5}}),
                Catch::Matchers::Contains("unknown option 'bucket_cap'") && Catch::Matchers::Contains("bucket_cap_mb"));
-  REQUIRE_THAT(config_error({{"bucket_cap_mb", -1}}), Catch::Matchers::Contains("'bucket_cap_mb' = -1"));
-  REQUIRE_THAT(config_error({{"bucket_cap_mb", "25"}}), Catch::Matchers::Contains("'bucket_cap_mb' = \"25\""));
-  REQUIRE_THAT(config_error({{"broadcast_buffers", 1}}),
+  CHECK_THAT(config_error({{"bucket_cap_mb", -1}}), Catch::Matchers::Contains("'bucket_cap_mb' = -1"));
+  CHECK_THAT(config_error({{"bucket_cap_mb", "25"}}), Catch::Matchers::Contains("'bucket_cap_mb' = \"25\""));
+  CHECK_THAT(config_error({{"broadcast_buffers", 1}}),
                Catch::Matchers::Contains("'broadcast_buffers' must be true or false"));
-  REQUIRE_THROWS_AS(load_ddp(json::array()), ConfigError);
+  CHECK_THROWS_AS(load_ddp(json::array()), ConfigError);
 }
 
 // Note [ddp against one process: tolerances]
@@ -229,7 +232,7 @@ TEST_CASE("ddp: 2 ranks with B samples each train like one process with 2B sampl
     Training reference = make_training(precision, 7, nullptr);
     // Rank 1 starts from other weights: configure() must broadcast rank 0's.
     Training ddp = make_training(precision, 7 + 100 * uint64_t(pg.rank()), load_ddp());
-    REQUIRE(parameters_of(*ddp.model) == parameters_of(*reference.model));
+    CHECK(parameters_of(*ddp.model) == parameters_of(*reference.model));
 
     const std::vector<double> initial = parameters_of(*reference.model);
     double grad_relative = 0;
@@ -237,8 +240,8 @@ TEST_CASE("ddp: 2 ranks with B samples each train like one process with 2B sampl
       const data::Batch batch = job_batch(step, 2 * B);
       train_step(reference, batch);
       train_step(ddp, rows_of(batch, pg.rank() * B, B));
-      REQUIRE_FALSE(ddp.precision->step_was_skipped());
-      REQUIRE_FALSE(reference.precision->step_was_skipped());
+      CHECK_FALSE(ddp.precision->step_was_skipped());
+      CHECK_FALSE(reference.precision->step_was_skipped());
       // The averaged gradients themselves (AdamW alone would not see a sum instead of an average),
       // at the first step, while both start from the same parameters.
       if (step != 0) continue;
@@ -289,19 +292,19 @@ TEST_CASE("ddp: no_sync accumulates locally and the next synced backward reduces
       accumulating.precision->backward(
           mul(accumulating.criterion((*accumulating.model)(first.x), first.y), 0.5), *accumulating.optimizer);
     }
-    REQUIRE(bucketer.stats().launched_in_hooks + bucketer.stats().launched_at_finish == launched_before);
-    REQUIRE_FALSE(bucketer.in_flight());
+    CHECK(bucketer.stats().launched_in_hooks + bucketer.stats().launched_at_finish == launched_before);
+    CHECK_FALSE(bucketer.in_flight());
     // Nothing was communicated: each rank holds the gradient of its own micro-batch.
-    REQUIRE_FALSE(same_bytes_on_every_rank(grads));
+    CHECK_FALSE(same_bytes_on_every_rank(grads));
     accumulating_plugin->set_gradient_sync(true);
     {
       const data::Batch second = rows_of(mine, B, B);
       accumulating.precision->backward(
           mul(accumulating.criterion((*accumulating.model)(second.x), second.y), 0.5), *accumulating.optimizer);
     }
-    REQUIRE(bucketer.stats().launched_in_hooks + bucketer.stats().launched_at_finish > launched_before);
+    CHECK(bucketer.stats().launched_in_hooks + bucketer.stats().launched_at_finish > launched_before);
     accumulating.precision->step(*accumulating.optimizer);
-    REQUIRE(same_bytes_on_every_rank(grads));
+    CHECK(same_bytes_on_every_rank(grads));
 
     train_step(whole, mine);
     const std::vector<double> whole_grad = whole.optimizer->flat_buffers(0)[0]->grad().tolist();
@@ -340,21 +343,21 @@ TEST_CASE("ddp: an overflow seen by one rank only makes every rank skip the step
   auto injector = std::make_shared<InfOnRankOne>(mixed_precision::create("fp16", precision_options("fp16")));
   Training ddp = make_training("fp16", 5, load_ddp(), nullptr, injector);
   for (int64_t step = 0; step < 2; ++step) train_step(ddp, rows_of(job_batch(step, 2 * B), pg.rank() * B, B));
-  REQUIRE_FALSE(ddp.precision->step_was_skipped());
+  CHECK_FALSE(ddp.precision->step_was_skipped());
 
   SECTION("inf written after the reduction, on rank 1 only") {
     injector->armed = true;
     const Tensor before = all_parameters(*ddp.model).clone();
     const double scale = ddp.precision->loss_scale();
     train_step(ddp, rows_of(job_batch(2, 2 * B), pg.rank() * B, B));
-    REQUIRE(ddp.precision->step_was_skipped());
-    REQUIRE(std::memcmp(before.data_ptr(), all_parameters(*ddp.model).data_ptr(), before.nbytes()) == 0);
-    REQUIRE(ddp.precision->loss_scale() == scale / 2);
+    CHECK(ddp.precision->step_was_skipped());
+    CHECK(std::memcmp(before.data_ptr(), all_parameters(*ddp.model).data_ptr(), before.nbytes()) == 0);
+    CHECK(ddp.precision->loss_scale() == scale / 2);
     // The next step trains again, on every rank alike.
     injector->armed = false;
     train_step(ddp, rows_of(job_batch(3, 2 * B), pg.rank() * B, B));
-    REQUIRE_FALSE(ddp.precision->step_was_skipped());
-    REQUIRE(same_bytes_on_every_rank(all_parameters(*ddp.model)));
+    CHECK_FALSE(ddp.precision->step_was_skipped());
+    CHECK(same_bytes_on_every_rank(all_parameters(*ddp.model)));
   }
   SECTION("an inf input on rank 1 only: the reduction spreads the overflow") {
     const Tensor before = all_parameters(*ddp.model).clone();
@@ -362,16 +365,16 @@ TEST_CASE("ddp: an overflow seen by one rank only makes every rank skip the step
     data::Batch mine = rows_of(job_batch(2, 2 * B), pg.rank() * B, B);
     if (pg.rank() == 1) mine.x.data<float>()[0] = INFINITY;
     train_step(ddp, mine);
-    REQUIRE(ddp.precision->step_was_skipped());
-    REQUIRE(std::memcmp(before.data_ptr(), all_parameters(*ddp.model).data_ptr(), before.nbytes()) == 0);
-    REQUIRE(ddp.precision->loss_scale() == scale / 2);
+    CHECK(ddp.precision->step_was_skipped());
+    CHECK(std::memcmp(before.data_ptr(), all_parameters(*ddp.model).data_ptr(), before.nbytes()) == 0);
+    CHECK(ddp.precision->loss_scale() == scale / 2);
   }
   SECTION("control: without ddp's reducer, rank 0 would have stepped") {
     auto local = std::make_shared<InfOnRankOne>(mixed_precision::create("fp16", precision_options("fp16")));
     Training alone = make_training("fp16", 5, nullptr, nullptr, local);
     local->armed = true;
     train_step(alone, job_batch(0, B));
-    REQUIRE(alone.precision->step_was_skipped() == (pg.rank() == 1));
+    CHECK(alone.precision->step_was_skipped() == (pg.rank() == 1));
   }
 }
 
@@ -384,27 +387,27 @@ TEST_CASE("ddp: with small buckets, several are launched from the hooks while ba
   const distributed::GradientBucketer& bucketer = bucketer_of(ddp);
   const optim::FlatBuffer& flat = *ddp.optimizer->flat_buffers(0)[0];
   const auto& buckets = bucketer.buckets();
-  REQUIRE(buckets.size() == 3);
+  CHECK(buckets.size() == 3);
   // Reverse parameter order, contiguous spans that tile the buffer from its end.
-  REQUIRE(buckets[0].params == std::vector<size_t>{5, 4, 3});
-  REQUIRE(buckets[1].params == std::vector<size_t>{2});
-  REQUIRE(buckets[2].params == std::vector<size_t>{1, 0});
-  REQUIRE(buckets[0].end == flat.numel());
-  REQUIRE(buckets[1].end == buckets[0].begin);
-  REQUIRE(buckets[2].end == buckets[1].begin);
-  REQUIRE(buckets[2].begin == 0);
+  CHECK(buckets[0].params == std::vector<size_t>{5, 4, 3});
+  CHECK(buckets[1].params == std::vector<size_t>{2});
+  CHECK(buckets[2].params == std::vector<size_t>{1, 0});
+  CHECK(buckets[0].end == flat.numel());
+  CHECK(buckets[1].end == buckets[0].begin);
+  CHECK(buckets[2].end == buckets[1].begin);
+  CHECK(buckets[2].begin == 0);
 
   for (int64_t step = 0; step < 3; ++step) {
     train_step(ddp, rows_of(job_batch(step, 2 * B), pg.rank() * B, B));
-    REQUIRE(bucketer.stats().last_launched_in_hooks == 3);
-    REQUIRE(bucketer.stats().last_launched_at_finish == 0);
+    CHECK(bucketer.stats().last_launched_in_hooks == 3);
+    CHECK(bucketer.stats().last_launched_at_finish == 0);
   }
-  REQUIRE(bucketer.stats().synced_backwards == 3);
-  REQUIRE(same_bytes_on_every_rank(all_parameters(*ddp.model)));
+  CHECK(bucketer.stats().synced_backwards == 3);
+  CHECK(same_bytes_on_every_rank(all_parameters(*ddp.model)));
 
   // The default cap (25 MiB, first bucket 1 MiB) holds this whole model in one bucket.
   Training one_bucket = make_training("fp32", 3, load_ddp());
-  REQUIRE(bucketer_of(one_bucket).buckets().size() == 1);
+  CHECK(bucketer_of(one_bucket).buckets().size() == 1);
 }
 
 namespace {
@@ -440,17 +443,17 @@ TEST_CASE("ddp: parameters without a gradient on some or all ranks do not hang t
     Training ddp = make_training("fp32", 0, load_ddp({{"find_unused_parameters", find_unused}}), model);
     for (int64_t step = 0; step < 3; ++step) {
       train_step(ddp, rows_of(job_batch(step, 2 * B), pg.rank() * B, B));
-      REQUIRE(bucketer_of(ddp).stats().last_launched_at_finish >= 1);  // the bucket holding c never fills
+      CHECK(bucketer_of(ddp).stats().last_launched_at_finish >= 1);  // the bucket holding c never fills
     }
     // Every rank stepped the same parameters with the same gradients.
-    REQUIRE(same_bytes_on_every_rank(all_parameters(*ddp.model)));
-    REQUIRE(model->b->weight.tolist() != b_before);
+    CHECK(same_bytes_on_every_rank(all_parameters(*ddp.model)));
+    CHECK(model->b->weight.tolist() != b_before);
     // c got no gradient anywhere: by default it counts as a zero gradient (AdamW's weight decay moves
     // it); with find_unused_parameters every optimizer skips it, as torch skips a None gradient.
     if (find_unused)
-      REQUIRE(model->c->weight.tolist() == c_before);
+      CHECK(model->c->weight.tolist() == c_before);
     else
-      REQUIRE(model->c->weight.tolist() != c_before);
+      CHECK(model->c->weight.tolist() != c_before);
   }
 }
 
@@ -461,10 +464,10 @@ TEST_CASE("ddp: configure without an optimizer still starts every rank from rank
   parts.model = make_mlp(40 + uint64_t(pg.rank()));
   parts.precision = mixed_precision::create("fp32");
   parts = plugin->configure(parts);
-  REQUIRE(parameters_of(*parts.model) == parameters_of(*make_mlp(40)));
-  REQUIRE(parts.optimizer == nullptr);
-  REQUIRE(plugin->checkpoint_io() != nullptr);
-  REQUIRE_THROWS_AS(plugin->configure(parts), StateError);
+  CHECK(parameters_of(*parts.model) == parameters_of(*make_mlp(40)));
+  CHECK(parts.optimizer == nullptr);
+  CHECK(plugin->checkpoint_io() != nullptr);
+  CHECK_THROWS_AS(plugin->configure(parts), StateError);
 }
 
 TEST_CASE("ddp: prepare_dataloader gives each rank its share, reshuffled by the loader's set_epoch",
@@ -480,23 +483,23 @@ TEST_CASE("ddp: prepare_dataloader gives each rank its share, reshuffled by the 
   options.seed = 9;
   auto plugin = load_ddp();  // loaded while its loader lives
   auto loader = plugin->prepare_dataloader(dataset, options);
-  REQUIRE(loader->num_samples() == N / pg.size());
+  CHECK(loader->num_samples() == N / pg.size());
 
   auto epoch_order = [&](int64_t epoch) {
     loader->set_epoch(epoch);
     std::vector<int64_t> mine;
     for (const data::Batch& batch : *loader)
       for (double y : batch.y.tolist()) mine.push_back(int64_t(y));
-    REQUIRE(int64_t(mine.size()) == N / pg.size());
+    CHECK(int64_t(mine.size()) == N / pg.size());
     // All ranks together: every sample exactly once.
     Tensor all = zeros({N}, DType::Int64);
     pg.all_gather(all, from_vector(mine, {int64_t(mine.size())}));
     std::vector<double> seen = all.tolist();
     std::sort(seen.begin(), seen.end());
-    for (int64_t i = 0; i < N; ++i) REQUIRE(seen[size_t(i)] == double(i));
+    for (int64_t i = 0; i < N; ++i) CHECK(seen[size_t(i)] == double(i));
     return mine;
   };
   const std::vector<int64_t> epoch0 = epoch_order(0), epoch1 = epoch_order(1);
-  REQUIRE(epoch0 != epoch1);
-  REQUIRE(epoch_order(0) == epoch0);
+  CHECK(epoch0 != epoch1);
+  CHECK(epoch_order(0) == epoch0);
 }
