@@ -4,6 +4,8 @@
 #include <algorithm>
 
 #include "booster/booster/compat.h"
+#include "booster/checkpoint/atomic_file.h"
+#include "booster/checkpoint/safetensors.h"
 #include "booster/booster/single_process.h"
 #include "booster/plugin/loader.h"
 
@@ -185,6 +187,13 @@ std::shared_ptr<ParallelPlugin> create_plugin(const std::string& name_or_path, c
 }
 
 // ------------------------------------------------------------------------------------------ Booster
+namespace {
+constexpr const char* kPrecisionTensorsFile = "precision.safetensors";
+constexpr const char* kPrecisionMetaFile = "precision.json";
+}  // namespace
+
+int Booster::process_group_rank() const { return plugin_->process_group().rank(); }
+
 Booster::Booster(BoosterConfig config) : config_(std::move(config)) {
   plugin_ = create_plugin(config_.plugin, config_.plugin_options);
   compat::require_compatible(config_.mixed_precision, compat::PluginTraits::of(*plugin_), config_.device);
@@ -266,12 +275,43 @@ void Booster::save_model(const nn::Module& model, const std::filesystem::path& d
 void Booster::load_model(nn::Module& model, const std::filesystem::path& path) const {
   checkpoint_io_->load_model(model, path);
 }
+// Note [Precision state beside the optimizer]
+// A strategy's state (loss scale and growth counters, float32 master weights) belongs with the
+// optimizer's: resuming the optimizer without it would restart the scale at 2^16 and rebuild masters
+// from rounded 16-bit weights. So save_optimizer also writes precision.json (with the strategy's name,
+// so another strategy's checkpoint is refused) and precision.safetensors.
 void Booster::save_optimizer(const BoostedOptimizer& optimizer, const std::filesystem::path& dir) const {
   optimizer.copy_options_to_stepped();  // the saved lr is the one the scheduler set
   checkpoint_io_->save_optimizer(optimizer.stepped_optimizer(), dir);
+  const mixed_precision::MixedPrecisionState state = precision_->state_dict();
+  if (process_group_rank() == 0) {
+    checkpoint::write_safetensors(dir / kPrecisionTensorsFile, state.tensors);
+    const json meta = {{"strategy", precision_->name()}, {"state", state.meta}};
+    checkpoint::write_text_file_atomically(dir / kPrecisionMetaFile, meta.dump(1) + "\n");
+  }
+  plugin_->process_group().barrier();
 }
+
 void Booster::load_optimizer(BoostedOptimizer& optimizer, const std::filesystem::path& dir) const {
+  const std::filesystem::path meta_file = dir / kPrecisionMetaFile;
+  BOOSTER_CHECK(std::filesystem::exists(meta_file), CheckpointError, "load_optimizer: ", meta_file.string(),
+                " does not exist; the directory must be one Booster::save_optimizer wrote");
+  json meta;
+  try {
+    meta = json::parse(checkpoint::read_text_file(meta_file));
+  } catch (const json::exception& e) {
+    BOOSTER_FAIL(CheckpointError, "load_optimizer: ", meta_file.string(), " is not valid JSON (", e.what(),
+                 "); the file is truncated or corrupt");
+  }
+  const std::string saved = meta.value("strategy", "");
+  BOOSTER_CHECK(saved == precision_->name(), CheckpointError, "load_optimizer: ", dir.string(),
+                " was saved with mixed precision '", saved, "' but this Booster uses '", precision_->name(),
+                "'; resume with the same strategy");
   checkpoint_io_->load_optimizer(optimizer.stepped_optimizer(), dir);
+  mixed_precision::MixedPrecisionState state;
+  state.meta = meta.value("state", json::object());
+  state.tensors = checkpoint::read_safetensors(dir / kPrecisionTensorsFile).tensors;
+  precision_->load_state_dict(state);
   optimizer.copy_options_from_stepped();
 }
 void Booster::save_lr_scheduler(const BoostedScheduler& scheduler, const std::filesystem::path& file) const {

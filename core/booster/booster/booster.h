@@ -152,6 +152,7 @@ class Booster {
   std::shared_ptr<data::DataLoader> prepare_dataloader(data::DatasetPtr dataset, const data::DataLoaderOptions& options);
 
   // Checkpoint IO through the plugin (collective under several processes: every rank calls).
+  // save_optimizer also saves the strategy's state (Note [Precision state beside the optimizer]).
   void save_model(const nn::Module& model, const std::filesystem::path& dir,
                   uint64_t max_shard_bytes = 5'000'000'000ull) const;
   void load_model(nn::Module& model, const std::filesystem::path& path) const;
@@ -167,6 +168,8 @@ class Booster {
   distributed::ProcessGroup& process_group() { return plugin_->process_group(); }
 
  private:
+  int process_group_rank() const;
+
   BoosterConfig config_;
   std::shared_ptr<ParallelPlugin> plugin_;
   std::shared_ptr<mixed_precision::MixedPrecision> precision_;
