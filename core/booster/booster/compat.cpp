@@ -67,14 +67,12 @@ Verdict check(const std::string& precision, const PluginTraits& plugin, const st
     return reject(plugin.name + " does not support it (it supports " + join(plugin.precisions) + ")",
                   "use one of those");
   if (plugin.layout.tensor > 1 && !traits.tensor_parallel)
-    return reject(precision +
-                      " cannot be used with tensor parallelism: its whole-model casts and master copies assume "
-                      "each rank holds whole layers",
+    return reject("not usable with tensor parallelism: whole-model casts and master copies assume each rank "
+                  "holds whole layers",
                   "use fp16 (torch-style autocast) or bf16");
   if (plugin.layout.pipeline > 1 && !traits.pipeline_parallel)
-    return reject(precision +
-                      " cannot be used with pipeline parallelism: its loss scaling and autocast state would have to "
-                      "span pipeline stages",
+    return reject("not usable with pipeline parallelism: a loss scaler's or autocast's state would have to span "
+                  "the pipeline stages",
                   "use fp16_naive, whose scaling lives in the optimizer, or fp32");
   return {};
 }
@@ -127,13 +125,13 @@ std::string format_matrix(const Matrix& m) {
   }
   std::ostringstream out;
   auto pad = [](const std::string& s, size_t w) { return s + std::string(w - s.size(), ' '); };
-  out << pad("precision", first_width);
-  for (size_t c = 0; c < m.columns.size(); ++c) out << "  " << pad(m.columns[c], widths[c]);
-  out << "\n";
+  std::string header = pad("precision", first_width);
+  for (size_t c = 0; c < m.columns.size(); ++c) header += "  " + pad(m.columns[c], widths[c]);
+  out << header.substr(0, header.find_last_not_of(' ') + 1) << "\n";
   for (size_t r = 0; r < m.precisions.size(); ++r) {
-    out << pad(m.precisions[r], first_width);
-    for (size_t c = 0; c < m.columns.size(); ++c) out << "  " << pad(text[r][c], widths[c]);
-    out << "\n";
+    std::string line = pad(m.precisions[r], first_width);
+    for (size_t c = 0; c < m.columns.size(); ++c) line += "  " + pad(text[r][c], widths[c]);
+    out << line.substr(0, line.find_last_not_of(' ') + 1) << "\n";
   }
   if (!reasons.empty()) out << "\n";
   for (size_t i = 0; i < reasons.size(); ++i) out << "(" << i + 1 << ") " << reasons[i] << "\n";
