@@ -12,6 +12,7 @@
 #include <fstream>
 #include <limits>
 #include <sstream>
+#include <tuple>
 
 #include "booster/booster/booster.h"
 #include "booster/booster/compat.h"
@@ -444,4 +445,31 @@ TEST_CASE("compat: the matrix table has a row per strategy, a column per plugin 
   CHECK(m.cells[1][2].compatible);         // fp16 x tp
   const std::string table = compat::format_matrix(m);
   CHECK_THAT(table, Catch::Contains("fp16_apex") && Catch::Contains("no (") && Catch::Contains("(1) "));
+}
+
+// ---------------------------------------------------------------------------------------- the CLI
+namespace {
+// Runs the booster program; returns (exit code, stdout + stderr).
+std::pair<int, std::string> run_booster(const std::string& args) {
+  const fs::path out = fs::temp_directory_path() / ("booster_cli_" + std::to_string(getpid()) + ".txt");
+  const int status = std::system((std::string(BOOSTER_BIN_DIR) + "/booster " + args + " >" + out.string() + " 2>&1").c_str());
+  std::ifstream in(out);
+  std::stringstream s;
+  s << in.rdbuf();
+  fs::remove(out);
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, s.str()};
+}
+}  // namespace
+
+TEST_CASE("booster plugins and booster compat print the plugins and the matrix", "[booster][cli]") {
+  auto [code, text] = run_booster("plugins");
+  CHECK(code == 0);
+  CHECK_THAT(text, Catch::Contains("single 1.0") && Catch::Contains("libbooster_plugin_single.so") &&
+                       Catch::Contains("devices: cpu, cuda"));
+  std::tie(code, text) = run_booster("compat");
+  CHECK(code == 0);
+  CHECK_THAT(text, Catch::Contains("precision") && Catch::Contains("single") && Catch::Contains("tensor parallel") &&
+                       Catch::Contains("fp16_apex") && Catch::Contains("not usable with tensor parallelism"));
+  std::tie(code, text) = run_booster("compat --device");
+  CHECK(code == 2);
 }
