@@ -9,13 +9,15 @@
 // Assertions are CHECKs, not REQUIREs: a REQUIRE that fails on one rank only would end that rank's
 // test case while the other goes on into collectives it never joins, and the job would hang.
 //
-// The plugin is driven as the Booster drives it (load + factory + configure, then the precision
-// strategy it returns runs backward and step).
+// Most cases drive the plugin as the Booster does (create_plugin + configure, then the precision
+// strategy it returns runs backward and step), to reach its internals; the last one goes through the
+// Booster itself.
 #include <catch2/catch.hpp>
 
 #include <cmath>
 #include <cstring>
 
+#include "booster/booster/booster.h"
 #include "booster/booster/plugin.h"
 #include "booster/data/dataset.h"
 #include "booster/distributed/bucket.h"
@@ -35,12 +37,9 @@ namespace {
 
 ProcessGroup& group() { return distributed::init_process_group("mpi"); }
 
-std::shared_ptr<ParallelPlugin> load_ddp(const json& options = json::object()) {
-  std::shared_ptr<plugin::Plugin> library = plugin::load(plugin::kParallelKind, "ddp");
-  auto* factory = reinterpret_cast<ParallelFactory*>(library->symbol("booster_create_parallel"));
-  ParallelPlugin* raw = plugin::call_into(*library, "booster_create_parallel", [&] { return factory(options); });
-  return plugin::bind(library, std::shared_ptr<ParallelPlugin>(raw));
-}
+// The plugin as the Booster loads it: every call through the plugin boundary, and what it returns
+// bound to its library.
+std::shared_ptr<ParallelPlugin> load_ddp(const json& options = json::object()) { return create_plugin("ddp", options); }
 
 const distributed::GradientBucketer& bucketer_of(const TrainingParts& parts) {
   const auto* owner = dynamic_cast<const distributed::GradientBucketerOwner*>(parts.precision.get());
@@ -502,4 +501,70 @@ TEST_CASE("ddp: prepare_dataloader gives each rank its share, reshuffled by the 
   const std::vector<int64_t> epoch0 = epoch_order(0), epoch1 = epoch_order(1);
   CHECK(epoch0 != epoch1);
   CHECK(epoch_order(0) == epoch0);
+}
+
+TEST_CASE("ddp through the Booster: prepare_dataloader, no_sync and the boosted step train like one process",
+          "[mpi][ddp]") {
+  ProcessGroup& pg = group();
+  constexpr int64_t N = 64, kMicroBatch = 8;  // per rank; one process takes both ranks' rows at once
+  Generator gen(77);
+  auto dataset = std::make_shared<data::TensorDataset>(randn({N, kIn}, &gen), randint(0, kClasses, {N}, &gen));
+  nn::Criterion criterion = [](const Tensor& out, const Tensor& target) { return cross_entropy(out, target); };
+  auto make_sgd = [](const nn::ModulePtr& model) {
+    return std::make_shared<optim::SGD>(model->parameters(), json{{"lr", 0.1}, {"momentum", 0.9}});
+  };
+
+  BoosterConfig config;
+  config.plugin = "ddp";
+  config.plugin_options = {{"bucket_cap_mb", 0.01}};
+  Booster booster(config);
+  CHECK(booster.plugin().name() == "ddp");
+  nn::ModulePtr user_model = make_mlp(50 + uint64_t(pg.rank()));  // rank 1's start is overwritten
+  Boosted boosted = booster.boost(user_model, make_sgd(user_model), criterion);
+  data::DataLoaderOptions options;
+  options.batch_size = kMicroBatch;
+  options.shuffle = true;
+  options.seed = 3;
+  std::shared_ptr<data::DataLoader> loader = booster.prepare_dataloader(dataset, options);
+
+  // One process: the same permutation (Note [Deterministic shuffling]) in micro-batches of both ranks'
+  // rows: DistributedSampler gives rank r the positions r, r + 2, ..., so a one-process batch of 2 * 8
+  // rows holds the same samples as the two ranks' batches of 8.
+  nn::ModulePtr reference = make_mlp(50);
+  auto reference_optimizer = make_sgd(reference);
+  data::DataLoaderOptions reference_options = options;
+  reference_options.batch_size = pg.size() * kMicroBatch;
+  data::DataLoader reference_loader(dataset, reference_options);
+
+  for (int64_t epoch = 0; epoch < 2; ++epoch) {
+    loader->set_epoch(epoch);
+    reference_loader.set_epoch(epoch);
+    std::vector<data::Batch> mine, whole;
+    for (data::Batch& b : *loader) mine.push_back(b);
+    for (data::Batch& b : reference_loader) whole.push_back(b);
+    CHECK(mine.size() == whole.size());
+    // Gradient accumulation over pairs of micro-batches, the first of each pair without communication.
+    for (size_t i = 0; i + 1 < mine.size(); i += 2) {
+      boosted.optimizer->zero_grad();
+      {
+        auto no_sync = booster.no_sync();
+        booster.backward(mul(boosted.criterion((*boosted.model)(mine[i].x), mine[i].y), 0.5), *boosted.optimizer);
+      }
+      booster.backward(mul(boosted.criterion((*boosted.model)(mine[i + 1].x), mine[i + 1].y), 0.5),
+                       *boosted.optimizer);
+      boosted.optimizer->step();
+      CHECK_FALSE(boosted.optimizer->step_was_skipped());
+
+      reference_optimizer->zero_grad();
+      for (size_t k : {i, i + 1}) mul(criterion((*reference)(whole[k].x), whole[k].y), 0.5).backward();
+      reference_optimizer->step();
+    }
+  }
+  const auto* owner = dynamic_cast<const distributed::GradientBucketerOwner*>(&booster.precision());
+  CHECK(owner != nullptr);
+  if (owner) CHECK(owner->gradient_bucketer().stats().synced_backwards == 4);
+  // Summation order only (Note [ddp against one process: tolerances], fp32; SGD as in the no_sync case).
+  const Difference d = difference(parameters_of(*boosted.model), parameters_of(*reference));
+  CHECK(d.relative() <= 1e-5);
+  CHECK(same_bytes_on_every_rank(all_parameters(*boosted.model)));
 }
