@@ -268,6 +268,21 @@ TEST_CASE("ddp: 2 ranks with B samples each train like one process with 2B sampl
   }
 }
 
+TEST_CASE("ddp: master-weight strategies start from rank 0's masters and stay identical across ranks",
+          "[mpi][ddp]") {
+  ProcessGroup& pg = group();
+  constexpr int64_t B = 8;
+  for (const std::string precision : {"fp16_naive", "fp16_apex"}) {
+    INFO("precision " << precision);
+    // Rank 1 builds other weights, so its float32 masters differ too until ddp broadcasts them.
+    Training ddp = make_training(precision, 60 + uint64_t(pg.rank()), load_ddp());
+    for (int64_t step = 0; step < 5; ++step) train_step(ddp, rows_of(job_batch(step, 2 * B), pg.rank() * B, B));
+    CHECK_FALSE(ddp.precision->step_was_skipped());
+    CHECK(same_bytes_on_every_rank(all_parameters(*ddp.model)));
+    CHECK(parameters_of(*ddp.model) != parameters_of(*make_mlp(60)));  // it trained
+  }
+}
+
 TEST_CASE("ddp: no_sync accumulates locally and the next synced backward reduces the sum", "[mpi][ddp]") {
   ProcessGroup& pg = group();
   constexpr int64_t B = 8;
