@@ -11,6 +11,9 @@
 //                           each backward (default true, as torch, which does it before each forward)
 //   find_unused_parameters  agree across ranks on which parameters got no gradient, so every optimizer
 //                           skips those (default false, as torch; see Note [Gradient buckets])
+//   progress_thread         a thread polls the buckets in flight while backward computes, so they
+//                           advance during the GEMMs and not only between layers (default false;
+//                           Note [Progress thread]; worth it when a core is free for it)
 //
 // What configure() does:
 //  * broadcasts the parameters (the optimizer's flat buffers, and the float32 masters of a
@@ -40,11 +43,13 @@ struct DdpOptions {
   double bucket_cap_mb = 25.0;
   bool broadcast_buffers = true;
   bool find_unused_parameters = false;
+  bool progress_thread = false;
 
   json to_json() const {
     return {{"bucket_cap_mb", bucket_cap_mb},
             {"broadcast_buffers", broadcast_buffers},
-            {"find_unused_parameters", find_unused_parameters}};
+            {"find_unused_parameters", find_unused_parameters},
+            {"progress_thread", progress_thread}};
   }
 
   static DdpOptions parse(const json& options) {
@@ -52,7 +57,7 @@ struct DdpOptions {
     if (options.is_null()) return o;
     BOOSTER_CHECK(options.is_object(), ConfigError, "plugin 'ddp': options must be a JSON object, got ",
                   options.dump());
-    const std::string valid = "bucket_cap_mb, broadcast_buffers, find_unused_parameters";
+    const std::string valid = "bucket_cap_mb, broadcast_buffers, find_unused_parameters, progress_thread";
     for (auto it = options.begin(); it != options.end(); ++it) {
       const std::string& key = it.key();
       const json& v = it.value();
@@ -61,10 +66,12 @@ struct DdpOptions {
                       "plugin 'ddp': option 'bucket_cap_mb' = ", v.dump(),
                       " is not valid; it must be a number of MiB in (0, 1e6]");
         o.bucket_cap_mb = v.get<double>();
-      } else if (key == "broadcast_buffers" || key == "find_unused_parameters") {
+      } else if (key == "broadcast_buffers" || key == "find_unused_parameters" || key == "progress_thread") {
         BOOSTER_CHECK(v.is_boolean(), ConfigError, "plugin 'ddp': option '", key,
                       "' must be true or false, got ", v.dump());
-        (key == "broadcast_buffers" ? o.broadcast_buffers : o.find_unused_parameters) = v.get<bool>();
+        (key == "broadcast_buffers"        ? o.broadcast_buffers
+         : key == "find_unused_parameters" ? o.find_unused_parameters
+                                           : o.progress_thread) = v.get<bool>();
       } else {
         BOOSTER_FAIL(ConfigError, "plugin 'ddp': unknown option '", key, "'; valid options are: ", valid);
       }
@@ -159,6 +166,7 @@ class DdpPlugin final : public ParallelPlugin {
     distributed::GradientBucketerOptions bucket_options;
     bucket_options.bucket_cap_mb = options_.bucket_cap_mb;
     bucket_options.find_unused_parameters = options_.find_unused_parameters;
+    bucket_options.progress_thread = options_.progress_thread;
     bucket_options.op = distributed::ReduceOp::Avg;
     bucketer_ = std::make_shared<GradientBucketer>(pg, std::move(buffers), bucket_options);
     bucketer_->set_sync(sync_);

@@ -3,7 +3,10 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <condition_variable>
 #include <deque>
+#include <mutex>
+#include <thread>
 
 #include "booster/autograd/autograd.h"
 #include "booster/common/error.h"
@@ -14,6 +17,86 @@ namespace {
 // torch's _DEFAULT_FIRST_BUCKET_BYTES: a small first bucket gets communication going early.
 constexpr int64_t kFirstBucketBytes = int64_t(1) << 20;
 }  // namespace
+
+// Note [Progress thread]
+// With options.progress_thread, a thread polls the oldest bucket in flight (Work::is_completed, one
+// MPI_Testall) every kPollInterval while backward computes, so a collective advances during the
+// GEMMs instead of only when a hook runs. Works are handed over under a mutex; the thread touches
+// only the works it was given, and wait() first stops it (waiting until it is out of MPI) and then
+// waits for every work itself, so no Work is ever used by two threads at once.
+namespace {
+constexpr auto kPollInterval = std::chrono::microseconds(50);
+}  // namespace
+
+struct ProgressThread {
+  std::mutex mu;
+  std::condition_variable cv;
+  std::vector<WorkPtr> queue;  // handed over, in launch order
+  size_t completed = 0;        // queue[0, completed) are known complete
+  bool paused = false;         // wait() is running: hands off
+  bool busy = false;           // inside is_completed()
+  bool stop = false;
+  std::thread thread;
+
+  ProgressThread() : thread([this] { run(); }) {}
+  ~ProgressThread() {
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      stop = true;
+    }
+    cv.notify_all();
+    thread.join();
+  }
+
+  void hand_over(WorkPtr work) {
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      queue.push_back(std::move(work));
+    }
+    cv.notify_all();
+  }
+
+  // Stops polling; returns once the thread is out of is_completed(). resume() clears the queue.
+  void pause() {
+    std::unique_lock<std::mutex> lock(mu);
+    paused = true;
+    cv.wait(lock, [&] { return !busy; });
+  }
+  void resume() {
+    std::lock_guard<std::mutex> lock(mu);
+    queue.clear();
+    completed = 0;
+    paused = false;
+  }
+
+ private:
+  void run() {
+    std::unique_lock<std::mutex> lock(mu);
+    for (;;) {
+      cv.wait(lock, [&] { return stop || (!paused && completed < queue.size()); });
+      if (stop) return;
+      WorkPtr work = queue[completed];
+      busy = true;
+      lock.unlock();
+      bool done = false;
+      try {
+        done = work->is_completed();
+      } catch (...) {
+        done = true;  // wait() will see the failure and report it
+      }
+      lock.lock();
+      busy = false;
+      cv.notify_all();
+      if (done) {
+        ++completed;
+      } else {
+        lock.unlock();
+        std::this_thread::sleep_for(kPollInterval);
+        lock.lock();
+      }
+    }
+  }
+};
 
 // One parameter that requires grad: where its gradient lives and which bucket holds it.
 struct ParamSlot {
@@ -37,6 +120,7 @@ struct GradientBucketer::State {
   bool sync = true;
   bool in_flight = false;  // something launched since the last wait()
   int64_t launched_in_hooks = 0, launched_at_finish = 0;  // in the current backward
+  std::unique_ptr<ProgressThread> progress;                 // with options.progress_thread
   GradientBucketStats stats;
 
   // The flat gradient slot of a parameter, as a tensor of the parameter's shape.
@@ -82,6 +166,7 @@ struct GradientBucketer::State {
     const BufferSpan span = BufferSpan::of(buffers[bucket.buffer]->grad(), "GradientBucketer")
                                 .slice(bucket.begin, bucket.end - bucket.begin);
     works.push_back(group->all_reduce_async(span, options.op));
+    if (progress) progress->hand_over(works.back());
     in_flight = true;
     ++(from_hook ? launched_in_hooks : launched_at_finish);
   }
@@ -92,6 +177,7 @@ struct GradientBucketer::State {
 
   // Moves outstanding collectives along (Note [Gradient buckets], "Progress").
   void poll() {
+    if (progress) return;  // the thread polls
     while (polled < works.size() && works[polled]->is_completed()) ++polled;
   }
 
@@ -120,7 +206,14 @@ struct GradientBucketer::State {
   void wait() {
     if (!in_flight) return;
     const auto start = std::chrono::steady_clock::now();
-    for (WorkPtr& w : works) w->wait();
+    if (progress) progress->pause();
+    try {
+      for (WorkPtr& w : works) w->wait();
+    } catch (...) {
+      if (progress) progress->resume();
+      throw;
+    }
+    if (progress) progress->resume();
     works.clear();
     polled = 0;
     if (used_flags_work) used_flags_work->wait();
@@ -209,6 +302,7 @@ GradientBucketer::GradientBucketer(ProcessGroup& group, std::vector<const optim:
     }
   }
   st.pending = st.slots_per_bucket;
+  if (options.progress_thread && group.size() > 1) st.progress = std::make_unique<ProgressThread>();
   if (options.find_unused_parameters)
     st.used_flags = Tensor::empty({std::max<int64_t>(1, int64_t(st.slots.size()))}, DType::Int32);
 }

@@ -16,6 +16,9 @@
 //   that completes bucket k launches k and every ready bucket after it.
 // * Progress: OpenMPI has no progress thread (Note [MPI progress]); each later hook polls the oldest
 //   bucket still in flight (one cheap MPI_Testall), which moves every outstanding collective along.
+//   Hooks run only between layers, so optionally a thread of ours polls during the layers' GEMMs
+//   (Note [Progress thread] in bucket.cpp): it helps where a core is free for it, and costs compute
+//   time where none is.
 // * A parameter that gets no gradient in a backward (an unused branch, or one only some ranks take)
 //   never completes its bucket. finish_backward(), called once after every backward on every rank,
 //   launches whatever is left, in order, so no rank waits for a collective another rank never starts.
@@ -47,6 +50,7 @@ struct GradientBucketerOptions {
   double bucket_cap_mb = 25.0;  // MiB per bucket, as torch's bucket_cap_mb
   ReduceOp op = ReduceOp::Avg;
   bool find_unused_parameters = false;  // see Note [Gradient buckets], "Arrival"
+  bool progress_thread = false;         // poll buckets in flight from a thread (Note [Progress thread])
 };
 
 // What the bucketer did, for tests (does communication really overlap backward?) and benchmarks.
