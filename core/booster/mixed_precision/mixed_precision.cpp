@@ -206,6 +206,7 @@ Tensor PrecisionModule::forward(const Tensor& x) {
 }
 
 Criterion autocast_criterion(Criterion criterion, DType dtype, std::shared_ptr<const autocast::PolicyTable> table) {
+  if (!criterion) return criterion;  // none given: none returned
   return [criterion = std::move(criterion), dtype, table](const Tensor& output, const Tensor& target) {
     autocast::AutocastGuard guard(true, dtype, table);
     return criterion(output, target);

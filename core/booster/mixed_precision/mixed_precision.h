@@ -235,7 +235,8 @@ class PrecisionModule : public nn::Module {
   Options options_;
 };
 
-// The criterion run under autocast to `dtype` (losses are float32 ops in the policy table).
+// The criterion run under autocast to `dtype` (losses are float32 ops in the policy table); an empty
+// criterion stays empty.
 Criterion autocast_criterion(Criterion criterion, DType dtype,
                              std::shared_ptr<const autocast::PolicyTable> table = nullptr);
 
