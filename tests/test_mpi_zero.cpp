@@ -4,10 +4,15 @@
 // strategy for 16-bit training.
 #include <catch2/catch.hpp>
 
+#include <unistd.h>
+
 #include <cmath>
+#include <cstring>
+#include <filesystem>
 #include <limits>
 
 #include "booster/autograd/autograd.h"
+#include "booster/booster/booster.h"
 #include "booster/booster/plugin.h"
 #include "booster/distributed/process_group.h"
 #include "booster/mixed_precision/mixed_precision.h"
@@ -15,6 +20,7 @@
 #include "booster/nn/container.h"
 #include "booster/nn/linear.h"
 #include "booster/ops/ops.h"
+#include "booster/optim/lr_scheduler.h"
 #include "booster/optim/optimizer.h"
 #include "booster/plugin/loader.h"
 #include "booster/tensor/storage.h"
@@ -442,4 +448,104 @@ TEST_CASE("zero: an unsharded optimizer's state_dict loads into the shards (port
   for (int s = 5; s < 10; ++s) z.train_step(my_rows(whole_batch(s)));
   const std::vector<Tensor> got = float32_params(*z.parts.model), expected = float32_params(*solo);
   for (size_t i = 0; i < got.size(); ++i) REQUIRE(relative_error(got[i], expected[i]) < 1e-5);
+}
+
+// ------------------------------------------------------------------------------------ through the Booster
+
+namespace {
+
+nn::Criterion mse() {
+  return [](const Tensor& output, const Tensor& target) { return mse_loss(output, target); };
+}
+
+// A directory both ranks agree on (rank 0's pid).
+std::filesystem::path shared_dir(const std::string& stem) {
+  Tensor pid = full({1}, double(getpid()), DType::Int64);
+  group().broadcast(pid, 0);
+  return std::filesystem::temp_directory_path() / (stem + std::to_string(int64_t(pid.item())));
+}
+
+}  // namespace
+
+TEST_CASE("zero: the Booster rejects 16-bit strategies with low_level_zero and names the option to use",
+          "[mpi][zero][booster]") {
+  REQUIRE_THROWS_AS(Booster(BoosterConfig{.mixed_precision = "fp16", .plugin = "low_level_zero"}), IncompatibleError);
+  REQUIRE_THROWS_WITH(Booster(BoosterConfig{.mixed_precision = "fp16_naive", .plugin = "low_level_zero"}),
+                      Catch::Contains("low_level_zero manages precision itself"));
+  Booster ok(BoosterConfig{.plugin = "low_level_zero", .plugin_options = {{"stage", 2}}});
+  REQUIRE(ok.plugin().name() == "low_level_zero");
+}
+
+TEST_CASE("zero: through the Booster, a scheduler on the user's optimizer drives the shard optimizer",
+          "[mpi][zero][booster]") {
+  // Reference: one process, whole batch, AdamW with StepLR halving the lr every 5 steps.
+  nn::ModulePtr ref = make_model(7);
+  auto ref_opt = optim::make_optimizer(kAdamW, ref->parameters());
+  optim::StepLR ref_sched(*ref_opt, 5, 0.5);
+  for (int s = 0; s < 20; ++s) {
+    ref_opt->zero_grad();
+    loss_of(*ref, whole_batch(s)).backward();
+    ref_opt->step();
+    ref_sched.step();
+  }
+  for (int stage : {1, 2}) {
+    INFO("stage " << stage);
+    Booster booster(BoosterConfig{.plugin = "low_level_zero", .plugin_options = {{"stage", stage}, {"precision", "fp32"}}});
+    nn::ModulePtr model = make_model(group().rank() == 0 ? 7 : 8);
+    std::shared_ptr<optim::Optimizer> opt = optim::make_optimizer(kAdamW, model->parameters());
+    auto sched = std::make_shared<optim::StepLR>(*opt, 5, 0.5);
+    Boosted b = booster.boost(model, opt, mse(), nullptr, sched);
+    for (int s = 0; s < 20; ++s) {
+      const Batch rows = my_rows(whole_batch(s));
+      b.optimizer->zero_grad();
+      booster.backward(b.criterion((*b.model)(rows.x), rows.y), *b.optimizer);
+      b.optimizer->step();
+      b.scheduler->step();
+    }
+    REQUIRE(b.optimizer->lr() == Approx(1e-2 / 16));
+    REQUIRE(b.optimizer->stepped_optimizer().lr() == Approx(1e-2 / 8));  // the lr of the 20th step
+    const std::vector<Tensor> got = float32_params(*b.model), expected = float32_params(*ref);
+    for (size_t i = 0; i < got.size(); ++i) REQUIRE(relative_error(got[i], expected[i]) < 1e-5);
+  }
+}
+
+TEST_CASE("zero: Booster save and load (optimizer gathered into one file by rank 0) continue bit-identically",
+          "[mpi][zero][booster][checkpoint]") {
+  const std::filesystem::path dir = shared_dir("booster_test_mpi_zero_");
+  const json options = {{"stage", 2}, {"precision", "fp16"}, {"initial_scale", 1024.0}, {"growth_interval", 3}};
+  auto make = [&](Booster& booster, uint64_t seed) {
+    nn::ModulePtr model = make_model(seed);
+    std::shared_ptr<optim::Optimizer> opt = optim::make_optimizer(kAdamW, model->parameters());
+    return booster.boost(model, opt, mse(), nullptr, std::make_shared<optim::StepLR>(*opt, 3, 0.5));
+  };
+  auto steps = [&](Booster& booster, Boosted& b, int from, int to) {
+    for (int s = from; s < to; ++s) {
+      const Batch rows = my_rows(whole_batch(s));
+      b.optimizer->zero_grad();
+      booster.backward(b.criterion((*b.model)(rows.x), rows.y), *b.optimizer);
+      b.optimizer->step();
+      b.scheduler->step();
+    }
+  };
+  Booster first(BoosterConfig{.plugin = "low_level_zero", .plugin_options = options});
+  Boosted a = make(first, 7);
+  steps(first, a, 0, 5);
+  first.save_model(*a.model, dir / "model");
+  first.save_optimizer(*a.optimizer, dir / "optimizer");
+  first.save_lr_scheduler(*a.scheduler, dir / "scheduler.json");
+  REQUIRE(std::filesystem::exists(dir / "optimizer" / "optimizer.safetensors"));
+  steps(first, a, 5, 10);
+
+  Booster second(BoosterConfig{.plugin = "low_level_zero", .plugin_options = options});
+  Boosted b = make(second, 4242);
+  second.load_model(*b.model, dir / "model");
+  second.load_optimizer(*b.optimizer, dir / "optimizer");
+  second.load_lr_scheduler(*b.scheduler, dir / "scheduler.json");
+  steps(second, b, 5, 10);
+  REQUIRE(second.precision().loss_scale() == first.precision().loss_scale());
+  REQUIRE(b.optimizer->lr() == a.optimizer->lr());
+  const std::vector<Tensor> pa = a.model->parameters(), pb = b.model->parameters();
+  for (size_t i = 0; i < pa.size(); ++i) REQUIRE(bitwise_equal(pa[i], pb[i]));
+  group().barrier();
+  if (group().rank() == 0) std::filesystem::remove_all(dir);
 }
