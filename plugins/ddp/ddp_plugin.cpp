@@ -129,7 +129,7 @@ class DdpPlugin final : public ParallelPlugin {
   explicit DdpPlugin(const json& options) : options_(DdpOptions::parse(options)) {}
 
   std::string name() const override { return "ddp"; }
-  std::string version() const override { return "0.1.0"; }
+  std::string version() const override { return "1.0"; }
   json options() const override { return options_.to_json(); }
 
   std::vector<std::string> supported_devices() const override { return {"cpu"}; }
