@@ -16,6 +16,8 @@
 
 #include <cmath>
 #include <cstring>
+#include <filesystem>
+#include <unistd.h>
 
 #include "booster/booster/booster.h"
 #include "booster/booster/plugin.h"
@@ -592,4 +594,55 @@ TEST_CASE("ddp through the Booster: prepare_dataloader, no_sync and the boosted 
   const Difference d = difference(parameters_of(*boosted.model), parameters_of(*reference));
   CHECK(d.relative() <= 1e-5);
   CHECK(same_bytes_on_every_rank(all_parameters(*boosted.model)));
+}
+
+TEST_CASE("ddp through the Booster: rank 0 saves model and optimizer, every rank loads them", "[mpi][ddp]") {
+  ProcessGroup& pg = group();
+  constexpr int64_t B = 8;
+  // One directory for the job: rank 0's pid, broadcast.
+  Tensor pid = full({1}, double(getpid()), DType::Int64);
+  pg.broadcast(pid, 0);
+  const std::filesystem::path dir =
+      std::filesystem::temp_directory_path() / ("booster_ddp_checkpoint_" + std::to_string(int64_t(pid.item())));
+  auto make_sgd = [](const nn::ModulePtr& model) {
+    return std::make_shared<optim::SGD>(model->parameters(), json{{"lr", 0.1}, {"momentum", 0.9}});
+  };
+  nn::Criterion criterion = [](const Tensor& out, const Tensor& target) { return cross_entropy(out, target); };
+  BoosterConfig config;
+  config.plugin = "ddp";
+  config.mixed_precision = "fp16";
+  config.mixed_precision_options = precision_options("fp16");
+
+  Booster trained(config);
+  nn::ModulePtr model = make_mlp(80);
+  Boosted a = trained.boost(model, make_sgd(model), criterion);
+  for (int64_t step = 0; step < 3; ++step) {
+    const data::Batch mine = rows_of(job_batch(step, 2 * B), pg.rank() * B, B);
+    a.optimizer->zero_grad();
+    trained.backward(a.criterion((*a.model)(mine.x), mine.y), *a.optimizer);
+    a.optimizer->step();
+  }
+  trained.save_model(*a.model, dir / "model");
+  trained.save_optimizer(*a.optimizer, dir / "optimizer");
+  CHECK(std::filesystem::exists(dir / "model" / "model.safetensors"));
+
+  Booster restored(config);
+  nn::ModulePtr fresh = make_mlp(81 + uint64_t(pg.rank()));
+  Boosted b = restored.boost(fresh, make_sgd(fresh), criterion);
+  restored.load_model(*b.model, dir / "model");
+  restored.load_optimizer(*b.optimizer, dir / "optimizer");
+  CHECK(parameters_of(*b.model) == parameters_of(*a.model));
+  CHECK(restored.precision().loss_scale() == trained.precision().loss_scale());
+  // Both continue identically (momentum buffers restored too).
+  const data::Batch next = rows_of(job_batch(3, 2 * B), pg.rank() * B, B);
+  for (auto* run : {&a, &b}) {
+    Booster& booster = run == &a ? trained : restored;
+    run->optimizer->zero_grad();
+    booster.backward(run->criterion((*run->model)(next.x), next.y), *run->optimizer);
+    run->optimizer->step();
+  }
+  CHECK(parameters_of(*b.model) == parameters_of(*a.model));
+  CHECK(same_bytes_on_every_rank(all_parameters(*b.model)));
+  pg.barrier();
+  if (pg.rank() == 0) std::filesystem::remove_all(dir);
 }
