@@ -7,9 +7,10 @@
 // AdamW, fp32, `--batch` samples per rank. Modes:
 //   no overlap   backward with gradient sync off (no hooks launch anything), then ONE blocking
 //                all-reduce (Avg) of the whole flat gradient, then the optimizer step;
-//   overlap cap  the ddp plugin as users get it: buckets of `cap` MiB launched from the grad-ready
-//                hooks while backward runs, waited before the step; then the same with the plugin's
-//                progress_thread option (a thread polls the buckets in flight during the GEMMs).
+//   overlap cap  the ddp plugin: buckets of `cap` MiB launched from the grad-ready hooks while backward
+//                runs, waited before the step; first with progress_thread false (only the hooks poll
+//                the buckets in flight), then as users get it by default, with the progress thread
+//                (which also polls during the GEMMs).
 // Per step we time the whole step (zero_grad, forward, backward, step) and the time blocked on
 // communication (no overlap: the all-reduce; overlap: GradientBucketer::wait, which the step calls).
 // Printed: medians over steps on rank 0, and the share wait / step.
@@ -102,7 +103,7 @@ Result run(double cap_mb, bool progress_thread, int64_t batch, int steps, int wa
   }
   std::ostringstream mode;
   if (overlap)
-    mode << "overlap, bucket_cap_mb " << cap_mb << (progress_thread ? ", progress thread" : "");
+    mode << (progress_thread ? "overlap + progress thread" : "overlap, hooks poll") << ", bucket_cap_mb " << cap_mb;
   else
     mode << "no overlap (one all-reduce after backward)";
   return {mode.str(), 1e3 * median(step_s), 1e3 * median(wait_s),

@@ -174,7 +174,7 @@ TEST_CASE("ddp: options are validated and the declarations are the documented on
   CHECK(plugin->name() == "ddp");
   CHECK(plugin->options() ==
           json{{"bucket_cap_mb", 25.0}, {"broadcast_buffers", true}, {"find_unused_parameters", false},
-               {"progress_thread", false}});
+               {"progress_thread", true}});
   CHECK(plugin->supported_devices() == std::vector<std::string>{"cpu"});
   CHECK(plugin->supported_precisions() == std::vector<std::string>{"*"});
   CHECK_FALSE(plugin->control_precision());
