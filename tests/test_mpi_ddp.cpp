@@ -483,6 +483,48 @@ TEST_CASE("ddp: parameters without a gradient on some or all ranks do not hang t
   }
 }
 
+namespace {
+// A linear layer with a buffer that its forward updates from rank-local information (as BatchNorm's
+// running statistics are updated from the rank's own batch): +1 on rank 0, +2 on rank 1.
+class RankCounter final : public nn::Module {
+ public:
+  explicit RankCounter(int rank) {
+    Generator gen(31);
+    fc = register_module("fc", std::make_shared<nn::Linear>(kIn, kClasses, true, &gen));
+    count = register_buffer("count", full({1}, 10.0 * rank));
+    set_tensor_names();
+  }
+  Tensor forward(const Tensor& x) override {
+    count.add_(full({1}, double(group().rank() + 1)));
+    return (*fc)(x);
+  }
+  std::string name() const override { return "RankCounter"; }
+  std::shared_ptr<nn::Linear> fc;
+  Tensor count;
+};
+}  // namespace
+
+TEST_CASE("ddp: module buffers start as rank 0's and follow rank 0's with broadcast_buffers", "[mpi][ddp]") {
+  ProcessGroup& pg = group();
+  constexpr int64_t B = 8;
+  for (const bool broadcast_buffers : {true, false}) {
+    INFO("broadcast_buffers " << broadcast_buffers);
+    auto model = std::make_shared<RankCounter>(pg.rank());
+    Training ddp = make_training("fp32", 0, load_ddp({{"broadcast_buffers", broadcast_buffers}}), model);
+    CHECK(model->count.item() == 0.0);  // rank 0's, broadcast by configure() in both cases
+    for (int64_t step = 0; step < 2; ++step) {
+      train_step(ddp, rows_of(job_batch(step, 2 * B), pg.rank() * B, B));
+      // The forward added 1 (rank 0) or 2 (rank 1); with broadcast_buffers the backward that followed
+      // gave every rank rank 0's value, as torch's broadcast before the next forward does.
+      if (broadcast_buffers)
+        CHECK(model->count.item() == double(step + 1));
+      else
+        CHECK(model->count.item() == double((step + 1) * (pg.rank() + 1)));
+    }
+    CHECK(same_bytes_on_every_rank(all_parameters(*ddp.model)));
+  }
+}
+
 TEST_CASE("ddp: configure without an optimizer still starts every rank from rank 0's weights", "[mpi][ddp]") {
   ProcessGroup& pg = group();
   auto plugin = load_ddp();
