@@ -436,6 +436,50 @@ TEST_CASE("ddp: with small buckets, several are launched from the hooks while ba
   CHECK(bucketer_of(one_bucket).buckets().size() == 1);
 }
 
+TEST_CASE("ddp: several flat buffers (two param groups) are bucketed and reduced alike", "[mpi][ddp]") {
+  ProcessGroup& pg = group();
+  constexpr int64_t B = 8;
+  // Group 0: the first layer; group 1: the rest, with its own learning rate. One flat buffer each.
+  auto make_groups = [](const nn::ModulePtr& model) {
+    std::vector<Tensor> params = model->parameters();
+    std::vector<optim::ParamGroup> groups(2);
+    groups[0].params = {params[0], params[1]};
+    groups[1].params = std::vector<Tensor>(params.begin() + 2, params.end());
+    groups[1].options = {{"lr", 0.05}};
+    return std::make_shared<optim::SGD>(groups, json{{"lr", 0.1}, {"momentum", 0.9}});
+  };
+  auto run = [&](uint64_t seed, const std::shared_ptr<ParallelPlugin>& plugin) {
+    Training t;
+    t.plugin = plugin;
+    t.model = make_mlp(seed);
+    t.optimizer = make_groups(t.model);
+    t.criterion = [](const Tensor& out, const Tensor& target) { return cross_entropy(out, target); };
+    t.precision = mixed_precision::create("fp32");
+    if (plugin) static_cast<TrainingParts&>(t) = plugin->configure(t);
+    return t;
+  };
+  Training reference = run(90, nullptr);
+  Training ddp = run(90 + uint64_t(pg.rank()), load_ddp({{"bucket_cap_mb", 10.0 / 1024}}));
+  const auto& buckets = bucketer_of(ddp).buckets();
+  // Last buffer first, each bucket inside one buffer: [fc3.b fc3.w fc2.b] [fc2.w] from buffer 1,
+  // then [fc1.b fc1.w] from buffer 0.
+  CHECK(buckets.size() == 3);
+  if (buckets.size() == 3) {
+    CHECK(buckets[0].buffer == 1);
+    CHECK(buckets[1].buffer == 1);
+    CHECK(buckets[2].buffer == 0);
+    CHECK(buckets[2].params == std::vector<size_t>{1, 0});
+  }
+  for (int64_t step = 0; step < 5; ++step) {
+    const data::Batch batch = job_batch(step, 2 * B);
+    train_step(reference, batch);
+    train_step(ddp, rows_of(batch, pg.rank() * B, B));
+  }
+  const Difference d = difference(parameters_of(*ddp.model), parameters_of(*reference.model));
+  CHECK(d.relative() <= 1e-5);
+  CHECK(same_bytes_on_every_rank(all_parameters(*ddp.model)));
+}
+
 namespace {
 // Three linear heads summed: `a` always, `b` only where use_b, `c` never.
 class Branches final : public nn::Module {
