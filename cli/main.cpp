@@ -21,11 +21,13 @@ constexpr const char* kVersion = "0.1.0";
 constexpr const char* kUsage =
     "usage: booster <command> [options]\n"
     "\n"
-    "Train neural networks on the CPU from a JSON config.\n"
+    "Train neural networks from a JSON config; switch precision and parallelism in the config.\n"
     "\n"
     "commands:\n"
-    "  train    train a model: booster train --config FILE [--set key.path=value ...]\n"
-    "  check    validate a config and print it with every default filled in\n"
+    "  train       train a model: booster train --config FILE [--set key.path=value ...]\n"
+    "  check       validate a config and print it with every default filled in\n"
+    "  run         start a command as N processes: booster run -n N -- booster train ...\n"
+    "  plot        draw the loss curves of runs: booster plot --out FILE.png RUN.jsonl ...\n"
     "  precisions  list the mixed-precision strategies with their options and defaults\n"
     "\n"
     "options:\n"
@@ -34,24 +36,27 @@ constexpr const char* kUsage =
     "\n"
     "example:\n"
     "  booster train --config examples/configs/fashion_mnist_mlp.json --set train.epochs=1\n"
-    "  booster train --config examples/configs/fashion_mnist_mlp.json --mixed-precision bf16\n";
+    "  booster train --config examples/configs/fashion_mnist_mlp.json --mixed-precision bf16\n"
+    "  booster plot --out loss.png runs/*/metrics.jsonl\n";
 
 // A mistake on the command line: exit code 2 like a config mistake.
 struct UsageError : booster::Error {
   using booster::Error::Error;
 };
 
+// The version and what this build can do: the CUDA backend (compiled in, and whether a device is
+// there), MPI (multi-process runs), the build type.
 void print_version() {
   std::cout << "booster " << kVersion << "\n"
 #ifdef BOOSTER_WITH_CUDA
-            << "  CUDA: on\n"
+            << "  CUDA: on (compiled in)\n"
 #else
-            << "  CUDA: off\n"
+            << "  CUDA: off (not compiled in)\n"
 #endif
 #ifdef BOOSTER_WITH_MPI
-            << "  MPI: on\n"
+            << "  MPI: on (booster run -n N starts N processes)\n"
 #else
-            << "  MPI: off\n"
+            << "  MPI: off (one process only)\n"
 #endif
 #ifdef NDEBUG
             << "  build: release\n";
@@ -134,8 +139,10 @@ int run(int argc, char** argv) {
     }
     return booster::cli::precisions();
   }
+  if (command == "plot") return booster::cli::plot(rest);
+  if (command == "run") return booster::cli::run(rest);
   std::string msg = "unknown command '" + command + "'";
-  if (auto guess = booster::config::nearest(command, {"train", "check", "precisions"})) msg += "; did you mean '" + *guess + "'?";
+  if (auto guess = booster::config::nearest(command, {"train", "check", "run", "plot", "precisions"})) msg += "; did you mean '" + *guess + "'?";
   throw UsageError(msg + " (see booster --help)");
 }
 

@@ -1,16 +1,21 @@
 // `booster train`: the training loop driven by a resolved config.
 //
-// Progress goes to stderr, one line every train.log_every steps; the last line on stdout is the run's
-// summary as one JSON object, so scripts can read it with `tail -n 1`.
+// Progress goes to stderr (a bar on a terminal, one line every train.log_every steps otherwise), metrics
+// to <run_dir>/metrics.jsonl; the last line on stdout is the run's summary as one JSON object, so scripts
+// can read it with `tail -n 1` (Note [What booster train prints] in cli/progress.h).
 #include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <ctime>
+#include <filesystem>
+#include <fstream>
 #include <iostream>
 #include <memory>
 #include <optional>
 
 #include "booster/common/error.h"
+#include "booster/config/config.h"
 #include "booster/config/training.h"
 #include "booster/data/data.h"
 #include "booster/mixed_precision/mixed_precision.h"
@@ -20,25 +25,43 @@
 #include "booster/optim/optimizer.h"
 #include "booster/tensor/random.h"
 #include "cli/commands.h"
+#include "cli/progress.h"
 
 namespace booster::cli {
 
 using nlohmann::json;
 using Clock = std::chrono::steady_clock;
+namespace fs = std::filesystem;
 
 namespace {
 
 double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
 
-std::string human_count(int64_t n) {
-  char buf[32];
-  if (n >= 1000000) std::snprintf(buf, sizeof buf, "%.2fM", double(n) / 1e6);
-  else if (n >= 1000) std::snprintf(buf, sizeof buf, "%.1fk", double(n) / 1e3);
-  else std::snprintf(buf, sizeof buf, "%lld", static_cast<long long>(n));
+template <class... Values>
+std::string format_line(const char* format, Values... values) {
+  char buf[512];
+  std::snprintf(buf, sizeof buf, format, values...);
   return buf;
 }
 
 }  // namespace
+
+std::optional<fs::path> make_run_dir(const json& train_cfg) {
+  if (!train_cfg.at("run_dir").is_string()) return std::nullopt;
+  std::string dir = train_cfg.at("run_dir").get<std::string>();
+  const size_t at = dir.find("{time}");
+  if (at == std::string::npos) return fs::path(dir);
+  const std::time_t now = std::time(nullptr);
+  std::tm utc{};
+  gmtime_r(&now, &utc);
+  char stamp[32];
+  std::strftime(stamp, sizeof stamp, "%Y%m%d-%H%M%S", &utc);
+  dir.replace(at, 6, stamp);
+  // Two runs started in the same second get their own directories.
+  fs::path candidate = dir;
+  for (int n = 2; fs::exists(candidate); ++n) candidate = dir + "-" + std::to_string(n);
+  return candidate;
+}
 
 int train(const json& config) {
   const json& train_cfg = config.at("train");
@@ -47,6 +70,20 @@ int train(const json& config) {
   const int64_t log_every = train_cfg.at("log_every").get<int64_t>();
   const int64_t eval_every = train_cfg.at("eval_every").get<int64_t>();
   manual_seed(seed);
+  Progress progress(Progress::detect());
+  const bool is_rank0 = process_rank() == 0;
+
+  // ---- the run directory (Note [The run directory] in config.h): only rank 0 writes files.
+  std::optional<fs::path> run_dir = is_rank0 ? make_run_dir(train_cfg) : std::nullopt;
+  MetricsLog metrics;
+  if (run_dir) {
+    std::error_code ec;
+    fs::create_directories(*run_dir, ec);
+    BOOSTER_CHECK(!ec, ConfigError, "cannot create the run directory '", run_dir->string(), "': ", ec.message(),
+                  "; set train.run_dir to a writable directory, or to null for no files");
+    std::ofstream(*run_dir / "config.json") << config.dump(2) << "\n";
+    metrics.open(*run_dir / kMetricsFileName);
+  }
 
   // ---- data
   const json& data_cfg = config.at("data");
@@ -86,23 +123,30 @@ int train(const json& config) {
   // steps are worth a column in the log and a value in the summary.
   const bool scales_loss = precision->loss_scale() != 1.0;
 
-  std::cerr << "booster: " << split.description << "\n"
-            << "booster: model " << model->name() << " with " << human_count(model->num_parameters())
-            << " parameters, optimizer " << optimizer->name()
-            << (scheduler ? ", lr scheduler " + scheduler->name() : std::string()) << ", precision "
-            << precision->name() << ", " << total_steps << " steps ("
-            << loader.size() << " per epoch)\n";
+  progress.print("booster: " + split.description);
+  progress.print("booster: model " + model->name() + " with " + human_count(double(model->num_parameters())) +
+                 " parameters, optimizer " + optimizer->name() +
+                 (scheduler ? ", lr scheduler " + scheduler->name() : std::string()) + ", precision " +
+                 precision->name() + ", " + std::to_string(total_steps) + " steps (" + std::to_string(loader.size()) +
+                 " per epoch)" + (run_dir ? ", run directory " + run_dir->string() : std::string()));
 
   // ---- the loop
+  const auto run_start = Clock::now();
   json summary = json::object();
   std::optional<config::Evaluation> last_eval;
   auto run_evaluation = [&](int64_t step) {
     if (!split.test) return;
     const auto t0 = Clock::now();
     last_eval = config::evaluate(*model, split, criterion, eval_batch_size);
-    std::fprintf(stderr, "eval  step %6lld | test loss %.4f | test accuracy %.2f%% | %lld samples in %.2fs\n",
-                 static_cast<long long>(step), last_eval->loss, 100.0 * last_eval->accuracy,
-                 static_cast<long long>(last_eval->samples), seconds_since(t0));
+    progress.print(format_line("eval  step %6lld | test loss %.4f | test accuracy %.2f%% | %lld samples in %.2fs",
+                               static_cast<long long>(step), last_eval->loss, 100.0 * last_eval->accuracy,
+                               static_cast<long long>(last_eval->samples), seconds_since(t0)));
+    metrics.write({{"kind", "eval"},
+                   {"step", step},
+                   {"test_loss", last_eval->loss},
+                   {"test_accuracy", last_eval->accuracy},
+                   {"samples", last_eval->samples},
+                   {"time", seconds_since(run_start)}});
   };
 
   model->train();
@@ -112,7 +156,6 @@ int train(const json& config) {
   int64_t samples_seen = 0, window_samples = 0;
   double train_seconds = 0.0;  // time in training steps, without evaluation
   auto window_start = Clock::now();
-  const auto run_start = Clock::now();
   for (int64_t epoch = 0; epoch < epochs && step < total_steps; ++epoch) {
     loader.set_epoch(epoch);
     for (data::Batch& batch : loader) {
@@ -139,16 +182,29 @@ int train(const json& config) {
       // the scale would fall below its floor).
       BOOSTER_CHECK(skipped || std::isfinite(last_loss), TrainingError, "the loss is ", last_loss, " at step ", step,
                     "; lower optimizer.lr or check the data");
-      if (step % log_every == 0 || step == total_steps) {
-        const double window_seconds = seconds_since(window_start);
-        char scale_text[64] = "";
-        if (scales_loss)
-          std::snprintf(scale_text, sizeof scale_text, " | scale %g | skipped %lld", precision->loss_scale(),
-                        static_cast<long long>(skipped_steps));
-        std::fprintf(stderr, "step %6lld/%lld | epoch %lld | loss %.4f | lr %.3g%s | %.0f samples/s\n",
-                     static_cast<long long>(step), static_cast<long long>(total_steps),
-                     static_cast<long long>(epoch + 1), last_loss, step_lr, scale_text,
-                     double(window_samples) / std::max(window_seconds, 1e-9));
+      const bool logged = step % log_every == 0 || step == total_steps;
+      StepReport report;
+      report.step = step;
+      report.total_steps = total_steps;
+      report.epoch = epoch + 1;
+      report.loss = last_loss;
+      report.lr = step_lr;
+      if (scales_loss) report.loss_scale = precision->loss_scale();
+      report.skipped = skipped_steps;
+      report.samples_per_second = double(window_samples) / std::max(seconds_since(window_start), 1e-9);
+      report.seconds = seconds_since(run_start);
+      report.eta_seconds = train_seconds / double(step) * double(total_steps - step);
+      progress.update(report, logged);
+      if (logged) {
+        metrics.write({{"kind", "train"},
+                       {"step", step},
+                       {"epoch", report.epoch},
+                       {"loss", last_loss},
+                       {"lr", step_lr},
+                       {"loss_scale", report.loss_scale ? json(*report.loss_scale) : json(nullptr)},
+                       {"skipped", skipped_steps},
+                       {"samples_per_second", report.samples_per_second},
+                       {"time", report.seconds}});
         window_samples = 0;
         window_start = Clock::now();
       }
@@ -159,6 +215,7 @@ int train(const json& config) {
     if (eval_every == 0 && step < total_steps) run_evaluation(step);
   }
   run_evaluation(step);
+  progress.finish();
 
   summary["final_loss"] = last_loss;
   summary["steps"] = step;
@@ -174,7 +231,8 @@ int train(const json& config) {
     summary["test_loss"] = last_eval->loss;
     summary["test_accuracy"] = last_eval->accuracy;
   }
-  std::cout << summary.dump() << std::endl;
+  summary["run_dir"] = run_dir ? json(run_dir->string()) : json(nullptr);
+  if (is_rank0) std::cout << summary.dump() << std::endl;
   return kExitOk;
 }
 

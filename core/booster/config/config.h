@@ -78,6 +78,17 @@ json resolve_mixed_precision(const json& given);
 // The section's default strategy.
 inline constexpr const char* kDefaultMixedPrecision = "fp32";
 
+// Note [The run directory]
+// ~~~~~~~~~~~~~~~~~~~~~~~~
+// `train.run_dir` is where a run leaves its files: metrics.jsonl (Note [What booster train prints] in
+// cli/progress.h), config.json (the resolved config it ran) and, unless `train.checkpoint_dir` says
+// otherwise, checkpoints/. "{time}" in it becomes the run's start time (UTC, YYYYmmdd-HHMMSS), so by
+// default every run gets a fresh directory under runs/ (taken with a -2, -3, ... suffix when two runs
+// start in the same second). null writes no files at all (and then checkpoints need an explicit
+// checkpoint_dir). `train.resume: "latest"` looks in the checkpoint directory, so resuming needs one
+// that does not change from run to run: an explicit checkpoint_dir or a run_dir without {time}.
+inline constexpr const char* kDefaultRunDir = "runs/{time}";
+
 // ------------------------------------------------------------------------------------ operations
 // Checks `config` against the schema and returns it with every default filled. Throws ConfigError
 // (Note [Config errors]) on the first mistake. The one-argument form uses the training schema and

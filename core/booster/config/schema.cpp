@@ -77,6 +77,14 @@ Field numbers(std::string key, json def, Kind item_kind, std::optional<double> m
   return f;
 }
 
+// A string that may be null: "not set" (no run directory, no resume).
+Field optional_text(std::string key, json def, std::string help = "") {
+  Field f = text(std::move(key), std::nullopt, {}, std::move(help));
+  f.nullable = true;
+  f.default_value = std::move(def);
+  return f;
+}
+
 // An integer that may be null (the default): "not set", e.g. no step limit.
 Field optional_integer(std::string key, double min, std::string help = "") {
   Field f = integer(std::move(key), std::nullopt, min, std::nullopt, std::move(help));
@@ -237,13 +245,19 @@ std::vector<Section> make_training_schema() {
   // ------------------------------------------------------------------------------------- train
   schema.push_back(Section{
       "train",
-      "the loop: epochs, max_steps, log_every, eval_every, seed",
+      "the loop: epochs, max_steps, log_every, eval_every, seed, run_dir, checkpoints",
       {
           integer("epochs", 1, 1),
           optional_integer("max_steps", 1, "stop after this many steps; null: run all epochs"),
           integer("log_every", 50, 1),
           integer("eval_every", 0, 0, std::nullopt, "evaluate every N steps; 0: after each epoch"),
           integer("seed", 0, 0),
+          // Note [The run directory] in config.h.
+          optional_text("run_dir", kDefaultRunDir, "metrics.jsonl, config.json, checkpoints; {time}: the start time; null: no files"),
+          optional_text("checkpoint_dir", nullptr, "null: <run_dir>/checkpoints"),
+          integer("checkpoint_every", 0, 0, std::nullopt, "save every N steps and at the end; 0: never"),
+          integer("keep_last", 3, 0, std::nullopt, "checkpoints to keep; 0: all"),
+          optional_text("resume", nullptr, "\"latest\" (the newest in checkpoint_dir, if any), a checkpoint path, or null"),
       },
       "",
       {},
@@ -371,6 +385,23 @@ void check_training_config(const json& c) {
   }
   if (model_type == "gpt" && model.at("width").get<int64_t>() % model.at("heads").get<int64_t>() != 0)
     fail("'model.width' " + num(model.at("width")) + " is not divisible by 'model.heads' " + num(model.at("heads")));
+  // Note [The run directory] in config.h.
+  const json& train = c.at("train");
+  const bool has_run_dir = train.at("run_dir").is_string();
+  const bool has_checkpoint_dir = train.at("checkpoint_dir").is_string();
+  if (train.at("checkpoint_every").get<int64_t>() > 0 && !has_run_dir && !has_checkpoint_dir)
+    fail("'train.checkpoint_every' is " + num(train.at("checkpoint_every")) +
+         " but 'train.run_dir' and 'train.checkpoint_dir' are both null; set one of them to say where checkpoints go");
+  if (train.at("resume") == "latest" && !has_checkpoint_dir &&
+      (!has_run_dir || train.at("run_dir").get<std::string>().find("{time}") != std::string::npos))
+    fail("'train.resume' is \"latest\" but 'train.run_dir' is " + num(train.at("run_dir")) +
+         ", a new directory every run; set 'train.checkpoint_dir' (or a run_dir without {time}) so a rerun finds "
+         "its checkpoints");
+  if (train.at("run_dir").is_string() && train.at("run_dir").get<std::string>().empty())
+    fail("'train.run_dir' is \"\"; expected a directory, or null for no files");
+  if (has_checkpoint_dir && train.at("checkpoint_dir").get<std::string>().empty())
+    fail("'train.checkpoint_dir' is \"\"; expected a directory, or null for <run_dir>/checkpoints");
+
   const json& sched = c.at("lr_scheduler");
   if (sched.at("type") == "linear_warmup" && c.at("train").at("max_steps").is_number() &&
       sched.at("warmup_steps").get<int64_t>() > c.at("train").at("max_steps").get<int64_t>())
