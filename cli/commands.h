@@ -29,4 +29,9 @@ int plot(const std::vector<std::string>& args);
 // it returns only for --help, --dry-run, or by throwing.
 int run(const std::vector<std::string>& args);
 
+// `booster plugins`: every parallel plugin on the search path with its version, file, devices,
+// precisions and options. `booster compat`: the compatibility matrix of every strategy and plugin.
+int plugins();
+int compat(const std::string& device);
+
 }  // namespace booster::cli
