@@ -79,7 +79,13 @@ po::options_description config_options(const std::string& command) {
       ("mixed-precision,m", po::value<std::string>()->value_name("NAME"),
        "train with this mixed-precision strategy and its default options (replaces the whole "
        "mixed_precision section; `booster precisions` lists them; for options use --set "
-       "mixed_precision.KEY=VALUE after it)");
+       "mixed_precision.KEY=VALUE after it)")
+      ("plugin,p", po::value<std::string>()->value_name("NAME"),
+       "run with this parallel plugin and its default options (replaces the whole plugin section; "
+       "`booster plugins` lists them; options: --set plugin.KEY=VALUE after it)")
+      ("resume,r", po::value<std::string>()->value_name("latest|DIR"),
+       "continue from a checkpoint: \"latest\" in train.checkpoint_dir, or a checkpoint directory "
+       "(same as --set train.resume=...)");
   return desc;
 }
 
@@ -98,6 +104,8 @@ bool parse_config_args(const std::string& command, const std::vector<std::string
   config_path = vm["config"].as<std::string>();
   // --mixed-precision NAME goes first, so --set mixed_precision.KEY=VALUE can add options to it.
   if (vm.count("mixed-precision")) overrides.push_back("mixed_precision=" + vm["mixed-precision"].as<std::string>());
+  if (vm.count("plugin")) overrides.push_back("plugin=" + vm["plugin"].as<std::string>());
+  if (vm.count("resume")) overrides.push_back("train.resume=" + nlohmann::json(vm["resume"].as<std::string>()).dump());
   if (vm.count("set"))
     for (const std::string& s : vm["set"].as<std::vector<std::string>>()) overrides.push_back(s);
   return true;
@@ -125,6 +133,9 @@ int run(int argc, char** argv) {
     if (!parse_config_args(command, rest, config_path, overrides)) return booster::cli::kExitOk;
     nlohmann::json config = booster::config::load(config_path, overrides);
     if (command == "check") {
+      // resolve() has run the compatibility matrix: reaching here means the combination works.
+      std::cerr << "booster: compatible: mixed precision '" << config.at("mixed_precision").at("name").get<std::string>()
+                << "' with plugin '" << config.at("plugin").at("name").get<std::string>() << "' on cpu\n";
       std::cout << config.dump(2) << "\n";
       return booster::cli::kExitOk;
     }
@@ -183,6 +194,9 @@ int main(int argc, char** argv) {
     return booster::cli::kExitUsageError;
   } catch (const po::error& e) {
     std::cerr << "booster: error: " << e.what() << " (see booster --help)\n";
+    return booster::cli::kExitUsageError;
+  } catch (const booster::IncompatibleError& e) {
+    std::cerr << "booster: error: " << e.what() << "\n";
     return booster::cli::kExitUsageError;
   } catch (const booster::ConfigError& e) {
     std::cerr << "booster: error: " << e.what() << "\n";

@@ -146,12 +146,12 @@ void Progress::finish() {
 }
 
 // ------------------------------------------------------------------------------------------ MetricsLog
-void MetricsLog::open(const std::filesystem::path& file) {
+void MetricsLog::open(const std::filesystem::path& file, bool append) {
   if (file_) std::fclose(file_);
   path_ = file;
   std::error_code ec;
   if (file.has_parent_path()) std::filesystem::create_directories(file.parent_path(), ec);
-  file_ = std::fopen(file.c_str(), "w");
+  file_ = std::fopen(file.c_str(), append ? "a" : "w");
   BOOSTER_CHECK(file_ != nullptr, ConfigError, "cannot write the metrics file '", file.string(), "': ",
                 std::strerror(errno), "; set train.run_dir to a writable directory, or to null for no files");
 }

@@ -96,8 +96,9 @@ class MetricsLog {
  public:
   MetricsLog() = default;
   ~MetricsLog();
-  // Creates the directory if needed and truncates the file; ConfigError naming it when it cannot.
-  void open(const std::filesystem::path& file);
+  // Creates the directory if needed and truncates the file (or appends to it: a resumed run);
+  // ConfigError naming it when it cannot.
+  void open(const std::filesystem::path& file, bool append = false);
   MetricsLog(const MetricsLog&) = delete;
   MetricsLog& operator=(const MetricsLog&) = delete;
 

@@ -16,6 +16,10 @@
 
 #include <nlohmann/json.hpp>
 
+namespace booster {
+struct BoosterConfig;
+}
+
 namespace booster::config {
 
 using json = nlohmann::json;
@@ -69,7 +73,8 @@ struct Section {
 // The schema of a whole training config, one Section per top-level key.
 const std::vector<Section>& training_schema();
 // Checks that go across sections of a resolved training config (text data needs a GPT whose context
-// covers data.context; the MLP's in/classes match the data). ConfigError naming both paths.
+// covers data.context; the MLP's in/classes match the data). ConfigError naming both paths;
+// IncompatibleError when the compatibility matrix rejects mixed_precision with plugin.
 void check_training_config(const json& resolved);
 
 // The `mixed_precision` section (see Note [The mixed_precision section] in schema.cpp): a strategy name
@@ -77,6 +82,14 @@ void check_training_config(const json& resolved);
 json resolve_mixed_precision(const json& given);
 // The section's default strategy.
 inline constexpr const char* kDefaultMixedPrecision = "fp32";
+
+// The `plugin` section (Note [The plugin section] in schema.cpp): a parallel plugin name or
+// {"name": ..., options...}, resolved to an object with every option of the plugin filled in.
+json resolve_plugin(const json& given);
+// The section's default: one process, the built-in plugin.
+inline constexpr const char* kDefaultPlugin = "single";
+// The Booster's config from a resolved training config's mixed_precision and plugin sections.
+BoosterConfig booster_config(const json& resolved);
 
 // Note [The run directory]
 // ~~~~~~~~~~~~~~~~~~~~~~~~
