@@ -16,7 +16,10 @@
 namespace booster::cli {
 
 int process_rank() {
-  if (distributed::is_initialized()) return distributed::default_process_group().rank();
+  // A group of several processes knows; a one-process group under mpirun (the single plugin started N
+  // times) does not, and the launcher's variables still tell the copies apart.
+  if (distributed::is_initialized() && distributed::default_process_group().size() > 1)
+    return distributed::default_process_group().rank();
   // Before MPI is up: the launcher's variables (OpenMPI, then MPICH/hydra and Slurm's PMI).
   for (const char* name : {"OMPI_COMM_WORLD_RANK", "PMI_RANK"}) {
     if (const char* value = std::getenv(name)) return std::atoi(value);

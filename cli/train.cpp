@@ -281,7 +281,7 @@ int train(const json& config) {
   const BoosterConfig booster_config = config::booster_config(config);
   Booster booster(booster_config);
   distributed::ProcessGroup& group = booster.process_group();
-  const bool is_rank0 = group.rank() == 0;
+  const bool is_rank0 = group.size() > 1 ? group.rank() == 0 : process_rank() == 0;
   Progress progress(Progress::detect());
 
   // ---- the run directory (Note [The run directory] in config.h): only rank 0 writes files.
