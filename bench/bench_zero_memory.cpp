@@ -15,6 +15,7 @@
 #include <cstdlib>
 #include <string>
 
+#include "booster/booster/booster.h"
 #include "booster/booster/plugin.h"
 #include "booster/distributed/process_group.h"
 #include "booster/mixed_precision/mixed_precision.h"
@@ -53,7 +54,7 @@ struct Data {
   Tensor x, y;
 };
 
-Figures measure(const std::string& setup, const json* zero_options, const Data& data) {
+Figures measure(const std::string& setup, const json* zero_options, const Data& data, bool via_booster = false) {
   const size_t base = cpu_bytes_in_use();
   nn::ModulePtr model = make_model();
   const int64_t n = model->num_parameters();
@@ -62,7 +63,19 @@ Figures measure(const std::string& setup, const json* zero_options, const Data& 
   std::shared_ptr<mixed_precision::MixedPrecision> precision = mixed_precision::create("fp32");
   std::shared_ptr<ParallelPlugin> plugin;
   int64_t weights = 4 * n;  // the float32 model
-  if (zero_options) {
+  std::unique_ptr<Booster> booster;
+  std::shared_ptr<BoostedOptimizer> boosted;
+  if (zero_options && via_booster) {
+    booster = std::make_unique<Booster>(BoosterConfig{.plugin = "low_level_zero", .plugin_options = *zero_options});
+    Boosted b = booster->boost(model, optimizer);
+    model = b.model;
+    boosted = b.optimizer;  // keeps the user's optimizer (the source of lr for schedulers) alive
+    optimizer = nullptr;
+    const int world = booster->process_group().size();
+    const int64_t padded = (n + world - 1) / world * world;
+    const std::string p = zero_options->at("precision");
+    weights = p == "fp32" ? 4 * padded : 2 * padded + 4 * (padded / world);
+  } else if (zero_options) {
     auto library = plugin::load(plugin::kParallelKind, "low_level_zero");
     auto* factory = reinterpret_cast<ParallelFactory*>(library->symbol("booster_create_parallel"));
     plugin = plugin::bind(library, std::shared_ptr<ParallelPlugin>(factory(*zero_options)));
@@ -76,21 +89,30 @@ Figures measure(const std::string& setup, const json* zero_options, const Data& 
     const std::string p = zero_options->at("precision");
     weights = p == "fp32" ? 4 * padded : 2 * padded + 4 * (padded / world);  // model + float32 masters
   }
-  auto step = [&] {
-    optimizer->zero_grad();
-    precision->backward(mse_loss((*model)(data.x), data.y), *optimizer);
-    precision->step(*optimizer);
+  auto zero_grad_and_backward = [&] {
+    if (boosted) {
+      boosted->zero_grad();
+      booster->backward(mse_loss((*model)(data.x), data.y), *boosted);
+    } else {
+      optimizer->zero_grad();
+      precision->backward(mse_loss((*model)(data.x), data.y), *optimizer);
+    }
   };
-  const size_t before_first = cpu_bytes_in_use();
+  auto optimizer_step = [&] {
+    if (boosted) boosted->step();
+    else precision->step(*optimizer);
+  };
+  auto step = [&] {
+    zero_grad_and_backward();
+    optimizer_step();
+  };
   // The first step allocates the optimizer state; the memory it keeps beyond the backward is state.
-  optimizer->zero_grad();
-  precision->backward(mse_loss((*model)(data.x), data.y), *optimizer);
+  zero_grad_and_backward();
   const size_t after_backward = cpu_bytes_in_use();
-  precision->step(*optimizer);
+  optimizer_step();
   Figures f;
   f.setup = setup;
   f.state = int64_t(cpu_bytes_in_use()) - int64_t(after_backward);
-  (void)before_first;
   step();
   f.held = int64_t(cpu_bytes_in_use()) - int64_t(base);
   reset_cpu_peak_bytes();
@@ -118,6 +140,11 @@ int main(int argc, char** argv) {
       const json options = {{"stage", stage}, {"precision", precision}, {"initial_scale", 1024.0}};
       rows.push_back(measure(std::string("ZeRO-") + std::to_string(stage) + " " + precision, &options, data));
     }
+  // Through the Booster, which keeps the user's optimizer alive as the source of hyperparameters.
+  for (const char* precision : {"fp32", "fp16"}) {
+    const json options = {{"stage", 2}, {"precision", precision}, {"initial_scale", 1024.0}};
+    rows.push_back(measure(std::string("Booster ZeRO-2 ") + precision, &options, data, true));
+  }
 
   if (group.rank() == 0) {
     const Figures& ddp = rows[0];

@@ -549,3 +549,33 @@ TEST_CASE("zero: Booster save and load (optimizer gathered into one file by rank
   group().barrier();
   if (group().rank() == 0) std::filesystem::remove_all(dir);
 }
+
+TEST_CASE("zero: through the Booster a rank holds what the plugin alone holds (the user's optimizer gives its "
+          "buffers back)",
+          "[mpi][zero][booster]") {
+  for (int stage : {1, 2}) {
+    INFO("stage " << stage);
+    const json options = {{"stage", stage}, {"precision", "fp32"}};
+    const Batch rows = my_rows(whole_batch(0));
+    int64_t direct = 0, boosted = 0;
+    {
+      const size_t start = cpu_bytes_in_use();
+      Zero z = make_zero(options, make_model(7), kAdamW);
+      z.train_step(rows);
+      direct = int64_t(cpu_bytes_in_use()) - int64_t(start);
+    }
+    {
+      const size_t start = cpu_bytes_in_use();
+      Booster booster(BoosterConfig{.plugin = "low_level_zero", .plugin_options = options});
+      nn::ModulePtr model = make_model(7);
+      std::shared_ptr<optim::Optimizer> opt = optim::make_optimizer(kAdamW, model->parameters());
+      Boosted b = booster.boost(model, opt, mse());
+      b.optimizer->zero_grad();
+      booster.backward(b.criterion((*b.model)(rows.x), rows.y), *b.optimizer);
+      b.optimizer->step();
+      boosted = int64_t(cpu_bytes_in_use()) - int64_t(start);
+      REQUIRE(opt->flat_buffers(0).empty());  // the user's optimizer keeps options only
+    }
+    REQUIRE(boosted == direct);
+  }
+}

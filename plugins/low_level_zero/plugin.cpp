@@ -198,6 +198,9 @@ class LowLevelZeroPlugin final : public ParallelPlugin {
     const DType dtype = options_.zero.working_dtype;
     if (parts.optimizer) {
       optimizer_ = std::make_shared<ZeroOptimizer>(*parts.optimizer, *parts.model, group_, options_.zero);
+      // The user's optimizer stays the source of lr & co. for schedulers (the Booster keeps it), but
+      // its full-size copies of values and gradients would undo the sharding: give them back.
+      parts.optimizer->release_buffers();
       optimizer_->set_gradient_sync(sync_enabled_);
       parts.optimizer = optimizer_;
       parts.precision = std::make_shared<ZeroPrecision>(optimizer_, options());
