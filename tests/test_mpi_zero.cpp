@@ -430,6 +430,26 @@ TEST_CASE("zero: the gathered state_dict round trip continues bit-identically", 
   }
 }
 
+TEST_CASE("zero: load_state_dict refuses a state that does not fit, naming what is wrong", "[mpi][zero]") {
+  Zero z = make_zero({{"stage", 2}, {"precision", "fp16"}, {"initial_scale", 1024.0}}, make_model(7), kAdamW);
+  z.train_step(my_rows(whole_batch(0)));
+  const optim::OptimizerState good = z.parts.optimizer->state_dict();
+
+  optim::OptimizerState other_type = good;
+  other_type.meta["type"] = "SGD";
+  REQUIRE_THROWS_WITH(z.parts.optimizer->load_state_dict(other_type), Catch::Contains("saved by \"SGD\""));
+  optim::OptimizerState no_groups = good;
+  no_groups.meta["param_groups"].push_back(no_groups.meta["param_groups"][0]);
+  REQUIRE_THROWS_AS(z.parts.optimizer->load_state_dict(no_groups), CheckpointError);
+  optim::OptimizerState wrong_shape = good;
+  wrong_shape.tensors["state.1.exp_avg"] = zeros({3});
+  REQUIRE_THROWS_WITH(z.parts.optimizer->load_state_dict(wrong_shape), Catch::Contains("'state.1.exp_avg' has shape"));
+  optim::OptimizerState missing = good;
+  missing.tensors.erase("state.2.exp_avg_sq");
+  REQUIRE_THROWS_WITH(z.parts.optimizer->load_state_dict(missing), Catch::Contains("no 'state.2.exp_avg_sq'"));
+  REQUIRE_NOTHROW(z.parts.optimizer->load_state_dict(good));
+}
+
 TEST_CASE("zero: an unsharded optimizer's state_dict loads into the shards (portable across world sizes)",
           "[mpi][zero]") {
   // One process trains 5 steps with a plain AdamW, then hands model and optimizer state to ZeRO on 2

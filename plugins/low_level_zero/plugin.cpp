@@ -9,6 +9,7 @@
 //   initial_scale    fp16 loss scale          (2^32)    min_scale (1)      max_scale (2^32)
 //   growth_factor    (2)   backoff_factor (0.5)   growth_interval (1000)   hysteresis (2)
 //   max_norm         clip the whole gradient to this L2 norm in every step; 0: no clipping (0)
+#include <algorithm>
 #include <cmath>
 
 #include "booster/autograd/autograd.h"

@@ -414,7 +414,9 @@ void ZeroOptimizer::load_state_dict(const optim::OptimizerState& state) {
     }
     if (step > 0) inner_state.meta["state"][std::to_string(g)] = {{"step", step}};
 
-    std::set<std::string> names = names_of[p.first_index];
+    // Every parameter of the group must carry the same state names (checked below).
+    std::set<std::string> names;
+    for (size_t j = 0; j < p.params.size(); ++j) names.merge(std::set<std::string>(names_of[p.first_index + j]));
     const int64_t begin = shard_offset(g);
     for (const std::string& name : names) {
       Tensor shard = zeroed(p.shard, DType::Float32);
@@ -422,7 +424,8 @@ void ZeroOptimizer::load_state_dict(const optim::OptimizerState& state) {
         const std::string key = "state." + std::to_string(p.first_index + j) + "." + name;
         auto it = state.tensors.find(key);
         BOOSTER_CHECK(it != state.tensors.end(), CheckpointError, "low_level_zero: optimizer state has no '", key,
-                      "' (parameter ", p.first_index, " has '", name, "')");
+                      "' although other parameters of group ", g, " have '", name,
+                      "'; ZeRO keeps one state per group, so every parameter needs it");
         BOOSTER_CHECK(it->second.numel() == p.params[j].numel(), CheckpointError, "low_level_zero: '", key,
                       "' has shape ", it->second.shape(), " but the parameter has shape ", p.params[j].shape());
       }
