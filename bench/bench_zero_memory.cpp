@@ -135,14 +135,21 @@ int main(int argc, char** argv) {
 
   std::vector<Figures> rows;
   rows.push_back(measure("unsharded (ddp rank)", nullptr, data));
-  for (const char* precision : {"fp32", "fp16", "bf16"})
-    for (int stage : {1, 2}) {
-      const json options = {{"stage", stage}, {"precision", precision}, {"initial_scale", 1024.0}};
-      rows.push_back(measure(std::string("ZeRO-") + std::to_string(stage) + " " + precision, &options, data));
-    }
+  for (const char* precision : {"fp32", "fp16", "bf16"}) {
+    const json base = {{"precision", precision}, {"initial_scale", 1024.0}};
+    json one = base, after = base, buckets = base;
+    one["stage"] = 1;
+    after["stage"] = 2;
+    after["overlap_communication"] = false;
+    buckets["stage"] = 2;
+    buckets["reduce_bucket_size_in_m"] = 1;
+    rows.push_back(measure(std::string("ZeRO-1 ") + precision, &one, data));
+    rows.push_back(measure(std::string("ZeRO-2 ") + precision + " after bwd", &after, data));
+    rows.push_back(measure(std::string("ZeRO-2 ") + precision + " 1M buckets", &buckets, data));
+  }
   // Through the Booster, which keeps the user's optimizer alive as the source of hyperparameters.
   for (const char* precision : {"fp32", "fp16"}) {
-    const json options = {{"stage", 2}, {"precision", precision}, {"initial_scale", 1024.0}};
+    const json options = {{"stage", 2}, {"precision", precision}, {"initial_scale", 1024.0}, {"reduce_bucket_size_in_m", 1}};
     rows.push_back(measure(std::string("Booster ZeRO-2 ") + precision, &options, data, true));
   }
 
@@ -152,10 +159,10 @@ int main(int argc, char** argv) {
     std::printf("per-rank memory, %d ranks, %lld parameters (MLP %lld-%lld-%lld-%lld), AdamW\n", group.size(),
                 (long long)make_model()->num_parameters(), (long long)kWidth, (long long)g_hidden,
                 (long long)g_hidden, (long long)kWidth);
-    std::printf("%-22s %10s %10s %10s %12s %10s %10s %12s\n", "setup", "weights", "opt.state", "grads",
+    std::printf("%-26s %10s %10s %10s %12s %10s %10s %12s\n", "setup", "weights", "opt.state", "grads",
                 "state+grads", "held", "peak", "vs ddp s+g");
     for (const Figures& f : rows)
-      std::printf("%-22s %9.2fM %9.2fM %9.2fM %11.2fM %9.2fM %9.2fM %11.3f\n", f.setup.c_str(), mib(f.weights),
+      std::printf("%-26s %9.2fM %9.2fM %9.2fM %11.2fM %9.2fM %9.2fM %11.3f\n", f.setup.c_str(), mib(f.weights),
                   mib(f.state), mib(f.grads), mib(f.state + f.grads), mib(f.held), mib(f.peak),
                   double(f.state + f.grads) / double(ddp_opt_grad));
     std::printf("(MiB; held = between steps; peak = during a step, activations included; target for ZeRO-2: "

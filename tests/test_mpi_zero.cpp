@@ -142,6 +142,17 @@ std::vector<Tensor> reference_fp32(const json& optimizer, int steps) {
 
 const json kAdamW = {{"type", "adamw"}, {"lr", 1e-2}};
 
+// The ways to run: stage 1; stage 2 reducing after backward; stage 2 reducing in buckets during
+// backward (two buckets here, [0, 144) and [144, 212): the first straddles the shards' boundary).
+const std::vector<json> kStages = {{{"stage", 1}},
+                                   {{"stage", 2}, {"overlap_communication", false}},
+                                   {{"stage", 2}, {"reduce_bucket_size_in_m", 5e-5}}};
+
+json with_stage(const json& stage, json options) {
+  options.update(stage);
+  return options;
+}
+
 }  // namespace
 
 TEST_CASE("zero: options are validated and the declarations follow the stage", "[mpi][zero]") {
@@ -177,12 +188,12 @@ TEST_CASE("zero: options are validated and the declarations follow the stage", "
 
 TEST_CASE("zero: fp32 stages 1 and 2 on 2 ranks match one process with the whole batch (AdamW, SGD)",
           "[mpi][zero]") {
-  for (int stage : {1, 2}) {
+  for (const json& stage : kStages) {
     for (const json& optimizer : {kAdamW, json{{"type", "sgd"}, {"lr", 0.1}, {"momentum", 0.9}}}) {
-      INFO("stage " << stage << ", " << optimizer.dump());
+      INFO(stage.dump() << ", " << optimizer.dump());
       const std::vector<Tensor> expected = reference_fp32(optimizer, 20);
       // Rank 1 starts from other weights: the plugin must broadcast rank 0's.
-      Zero z = make_zero({{"stage", stage}, {"precision", "fp32"}}, make_model(group().rank() == 0 ? 7 : 99), optimizer);
+      Zero z = make_zero(with_stage(stage, {{"precision", "fp32"}}), make_model(group().rank() == 0 ? 7 : 99), optimizer);
       for (int s = 0; s < 20; ++s) z.train_step(my_rows(whole_batch(s)));
       const std::vector<Tensor> got = float32_params(*z.parts.model);
       REQUIRE(got.size() == expected.size());
@@ -210,8 +221,8 @@ TEST_CASE("zero: fp16 and bf16 stages 1 and 2 match the unsharded master-weight 
   for (const std::string precision : {"fp16", "bf16"}) {
     const double u = precision == "fp16" ? std::ldexp(1.0, -11) : std::ldexp(1.0, -8);
     const double tolerance = 2 * steps * 6 * u * lr;
-    for (int stage : {1, 2}) {
-      INFO(precision << " stage " << stage);
+    for (const json& stage : kStages) {
+      INFO(precision << " " << stage.dump());
       // Reference.
       nn::ModulePtr ref_model = make_model(7);
       const std::vector<Tensor> initial = float32_params(*ref_model);
@@ -228,7 +239,7 @@ TEST_CASE("zero: fp16 and bf16 stages 1 and 2 match the unsharded master-weight 
       }
       const std::vector<Tensor> expected = float32_params(*ref_model);
 
-      Zero z = make_zero({{"stage", stage}, {"precision", precision}, {"initial_scale", 1024.0}}, make_model(7), kAdamW);
+      Zero z = make_zero(with_stage(stage, {{"precision", precision}, {"initial_scale", 1024.0}}), make_model(7), kAdamW);
       for (int s = 0; s < steps; ++s) {
         z.train_step(my_rows(whole_batch(s)));
         REQUIRE_FALSE(z.parts.precision->step_was_skipped());
@@ -289,24 +300,27 @@ TEST_CASE("zero: per-rank optimizer state is half of the unsharded optimizer's (
 
 TEST_CASE("zero: an overflow on one rank only makes every rank skip and lowers the scale on both",
           "[mpi][zero]") {
-  for (int stage : {1, 2}) {
-    INFO("stage " << stage);
-    Zero z = make_zero({{"stage", stage}, {"precision", "fp16"}, {"initial_scale", 1024.0}, {"hysteresis", 1}},
-                       make_model(7), kAdamW);
-    z.train_step(my_rows(whole_batch(0)));
-    REQUIRE_FALSE(z.parts.precision->step_was_skipped());
-    const std::vector<Tensor> before = float32_params(*z.parts.model);
-
-    // Rank 1 writes an inf into the last parameter's gradient while backward runs. That parameter lies
-    // in rank 1's shard, so after the reduce-scatter only rank 1 sees it.
-    const Tensor last = z.parts.model->parameters().back();
-    bool armed = group().rank() == 1;
-    last.register_grad_ready_hook([&armed](Tensor& p) {
+  for (const json& stage : kStages) {
+    INFO(stage.dump());
+    // Rank 1 writes an inf into the last parameter's gradient while backward runs (the hook is
+    // registered before the plugin's, so it runs first). That parameter lies in rank 1's shard, so
+    // after the reduction only rank 1's shard holds it.
+    nn::ModulePtr model = make_model(7);
+    bool armed = false;
+    model->parameters().back().register_grad_ready_hook([&armed](Tensor& p) {
       if (!armed) return;
       p.grad().reshape({-1}).narrow(0, 0, 1).fill_(std::numeric_limits<double>::infinity());
       armed = false;
     });
+    Zero z = make_zero(with_stage(stage, {{"precision", "fp16"}, {"initial_scale", 1024.0}, {"hysteresis", 1}}),
+                       model, kAdamW);
+    z.train_step(my_rows(whole_batch(0)));
+    REQUIRE_FALSE(z.parts.precision->step_was_skipped());
+    const std::vector<Tensor> before = float32_params(*z.parts.model);
+
+    armed = group().rank() == 1;
     z.train_step(my_rows(whole_batch(1)));
+    REQUIRE_FALSE(armed);  // the hook fired
     REQUIRE(z.parts.precision->step_was_skipped());
     REQUIRE(z.parts.precision->loss_scale() == 512.0);
     const std::vector<Tensor> after = float32_params(*z.parts.model);
@@ -340,10 +354,10 @@ TEST_CASE("zero: max_norm clipping across shards equals clipping the whole gradi
     const double u = precision == "fp16" ? std::ldexp(1.0, -11) : precision == "bf16" ? std::ldexp(1.0, -8) : 0.0;
     const double norm_tolerance = precision == "fp32" ? 1e-5 : 8 * u;
     const double weight_tolerance = precision == "fp32" ? 1e-5 : 2 * u;
-    for (int stage : {1, 2}) {
+    for (const json& stage : kStages) {
       for (bool explicit_call : {false, true}) {
-        INFO(precision << " stage " << stage << (explicit_call ? ", clip_grad_norm called" : ", max_norm option"));
-        json options = {{"stage", stage}, {"precision", precision}, {"initial_scale", 1024.0}};
+        INFO(precision << " " << stage.dump() << (explicit_call ? ", clip_grad_norm called" : ", max_norm option"));
+        json options = with_stage(stage, {{"precision", precision}, {"initial_scale", 1024.0}});
         if (!explicit_call) options["max_norm"] = max_norm;
         Zero z = make_zero(options, make_model(7), {{"type", "sgd"}, {"lr", lr}});
         z.parts.optimizer->zero_grad();
@@ -377,11 +391,11 @@ TEST_CASE("zero: gradient accumulation: stage 1 with no_sync, stages 1 and 2 wit
   auto micro = [&](int k) {
     return Batch{big.x.narrow(0, (2 * r + k) * kBatch, kBatch), big.y.narrow(0, (2 * r + k) * kBatch, kBatch)};
   };
-  for (int stage : {1, 2}) {
+  for (const json& stage : kStages) {
     for (bool no_sync : {false, true}) {
-      if (no_sync && stage == 2) continue;  // IncompatibleError (tested above)
-      INFO("stage " << stage << (no_sync ? ", no_sync" : ", synced"));
-      Zero z = make_zero({{"stage", stage}, {"precision", "fp32"}}, make_model(7), {{"type", "sgd"}, {"lr", 0.1}});
+      if (no_sync && stage.at("stage") == 2) continue;  // IncompatibleError (tested above)
+      INFO(stage.dump() << (no_sync ? ", no_sync" : ", synced"));
+      Zero z = make_zero(with_stage(stage, {{"precision", "fp32"}}), make_model(7), {{"type", "sgd"}, {"lr", 0.1}});
       z.parts.optimizer->zero_grad();
       if (no_sync) z.plugin->set_gradient_sync(false);
       z.parts.precision->backward(mul(loss_of(*z.parts.model, micro(0)), 0.5), *z.parts.optimizer);
@@ -395,9 +409,9 @@ TEST_CASE("zero: gradient accumulation: stage 1 with no_sync, stages 1 and 2 wit
 }
 
 TEST_CASE("zero: the gathered state_dict round trip continues bit-identically", "[mpi][zero]") {
-  for (int stage : {1, 2}) {
-    INFO("stage " << stage);
-    const json options = {{"stage", stage}, {"precision", "fp16"}, {"initial_scale", 1024.0}, {"growth_interval", 3}};
+  for (const json& stage : kStages) {
+    INFO(stage.dump());
+    const json options = with_stage(stage, {{"precision", "fp16"}, {"initial_scale", 1024.0}, {"growth_interval", 3}});
     Zero a = make_zero(options, make_model(7), kAdamW);
     for (int s = 0; s < 5; ++s) a.train_step(my_rows(whole_batch(s)));
     // Snapshot: gathered optimizer state (collective), model, scaler.
@@ -514,9 +528,9 @@ TEST_CASE("zero: through the Booster, a scheduler on the user's optimizer drives
     ref_opt->step();
     ref_sched.step();
   }
-  for (int stage : {1, 2}) {
-    INFO("stage " << stage);
-    Booster booster(BoosterConfig{.plugin = "low_level_zero", .plugin_options = {{"stage", stage}, {"precision", "fp32"}}});
+  for (const json& stage : kStages) {
+    INFO(stage.dump());
+    Booster booster(BoosterConfig{.plugin = "low_level_zero", .plugin_options = with_stage(stage, {{"precision", "fp32"}})});
     nn::ModulePtr model = make_model(group().rank() == 0 ? 7 : 8);
     std::shared_ptr<optim::Optimizer> opt = optim::make_optimizer(kAdamW, model->parameters());
     auto sched = std::make_shared<optim::StepLR>(*opt, 5, 0.5);
@@ -579,9 +593,9 @@ TEST_CASE("zero: Booster save and load (optimizer gathered into one file by rank
 TEST_CASE("zero: through the Booster a rank holds what the plugin alone holds (the user's optimizer gives its "
           "buffers back)",
           "[mpi][zero][booster]") {
-  for (int stage : {1, 2}) {
-    INFO("stage " << stage);
-    const json options = {{"stage", stage}, {"precision", "fp32"}};
+  for (const json& stage : kStages) {
+    INFO(stage.dump());
+    const json options = with_stage(stage, {{"precision", "fp32"}});
     const Batch rows = my_rows(whole_batch(0));
     int64_t direct = 0, boosted = 0;
     {

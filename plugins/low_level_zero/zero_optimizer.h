@@ -59,6 +59,10 @@ struct ZeroOptions {
   DType working_dtype = DType::Float16;               // the model's dtype after configure
   mixed_precision::DynamicGradScalerOptions scaler;   // float16 only
   double max_norm = 0.0;                              // clip in step(); 0: no clipping
+  // Stage 2: reduce gradients in buckets of whole parameters (about bucket_numel elements) as backward
+  // produces them (Note [ZeRO-2 buckets]); false: one reduce-scatter after backward.
+  bool overlap = true;
+  int64_t bucket_numel = int64_t(12) << 20;
 };
 
 class ZeroOptimizer final : public optim::Optimizer {
@@ -68,6 +72,7 @@ class ZeroOptimizer final : public optim::Optimizer {
   // working dtype and binds its parameters into padded flat buffers (Note [ZeRO partitions]).
   ZeroOptimizer(const optim::Optimizer& original, nn::Module& model, distributed::ProcessGroup& group,
                 const ZeroOptions& options);
+  ~ZeroOptimizer() override;
 
   // The whole ZeRO step: reduces gradients still pending, agrees on found_inf, clips (max_norm),
   // steps the shard or skips, all-gathers the parameters, updates the loss scale.
@@ -117,6 +122,16 @@ class ZeroOptimizer final : public optim::Optimizer {
     Tensor flat_params;            // `padded` elements, working dtype
     Tensor flat_grads;             // `padded` elements, working dtype (stage 2: only during backward)
     Tensor master;                 // `shard` float32 elements: the inner optimizer's parameter
+    // Stage 2 with overlap: buckets of adjacent parameters, last parameters first.
+    struct Bucket {
+      int64_t begin = 0, end = 0;  // elements of the flat buffer
+      size_t first = 0, last = 0;  // parameters [first, last]
+      int64_t waiting = 0;         // parameters whose gradient has not arrived in this backward
+      Tensor buffer;               // end - begin elements, working dtype, while being reduced
+      distributed::WorkPtr work;
+    };
+    std::vector<Bucket> buckets;
+    std::vector<size_t> bucket_of;  // per parameter
   };
 
   Tensor shard_of(const Tensor& flat, const Partition& p) const;
@@ -132,6 +147,14 @@ class ZeroOptimizer final : public optim::Optimizer {
   std::vector<Partition> parts_;
   std::unique_ptr<optim::Optimizer> inner_;
   std::optional<mixed_precision::DynamicGradScaler> scaler_;  // float16 only
+
+  // Note [ZeRO-2 buckets] (in zero_optimizer.cpp).
+  void on_grad_ready(size_t g, size_t j);
+  bool reduce_buckets(Partition& p, bool accumulate);
+  bool bucketed() const { return options_.stage == 2 && options_.overlap; }
+  bool in_backward_ = false;
+  // Hooks on the parameters hold this weakly: the model may outlive the optimizer.
+  std::shared_ptr<ZeroOptimizer*> self_;
 
   // Per step.
   bool sync_enabled_ = true;
