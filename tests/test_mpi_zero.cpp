@@ -162,6 +162,8 @@ TEST_CASE("zero: options are validated and the declarations follow the stage", "
   REQUIRE_THROWS_AS(load_zero({{"backoff_factor", 1.5}}), ConfigError);
   REQUIRE_THROWS_AS(load_zero({{"max_norm", -1}}), ConfigError);
   REQUIRE_THROWS_AS(load_zero({{"initial_scale", 4}, {"min_scale", 8}}), ConfigError);
+  REQUIRE_THROWS_WITH(load_zero({{"overlap_communication", 1}}), Catch::Contains("must be true or false"));
+  REQUIRE_THROWS_AS(load_zero({{"reduce_bucket_size_in_m", 0}}), ConfigError);
 
   auto one = load_zero(json::object());
   REQUIRE(one->name() == "low_level_zero");
@@ -170,6 +172,8 @@ TEST_CASE("zero: options are validated and the declarations follow the stage", "
   REQUIRE(one->options().at("initial_scale") == 4294967296.0);  // ColossalAI's 2**32
   REQUIRE(one->options().at("hysteresis") == 2);
   REQUIRE(one->options().at("max_norm") == 0.0);
+  REQUIRE(one->options().at("overlap_communication") == true);
+  REQUIRE(one->options().at("reduce_bucket_size_in_m") == 12.0);
   REQUIRE(one->supported_precisions() == std::vector<std::string>{"fp32"});
   REQUIRE(one->supported_devices() == std::vector<std::string>{"cpu"});
   REQUIRE(one->control_precision());

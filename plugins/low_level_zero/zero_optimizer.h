@@ -23,12 +23,14 @@
 // Stage 1 vs stage 2. Stage 1 keeps the P-element gradient buffer for the whole run (bound as the
 // base Optimizer's flat buffer, so zero_grad() clears it and backward accumulates into it); with
 // gradient sync off (no_sync) backward only accumulates there and the next synced backward reduces the
-// sum. Stage 2 allocates that buffer when backward starts and frees it as soon as it has been
-// reduce-scattered, so between steps (through the forward pass, where activations peak) a rank holds
-// gradients for its shard only; a second backward before step() adds into the shard. Stage 2 cannot
-// skip synchronisation: a local sum would need the full buffer kept alive, which is stage 1.
-// Both stages reduce-scatter instead of all-reducing: a rank only needs its shard, and a
-// reduce-scatter moves half the bytes of an all-reduce.
+// sum. Stage 2 never keeps a full-size gradient buffer: by default it reduces gradients in buckets
+// while backward runs and frees each as it goes (Note [ZeRO-2 buckets] in zero_optimizer.cpp); with
+// overlap off it allocates the buffer when backward starts and frees it as soon as it has been
+// reduce-scattered. Either way, between steps (through the forward pass, where activations peak) a
+// rank holds gradients for its shard only; a second backward before step() adds into the shard.
+// Stage 2 cannot skip synchronisation: a local sum would need the full buffer kept alive (stage 1).
+// The after-backward reductions are reduce-scatters, not all-reduces (as the sketch had for
+// stage 1): a rank only needs its shard, and a reduce-scatter moves half the bytes.
 //
 // Semantics that differ from an unsharded optimizer: a shard is one parameter of the inner optimizer,
 // so every parameter of a group takes every step (its gradient is zero when it got none), as in
