@@ -54,7 +54,8 @@ struct Data {
   Tensor x, y;
 };
 
-Figures measure(const std::string& setup, const json* zero_options, const Data& data, bool via_booster = false) {
+Figures measure(const std::string& setup, const json* zero_options, const Data& data, bool via_booster = false,
+                const std::string& plugin_name = "low_level_zero") {
   const size_t base = cpu_bytes_in_use();
   nn::ModulePtr model = make_model();
   const int64_t n = model->num_parameters();
@@ -66,15 +67,15 @@ Figures measure(const std::string& setup, const json* zero_options, const Data& 
   std::unique_ptr<Booster> booster;
   std::shared_ptr<BoostedOptimizer> boosted;
   if (zero_options && via_booster) {
-    booster = std::make_unique<Booster>(BoosterConfig{.plugin = "low_level_zero", .plugin_options = *zero_options});
+    booster = std::make_unique<Booster>(BoosterConfig{.plugin = plugin_name, .plugin_options = *zero_options});
     Boosted b = booster->boost(model, optimizer);
     model = b.model;
     boosted = b.optimizer;  // keeps the user's optimizer (the source of lr for schedulers) alive
     optimizer = nullptr;
     const int world = booster->process_group().size();
     const int64_t padded = (n + world - 1) / world * world;
-    const std::string p = zero_options->at("precision");
-    weights = p == "fp32" ? 4 * padded : 2 * padded + 4 * (padded / world);
+    const std::string p = zero_options->value("precision", "fp32");
+    if (plugin_name == "low_level_zero") weights = p == "fp32" ? 4 * padded : 2 * padded + 4 * (padded / world);
   } else if (zero_options) {
     auto library = plugin::load(plugin::kParallelKind, "low_level_zero");
     auto* factory = reinterpret_cast<ParallelFactory*>(library->symbol("booster_create_parallel"));
@@ -135,6 +136,8 @@ int main(int argc, char** argv) {
 
   std::vector<Figures> rows;
   rows.push_back(measure("unsharded (ddp rank)", nullptr, data));
+  const json ddp_options = json::object();
+  rows.push_back(measure("ddp plugin (Booster)", &ddp_options, data, true, "ddp"));
   for (const char* precision : {"fp32", "fp16", "bf16"}) {
     const json base = {{"precision", precision}, {"initial_scale", 1024.0}};
     json one = base, after = base, buckets = base;

@@ -412,6 +412,21 @@ TEST_CASE("zero: gradient accumulation: stage 1 with no_sync, stages 1 and 2 wit
   }
 }
 
+TEST_CASE("zero: stage 2's grad-ready hooks leave with its optimizer (the model may outlive the plugin)",
+          "[mpi][zero]") {
+  nn::ModulePtr model = make_model(7);
+  const Tensor first = model->parameters().front();
+  const size_t before = first.impl()->grad_ready_hooks.size();
+  {
+    Zero z = make_zero({{"stage", 2}, {"precision", "fp32"}}, model, kAdamW);
+    REQUIRE(first.impl()->grad_ready_hooks.size() == before + 1);
+    z.train_step(my_rows(whole_batch(0)));
+  }
+  REQUIRE(first.impl()->grad_ready_hooks.size() == before);
+  loss_of(*model, my_rows(whole_batch(1))).backward();  // the plain model still trains
+  REQUIRE(first.grad().defined());
+}
+
 TEST_CASE("zero: the gathered state_dict round trip continues bit-identically", "[mpi][zero]") {
   for (const json& stage : kStages) {
     INFO(stage.dump());

@@ -1,6 +1,7 @@
 #include "plugins/low_level_zero/zero_optimizer.h"
 
 #include <cmath>
+#include <cstdint>
 #include <set>
 
 #include "booster/autograd/autograd.h"
@@ -156,18 +157,29 @@ ZeroOptimizer::ZeroOptimizer(const optim::Optimizer& original, nn::Module& model
         b.begin = p.offsets[j];
         p.bucket_of[j] = p.buckets.size() - 1;
       }
+      p.hook_index.assign(p.params.size(), SIZE_MAX);
       for (size_t j = 0; j < p.params.size(); ++j) {
         if (!p.params[j].requires_grad()) continue;
         std::weak_ptr<ZeroOptimizer*> self = self_;
         p.params[j].register_grad_ready_hook([self, g, j](Tensor&) {
           if (auto alive = self.lock()) (*alive)->on_grad_ready(g, j);
         });
+        p.hook_index[j] = p.params[j].impl()->grad_ready_hooks.size() - 1;
       }
     }
   }
 }
 
-ZeroOptimizer::~ZeroOptimizer() = default;
+// The hooks are code of this plugin library; the model may outlive both the optimizer and the
+// library (Note [Plugin lifetime]), so they leave with the optimizer. Nothing else removes hooks, so
+// ours are still where we put them.
+ZeroOptimizer::~ZeroOptimizer() {
+  for (Partition& p : parts_)
+    for (size_t j = 0; j < p.hook_index.size(); ++j) {
+      std::vector<GradReadyHook>& hooks = p.params[j].impl()->grad_ready_hooks;
+      if (p.hook_index[j] < hooks.size()) hooks.erase(hooks.begin() + std::ptrdiff_t(p.hook_index[j]));
+    }
+}
 
 Tensor ZeroOptimizer::shard_of(const Tensor& flat, const Partition& p) const {
   return span(flat, int64_t(group_.rank()) * p.shard, p.shard);

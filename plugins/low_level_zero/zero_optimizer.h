@@ -134,6 +134,7 @@ class ZeroOptimizer final : public optim::Optimizer {
     };
     std::vector<Bucket> buckets;
     std::vector<size_t> bucket_of;  // per parameter
+    std::vector<size_t> hook_index;  // per parameter: our grad-ready hook's place in its list
   };
 
   Tensor shard_of(const Tensor& flat, const Partition& p) const;
