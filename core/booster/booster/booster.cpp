@@ -227,6 +227,11 @@ Boosted Booster::boost(nn::ModulePtr model, std::shared_ptr<optim::Optimizer> op
                 "' configure() returned no ", parts.model ? "precision strategy" : "model");
   precision_ = parts.precision;
 
+  // An optimizer that a strategy or plugin rebuilt (master weights, shards) now does the stepping; the
+  // user's keeps only its param groups, whose options a scheduler edits and the boosted optimizer
+  // forwards. Its flat copies of values and gradients would otherwise stay allocated for nothing.
+  if (user_optimizer && parts.optimizer && parts.optimizer != user_optimizer) user_optimizer->release_buffers();
+
   Boosted out;
   out.model = parts.model;
   out.criterion = parts.criterion;
