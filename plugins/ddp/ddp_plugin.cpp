@@ -12,8 +12,9 @@
 //   find_unused_parameters  agree across ranks on which parameters got no gradient, so every optimizer
 //                           skips those (default false, as torch; see Note [Gradient buckets])
 //   progress_thread         a thread polls the buckets in flight while backward computes, so they
-//                           advance during the GEMMs and not only between layers (default false;
-//                           Note [Progress thread]; worth it when a core is free for it)
+//                           advance during the GEMMs and not only between layers (default true:
+//                           without it OpenMPI's all-reduce hardly overlaps backward at all, see
+//                           Note [Progress thread] and bench/README.md; false polls from the hooks only)
 //
 // What configure() does:
 //  * broadcasts the parameters (the optimizer's flat buffers, and the float32 masters of a
@@ -43,7 +44,7 @@ struct DdpOptions {
   double bucket_cap_mb = 25.0;
   bool broadcast_buffers = true;
   bool find_unused_parameters = false;
-  bool progress_thread = false;
+  bool progress_thread = true;
 
   json to_json() const {
     return {{"bucket_cap_mb", bucket_cap_mb},
@@ -129,7 +130,7 @@ class DdpPlugin final : public ParallelPlugin {
   explicit DdpPlugin(const json& options) : options_(DdpOptions::parse(options)) {}
 
   std::string name() const override { return "ddp"; }
-  std::string version() const override { return "0.1.0"; }
+  std::string version() const override { return "1.0"; }
   json options() const override { return options_.to_json(); }
 
   std::vector<std::string> supported_devices() const override { return {"cpu"}; }

@@ -16,9 +16,9 @@
 //   that completes bucket k launches k and every ready bucket after it.
 // * Progress: OpenMPI has no progress thread (Note [MPI progress]); each later hook polls the oldest
 //   bucket still in flight (one cheap MPI_Testall), which moves every outstanding collective along.
-//   Hooks run only between layers, so optionally a thread of ours polls during the layers' GEMMs
-//   (Note [Progress thread] in bucket.cpp): it helps where a core is free for it, and costs compute
-//   time where none is.
+//   Hooks run only between layers, so with progress_thread a thread of ours also polls during the
+//   layers' GEMMs (Note [Progress thread] in bucket.cpp); measured, that is what makes the buckets
+//   overlap backward at all (bench/README.md, ddp section).
 // * A parameter that gets no gradient in a backward (an unused branch, or one only some ranks take)
 //   never completes its bucket. finish_backward(), called once after every backward on every rank,
 //   launches whatever is left, in order, so no rank waits for a collective another rank never starts.
