@@ -15,6 +15,7 @@
 #include <cstdlib>
 #include <string>
 
+#include "booster/booster/booster.h"
 #include "booster/booster/plugin.h"
 #include "booster/distributed/process_group.h"
 #include "booster/mixed_precision/mixed_precision.h"
@@ -53,7 +54,8 @@ struct Data {
   Tensor x, y;
 };
 
-Figures measure(const std::string& setup, const json* zero_options, const Data& data) {
+Figures measure(const std::string& setup, const json* zero_options, const Data& data, bool via_booster = false,
+                const std::string& plugin_name = "low_level_zero") {
   const size_t base = cpu_bytes_in_use();
   nn::ModulePtr model = make_model();
   const int64_t n = model->num_parameters();
@@ -62,7 +64,19 @@ Figures measure(const std::string& setup, const json* zero_options, const Data& 
   std::shared_ptr<mixed_precision::MixedPrecision> precision = mixed_precision::create("fp32");
   std::shared_ptr<ParallelPlugin> plugin;
   int64_t weights = 4 * n;  // the float32 model
-  if (zero_options) {
+  std::unique_ptr<Booster> booster;
+  std::shared_ptr<BoostedOptimizer> boosted;
+  if (zero_options && via_booster) {
+    booster = std::make_unique<Booster>(BoosterConfig{.plugin = plugin_name, .plugin_options = *zero_options});
+    Boosted b = booster->boost(model, optimizer);
+    model = b.model;
+    boosted = b.optimizer;  // keeps the user's optimizer (the source of lr for schedulers) alive
+    optimizer = nullptr;
+    const int world = booster->process_group().size();
+    const int64_t padded = (n + world - 1) / world * world;
+    const std::string p = zero_options->value("precision", "fp32");
+    if (plugin_name == "low_level_zero") weights = p == "fp32" ? 4 * padded : 2 * padded + 4 * (padded / world);
+  } else if (zero_options) {
     auto library = plugin::load(plugin::kParallelKind, "low_level_zero");
     auto* factory = reinterpret_cast<ParallelFactory*>(library->symbol("booster_create_parallel"));
     plugin = plugin::bind(library, std::shared_ptr<ParallelPlugin>(factory(*zero_options)));
@@ -76,21 +90,30 @@ Figures measure(const std::string& setup, const json* zero_options, const Data& 
     const std::string p = zero_options->at("precision");
     weights = p == "fp32" ? 4 * padded : 2 * padded + 4 * (padded / world);  // model + float32 masters
   }
-  auto step = [&] {
-    optimizer->zero_grad();
-    precision->backward(mse_loss((*model)(data.x), data.y), *optimizer);
-    precision->step(*optimizer);
+  auto zero_grad_and_backward = [&] {
+    if (boosted) {
+      boosted->zero_grad();
+      booster->backward(mse_loss((*model)(data.x), data.y), *boosted);
+    } else {
+      optimizer->zero_grad();
+      precision->backward(mse_loss((*model)(data.x), data.y), *optimizer);
+    }
   };
-  const size_t before_first = cpu_bytes_in_use();
+  auto optimizer_step = [&] {
+    if (boosted) boosted->step();
+    else precision->step(*optimizer);
+  };
+  auto step = [&] {
+    zero_grad_and_backward();
+    optimizer_step();
+  };
   // The first step allocates the optimizer state; the memory it keeps beyond the backward is state.
-  optimizer->zero_grad();
-  precision->backward(mse_loss((*model)(data.x), data.y), *optimizer);
+  zero_grad_and_backward();
   const size_t after_backward = cpu_bytes_in_use();
-  precision->step(*optimizer);
+  optimizer_step();
   Figures f;
   f.setup = setup;
   f.state = int64_t(cpu_bytes_in_use()) - int64_t(after_backward);
-  (void)before_first;
   step();
   f.held = int64_t(cpu_bytes_in_use()) - int64_t(base);
   reset_cpu_peak_bytes();
@@ -113,11 +136,25 @@ int main(int argc, char** argv) {
 
   std::vector<Figures> rows;
   rows.push_back(measure("unsharded (ddp rank)", nullptr, data));
-  for (const char* precision : {"fp32", "fp16", "bf16"})
-    for (int stage : {1, 2}) {
-      const json options = {{"stage", stage}, {"precision", precision}, {"initial_scale", 1024.0}};
-      rows.push_back(measure(std::string("ZeRO-") + std::to_string(stage) + " " + precision, &options, data));
-    }
+  const json ddp_options = json::object();
+  rows.push_back(measure("ddp plugin (Booster)", &ddp_options, data, true, "ddp"));
+  for (const char* precision : {"fp32", "fp16", "bf16"}) {
+    const json base = {{"precision", precision}, {"initial_scale", 1024.0}};
+    json one = base, after = base, buckets = base;
+    one["stage"] = 1;
+    after["stage"] = 2;
+    after["overlap_communication"] = false;
+    buckets["stage"] = 2;
+    buckets["reduce_bucket_size_in_m"] = 1;
+    rows.push_back(measure(std::string("ZeRO-1 ") + precision, &one, data));
+    rows.push_back(measure(std::string("ZeRO-2 ") + precision + " after bwd", &after, data));
+    rows.push_back(measure(std::string("ZeRO-2 ") + precision + " 1M buckets", &buckets, data));
+  }
+  // Through the Booster, which keeps the user's optimizer alive as the source of hyperparameters.
+  for (const char* precision : {"fp32", "fp16"}) {
+    const json options = {{"stage", 2}, {"precision", precision}, {"initial_scale", 1024.0}, {"reduce_bucket_size_in_m", 1}};
+    rows.push_back(measure(std::string("Booster ZeRO-2 ") + precision, &options, data, true));
+  }
 
   if (group.rank() == 0) {
     const Figures& ddp = rows[0];
@@ -125,10 +162,10 @@ int main(int argc, char** argv) {
     std::printf("per-rank memory, %d ranks, %lld parameters (MLP %lld-%lld-%lld-%lld), AdamW\n", group.size(),
                 (long long)make_model()->num_parameters(), (long long)kWidth, (long long)g_hidden,
                 (long long)g_hidden, (long long)kWidth);
-    std::printf("%-22s %10s %10s %10s %12s %10s %10s %12s\n", "setup", "weights", "opt.state", "grads",
+    std::printf("%-26s %10s %10s %10s %12s %10s %10s %12s\n", "setup", "weights", "opt.state", "grads",
                 "state+grads", "held", "peak", "vs ddp s+g");
     for (const Figures& f : rows)
-      std::printf("%-22s %9.2fM %9.2fM %9.2fM %11.2fM %9.2fM %9.2fM %11.3f\n", f.setup.c_str(), mib(f.weights),
+      std::printf("%-26s %9.2fM %9.2fM %9.2fM %11.2fM %9.2fM %9.2fM %11.3f\n", f.setup.c_str(), mib(f.weights),
                   mib(f.state), mib(f.grads), mib(f.state + f.grads), mib(f.held), mib(f.peak),
                   double(f.state + f.grads) / double(ddp_opt_grad));
     std::printf("(MiB; held = between steps; peak = during a step, activations included; target for ZeRO-2: "

@@ -9,6 +9,9 @@
 //   initial_scale    fp16 loss scale          (2^32)    min_scale (1)      max_scale (2^32)
 //   growth_factor    (2)   backoff_factor (0.5)   growth_interval (1000)   hysteresis (2)
 //   max_norm         clip the whole gradient to this L2 norm in every step; 0: no clipping (0)
+//   overlap_communication   stage 2: reduce gradients in buckets while backward runs (true)
+//   reduce_bucket_size_in_m bucket size in 2^20 elements (12)
+#include <algorithm>
 #include <cmath>
 
 #include "booster/autograd/autograd.h"
@@ -26,6 +29,7 @@ using nlohmann::json;
 struct PluginOptions {
   ZeroOptions zero;
   std::string precision = "fp16";
+  double bucket_m = 12.0;
 };
 
 // Reads the options with range checks; every problem is a ConfigError naming the key and the rule.
@@ -57,6 +61,14 @@ class OptionReader {
     BOOSTER_CHECK(x >= min && x <= max, ConfigError, "low_level_zero: option '", key, "' = ", x,
                   " is out of range; it must be in [", min, ", ", max, "]");
     return x;
+  }
+  bool flag(const std::string& key, bool fallback) {
+    valid_.push_back(key);
+    if (!options_.contains(key)) return fallback;
+    const json& v = options_.at(key);
+    BOOSTER_CHECK(v.is_boolean(), ConfigError, "low_level_zero: option '", key, "' must be true or false, got ",
+                  v.dump());
+    return v.get<bool>();
   }
   std::string choice(const std::string& key, const std::string& fallback, const std::vector<std::string>& choices) {
     valid_.push_back(key);
@@ -96,6 +108,9 @@ PluginOptions read_options(const json& options) {
   s.hysteresis = r.integer("hysteresis", 2, 1, int64_t(1) << 40);
   s.max_scale = r.number("max_scale", 4294967296.0, 0.0, big, true);
   o.zero.max_norm = r.number("max_norm", 0.0, 0.0, big);
+  o.zero.overlap = r.flag("overlap_communication", true);
+  o.bucket_m = r.number("reduce_bucket_size_in_m", 12.0, 0.0, 1e6, true);
+  o.zero.bucket_numel = std::max<int64_t>(1, int64_t(o.bucket_m * double(1 << 20)));
   r.finish();
   BOOSTER_CHECK(s.min_scale <= s.initial_scale && s.initial_scale <= s.max_scale, ConfigError,
                 "low_level_zero: the scales must satisfy min_scale <= initial_scale <= max_scale, got ", s.min_scale,
@@ -109,7 +124,8 @@ json options_json(const PluginOptions& o) {
           {"initial_scale", s.initial_scale}, {"min_scale", s.min_scale},
           {"growth_factor", s.growth_factor}, {"backoff_factor", s.backoff_factor},
           {"growth_interval", s.growth_interval}, {"hysteresis", s.hysteresis},
-          {"max_scale", s.max_scale},         {"max_norm", o.zero.max_norm}};
+          {"max_scale", s.max_scale},         {"max_norm", o.zero.max_norm},
+          {"overlap_communication", o.zero.overlap}, {"reduce_bucket_size_in_m", o.bucket_m}};
 }
 
 // ------------------------------------------------------------------------------------ the precision
@@ -198,6 +214,9 @@ class LowLevelZeroPlugin final : public ParallelPlugin {
     const DType dtype = options_.zero.working_dtype;
     if (parts.optimizer) {
       optimizer_ = std::make_shared<ZeroOptimizer>(*parts.optimizer, *parts.model, group_, options_.zero);
+      // The user's optimizer stays the source of lr & co. for schedulers (the Booster keeps it), but
+      // its full-size copies of values and gradients would undo the sharding: give them back.
+      parts.optimizer->release_buffers();
       optimizer_->set_gradient_sync(sync_enabled_);
       parts.optimizer = optimizer_;
       parts.precision = std::make_shared<ZeroPrecision>(optimizer_, options());

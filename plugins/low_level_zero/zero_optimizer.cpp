@@ -1,6 +1,7 @@
 #include "plugins/low_level_zero/zero_optimizer.h"
 
 #include <cmath>
+#include <cstdint>
 #include <set>
 
 #include "booster/autograd/autograd.h"
@@ -137,6 +138,47 @@ ZeroOptimizer::ZeroOptimizer(const optim::Optimizer& original, nn::Module& model
     }
   }
   if (dtype == DType::Float16) scaler_.emplace(options_.scaler);
+
+  if (bucketed()) {
+    self_ = std::make_shared<ZeroOptimizer*>(this);
+    for (size_t g = 0; g < parts_.size(); ++g) {
+      Partition& p = parts_[g];
+      p.bucket_of.assign(p.params.size(), 0);
+      // Backward produces the last parameters' gradients first, so buckets are cut from the end.
+      for (size_t j = p.params.size(); j-- > 0;) {
+        if (p.buckets.empty() || p.buckets.back().end - p.buckets.back().begin >= options_.bucket_numel) {
+          Partition::Bucket b;
+          b.end = p.offsets[j + 1];
+          b.last = j;
+          p.buckets.push_back(std::move(b));
+        }
+        Partition::Bucket& b = p.buckets.back();
+        b.first = j;
+        b.begin = p.offsets[j];
+        p.bucket_of[j] = p.buckets.size() - 1;
+      }
+      p.hook_index.assign(p.params.size(), SIZE_MAX);
+      for (size_t j = 0; j < p.params.size(); ++j) {
+        if (!p.params[j].requires_grad()) continue;
+        std::weak_ptr<ZeroOptimizer*> self = self_;
+        p.params[j].register_grad_ready_hook([self, g, j](Tensor&) {
+          if (auto alive = self.lock()) (*alive)->on_grad_ready(g, j);
+        });
+        p.hook_index[j] = p.params[j].impl()->grad_ready_hooks.size() - 1;
+      }
+    }
+  }
+}
+
+// The hooks are code of this plugin library; the model may outlive both the optimizer and the
+// library (Note [Plugin lifetime]), so they leave with the optimizer. Nothing else removes hooks, so
+// ours are still where we put them.
+ZeroOptimizer::~ZeroOptimizer() {
+  for (Partition& p : parts_)
+    for (size_t j = 0; j < p.hook_index.size(); ++j) {
+      std::vector<GradReadyHook>& hooks = p.params[j].impl()->grad_ready_hooks;
+      if (p.hook_index[j] < hooks.size()) hooks.erase(hooks.begin() + std::ptrdiff_t(p.hook_index[j]));
+    }
 }
 
 Tensor ZeroOptimizer::shard_of(const Tensor& flat, const Partition& p) const {
@@ -147,6 +189,19 @@ Tensor ZeroOptimizer::shard_of(const Tensor& flat, const Partition& p) const {
 
 void ZeroOptimizer::prepare_backward() {
   if (options_.stage != 2) return;
+  if (bucketed()) {
+    for (Partition& p : parts_) {
+      for (const Tensor& t : p.params) t.set_grad(Tensor());  // autograd allocates each as it comes
+      for (Partition::Bucket& b : p.buckets) {
+        b.waiting = 0;
+        for (size_t j = b.first; j <= b.last; ++j) b.waiting += p.params[j].requires_grad();
+        b.buffer = Tensor();
+        b.work = nullptr;
+      }
+    }
+    in_backward_ = true;
+    return;
+  }
   for (Partition& p : parts_) {
     if (p.flat_grads.defined()) continue;
     p.flat_grads = zeroed(p.padded, options_.working_dtype);
@@ -178,6 +233,10 @@ void ZeroOptimizer::reduce_pending() {
   const bool accumulate = options_.stage == 2 && have_grads_;
   bool found = false;
   for (Partition& p : parts_) {
+    if (bucketed()) {
+      found |= reduce_buckets(p, accumulate);
+      continue;
+    }
     if (!p.flat_grads.defined()) continue;  // stage 2 without prepare_backward(): nothing arrived
     found |= reduce_partition(p, accumulate);
     if (options_.stage == 2) {
@@ -185,6 +244,7 @@ void ZeroOptimizer::reduce_pending() {
       p.flat_grads = Tensor();  // the full-size buffer goes back to the allocator now
     }
   }
+  in_backward_ = false;
   local_found_inf_ = accumulate ? (local_found_inf_ || found) : found;
   have_grads_ = true;
   unreduced_ = false;
@@ -217,6 +277,65 @@ bool ZeroOptimizer::reduce_partition(Partition& p, bool accumulate) {
     }
   }
   grad.bump_version();  // raw writes: the inner optimizer sees the gradient as arrived
+  return found;
+}
+
+// Note [ZeRO-2 buckets]
+// Stage 2 must not hold a full-size gradient buffer (that is stage 1). With overlap, no parameter has
+// a gradient slot when backward starts: autograd allocates each parameter's gradient as it produces
+// it, and the grad-ready hook copies it into its bucket (adjacent whole parameters, about
+// bucket_numel elements, cut from the end of the flat buffer because backward runs from the last
+// layer) and frees it. When a bucket's last gradient arrives, its all-reduce (Avg) starts while
+// backward goes on; after backward each rank waits for the buckets and unscales the part of each that
+// lies in its shard into master.grad(), then drops the bucket. So a rank holds the gradients of the
+// buckets in flight, not of the model. A bucket is all-reduced rather than reduce-scattered because
+// its elements belong to the shards of one or two ranks, not to every rank in equal parts; that
+// moves twice the bytes of the one reduce-scatter the non-overlapped path makes after backward.
+// Buckets whose gradients did not all arrive (unused parameters) are reduced after backward in
+// bucket order; as with torch's DDP, every rank must use the same parameters in the same order.
+void ZeroOptimizer::on_grad_ready(size_t g, size_t j) {
+  if (!in_backward_) return;  // a backward not driven through the strategy (no_sync is stage 1 only)
+  Partition& p = parts_[g];
+  Partition::Bucket& b = p.buckets[p.bucket_of[j]];
+  const Tensor& t = p.params[j];
+  const Tensor grad = t.grad();
+  if (!grad.defined() || b.work) return;
+  if (!b.buffer.defined()) b.buffer = zeroed(b.end - b.begin, options_.working_dtype);
+  span(b.buffer, p.offsets[j] - b.begin, t.numel()).copy_(grad.reshape({-1}));
+  t.set_grad(Tensor());
+  if (--b.waiting == 0) b.work = group_.all_reduce_async(distributed::BufferSpan::of(b.buffer), ReduceOp::Avg);
+}
+
+bool ZeroOptimizer::reduce_buckets(Partition& p, bool accumulate) {
+  const DType dtype = options_.working_dtype;
+  for (Partition::Bucket& b : p.buckets) {
+    if (b.work) continue;
+    if (!b.buffer.defined()) b.buffer = zeroed(b.end - b.begin, dtype);
+    for (size_t j = b.first; j <= b.last; ++j) {  // gradients set outside backward's hooks
+      const Tensor& t = p.params[j];
+      if (!t.grad().defined()) continue;
+      span(b.buffer, p.offsets[j] - b.begin, t.numel()).add_(t.grad().reshape({-1}));
+      t.set_grad(Tensor());
+    }
+    b.work = group_.all_reduce_async(distributed::BufferSpan::of(b.buffer), ReduceOp::Avg);
+  }
+  Tensor grad = p.master.grad();
+  Tensor dst = accumulate ? zeroed(p.shard, DType::Float32) : grad;
+  const int64_t begin = int64_t(group_.rank()) * p.shard, end = begin + p.shard;
+  std::vector<mixed_precision::GradSpan> spans;
+  for (Partition::Bucket& b : p.buckets) {
+    b.work->wait();
+    const int64_t lo = std::max(b.begin, begin), hi = std::min(b.end, end);
+    if (lo < hi) spans.push_back({span(b.buffer, lo - b.begin, hi - lo), span(dst, lo - begin, hi - lo)});
+  }
+  const float inv_scale = dtype == DType::Float32 ? 1.0f : float(1.0 / loss_scale());
+  const bool found = mixed_precision::fused_unscale_and_check(spans, inv_scale);
+  if (accumulate) grad.add_(dst);
+  grad.bump_version();
+  for (Partition::Bucket& b : p.buckets) {
+    b.buffer = Tensor();
+    b.work = nullptr;
+  }
   return found;
 }
 
@@ -414,7 +533,9 @@ void ZeroOptimizer::load_state_dict(const optim::OptimizerState& state) {
     }
     if (step > 0) inner_state.meta["state"][std::to_string(g)] = {{"step", step}};
 
-    std::set<std::string> names = names_of[p.first_index];
+    // Every parameter of the group must carry the same state names (checked below).
+    std::set<std::string> names;
+    for (size_t j = 0; j < p.params.size(); ++j) names.merge(std::set<std::string>(names_of[p.first_index + j]));
     const int64_t begin = shard_offset(g);
     for (const std::string& name : names) {
       Tensor shard = zeroed(p.shard, DType::Float32);
@@ -422,7 +543,8 @@ void ZeroOptimizer::load_state_dict(const optim::OptimizerState& state) {
         const std::string key = "state." + std::to_string(p.first_index + j) + "." + name;
         auto it = state.tensors.find(key);
         BOOSTER_CHECK(it != state.tensors.end(), CheckpointError, "low_level_zero: optimizer state has no '", key,
-                      "' (parameter ", p.first_index, " has '", name, "')");
+                      "' although other parameters of group ", g, " have '", name,
+                      "'; ZeRO keeps one state per group, so every parameter needs it");
         BOOSTER_CHECK(it->second.numel() == p.params[j].numel(), CheckpointError, "low_level_zero: '", key,
                       "' has shape ", it->second.shape(), " but the parameter has shape ", p.params[j].shape());
       }

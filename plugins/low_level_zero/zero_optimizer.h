@@ -23,12 +23,14 @@
 // Stage 1 vs stage 2. Stage 1 keeps the P-element gradient buffer for the whole run (bound as the
 // base Optimizer's flat buffer, so zero_grad() clears it and backward accumulates into it); with
 // gradient sync off (no_sync) backward only accumulates there and the next synced backward reduces the
-// sum. Stage 2 allocates that buffer when backward starts and frees it as soon as it has been
-// reduce-scattered, so between steps (through the forward pass, where activations peak) a rank holds
-// gradients for its shard only; a second backward before step() adds into the shard. Stage 2 cannot
-// skip synchronisation: a local sum would need the full buffer kept alive, which is stage 1.
-// Both stages reduce-scatter instead of all-reducing: a rank only needs its shard, and a
-// reduce-scatter moves half the bytes of an all-reduce.
+// sum. Stage 2 never keeps a full-size gradient buffer: by default it reduces gradients in buckets
+// while backward runs and frees each as it goes (Note [ZeRO-2 buckets] in zero_optimizer.cpp); with
+// overlap off it allocates the buffer when backward starts and frees it as soon as it has been
+// reduce-scattered. Either way, between steps (through the forward pass, where activations peak) a
+// rank holds gradients for its shard only; a second backward before step() adds into the shard.
+// Stage 2 cannot skip synchronisation: a local sum would need the full buffer kept alive (stage 1).
+// The after-backward reductions are reduce-scatters, not all-reduces (as the sketch had for
+// stage 1): a rank only needs its shard, and a reduce-scatter moves half the bytes.
 //
 // Semantics that differ from an unsharded optimizer: a shard is one parameter of the inner optimizer,
 // so every parameter of a group takes every step (its gradient is zero when it got none), as in
@@ -59,6 +61,10 @@ struct ZeroOptions {
   DType working_dtype = DType::Float16;               // the model's dtype after configure
   mixed_precision::DynamicGradScalerOptions scaler;   // float16 only
   double max_norm = 0.0;                              // clip in step(); 0: no clipping
+  // Stage 2: reduce gradients in buckets of whole parameters (about bucket_numel elements) as backward
+  // produces them (Note [ZeRO-2 buckets]); false: one reduce-scatter after backward.
+  bool overlap = true;
+  int64_t bucket_numel = int64_t(12) << 20;
 };
 
 class ZeroOptimizer final : public optim::Optimizer {
@@ -68,6 +74,7 @@ class ZeroOptimizer final : public optim::Optimizer {
   // working dtype and binds its parameters into padded flat buffers (Note [ZeRO partitions]).
   ZeroOptimizer(const optim::Optimizer& original, nn::Module& model, distributed::ProcessGroup& group,
                 const ZeroOptions& options);
+  ~ZeroOptimizer() override;
 
   // The whole ZeRO step: reduces gradients still pending, agrees on found_inf, clips (max_norm),
   // steps the shard or skips, all-gathers the parameters, updates the loss scale.
@@ -117,6 +124,17 @@ class ZeroOptimizer final : public optim::Optimizer {
     Tensor flat_params;            // `padded` elements, working dtype
     Tensor flat_grads;             // `padded` elements, working dtype (stage 2: only during backward)
     Tensor master;                 // `shard` float32 elements: the inner optimizer's parameter
+    // Stage 2 with overlap: buckets of adjacent parameters, last parameters first.
+    struct Bucket {
+      int64_t begin = 0, end = 0;  // elements of the flat buffer
+      size_t first = 0, last = 0;  // parameters [first, last]
+      int64_t waiting = 0;         // parameters whose gradient has not arrived in this backward
+      Tensor buffer;               // end - begin elements, working dtype, while being reduced
+      distributed::WorkPtr work;
+    };
+    std::vector<Bucket> buckets;
+    std::vector<size_t> bucket_of;  // per parameter
+    std::vector<size_t> hook_index;  // per parameter: our grad-ready hook's place in its list
   };
 
   Tensor shard_of(const Tensor& flat, const Partition& p) const;
@@ -132,6 +150,14 @@ class ZeroOptimizer final : public optim::Optimizer {
   std::vector<Partition> parts_;
   std::unique_ptr<optim::Optimizer> inner_;
   std::optional<mixed_precision::DynamicGradScaler> scaler_;  // float16 only
+
+  // Note [ZeRO-2 buckets] (in zero_optimizer.cpp).
+  void on_grad_ready(size_t g, size_t j);
+  bool reduce_buckets(Partition& p, bool accumulate);
+  bool bucketed() const { return options_.stage == 2 && options_.overlap; }
+  bool in_backward_ = false;
+  // Hooks on the parameters hold this weakly: the model may outlive the optimizer.
+  std::shared_ptr<ZeroOptimizer*> self_;
 
   // Per step.
   bool sync_enabled_ = true;

@@ -129,6 +129,11 @@ void Optimizer::set_lr(double lr) {
   for (ParamGroup& g : groups_) g.options["lr"] = lr;
 }
 
+void Optimizer::release_buffers() {
+  for (std::vector<Segment>& segs : segments_) segs.clear();
+  std::fill(steps_.begin(), steps_.end(), 0);
+}
+
 std::vector<const FlatBuffer*> Optimizer::flat_buffers(size_t group) const {
   std::vector<const FlatBuffer*> out;
   for (const Segment& seg : segments_.at(group)) out.push_back(&seg.flat);

@@ -78,6 +78,12 @@ class Optimizer {
   size_t num_params() const { return steps_.size(); }
   // The flat buffers of one group (one per dtype among its parameters).
   std::vector<const FlatBuffer*> flat_buffers(size_t group) const;
+  // Frees the flat buffers and the state, keeping the groups and their options. For an optimizer
+  // whose parameters another optimizer now steps (a strategy or plugin rebuilt it over converted or
+  // sharded parameters, and rebound them): its options still drive that one (schedulers edit them),
+  // but its copies of the values and its gradient buffer would otherwise stay allocated. Afterwards
+  // step() and zero_grad() do nothing.
+  void release_buffers();
 
  protected:
   // `defaults` lists every option with its default; a null value marks a required option.
