@@ -7,6 +7,7 @@
 
 #include <boost/program_options.hpp>
 
+#include "booster/common/build_info.h"
 #include "booster/common/error.h"
 #include "booster/config/config.h"
 #include "cli/commands.h"
@@ -46,20 +47,25 @@ struct UsageError : booster::Error {
   using booster::Error::Error;
 };
 
-// The version and what this build can do: the CUDA backend (compiled in, and whether a device is
-// there), MPI (multi-process runs), the build type.
+// The version and what this build can do: the CUDA backend (compiled in, and the devices found), NCCL,
+// MPI (multi-process runs), the build type.
 void print_version() {
-  std::cout << "booster " << kVersion << "\n"
-#ifdef BOOSTER_WITH_CUDA
-            << "  CUDA: on (compiled in)\n"
-#else
-            << "  CUDA: off (not compiled in)\n"
-#endif
-#ifdef BOOSTER_WITH_MPI
-            << "  MPI: on (booster run -n N starts N processes)\n"
-#else
-            << "  MPI: off (one process only)\n"
-#endif
+  const nlohmann::json info = booster::build_info();
+  const nlohmann::json& cuda = info.at("cuda");
+  std::cout << "booster " << kVersion << "\n";
+  if (!cuda.at("compiled").get<bool>()) {
+    std::cout << "  CUDA: off (not compiled in)\n";
+  } else {
+    const int64_t devices = cuda.value("device_count", int64_t(0));
+    std::cout << "  CUDA: on, " << devices << (devices == 1 ? " device" : " devices");
+    for (const auto& name : cuda.value("devices", nlohmann::json::array())) std::cout << " (" << name.get<std::string>() << ")";
+    const std::string reason = cuda.value("reason", "");
+    if (!reason.empty()) std::cout << "; " << reason;
+    std::cout << "\n";
+  }
+  std::cout << "  NCCL: " << (info.value("nccl", false) ? "on" : "off") << "\n"
+            << "  MPI: " << (info.value("mpi", false) ? "on (booster run -n N starts N processes)" : "off (one process only)")
+            << "\n"
 #ifdef NDEBUG
             << "  build: release\n";
 #else

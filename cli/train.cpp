@@ -272,9 +272,8 @@ int train(const json& config) {
   const int64_t eval_every = train_cfg.at("eval_every").get<int64_t>();
   const int64_t checkpoint_every = train_cfg.at("checkpoint_every").get<int64_t>();
   const int keep_last = train_cfg.at("keep_last").get<int>();
-  const std::optional<double> max_grad_norm =
-      train_cfg.at("max_grad_norm").is_number() ? std::optional<double>(train_cfg.at("max_grad_norm").get<double>())
-                                                : std::nullopt;
+  // 0: no clipping (the schema allows only null or a positive number).
+  const double max_grad_norm = train_cfg.at("max_grad_norm").is_number() ? train_cfg.at("max_grad_norm").get<double>() : 0.0;
   manual_seed(seed);
 
   // ---- the Booster: loads the plugin, checks the combination, starts the processes' group.
@@ -407,7 +406,7 @@ int train(const json& config) {
       optimizer.zero_grad();
       Tensor loss = criterion((*model)(batch.x), batch.y);
       booster.backward(loss, optimizer);
-      if (max_grad_norm) booster.clip_grad_norm(optimizer, *max_grad_norm);
+      if (max_grad_norm > 0.0) booster.clip_grad_norm(optimizer, max_grad_norm);
       optimizer.step();
       // A skipped step (inf/NaN gradients, the scale was lowered) changed no weight, so, as Accelerate
       // does, it does not move the schedule either (BoostedScheduler::step knows).

@@ -1,8 +1,11 @@
 // Trains an MLP on Fashion-MNIST by hand, with the library's API and no config file: the same run as
 // `booster train --config examples/configs/fashion_mnist_mlp.json`, written out so every step shows.
+// The Booster injects the mixed-precision strategy (and would inject a parallel plugin) into an
+// ordinary loop, so switching precision is one argument, not new code.
 //
-//   build/bin/train_fashion_mnist [DATA_DIR] [EPOCHS]
-//   (defaults: /usr/share/datasets/fashion-mnist, 2 epochs; Debian package dataset-fashion-mnist)
+//   build/bin/train_fashion_mnist [DATA_DIR] [EPOCHS] [MIXED_PRECISION]
+//   (defaults: /usr/share/datasets/fashion-mnist, 2 epochs, fp32; Debian package dataset-fashion-mnist)
+//   build/bin/train_fashion_mnist /usr/share/datasets/fashion-mnist 1 bf16
 #include <algorithm>  // std::min: the last test batch
 #include <chrono>   // steady_clock: throughput
 #include <cstdio>   // printf: progress
@@ -11,6 +14,7 @@
 #include <vector>   // the test batch indices
 
 #include "booster/autograd/autograd.h"     // NoGradGuard: evaluation records no graph
+#include "booster/booster/booster.h"       // Booster, BoosterConfig: precision injected into the loop
 #include "booster/data/data.h"             // DataLoader, DataLoaderOptions, Batch
 #include "booster/data/fashion_mnist.h"    // load_fashion_mnist: the IDX files as tensors
 #include "booster/nn/models.h"             // MLPClassifier: Linear/ReLU stack
@@ -23,6 +27,7 @@ using namespace booster;
 int main(int argc, char** argv) {
   const std::string data_dir = argc > 1 ? argv[1] : data::kFashionMnistDir;
   const int epochs = argc > 2 ? std::atoi(argv[2]) : 2;
+  const std::string precision = argc > 3 ? argv[3] : "fp32";
   const int64_t batch_size = 128;
   const uint64_t seed = 0;
 
@@ -31,38 +36,46 @@ int main(int argc, char** argv) {
     // training set's mean and std; labels 0..9.
     auto train_set = data::load_fashion_mnist(data_dir, /*train=*/true, /*normalize=*/true);
     auto test_set = data::load_fashion_mnist(data_dir, /*train=*/false, /*normalize=*/true);
+    BoosterConfig booster_config;  // no plugin: one process
+    booster_config.mixed_precision = precision;
+    Booster booster(booster_config);
     data::DataLoaderOptions loader_options;
     loader_options.batch_size = batch_size;
     loader_options.shuffle = true;  // a new permutation every epoch, from the seed and the epoch
     loader_options.seed = seed;
-    data::DataLoader train_loader(train_set, loader_options);
+    auto loader = booster.prepare_dataloader(train_set, loader_options);
 
     // ---- model and optimizer: 784 -> 1024 -> 1024 -> 10 with ReLU; AdamW with PyTorch's defaults
     // except the learning rate, which follows a cosine from 1e-3 to 0 over the whole run.
-    auto model = std::make_shared<nn::MLPClassifier>(784, std::vector<int64_t>{1024, 1024}, 10, "relu", seed);
-    optim::AdamW optimizer(model->parameters(), nlohmann::json{{"lr", 1e-3}, {"weight_decay", 0.01}});
-    optim::CosineAnnealingLR scheduler(optimizer, /*T_max=*/epochs * train_loader.size());
-    std::printf("MLP with %lld parameters, %lld steps per epoch\n", static_cast<long long>(model->num_parameters()),
-                static_cast<long long>(train_loader.size()));
+    auto mlp = std::make_shared<nn::MLPClassifier>(784, std::vector<int64_t>{1024, 1024}, 10, "relu", seed);
+    auto adamw = std::make_shared<optim::AdamW>(mlp->parameters(), nlohmann::json{{"lr", 1e-3}, {"weight_decay", 0.01}});
+    auto cosine = std::make_shared<optim::CosineAnnealingLR>(*adamw, /*T_max=*/epochs * loader->size());
+    nn::Criterion loss_fn = [](const Tensor& logits, const Tensor& labels) { return cross_entropy(logits, labels); };
+    // Only what boost() returns is used from here on: the strategy may cast the model (fp16_naive),
+    // wrap its forward in autocast (fp16, bf16) or step float32 master weights.
+    auto [model, optimizer, criterion, train_loader, scheduler] = booster.boost(mlp, adamw, loss_fn, loader, cosine);
+    std::printf("MLP with %lld parameters, %lld steps per epoch, precision %s\n",
+                static_cast<long long>(mlp->num_parameters()), static_cast<long long>(train_loader->size()),
+                precision.c_str());
 
     // ---- training loop
     int64_t step = 0;
     auto t0 = std::chrono::steady_clock::now();
     for (int epoch = 0; epoch < epochs; ++epoch) {
-      train_loader.set_epoch(epoch);
+      train_loader->set_epoch(epoch);
       model->train();
-      for (data::Batch& batch : train_loader) {
+      for (data::Batch& batch : *train_loader) {
+        optimizer->zero_grad();                         // drop last step's gradients
         Tensor logits = (*model)(batch.x);              // forward: [B, 10]
-        Tensor loss = cross_entropy(logits, batch.y);   // mean over the batch
-        optimizer.zero_grad();                          // drop last step's gradients
-        loss.backward();                                // fills each parameter's .grad
-        optimizer.step();                               // one fused AdamW update
-        scheduler.step();                               // the next step's lr
+        Tensor loss = criterion(logits, batch.y);       // mean over the batch
+        booster.backward(loss, *optimizer);             // fills each parameter's .grad (scaled if the strategy scales)
+        optimizer->step();                              // one fused AdamW update, skipped on inf/NaN gradients
+        scheduler->step();                              // the next step's lr (not after a skipped step)
         ++step;
         if (step % 100 == 0) {
           double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
           std::printf("epoch %d step %5lld | loss %.4f | lr %.2e | %.0f images/s\n", epoch + 1,
-                      static_cast<long long>(step), loss.item(), optimizer.lr(), 100.0 * double(batch_size) / seconds);
+                      static_cast<long long>(step), loss.item(), optimizer->lr(), 100.0 * double(batch_size) / seconds);
           t0 = std::chrono::steady_clock::now();
         }
       }

@@ -794,3 +794,41 @@ TEST_CASE("every subcommand has --help", "[cli]") {
     CHECK(r.err.empty());
   }
 }
+
+// The ddp and low_level_zero example configs train under two processes, as a user would start them.
+TEST_CASE("the parallel example configs train 3 steps under booster run -n 2", "[cli][mpi]") {
+  if (!have_mpirun() || !have_fashion_mnist()) {
+    WARN("skipped: needs mpirun and /usr/share/datasets/fashion-mnist");
+    return;
+  }
+  for (const char* name : {"fashion_mnist_ddp_fp16.json", "fashion_mnist_zero2_bf16.json"}) {
+    INFO(name);
+    RunResult r = run_booster("run -n 2 -- booster train --config " + source_path(std::string("examples/configs/") + name) +
+                                  " --set train.max_steps=3 --set train.run_dir=null --set 'model.hidden=[64]'",
+                              "OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1");
+    INFO(r.err);
+    REQUIRE(r.exit_code == 0);
+    const json summary = summary_line(r.out);
+    CHECK(summary["steps"] == 3);
+    CHECK(summary["processes"] == 2);
+  }
+}
+
+// The example programs are users of the public API like any other: they must build and run.
+TEST_CASE("the character-level GPT example trains a few steps and samples", "[cli][examples]") {
+  const fs::path program = fs::path(BOOSTER_BIN_DIR) / "train_char_gpt";
+  const fs::path text = "/usr/share/common-licenses/GPL-3";  // base-files: on every Debian system
+  REQUIRE(fs::exists(program));
+  REQUIRE(fs::exists(text));
+  for (const char* precision : {"fp32", "bf16"}) {
+    INFO(precision);
+    const fs::path out = scratch_dir() / "char_gpt.txt";
+    const std::string cmd = program.string() + " " + text.string() + " 25 " + precision + " >" + out.string() + " 2>&1";
+    CHECK(std::system(cmd.c_str()) == 0);
+    const std::string printed = read_text(out);
+    INFO(printed);
+    CHECK(printed.find("precision " + std::string(precision)) != std::string::npos);
+    CHECK(printed.find("step   25 | loss ") != std::string::npos);
+    CHECK(printed.find("\nsample:\n") != std::string::npos);
+  }
+}

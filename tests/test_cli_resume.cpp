@@ -13,6 +13,7 @@
 #include <fstream>
 #include <sstream>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -98,22 +99,23 @@ void keep_only(const fs::path& root, int step) {
 
 // Trains `config` uninterrupted and interrupted at step 5, resumed from its checkpoint, and checks
 // that both end with the same bytes.
-void check_resume_is_exact(const std::string& name, const json& config) {
+// `launcher` runs the command: "" for one process, "run -n 2 -- booster " for two.
+void check_resume_is_exact(const std::string& name, const json& config, const std::string& launcher = "") {
   INFO(name);
   const fs::path whole = scratch_dir() / ("whole_" + name), parts = scratch_dir() / ("parts_" + name);
   fs::remove_all(whole);
   fs::remove_all(parts);
   const fs::path cfg = write_config(name + ".json", config);
-  RunResult a = run_booster("train --config " + cfg.string() + " --set train.checkpoint_every=12 --set train.checkpoint_dir=" +
+  RunResult a = run_booster(launcher + "train --config " + cfg.string() + " --set train.checkpoint_every=12 --set train.checkpoint_dir=" +
                             whole.string());
   INFO(a.err);
   REQUIRE(a.exit_code == 0);
-  RunResult b = run_booster("train --config " + cfg.string() + " --set train.checkpoint_every=5 --set train.checkpoint_dir=" +
+  RunResult b = run_booster(launcher + "train --config " + cfg.string() + " --set train.checkpoint_every=5 --set train.checkpoint_dir=" +
                             parts.string());
   INFO(b.err);
   REQUIRE(b.exit_code == 0);
   keep_only(parts, 5);
-  RunResult c = run_booster("train --config " + cfg.string() + " --set train.checkpoint_every=12 --set train.checkpoint_dir=" +
+  RunResult c = run_booster(launcher + "train --config " + cfg.string() + " --set train.checkpoint_every=12 --set train.checkpoint_dir=" +
                             parts.string() + " --resume " + step_dir(parts, 5).string());
   INFO(c.err);
   REQUIRE(c.exit_code == 0);
@@ -257,5 +259,35 @@ TEST_CASE("a checkpoint that does not fit or is damaged is refused with one line
     const fs::path copy = damaged_copy("missing");
     fs::remove(copy / "optimizer" / "precision.json");
     resume_fails_with("", "precision.json", copy);
+  }
+}
+
+bool have_mpirun() { return std::system("command -v mpirun >/dev/null 2>&1") == 0; }
+bool have_plugin(const std::string& name) {
+  return fs::exists(fs::path(BOOSTER_LIB_DIR) / ("libbooster_plugin_" + name + ".so"));
+}
+
+// Two ranks (each 128 of the 256 samples, 4 batches per epoch): step 5 is inside the second epoch.
+TEST_CASE("resuming ddp and low_level_zero on 2 ranks gives the same bytes", "[cli][checkpoint][mpi]") {
+  if (!have_mpirun()) {
+    WARN("skipped: no mpirun");
+    return;
+  }
+  const std::string two_ranks = "run -n 2 -- booster ";
+  for (const auto& [name, mixed_precision, plugin] : std::vector<std::tuple<std::string, json, json>>{
+           {"ddp_fp32", "fp32", "ddp"},
+           {"ddp_fp16", "fp16", "ddp"},
+           {"ddp_apex_O2", {{"name", "fp16_apex"}, {"opt_level", "O2"}}, "ddp"},
+           {"zero1_fp16", "fp32", {{"name", "low_level_zero"}, {"stage", 1}, {"precision", "fp16"}}},
+           {"zero2_bf16", "fp32", {{"name", "low_level_zero"}, {"stage", 2}, {"precision", "bf16"}}}}) {
+    const std::string plugin_name = plugin.is_string() ? plugin.get<std::string>() : plugin.at("name").get<std::string>();
+    if (!have_plugin(plugin_name)) {
+      WARN("skipped " << name << ": plugin " << plugin_name << " is not built");
+      continue;
+    }
+    json c = mlp_config(mixed_precision);
+    c["plugin"] = plugin;
+    c["train"]["epochs"] = 3;
+    check_resume_is_exact(name, c, two_ranks);
   }
 }
