@@ -2,6 +2,7 @@
 #pragma once
 
 #include <nlohmann/json.hpp>
+#include <string>
 
 namespace booster::cli {
 
@@ -17,5 +18,10 @@ int train(const nlohmann::json& config);
 // Prints every registered mixed-precision strategy (built-in or plugin), one block each: the name,
 // then each option with its default, as `booster precisions` shows them.
 int precisions();
+
+// `booster plugins`: every parallel plugin on the search path with its version, file, devices,
+// precisions and options. `booster compat`: the compatibility matrix of every strategy and plugin.
+int plugins();
+int compat(const std::string& device);
 
 }  // namespace booster::cli

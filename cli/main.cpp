@@ -27,6 +27,8 @@ constexpr const char* kUsage =
     "  train    train a model: booster train --config FILE [--set key.path=value ...]\n"
     "  check    validate a config and print it with every default filled in\n"
     "  precisions  list the mixed-precision strategies with their options and defaults\n"
+    "  plugins  list the parallel plugins with their devices, precisions and options\n"
+    "  compat   print the compatibility matrix of strategies and plugins [--device cpu|cuda]\n"
     "\n"
     "options:\n"
     "  -h, --help     show this help (or `booster <command> --help`)\n"
@@ -134,8 +136,32 @@ int run(int argc, char** argv) {
     }
     return booster::cli::precisions();
   }
+  if (command == "plugins") {
+    if (!rest.empty()) {
+      if (rest.front() == "-h" || rest.front() == "--help") {
+        std::cout << "usage: booster plugins\n\nLists every parallel plugin on the plugin search path with its "
+                     "version, file, devices, precisions and options.\n";
+        return booster::cli::kExitOk;
+      }
+      throw UsageError("'booster plugins' takes no arguments, got '" + rest.front() + "'");
+    }
+    return booster::cli::plugins();
+  }
+  if (command == "compat") {
+    std::string device = "cpu";
+    for (size_t i = 0; i < rest.size(); ++i) {
+      if (rest[i] == "-h" || rest[i] == "--help") {
+        std::cout << "usage: booster compat [--device cpu|cuda]\n\nPrints which mixed-precision strategy works "
+                     "with which parallel plugin, with the reason and what to use instead for each that does not.\n";
+        return booster::cli::kExitOk;
+      }
+      if (rest[i] == "--device" && i + 1 < rest.size()) device = rest[++i];
+      else throw UsageError("'booster compat' takes only --device cpu|cuda, got '" + rest[i] + "'");
+    }
+    return booster::cli::compat(device);
+  }
   std::string msg = "unknown command '" + command + "'";
-  if (auto guess = booster::config::nearest(command, {"train", "check", "precisions"})) msg += "; did you mean '" + *guess + "'?";
+  if (auto guess = booster::config::nearest(command, {"train", "check", "precisions", "plugins", "compat"})) msg += "; did you mean '" + *guess + "'?";
   throw UsageError(msg + " (see booster --help)");
 }
 

@@ -45,6 +45,8 @@ class Fp16Autocast final : public MixedPrecision {
 
   double loss_scale() const override { return scaler_.get_scale(); }
 
+  void set_found_inf_reducer(FoundInfReducer reducer) override { scaler_.set_found_inf_reducer(std::move(reducer)); }
+
   void backward(const Tensor& loss, optim::Optimizer& optimizer) override {
     unscaled_this_step_ = false;
     scaler_.scale(loss).backward();

@@ -215,9 +215,10 @@ class Fp16Apex final : public MasterWeightStrategy {
       c = configure_masters(model, optimizer, criterion, convert_if);
     } else if (cast16) {
       // O3: the converted parameters are stepped directly, by a fresh optimizer of the same kind.
-      std::vector<optim::ParamGroup> groups = optimizer->param_groups();
+      std::vector<optim::ParamGroup> groups;
+      if (optimizer) groups = optimizer->param_groups();
       model->to(DType::Float16, convert_if);
-      c.optimizer = rebuild_optimizer(*optimizer, std::move(groups));
+      if (optimizer) c.optimizer = rebuild_optimizer(*optimizer, std::move(groups));
       c.model = model;
       c.criterion = criterion;
     } else {
@@ -246,7 +247,7 @@ class Fp16Apex final : public MasterWeightStrategy {
     if (unscaled_) return;
     std::vector<GradSpan> spans;
     for (const Tensor& g : flat_grads(optimizer)) spans.push_back({g, g});
-    found_inf_ = fused_unscale_and_check(spans, float(1.0 / scaler_.scale())) && scaler_.dynamic();
+    found_inf_ = agree_on_found_inf(fused_unscale_and_check(spans, float(1.0 / scaler_.scale()))) && scaler_.dynamic();
     unscaled_ = true;
   }
   double clip_grad_norm(optim::Optimizer& optimizer, double max_norm) override {

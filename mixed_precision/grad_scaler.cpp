@@ -31,7 +31,8 @@ void GradScaler::unscale_(optim::Optimizer& optimizer) {
   const float inv_scale = float(1.0 / double(scale_));
   std::vector<GradSpan> spans;
   for (const Tensor& g : flat_grads(optimizer)) spans.push_back({g, g});
-  st.found_inf = fused_unscale_and_check(spans, inv_scale);
+  const bool local_found_inf = fused_unscale_and_check(spans, inv_scale);
+  st.found_inf = found_inf_reducer_ ? found_inf_reducer_(local_found_inf) : local_found_inf;
   st.has_inf_check = true;
   st.stage = Stage::Unscaled;
 }

@@ -14,6 +14,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <nlohmann/json.hpp>
 
@@ -45,6 +46,8 @@ class GradScaler {
   int64_t growth_tracker() const { return growth_tracker_; }
   // Whether unscale_ found an inf/NaN in this optimizer's gradients since the last update().
   bool found_inf(const optim::Optimizer& optimizer) const;
+  // Applied to the flag unscale_ computes (Note [Agreeing on found_inf] in mixed_precision.h).
+  void set_found_inf_reducer(std::function<bool(bool)> reducer) { found_inf_reducer_ = std::move(reducer); }
   bool unscaled(const optim::Optimizer& optimizer) const;
   const GradScalerOptions& options() const { return options_; }
 
@@ -64,6 +67,7 @@ class GradScaler {
   float scale_;
   int64_t growth_tracker_ = 0;
   std::map<const optim::Optimizer*, PerOptimizer> per_optimizer_;
+  std::function<bool(bool)> found_inf_reducer_;
 };
 
 }  // namespace booster::mixed_precision

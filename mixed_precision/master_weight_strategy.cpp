@@ -9,12 +9,15 @@ namespace booster::mixed_precision {
 
 Configured MasterWeightStrategy::configure_masters(nn::ModulePtr model, std::shared_ptr<optim::Optimizer> optimizer,
                                                    Criterion criterion, const nn::ModuleFilter& convert_if) {
-  BOOSTER_CHECK(model && optimizer, ValueError, name(), ": configure needs a model and an optimizer");
+  BOOSTER_CHECK(model != nullptr, ValueError, name(), ": configure needs a model");
   const DType dtype = model_dtype_;
-  optimizer_ = std::make_shared<MasterWeightOptimizer>(*optimizer, [&] {
+  auto convert = [&] {
     if (convert_if) model->to(dtype, convert_if);
     else model->to(dtype);
-  });
+  };
+  // Without an optimizer (evaluation only) there is nothing to keep masters for: just convert.
+  if (optimizer) optimizer_ = std::make_shared<MasterWeightOptimizer>(*optimizer, convert);
+  else convert();
   PrecisionModule::Options mo;
   mo.cast_io = true;
   mo.input_dtype = dtype;
@@ -37,7 +40,7 @@ void MasterWeightStrategy::backward(const Tensor& loss, optim::Optimizer& optimi
 
 void MasterWeightStrategy::gather(optim::Optimizer& optimizer) {
   if (gathered_) return;
-  found_inf_ = masters_of(optimizer).gather_grads(float(1.0 / current_scale()));
+  found_inf_ = agree_on_found_inf(masters_of(optimizer).gather_grads(float(1.0 / current_scale())));
   if (!skip_on_overflow_) found_inf_ = false;
   gathered_ = true;
 }

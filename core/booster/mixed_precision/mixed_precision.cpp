@@ -206,6 +206,7 @@ Tensor PrecisionModule::forward(const Tensor& x) {
 }
 
 Criterion autocast_criterion(Criterion criterion, DType dtype, std::shared_ptr<const autocast::PolicyTable> table) {
+  if (!criterion) return criterion;  // none given: none returned
   return [criterion = std::move(criterion), dtype, table](const Tensor& output, const Tensor& target) {
     autocast::AutocastGuard guard(true, dtype, table);
     return criterion(output, target);
@@ -236,6 +237,21 @@ std::vector<Tensor> flat_grads(optim::Optimizer& optimizer) {
       out.push_back(fb->grad());
     }
   return out;
+}
+
+// ---------------------------------------------------------------------------------- PrecisionDecorator
+PrecisionDecorator::PrecisionDecorator(std::shared_ptr<MixedPrecision> inner) : inner_(std::move(inner)) {
+  BOOSTER_CHECK(inner_ != nullptr, ValueError, "PrecisionDecorator: the inner strategy is null");
+}
+
+Configured PrecisionDecorator::configure(nn::ModulePtr model, std::shared_ptr<optim::Optimizer> optimizer,
+                                         Criterion criterion) {
+  return inner_->configure(std::move(model), std::move(optimizer), std::move(criterion));
+}
+
+void PrecisionDecorator::step(optim::Optimizer& optimizer) {
+  inner_->step(optimizer);
+  stats_ = inner_->last_step_stats();
 }
 
 }  // namespace booster::mixed_precision

@@ -102,11 +102,54 @@ class MixedPrecision {
   virtual MixedPrecisionState state_dict() const { return {}; }
   virtual void load_state_dict(const MixedPrecisionState& state) {}
 
+  // Note [Agreeing on found_inf]
+  // Under data parallelism every rank must skip the same steps, or their weights part ways. A plugin
+  // installs a reducer (an all-reduce of the flag with Max over its process group) and strategies that
+  // check gradients pass their local verdict through agree_on_found_inf() right after the fused
+  // unscale-and-check pass. Every rank calls it exactly once per check, so it may be a collective.
+  // Without a reducer the local verdict stands.
+  using FoundInfReducer = std::function<bool(bool local_found_inf)>;
+  virtual void set_found_inf_reducer(FoundInfReducer reducer) { found_inf_reducer_ = std::move(reducer); }
+
  protected:
+  bool agree_on_found_inf(bool local_found_inf) const {
+    return found_inf_reducer_ ? found_inf_reducer_(local_found_inf) : local_found_inf;
+  }
+  FoundInfReducer found_inf_reducer_;
+
   // Per-step bookkeeping shared by the strategies: unscaled/clipped already this step?
   StepStats stats_;
   bool unscaled_this_step_ = false;
   double pending_grad_norm_ = std::numeric_limits<double>::quiet_NaN();
+};
+
+// A strategy that forwards every call to `inner`: the base of wrappers that hook the step (a data
+// parallel plugin waits for its gradient all-reduce before the inner strategy unscales and steps; see
+// Note [Who drives the step] in booster/booster/plugin.h). Override what you hook and call the base.
+class PrecisionDecorator : public MixedPrecision {
+ public:
+  explicit PrecisionDecorator(std::shared_ptr<MixedPrecision> inner);
+
+  std::string name() const override { return inner_->name(); }
+  nlohmann::json options() const override { return inner_->options(); }
+  Configured configure(nn::ModulePtr model, std::shared_ptr<optim::Optimizer> optimizer,
+                       Criterion criterion) override;
+  void backward(const Tensor& loss, optim::Optimizer& optimizer) override { inner_->backward(loss, optimizer); }
+  void unscale_gradients(optim::Optimizer& optimizer) override { inner_->unscale_gradients(optimizer); }
+  double clip_grad_norm(optim::Optimizer& optimizer, double max_norm) override {
+    return inner_->clip_grad_norm(optimizer, max_norm);
+  }
+  // Steps through the inner strategy and takes over its statistics (step_was_skipped() reads them).
+  void step(optim::Optimizer& optimizer) override;
+  double loss_scale() const override { return inner_->loss_scale(); }
+  MixedPrecisionState state_dict() const override { return inner_->state_dict(); }
+  void load_state_dict(const MixedPrecisionState& state) override { inner_->load_state_dict(state); }
+  void set_found_inf_reducer(FoundInfReducer reducer) override { inner_->set_found_inf_reducer(std::move(reducer)); }
+
+  const std::shared_ptr<MixedPrecision>& inner() const { return inner_; }
+
+ protected:
+  std::shared_ptr<MixedPrecision> inner_;
 };
 
 // ------------------------------------------------------------------------------------------ registry
@@ -192,7 +235,8 @@ class PrecisionModule : public nn::Module {
   Options options_;
 };
 
-// The criterion run under autocast to `dtype` (losses are float32 ops in the policy table).
+// The criterion run under autocast to `dtype` (losses are float32 ops in the policy table); an empty
+// criterion stays empty.
 Criterion autocast_criterion(Criterion criterion, DType dtype,
                              std::shared_ptr<const autocast::PolicyTable> table = nullptr);
 

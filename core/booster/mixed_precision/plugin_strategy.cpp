@@ -53,6 +53,9 @@ class PluginStrategy final : public MixedPrecision {
     call_into(*library_, "step()", [&] { strategy_->step(optimizer); });
     stats_ = strategy_->last_step_stats();  // step_was_skipped() reads this object's stats
   }
+  void set_found_inf_reducer(FoundInfReducer reducer) override {
+    call_into(*library_, "set_found_inf_reducer()", [&] { strategy_->set_found_inf_reducer(std::move(reducer)); });
+  }
   double loss_scale() const override {
     return call_into(*library_, "loss_scale()", [&] { return strategy_->loss_scale(); });
   }

@@ -1,0 +1,324 @@
+// The Booster (Note [Booster lifecycle] in booster.h).
+#include "booster/booster/booster.h"
+
+#include <algorithm>
+
+#include "booster/booster/compat.h"
+#include "booster/checkpoint/atomic_file.h"
+#include "booster/checkpoint/safetensors.h"
+#include "booster/booster/single_process.h"
+#include "booster/plugin/loader.h"
+
+namespace booster {
+
+using nlohmann::json;
+using plugin::call_into;
+
+// ------------------------------------------------------------------------------------ BoosterConfig
+namespace {
+
+// "name" or {"name": ..., <options>} -> (name, options).
+void read_named(const json& config, const char* key, std::string& name, json& options) {
+  if (!config.contains(key) || config.at(key).is_null()) return;
+  const json& v = config.at(key);
+  if (v.is_string()) {
+    name = v.get<std::string>();
+    options = json::object();
+    return;
+  }
+  BOOSTER_CHECK(v.is_object() && v.contains("name") && v.at("name").is_string(), ConfigError, "booster config '", key,
+                "' must be a name or an object with a string \"name\" and options, got ", v.dump());
+  name = v.at("name").get<std::string>();
+  options = v;
+  options.erase("name");
+}
+
+}  // namespace
+
+BoosterConfig BoosterConfig::from_json(const json& config) {
+  BOOSTER_CHECK(config.is_object(), ConfigError, "booster config must be a JSON object, got ", config.dump());
+  for (const auto& [key, value] : config.items())
+    BOOSTER_CHECK(key == "mixed_precision" || key == "plugin" || key == "device", ConfigError,
+                  "booster config: unknown key '", key, "'; the keys are mixed_precision, plugin, device");
+  BoosterConfig out;
+  read_named(config, "mixed_precision", out.mixed_precision, out.mixed_precision_options);
+  read_named(config, "plugin", out.plugin, out.plugin_options);
+  if (config.contains("device")) {
+    BOOSTER_CHECK(config.at("device").is_string(), ConfigError, "booster config 'device' must be a string such as ",
+                  "\"cpu\" or \"cuda\", got ", config.at("device").dump());
+    out.device = config.at("device").get<std::string>();
+  }
+  return out;
+}
+
+json BoosterConfig::to_json() const {
+  json mp = mixed_precision_options;
+  mp["name"] = mixed_precision;
+  json pl = plugin_options;
+  pl["name"] = plugin.empty() ? "single" : plugin;
+  return {{"mixed_precision", mp}, {"plugin", pl}, {"device", device}};
+}
+
+// ------------------------------------------------------------------------- BoostedOptimizer/Scheduler
+BoostedOptimizer::BoostedOptimizer(std::shared_ptr<optim::Optimizer> user, std::shared_ptr<optim::Optimizer> stepped,
+                                   std::shared_ptr<mixed_precision::MixedPrecision> precision)
+    : user_(std::move(user)), stepped_(std::move(stepped)), precision_(std::move(precision)) {}
+
+void BoostedOptimizer::zero_grad(bool set_to_none) { stepped_->zero_grad(set_to_none); }
+
+void BoostedOptimizer::copy_options_to_stepped() const {
+  if (user_ == stepped_) return;
+  std::vector<optim::ParamGroup>& from = user_->param_groups();
+  std::vector<optim::ParamGroup>& to = stepped_->param_groups();
+  BOOSTER_CHECK(from.size() == to.size(), StateError, "boosted optimizer: the optimizer passed to boost() has ",
+                from.size(), " param groups but the one that steps has ", to.size(),
+                "; add param groups before boost(), not after");
+  for (size_t g = 0; g < from.size(); ++g) to[g].options = from[g].options;
+}
+
+void BoostedOptimizer::step() {
+  copy_options_to_stepped();
+  precision_->step(*stepped_);
+}
+
+optim::OptimizerState BoostedOptimizer::state_dict() const {
+  copy_options_to_stepped();  // the saved lr is the one the scheduler set
+  return stepped_->state_dict();
+}
+
+void BoostedOptimizer::load_state_dict(const optim::OptimizerState& state) {
+  stepped_->load_state_dict(state);
+  copy_options_from_stepped();
+}
+
+void BoostedOptimizer::copy_options_from_stepped() {
+  // The loaded hyperparameters become the user's too, or the next step would copy the old ones back.
+  if (user_ == stepped_) return;
+  std::vector<optim::ParamGroup>& to = user_->param_groups();
+  const std::vector<optim::ParamGroup>& from = stepped_->param_groups();
+  for (size_t g = 0; g < std::min(from.size(), to.size()); ++g) to[g].options = from[g].options;
+}
+
+BoostedScheduler::BoostedScheduler(std::shared_ptr<optim::LRScheduler> scheduler,
+                                   std::shared_ptr<mixed_precision::MixedPrecision> precision)
+    : scheduler_(std::move(scheduler)), precision_(std::move(precision)) {}
+
+void BoostedScheduler::step() {
+  if (!precision_->step_was_skipped()) scheduler_->step();
+}
+
+// -------------------------------------------------------------------------------------- the plugins
+namespace {
+
+// A plugin from a library: every call crosses the boundary through call_into (Note [Plugin ABI]), and
+// what configure() returns is bound to the library (Note [Plugin lifetime]).
+class PluginProxy final : public ParallelPlugin {
+ public:
+  PluginProxy(std::shared_ptr<plugin::Plugin> library, std::shared_ptr<ParallelPlugin> plugin)
+      : library_(std::move(library)), plugin_(std::move(plugin)) {}
+
+  // Defined before its uses: they deduce their return types from it.
+  template <class F>
+  decltype(auto) call(const char* what, F&& f) const {
+    return call_into(*library_, what, std::forward<F>(f));
+  }
+
+  std::string name() const override { return call("name()", [&] { return plugin_->name(); }); }
+  std::string version() const override { return call("version()", [&] { return plugin_->version(); }); }
+  json options() const override { return call("options()", [&] { return plugin_->options(); }); }
+  std::vector<std::string> supported_devices() const override {
+    return call("supported_devices()", [&] { return plugin_->supported_devices(); });
+  }
+  std::vector<std::string> supported_precisions() const override {
+    return call("supported_precisions()", [&] { return plugin_->supported_precisions(); });
+  }
+  bool control_precision() const override { return call("control_precision()", [&] { return plugin_->control_precision(); }); }
+  bool control_device() const override { return call("control_device()", [&] { return plugin_->control_device(); }); }
+  bool support_no_sync() const override { return call("support_no_sync()", [&] { return plugin_->support_no_sync(); }); }
+  bool control_checkpoint_io() const override {
+    return call("control_checkpoint_io()", [&] { return plugin_->control_checkpoint_io(); });
+  }
+  ParallelLayout layout() const override { return call("layout()", [&] { return plugin_->layout(); }); }
+
+  TrainingParts configure(TrainingParts parts) override {
+    TrainingParts out = call("configure()", [&] { return plugin_->configure(std::move(parts)); });
+    out.model = plugin::bind(library_, std::move(out.model));
+    out.optimizer = plugin::bind(library_, std::move(out.optimizer));
+    out.dataloader = plugin::bind(library_, std::move(out.dataloader));
+    out.scheduler = plugin::bind(library_, std::move(out.scheduler));
+    out.precision = plugin::bind(library_, std::move(out.precision));
+    if (out.criterion) {
+      auto held = plugin::bind(library_, std::make_shared<nn::Criterion>(std::move(out.criterion)));
+      out.criterion = [held](const Tensor& output, const Tensor& target) { return (*held)(output, target); };
+    }
+    return out;
+  }
+  std::shared_ptr<data::DataLoader> prepare_dataloader(data::DatasetPtr dataset,
+                                                       const data::DataLoaderOptions& options) override {
+    return plugin::bind(library_, call("prepare_dataloader()", [&] { return plugin_->prepare_dataloader(dataset, options); }));
+  }
+  void set_gradient_sync(bool enabled) override {
+    call("set_gradient_sync()", [&] { plugin_->set_gradient_sync(enabled); });
+  }
+  std::shared_ptr<CheckpointIO> checkpoint_io() override {
+    return plugin::bind(library_, call("checkpoint_io()", [&] { return plugin_->checkpoint_io(); }));
+  }
+  distributed::ProcessGroup& process_group() override {
+    return call("process_group()", [&]() -> distributed::ProcessGroup& { return plugin_->process_group(); });
+  }
+
+ private:
+  std::shared_ptr<plugin::Plugin> library_;
+  std::shared_ptr<ParallelPlugin> plugin_;  // bound to library_ as well
+};
+
+}  // namespace
+
+std::shared_ptr<ParallelPlugin> create_plugin(const std::string& name_or_path, const json& options) {
+  const json opts = options.is_null() ? json::object() : options;
+  if (name_or_path.empty()) return std::make_shared<SingleProcessPlugin>(opts);
+  std::shared_ptr<plugin::Plugin> library = plugin::load(plugin::kParallelKind, name_or_path);
+  auto* factory = reinterpret_cast<ParallelFactory*>(library->symbol("booster_create_parallel"));
+  ParallelPlugin* raw = call_into(*library, "booster_create_parallel", [&] { return factory(opts); });
+  BOOSTER_CHECK(raw != nullptr, PluginError, "parallel plugin '", library->name(), "' (", library->file().string(),
+                ") returned no plugin");
+  std::shared_ptr<ParallelPlugin> created = plugin::bind(library, std::shared_ptr<ParallelPlugin>(raw));
+  return std::make_shared<PluginProxy>(std::move(library), std::move(created));
+}
+
+// ------------------------------------------------------------------------------------------ Booster
+namespace {
+constexpr const char* kPrecisionTensorsFile = "precision.safetensors";
+constexpr const char* kPrecisionMetaFile = "precision.json";
+}  // namespace
+
+int Booster::process_group_rank() const { return plugin_->process_group().rank(); }
+
+Booster::Booster(BoosterConfig config) : config_(std::move(config)) {
+  plugin_ = create_plugin(config_.plugin, config_.plugin_options);
+  compat::require_compatible(config_.mixed_precision, compat::PluginTraits::of(*plugin_), config_.device);
+  precision_ = mixed_precision::create(config_.mixed_precision, config_.mixed_precision_options);
+  checkpoint_io_ = plugin_->checkpoint_io();
+  BOOSTER_CHECK(checkpoint_io_ != nullptr, PluginError, "plugin '", plugin_->name(), "' returned no checkpoint IO");
+}
+
+Booster::~Booster() = default;
+
+Boosted Booster::boost(nn::ModulePtr model, std::shared_ptr<optim::Optimizer> optimizer, nn::Criterion criterion,
+                       std::shared_ptr<data::DataLoader> dataloader, std::shared_ptr<optim::LRScheduler> scheduler) {
+  BOOSTER_CHECK(model != nullptr, ValueError, "Booster::boost: the model is required (got null)");
+  BOOSTER_CHECK(!boosted_, StateError, "Booster::boost: this Booster has boosted a model already; make one Booster "
+                "per model");
+  boosted_ = true;
+  const std::shared_ptr<optim::Optimizer> user_optimizer = optimizer;
+
+  TrainingParts parts{std::move(model), std::move(optimizer), std::move(criterion), std::move(dataloader),
+                      std::move(scheduler), precision_};
+  if (!plugin_->control_precision()) {
+    // A strategy that keeps master weights needs an optimizer to rebuild; without one it still
+    // converts or wraps model and criterion.
+    mixed_precision::Configured c = precision_->configure(parts.model, parts.optimizer, parts.criterion);
+    parts.model = std::move(c.model);
+    parts.optimizer = std::move(c.optimizer);
+    parts.criterion = std::move(c.criterion);
+  }
+  parts = plugin_->configure(std::move(parts));
+  BOOSTER_CHECK(parts.model != nullptr && parts.precision != nullptr, PluginError, "plugin '", plugin_->name(),
+                "' configure() returned no ", parts.model ? "precision strategy" : "model");
+  precision_ = parts.precision;
+
+  Boosted out;
+  out.model = parts.model;
+  out.criterion = parts.criterion;
+  out.dataloader = parts.dataloader;
+  if (parts.optimizer)
+    out.optimizer = std::make_shared<BoostedOptimizer>(user_optimizer ? user_optimizer : parts.optimizer,
+                                                       parts.optimizer, precision_);
+  if (parts.scheduler) out.scheduler = std::make_shared<BoostedScheduler>(parts.scheduler, precision_);
+  return out;
+}
+
+void Booster::backward(const Tensor& loss, BoostedOptimizer& optimizer) {
+  precision_->backward(loss, optimizer.stepped_optimizer());
+}
+
+double Booster::clip_grad_norm(BoostedOptimizer& optimizer, double max_norm) {
+  return precision_->clip_grad_norm(optimizer.stepped_optimizer(), max_norm);
+}
+
+Booster::NoSync::NoSync(ParallelPlugin& plugin) : plugin_(plugin) {
+  BOOSTER_CHECK(plugin_.support_no_sync(), IncompatibleError, "no_sync: plugin '", plugin_.name(),
+                "' cannot skip gradient synchronisation; accumulate gradients without no_sync(), or use a plugin "
+                "that supports it (single, ddp, low_level_zero stage 1)");
+  plugin_.set_gradient_sync(false);
+}
+
+Booster::NoSync::~NoSync() {
+  try {
+    plugin_.set_gradient_sync(true);
+  } catch (...) {
+    // A destructor must not throw; the next synced backward reports a broken plugin.
+  }
+}
+
+Booster::NoSync Booster::no_sync() { return NoSync(*plugin_); }
+
+std::shared_ptr<data::DataLoader> Booster::prepare_dataloader(data::DatasetPtr dataset,
+                                                              const data::DataLoaderOptions& options) {
+  BOOSTER_CHECK(dataset != nullptr, ValueError, "Booster::prepare_dataloader: the data set is null");
+  return plugin_->prepare_dataloader(std::move(dataset), options);
+}
+
+void Booster::save_model(const nn::Module& model, const std::filesystem::path& dir, uint64_t max_shard_bytes) const {
+  checkpoint_io_->save_model(model, dir, max_shard_bytes);
+}
+void Booster::load_model(nn::Module& model, const std::filesystem::path& path) const {
+  checkpoint_io_->load_model(model, path);
+}
+// Note [Precision state beside the optimizer]
+// A strategy's state (loss scale and growth counters, float32 master weights) belongs with the
+// optimizer's: resuming the optimizer without it would restart the scale at 2^16 and rebuild masters
+// from rounded 16-bit weights. So save_optimizer also writes precision.json (with the strategy's name,
+// so another strategy's checkpoint is refused) and precision.safetensors.
+void Booster::save_optimizer(const BoostedOptimizer& optimizer, const std::filesystem::path& dir) const {
+  optimizer.copy_options_to_stepped();  // the saved lr is the one the scheduler set
+  checkpoint_io_->save_optimizer(optimizer.stepped_optimizer(), dir);
+  const mixed_precision::MixedPrecisionState state = precision_->state_dict();
+  if (process_group_rank() == 0) {
+    checkpoint::write_safetensors(dir / kPrecisionTensorsFile, state.tensors);
+    const json meta = {{"strategy", precision_->name()}, {"state", state.meta}};
+    checkpoint::write_text_file_atomically(dir / kPrecisionMetaFile, meta.dump(1) + "\n");
+  }
+  plugin_->process_group().barrier();
+}
+
+void Booster::load_optimizer(BoostedOptimizer& optimizer, const std::filesystem::path& dir) const {
+  const std::filesystem::path meta_file = dir / kPrecisionMetaFile;
+  BOOSTER_CHECK(std::filesystem::exists(meta_file), CheckpointError, "load_optimizer: ", meta_file.string(),
+                " does not exist; the directory must be one Booster::save_optimizer wrote");
+  json meta;
+  try {
+    meta = json::parse(checkpoint::read_text_file(meta_file));
+  } catch (const json::exception& e) {
+    BOOSTER_FAIL(CheckpointError, "load_optimizer: ", meta_file.string(), " is not valid JSON (", e.what(),
+                 "); the file is truncated or corrupt");
+  }
+  const std::string saved = meta.value("strategy", "");
+  BOOSTER_CHECK(saved == precision_->name(), CheckpointError, "load_optimizer: ", dir.string(),
+                " was saved with mixed precision '", saved, "' but this Booster uses '", precision_->name(),
+                "'; resume with the same strategy");
+  checkpoint_io_->load_optimizer(optimizer.stepped_optimizer(), dir);
+  mixed_precision::MixedPrecisionState state;
+  state.meta = meta.value("state", json::object());
+  state.tensors = checkpoint::read_safetensors(dir / kPrecisionTensorsFile).tensors;
+  precision_->load_state_dict(state);
+  optimizer.copy_options_from_stepped();
+}
+void Booster::save_lr_scheduler(const BoostedScheduler& scheduler, const std::filesystem::path& file) const {
+  checkpoint_io_->save_lr_scheduler(const_cast<BoostedScheduler&>(scheduler).scheduler(), file);
+}
+void Booster::load_lr_scheduler(BoostedScheduler& scheduler, const std::filesystem::path& file) const {
+  checkpoint_io_->load_lr_scheduler(scheduler.scheduler(), file);
+}
+
+}  // namespace booster

@@ -1,0 +1,186 @@
+// Booster: the user's entry point. It injects a mixed-precision strategy and a parallelism plugin into
+// an ordinary training loop, so switching either is a change of config, not of code.
+//
+//   Booster booster(BoosterConfig{.mixed_precision = "fp16", .plugin = "ddp"});  // or from_json(...)
+//   auto [model, optimizer, criterion, loader, scheduler] =
+//       booster.boost(model, optimizer, criterion, loader, scheduler);
+//   for (data::Batch& batch : *loader) {
+//     optimizer->zero_grad();
+//     Tensor loss = criterion((*model)(batch.x), batch.y);
+//     booster.backward(loss, *optimizer);
+//     optimizer->step();      // skipped (parameters untouched) when a gradient is inf/NaN
+//     scheduler->step();      // does not advance after a skipped step, as Accelerate
+//   }
+//
+// Note [Booster lifecycle]
+// * Construction resolves everything that can be wrong before any work starts: the plugin is loaded
+//   (PluginError: not found, not a plugin, another ABI version), the combination is checked against the
+//   compatibility matrix (IncompatibleError naming the combination, why and what to use instead), and
+//   the strategy is created (ConfigError for unknown or out-of-range options).
+// * boost() is called once per model. The strategy configures model, optimizer and criterion first
+//   (unless the plugin controls precision), then the plugin configures every part (Note [Parallel
+//   plugins] in plugin.h). Use only what boost() returns.
+// * The optimizer the user built stays the source of hyperparameters: a scheduler built on it edits
+//   its param groups, and the boosted optimizer copies lr and the other options into the optimizer
+//   that actually steps (a MasterWeightOptimizer, a ZeRO shard optimizer) before every step.
+// * With no plugin the Booster runs the built-in single-process plugin, the same code the `single`
+//   plugin library exports, so nothing depends on finding a shared library.
+#pragma once
+
+#include <filesystem>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "booster/booster/plugin.h"
+
+namespace booster {
+
+struct BoosterConfig {
+  // A registered strategy name ("fp32", "fp16", "bf16", "fp16_naive", "fp16_apex", ...) or a precision
+  // plugin's name or path, with the strategy's options.
+  std::string mixed_precision = "fp32";
+  nlohmann::json mixed_precision_options = nlohmann::json::object();
+  // A parallel plugin's name or path ("single", "ddp", "low_level_zero", ...); empty: single process.
+  std::string plugin;
+  nlohmann::json plugin_options = nlohmann::json::object();
+  std::string device = "cpu";
+
+  // {"mixed_precision": "fp16" or {"name": "fp16", <options>}, "plugin": "ddp" or {"name": "ddp",
+  // <options>}, "device": "cpu"}; every key optional. ConfigError naming the key for anything else.
+  static BoosterConfig from_json(const nlohmann::json& config);
+  nlohmann::json to_json() const;
+};
+
+// The optimizer a boosted loop uses: zero_grad() and step() as torch's, with the strategy deciding
+// whether the step happens (Note [The mixed-precision step]).
+class BoostedOptimizer {
+ public:
+  BoostedOptimizer(std::shared_ptr<optim::Optimizer> user, std::shared_ptr<optim::Optimizer> stepped,
+                   std::shared_ptr<mixed_precision::MixedPrecision> precision);
+
+  void zero_grad(bool set_to_none = true);
+  // Copies the user optimizer's options (lr, ...) into the stepped optimizer, then steps through the
+  // strategy: skipped when a gradient is inf/NaN.
+  void step();
+  bool step_was_skipped() const { return precision_->step_was_skipped(); }
+
+  double lr(size_t group = 0) const { return user_->lr(group); }
+  void set_lr(double lr) { user_->set_lr(lr); }
+  std::vector<optim::ParamGroup>& param_groups() { return user_->param_groups(); }
+
+  // The state of the optimizer that steps (for a sharded optimizer, every rank must call: it gathers).
+  optim::OptimizerState state_dict() const;
+  void load_state_dict(const optim::OptimizerState& state);
+
+  // The optimizer the user passed to boost() (build a scheduler on it) and the one that steps.
+  optim::Optimizer& user_optimizer() const { return *user_; }
+  optim::Optimizer& stepped_optimizer() const { return *stepped_; }
+  const std::shared_ptr<mixed_precision::MixedPrecision>& precision() const { return precision_; }
+
+  // Hyperparameters (lr, ...) from the user's optimizer into the stepped one, and back after loading.
+  void copy_options_to_stepped() const;
+  void copy_options_from_stepped();
+
+ private:
+
+  std::shared_ptr<optim::Optimizer> user_;
+  std::shared_ptr<optim::Optimizer> stepped_;
+  std::shared_ptr<mixed_precision::MixedPrecision> precision_;
+};
+
+// The LR scheduler of a boosted loop: step() does nothing after a skipped optimizer step.
+class BoostedScheduler {
+ public:
+  BoostedScheduler(std::shared_ptr<optim::LRScheduler> scheduler,
+                   std::shared_ptr<mixed_precision::MixedPrecision> precision);
+  void step();
+  const std::vector<double>& get_last_lr() const { return scheduler_->get_last_lr(); }
+  nlohmann::json state_dict() const { return scheduler_->state_dict(); }
+  void load_state_dict(const nlohmann::json& state) { scheduler_->load_state_dict(state); }
+  optim::LRScheduler& scheduler() { return *scheduler_; }
+
+ private:
+  std::shared_ptr<optim::LRScheduler> scheduler_;
+  std::shared_ptr<mixed_precision::MixedPrecision> precision_;
+};
+
+// What boost() returns; absent inputs stay null/empty.
+struct Boosted {
+  nn::ModulePtr model;
+  std::shared_ptr<BoostedOptimizer> optimizer;
+  nn::Criterion criterion;
+  std::shared_ptr<data::DataLoader> dataloader;
+  std::shared_ptr<BoostedScheduler> scheduler;
+};
+
+class Booster {
+ public:
+  explicit Booster(BoosterConfig config = {});
+  ~Booster();
+  Booster(const Booster&) = delete;
+  Booster& operator=(const Booster&) = delete;
+
+  // Injects precision and parallelism (Note [Booster lifecycle]). Every argument but the model is
+  // optional. Call once.
+  Boosted boost(nn::ModulePtr model, std::shared_ptr<optim::Optimizer> optimizer = nullptr,
+                nn::Criterion criterion = nullptr, std::shared_ptr<data::DataLoader> dataloader = nullptr,
+                std::shared_ptr<optim::LRScheduler> scheduler = nullptr);
+
+  // The scaled backward of the strategy; under data parallelism the gradient all-reduce starts here.
+  void backward(const Tensor& loss, BoostedOptimizer& optimizer);
+  // Unscales first, then clips the joint L2 norm of all gradients to max_norm; returns the norm before
+  // clipping (inf when a gradient is inf/NaN: the step will be skipped).
+  double clip_grad_norm(BoostedOptimizer& optimizer, double max_norm);
+
+  // While the returned guard lives, backward accumulates gradients without communication (gradient
+  // accumulation); the first backward after it communicates the sum. IncompatibleError when the plugin
+  // cannot (support_no_sync() false).
+  class NoSync {
+   public:
+    explicit NoSync(ParallelPlugin& plugin);
+    ~NoSync();
+    NoSync(const NoSync&) = delete;
+    NoSync& operator=(const NoSync&) = delete;
+
+   private:
+    ParallelPlugin& plugin_;
+  };
+  [[nodiscard]] NoSync no_sync();
+
+  // A loader for this process over `dataset` (each rank its own part under data parallelism).
+  std::shared_ptr<data::DataLoader> prepare_dataloader(data::DatasetPtr dataset, const data::DataLoaderOptions& options);
+
+  // Checkpoint IO through the plugin (collective under several processes: every rank calls).
+  // save_optimizer also saves the strategy's state (Note [Precision state beside the optimizer]).
+  void save_model(const nn::Module& model, const std::filesystem::path& dir,
+                  uint64_t max_shard_bytes = 5'000'000'000ull) const;
+  void load_model(nn::Module& model, const std::filesystem::path& path) const;
+  void save_optimizer(const BoostedOptimizer& optimizer, const std::filesystem::path& dir) const;
+  void load_optimizer(BoostedOptimizer& optimizer, const std::filesystem::path& dir) const;
+  void save_lr_scheduler(const BoostedScheduler& scheduler, const std::filesystem::path& file) const;
+  void load_lr_scheduler(BoostedScheduler& scheduler, const std::filesystem::path& file) const;
+
+  const BoosterConfig& config() const { return config_; }
+  ParallelPlugin& plugin() { return *plugin_; }
+  // The strategy that drives backward and step (after boost(), possibly the plugin's wrapper).
+  mixed_precision::MixedPrecision& precision() { return *precision_; }
+  distributed::ProcessGroup& process_group() { return plugin_->process_group(); }
+
+ private:
+  int process_group_rank() const;
+
+  BoosterConfig config_;
+  std::shared_ptr<ParallelPlugin> plugin_;
+  std::shared_ptr<mixed_precision::MixedPrecision> precision_;
+  std::shared_ptr<CheckpointIO> checkpoint_io_;
+  bool boosted_ = false;
+};
+
+// A parallel plugin by name or path (Note [Finding a plugin]), created with `options`, every call
+// forwarded through the plugin boundary (exceptions become host errors) and bound to its library.
+// "" gives the built-in single-process plugin (the code the `single` library exports) with no library.
+std::shared_ptr<ParallelPlugin> create_plugin(const std::string& name_or_path,
+                                              const nlohmann::json& options = nlohmann::json::object());
+
+}  // namespace booster
