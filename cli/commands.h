@@ -3,6 +3,7 @@
 
 #include <nlohmann/json.hpp>
 #include <string>
+#include <vector>
 
 namespace booster::cli {
 
@@ -23,5 +24,9 @@ int precisions();
 // precisions and options. `booster compat`: the compatibility matrix of every strategy and plugin.
 int plugins();
 int compat(const std::string& device);
+
+// `booster bench --workload mlp|gpt ...` (bench.cpp): times training steps, prints one line of JSON.
+// `args` follow the subcommand.
+int bench(const std::vector<std::string>& args);
 
 }  // namespace booster::cli
