@@ -1,9 +1,10 @@
 // The subcommands of the `booster` program, called by main.cpp once the command line is parsed.
 #pragma once
 
-#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
+
+#include <nlohmann/json.hpp>
 
 namespace booster::cli {
 
@@ -19,6 +20,14 @@ int train(const nlohmann::json& config);
 // Prints every registered mixed-precision strategy (built-in or plugin), one block each: the name,
 // then each option with its default, as `booster precisions` shows them.
 int precisions();
+
+// `booster plot --out FILE.png RUN.jsonl ...` (plot.cpp): loss curves of runs as a PNG. `args` follow
+// the subcommand.
+int plot(const std::vector<std::string>& args);
+
+// `booster run -n N [mpirun options] -- COMMAND ...` (run.cpp, Note [booster run]): execs mpirun, so
+// it returns only for --help, --dry-run, or by throwing.
+int run(const std::vector<std::string>& args);
 
 // `booster plugins`: every parallel plugin on the search path with its version, file, devices,
 // precisions and options. `booster compat`: the compatibility matrix of every strategy and plugin.

@@ -21,15 +21,17 @@ constexpr const char* kVersion = "0.1.0";
 constexpr const char* kUsage =
     "usage: booster <command> [options]\n"
     "\n"
-    "Train neural networks on the CPU from a JSON config.\n"
+    "Train neural networks from a JSON config; switch precision and parallelism in the config.\n"
     "\n"
     "commands:\n"
-    "  train    train a model: booster train --config FILE [--set key.path=value ...]\n"
-    "  check    validate a config and print it with every default filled in\n"
+    "  train       train a model: booster train --config FILE [--set key.path=value ...]\n"
+    "  check       validate a config and print it with every default filled in\n"
+    "  run         start a command as N processes: booster run -n N -- booster train ...\n"
+    "  plot        draw the loss curves of runs: booster plot --out FILE.png RUN.jsonl ...\n"
     "  precisions  list the mixed-precision strategies with their options and defaults\n"
-    "  plugins  list the parallel plugins with their devices, precisions and options\n"
-    "  compat   print the compatibility matrix of strategies and plugins [--device cpu|cuda]\n"
-    "  bench    time training steps: booster bench --workload mlp|gpt [--precision NAME]\n"
+    "  plugins     list the parallel plugins with their devices, precisions and options\n"
+    "  compat      print the compatibility matrix of strategies and plugins [--device cpu|cuda]\n"
+    "  bench       time training steps: booster bench --workload mlp|gpt [--precision NAME]\n"
     "\n"
     "options:\n"
     "  -h, --help     show this help (or `booster <command> --help`)\n"
@@ -37,24 +39,27 @@ constexpr const char* kUsage =
     "\n"
     "example:\n"
     "  booster train --config examples/configs/fashion_mnist_mlp.json --set train.epochs=1\n"
-    "  booster train --config examples/configs/fashion_mnist_mlp.json --mixed-precision bf16\n";
+    "  booster train --config examples/configs/fashion_mnist_mlp.json --mixed-precision bf16\n"
+    "  booster plot --out loss.png runs/*/metrics.jsonl\n";
 
 // A mistake on the command line: exit code 2 like a config mistake.
 struct UsageError : booster::Error {
   using booster::Error::Error;
 };
 
+// The version and what this build can do: the CUDA backend (compiled in, and whether a device is
+// there), MPI (multi-process runs), the build type.
 void print_version() {
   std::cout << "booster " << kVersion << "\n"
 #ifdef BOOSTER_WITH_CUDA
-            << "  CUDA: on\n"
+            << "  CUDA: on (compiled in)\n"
 #else
-            << "  CUDA: off\n"
+            << "  CUDA: off (not compiled in)\n"
 #endif
 #ifdef BOOSTER_WITH_MPI
-            << "  MPI: on\n"
+            << "  MPI: on (booster run -n N starts N processes)\n"
 #else
-            << "  MPI: off\n"
+            << "  MPI: off (one process only)\n"
 #endif
 #ifdef NDEBUG
             << "  build: release\n";
@@ -75,7 +80,13 @@ po::options_description config_options(const std::string& command) {
       ("mixed-precision,m", po::value<std::string>()->value_name("NAME"),
        "train with this mixed-precision strategy and its default options (replaces the whole "
        "mixed_precision section; `booster precisions` lists them; for options use --set "
-       "mixed_precision.KEY=VALUE after it)");
+       "mixed_precision.KEY=VALUE after it)")
+      ("plugin,p", po::value<std::string>()->value_name("NAME"),
+       "run with this parallel plugin and its default options (replaces the whole plugin section; "
+       "`booster plugins` lists them; options: --set plugin.KEY=VALUE after it)")
+      ("resume,r", po::value<std::string>()->value_name("latest|DIR"),
+       "continue from a checkpoint: \"latest\" in train.checkpoint_dir, or a checkpoint directory "
+       "(same as --set train.resume=...)");
   return desc;
 }
 
@@ -94,6 +105,8 @@ bool parse_config_args(const std::string& command, const std::vector<std::string
   config_path = vm["config"].as<std::string>();
   // --mixed-precision NAME goes first, so --set mixed_precision.KEY=VALUE can add options to it.
   if (vm.count("mixed-precision")) overrides.push_back("mixed_precision=" + vm["mixed-precision"].as<std::string>());
+  if (vm.count("plugin")) overrides.push_back("plugin=" + vm["plugin"].as<std::string>());
+  if (vm.count("resume")) overrides.push_back("train.resume=" + nlohmann::json(vm["resume"].as<std::string>()).dump());
   if (vm.count("set"))
     for (const std::string& s : vm["set"].as<std::vector<std::string>>()) overrides.push_back(s);
   return true;
@@ -121,6 +134,9 @@ int run(int argc, char** argv) {
     if (!parse_config_args(command, rest, config_path, overrides)) return booster::cli::kExitOk;
     nlohmann::json config = booster::config::load(config_path, overrides);
     if (command == "check") {
+      // resolve() has run the compatibility matrix: reaching here means the combination works.
+      std::cerr << "booster: compatible: mixed precision '" << config.at("mixed_precision").at("name").get<std::string>()
+                << "' with plugin '" << config.at("plugin").at("name").get<std::string>() << "' on cpu\n";
       std::cout << config.dump(2) << "\n";
       return booster::cli::kExitOk;
     }
@@ -137,6 +153,8 @@ int run(int argc, char** argv) {
     }
     return booster::cli::precisions();
   }
+  if (command == "plot") return booster::cli::plot(rest);
+  if (command == "run") return booster::cli::run(rest);
   if (command == "plugins") {
     if (!rest.empty()) {
       if (rest.front() == "-h" || rest.front() == "--help") {
@@ -163,7 +181,7 @@ int run(int argc, char** argv) {
   }
   if (command == "bench") return booster::cli::bench(rest);
   std::string msg = "unknown command '" + command + "'";
-  if (auto guess = booster::config::nearest(command, {"train", "check", "precisions", "plugins", "compat", "bench"})) msg += "; did you mean '" + *guess + "'?";
+  if (auto guess = booster::config::nearest(command, {"train", "check", "run", "plot", "precisions", "plugins", "compat", "bench"})) msg += "; did you mean '" + *guess + "'?";
   throw UsageError(msg + " (see booster --help)");
 }
 
@@ -178,6 +196,9 @@ int main(int argc, char** argv) {
     return booster::cli::kExitUsageError;
   } catch (const po::error& e) {
     std::cerr << "booster: error: " << e.what() << " (see booster --help)\n";
+    return booster::cli::kExitUsageError;
+  } catch (const booster::IncompatibleError& e) {
+    std::cerr << "booster: error: " << e.what() << "\n";
     return booster::cli::kExitUsageError;
   } catch (const booster::ConfigError& e) {
     std::cerr << "booster: error: " << e.what() << "\n";

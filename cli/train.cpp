@@ -1,16 +1,26 @@
 // `booster train`: the training loop driven by a resolved config.
 //
-// Progress goes to stderr, one line every train.log_every steps; the last line on stdout is the run's
-// summary as one JSON object, so scripts can read it with `tail -n 1`.
+// Progress goes to stderr (a bar on a terminal, one line every train.log_every steps otherwise), metrics
+// to <run_dir>/metrics.jsonl; the last line on stdout is the run's summary as one JSON object, so scripts
+// can read it with `tail -n 1` (Note [What booster train prints] in cli/progress.h).
 #include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
+#include <ctime>
+#include <filesystem>
+#include <fstream>
 #include <iostream>
+#include <map>
 #include <memory>
 #include <optional>
 
+#include "booster/booster/booster.h"
+#include "booster/checkpoint/atomic_file.h"
+#include "booster/checkpoint/checkpoint.h"
 #include "booster/common/error.h"
+#include "booster/config/config.h"
 #include "booster/config/training.h"
 #include "booster/data/data.h"
 #include "booster/mixed_precision/mixed_precision.h"
@@ -19,23 +29,237 @@
 #include "booster/optim/lr_scheduler.h"
 #include "booster/optim/optimizer.h"
 #include "booster/tensor/random.h"
+#include "booster/distributed/process_group.h"
 #include "cli/commands.h"
+#include "cli/progress.h"
 
 namespace booster::cli {
 
 using nlohmann::json;
 using Clock = std::chrono::steady_clock;
+namespace fs = std::filesystem;
 
 namespace {
 
 double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
 
-std::string human_count(int64_t n) {
-  char buf[32];
-  if (n >= 1000000) std::snprintf(buf, sizeof buf, "%.2fM", double(n) / 1e6);
-  else if (n >= 1000) std::snprintf(buf, sizeof buf, "%.1fk", double(n) / 1e3);
-  else std::snprintf(buf, sizeof buf, "%lld", static_cast<long long>(n));
+template <class... Values>
+std::string format_line(const char* format, Values... values) {
+  char buf[512];
+  std::snprintf(buf, sizeof buf, format, values...);
   return buf;
+}
+
+}  // namespace
+
+// The run directory with {time} filled in (Note [The run directory] in config.h); nullopt for null. Every
+// rank gets rank 0's answer, so checkpoints of several processes go to one place.
+std::optional<fs::path> make_run_dir(const json& train_cfg, distributed::ProcessGroup& group) {
+  if (!train_cfg.at("run_dir").is_string()) return std::nullopt;
+  std::string dir = train_cfg.at("run_dir").get<std::string>();
+  const size_t at = dir.find("{time}");
+  if (at == std::string::npos) return fs::path(dir);
+  std::string chosen;
+  if (group.rank() == 0) {
+    const std::time_t now = std::time(nullptr);
+    std::tm utc{};
+    gmtime_r(&now, &utc);
+    char stamp[32];
+    std::strftime(stamp, sizeof stamp, "%Y%m%d-%H%M%S", &utc);
+    dir.replace(at, 6, stamp);
+    // Two runs started in the same second get their own directories.
+    chosen = dir;
+    for (int n = 2; fs::exists(chosen); ++n) chosen = dir + "-" + std::to_string(n);
+  }
+  if (group.size() > 1) {
+    // Length, then the bytes, one per int64 (the names are short).
+    Tensor length = from_vector(std::vector<float>{float(chosen.size())}, {1}).to(DType::Int64);
+    group.broadcast(length, 0);
+    const int64_t n = length.to(DType::Int64).contiguous().data<int64_t>()[0];
+    std::vector<float> bytes(size_t(n), 0.0f);
+    for (size_t i = 0; i < chosen.size(); ++i) bytes[i] = float(static_cast<unsigned char>(chosen[i]));
+    Tensor text = from_vector(bytes, {n}).to(DType::Int64);
+    group.broadcast(text, 0);
+    const int64_t* data = text.contiguous().data<int64_t>();
+    chosen.assign(size_t(n), ' ');
+    for (int64_t i = 0; i < n; ++i) chosen[size_t(i)] = char(data[i]);
+  }
+  return fs::path(chosen);
+}
+
+namespace {
+
+// ------------------------------------------------------------------------------------------ checkpoints
+// Note [Checkpoints of booster train]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// A checkpoint is a directory laid out as Note [Checkpoint directory layout] (checkpoint.h) says for
+// the root: `<checkpoint_dir>/step-XXXXXXXX/` plus `latest`. Its content is written through the
+// Booster, so the plugin decides how (a sharded optimizer gathers; rank 0 writes):
+//   model/                 Booster::save_model (model.safetensors, or shards + index)
+//   optimizer/             Booster::save_optimizer (the optimizer's state and the strategy's: loss
+//                          scale, float32 master weights; it names the strategy)
+//   scheduler.json         Booster::save_lr_scheduler (when there is a scheduler)
+//   trainer_state.json     {"format": "booster-train", "version", "step", "skipped_steps", "samples_seen",
+//                           "dataloader": its position, "rng": {"default": state, "model.dropout": the
+//                           GPT's dropout generator}, "mixed_precision",
+//                           "plugin", "world_size", "model": the model section}
+// Everything goes into `step-N.tmp/` first; rank 0 then fsyncs and renames it to `step-N/` (the commit,
+// Note [Atomic checkpoint writes]), points `latest` at it and prunes to keep_last, in that order, so a
+// crash at any moment leaves the previous checkpoint loadable. On resume, trainer_state.json is read
+// first and a checkpoint of another strategy, plugin, world size or model is refused with a message
+// naming both sides, before any tensor is read; corrupt or truncated files are CheckpointErrors naming
+// the file. Resuming gives the same parameters, bit for bit, as a run that was never interrupted
+// (tests/test_cli_resume.cpp).
+constexpr const char* kTrainFormat = "booster-train";
+constexpr int kTrainFormatVersion = 1;
+
+// The random generators a run draws from after its start, by name, for the checkpoint: the default one
+// and the GPT's dropout generator.
+using Generators = std::map<std::string, Generator*>;
+
+Generators run_generators(nn::Module& plain_model) {
+  Generators gens = {{"default", &default_generator()}};
+  if (auto* gpt = dynamic_cast<nn::GPT*>(&plain_model)) gens["model.dropout"] = &gpt->dropout_generator();
+  return gens;
+}
+
+struct TrainPosition {
+  int64_t step = 0;
+  int64_t skipped_steps = 0;
+  int64_t samples_seen = 0;
+};
+
+std::string step_dir_name(int64_t step) {
+  char name[32];
+  std::snprintf(name, sizeof name, "step-%08lld", static_cast<long long>(step));
+  return name;
+}
+
+void save_training_checkpoint(Booster& booster, const Boosted& boosted, const Generators& generators,
+                              const fs::path& root, const TrainPosition& position, const json& config, int keep_last) {
+  distributed::ProcessGroup& group = booster.process_group();
+  const bool writer = group.rank() == 0;
+  const fs::path final_dir = root / step_dir_name(position.step);
+  const fs::path tmp_dir = root / (step_dir_name(position.step) + ".tmp");
+  if (writer) {
+    fs::remove_all(tmp_dir);
+    fs::create_directories(tmp_dir);
+  }
+  group.barrier();
+  booster.save_model(*boosted.model, tmp_dir / "model");
+  booster.save_optimizer(*boosted.optimizer, tmp_dir / "optimizer");
+  if (boosted.scheduler) booster.save_lr_scheduler(*boosted.scheduler, tmp_dir / "scheduler.json");
+  if (writer) {
+    json rng = json::object();
+    for (const auto& [name, gen] : generators) rng[name] = gen->state();
+    json state = {{"format", kTrainFormat},
+                  {"version", kTrainFormatVersion},
+                  {"step", position.step},
+                  {"skipped_steps", position.skipped_steps},
+                  {"samples_seen", position.samples_seen},
+                  {"dataloader", boosted.dataloader->state_dict()},
+                  {"rng", rng},
+                  {"mixed_precision", config.at("mixed_precision").at("name")},
+                  {"plugin", config.at("plugin").at("name")},
+                  {"world_size", group.size()},
+                  {"model", config.at("model")}};
+    checkpoint::write_text_file_atomically(tmp_dir / checkpoint::kTrainerStateFileName, state.dump(1) + "\n");
+    checkpoint::sync_directory(tmp_dir);
+    // The same test hook as checkpoint::save_checkpoint: die as a crash would, before the commit.
+    if (const char* hook = std::getenv("BOOSTER_TEST_ABORT_BEFORE_COMMIT"); hook && std::string(hook) == "1")
+      std::abort();
+    if (fs::exists(final_dir)) fs::remove_all(final_dir);  // the same step saved again
+    fs::rename(tmp_dir, final_dir);
+    checkpoint::sync_directory(root);
+    checkpoint::write_text_file_atomically(root / checkpoint::kLatestFileName, final_dir.filename().string() + "\n");
+    if (keep_last > 0) {
+      const auto committed = checkpoint::list_checkpoints(root);
+      for (size_t i = 0; i + size_t(keep_last) < committed.size(); ++i) fs::remove_all(committed[i].second);
+    }
+  }
+  group.barrier();
+}
+
+// Reads trainer_state.json of the checkpoint at `path` (a step directory or a root) and refuses one
+// that this run cannot continue. Returns the checkpoint's directory and its state.
+std::pair<fs::path, json> read_trainer_state(const fs::path& path, const json& config, int world_size) {
+  BOOSTER_CHECK(fs::exists(path), CheckpointError, "train.resume: ", path.string(),
+                " does not exist; expected a checkpoint directory (or \"latest\", or null)");
+  const fs::path dir = checkpoint::resolve_checkpoint(path);
+  const fs::path file = dir / checkpoint::kTrainerStateFileName;
+  BOOSTER_CHECK(fs::exists(file), CheckpointError, "train.resume: ", dir.string(), " has no ",
+                checkpoint::kTrainerStateFileName, "; it is not a complete checkpoint of booster train");
+  json state;
+  try {
+    state = json::parse(checkpoint::read_text_file(file));
+  } catch (const json::exception& e) {
+    BOOSTER_FAIL(CheckpointError, "train.resume: ", file.string(), " is not valid JSON (", e.what(),
+                 "); the checkpoint is truncated or corrupt");
+  }
+  BOOSTER_CHECK(state.is_object() && state.value("format", "") == kTrainFormat, CheckpointError, "train.resume: ",
+                file.string(), " is not a checkpoint of booster train (no \"format\": \"", kTrainFormat, "\")");
+  BOOSTER_CHECK(state.value("version", 0) == kTrainFormatVersion, CheckpointError, "train.resume: ", file.string(),
+                " has format version ", state.value("version", json()).dump(), "; this build reads version ",
+                kTrainFormatVersion);
+  for (const char* key : {"step", "skipped_steps", "samples_seen", "dataloader", "rng", "mixed_precision", "plugin",
+                          "world_size", "model"})
+    BOOSTER_CHECK(state.contains(key), CheckpointError, "train.resume: ", file.string(), " lacks \"", key,
+                  "\"; the checkpoint is truncated or corrupt");
+  auto refuse_unless_same = [&](const char* what, const json& saved, const json& now, const char* fix) {
+    BOOSTER_CHECK(saved == now, CheckpointError, "train.resume: ", dir.string(), " was saved with ", what, " ",
+                  config::show(saved), " but this run has ", config::show(now), "; ", fix);
+  };
+  refuse_unless_same("mixed_precision", state.at("mixed_precision"), config.at("mixed_precision").at("name"),
+                     "resume with the same strategy, or start afresh with train.resume null");
+  refuse_unless_same("plugin", state.at("plugin"), config.at("plugin").at("name"),
+                     "resume with the same plugin, or start afresh with train.resume null");
+  refuse_unless_same("world size", state.at("world_size"), json(world_size),
+                     "resume with as many processes (booster run -n N), or start afresh");
+  refuse_unless_same("the model", state.at("model"), config.at("model"),
+                     "use the model section the checkpoint was trained with, or start afresh");
+  return {dir, state};
+}
+
+TrainPosition load_training_checkpoint(Booster& booster, const Boosted& boosted, const Generators& generators,
+                                       const fs::path& dir, const json& state) {
+  booster.load_model(*boosted.model, dir / "model");
+  booster.load_optimizer(*boosted.optimizer, dir / "optimizer");
+  const bool saved_scheduler = fs::exists(dir / "scheduler.json");
+  BOOSTER_CHECK(saved_scheduler == bool(boosted.scheduler), CheckpointError, "train.resume: ", dir.string(),
+                saved_scheduler ? " has an lr scheduler state but this run has no scheduler"
+                                : " has no lr scheduler state but this run has a scheduler",
+                "; resume with the lr_scheduler section the checkpoint was trained with");
+  if (boosted.scheduler) booster.load_lr_scheduler(*boosted.scheduler, dir / "scheduler.json");
+  boosted.dataloader->load_state_dict(state.at("dataloader"));
+  try {
+    for (const auto& [name, gen] : generators) {
+      BOOSTER_CHECK(state.at("rng").contains(name), CheckpointError, "train.resume: ", dir.string(),
+                    " has no state of the random generator '", name, "'; the checkpoint is from another model");
+      gen->set_state(state.at("rng").at(name).get<std::vector<uint64_t>>());
+    }
+  } catch (const json::exception& e) {
+    BOOSTER_FAIL(CheckpointError, "train.resume: the rng state in ", dir.string(), " is malformed (", e.what(), ")");
+  }
+  TrainPosition position;
+  position.step = state.at("step").get<int64_t>();
+  position.skipped_steps = state.at("skipped_steps").get<int64_t>();
+  position.samples_seen = state.at("samples_seen").get<int64_t>();
+  return position;
+}
+
+// A resumed run continues its metrics file: the records after the checkpoint's step (written by the
+// interrupted run after its last checkpoint) are dropped, so each step appears once.
+void truncate_metrics_after(const fs::path& file, int64_t step) {
+  if (!fs::exists(file)) return;
+  std::ifstream in(file);
+  std::string kept, line;
+  while (std::getline(in, line)) {
+    const json record = json::parse(line, nullptr, /*allow_exceptions=*/false);
+    if (record.is_object() && record.value("step", int64_t(0)) > step) continue;
+    kept += line + "\n";
+  }
+  in.close();
+  checkpoint::write_text_file_atomically(file, kept);
 }
 
 }  // namespace
@@ -46,9 +270,28 @@ int train(const json& config) {
   const int64_t epochs = train_cfg.at("epochs").get<int64_t>();
   const int64_t log_every = train_cfg.at("log_every").get<int64_t>();
   const int64_t eval_every = train_cfg.at("eval_every").get<int64_t>();
+  const int64_t checkpoint_every = train_cfg.at("checkpoint_every").get<int64_t>();
+  const int keep_last = train_cfg.at("keep_last").get<int>();
+  const std::optional<double> max_grad_norm =
+      train_cfg.at("max_grad_norm").is_number() ? std::optional<double>(train_cfg.at("max_grad_norm").get<double>())
+                                                : std::nullopt;
   manual_seed(seed);
 
-  // ---- data
+  // ---- the Booster: loads the plugin, checks the combination, starts the processes' group.
+  const BoosterConfig booster_config = config::booster_config(config);
+  Booster booster(booster_config);
+  distributed::ProcessGroup& group = booster.process_group();
+  const bool is_rank0 = group.size() > 1 ? group.rank() == 0 : process_rank() == 0;
+  Progress progress(Progress::detect());
+
+  // ---- the run directory (Note [The run directory] in config.h): only rank 0 writes files.
+  const std::optional<fs::path> run_dir = make_run_dir(train_cfg, group);
+  std::optional<fs::path> checkpoint_root;
+  if (train_cfg.at("checkpoint_dir").is_string()) checkpoint_root = fs::path(train_cfg.at("checkpoint_dir").get<std::string>());
+  else if (run_dir) checkpoint_root = *run_dir / "checkpoints";
+  MetricsLog metrics;
+
+  // ---- data: this process's share (every rank its own part under data parallelism)
   const json& data_cfg = config.at("data");
   const config::DataSplits split = config::make_datasets(data_cfg, seed);
   data::DataLoaderOptions loader_options;
@@ -56,102 +299,160 @@ int train(const json& config) {
   loader_options.shuffle = data_cfg.at("shuffle").get<bool>();
   loader_options.drop_last = data_cfg.at("drop_last").get<bool>();
   loader_options.seed = seed;
-  data::DataLoader loader(split.train, loader_options);
+  std::shared_ptr<data::DataLoader> plain_loader = booster.prepare_dataloader(split.train, loader_options);
   const int64_t eval_batch_size = data_cfg.at("eval_batch_size").get<int64_t>();
-  BOOSTER_CHECK(loader.size() > 0, ConfigError, "'data.batch_size' is ", loader_options.batch_size,
-                " with drop_last, but the training split has only ", split.train->size(), " items");
+  BOOSTER_CHECK(plain_loader->size() > 0, ConfigError, "'data.batch_size' is ", loader_options.batch_size,
+                " with drop_last, but the training split has only ", plain_loader->num_samples(),
+                " items for this process");
 
-  int64_t total_steps = epochs * loader.size();
+  int64_t total_steps = epochs * plain_loader->size();
   if (train_cfg.at("max_steps").is_number()) total_steps = std::min(total_steps, train_cfg.at("max_steps").get<int64_t>());
 
-  // ---- model, optimizer, loss, all three through the precision strategy (Note [The mixed-precision
-  // step]): it may convert or wrap each, so only what configure() returns is used from here on, and
-  // the scheduler is built on the optimizer it returns (which may hold float32 master weights).
-  json mp_options = config.at("mixed_precision");
-  const std::string mp_name = mp_options.at("name").get<std::string>();
-  mp_options.erase("name");
-  std::unique_ptr<mixed_precision::MixedPrecision> precision = mixed_precision::create(mp_name, mp_options);
-  const mixed_precision::Configured configured = [&] {
-    nn::ModulePtr plain_model = nn::make_model(config.at("model"), seed);
+  // ---- model, optimizer, loss and schedule, boosted (Note [Booster lifecycle]): only what boost()
+  // returns is used from here on. The scheduler is built on the user's optimizer, as with torch.
+  nn::ModulePtr plain_model = nn::make_model(config.at("model"), seed);
+  const Generators generators = run_generators(*plain_model);
+  const Boosted boosted = [&] {
     std::shared_ptr<optim::Optimizer> plain_optimizer =
         optim::make_optimizer(config.at("optimizer"), plain_model->parameters());
-    return precision->configure(plain_model, plain_optimizer, config::make_criterion(config.at("criterion")));
+    std::shared_ptr<optim::LRScheduler> plain_scheduler =
+        config::make_lr_scheduler(config.at("lr_scheduler"), *plain_optimizer, total_steps);
+    return booster.boost(plain_model, plain_optimizer, config::make_criterion(config.at("criterion")), plain_loader,
+                         plain_scheduler);
   }();
-  const nn::ModulePtr& model = configured.model;
-  const std::shared_ptr<optim::Optimizer>& optimizer = configured.optimizer;
-  const config::Criterion& criterion = configured.criterion;
-  std::unique_ptr<optim::LRScheduler> scheduler =
-      config::make_lr_scheduler(config.at("lr_scheduler"), *optimizer, total_steps);
+  const nn::ModulePtr& model = boosted.model;
+  BoostedOptimizer& optimizer = *boosted.optimizer;
+  const nn::Criterion& criterion = boosted.criterion;
+  data::DataLoader& loader = *boosted.dataloader;
+  BoostedScheduler* scheduler = boosted.scheduler.get();
+  mixed_precision::MixedPrecision& precision = booster.precision();
   // Strategies that scale the loss start above 1 (dynamic scalers at 2^16); their scale and skipped
   // steps are worth a column in the log and a value in the summary.
-  const bool scales_loss = precision->loss_scale() != 1.0;
+  const bool scales_loss = precision.loss_scale() != 1.0;
 
-  std::cerr << "booster: " << split.description << "\n"
-            << "booster: model " << model->name() << " with " << human_count(model->num_parameters())
-            << " parameters, optimizer " << optimizer->name()
-            << (scheduler ? ", lr scheduler " + scheduler->name() : std::string()) << ", precision "
-            << precision->name() << ", " << total_steps << " steps ("
-            << loader.size() << " per epoch)\n";
+  // ---- resume (Note [Checkpoints of booster train])
+  TrainPosition position;
+  std::string resumed_from;
+  if (train_cfg.at("resume").is_string()) {
+    const std::string resume = train_cfg.at("resume").get<std::string>();
+    const bool latest = resume == "latest";
+    const fs::path where = latest ? *checkpoint_root : fs::path(resume);
+    // "latest" with nothing saved yet starts afresh, so the same command serves the first run and
+    // every restart after a crash.
+    if (!latest || (fs::is_directory(where) && !checkpoint::list_checkpoints(where).empty())) {
+      const auto [dir, state] = read_trainer_state(where, config, group.size());
+      position = load_training_checkpoint(booster, boosted, generators, dir, state);
+      resumed_from = dir.string();
+      BOOSTER_CHECK(position.step <= total_steps, CheckpointError, "train.resume: ", dir.string(), " is at step ",
+                    position.step, ", past this run's ", total_steps, " steps; raise train.max_steps or train.epochs");
+    }
+  }
+  if (is_rank0 && run_dir) {
+    std::error_code ec;
+    fs::create_directories(*run_dir, ec);
+    BOOSTER_CHECK(!ec, ConfigError, "cannot create the run directory '", run_dir->string(), "': ", ec.message(),
+                  "; set train.run_dir to a writable directory, or to null for no files");
+    std::ofstream(*run_dir / "config.json") << config.dump(2) << "\n";
+    if (position.step > 0) truncate_metrics_after(*run_dir / kMetricsFileName, position.step);
+    metrics.open(*run_dir / kMetricsFileName, /*append=*/position.step > 0);
+  }
+
+  progress.print("booster: " + split.description);
+  progress.print("booster: model " + model->name() + " with " + human_count(double(model->num_parameters())) +
+                 " parameters, optimizer " + optimizer.user_optimizer().name() +
+                 (scheduler ? ", lr scheduler " + scheduler->scheduler().name() : std::string()) + ", precision " +
+                 booster_config.mixed_precision + ", plugin " + config.at("plugin").at("name").get<std::string>() +
+                 (group.size() > 1 ? " x " + std::to_string(group.size()) + " processes" : std::string()) + ", " +
+                 std::to_string(total_steps) + " steps (" + std::to_string(loader.size()) + " per epoch)" +
+                 (run_dir ? ", run directory " + run_dir->string() : std::string()));
+  if (!resumed_from.empty())
+    progress.print("booster: resumed from " + resumed_from + " at step " + std::to_string(position.step));
 
   // ---- the loop
-  json summary = json::object();
+  const auto run_start = Clock::now();
   std::optional<config::Evaluation> last_eval;
   auto run_evaluation = [&](int64_t step) {
     if (!split.test) return;
     const auto t0 = Clock::now();
     last_eval = config::evaluate(*model, split, criterion, eval_batch_size);
-    std::fprintf(stderr, "eval  step %6lld | test loss %.4f | test accuracy %.2f%% | %lld samples in %.2fs\n",
-                 static_cast<long long>(step), last_eval->loss, 100.0 * last_eval->accuracy,
-                 static_cast<long long>(last_eval->samples), seconds_since(t0));
+    progress.print(format_line("eval  step %6lld | test loss %.4f | test accuracy %.2f%% | %lld samples in %.2fs",
+                               static_cast<long long>(step), last_eval->loss, 100.0 * last_eval->accuracy,
+                               static_cast<long long>(last_eval->samples), seconds_since(t0)));
+    metrics.write({{"kind", "eval"},
+                   {"step", step},
+                   {"test_loss", last_eval->loss},
+                   {"test_accuracy", last_eval->accuracy},
+                   {"samples", last_eval->samples},
+                   {"time", seconds_since(run_start)}});
+  };
+  auto save_checkpoint_now = [&] {
+    const auto t0 = Clock::now();
+    save_training_checkpoint(booster, boosted, generators, *checkpoint_root, position, config, keep_last);
+    progress.print(format_line("saved step %6lld | %s in %.2fs", static_cast<long long>(position.step),
+                               (*checkpoint_root / step_dir_name(position.step)).c_str(), seconds_since(t0)));
   };
 
   model->train();
-  int64_t step = 0;
-  int64_t skipped_steps = 0;
+  int64_t& step = position.step;
+  const int64_t first_step = step;
   double last_loss = 0.0;
-  int64_t samples_seen = 0, window_samples = 0;
-  double train_seconds = 0.0;  // time in training steps, without evaluation
+  int64_t window_samples = 0, samples_this_run = 0;
+  double train_seconds = 0.0;  // time in training steps, without evaluation and saving
   auto window_start = Clock::now();
-  const auto run_start = Clock::now();
-  for (int64_t epoch = 0; epoch < epochs && step < total_steps; ++epoch) {
-    loader.set_epoch(epoch);
+  for (int64_t epoch = loader.epoch(); epoch < epochs && step < total_steps; ++epoch) {
+    loader.set_epoch(epoch);  // keeps a resumed position in this epoch
     for (data::Batch& batch : loader) {
       const auto step_start = Clock::now();
-      const double step_lr = optimizer->lr();  // the lr this step uses (the scheduler moves it after)
-      Tensor output = (*model)(batch.x);
-      Tensor loss = criterion(output, batch.y);
-      optimizer->zero_grad();
-      precision->backward(loss, *optimizer);
-      precision->step(*optimizer);
+      const double step_lr = optimizer.lr();  // the lr this step uses (the scheduler moves it after)
+      optimizer.zero_grad();
+      Tensor loss = criterion((*model)(batch.x), batch.y);
+      booster.backward(loss, optimizer);
+      if (max_grad_norm) booster.clip_grad_norm(optimizer, *max_grad_norm);
+      optimizer.step();
       // A skipped step (inf/NaN gradients, the scale was lowered) changed no weight, so, as Accelerate
-      // does, it does not move the schedule either.
-      const bool skipped = precision->step_was_skipped();
-      if (skipped) ++skipped_steps;
-      else if (scheduler) scheduler->step();
+      // does, it does not move the schedule either (BoostedScheduler::step knows).
+      const bool skipped = optimizer.step_was_skipped();
+      if (skipped) ++position.skipped_steps;
+      if (scheduler) scheduler->step();
       ++step;
       last_loss = loss.item();
       train_seconds += seconds_since(step_start);
       const int64_t batch_samples = batch.x.size(0);
-      samples_seen += batch_samples;
+      position.samples_seen += batch_samples;
+      samples_this_run += batch_samples;
       window_samples += batch_samples;
 
       // An overflowing 16-bit loss on a skipped step is the scaler's to handle (it throws itself when
       // the scale would fall below its floor).
       BOOSTER_CHECK(skipped || std::isfinite(last_loss), TrainingError, "the loss is ", last_loss, " at step ", step,
                     "; lower optimizer.lr or check the data");
-      if (step % log_every == 0 || step == total_steps) {
-        const double window_seconds = seconds_since(window_start);
-        char scale_text[64] = "";
-        if (scales_loss)
-          std::snprintf(scale_text, sizeof scale_text, " | scale %g | skipped %lld", precision->loss_scale(),
-                        static_cast<long long>(skipped_steps));
-        std::fprintf(stderr, "step %6lld/%lld | epoch %lld | loss %.4f | lr %.3g%s | %.0f samples/s\n",
-                     static_cast<long long>(step), static_cast<long long>(total_steps),
-                     static_cast<long long>(epoch + 1), last_loss, step_lr, scale_text,
-                     double(window_samples) / std::max(window_seconds, 1e-9));
+      const bool logged = step % log_every == 0 || step == total_steps;
+      StepReport report;
+      report.step = step;
+      report.total_steps = total_steps;
+      report.epoch = epoch + 1;
+      report.loss = last_loss;
+      report.lr = step_lr;
+      if (scales_loss) report.loss_scale = precision.loss_scale();
+      report.skipped = position.skipped_steps;
+      report.samples_per_second = double(window_samples) / std::max(seconds_since(window_start), 1e-9);
+      report.seconds = seconds_since(run_start);
+      report.eta_seconds = train_seconds / double(step - first_step) * double(total_steps - step);
+      progress.update(report, logged);
+      if (logged) {
+        metrics.write({{"kind", "train"},
+                       {"step", step},
+                       {"epoch", report.epoch},
+                       {"loss", last_loss},
+                       {"lr", step_lr},
+                       {"loss_scale", report.loss_scale ? json(*report.loss_scale) : json(nullptr)},
+                       {"skipped", position.skipped_steps},
+                       {"samples_per_second", report.samples_per_second},
+                       {"time", report.seconds}});
         window_samples = 0;
         window_start = Clock::now();
       }
+      if (checkpoint_every > 0 && (step % checkpoint_every == 0 || step == total_steps)) save_checkpoint_now();
       if (eval_every > 0 && step % eval_every == 0 && step < total_steps) run_evaluation(step);
       if (step >= total_steps) break;
     }
@@ -159,22 +460,28 @@ int train(const json& config) {
     if (eval_every == 0 && step < total_steps) run_evaluation(step);
   }
   run_evaluation(step);
+  progress.finish();
 
+  json summary = json::object();
   summary["final_loss"] = last_loss;
   summary["steps"] = step;
-  summary["mixed_precision"] = precision->name();
-  summary["skipped_steps"] = skipped_steps;
-  summary["final_loss_scale"] = scales_loss ? json(precision->loss_scale()) : json(nullptr);
+  summary["mixed_precision"] = booster_config.mixed_precision;
+  summary["plugin"] = config.at("plugin").at("name");
+  summary["processes"] = group.size();
+  summary["skipped_steps"] = position.skipped_steps;
+  summary["final_loss_scale"] = scales_loss ? json(precision.loss_scale()) : json(nullptr);
   summary["seconds"] = seconds_since(run_start);
   summary["train_seconds"] = train_seconds;
-  summary["samples_per_second"] = double(samples_seen) / std::max(train_seconds, 1e-9);
+  summary["samples_per_second"] = double(samples_this_run) / std::max(train_seconds, 1e-9);
   if (split.tokens_per_sample > 1)
-    summary["tokens_per_second"] = double(samples_seen * split.tokens_per_sample) / std::max(train_seconds, 1e-9);
+    summary["tokens_per_second"] = double(samples_this_run * split.tokens_per_sample) / std::max(train_seconds, 1e-9);
   if (last_eval) {
     summary["test_loss"] = last_eval->loss;
     summary["test_accuracy"] = last_eval->accuracy;
   }
-  std::cout << summary.dump() << std::endl;
+  summary["run_dir"] = run_dir ? json(run_dir->string()) : json(nullptr);
+  summary["resumed_from"] = resumed_from.empty() ? json(nullptr) : json(resumed_from);
+  if (is_rank0) std::cout << summary.dump() << std::endl;
   return kExitOk;
 }
 

@@ -4,6 +4,7 @@
 // these tests check exit codes and the one-line messages, not internals.
 #include <catch2/catch.hpp>
 
+#include <sched.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -15,6 +16,7 @@
 #include <fstream>
 #include <sstream>
 #include <string>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -48,11 +50,14 @@ fs::path scratch_dir() {
   return dir;
 }
 
-// Runs `build/bin/booster <args>` through the shell; args are passed as written.
-RunResult run_booster(const std::string& args) {
+// Runs `build/bin/booster <args>` through the shell; args are passed as written, `env` (e.g.
+// "BOOSTER_PROGRESS=bar") goes before the program.
+RunResult run_booster(const std::string& args, const std::string& env = "") {
   fs::path dir = scratch_dir();
   fs::path out = dir / "stdout.txt", err = dir / "stderr.txt";
-  std::string cmd = std::string(BOOSTER_BIN_DIR) + "/booster " + args + " >" + out.string() + " 2>" + err.string();
+  // From the scratch directory, so the runs/ directories of train.run_dir's default land there.
+  std::string cmd = "cd " + dir.string() + " && " + env + " " + std::string(BOOSTER_BIN_DIR) + "/booster " + args + " >" +
+                    out.string() + " 2>" + err.string();
   int status = std::system(cmd.c_str());
   RunResult r;
   r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
@@ -583,5 +588,209 @@ TEST_CASE("every mixed-precision strategy trains Fashion-MNIST to within 1 point
     const double accuracy = accuracy_of(std::string("fashion_mnist_") + name + ".json");
     INFO(name << ": " << accuracy << " against float32 " << float32);
     CHECK(std::abs(accuracy - float32) <= 0.01);
+  }
+}
+
+// ------------------------------------------------------------------------------------------ what a user sees
+std::vector<json> read_jsonl(const fs::path& file) {
+  std::vector<json> records;
+  std::ifstream in(file);
+  for (std::string line; std::getline(in, line);)
+    if (!line.empty()) records.push_back(json::parse(line));
+  return records;
+}
+
+TEST_CASE("train writes metrics.jsonl: a line per logged step and per evaluation, and the config", "[cli][progress]") {
+  const fs::path run_dir = scratch_dir() / "metrics_run";
+  fs::remove_all(run_dir);
+  json c = synthetic_config();  // 2 epochs of 8 steps
+  c["train"]["eval_every"] = 8;
+  c["train"]["run_dir"] = run_dir.string();
+  c["mixed_precision"] = "fp16";
+  RunResult r = run_booster("train --config " + write_config("metrics.json", c).string());
+  INFO(r.err);
+  REQUIRE(r.exit_code == 0);
+  const json summary = summary_line(r.out);
+  CHECK(summary["run_dir"] == run_dir.string());
+  const std::vector<json> records = read_jsonl(run_dir / "metrics.jsonl");
+  std::vector<int64_t> train_steps, eval_steps;
+  double last_time = 0.0;
+  for (const json& rec : records) {
+    INFO(rec.dump());
+    CHECK(rec["time"].get<double>() >= last_time);
+    last_time = rec["time"].get<double>();
+    if (rec["kind"] == "train") {
+      train_steps.push_back(rec["step"]);
+      for (const char* key : {"epoch", "loss", "lr", "loss_scale", "skipped", "samples_per_second"}) CHECK(rec.contains(key));
+      CHECK(rec["loss_scale"] == 65536.0);
+      CHECK(rec["lr"] == 0.01);
+      CHECK(rec["epoch"] == (rec["step"].get<int64_t>() <= 8 ? 1 : 2));
+    } else {
+      REQUIRE(rec["kind"] == "eval");
+      eval_steps.push_back(rec["step"]);
+      CHECK(rec["test_accuracy"].get<double>() >= 0.0);
+      CHECK(rec["test_accuracy"].get<double>() <= 1.0);
+    }
+  }
+  CHECK(train_steps == std::vector<int64_t>{4, 8, 12, 16});  // log_every 4
+  CHECK(eval_steps == std::vector<int64_t>{8, 16});
+  // The last records are the summary's numbers.
+  REQUIRE(records.size() >= 2);
+  CHECK(records[records.size() - 2]["loss"] == summary["final_loss"]);
+  CHECK(records.back()["test_accuracy"] == summary["test_accuracy"]);
+  // config.json is the resolved config the run used: it runs again as is.
+  const json saved = config::load_file(run_dir / "config.json");
+  CHECK(saved == config::resolve(c));
+  CHECK(config::resolve(saved) == saved);
+}
+
+TEST_CASE("train.run_dir: {time} gives every run its own directory, null writes no file", "[cli][progress]") {
+  const fs::path base = scratch_dir() / "timed";
+  fs::remove_all(base);
+  const fs::path cfg = write_config("timed.json", synthetic_config());
+  const std::string set_dir = " --set 'train.run_dir=" + (base / "run-{time}").string() + "' --set train.max_steps=2";
+  RunResult a = run_booster("train --config " + cfg.string() + set_dir);
+  RunResult b = run_booster("train --config " + cfg.string() + set_dir);
+  REQUIRE(a.exit_code == 0);
+  REQUIRE(b.exit_code == 0);
+  const std::string dir_a = summary_line(a.out)["run_dir"], dir_b = summary_line(b.out)["run_dir"];
+  CHECK(dir_a != dir_b);
+  CHECK(fs::path(dir_a).filename().string().rfind("run-20", 0) == 0);  // run-YYYYmmdd-HHMMSS[-n]
+  CHECK(fs::exists(fs::path(dir_a) / "metrics.jsonl"));
+  CHECK(fs::exists(fs::path(dir_b) / "metrics.jsonl"));
+
+  fs::remove_all(scratch_dir() / "runs");
+  RunResult none = run_booster("train --config " + cfg.string() + " --set train.run_dir=null --set train.max_steps=2");
+  REQUIRE(none.exit_code == 0);
+  CHECK(summary_line(none.out)["run_dir"].is_null());
+  CHECK_FALSE(fs::exists(scratch_dir() / "runs"));
+  // The default is runs/{time} under the working directory.
+  CHECK(config::resolve(synthetic_config())["train"]["run_dir"] == "runs/{time}");
+  RunResult by_default = run_booster("train --config " + cfg.string() + " --set train.max_steps=2");
+  REQUIRE(by_default.exit_code == 0);
+  const std::string default_dir = summary_line(by_default.out)["run_dir"];
+  CHECK(default_dir.rfind("runs/20", 0) == 0);
+  CHECK(fs::exists(scratch_dir() / default_dir / "metrics.jsonl"));
+}
+
+TEST_CASE("progress: plain lines off a terminal, a bar redrawn in place on one, nothing when silenced", "[cli][progress]") {
+  const fs::path cfg = write_config("progress.json", synthetic_config());
+  const std::string args = "train --config " + cfg.string() + " --set train.run_dir=null --mixed-precision fp16";
+  RunResult lines = run_booster(args);
+  REQUIRE(lines.exit_code == 0);
+  CHECK(lines.err.find('\r') == std::string::npos);
+  CHECK(lines.err.find("step     16/16 | epoch 2 | loss ") != std::string::npos);
+  CHECK(lines.err.find("| scale 65536 | skipped 0 | ") != std::string::npos);
+  CHECK(lines.err.find(" samples/s | ETA 0s\n") != std::string::npos);
+
+  RunResult bar = run_booster(args, "BOOSTER_PROGRESS=bar COLUMNS=200");
+  REQUIRE(bar.exit_code == 0);
+  CHECK(bar.err.find("\rstep 16/16 [") != std::string::npos);  // redrawn with a carriage return ...
+  CHECK(bar.err.find("\033[K") != std::string::npos);          // ... erasing the rest of the line
+  CHECK(bar.err.find("] 100% ETA 0s | loss ") != std::string::npos);
+  CHECK(bar.err.find(" samples/s | scale 65536 | skipped 0\033[K") != std::string::npos);
+  // A narrow terminal cuts the line instead of wrapping it.
+  RunResult narrow = run_booster(args, "BOOSTER_PROGRESS=bar COLUMNS=40");
+  REQUIRE(narrow.exit_code == 0);
+  std::istringstream redraws(narrow.err);
+  for (std::string piece; std::getline(redraws, piece, '\r');) {
+    const size_t end = piece.find("\033[K");
+    if (piece.rfind("step ", 0) == 0 && end != std::string::npos) CHECK(end <= 39);
+  }
+  CHECK(bar.err.find("step      4/16 | epoch") == std::string::npos);  // no log lines
+  // Evaluations are printed on lines of their own above the bar, and the bar's line is ended.
+  CHECK(bar.err.find("\r\033[Keval  step      8 |") != std::string::npos);
+  CHECK(bar.err.back() == '\n');
+  CHECK(summary_line(bar.out)["steps"] == 16);
+
+  RunResult silent = run_booster(args, "BOOSTER_PROGRESS=none");
+  REQUIRE(silent.exit_code == 0);
+  CHECK(silent.err.empty());
+  CHECK(summary_line(silent.out)["steps"] == 16);
+}
+
+bool have_mpirun() { return std::system("command -v mpirun >/dev/null 2>&1") == 0; }
+
+TEST_CASE("under booster run -n 2 only rank 0 prints and writes the run directory", "[cli][progress][mpi]") {
+  if (!have_mpirun()) {
+    WARN("skipped: no mpirun");
+    return;
+  }
+  const fs::path base = scratch_dir() / "two_ranks";
+  fs::remove_all(base);
+  json c = synthetic_config();
+  c["train"]["run_dir"] = (base / "{time}").string();
+  RunResult r = run_booster("run -n 2 -- booster train --config " + write_config("two_ranks.json", c).string(),
+                            "OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1");
+  INFO(r.err);
+  REQUIRE(r.exit_code == 0);
+  CHECK(std::count(r.out.begin(), r.out.end(), '\n') == 1);  // one summary
+  CHECK(summary_line(r.out)["steps"] == 16);
+  size_t headers = 0;
+  for (size_t at = r.err.find("booster: model "); at != std::string::npos; at = r.err.find("booster: model ", at + 1)) ++headers;
+  CHECK(headers == 1);
+  size_t finals = 0;
+  for (size_t at = r.err.find("step     16/16"); at != std::string::npos; at = r.err.find("step     16/16", at + 1)) ++finals;
+  CHECK(finals == 1);
+  CHECK(std::distance(fs::directory_iterator(base), fs::directory_iterator()) == 1);  // one run directory
+}
+
+// ------------------------------------------------------------------------------------------ booster run
+int usable_cores() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  REQUIRE(sched_getaffinity(0, sizeof set, &set) == 0);
+  return CPU_COUNT(&set);
+}
+
+TEST_CASE("booster run assembles the mpirun command line", "[cli][run]") {
+  const int cores = usable_cores();
+  // The thread variables the test runner exports are cleared, so the command sets its own.
+  const std::string clean_env = "env -u OMP_NUM_THREADS -u OPENBLAS_NUM_THREADS";
+  RunResult r = run_booster("run -n 3 --dry-run --bind-to none -- booster train --config 'a b.json'", clean_env);
+  INFO(r.err);
+  REQUIRE(r.exit_code == 0);
+  const std::string threads = std::to_string(std::max(1, cores / 3));
+  const std::string line = r.out;
+  INFO(line);
+  CHECK(line.find("OPENBLAS_NUM_THREADS=" + threads + " OMP_NUM_THREADS=" + threads + " ") != std::string::npos);
+  CHECK(line.find("mpirun -np 3 ") != std::string::npos);
+  CHECK((line.find(" --oversubscribe ") != std::string::npos) == (3 > cores));
+  CHECK(line.find(" -x OPENBLAS_NUM_THREADS -x OMP_NUM_THREADS --bind-to none " + std::string(BOOSTER_BIN_DIR) +
+                  "/booster train --config 'a b.json'\n") != std::string::npos);
+  CHECK((line.find("OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 ") != std::string::npos) ==
+        (::geteuid() == 0));
+
+  // More ranks than cores: oversubscribed, one thread each. A thread count the user exported is kept.
+  r = run_booster("run --dry-run -n 4096 -- echo hi", clean_env + " OMP_NUM_THREADS=7");
+  REQUIRE(r.exit_code == 0);
+  CHECK(r.out.find(" -np 4096 --oversubscribe ") != std::string::npos);
+  CHECK(r.out.find("OPENBLAS_NUM_THREADS=1 ") != std::string::npos);
+  CHECK(r.out.find("OMP_NUM_THREADS=") == std::string::npos);  // left as the user set it ...
+  CHECK(r.out.find("-x OMP_NUM_THREADS") != std::string::npos);  // ... and passed on to the ranks
+  CHECK(r.out.find(" echo hi\n") != std::string::npos);
+
+  // Mistakes: one line, exit 2.
+  for (const auto& [args, expect] : std::vector<std::pair<std::string, std::string>>{
+           {"run -- booster train", "-n N is missing"},
+           {"run -n 0 -- booster train", "-n is '0'"},
+           {"run -n two -- booster train", "-n is 'two'"},
+           {"run -n 2", "no command after `--`"},
+           {"run -n 2 --", "no command after `--`"}}) {
+    INFO(args);
+    RunResult bad = run_booster(args);
+    CHECK(bad.exit_code == 2);
+    CHECK(bad.err.find(expect) != std::string::npos);
+    CHECK(std::count(bad.err.begin(), bad.err.end(), '\n') == 1);
+  }
+}
+
+TEST_CASE("every subcommand has --help", "[cli]") {
+  for (const std::string command : {"train", "check", "run", "plot", "precisions"}) {
+    INFO(command);
+    RunResult r = run_booster(command + " --help");
+    CHECK(r.exit_code == 0);
+    CHECK(r.out.find("usage: booster " + command) != std::string::npos);
+    CHECK(r.err.empty());
   }
 }

@@ -323,7 +323,7 @@ void apply_override(json& config, const std::string& assignment) {
     if (child.is_null()) child = json::object();
     // "mixed_precision": "fp16" is short for {"name": "fp16"} (Note [The mixed_precision section]), so
     // --set mixed_precision.init_scale=8 adds an option to it.
-    if (i == 0 && keys[0] == "mixed_precision" && child.is_string()) child = json{{"name", child}};
+    if (i == 0 && (keys[0] == "mixed_precision" || keys[0] == "plugin") && child.is_string()) child = json{{"name", child}};
     if (!child.is_object()) {
       throw ConfigError("--set '" + assignment + "': '" + walked + "' is " + show(child) +
                         ", not an object, so it has no key '" + keys[i + 1] + "'");

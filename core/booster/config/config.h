@@ -16,6 +16,10 @@
 
 #include <nlohmann/json.hpp>
 
+namespace booster {
+struct BoosterConfig;
+}
+
 namespace booster::config {
 
 using json = nlohmann::json;
@@ -69,7 +73,8 @@ struct Section {
 // The schema of a whole training config, one Section per top-level key.
 const std::vector<Section>& training_schema();
 // Checks that go across sections of a resolved training config (text data needs a GPT whose context
-// covers data.context; the MLP's in/classes match the data). ConfigError naming both paths.
+// covers data.context; the MLP's in/classes match the data). ConfigError naming both paths;
+// IncompatibleError when the compatibility matrix rejects mixed_precision with plugin.
 void check_training_config(const json& resolved);
 
 // The `mixed_precision` section (see Note [The mixed_precision section] in schema.cpp): a strategy name
@@ -77,6 +82,25 @@ void check_training_config(const json& resolved);
 json resolve_mixed_precision(const json& given);
 // The section's default strategy.
 inline constexpr const char* kDefaultMixedPrecision = "fp32";
+
+// The `plugin` section (Note [The plugin section] in schema.cpp): a parallel plugin name or
+// {"name": ..., options...}, resolved to an object with every option of the plugin filled in.
+json resolve_plugin(const json& given);
+// The section's default: one process, the built-in plugin.
+inline constexpr const char* kDefaultPlugin = "single";
+// The Booster's config from a resolved training config's mixed_precision and plugin sections.
+BoosterConfig booster_config(const json& resolved);
+
+// Note [The run directory]
+// ~~~~~~~~~~~~~~~~~~~~~~~~
+// `train.run_dir` is where a run leaves its files: metrics.jsonl (Note [What booster train prints] in
+// cli/progress.h), config.json (the resolved config it ran) and, unless `train.checkpoint_dir` says
+// otherwise, checkpoints/. "{time}" in it becomes the run's start time (UTC, YYYYmmdd-HHMMSS), so by
+// default every run gets a fresh directory under runs/ (taken with a -2, -3, ... suffix when two runs
+// start in the same second). null writes no files at all (and then checkpoints need an explicit
+// checkpoint_dir). `train.resume: "latest"` looks in the checkpoint directory, so resuming needs one
+// that does not change from run to run: an explicit checkpoint_dir or a run_dir without {time}.
+inline constexpr const char* kDefaultRunDir = "runs/{time}";
 
 // ------------------------------------------------------------------------------------ operations
 // Checks `config` against the schema and returns it with every default filled. Throws ConfigError

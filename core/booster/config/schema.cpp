@@ -8,8 +8,11 @@
 #include <algorithm>
 #include <cctype>
 
+#include "booster/booster/booster.h"
+#include "booster/booster/compat.h"
 #include "booster/common/error.h"
 #include "booster/mixed_precision/mixed_precision.h"
+#include "booster/plugin/loader.h"
 
 namespace booster::config {
 namespace {
@@ -74,6 +77,22 @@ Field numbers(std::string key, json def, Kind item_kind, std::optional<double> m
   f.max_exclusive = max_exclusive;
   f.length = length;
   f.help = std::move(help);
+  return f;
+}
+
+// A string that may be null: "not set" (no run directory, no resume).
+Field optional_text(std::string key, json def, std::string help = "") {
+  Field f = text(std::move(key), std::nullopt, {}, std::move(help));
+  f.nullable = true;
+  f.default_value = std::move(def);
+  return f;
+}
+
+// A positive number that may be null (the default): "not set", e.g. no clipping.
+Field optional_number(std::string key, double exclusive_min, std::string help = "") {
+  Field f = number(std::move(key), std::nullopt, exclusive_min, std::nullopt, true, false, std::move(help));
+  f.nullable = true;
+  f.default_value = nullptr;
   return f;
 }
 
@@ -237,13 +256,20 @@ std::vector<Section> make_training_schema() {
   // ------------------------------------------------------------------------------------- train
   schema.push_back(Section{
       "train",
-      "the loop: epochs, max_steps, log_every, eval_every, seed",
+      "the loop: epochs, max_steps, log_every, eval_every, seed, run_dir, checkpoints",
       {
           integer("epochs", 1, 1),
           optional_integer("max_steps", 1, "stop after this many steps; null: run all epochs"),
           integer("log_every", 50, 1),
           integer("eval_every", 0, 0, std::nullopt, "evaluate every N steps; 0: after each epoch"),
           integer("seed", 0, 0),
+          optional_number("max_grad_norm", 0.0, "clip the gradients' joint L2 norm to this; null: no clipping"),
+          // Note [The run directory] in config.h.
+          optional_text("run_dir", kDefaultRunDir, "metrics.jsonl, config.json, checkpoints; {time}: the start time; null: no files"),
+          optional_text("checkpoint_dir", nullptr, "null: <run_dir>/checkpoints"),
+          integer("checkpoint_every", 0, 0, std::nullopt, "save every N steps and at the end; 0: never"),
+          integer("keep_last", 3, 0, std::nullopt, "checkpoints to keep; 0: all"),
+          optional_text("resume", nullptr, "\"latest\" (the newest in checkpoint_dir, if any), a checkpoint path, or null"),
       },
       "",
       {},
@@ -261,6 +287,15 @@ std::vector<Section> make_training_schema() {
   mixed_precision.optional = true;
   mixed_precision.custom_resolve = resolve_mixed_precision;
   schema.push_back(std::move(mixed_precision));
+
+  // ------------------------------------------------------------------------------------- plugin
+  // Likewise the plugin's own options: Note [The plugin section].
+  Section plugin;
+  plugin.name = "plugin";
+  plugin.help = "a parallel plugin name (\"ddp\") or {\"name\": ..., options...}; `booster plugins` lists them";
+  plugin.optional = true;
+  plugin.custom_resolve = resolve_plugin;
+  schema.push_back(std::move(plugin));
 
   return schema;
 }
@@ -343,6 +378,73 @@ json resolve_mixed_precision(const json& given) {
   return resolved;
 }
 
+// Note [The plugin section]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~
+// Like mixed_precision (Note [The mixed_precision section]): `"plugin": "ddp"` is short for
+// `{"name": "ddp"}`, an object carries the plugin's options, and absent means "single" (one process,
+// the built-in plugin, no library needed). A name must be "single" or a parallel plugin on the search
+// path (`booster plugins`), or a path to one; the plugin itself, created with no options, gives the valid
+// keys and their defaults, and created with the given ones runs its own checks, whose messages are
+// re-addressed to `plugin.KEY`. Whether the plugin works with the mixed_precision strategy is the
+// compatibility matrix's call (check_training_config).
+json resolve_plugin(const json& given) {
+  const std::string path = "plugin";
+  json section = given.is_string() ? json{{"name", given}} : given;
+  if (!section.is_object())
+    throw ConfigError("'" + path + "' is " + show(given) + "; expected a plugin name or an object {\"name\": ..., options...}");
+  if (section.empty()) section["name"] = kDefaultPlugin;
+  std::vector<std::string> names = {kDefaultPlugin};
+  for (const plugin::Found& found : plugin::list(plugin::kParallelKind))
+    if (found.name != kDefaultPlugin) names.push_back(found.name);
+  if (!section.contains("name")) throw ConfigError("'" + path + ".name' is missing; expected one of " + quoted(names));
+  const json& name_value = section.at("name");
+  const std::string name = name_value.is_string() ? name_value.get<std::string>() : std::string();
+  const bool known = std::find(names.begin(), names.end(), name) != names.end() || (!name.empty() && plugin::is_path(name));
+  if (!name_value.is_string() || !known) {
+    std::string msg = "'" + path + ".name' is " + show(name_value) + "; expected one of " + quoted(names) +
+                      " or a path to a plugin library";
+    if (auto guess = nearest(name, names)) msg += " (did you mean '" + *guess + "'?)";
+    throw ConfigError(msg);
+  }
+  // "single" is the built-in plugin: the same code as plugins/single, with no library to find.
+  const std::string library = name == kDefaultPlugin ? "" : name;
+  json options = section;
+  options.erase("name");
+  const json defaults = create_plugin(library)->options();
+  std::vector<std::string> valid = {"name"};
+  for (const auto& [key, _] : defaults.items()) valid.push_back(key);
+  for (const auto& [key, _] : options.items()) {
+    if (defaults.contains(key)) continue;
+    std::string msg = "unknown key '" + path + "." + key + "' for plugin \"" + name + "\"";
+    if (auto guess = nearest(key, valid)) msg += "; did you mean '" + *guess + "'?";
+    throw ConfigError(msg + " (valid keys of '" + path + "': " + quoted(valid) + ")");
+  }
+  json resolved = {{"name", name}};
+  try {
+    resolved.update(create_plugin(library, options)->options());
+  } catch (const ConfigError& e) {
+    const std::string what = e.what();
+    for (const auto& [key, value] : options.items())
+      if (what.find(key) != std::string::npos) throw ConfigError("'" + path + "." + key + "' is " + show(value) + ": " + what);
+    throw ConfigError("'" + path + "': " + what);
+  }
+  return resolved;
+}
+
+BoosterConfig booster_config(const json& resolved) {
+  BoosterConfig out;
+  json mp = resolved.at("mixed_precision");
+  out.mixed_precision = mp.at("name").get<std::string>();
+  mp.erase("name");
+  out.mixed_precision_options = mp;
+  json pl = resolved.at("plugin");
+  const std::string plugin_name = pl.at("name").get<std::string>();
+  out.plugin = plugin_name == kDefaultPlugin ? "" : plugin_name;
+  pl.erase("name");
+  out.plugin_options = pl;
+  return out;
+}
+
 void check_training_config(const json& c) {
   const json& model = c.at("model");
   const json& data = c.at("data");
@@ -371,6 +473,28 @@ void check_training_config(const json& c) {
   }
   if (model_type == "gpt" && model.at("width").get<int64_t>() % model.at("heads").get<int64_t>() != 0)
     fail("'model.width' " + num(model.at("width")) + " is not divisible by 'model.heads' " + num(model.at("heads")));
+  // Note [The run directory] in config.h.
+  const json& train = c.at("train");
+  const bool has_run_dir = train.at("run_dir").is_string();
+  const bool has_checkpoint_dir = train.at("checkpoint_dir").is_string();
+  if (train.at("checkpoint_every").get<int64_t>() > 0 && !has_run_dir && !has_checkpoint_dir)
+    fail("'train.checkpoint_every' is " + num(train.at("checkpoint_every")) +
+         " but 'train.run_dir' and 'train.checkpoint_dir' are both null; set one of them to say where checkpoints go");
+  if (train.at("resume") == "latest" && !has_checkpoint_dir &&
+      (!has_run_dir || train.at("run_dir").get<std::string>().find("{time}") != std::string::npos))
+    fail("'train.resume' is \"latest\" but 'train.run_dir' is " + num(train.at("run_dir")) +
+         ", a new directory every run; set 'train.checkpoint_dir' (or a run_dir without {time}) so a rerun finds "
+         "its checkpoints");
+  if (train.at("run_dir").is_string() && train.at("run_dir").get<std::string>().empty())
+    fail("'train.run_dir' is \"\"; expected a directory, or null for no files");
+  if (has_checkpoint_dir && train.at("checkpoint_dir").get<std::string>().empty())
+    fail("'train.checkpoint_dir' is \"\"; expected a directory, or null for <run_dir>/checkpoints");
+
+  // The compatibility matrix (Note [Compatibility rules]): before any work, as the Booster would.
+  const BoosterConfig booster = booster_config(c);
+  compat::require_compatible(booster.mixed_precision, compat::PluginTraits::of(*create_plugin(booster.plugin, booster.plugin_options)),
+                             booster.device);
+
   const json& sched = c.at("lr_scheduler");
   if (sched.at("type") == "linear_warmup" && c.at("train").at("max_steps").is_number() &&
       sched.at("warmup_steps").get<int64_t>() > c.at("train").at("max_steps").get<int64_t>())

@@ -4,6 +4,7 @@
 #include <mutex>
 
 #include "booster/distributed/local_process_group.h"
+#include "booster/distributed/nccl_process_group.h"
 #include "booster/distributed/mpi_process_group.h"
 
 namespace booster::distributed {
@@ -245,12 +246,10 @@ ProcessGroup& init_process_group(const std::string& backend) {
                   "found when booster was configured); use \"local\" for one process");
     g_default_group = make_mpi_process_group();
   } else if (chosen == "nccl") {
-    BOOSTER_FAIL(NotImplementedError,
-                 "init_process_group: backend \"nccl\" is not implemented yet; use \"mpi\" for CPU "
-                 "tensors");
+    g_default_group = make_nccl_process_group();  // Note [NCCL process group]
   } else {
     BOOSTER_FAIL(ConfigError, "init_process_group: unknown backend \"", backend,
-                 "\"; expected \"auto\", \"mpi\" or \"local\"");
+                 "\"; expected \"auto\", \"mpi\", \"nccl\" or \"local\"");
   }
   return *g_default_group;
 }

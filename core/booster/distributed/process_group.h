@@ -86,7 +86,7 @@ class ProcessGroup {
   virtual int rank() const = 0;
   // Number of processes in the group.
   virtual int size() const = 0;
-  // "mpi", "local" (later "nccl").
+  // "mpi", "nccl", "local".
   virtual std::string backend() const = 0;
 
   // ---------------------------------------------------------------- tensors (contiguous, in place)
@@ -149,10 +149,11 @@ class ProcessGroup {
 WorkPtr completed_work();
 
 // ---------------------------------------------------------------- the default (world) group
-// Creates the default group once. backend: "auto" (mpi under mpirun, else local), "mpi", "local".
+// Creates the default group once. backend: "auto" (mpi under mpirun, else local), "mpi", "nccl"
+// (CUDA tensors; Note [NCCL process group] in nccl_process_group.h), "local".
 // Calling it again with the same backend (or "auto") returns the existing group; with another backend
-// it throws StateError. "mpi" without MPI support in the build throws ConfigError; "nccl" is not
-// implemented yet (NotImplementedError).
+// it throws StateError. "mpi" without MPI support in the build, or "nccl" without NCCL or a GPU,
+// throws ConfigError.
 ProcessGroup& init_process_group(const std::string& backend = "auto");
 // The default group, created with "auto" on first use.
 ProcessGroup& default_process_group();

@@ -5,6 +5,9 @@
 
 #include "booster/backends/cpu/convert.h"
 #include "booster/backends/cpu/loops.h"
+#include "booster/kernels/elementwise.h"
+#include "booster/kernels/fused.h"
+#include "booster/ops/ops.h"
 #include "booster/mixed_precision/mixed_precision.h"
 
 namespace booster::mixed_precision {
@@ -117,9 +120,34 @@ void dispatch_grad(const Tensor& t, F&& f) {
 
 constexpr int64_t kNormChunk = 1 << 14;
 
+// Note [Gradient passes on a device]
+// Tensors on a GPU go through the fused kernels of kernels/fused.h: every span is one launch that ORs
+// into (or adds to) one device scalar, and the host reads that scalar once, so a step costs one sync.
+bool on_device(const Tensor& t) { return t.defined() && !t.device().is_cpu(); }
+
+bool device_unscale_and_check(const std::vector<GradSpan>& spans, float inv_scale) {
+  const Device dev = spans.front().src.device();
+  Tensor found = zeros({}, DType::Int32, dev);
+  for (const GradSpan& span : spans) {
+    check_span(span.src, "source");
+    check_span(span.dst, "destination");
+    BOOSTER_CHECK(span.src.numel() == span.dst.numel(), ShapeError, "fused_unscale_and_check: source has ",
+                  span.src.numel(), " elements but destination ", span.dst.numel());
+    kernels::unscale_check_kernel(dev)(span.src, span.dst, inv_scale, found);
+  }
+  return found.item() != 0;
+}
+
+double device_sum_squares(const std::vector<Tensor>& grads) {
+  Tensor acc = zeros({}, DType::Float64, grads.front().device());
+  for (const Tensor& g : grads) kernels::sum_squares_kernel(g.device())(g.contiguous(), acc);
+  return acc.item();
+}
+
 }  // namespace
 
 bool fused_unscale_and_check(const std::vector<GradSpan>& spans, float inv_scale) {
+  if (!spans.empty() && on_device(spans.front().src)) return device_unscale_and_check(spans, inv_scale);
   bool found = false;
   for (const GradSpan& span : spans) {
     check_span(span.src, "source");
@@ -134,6 +162,7 @@ bool fused_unscale_and_check(const std::vector<GradSpan>& spans, float inv_scale
 }
 
 double grad_norm_l2(const std::vector<Tensor>& grads) {
+  if (!grads.empty() && on_device(grads.front())) return std::sqrt(device_sum_squares(grads));
   double total = 0;
   for (const Tensor& g : grads) {
     if (g.numel() == 0) continue;
@@ -155,6 +184,11 @@ double grad_norm_l2(const std::vector<Tensor>& grads) {
 
 void scale_grads(const std::vector<Tensor>& grads, float factor) {
   for (const Tensor& g : grads) {
+    if (on_device(g)) {  // in place, without bumping the version (as the CPU loop)
+      Tensor out = g;
+      kernels::unary_kernel(g.device())(kernels::UnaryOp::MulScalar, g, out, double(factor), 0.0);
+      continue;
+    }
     dispatch_grad(g, [&](auto* x) {
       using S = std::remove_pointer_t<decltype(x)>;
       cpu::parallel_for(g.numel(), 1, [&](int64_t b, int64_t e) {
@@ -166,6 +200,11 @@ void scale_grads(const std::vector<Tensor>& grads, float factor) {
 
 int64_t count_zeros(const std::vector<Tensor>& grads) {
   int64_t zeros = 0;
+  if (!grads.empty() && on_device(grads.front())) {
+    Tensor acc = booster::zeros({}, DType::Int64, grads.front().device());
+    for (const Tensor& g : grads) kernels::count_zeros_kernel(g.device())(g.contiguous(), acc);
+    return int64_t(acc.item());
+  }
   for (const Tensor& g : grads) {
     dispatch_grad(g, [&](auto* x) {
       std::atomic<int64_t> count{0};

@@ -42,6 +42,10 @@ class GPT : public Module {
   std::shared_ptr<LayerNorm> ln_f;
   std::shared_ptr<Linear> lm_head;
 
+  // The generator every dropout of the model draws its masks from (a checkpoint saves its state so a
+  // resumed run draws the same masks).
+  Generator& dropout_generator() const { return *dropout_gen_; }
+
  private:
   std::shared_ptr<Generator> dropout_gen_;
 };

@@ -121,7 +121,7 @@ Tensor max(const Tensor& a, int64_t dim_in, bool keepdim) {
     autograd::record(out, "MaxBackward", {a}, [in_shape = a.shape(), dim, keepdim, idx](const Tensor& g) {
       Shape pos_shape(in_shape.size(), 1);
       pos_shape[size_t(dim)] = in_shape[size_t(dim)];
-      Tensor first_max = eq(arange(in_shape[size_t(dim)]).reshape(pos_shape), idx);
+      Tensor first_max = eq(arange(in_shape[size_t(dim)]).reshape(pos_shape).to(idx.device()), idx);
       Tensor gk = keepdim ? g : g.unsqueeze(dim);
       return grads{where(first_max, gk, zeros({}, g.dtype(), g.device())).expand(in_shape)};
     });

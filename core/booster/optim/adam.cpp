@@ -2,6 +2,7 @@
 #include <cmath>
 
 #include "booster/autograd/autograd.h"
+#include "booster/kernels/fused.h"
 #include "booster/optim/fused_kernels.h"
 #include "booster/optim/optimizer.h"
 
@@ -77,8 +78,6 @@ void Adam::step() {
     const double beta1 = o.at("betas")[0].get<double>(), beta2 = o.at("betas")[1].get<double>();
     const bool amsgrad = flag(o, "amsgrad");
     for_each_run(g, [&](Segment& seg, const Run& run) {
-      BOOSTER_CHECK(seg.flat.device().is_cpu(), NotImplementedError, name(), ".step: parameters on ",
-                    seg.flat.device(), " are not supported yet");
       Tensor& m = state_buffer(seg, "exp_avg");
       Tensor& v = state_buffer(seg, "exp_avg_sq");
       Tensor* vmax = amsgrad ? &state_buffer(seg, "max_exp_avg_sq") : nullptr;
@@ -86,6 +85,17 @@ void Adam::step() {
       const double step = double(run.step);
       const double bias_correction1 = 1.0 - std::pow(beta1, step);
       const double bias_correction2 = 1.0 - std::pow(beta2, step);
+      if (!seg.flat.device().is_cpu()) {  // one fused kernel over the run (kernels/fused.h)
+        const kernels::AdamStep s{beta1, beta2, 1.0 - beta1, 1.0 - beta2, wd, 1.0 - lr * wd, -(lr / bias_correction1),
+                                  std::sqrt(bias_correction2), eps, decoupled_, amsgrad};
+        const int64_t len = run.end - run.begin;
+        Tensor p = seg.flat.data().narrow(0, run.begin, len), m_run = m.narrow(0, run.begin, len);
+        Tensor v_run = v.narrow(0, run.begin, len);
+        Tensor vmax_run = vmax ? vmax->narrow(0, run.begin, len) : Tensor();
+        kernels::adam_kernel(seg.flat.device())(s, p, seg.flat.grad().narrow(0, run.begin, len), m_run, v_run,
+                                                vmax_run);
+        return;
+      }
       BOOSTER_DISPATCH_FLOATING(seg.flat.dtype(), "Adam.step", [&] {
         using S = acc_t<scalar_t>;
         const detail::AdamCoeffs<S> c{S(beta1),

@@ -106,7 +106,7 @@ size_t cpu_peak_bytes() { return g_cpu_peak.load(); }
 void reset_cpu_peak_bytes() { g_cpu_peak = g_cpu_in_use.load(); }
 
 Storage::Storage(size_t nbytes, Device device) : nbytes_(nbytes), device_(device) {
-  data_ = allocator_for(device).allocate(nbytes);
+  data_ = allocator_for(device).allocate_on(device.index, nbytes);
 }
 
 Storage::Storage(void* data, size_t nbytes, Device device, std::function<void(void*)> release)
@@ -116,7 +116,7 @@ Storage::~Storage() {
   if (release_) {
     release_(data_);
   } else {
-    allocator_for(device_).deallocate(data_, nbytes_);
+    allocator_for(device_).deallocate_on(device_.index, data_, nbytes_);
   }
 }
 

@@ -16,6 +16,10 @@ class Allocator {
   virtual ~Allocator() = default;
   virtual void* allocate(size_t nbytes) = 0;
   virtual void deallocate(void* p, size_t nbytes) = 0;
+  // The same on device `index` of this allocator's device type; allocators of one device (the CPU)
+  // ignore the index. Storage calls these, so a CUDA allocator knows which GPU a block belongs to.
+  virtual void* allocate_on(int index, size_t nbytes) { return allocate(nbytes); }
+  virtual void deallocate_on(int index, void* p, size_t nbytes) { deallocate(p, nbytes); }
   // Copies between this device and host memory; same-device copies when both are on the device.
   virtual void copy_to_host(void* dst, const void* src, size_t nbytes) = 0;
   virtual void copy_from_host(void* dst, const void* src, size_t nbytes) = 0;

@@ -1,0 +1,424 @@
+// `booster plot --out FILE.png RUN.jsonl [RUN2.jsonl ...]`: the loss curves of one or several runs in
+// one PNG, so strategies can be compared by eye.
+//
+// Everything is drawn here: a small RGB canvas, lines, a 5x7 bitmap font, and a PNG written with zlib
+// (deflate for the pixels, crc32 for the chunks). Nothing to install beyond zlib, nothing to open but
+// an image viewer.
+//
+// Note [The plot's layout]
+// ~~~~~~~~~~~~~~~~~~~~~~~~
+//   +--------------------------------------------------+
+//   | loss                                   [legend]  |   title (the plotted key) above the frame
+//   |  2.5 +-----------------------------------------+ |   y ticks and labels left of the frame,
+//   |      |\__                          -- run a    | |   "nice" values (1, 2 or 5 x 10^k), 4-8 of them
+//   |  2.0 +   \___                      -- run b    | |   x ticks and labels below it
+//   |      |       \_______________                  | |   one coloured polyline per run, clipped to the
+//   |      +----+----+----+----+----+----------------+ |   frame; the legend lists each run's name in
+//   |           100  200  300  400  500         step   |   its colour, top right inside the frame
+//   +--------------------------------------------------+
+// A run's name is its file's stem, or, for a run directory's metrics.jsonl, the directory's name. The
+// font has digits, lower-case letters and a few signs; upper-case letters are drawn lower-case.
+#include <zlib.h>
+
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include <boost/program_options.hpp>
+#include <nlohmann/json.hpp>
+
+#include "booster/common/error.h"
+#include "cli/commands.h"
+
+namespace booster::cli {
+
+namespace fs = std::filesystem;
+namespace po = boost::program_options;
+using nlohmann::json;
+
+namespace {
+
+// ------------------------------------------------------------------------------------------ canvas
+struct Color {
+  uint8_t r, g, b;
+};
+constexpr Color kWhite{255, 255, 255};
+constexpr Color kBlack{0, 0, 0};
+constexpr Color kGrid{225, 225, 225};
+// matplotlib's "tab10" colours: distinct for up to ten runs, then they repeat.
+constexpr std::array<Color, 10> kPalette{{{31, 119, 180},
+                                          {255, 127, 14},
+                                          {44, 160, 44},
+                                          {214, 39, 40},
+                                          {148, 103, 189},
+                                          {140, 86, 75},
+                                          {227, 119, 194},
+                                          {127, 127, 127},
+                                          {188, 189, 34},
+                                          {23, 190, 207}}};
+
+class Canvas {
+ public:
+  Canvas(int width, int height) : width_(width), height_(height), pixels_(size_t(width) * height * 3, 255) {}
+  int width() const { return width_; }
+  int height() const { return height_; }
+  const std::vector<uint8_t>& pixels() const { return pixels_; }
+
+  void set(int x, int y, Color c) {
+    if (x < 0 || y < 0 || x >= width_ || y >= height_) return;
+    uint8_t* p = &pixels_[(size_t(y) * width_ + x) * 3];
+    p[0] = c.r;
+    p[1] = c.g;
+    p[2] = c.b;
+  }
+  void fill_rect(int x0, int y0, int x1, int y1, Color c) {
+    for (int y = y0; y <= y1; ++y)
+      for (int x = x0; x <= x1; ++x) set(x, y, c);
+  }
+  void hline(int x0, int x1, int y, Color c) { fill_rect(std::min(x0, x1), y, std::max(x0, x1), y, c); }
+  void vline(int x, int y0, int y1, Color c) { fill_rect(x, std::min(y0, y1), x, std::max(y0, y1), c); }
+
+  // A line `thickness` pixels wide (a square brush along Bresenham's path), drawn only inside `clip`.
+  struct Rect {
+    int x0, y0, x1, y1;
+  };
+  void line(double fx0, double fy0, double fx1, double fy1, Color c, int thickness, Rect clip) {
+    // Points far outside the canvas (a huge outlier) would make Bresenham walk for ages: clamp first.
+    auto clampf = [](double v) { return std::clamp(v, -1.0e5, 1.0e5); };
+    int x0 = int(std::lround(clampf(fx0))), y0 = int(std::lround(clampf(fy0)));
+    const int x1 = int(std::lround(clampf(fx1))), y1 = int(std::lround(clampf(fy1)));
+    const int dx = std::abs(x1 - x0), dy = -std::abs(y1 - y0);
+    const int sx = x0 < x1 ? 1 : -1, sy = y0 < y1 ? 1 : -1;
+    int err = dx + dy;
+    const int lo = -(thickness - 1) / 2, hi = thickness / 2;
+    for (;;) {
+      for (int oy = lo; oy <= hi; ++oy)
+        for (int ox = lo; ox <= hi; ++ox) {
+          const int x = x0 + ox, y = y0 + oy;
+          if (x >= clip.x0 && x <= clip.x1 && y >= clip.y0 && y <= clip.y1) set(x, y, c);
+        }
+      if (x0 == x1 && y0 == y1) break;
+      const int e2 = 2 * err;
+      if (e2 >= dy) {
+        err += dy;
+        x0 += sx;
+      }
+      if (e2 <= dx) {
+        err += dx;
+        y0 += sy;
+      }
+    }
+  }
+
+ private:
+  int width_, height_;
+  std::vector<uint8_t> pixels_;
+};
+
+// ------------------------------------------------------------------------------------------ font
+// 5x7 glyphs, one string of 7 rows x 5 columns each ('#' = ink).
+struct Glyph {
+  char c;
+  const char* rows;
+};
+constexpr Glyph kFont[] = {
+    {'0', ".###.#...##..###.#.###..##...#.###."}, {'1', "..#...##....#....#....#....#...###."},
+    {'2', ".###.#...#....#...#...#...#...#####"}, {'3', "#####...#...#.....#.....##...#.###."},
+    {'4', "...#...##..#.#.#..#.#####...#....#."}, {'5', "######....####.....#....##...#.###."},
+    {'6', "..##..#...#....####.#...##...#.###."}, {'7', "#####....#...#...#...#....#....#..."},
+    {'8', ".###.#...##...#.###.#...##...#.###."}, {'9', ".###.#...##...#.####....#...#..##.."},
+    {'a', "...........###.....#.#####...#.####"}, {'b', "#....#....#.##.##..##...##...#####."},
+    {'c', "...........###.#....#....#...#.###."}, {'d', "....#....#.##.##..###...##...#.####"},
+    {'e', "...........###.#...#######.....###."}, {'f', "..##..#..#.#...###...#....#....#..."},
+    {'g', "......#####...##...#.####....#.###."}, {'h', "#....#....#.##.##..##...##...##...#"},
+    {'i', "..#........##....#....#....#...###."}, {'j', "...#........##....#....#.#..#..##.."},
+    {'k', "#....#....#..#.#.#..##...#.#..#..#."}, {'l', ".##....#....#....#....#....#...###."},
+    {'m', "..........##.#.#.#.##.#.##...##...#"}, {'n', "..........#.##.##..##...##...##...#"},
+    {'o', "...........###.#...##...##...#.###."}, {'p', "..........####.#...#####.#....#...."},
+    {'q', "...........#####...#.####....#....#"}, {'r', "..........#.##.##..##....#....#...."},
+    {'s', "...........#####.....###.....#####."}, {'t', ".#....#...###...#....#....#..#..##."},
+    {'u', "..........#...##...##...##..##.##.#"}, {'v', "..........#...##...##...#.#.#...#.."},
+    {'w', "..........#...##...##.#.##.#.#.#.#."}, {'x', "..........#...#.#.#...#...#.#.#...#"},
+    {'y', "..........#...##...#.####....#.###."}, {'z', "..........#####...#...#...#...#####"},
+    {'.', "..........................##...##.."}, {'-', "...............#####..............."},
+    {'_', "..............................#####"}, {'+', ".......#....#..#####..#....#......."},
+    {'/', ".........#...#...#...#...#........."}, {'(', "...#...#...#....#....#.....#.....#."},
+    {')', ".#.....#.....#....#....#...#...#..."}, {':', "......##...##........##...##......."},
+    {'%', "##...##..#...#...#...#...#..##...##"}, {'=', "..........#####.....#####.........."},
+    {'?', ".###.#...#....#...#...#.........#.."}, {' ', "..................................."},
+
+};
+constexpr int kGlyphWidth = 5, kGlyphHeight = 7;
+
+const char* glyph_rows(char c) {
+  if (c >= 'A' && c <= 'Z') c = char(c - 'A' + 'a');
+  for (const Glyph& g : kFont)
+    if (g.c == c) return g.rows;
+  return glyph_rows('?');
+}
+
+// Text drawn `scale` pixels per font pixel, one font pixel between letters.
+int text_width(const std::string& s, int scale) { return int(s.size()) * (kGlyphWidth + 1) * scale - scale; }
+int text_height(int scale) { return kGlyphHeight * scale; }
+
+void draw_text(Canvas& canvas, int x, int y, const std::string& s, Color c, int scale) {
+  for (char ch : s) {
+    const std::string rows = glyph_rows(ch);
+    for (int gy = 0; gy < kGlyphHeight; ++gy)
+      for (int gx = 0; gx < kGlyphWidth; ++gx) {
+        const size_t at = size_t(gy * kGlyphWidth + gx);
+        if (at < rows.size() && rows[at] == '#')
+          canvas.fill_rect(x + gx * scale, y + gy * scale, x + gx * scale + scale - 1, y + gy * scale + scale - 1, c);
+      }
+    x += (kGlyphWidth + 1) * scale;
+  }
+}
+
+// ------------------------------------------------------------------------------------------ PNG
+void put_u32(std::string& out, uint32_t v) {
+  for (int shift = 24; shift >= 0; shift -= 8) out.push_back(char((v >> shift) & 0xff));
+}
+
+// A chunk: length, type, data, CRC-32 of type + data (PNG spec 5.3).
+void put_chunk(std::string& out, const char* type, const std::string& data) {
+  put_u32(out, uint32_t(data.size()));
+  const size_t type_at = out.size();
+  out.append(type, 4);
+  out += data;
+  const auto* bytes = reinterpret_cast<const Bytef*>(out.data() + type_at);
+  put_u32(out, uint32_t(crc32(crc32(0L, Z_NULL, 0), bytes, uInt(4 + data.size()))));
+}
+
+// An 8-bit RGB, non-interlaced PNG: each row is filter byte 0 (none) + the row's pixels, deflated
+// into one IDAT chunk.
+std::string encode_png(const Canvas& canvas) {
+  const size_t row_bytes = size_t(canvas.width()) * 3;
+  std::string raw;
+  raw.reserve((row_bytes + 1) * size_t(canvas.height()));
+  for (int y = 0; y < canvas.height(); ++y) {
+    raw.push_back('\0');
+    raw.append(reinterpret_cast<const char*>(canvas.pixels().data() + size_t(y) * row_bytes), row_bytes);
+  }
+  uLongf packed_size = compressBound(uLong(raw.size()));
+  std::string packed(packed_size, '\0');
+  const int rc = compress2(reinterpret_cast<Bytef*>(packed.data()), &packed_size,
+                           reinterpret_cast<const Bytef*>(raw.data()), uLong(raw.size()), Z_BEST_COMPRESSION);
+  BOOSTER_CHECK(rc == Z_OK, ValueError, "plot: zlib compress2 failed with code ", rc);
+  packed.resize(packed_size);
+
+  std::string png = "\x89PNG\r\n\x1a\n";
+  std::string header;
+  put_u32(header, uint32_t(canvas.width()));
+  put_u32(header, uint32_t(canvas.height()));
+  header += std::string{char(8), char(2), char(0), char(0), char(0)};  // depth 8, RGB, deflate, filter 0, no interlace
+  put_chunk(png, "IHDR", header);
+  put_chunk(png, "IDAT", packed);
+  put_chunk(png, "IEND", "");
+  return png;
+}
+
+// ------------------------------------------------------------------------------------------ data
+struct Series {
+  std::string name;
+  std::vector<std::pair<double, double>> points;  // (step, value)
+};
+
+std::string run_name(const fs::path& file) {
+  if (file.filename() == "metrics.jsonl") {
+    const fs::path dir = fs::absolute(file).parent_path();
+    if (!dir.filename().empty()) return dir.filename().string();
+  }
+  return file.stem().string();
+}
+
+// The "train" records of a metrics file (Note [What booster train prints] in cli/progress.h) that
+// have a finite `key`.
+Series read_series(const fs::path& file, const std::string& key) {
+  std::ifstream in(file);
+  BOOSTER_CHECK(in.good(), ConfigError, "plot: cannot open '", file.string(), "'; expected a metrics.jsonl file");
+  Series s;
+  s.name = run_name(file);
+  std::string line;
+  for (int number = 1; std::getline(in, line); ++number) {
+    if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
+    const json record = json::parse(line, nullptr, /*allow_exceptions=*/false);
+    BOOSTER_CHECK(record.is_object(), ConfigError, "plot: '", file.string(), "' line ", number,
+                  " is not a JSON object; expected one record per line as booster train writes them");
+    if (record.value("kind", "train") != "train") continue;
+    const auto step = record.find("step");
+    const auto value = record.find(key);
+    if (step == record.end() || value == record.end() || !step->is_number() || !value->is_number()) continue;
+    const double v = value->get<double>();
+    if (std::isfinite(v)) s.points.emplace_back(step->get<double>(), v);
+  }
+  BOOSTER_CHECK(!s.points.empty(), ConfigError, "plot: '", file.string(), "' has no training record with a numeric '",
+                key, "'; expected lines like {\"kind\": \"train\", \"step\": 10, \"", key, "\": ...}");
+  return s;
+}
+
+// ------------------------------------------------------------------------------------------ axes
+// Tick values covering [lo, hi]: multiples of 1, 2 or 5 x 10^k, about `target` of them.
+std::vector<double> nice_ticks(double lo, double hi, int target) {
+  const double span = hi - lo;
+  const double raw = span / std::max(target, 1);
+  const double magnitude = std::pow(10.0, std::floor(std::log10(raw)));
+  double step = magnitude;
+  for (double m : {1.0, 2.0, 5.0, 10.0})
+    if (m * magnitude >= raw) {
+      step = m * magnitude;
+      break;
+    }
+  std::vector<double> ticks;
+  for (double t = std::ceil(lo / step - 1e-9) * step; t <= hi + step * 1e-9; t += step)
+    ticks.push_back(std::abs(t) < step * 1e-9 ? 0.0 : t);
+  return ticks;
+}
+
+std::string tick_label(double v) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%g", v);
+  return buf;
+}
+
+void render(Canvas& canvas, const std::vector<Series>& runs, const std::string& key) {
+  constexpr int kScale = 2;  // font pixels: 10x14 letters
+  const int char_h = text_height(kScale);
+  double x_lo = std::numeric_limits<double>::infinity(), x_hi = -x_lo, y_lo = x_lo, y_hi = -x_lo;
+  for (const Series& s : runs)
+    for (const auto& [x, y] : s.points) {
+      x_lo = std::min(x_lo, x), x_hi = std::max(x_hi, x);
+      y_lo = std::min(y_lo, y), y_hi = std::max(y_hi, y);
+    }
+  // A single point or a flat line still gets an axis with some room.
+  if (x_hi - x_lo <= 0) x_lo -= 1, x_hi += 1;
+  if (y_hi - y_lo <= 0) {
+    const double pad = std::max(std::abs(y_hi) * 0.1, 1e-3);
+    y_lo -= pad, y_hi += pad;
+  }
+  const double y_pad = 0.05 * (y_hi - y_lo);
+  y_lo -= y_pad, y_hi += y_pad;
+  const std::vector<double> x_ticks = nice_ticks(x_lo, x_hi, 6);
+  const std::vector<double> y_ticks = nice_ticks(y_lo, y_hi, 6);
+
+  int y_label_width = 0;
+  for (double t : y_ticks) y_label_width = std::max(y_label_width, text_width(tick_label(t), kScale));
+  const Canvas::Rect frame{y_label_width + 24, char_h + 24, canvas.width() - 24, canvas.height() - 2 * char_h - 28};
+  BOOSTER_CHECK(frame.x1 - frame.x0 > 40 && frame.y1 - frame.y0 > 40, ConfigError, "plot: a ", canvas.width(), "x",
+                canvas.height(), " image leaves no room for the axes; use --width and --height of at least 320x240");
+  auto px = [&](double x) { return frame.x0 + (x - x_lo) / (x_hi - x_lo) * (frame.x1 - frame.x0); };
+  auto py = [&](double y) { return frame.y1 - (y - y_lo) / (y_hi - y_lo) * (frame.y1 - frame.y0); };
+
+  // Grid, ticks and tick labels.
+  for (double t : x_ticks) {
+    const int x = int(std::lround(px(t)));
+    canvas.vline(x, frame.y0, frame.y1, kGrid);
+    canvas.vline(x, frame.y1, frame.y1 + 5, kBlack);
+    const std::string label = tick_label(t);
+    draw_text(canvas, x - text_width(label, kScale) / 2, frame.y1 + 10, label, kBlack, kScale);
+  }
+  for (double t : y_ticks) {
+    const int y = int(std::lround(py(t)));
+    canvas.hline(frame.x0, frame.x1, y, kGrid);
+    canvas.hline(frame.x0 - 5, frame.x0, y, kBlack);
+    const std::string label = tick_label(t);
+    draw_text(canvas, frame.x0 - 10 - text_width(label, kScale), y - char_h / 2, label, kBlack, kScale);
+  }
+  // Axis labels: the plotted key above the y axis, "step" under the x axis.
+  draw_text(canvas, frame.x0 - 10 - text_width(key, kScale) / 2 > 4 ? frame.x0 - text_width(key, kScale) / 2 : 4,
+            frame.y0 - char_h - 10, key, kBlack, kScale);
+  draw_text(canvas, (frame.x0 + frame.x1 - text_width("step", kScale)) / 2, frame.y1 + 16 + char_h, "step", kBlack,
+            kScale);
+
+  // The curves, then the frame over their ends.
+  for (size_t i = 0; i < runs.size(); ++i) {
+    const Color color = kPalette[i % kPalette.size()];
+    const auto& points = runs[i].points;
+    if (points.size() == 1) canvas.line(px(points[0].first), py(points[0].second), px(points[0].first),
+                                        py(points[0].second), color, 5, frame);
+    for (size_t k = 1; k < points.size(); ++k)
+      canvas.line(px(points[k - 1].first), py(points[k - 1].second), px(points[k].first), py(points[k].second), color,
+                  2, frame);
+  }
+  canvas.hline(frame.x0, frame.x1, frame.y0, kBlack);
+  canvas.hline(frame.x0, frame.x1, frame.y1, kBlack);
+  canvas.vline(frame.x0, frame.y0, frame.y1, kBlack);
+  canvas.vline(frame.x1, frame.y0, frame.y1, kBlack);
+
+  // Legend: top right inside the frame, a colour swatch and the run's name per line, on white.
+  int name_width = 0;
+  for (const Series& s : runs) name_width = std::max(name_width, text_width(s.name, kScale));
+  const int line_h = char_h + 8, swatch = 24;
+  const int legend_w = swatch + 8 + name_width + 16, legend_h = int(runs.size()) * line_h + 8;
+  const int lx = std::max(frame.x1 - legend_w - 8, frame.x0 + 8), ly = frame.y0 + 8;
+  canvas.fill_rect(lx, ly, std::min(lx + legend_w, frame.x1 - 1), std::min(ly + legend_h, frame.y1 - 1), kWhite);
+  canvas.hline(lx, std::min(lx + legend_w, frame.x1 - 1), ly, kGrid);
+  canvas.hline(lx, std::min(lx + legend_w, frame.x1 - 1), std::min(ly + legend_h, frame.y1 - 1), kGrid);
+  for (size_t i = 0; i < runs.size(); ++i) {
+    const int y = ly + 8 + int(i) * line_h;
+    if (y + char_h >= frame.y1) break;  // more runs than fit: the curves still show
+    const Color color = kPalette[i % kPalette.size()];
+    canvas.fill_rect(lx + 8, y + char_h / 2 - 1, lx + 8 + swatch, y + char_h / 2 + 1, color);
+    draw_text(canvas, lx + 8 + swatch + 8, y, runs[i].name, color, kScale);
+  }
+}
+
+}  // namespace
+
+int plot(const std::vector<std::string>& args) {
+  po::options_description desc(
+      "usage: booster plot --out FILE.png RUN.jsonl [RUN2.jsonl ...]\n\n"
+      "Draws the training loss (or another logged value) of one or several runs against the step, one\n"
+      "coloured line per run, from the metrics.jsonl files that booster train writes into its run\n"
+      "directory (train.run_dir). A run is named after its file, or its directory for metrics.jsonl.\n\noptions");
+  desc.add_options()("help,h", "show this help")("out,o", po::value<std::string>()->value_name("FILE.png"),
+                                                  "the PNG to write")(
+      "key,k", po::value<std::string>()->default_value("loss")->value_name("KEY"),
+      "the value to plot: loss, lr, loss_scale, samples_per_second, skipped")(
+      "width", po::value<int>()->default_value(960), "image width in pixels")(
+      "height", po::value<int>()->default_value(600), "image height in pixels");
+  po::options_description hidden;
+  hidden.add_options()("runs", po::value<std::vector<std::string>>()->composing());
+  po::options_description all;
+  all.add(desc).add(hidden);
+  po::positional_options_description positional;
+  positional.add("runs", -1);
+  po::variables_map vm;
+  po::store(po::command_line_parser(args).options(all).positional(positional).run(), vm);
+  po::notify(vm);
+  if (vm.count("help")) {
+    std::cout << desc;
+    return kExitOk;
+  }
+  BOOSTER_CHECK(vm.count("out"), ConfigError, "'booster plot' needs --out FILE.png (see booster plot --help)");
+  BOOSTER_CHECK(vm.count("runs"), ConfigError,
+                "'booster plot' needs at least one metrics file, e.g. runs/<name>/metrics.jsonl");
+  const int width = vm["width"].as<int>(), height = vm["height"].as<int>();
+  BOOSTER_CHECK(width >= 320 && height >= 240 && width <= 8192 && height <= 8192, ConfigError, "plot: ", width, "x",
+                height, " is not a size to draw; expected --width in [320, 8192] and --height in [240, 8192]");
+  const std::string key = vm["key"].as<std::string>();
+
+  std::vector<Series> runs;
+  for (const std::string& file : vm["runs"].as<std::vector<std::string>>()) runs.push_back(read_series(file, key));
+  Canvas canvas(width, height);
+  render(canvas, runs, key);
+  const std::string png = encode_png(canvas);
+  const fs::path out = vm["out"].as<std::string>();
+  std::ofstream file(out, std::ios::binary);
+  BOOSTER_CHECK(file.good(), ConfigError, "plot: cannot write '", out.string(), "'");
+  file.write(png.data(), std::streamsize(png.size()));
+  file.close();
+  BOOSTER_CHECK(file.good(), ConfigError, "plot: writing '", out.string(), "' failed");
+  std::cerr << "booster: wrote " << out.string() << " (" << runs.size() << (runs.size() == 1 ? " run, " : " runs, ")
+            << width << "x" << height << ")\n";
+  return kExitOk;
+}
+
+}  // namespace booster::cli

@@ -1,0 +1,116 @@
+// What `booster train` shows while it runs: a progress bar or log lines on stderr, and the metrics file.
+//
+// Note [What booster train prints]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// * stderr is for people. On a terminal (isatty) one status line is redrawn in place (carriage return +
+//   erase-line), at most ten times a second and at every logged step:
+//     step 120/1000 [#####.........]  12% ETA 1m23s | loss 0.4321 | 5.3k samples/s | scale 65536 | skipped 2
+//   cut at the terminal's width (a wrapped line could not be redrawn in place).
+//   Anything else (the model summary, evaluations) is printed above it: the bar is erased, the line
+//   written, the bar redrawn. Not on a terminal (a pipe, a CI log, a file), every `train.log_every`-th
+//   step is one plain line that scripts may parse:
+//     step    120/1000 | epoch 1 | loss 0.4321 | lr 0.001 | scale 65536 | skipped 2 | 5300 samples/s | ETA 1m23s
+//   (scale and skipped only for strategies that scale the loss).
+// * Under several processes only rank 0 prints; the others stay silent, so N ranks do not print N bars.
+//   The rank comes from the default process group when it exists, else from the launcher's environment
+//   (OMPI_COMM_WORLD_RANK, PMI_RANK), so it is known before MPI is initialized.
+// * stdout is for programs: its last line is the run's summary as one JSON object.
+// * The run directory (`train.run_dir`) holds metrics.jsonl, one JSON object per line (MetricsLog):
+//     {"kind": "train", "step", "epoch", "loss", "lr", "loss_scale", "skipped", "samples_per_second", "time"}
+//     {"kind": "eval", "step", "test_loss", "test_accuracy", "samples", "time"}
+//   for every logged step and every evaluation; `time` is seconds since the run started. `booster plot`
+//   draws the "train" lines.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <filesystem>
+#include <optional>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+namespace booster::cli {
+
+// This process's rank among the processes of the run (0 when it runs alone); see Note [What booster
+// train prints].
+int process_rank();
+
+// "1h02m", "3m05s", "42s": a duration for people.
+std::string human_duration(double seconds);
+// "1.25M", "5.3k", "812": a count or rate for people.
+std::string human_count(double n);
+
+// One training step as the progress display and the metrics file see it.
+struct StepReport {
+  int64_t step = 0;         // steps done, 1-based
+  int64_t total_steps = 0;
+  int64_t epoch = 0;        // 1-based
+  double loss = 0.0;
+  double lr = 0.0;          // the lr this step used
+  std::optional<double> loss_scale;  // only for strategies that scale the loss
+  int64_t skipped = 0;      // skipped steps so far
+  double samples_per_second = 0.0;
+  double seconds = 0.0;     // since the run started
+  double eta_seconds = 0.0;
+};
+
+// The status bar or the log lines on stderr (Note [What booster train prints]).
+class Progress {
+ public:
+  enum class Mode { Bar, Lines, Silent };
+  // Silent off rank 0, Bar when stderr is a terminal, else Lines. BOOSTER_PROGRESS=bar|lines|none
+  // overrides (a bar in a terminal multiplexer that is not a tty, or no output at all).
+  static Mode detect();
+
+  explicit Progress(Mode mode, FILE* out = stderr);
+  ~Progress();  // ends the bar's line
+  Progress(const Progress&) = delete;
+  Progress& operator=(const Progress&) = delete;
+
+  // Called after every step; `logged` says this step is a log_every step (a line in Lines mode, a
+  // forced redraw in Bar mode).
+  void update(const StepReport& report, bool logged);
+  // A line of its own (model summary, evaluation result), above the bar.
+  void print(const std::string& line);
+  // Ends the bar's line, so what follows starts on a fresh one.
+  void finish();
+
+  Mode mode() const { return mode_; }
+
+ private:
+  void draw_bar(const StepReport& report);
+  void erase_bar();
+
+  Mode mode_;
+  FILE* out_;
+  bool bar_visible_ = false;
+  std::optional<StepReport> last_;
+  std::chrono::steady_clock::time_point last_draw_{};
+};
+
+// metrics.jsonl in the run directory: one JSON object per line, flushed per line so a crashed or
+// running run can still be read (and plotted). A default-constructed log writes nothing.
+class MetricsLog {
+ public:
+  MetricsLog() = default;
+  ~MetricsLog();
+  // Creates the directory if needed and truncates the file (or appends to it: a resumed run);
+  // ConfigError naming it when it cannot.
+  void open(const std::filesystem::path& file, bool append = false);
+  MetricsLog(const MetricsLog&) = delete;
+  MetricsLog& operator=(const MetricsLog&) = delete;
+
+  void write(const nlohmann::json& record);
+  bool enabled() const { return file_ != nullptr; }
+  const std::filesystem::path& path() const { return path_; }
+
+ private:
+  std::filesystem::path path_;
+  FILE* file_ = nullptr;
+};
+
+inline constexpr const char* kMetricsFileName = "metrics.jsonl";
+
+}  // namespace booster::cli

@@ -1,0 +1,23 @@
+// The CUDA entry points of a build without the CUDA backend: nothing is available, and say why.
+#if !defined(BOOSTER_WITH_CUDA)
+#include "booster/backends/cuda/cuda.h"
+
+namespace booster::cuda {
+
+bool is_compiled() { return false; }
+int device_count() { return 0; }
+std::string unavailable_reason() { return "this build has no CUDA backend (nvcc was not found at configure time)"; }
+std::string device_name(int) { return ""; }
+void synchronize(int) {}
+void* stream_handle(int) { return nullptr; }
+size_t bytes_in_use() { return 0; }
+size_t peak_bytes() { return 0; }
+void reset_peak_bytes() {}
+size_t cached_bytes() { return 0; }
+std::string profile_report() { return ""; }
+void reset_profile() {}
+void set_allow_tf32(bool) {}
+bool allow_tf32() { return false; }
+
+}  // namespace booster::cuda
+#endif

@@ -1,0 +1,146 @@
+// CUDA GEMM through cuBLAS (cublasGemmStridedBatchedEx): float16/bfloat16 operands on tensor cores with
+// float32 accumulation, float32 in full precision or TF32 (cuda::set_allow_tf32), float64 in float64.
+//
+// Note [cuBLAS row-major operands]
+// cuBLAS is column-major. A row-major matrix X [r, c] with row stride ld is, read column-major, X^T
+// with leading dim ld, so the row-major C = op(A) op(B) is computed as the column-major
+// C^T = op(B)^T op(A)^T: B is passed first, m and n swap, and each operand keeps the layout it has
+// (Note [GEMM operand layouts]: unit column stride -> N, unit row stride -> T). Only an operand with
+// no unit stride is copied.
+#include "booster/backends/cuda/common.cuh"
+#include "booster/kernels/elementwise.h"
+#include "booster/kernels/gemm.h"
+
+namespace booster::cuda {
+namespace {
+
+using kernels::GemmArgs;
+
+struct Operand {
+  const void* data = nullptr;
+  bool trans = false;  // stored as op(X)^T row-major
+  int64_t ld = 1;
+  int64_t batch_stride = 0;
+};
+
+bool describe(const Tensor& m, Operand& op) {
+  const int64_t rows = m.shape()[1], cols = m.shape()[2];
+  int64_t rs = m.strides()[1], cs = m.strides()[2];
+  if (rows == 1) rs = cs == 1 ? std::max<int64_t>(cols, 1) : 1;
+  if (cols == 1) cs = rs == 1 ? std::max<int64_t>(rows, 1) : 1;
+  op.data = m.data_ptr();
+  op.batch_stride = m.shape()[0] == 1 ? 0 : m.strides()[0];
+  if (cs == 1 && rs >= std::max<int64_t>(cols, 1)) {
+    op.trans = false;
+    op.ld = rs;
+    return true;
+  }
+  if (rs == 1 && cs >= std::max<int64_t>(rows, 1)) {
+    op.trans = true;
+    op.ld = cs;
+    return true;
+  }
+  return false;
+}
+
+Operand operand(const Tensor& x, bool trans, Tensor& keep_alive) {
+  Tensor m = trans ? make_view(x, {x.shape()[0], x.shape()[2], x.shape()[1]},
+                               {x.strides()[0], x.strides()[2], x.strides()[1]}, x.offset())
+                   : x;
+  Operand op;
+  if (describe(m, op)) return op;
+  keep_alive = Tensor::empty(m.shape(), m.dtype(), m.device());
+  kernels::copy_kernel(m.device())(m, keep_alive);
+  describe(keep_alive, op);
+  return op;
+}
+
+cudaDataType_t cuda_type(DType t) {
+  switch (t) {
+    case DType::Float32: return CUDA_R_32F;
+    case DType::Float64: return CUDA_R_64F;
+    case DType::Float16: return CUDA_R_16F;
+    case DType::BFloat16: return CUDA_R_16BF;
+    default: BOOSTER_FAIL(DTypeError, "gemm: expected a floating dtype, got ", t);
+  }
+}
+
+void gemm_rowmajor_c(const GemmArgs& args, const Tensor& a, const Tensor& b, Tensor& c, int dev) {
+  const int64_t batch = c.shape()[0], m = c.shape()[1], n = c.shape()[2];
+  const int64_t k = args.trans_a ? a.shape()[1] : a.shape()[2];
+  if (m == 0 || n == 0 || batch == 0) return;
+  const int64_t ldc = m == 1 ? std::max<int64_t>(n, 1) : c.strides()[1];
+  Tensor a_copy, b_copy;
+  const Operand oa = operand(a, args.trans_a, a_copy), ob = operand(b, args.trans_b, b_copy);
+  const DType dt = c.dtype();
+  const cudaDataType_t type = cuda_type(dt);
+  cublasHandle_t h = cublas_handle(dev);
+  if (k == 0) {  // C = beta C: cuBLAS needs k >= 1; an empty inner product is zero
+    if (args.beta == 0) {
+      Tensor cz = c;
+      kernels::fill_kernel(c.device())(cz, 0.0);
+    } else {
+      Tensor cz = c;
+      kernels::unary_kernel(c.device())(kernels::UnaryOp::MulScalar, c, cz, args.beta, 0.0);
+    }
+    return;
+  }
+  const double alpha_d = args.alpha, beta_d = args.beta;
+  const float alpha_f = float(args.alpha), beta_f = float(args.beta);
+  const void* alpha = dt == DType::Float64 ? static_cast<const void*>(&alpha_d) : &alpha_f;
+  const void* beta = dt == DType::Float64 ? static_cast<const void*>(&beta_d) : &beta_f;
+  cublasComputeType_t compute = CUBLAS_COMPUTE_32F;
+  if (dt == DType::Float64) compute = CUBLAS_COMPUTE_64F;
+  else if (dt == DType::Float32 && allow_tf32()) compute = CUBLAS_COMPUTE_32F_FAST_TF32;
+  // Under BOOSTER_CUDA_PROFILE each GEMM shape also gets a row of its own (cuBLAS time only).
+  const bool detail = profiling();
+  double t0 = 0;
+  if (detail) {
+    synchronize(dev);
+    t0 = profile_clock();
+  }
+  BOOSTER_CUBLAS_CHECK(cublasGemmStridedBatchedEx(
+      h, ob.trans ? CUBLAS_OP_T : CUBLAS_OP_N, oa.trans ? CUBLAS_OP_T : CUBLAS_OP_N, int(n), int(m), int(k), alpha,
+      ob.data, type, int(ob.ld), ob.batch_stride, oa.data, type, int(oa.ld), oa.batch_stride, beta, c.data_ptr(), type,
+      int(ldc), c.strides()[0], int(batch), compute, CUBLAS_GEMM_DEFAULT));
+  if (detail) {
+    synchronize(dev);
+    const std::string key = str("  cublas ", dtype_name(dt), " b", batch, " m", m, " n", n, " k", k, oa.trans ? " At" : "",
+                                ob.trans ? " Bt" : "", a_copy.defined() ? " A-copied" : "",
+                                b_copy.defined() ? " B-copied" : "", args.beta != 0 ? " beta" : "");
+    profile_add(key.c_str(), profile_clock() - t0);
+  }
+}
+
+void cuda_gemm(const GemmArgs& args, const Tensor& a, const Tensor& b, Tensor& c) {
+  BOOSTER_CHECK(a.dim() == 3 && b.dim() == 3 && c.dim() == 3, ShapeError, "gemm: expected 3-D operands, got ",
+                a.shape(), ", ", b.shape(), " and ", c.shape());
+  BOOSTER_CHECK(a.dtype() == b.dtype() && a.dtype() == c.dtype(), DTypeError, "gemm: operands must share a dtype, got ",
+                a.dtype(), ", ", b.dtype(), " and ", c.dtype());
+  const int64_t k = args.trans_a ? a.shape()[1] : a.shape()[2];
+  const int64_t m = args.trans_a ? a.shape()[2] : a.shape()[1];
+  const int64_t kb = args.trans_b ? b.shape()[2] : b.shape()[1];
+  const int64_t n = args.trans_b ? b.shape()[1] : b.shape()[2];
+  BOOSTER_CHECK(k == kb && c.shape()[1] == m && c.shape()[2] == n, ShapeError, "gemm: op(A) [", m, ", ", k,
+                "] times op(B) [", kb, ", ", n, "] does not give C ", c.shape());
+  BOOSTER_CHECK(k <= INT32_MAX && m <= INT32_MAX && n <= INT32_MAX, ValueError, "gemm: dims ", m, ", ", n, ", ", k,
+                " exceed cuBLAS's int range");
+  const int dev = device_of(c);
+  const bool c_rowmajor = c.strides()[2] == 1 || c.shape()[2] == 1;
+  if (c_rowmajor && (c.shape()[1] == 1 || c.strides()[1] >= c.shape()[2]) &&
+      (c.shape()[0] == 1 || c.strides()[0] != 0)) {
+    gemm_rowmajor_c(args, a, b, c, dev);
+    return;
+  }
+  Tensor tmp = Tensor::empty(c.shape(), c.dtype(), c.device());
+  if (args.beta != 0) kernels::copy_kernel(c.device())(c, tmp);
+  gemm_rowmajor_c(args, a, b, tmp, dev);
+  kernels::copy_kernel(c.device())(tmp, c);
+}
+
+}  // namespace
+}  // namespace booster::cuda
+
+namespace booster::kernels {
+BOOSTER_REGISTER_CUDA_KERNEL(gemm_kernel, cuda::cuda_gemm);
+}  // namespace booster::kernels

@@ -1,0 +1,264 @@
+// low_level_zero: ZeRO stages 1 and 2 (ColossalAI's LowLevelZeroPlugin) over the default process group.
+// The plugin controls precision: the model is trained in `precision` (fp16, bf16 or fp32) with float32
+// master weights and optimizer state sharded across ranks (Note [ZeRO partitions] in
+// zero_optimizer.h), and the Booster's own mixed precision must be the identity ("fp32").
+//
+// Options (ColossalAI's names and defaults):
+//   stage            1 | 2                    (1)
+//   precision        "fp16" | "bf16" | "fp32" ("fp16")
+//   initial_scale    fp16 loss scale          (2^32)    min_scale (1)      max_scale (2^32)
+//   growth_factor    (2)   backoff_factor (0.5)   growth_interval (1000)   hysteresis (2)
+//   max_norm         clip the whole gradient to this L2 norm in every step; 0: no clipping (0)
+#include <cmath>
+
+#include "booster/autograd/autograd.h"
+#include "booster/booster/plugin.h"
+#include "booster/data/sampler.h"
+#include "plugins/low_level_zero/zero_optimizer.h"
+
+namespace booster::zero {
+namespace {
+
+using nlohmann::json;
+
+// ---------------------------------------------------------------------------------------------- options
+
+struct PluginOptions {
+  ZeroOptions zero;
+  std::string precision = "fp16";
+};
+
+// Reads the options with range checks; every problem is a ConfigError naming the key and the rule.
+class OptionReader {
+ public:
+  explicit OptionReader(const json& options) : options_(options.is_null() ? json::object() : options) {
+    BOOSTER_CHECK(options_.is_object(), ConfigError, "low_level_zero: options must be a JSON object, got ",
+                  options_.dump());
+  }
+  double number(const std::string& key, double fallback, double min, double max, bool min_exclusive = false,
+                bool max_exclusive = false) {
+    valid_.push_back(key);
+    if (!options_.contains(key)) return fallback;
+    const json& v = options_.at(key);
+    BOOSTER_CHECK(v.is_number(), ConfigError, "low_level_zero: option '", key, "' must be a number, got ", v.dump());
+    const double x = v.get<double>();
+    const bool ok = (min_exclusive ? x > min : x >= min) && (max_exclusive ? x < max : x <= max);
+    BOOSTER_CHECK(ok, ConfigError, "low_level_zero: option '", key, "' = ", v.dump(), " is out of range; it must be ",
+                  min_exclusive ? "> " : ">= ", min, " and ", max_exclusive ? "< " : "<= ", max);
+    return x;
+  }
+  int64_t integer(const std::string& key, int64_t fallback, int64_t min, int64_t max) {
+    valid_.push_back(key);
+    if (!options_.contains(key)) return fallback;
+    const json& v = options_.at(key);
+    const bool integral = v.is_number_integer() || (v.is_number_float() && std::floor(v.get<double>()) == v.get<double>());
+    BOOSTER_CHECK(integral, ConfigError, "low_level_zero: option '", key, "' must be an integer, got ", v.dump());
+    const int64_t x = v.get<int64_t>();
+    BOOSTER_CHECK(x >= min && x <= max, ConfigError, "low_level_zero: option '", key, "' = ", x,
+                  " is out of range; it must be in [", min, ", ", max, "]");
+    return x;
+  }
+  std::string choice(const std::string& key, const std::string& fallback, const std::vector<std::string>& choices) {
+    valid_.push_back(key);
+    if (!options_.contains(key)) return fallback;
+    const json& v = options_.at(key);
+    const bool ok = v.is_string() && std::find(choices.begin(), choices.end(), v.get<std::string>()) != choices.end();
+    BOOSTER_CHECK(ok, ConfigError, "low_level_zero: option '", key, "' = ", v.dump(), " is not valid; choose one of: ",
+                  choices);
+    return v.get<std::string>();
+  }
+  void finish() const {
+    for (auto it = options_.begin(); it != options_.end(); ++it)
+      BOOSTER_CHECK(std::find(valid_.begin(), valid_.end(), it.key()) != valid_.end(), ConfigError,
+                    "low_level_zero: unknown option '", it.key(), "'; valid options are: ", valid_);
+  }
+
+ private:
+  json options_;
+  std::vector<std::string> valid_;
+};
+
+PluginOptions read_options(const json& options) {
+  OptionReader r(options);
+  PluginOptions o;
+  o.zero.stage = int(r.integer("stage", 1, 1, 2));
+  o.precision = r.choice("precision", "fp16", {"fp16", "bf16", "fp32"});
+  o.zero.working_dtype = o.precision == "fp16"   ? DType::Float16
+                         : o.precision == "bf16" ? DType::BFloat16
+                                                 : DType::Float32;
+  mixed_precision::DynamicGradScalerOptions& s = o.zero.scaler;
+  const double big = 3.4e38;
+  s.initial_scale = r.number("initial_scale", 4294967296.0, 0.0, big, true);  // 2^32, as ColossalAI
+  s.min_scale = r.number("min_scale", 1.0, 0.0, big, true);
+  s.growth_factor = r.number("growth_factor", 2.0, 1.0, 1e9, true);
+  s.backoff_factor = r.number("backoff_factor", 0.5, 0.0, 1.0, true, true);
+  s.growth_interval = r.integer("growth_interval", 1000, 1, int64_t(1) << 40);
+  s.hysteresis = r.integer("hysteresis", 2, 1, int64_t(1) << 40);
+  s.max_scale = r.number("max_scale", 4294967296.0, 0.0, big, true);
+  o.zero.max_norm = r.number("max_norm", 0.0, 0.0, big);
+  r.finish();
+  BOOSTER_CHECK(s.min_scale <= s.initial_scale && s.initial_scale <= s.max_scale, ConfigError,
+                "low_level_zero: the scales must satisfy min_scale <= initial_scale <= max_scale, got ", s.min_scale,
+                ", ", s.initial_scale, ", ", s.max_scale);
+  return o;
+}
+
+json options_json(const PluginOptions& o) {
+  const mixed_precision::DynamicGradScalerOptions& s = o.zero.scaler;
+  return {{"stage", o.zero.stage},           {"precision", o.precision},
+          {"initial_scale", s.initial_scale}, {"min_scale", s.min_scale},
+          {"growth_factor", s.growth_factor}, {"backoff_factor", s.backoff_factor},
+          {"growth_interval", s.growth_interval}, {"hysteresis", s.hysteresis},
+          {"max_scale", s.max_scale},         {"max_norm", o.zero.max_norm}};
+}
+
+// ------------------------------------------------------------------------------------ the precision
+
+// The strategy that replaces the Booster's (Note [Who drives the step]): scales the loss, and leaves
+// reduction, unscaling, clipping and the sharded step to the ZeroOptimizer.
+class ZeroPrecision final : public mixed_precision::MixedPrecision {
+ public:
+  ZeroPrecision(std::shared_ptr<ZeroOptimizer> optimizer, json options)
+      : optimizer_(std::move(optimizer)), options_(std::move(options)) {}
+
+  std::string name() const override { return "low_level_zero"; }
+  json options() const override { return options_; }
+  mixed_precision::Configured configure(nn::ModulePtr, std::shared_ptr<optim::Optimizer>,
+                                        mixed_precision::Criterion) override {
+    BOOSTER_FAIL(StateError, "low_level_zero: its precision is configured by the plugin's configure(), not again");
+  }
+
+  void backward(const Tensor& loss, optim::Optimizer& optimizer) override {
+    ZeroOptimizer& z = zero_of(optimizer);
+    z.prepare_backward();
+    mixed_precision::scale_loss(loss, z.loss_scale()).backward();
+    z.finish_backward();
+  }
+  // Gradients are unscaled as they are reduced (at the end of the synced backward).
+  void unscale_gradients(optim::Optimizer& optimizer) override { zero_of(optimizer); }
+  double clip_grad_norm(optim::Optimizer& optimizer, double max_norm) override {
+    return zero_of(optimizer).clip_grad_norm(max_norm);
+  }
+  void step(optim::Optimizer& optimizer) override {
+    ZeroOptimizer& z = zero_of(optimizer);
+    z.step();
+    stats_ = z.last_step_stats();
+  }
+  double loss_scale() const override { return optimizer_->loss_scale(); }
+
+  // The scaler; the masters travel with the optimizer's (gathered) state.
+  mixed_precision::MixedPrecisionState state_dict() const override {
+    mixed_precision::MixedPrecisionState s;
+    s.meta["scaler"] = optimizer_->scaler_state();
+    return s;
+  }
+  void load_state_dict(const mixed_precision::MixedPrecisionState& state) override {
+    if (state.meta.contains("scaler")) optimizer_->load_scaler_state(state.meta.at("scaler"));
+  }
+  // found_inf is agreed over the plugin's own group (ZeroOptimizer::agreed_found_inf).
+  void set_found_inf_reducer(FoundInfReducer) override {}
+
+ private:
+  ZeroOptimizer& zero_of(optim::Optimizer& optimizer) const {
+    BOOSTER_CHECK(&optimizer == optimizer_.get(), StateError,
+                  "low_level_zero: pass the optimizer that configure() returned (it holds this rank's shard), "
+                  "got a '", optimizer.name(), "' optimizer that is not it");
+    return *optimizer_;
+  }
+
+  std::shared_ptr<ZeroOptimizer> optimizer_;
+  json options_;
+};
+
+// ------------------------------------------------------------------------------------------ the plugin
+
+class LowLevelZeroPlugin final : public ParallelPlugin {
+ public:
+  explicit LowLevelZeroPlugin(const json& options)
+      : options_(read_options(options)), group_(distributed::default_process_group()) {}
+
+  std::string name() const override { return "low_level_zero"; }
+  std::string version() const override { return "0.1.0"; }
+  json options() const override { return options_json(options_); }
+
+  std::vector<std::string> supported_devices() const override { return {"cpu"}; }
+  // The plugin controls precision: the Booster's strategy must be the identity.
+  std::vector<std::string> supported_precisions() const override { return {"fp32"}; }
+  bool control_precision() const override { return true; }
+  bool control_device() const override { return false; }
+  bool support_no_sync() const override { return options_.zero.stage == 1; }
+  bool control_checkpoint_io() const override { return true; }
+  ParallelLayout layout() const override { return {group_.size(), 1, 1}; }
+
+  TrainingParts configure(TrainingParts parts) override {
+    BOOSTER_CHECK(parts.model != nullptr, ValueError, "low_level_zero: configure needs a model");
+    BOOSTER_CHECK(!configured_, StateError, "low_level_zero: configure() was called twice; boost once per plugin");
+    configured_ = true;
+    broadcast_from_rank0(*parts.model);
+    const DType dtype = options_.zero.working_dtype;
+    if (parts.optimizer) {
+      optimizer_ = std::make_shared<ZeroOptimizer>(*parts.optimizer, *parts.model, group_, options_.zero);
+      optimizer_->set_gradient_sync(sync_enabled_);
+      parts.optimizer = optimizer_;
+      parts.precision = std::make_shared<ZeroPrecision>(optimizer_, options());
+    } else if (dtype != DType::Float32) {
+      parts.model->to(dtype);  // inference only: the model in the working precision, no optimizer
+    }
+    if (dtype != DType::Float32) {
+      // Inputs go in as the working dtype; outputs come out as float32, so the loss (and its scaling)
+      // is computed in float32, as fp16_naive does.
+      mixed_precision::PrecisionModule::Options mo;
+      mo.cast_io = true;
+      mo.input_dtype = dtype;
+      parts.model = std::make_shared<mixed_precision::PrecisionModule>(parts.model, mo);
+    }
+    return parts;
+  }
+
+  std::shared_ptr<data::DataLoader> prepare_dataloader(data::DatasetPtr dataset,
+                                                       const data::DataLoaderOptions& options) override {
+    BOOSTER_CHECK(dataset != nullptr, ValueError, "low_level_zero: prepare_dataloader needs a data set");
+    auto sampler = std::make_shared<data::DistributedSampler>(dataset->size(), group_.size(), group_.rank(),
+                                                              options.shuffle, options.seed, options.drop_last);
+    data::DataLoaderOptions per_rank = options;
+    per_rank.shuffle = false;  // the sampler shuffles
+    return std::make_shared<data::DataLoader>(std::move(dataset), per_rank, std::move(sampler));
+  }
+
+  void set_gradient_sync(bool enabled) override {
+    BOOSTER_CHECK(enabled || options_.zero.stage == 1, IncompatibleError,
+                  "low_level_zero: no_sync is not supported with stage 2: gradients are kept only for this "
+                  "rank's shard, so there is no full buffer to accumulate a local sum in; use stage 1");
+    sync_enabled_ = enabled;
+    if (optimizer_) optimizer_->set_gradient_sync(enabled);
+  }
+
+  // The default IO: model weights are whole on every rank; the optimizer's state_dict() gathers the
+  // shards (every rank calls it) and rank 0 writes it into one file.
+  std::shared_ptr<CheckpointIO> checkpoint_io() override { return std::make_shared<CheckpointIO>(group_); }
+  distributed::ProcessGroup& process_group() override { return group_; }
+
+ private:
+  // Every rank starts from rank 0's parameters and buffers (masters are taken from them).
+  void broadcast_from_rank0(nn::Module& model) {
+    if (group_.size() == 1) return;
+    NoGradGuard no_grad;
+    for (Tensor t : model.parameters()) group_.broadcast(t, 0);
+    for (Tensor t : model.buffers()) group_.broadcast(t, 0);
+  }
+
+  PluginOptions options_;
+  distributed::ProcessGroup& group_;
+  std::shared_ptr<ZeroOptimizer> optimizer_;
+  bool sync_enabled_ = true;
+  bool configured_ = false;
+};
+
+std::unique_ptr<ParallelPlugin> make_low_level_zero(const json& options) {
+  return std::make_unique<LowLevelZeroPlugin>(options);
+}
+
+}  // namespace
+}  // namespace booster::zero
+
+BOOSTER_EXPORT_PARALLEL_PLUGIN("low_level_zero", booster::zero::make_low_level_zero)

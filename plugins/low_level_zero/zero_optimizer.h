@@ -1,0 +1,147 @@
+// ZeroOptimizer: ZeRO stages 1 and 2 over flat buffers. Float32 master weights, their gradients and the
+// optimizer state exist only for this rank's shard of each parameter group's flat buffer.
+//
+// Note [ZeRO partitions]
+// Each parameter group's model parameters (in the working precision: float16, bfloat16 or float32) are
+// bound into one flat buffer padded to a multiple of the world size W, so the buffer of P elements
+// splits into W shards of S = P / W; rank r owns elements [r * S, (r + 1) * S). A shard is an offset
+// and a length (Note [Flat buffers]); it may cut a parameter in two, which nothing needs to know.
+// Per group this rank keeps:
+//   * master: S float32 elements, the inner optimizer's one parameter (for float32 training it is a
+//     view of the model's own flat buffer, so no copy of the weights exists at all);
+//   * master.grad(): S float32 elements, the averaged, unscaled gradient of the shard;
+//   * the inner optimizer's state (exp_avg, ...): S elements each; the inner optimizer is the user's
+//     type with the user's options (rebuild_optimizer), so its update rule is the one of the
+//     unsharded optimizer, element for element.
+// One step: backward fills the working-precision gradient buffer (P elements); finish_backward()
+// reduce-scatters it with Avg, so each rank receives only its shard, averaged over ranks, and unscales
+// it into master.grad() while checking it for inf/NaN (one pass, fused_unscale_and_check); step()
+// agrees on found_inf with a Max all-reduce of one float (Note [Agreeing on found_inf]), clips with a
+// norm summed over shards (one all-reduce of a double), steps the shard, rounds it into this rank's
+// slice of the model's flat buffer and all-gathers that buffer in place.
+//
+// Stage 1 vs stage 2. Stage 1 keeps the P-element gradient buffer for the whole run (bound as the
+// base Optimizer's flat buffer, so zero_grad() clears it and backward accumulates into it); with
+// gradient sync off (no_sync) backward only accumulates there and the next synced backward reduces the
+// sum. Stage 2 allocates that buffer when backward starts and frees it as soon as it has been
+// reduce-scattered, so between steps (through the forward pass, where activations peak) a rank holds
+// gradients for its shard only; a second backward before step() adds into the shard. Stage 2 cannot
+// skip synchronisation: a local sum would need the full buffer kept alive, which is stage 1.
+// Both stages reduce-scatter instead of all-reducing: a rank only needs its shard, and a
+// reduce-scatter moves half the bytes of an all-reduce.
+//
+// Semantics that differ from an unsharded optimizer: a shard is one parameter of the inner optimizer,
+// so every parameter of a group takes every step (its gradient is zero when it got none), as in
+// DeepSpeed and ColossalAI, where torch would skip a parameter whose .grad is None.
+//
+// Checkpoints: state_dict() is collective (every rank calls it) and returns the full state, gathered,
+// in the unsharded optimizer's layout ("state.<i>.exp_avg" per model parameter, in its shape), plus
+// "state.<i>.master_weight" for float16/bfloat16 training; the default CheckpointIO then writes it from
+// rank 0 into one file. load_state_dict() needs no communication: every rank reads the full state and
+// keeps its own shard, so a checkpoint loads under any world size (and an unsharded optimizer's
+// state_dict loads too, the masters then coming from the model).
+#pragma once
+
+#include <memory>
+#include <optional>
+#include <vector>
+
+#include "booster/distributed/process_group.h"
+#include "booster/mixed_precision/mixed_precision.h"
+#include "booster/nn/module.h"
+#include "booster/optim/optimizer.h"
+#include "mixed_precision/dynamic_grad_scaler.h"
+
+namespace booster::zero {
+
+struct ZeroOptions {
+  int stage = 1;                                      // 1 or 2
+  DType working_dtype = DType::Float16;               // the model's dtype after configure
+  mixed_precision::DynamicGradScalerOptions scaler;   // float16 only
+  double max_norm = 0.0;                              // clip in step(); 0: no clipping
+};
+
+class ZeroOptimizer final : public optim::Optimizer {
+ public:
+  // `original` was built over `model`'s float32 parameters: its type (SGD, Adam, AdamW), groups and
+  // options are taken. The parameters must already be equal on every rank. Converts the model to the
+  // working dtype and binds its parameters into padded flat buffers (Note [ZeRO partitions]).
+  ZeroOptimizer(const optim::Optimizer& original, nn::Module& model, distributed::ProcessGroup& group,
+                const ZeroOptions& options);
+
+  // The whole ZeRO step: reduces gradients still pending, agrees on found_inf, clips (max_norm),
+  // steps the shard or skips, all-gathers the parameters, updates the loss scale.
+  void step() override;
+  std::string name() const override { return inner_->name(); }
+
+  // ------------------------------------------------------------ the precision strategy's hooks
+  // Before backward: stage 2 gives every parameter a gradient slot in a fresh zeroed buffer.
+  void prepare_backward();
+  // After backward: reduce-scatter + unscale + local inf/NaN check (unless gradient sync is off).
+  void finish_backward();
+  // Clips the shards so that the norm of the whole gradient is at most max_norm (collective).
+  // Returns the norm before clipping; inf (and nothing clipped) when a gradient is not finite.
+  double clip_grad_norm(double max_norm);
+  // Stage 1 only (IncompatibleError for stage 2 when disabling).
+  void set_gradient_sync(bool enabled);
+  double loss_scale() const { return scaler_ ? scaler_->scale() : 1.0; }
+  const mixed_precision::StepStats& last_step_stats() const { return stats_; }
+  nlohmann::json scaler_state() const;
+  void load_scaler_state(const nlohmann::json& state);
+
+  // ------------------------------------------------------------ checkpoints (see the Note)
+  optim::OptimizerState state_dict() const override;
+  void load_state_dict(const optim::OptimizerState& state) override;
+
+  // ------------------------------------------------------------ introspection
+  int stage() const { return options_.stage; }
+  DType working_dtype() const { return options_.working_dtype; }
+  // This rank's shard of group g: elements [shard_offset, shard_offset + shard_numel) of the padded
+  // flat buffer.
+  int64_t shard_offset(size_t g) const { return int64_t(group_.rank()) * parts_.at(g).shard; }
+  int64_t shard_numel(size_t g) const { return parts_.at(g).shard; }
+  int64_t padded_numel(size_t g) const { return parts_.at(g).padded; }
+  const optim::Optimizer& inner() const { return *inner_; }
+
+ protected:
+  void check_options(const nlohmann::json&) const override {}  // validated by the inner optimizer
+  std::vector<std::string> state_names(const nlohmann::json&) const override { return {}; }
+
+ private:
+  // One parameter group's flat layout (Note [ZeRO partitions]).
+  struct Partition {
+    std::vector<Tensor> params;    // the model's parameters, working dtype, views of flat_params
+    std::vector<int64_t> offsets;  // start of each parameter; offsets.back() == numel
+    int64_t numel = 0, padded = 0, shard = 0;
+    size_t first_index = 0;        // global index of params[0] (torch's numbering across groups)
+    Tensor flat_params;            // `padded` elements, working dtype
+    Tensor flat_grads;             // `padded` elements, working dtype (stage 2: only during backward)
+    Tensor master;                 // `shard` float32 elements: the inner optimizer's parameter
+  };
+
+  Tensor shard_of(const Tensor& flat, const Partition& p) const;
+  // Reduce-scatters partition p's gradient buffer into master.grad(), unscaling; returns local inf/NaN.
+  bool reduce_partition(Partition& p, bool accumulate);
+  void reduce_pending();
+  bool agreed_found_inf();
+  void forward_options() const;
+  void end_step();
+
+  distributed::ProcessGroup& group_;
+  ZeroOptions options_;
+  std::vector<Partition> parts_;
+  std::unique_ptr<optim::Optimizer> inner_;
+  std::optional<mixed_precision::DynamicGradScaler> scaler_;  // float16 only
+
+  // Per step.
+  bool sync_enabled_ = true;
+  bool unreduced_ = false;     // backward ran with sync off (stage 1): the buffer holds a local sum
+  bool have_grads_ = false;    // master.grad() holds reduced gradients for this step
+  bool local_found_inf_ = false;
+  bool agreed_ = false, found_inf_ = false;
+  bool clipped_ = false;
+  double grad_norm_ = std::numeric_limits<double>::quiet_NaN();
+  mixed_precision::StepStats stats_;
+};
+
+}  // namespace booster::zero

@@ -1,0 +1,261 @@
+// Checkpoints of `booster train` (Note [Checkpoints of booster train] in cli/train.cpp), run as a user
+// runs them: resuming from step k gives the same bytes at step n as a run that was never interrupted,
+// for every mixed-precision strategy; a checkpoint that does not fit, or is damaged, is refused with one
+// line naming the problem; a save that dies before its commit leaves the previous checkpoint usable.
+#include <catch2/catch.hpp>
+
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+namespace {
+
+struct RunResult {
+  int exit_code = -1;
+  std::string out, err;
+};
+
+std::string read_bytes(const fs::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+fs::path scratch_dir() {
+  fs::path dir = fs::temp_directory_path() / ("booster_test_cli_resume_" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  return dir;
+}
+
+RunResult run_booster(const std::string& args, const std::string& env = "") {
+  const fs::path dir = scratch_dir();
+  const fs::path out = dir / "stdout.txt", err = dir / "stderr.txt";
+  const std::string cmd = "cd " + dir.string() + " && " + env + " " + std::string(BOOSTER_BIN_DIR) + "/booster " +
+                          args + " >" + out.string() + " 2>" + err.string();
+  const int status = std::system(cmd.c_str());
+  RunResult r;
+  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + (WIFSIGNALED(status) ? WTERMSIG(status) : 0);
+  r.out = read_bytes(out);
+  r.err = read_bytes(err);
+  return r;
+}
+
+fs::path write_config(const std::string& name, const json& config) {
+  const fs::path p = scratch_dir() / name;
+  std::ofstream(p) << config.dump(2);
+  return p;
+}
+
+// 12 steps: 8 per epoch (256 samples / 32), so step 5 is inside the first epoch and the run crosses an
+// epoch boundary (a new shuffle) after it. Cosine schedule over the whole run; AdamW has state.
+json mlp_config(const json& mixed_precision) {
+  json c = json::parse(R"({
+    "model": {"type": "mlp", "in": 8, "hidden": [16], "classes": 3},
+    "optimizer": {"type": "adamw", "lr": 0.01},
+    "data": {"type": "synthetic", "num_samples": 256, "num_test_samples": 64, "num_features": 8,
+             "num_classes": 3, "batch_size": 32},
+    "lr_scheduler": {"type": "cosine"},
+    "train": {"epochs": 2, "max_steps": 12, "log_every": 4, "seed": 3, "run_dir": null, "keep_last": 0}
+  })");
+  c["mixed_precision"] = mixed_precision;
+  return c;
+}
+
+fs::path step_dir(const fs::path& root, int step) {
+  char name[32];
+  std::snprintf(name, sizeof name, "step-%08d", step);
+  return root / name;
+}
+
+// Everything a run's end state is made of, as saved.
+std::string final_state(const fs::path& root, int step) {
+  const fs::path dir = step_dir(root, step);
+  REQUIRE(fs::exists(dir / "model" / "model.safetensors"));
+  return read_bytes(dir / "model" / "model.safetensors") + read_bytes(dir / "optimizer" / "optimizer.safetensors") +
+         read_bytes(dir / "optimizer" / "optimizer.json") + read_bytes(dir / "scheduler.json") +
+         read_bytes(dir / "optimizer" / "precision.safetensors") + read_bytes(dir / "optimizer" / "precision.json");
+}
+
+// Leaves only the checkpoint of `step` in `root`, as if the run had died right after saving it.
+void keep_only(const fs::path& root, int step) {
+  for (const auto& entry : fs::directory_iterator(root))
+    if (entry.path().filename() != step_dir(root, step).filename()) fs::remove_all(entry.path());
+  std::ofstream(root / "latest") << step_dir(root, step).filename().string() << "\n";
+}
+
+// Trains `config` uninterrupted and interrupted at step 5, resumed from its checkpoint, and checks
+// that both end with the same bytes.
+void check_resume_is_exact(const std::string& name, const json& config) {
+  INFO(name);
+  const fs::path whole = scratch_dir() / ("whole_" + name), parts = scratch_dir() / ("parts_" + name);
+  fs::remove_all(whole);
+  fs::remove_all(parts);
+  const fs::path cfg = write_config(name + ".json", config);
+  RunResult a = run_booster("train --config " + cfg.string() + " --set train.checkpoint_every=12 --set train.checkpoint_dir=" +
+                            whole.string());
+  INFO(a.err);
+  REQUIRE(a.exit_code == 0);
+  RunResult b = run_booster("train --config " + cfg.string() + " --set train.checkpoint_every=5 --set train.checkpoint_dir=" +
+                            parts.string());
+  INFO(b.err);
+  REQUIRE(b.exit_code == 0);
+  keep_only(parts, 5);
+  RunResult c = run_booster("train --config " + cfg.string() + " --set train.checkpoint_every=12 --set train.checkpoint_dir=" +
+                            parts.string() + " --resume " + step_dir(parts, 5).string());
+  INFO(c.err);
+  REQUIRE(c.exit_code == 0);
+  const json summary = json::parse(c.out);
+  CHECK(summary["resumed_from"] == step_dir(parts, 5).string());
+  CHECK(summary["steps"] == 12);
+  CHECK(summary["final_loss"] == json::parse(a.out)["final_loss"]);
+  CHECK(summary["skipped_steps"] == json::parse(a.out)["skipped_steps"]);
+  CHECK(final_state(parts, 12) == final_state(whole, 12));
+}
+
+}  // namespace
+
+TEST_CASE("resuming from step 5 gives the same bytes at step 12 for every strategy", "[cli][checkpoint][amp]") {
+  check_resume_is_exact("fp32", mlp_config("fp32"));
+  check_resume_is_exact("fp16", mlp_config("fp16"));
+  // The scale overflows at first: skipped steps and a lowered scale must come back from the checkpoint.
+  check_resume_is_exact("fp16_skipping", mlp_config({{"name", "fp16"}, {"init_scale", 4194304}}));
+  check_resume_is_exact("bf16", mlp_config("bf16"));
+  check_resume_is_exact("bf16_pure", mlp_config({{"name", "bf16"}, {"pure", true}}));
+  check_resume_is_exact("fp16_naive", mlp_config("fp16_naive"));
+  check_resume_is_exact("apex_O1", mlp_config({{"name", "fp16_apex"}, {"opt_level", "O1"}}));
+  check_resume_is_exact("apex_O2", mlp_config({{"name", "fp16_apex"}, {"opt_level", "O2"}}));
+  check_resume_is_exact("apex_O3", mlp_config({{"name", "fp16_apex"}, {"opt_level", "O3"}}));
+}
+
+TEST_CASE("resuming a GPT with dropout is exact: the random generator comes back too", "[cli][checkpoint]") {
+  const fs::path text = scratch_dir() / "corpus.txt";
+  {
+    std::ofstream out(text);
+    for (int i = 0; i < 40; ++i) out << "the quick brown fox jumps over the lazy dog " << i << ". ";
+  }
+  json c = json::parse(R"({
+    "model": {"type": "gpt", "vocab_size": 256, "context": 16, "width": 16, "layers": 1, "heads": 2, "dropout": 0.1},
+    "optimizer": {"type": "adamw", "lr": 0.01},
+    "data": {"type": "text", "context": 16, "batch_size": 8},
+    "train": {"max_steps": 12, "log_every": 4, "seed": 5, "run_dir": null, "keep_last": 0}
+  })");
+  c["data"]["path"] = text.string();
+  check_resume_is_exact("gpt_dropout", c);
+}
+
+TEST_CASE("resume latest: starts afresh when nothing is saved, continues from the newest otherwise", "[cli][checkpoint]") {
+  const fs::path root = scratch_dir() / "latest";
+  fs::remove_all(root);
+  const fs::path cfg = write_config("latest.json", mlp_config("fp16"));
+  const std::string args = "train --config " + cfg.string() + " --set train.checkpoint_every=4 --set train.keep_last=2 "
+                           "--set train.checkpoint_dir=" + root.string() + " --resume latest";
+  RunResult first = run_booster(args);
+  INFO(first.err);
+  REQUIRE(first.exit_code == 0);
+  CHECK(json::parse(first.out)["resumed_from"].is_null());
+  // keep_last 2: steps 8 and 12 stay, 4 was pruned after 12 was committed.
+  CHECK_FALSE(fs::exists(step_dir(root, 4)));
+  CHECK(fs::exists(step_dir(root, 8)));
+  CHECK(fs::exists(step_dir(root, 12)));
+  CHECK(read_bytes(root / "latest") == "step-00000012\n");
+  // Asked again, the run is already complete: it resumes at its last step and trains no more.
+  RunResult again = run_booster(args);
+  INFO(again.err);
+  REQUIRE(again.exit_code == 0);
+  CHECK(json::parse(again.out)["resumed_from"] == step_dir(root, 12).string());
+  CHECK(json::parse(again.out)["steps"] == 12);
+}
+
+TEST_CASE("a save that dies before its commit leaves the previous checkpoint loadable", "[cli][checkpoint]") {
+  const fs::path root = scratch_dir() / "crash", whole = scratch_dir() / "crash_whole";
+  fs::remove_all(root);
+  fs::remove_all(whole);
+  const fs::path cfg = write_config("crash.json", mlp_config("fp16"));
+  const std::string base = "train --config " + cfg.string() + " --set train.checkpoint_every=5 --set train.checkpoint_dir=";
+  REQUIRE(run_booster(base + whole.string()).exit_code == 0);
+  REQUIRE(run_booster(base + root.string()).exit_code == 0);
+  keep_only(root, 5);
+  // Resumed at 5, the save at step 10 aborts between writing and the rename.
+  RunResult crashed = run_booster(base + root.string() + " --resume latest", "BOOSTER_TEST_ABORT_BEFORE_COMMIT=1");
+  CHECK(crashed.exit_code != 0);
+  CHECK(fs::exists(root / "step-00000010.tmp"));
+  CHECK_FALSE(fs::exists(step_dir(root, 10)));
+  CHECK(read_bytes(root / "latest") == "step-00000005\n");
+  // The next start picks up step 5 again, clears the leftover and ends where the whole run ended.
+  RunResult resumed = run_booster(base + root.string() + " --resume latest");
+  INFO(resumed.err);
+  REQUIRE(resumed.exit_code == 0);
+  CHECK(json::parse(resumed.out)["resumed_from"] == step_dir(root, 5).string());
+  CHECK_FALSE(fs::exists(root / "step-00000010.tmp"));
+  CHECK(final_state(root, 12) == final_state(whole, 12));
+}
+
+TEST_CASE("a checkpoint that does not fit or is damaged is refused with one line naming the problem", "[cli][checkpoint]") {
+  const fs::path root = scratch_dir() / "refuse";
+  fs::remove_all(root);
+  const json config = mlp_config("fp16");
+  const fs::path cfg = write_config("refuse.json", config);
+  REQUIRE(run_booster("train --config " + cfg.string() + " --set train.checkpoint_every=5 --set train.checkpoint_dir=" +
+                      root.string())
+              .exit_code == 0);
+  const fs::path ckpt = step_dir(root, 5);
+  auto resume_fails_with = [&](const std::string& extra, const std::string& expect, const fs::path& from) {
+    RunResult r = run_booster("train --config " + cfg.string() + " --resume " + from.string() + " " + extra);
+    INFO(extra << " -> " << r.err);
+    CHECK(r.exit_code == 1);
+    CHECK(r.err.rfind("booster: error: ", 0) == 0);
+    CHECK(r.err.find(expect) != std::string::npos);
+    CHECK(std::count(r.err.begin(), r.err.end(), '\n') == 1);
+    CHECK(r.out.empty());
+  };
+  resume_fails_with("--mixed-precision bf16", "was saved with mixed_precision \"fp16\" but this run has \"bf16\"", ckpt);
+  resume_fails_with("--set 'model.hidden=[8]'", "was saved with the model", ckpt);
+  resume_fails_with("--set lr_scheduler.type=none", "has an lr scheduler state but this run has no scheduler", ckpt);
+  resume_fails_with("", "does not exist", root / "step-00000099");
+
+  // Damage copies of the checkpoint, one file each.
+  auto damaged_copy = [&](const std::string& name) {
+    const fs::path copy = scratch_dir() / ("damaged_" + name);
+    fs::remove_all(copy);
+    fs::copy(ckpt, copy, fs::copy_options::recursive);
+    return copy;
+  };
+  {
+    const fs::path copy = damaged_copy("model");
+    const fs::path file = copy / "model" / "model.safetensors";
+    const std::string bytes = read_bytes(file);
+    std::ofstream(file, std::ios::binary | std::ios::trunc).write(bytes.data(), std::streamsize(bytes.size() / 2));
+    resume_fails_with("", "model.safetensors", copy);
+  }
+  {
+    const fs::path copy = damaged_copy("optimizer");
+    const fs::path file = copy / "optimizer" / "optimizer.safetensors";
+    std::string bytes = read_bytes(file);
+    bytes[0] = char(0xff), bytes[1] = char(0xff), bytes[5] = char(0x7f);  // a header length past the end
+    std::ofstream(file, std::ios::binary | std::ios::trunc) << bytes;
+    resume_fails_with("", "optimizer.safetensors", copy);
+  }
+  {
+    const fs::path copy = damaged_copy("state");
+    std::ofstream(copy / "trainer_state.json", std::ios::trunc) << "{\"format\": \"booster-train\", \"step";
+    resume_fails_with("", "is not valid JSON", copy);
+  }
+  {
+    const fs::path copy = damaged_copy("missing");
+    fs::remove(copy / "optimizer" / "precision.json");
+    resume_fails_with("", "precision.json", copy);
+  }
+}

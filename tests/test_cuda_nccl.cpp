@@ -1,0 +1,60 @@
+// The NCCL process group on CUDA tensors at world size 1 (one GPU, no launcher): every collective runs
+// through NCCL on the backend's stream, blocking and async, and leaves the values a one-rank world
+// must have. Multi-GPU runs need a machine with several GPUs. Skipped, with the reason, without a GPU
+// or without NCCL in the build.
+#include <catch2/catch.hpp>
+
+#include "booster/backends/cuda/cuda.h"
+#include "booster/common/build_info.h"
+#include "booster/distributed/nccl_process_group.h"
+#include "booster/ops/ops.h"
+
+using namespace booster;
+using namespace booster::distributed;
+
+namespace {
+
+bool skip_without_nccl() {
+  if (cuda::is_available() && nccl_built()) return false;
+  WARN("NCCL tests skipped: " << (!nccl_built() ? "no NCCL in this build" : cuda::unavailable_reason()) << " ["
+                              << build_info_line() << "]");
+  return true;
+}
+
+}  // namespace
+
+TEST_CASE("nccl: collectives at world size 1 on CUDA tensors", "[cuda][nccl]") {
+  if (skip_without_nccl()) {
+    CHECK_THROWS_AS(make_nccl_process_group(), ConfigError);
+    return;
+  }
+  auto pg = make_nccl_process_group();
+  CHECK(pg->backend() == "nccl");
+  CHECK(pg->rank() == 0);
+  CHECK(pg->size() == 1);
+  for (DType dt : {DType::Float32, DType::Float16, DType::BFloat16, DType::Float64}) {
+    INFO(dtype_name(dt));
+    const std::vector<double> values{1, -2, 3.5, 4};
+    Tensor t = from_vector(values, {2, 2}, dt).to(Device::cuda());
+    for (ReduceOp op : {ReduceOp::Sum, ReduceOp::Avg, ReduceOp::Max, ReduceOp::Min}) {
+      pg->all_reduce(t, op);
+      CHECK(t.cpu().tolist() == values);
+    }
+    pg->broadcast(t, 0);
+    CHECK(t.cpu().tolist() == values);
+    Tensor gathered = zeros({4}, dt, Device::cuda());
+    pg->all_gather(gathered, t);
+    CHECK(gathered.cpu().tolist() == values);
+    Tensor scattered = zeros({4}, dt, Device::cuda());
+    pg->reduce_scatter(scattered, gathered);
+    CHECK(scattered.cpu().tolist() == values);
+    WorkPtr w = pg->all_reduce_async(t);
+    w->wait();
+    CHECK(w->is_completed());
+    CHECK(t.cpu().tolist() == values);
+  }
+  pg->barrier();
+  // CPU tensors belong to the mpi backend: the message says so.
+  Tensor host = ones({3});
+  CHECK_THROWS_AS(pg->all_reduce(host), DeviceError);
+}

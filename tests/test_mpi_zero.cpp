@@ -1,0 +1,551 @@
+// The low_level_zero plugin (ZeRO stages 1 and 2) under `mpirun -np 2`. Every TEST_CASE runs on every
+// rank in the same order. References are computed locally on each rank by one process that sees the
+// whole batch (the data of both ranks) with an unsharded optimizer, or an unsharded master-weight
+// strategy for 16-bit training.
+#include <catch2/catch.hpp>
+
+#include <unistd.h>
+
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <limits>
+
+#include "booster/autograd/autograd.h"
+#include "booster/booster/booster.h"
+#include "booster/booster/plugin.h"
+#include "booster/distributed/process_group.h"
+#include "booster/mixed_precision/mixed_precision.h"
+#include "booster/nn/activation.h"
+#include "booster/nn/container.h"
+#include "booster/nn/linear.h"
+#include "booster/ops/ops.h"
+#include "booster/optim/lr_scheduler.h"
+#include "booster/optim/optimizer.h"
+#include "booster/plugin/loader.h"
+#include "booster/tensor/storage.h"
+
+using namespace booster;
+using nlohmann::json;
+
+namespace {
+
+distributed::ProcessGroup& group() { return distributed::init_process_group("mpi"); }
+
+constexpr int64_t kIn = 8, kHidden = 16, kOut = 4;  // 212 parameters: shards cut the weight of layer 2
+constexpr int64_t kBatch = 6;                       // per rank
+
+std::shared_ptr<ParallelPlugin> load_zero(const json& options) {
+  std::shared_ptr<plugin::Plugin> library = plugin::load(plugin::kParallelKind, "low_level_zero");
+  auto* factory = reinterpret_cast<ParallelFactory*>(library->symbol("booster_create_parallel"));
+  return plugin::bind(library, std::shared_ptr<ParallelPlugin>(factory(options)));
+}
+
+nn::ModulePtr make_model(uint64_t seed) {
+  Generator gen(seed);
+  auto model = std::make_shared<nn::Sequential>();
+  model->push_back(std::make_shared<nn::Linear>(kIn, kHidden, true, &gen));
+  model->push_back(std::make_shared<nn::Tanh>());
+  model->push_back(std::make_shared<nn::Linear>(kHidden, kOut, true, &gen));
+  model->set_tensor_names();
+  return model;
+}
+
+// The whole batch of step `step` (both ranks' rows), the same on every rank.
+struct Batch {
+  Tensor x, y;
+};
+Batch whole_batch(int step, int64_t rows = 2 * kBatch) {
+  Generator gen(1000 + uint64_t(step));
+  return {randn({rows, kIn}, &gen), randn({rows, kOut}, &gen)};
+}
+// This rank's rows of it.
+Batch my_rows(const Batch& b) {
+  const int64_t per_rank = b.x.size(0) / group().size();
+  return {b.x.narrow(0, group().rank() * per_rank, per_rank), b.y.narrow(0, group().rank() * per_rank, per_rank)};
+}
+
+Tensor loss_of(nn::Module& model, const Batch& b) { return mse_loss(model(b.x), b.y); }
+
+// A model configured by the plugin, with what the loop needs.
+struct Zero {
+  std::shared_ptr<ParallelPlugin> plugin;
+  TrainingParts parts;
+  void train_step(const Batch& rows) {
+    parts.optimizer->zero_grad();
+    parts.precision->backward(loss_of(*parts.model, rows), *parts.optimizer);
+    parts.precision->step(*parts.optimizer);
+  }
+};
+
+Zero make_zero(const json& options, const nn::ModulePtr& model, const json& optimizer) {
+  Zero z;
+  z.plugin = load_zero(options);
+  TrainingParts parts;
+  parts.model = model;
+  parts.optimizer = optim::make_optimizer(optimizer, model->parameters());
+  parts.precision = mixed_precision::create("fp32");
+  z.parts = z.plugin->configure(parts);
+  return z;
+}
+
+std::vector<Tensor> float32_params(const nn::Module& model) {
+  std::vector<Tensor> out;
+  for (const Tensor& p : model.parameters()) out.push_back(p.detach().to(DType::Float32).clone());
+  return out;
+}
+
+// max |a - b| over a tensor, relative to max |b|.
+double relative_error(const Tensor& a, const Tensor& b) {
+  const std::vector<double> x = a.tolist(), y = b.tolist();
+  double diff = 0, scale = 0;
+  for (size_t i = 0; i < x.size(); ++i) {
+    diff = std::max(diff, std::abs(x[i] - y[i]));
+    scale = std::max(scale, std::abs(y[i]));
+  }
+  return diff / scale;
+}
+
+double max_abs_diff(const Tensor& a, const Tensor& b) {
+  const std::vector<double> x = a.tolist(), y = b.tolist();
+  double diff = 0;
+  for (size_t i = 0; i < x.size(); ++i) diff = std::max(diff, std::abs(x[i] - y[i]));
+  return diff;
+}
+
+bool bitwise_equal(const Tensor& a, const Tensor& b) {
+  return a.dtype() == b.dtype() && a.shape() == b.shape() &&
+         std::memcmp(a.contiguous().data_ptr(), b.contiguous().data_ptr(), a.nbytes()) == 0;
+}
+
+// Every rank holds the same values (a mismatch shows as a max that differs from the local value).
+void require_same_on_every_rank(const nn::Module& model) {
+  for (const Tensor& p : model.parameters()) {
+    Tensor mine = p.detach().to(DType::Float32).clone();
+    Tensor highest = mine.clone();
+    group().all_reduce(highest, distributed::ReduceOp::Max);
+    REQUIRE(bitwise_equal(mine, highest));
+  }
+}
+
+// One process, whole batch, plain optimizer: the float32 reference.
+std::vector<Tensor> reference_fp32(const json& optimizer, int steps) {
+  nn::ModulePtr model = make_model(7);
+  std::unique_ptr<optim::Optimizer> opt = optim::make_optimizer(optimizer, model->parameters());
+  for (int s = 0; s < steps; ++s) {
+    opt->zero_grad();
+    loss_of(*model, whole_batch(s)).backward();
+    opt->step();
+  }
+  return float32_params(*model);
+}
+
+const json kAdamW = {{"type", "adamw"}, {"lr", 1e-2}};
+
+}  // namespace
+
+TEST_CASE("zero: options are validated and the declarations follow the stage", "[mpi][zero]") {
+  REQUIRE_THROWS_WITH(load_zero({{"stages", 2}}), Catch::Contains("unknown option 'stages'"));
+  REQUIRE_THROWS_AS(load_zero({{"stage", 3}}), ConfigError);
+  REQUIRE_THROWS_WITH(load_zero({{"precision", "fp8"}}), Catch::Contains("'precision' = \"fp8\" is not valid"));
+  REQUIRE_THROWS_AS(load_zero({{"backoff_factor", 1.5}}), ConfigError);
+  REQUIRE_THROWS_AS(load_zero({{"max_norm", -1}}), ConfigError);
+  REQUIRE_THROWS_AS(load_zero({{"initial_scale", 4}, {"min_scale", 8}}), ConfigError);
+
+  auto one = load_zero(json::object());
+  REQUIRE(one->name() == "low_level_zero");
+  REQUIRE(one->options().at("stage") == 1);
+  REQUIRE(one->options().at("precision") == "fp16");
+  REQUIRE(one->options().at("initial_scale") == 4294967296.0);  // ColossalAI's 2**32
+  REQUIRE(one->options().at("hysteresis") == 2);
+  REQUIRE(one->options().at("max_norm") == 0.0);
+  REQUIRE(one->supported_precisions() == std::vector<std::string>{"fp32"});
+  REQUIRE(one->supported_devices() == std::vector<std::string>{"cpu"});
+  REQUIRE(one->control_precision());
+  REQUIRE_FALSE(one->control_device());
+  REQUIRE(one->control_checkpoint_io());
+  REQUIRE(one->layout().data == group().size());
+  REQUIRE(one->support_no_sync());
+  REQUIRE_NOTHROW(one->set_gradient_sync(false));
+
+  auto two = load_zero({{"stage", 2}});
+  REQUIRE_FALSE(two->support_no_sync());
+  REQUIRE_THROWS_WITH(two->set_gradient_sync(false), Catch::Contains("no_sync is not supported with stage 2"));
+  REQUIRE_THROWS_AS(two->set_gradient_sync(false), IncompatibleError);
+  REQUIRE_NOTHROW(two->set_gradient_sync(true));
+}
+
+TEST_CASE("zero: fp32 stages 1 and 2 on 2 ranks match one process with the whole batch (AdamW, SGD)",
+          "[mpi][zero]") {
+  for (int stage : {1, 2}) {
+    for (const json& optimizer : {kAdamW, json{{"type", "sgd"}, {"lr", 0.1}, {"momentum", 0.9}}}) {
+      INFO("stage " << stage << ", " << optimizer.dump());
+      const std::vector<Tensor> expected = reference_fp32(optimizer, 20);
+      // Rank 1 starts from other weights: the plugin must broadcast rank 0's.
+      Zero z = make_zero({{"stage", stage}, {"precision", "fp32"}}, make_model(group().rank() == 0 ? 7 : 99), optimizer);
+      for (int s = 0; s < 20; ++s) z.train_step(my_rows(whole_batch(s)));
+      const std::vector<Tensor> got = float32_params(*z.parts.model);
+      REQUIRE(got.size() == expected.size());
+      // Only the summation order differs (two half-batch gradients averaged vs one whole-batch one).
+      for (size_t i = 0; i < got.size(); ++i) REQUIRE(relative_error(got[i], expected[i]) < 1e-5);
+      require_same_on_every_rank(*z.parts.model);
+    }
+  }
+}
+
+// Tolerance for 16-bit training. The reference is the unsharded master-weight strategy on the whole
+// batch (fp16_naive with the same scaler, bf16 pure). The only difference is where the gradient is
+// rounded to 16 bits: ZeRO rounds each rank's half-batch gradient (u = 2^-11 for float16, 2^-8 for
+// bfloat16), then their average once more, the reference rounds the whole-batch gradient once, so an
+// element differs by at most ~3u relative. Adam's step m/(sqrt(v)+eps) is scale-free in the gradient,
+// so a relative gradient error of 3u moves each step's update by at most ~2 * 3u * lr; the masters may
+// then differ by about steps * 6u * lr after `steps` steps (and the 16-bit weights by one rounding
+// more). We require the masters' (read: the model's float32 view of them) max difference below twice
+// that, and well below the distance training moved the weights, so the test still fails for a lost
+// shard, a missing average or a step taken from stale gradients.
+TEST_CASE("zero: fp16 and bf16 stages 1 and 2 match the unsharded master-weight step within rounding",
+          "[mpi][zero]") {
+  const int steps = 20;
+  const double lr = 1e-2;
+  for (const std::string precision : {"fp16", "bf16"}) {
+    const double u = precision == "fp16" ? std::ldexp(1.0, -11) : std::ldexp(1.0, -8);
+    const double tolerance = 2 * steps * 6 * u * lr;
+    for (int stage : {1, 2}) {
+      INFO(precision << " stage " << stage);
+      // Reference.
+      nn::ModulePtr ref_model = make_model(7);
+      const std::vector<Tensor> initial = float32_params(*ref_model);
+      auto strategy = precision == "fp16"
+                          ? mixed_precision::create("fp16_naive", {{"initial_scale", 1024.0}})
+                          : mixed_precision::create("bf16", {{"pure", true}});
+      auto configured = strategy->configure(ref_model, optim::make_optimizer(kAdamW, ref_model->parameters()),
+                                            [](const Tensor& o, const Tensor& t) { return mse_loss(o, t); });
+      for (int s = 0; s < steps; ++s) {
+        configured.optimizer->zero_grad();
+        strategy->backward(loss_of(*configured.model, whole_batch(s)), *configured.optimizer);
+        strategy->step(*configured.optimizer);
+        REQUIRE_FALSE(strategy->step_was_skipped());
+      }
+      const std::vector<Tensor> expected = float32_params(*ref_model);
+
+      Zero z = make_zero({{"stage", stage}, {"precision", precision}, {"initial_scale", 1024.0}}, make_model(7), kAdamW);
+      for (int s = 0; s < steps; ++s) {
+        z.train_step(my_rows(whole_batch(s)));
+        REQUIRE_FALSE(z.parts.precision->step_was_skipped());
+      }
+      const std::vector<Tensor> got = float32_params(*z.parts.model);
+      for (size_t i = 0; i < got.size(); ++i) {
+        INFO("parameter " << i);
+        REQUIRE(z.parts.model->parameters()[i].dtype() == (precision == "fp16" ? DType::Float16 : DType::BFloat16));
+        REQUIRE(max_abs_diff(got[i], expected[i]) < tolerance);
+        REQUIRE(max_abs_diff(got[i], initial[i]) > 5 * tolerance);  // training moved it further than that
+      }
+      require_same_on_every_rank(*z.parts.model);
+    }
+  }
+}
+
+TEST_CASE("zero: per-rank optimizer state is half of the unsharded optimizer's (allocator counters)",
+          "[mpi][zero]") {
+  // What the first step allocates and keeps is the optimizer state (AdamW's exp_avg and exp_avg_sq).
+  auto state_bytes_of_first_step = [](const std::function<void()>& backward, const std::function<void()>& step) {
+    backward();
+    const size_t before = cpu_bytes_in_use();
+    step();
+    return int64_t(cpu_bytes_in_use()) - int64_t(before);
+  };
+  nn::ModulePtr full_model = make_model(7);
+  auto full = optim::make_optimizer(kAdamW, full_model->parameters());
+  const int64_t unsharded = state_bytes_of_first_step([&] { loss_of(*full_model, whole_batch(0)).backward(); },
+                                                      [&] { full->step(); });
+  // The allocator rounds each block up to 64 bytes; AdamW keeps two float32 buffers.
+  constexpr int64_t kRounding = 2 * 64;
+  const int64_t exact = 2 * full_model->num_parameters() * 4;
+  REQUIRE(unsharded >= exact);  // the baseline holds what it should
+  REQUIRE(unsharded < exact + kRounding);
+
+  for (const std::string precision : {"fp32", "fp16"}) {
+    int64_t held_by_stage[3] = {0, 0, 0};
+    for (int stage : {1, 2}) {
+      INFO(precision << " stage " << stage);
+      const size_t start = cpu_bytes_in_use();
+      Zero z = make_zero({{"stage", stage}, {"precision", precision}, {"initial_scale", 1024.0}}, make_model(7), kAdamW);
+      const int64_t sharded = state_bytes_of_first_step(
+          [&] { z.parts.precision->backward(loss_of(*z.parts.model, my_rows(whole_batch(0))), *z.parts.optimizer); },
+          [&] { z.parts.precision->step(*z.parts.optimizer); });
+      REQUIRE_FALSE(z.parts.precision->step_was_skipped());
+      // Half, up to the rounding of the two buffers; nothing else is kept by the step.
+      REQUIRE(std::abs(sharded * group().size() - unsharded) < group().size() * kRounding);
+      REQUIRE(sharded < unsharded * 0.5 + kRounding);
+      held_by_stage[stage] = int64_t(cpu_bytes_in_use()) - int64_t(start);
+      // Stage 2 gives the full-size gradient buffer back after reducing it: no parameter keeps a grad.
+      for (const Tensor& p : z.parts.model->parameters()) REQUIRE(p.grad().defined() == (stage == 1));
+    }
+    // Between steps stage 1 holds the full working-precision gradient buffer that stage 2 does not.
+    const int64_t itemsize = precision == "fp32" ? 4 : 2;
+    REQUIRE(held_by_stage[1] - held_by_stage[2] >= make_model(7)->num_parameters() * itemsize);
+  }
+}
+
+TEST_CASE("zero: an overflow on one rank only makes every rank skip and lowers the scale on both",
+          "[mpi][zero]") {
+  for (int stage : {1, 2}) {
+    INFO("stage " << stage);
+    Zero z = make_zero({{"stage", stage}, {"precision", "fp16"}, {"initial_scale", 1024.0}, {"hysteresis", 1}},
+                       make_model(7), kAdamW);
+    z.train_step(my_rows(whole_batch(0)));
+    REQUIRE_FALSE(z.parts.precision->step_was_skipped());
+    const std::vector<Tensor> before = float32_params(*z.parts.model);
+
+    // Rank 1 writes an inf into the last parameter's gradient while backward runs. That parameter lies
+    // in rank 1's shard, so after the reduce-scatter only rank 1 sees it.
+    const Tensor last = z.parts.model->parameters().back();
+    bool armed = group().rank() == 1;
+    last.register_grad_ready_hook([&armed](Tensor& p) {
+      if (!armed) return;
+      p.grad().reshape({-1}).narrow(0, 0, 1).fill_(std::numeric_limits<double>::infinity());
+      armed = false;
+    });
+    z.train_step(my_rows(whole_batch(1)));
+    REQUIRE(z.parts.precision->step_was_skipped());
+    REQUIRE(z.parts.precision->loss_scale() == 512.0);
+    const std::vector<Tensor> after = float32_params(*z.parts.model);
+    for (size_t i = 0; i < after.size(); ++i) REQUIRE(bitwise_equal(after[i], before[i]));
+
+    z.train_step(my_rows(whole_batch(2)));  // clean again
+    REQUIRE_FALSE(z.parts.precision->step_was_skipped());
+    require_same_on_every_rank(*z.parts.model);
+  }
+}
+
+TEST_CASE("zero: max_norm clipping across shards equals clipping the whole gradient", "[mpi][zero]") {
+  const double max_norm = 0.05, lr = 0.1;
+  // Reference: torch.nn.utils.clip_grad_norm_ on the whole-batch float32 gradient, then SGD.
+  nn::ModulePtr ref = make_model(7);
+  loss_of(*ref, whole_batch(0)).backward();
+  double sum_of_squares = 0;
+  for (const Tensor& p : ref->parameters())
+    for (double g : p.grad().tolist()) sum_of_squares += g * g;
+  const double norm = std::sqrt(sum_of_squares);
+  const double coef = std::min(1.0, max_norm / (norm + 1e-6));
+  REQUIRE(coef < 0.5);  // clipping is active
+  std::vector<Tensor> expected;
+  for (const Tensor& p : ref->parameters()) expected.push_back(sub(p.detach(), mul(p.grad(), lr * coef)));
+
+  for (const std::string precision : {"fp32", "fp16", "bf16"}) {
+    // 16 bits: the forward and backward run on rounded weights and activations, a few roundings of
+    // u = 2^-11 (fp16) or 2^-8 (bf16) per element, so the norm may differ by several u; a missing
+    // unscale (x1024) or a sum where an average belongs (x2) is far outside. The weights after the
+    // step are the float32 result rounded once to 16 bits (within u of the largest weight).
+    const double u = precision == "fp16" ? std::ldexp(1.0, -11) : precision == "bf16" ? std::ldexp(1.0, -8) : 0.0;
+    const double norm_tolerance = precision == "fp32" ? 1e-5 : 8 * u;
+    const double weight_tolerance = precision == "fp32" ? 1e-5 : 2 * u;
+    for (int stage : {1, 2}) {
+      for (bool explicit_call : {false, true}) {
+        INFO(precision << " stage " << stage << (explicit_call ? ", clip_grad_norm called" : ", max_norm option"));
+        json options = {{"stage", stage}, {"precision", precision}, {"initial_scale", 1024.0}};
+        if (!explicit_call) options["max_norm"] = max_norm;
+        Zero z = make_zero(options, make_model(7), {{"type", "sgd"}, {"lr", lr}});
+        z.parts.optimizer->zero_grad();
+        z.parts.precision->backward(loss_of(*z.parts.model, my_rows(whole_batch(0))), *z.parts.optimizer);
+        if (explicit_call) {
+          const double got_norm = z.parts.precision->clip_grad_norm(*z.parts.optimizer, max_norm);
+          REQUIRE(got_norm == Approx(norm).epsilon(norm_tolerance));
+        }
+        z.parts.precision->step(*z.parts.optimizer);
+        REQUIRE_FALSE(z.parts.precision->step_was_skipped());
+        REQUIRE(z.parts.precision->last_step_stats().grad_norm == Approx(norm).epsilon(norm_tolerance));
+        const std::vector<Tensor> got = float32_params(*z.parts.model);
+        for (size_t i = 0; i < got.size(); ++i) REQUIRE(relative_error(got[i], expected[i]) < weight_tolerance);
+      }
+    }
+  }
+}
+
+TEST_CASE("zero: stage 1 no_sync accumulates locally and the next synced backward reduces the sum",
+          "[mpi][zero]") {
+  // Reference: one step on all four half-batches (both micro-batches of both ranks).
+  const Batch big = whole_batch(0, 4 * kBatch);
+  nn::ModulePtr ref = make_model(7);
+  auto ref_opt = optim::make_optimizer({{"type", "sgd"}, {"lr", 0.1}}, ref->parameters());
+  loss_of(*ref, big).backward();
+  ref_opt->step();
+  const std::vector<Tensor> expected = float32_params(*ref);
+
+  Zero z = make_zero({{"stage", 1}, {"precision", "fp32"}}, make_model(7), {{"type", "sgd"}, {"lr", 0.1}});
+  // Rank r's rows [2rB, 2(r+1)B) in two micro-batches, each loss halved (a mean over 2B rows).
+  const int64_t r = group().rank();
+  auto micro = [&](int k) {
+    return Batch{big.x.narrow(0, (2 * r + k) * kBatch, kBatch), big.y.narrow(0, (2 * r + k) * kBatch, kBatch)};
+  };
+  z.parts.optimizer->zero_grad();
+  z.plugin->set_gradient_sync(false);
+  z.parts.precision->backward(mul(loss_of(*z.parts.model, micro(0)), 0.5), *z.parts.optimizer);
+  z.plugin->set_gradient_sync(true);
+  z.parts.precision->backward(mul(loss_of(*z.parts.model, micro(1)), 0.5), *z.parts.optimizer);
+  z.parts.precision->step(*z.parts.optimizer);
+  const std::vector<Tensor> got = float32_params(*z.parts.model);
+  for (size_t i = 0; i < got.size(); ++i) REQUIRE(relative_error(got[i], expected[i]) < 1e-5);
+}
+
+TEST_CASE("zero: the gathered state_dict round trip continues bit-identically", "[mpi][zero]") {
+  for (int stage : {1, 2}) {
+    INFO("stage " << stage);
+    const json options = {{"stage", stage}, {"precision", "fp16"}, {"initial_scale", 1024.0}, {"growth_interval", 3}};
+    Zero a = make_zero(options, make_model(7), kAdamW);
+    for (int s = 0; s < 5; ++s) a.train_step(my_rows(whole_batch(s)));
+    // Snapshot: gathered optimizer state (collective), model, scaler.
+    optim::OptimizerState saved = a.parts.optimizer->state_dict();
+    for (auto& [k, t] : saved.tensors) t = t.clone();
+    REQUIRE(saved.tensors.count("state.0.exp_avg"));
+    REQUIRE(saved.tensors.count("state.3.master_weight"));
+    REQUIRE(saved.tensors.at("state.2.exp_avg_sq").shape() == Shape{kOut, kHidden});  // the parameter's shape
+    REQUIRE(saved.meta.at("state").at("3").at("step") == 5);
+    nn::StateDict weights = a.parts.model->state_dict();
+    for (auto& [k, t] : weights) t = t.clone();
+    const mixed_precision::MixedPrecisionState scaler = a.parts.precision->state_dict();
+    for (int s = 5; s < 10; ++s) a.train_step(my_rows(whole_batch(s)));
+
+    Zero b = make_zero(options, make_model(12345), kAdamW);  // other weights, fresh state
+    b.parts.model->load_state_dict(weights);
+    b.parts.optimizer->load_state_dict(saved);
+    b.parts.precision->load_state_dict(scaler);
+    for (int s = 5; s < 10; ++s) b.train_step(my_rows(whole_batch(s)));
+
+    REQUIRE(b.parts.precision->loss_scale() == a.parts.precision->loss_scale());
+    const std::vector<Tensor> pa = a.parts.model->parameters(), pb = b.parts.model->parameters();
+    for (size_t i = 0; i < pa.size(); ++i) REQUIRE(bitwise_equal(pa[i], pb[i]));
+    const optim::OptimizerState sa = a.parts.optimizer->state_dict(), sb = b.parts.optimizer->state_dict();
+    REQUIRE(sa.tensors.size() == sb.tensors.size());
+    for (const auto& [k, t] : sa.tensors) {
+      INFO(k);
+      REQUIRE(bitwise_equal(t, sb.tensors.at(k)));
+    }
+  }
+}
+
+TEST_CASE("zero: an unsharded optimizer's state_dict loads into the shards (portable across world sizes)",
+          "[mpi][zero]") {
+  // One process trains 5 steps with a plain AdamW, then hands model and optimizer state to ZeRO on 2
+  // ranks, which continues; the result must match the one process continuing alone.
+  nn::ModulePtr solo = make_model(7);
+  auto solo_opt = optim::make_optimizer(kAdamW, solo->parameters());
+  auto solo_step = [&](int s) {
+    solo_opt->zero_grad();
+    loss_of(*solo, whole_batch(s)).backward();
+    solo_opt->step();
+  };
+  for (int s = 0; s < 5; ++s) solo_step(s);
+  optim::OptimizerState saved = solo_opt->state_dict();
+  for (auto& [k, t] : saved.tensors) t = t.clone();
+  nn::StateDict weights = solo->state_dict();
+  for (auto& [k, t] : weights) t = t.clone();
+  for (int s = 5; s < 10; ++s) solo_step(s);
+
+  Zero z = make_zero({{"stage", 2}, {"precision", "fp32"}}, make_model(99), kAdamW);
+  z.parts.model->load_state_dict(weights);
+  z.parts.optimizer->load_state_dict(saved);
+  for (int s = 5; s < 10; ++s) z.train_step(my_rows(whole_batch(s)));
+  const std::vector<Tensor> got = float32_params(*z.parts.model), expected = float32_params(*solo);
+  for (size_t i = 0; i < got.size(); ++i) REQUIRE(relative_error(got[i], expected[i]) < 1e-5);
+}
+
+// ------------------------------------------------------------------------------------ through the Booster
+
+namespace {
+
+nn::Criterion mse() {
+  return [](const Tensor& output, const Tensor& target) { return mse_loss(output, target); };
+}
+
+// A directory both ranks agree on (rank 0's pid).
+std::filesystem::path shared_dir(const std::string& stem) {
+  Tensor pid = full({1}, double(getpid()), DType::Int64);
+  group().broadcast(pid, 0);
+  return std::filesystem::temp_directory_path() / (stem + std::to_string(int64_t(pid.item())));
+}
+
+}  // namespace
+
+TEST_CASE("zero: the Booster rejects 16-bit strategies with low_level_zero and names the option to use",
+          "[mpi][zero][booster]") {
+  REQUIRE_THROWS_AS(Booster(BoosterConfig{.mixed_precision = "fp16", .plugin = "low_level_zero"}), IncompatibleError);
+  REQUIRE_THROWS_WITH(Booster(BoosterConfig{.mixed_precision = "fp16_naive", .plugin = "low_level_zero"}),
+                      Catch::Contains("low_level_zero manages precision itself"));
+  Booster ok(BoosterConfig{.plugin = "low_level_zero", .plugin_options = {{"stage", 2}}});
+  REQUIRE(ok.plugin().name() == "low_level_zero");
+}
+
+TEST_CASE("zero: through the Booster, a scheduler on the user's optimizer drives the shard optimizer",
+          "[mpi][zero][booster]") {
+  // Reference: one process, whole batch, AdamW with StepLR halving the lr every 5 steps.
+  nn::ModulePtr ref = make_model(7);
+  auto ref_opt = optim::make_optimizer(kAdamW, ref->parameters());
+  optim::StepLR ref_sched(*ref_opt, 5, 0.5);
+  for (int s = 0; s < 20; ++s) {
+    ref_opt->zero_grad();
+    loss_of(*ref, whole_batch(s)).backward();
+    ref_opt->step();
+    ref_sched.step();
+  }
+  for (int stage : {1, 2}) {
+    INFO("stage " << stage);
+    Booster booster(BoosterConfig{.plugin = "low_level_zero", .plugin_options = {{"stage", stage}, {"precision", "fp32"}}});
+    nn::ModulePtr model = make_model(group().rank() == 0 ? 7 : 8);
+    std::shared_ptr<optim::Optimizer> opt = optim::make_optimizer(kAdamW, model->parameters());
+    auto sched = std::make_shared<optim::StepLR>(*opt, 5, 0.5);
+    Boosted b = booster.boost(model, opt, mse(), nullptr, sched);
+    for (int s = 0; s < 20; ++s) {
+      const Batch rows = my_rows(whole_batch(s));
+      b.optimizer->zero_grad();
+      booster.backward(b.criterion((*b.model)(rows.x), rows.y), *b.optimizer);
+      b.optimizer->step();
+      b.scheduler->step();
+    }
+    REQUIRE(b.optimizer->lr() == Approx(1e-2 / 16));
+    REQUIRE(b.optimizer->stepped_optimizer().lr() == Approx(1e-2 / 8));  // the lr of the 20th step
+    const std::vector<Tensor> got = float32_params(*b.model), expected = float32_params(*ref);
+    for (size_t i = 0; i < got.size(); ++i) REQUIRE(relative_error(got[i], expected[i]) < 1e-5);
+  }
+}
+
+TEST_CASE("zero: Booster save and load (optimizer gathered into one file by rank 0) continue bit-identically",
+          "[mpi][zero][booster][checkpoint]") {
+  const std::filesystem::path dir = shared_dir("booster_test_mpi_zero_");
+  const json options = {{"stage", 2}, {"precision", "fp16"}, {"initial_scale", 1024.0}, {"growth_interval", 3}};
+  auto make = [&](Booster& booster, uint64_t seed) {
+    nn::ModulePtr model = make_model(seed);
+    std::shared_ptr<optim::Optimizer> opt = optim::make_optimizer(kAdamW, model->parameters());
+    return booster.boost(model, opt, mse(), nullptr, std::make_shared<optim::StepLR>(*opt, 3, 0.5));
+  };
+  auto steps = [&](Booster& booster, Boosted& b, int from, int to) {
+    for (int s = from; s < to; ++s) {
+      const Batch rows = my_rows(whole_batch(s));
+      b.optimizer->zero_grad();
+      booster.backward(b.criterion((*b.model)(rows.x), rows.y), *b.optimizer);
+      b.optimizer->step();
+      b.scheduler->step();
+    }
+  };
+  Booster first(BoosterConfig{.plugin = "low_level_zero", .plugin_options = options});
+  Boosted a = make(first, 7);
+  steps(first, a, 0, 5);
+  first.save_model(*a.model, dir / "model");
+  first.save_optimizer(*a.optimizer, dir / "optimizer");
+  first.save_lr_scheduler(*a.scheduler, dir / "scheduler.json");
+  REQUIRE(std::filesystem::exists(dir / "optimizer" / "optimizer.safetensors"));
+  steps(first, a, 5, 10);
+
+  Booster second(BoosterConfig{.plugin = "low_level_zero", .plugin_options = options});
+  Boosted b = make(second, 4242);
+  second.load_model(*b.model, dir / "model");
+  second.load_optimizer(*b.optimizer, dir / "optimizer");
+  second.load_lr_scheduler(*b.scheduler, dir / "scheduler.json");
+  steps(second, b, 5, 10);
+  REQUIRE(second.precision().loss_scale() == first.precision().loss_scale());
+  REQUIRE(b.optimizer->lr() == a.optimizer->lr());
+  const std::vector<Tensor> pa = a.model->parameters(), pb = b.model->parameters();
+  for (size_t i = 0; i < pa.size(); ++i) REQUIRE(bitwise_equal(pa[i], pb[i]));
+  group().barrier();
+  if (group().rank() == 0) std::filesystem::remove_all(dir);
+}
