@@ -1,8 +1,11 @@
 #!/usr/bin/python3
-"""PyTorch reference for build/bin/bench_step: the same two training steps, timed the same way.
+"""PyTorch reference for `booster bench`: the same two training steps, timed the same way.
 
-Run with Debian's Python, which has torch 1.13:  /usr/bin/python3 bench/torch_step.py [--steps N]
-Prints one JSON line per workload: {"workload", "ms_per_step", "gflops", "framework": "pytorch"}.
+Run with Debian's Python, which has torch 1.13:
+  /usr/bin/python3 bench/torch_step.py [--steps N] [--workload mlp|gpt|all] [--precision fp32|bf16]
+Prints one JSON line per workload: {"workload": "mlp"|"gpt", "model", "precision", "ms_per_step",
+"gflops", "framework": "pytorch"}. --precision bf16 runs forward and loss under
+torch.autocast("cpu", dtype=torch.bfloat16), the only CPU autocast dtype torch 1.13 has.
 
 Workloads (float32, one step = forward, backward, AdamW step, zero_grad):
   mlp: MLP 784-1024-1024-10 (ReLU), batch 256, cross-entropy on random data and labels.
@@ -87,12 +90,13 @@ class GPT(nn.Module):
         return self.lm_head(self.ln_f(self.blocks(x)))
 
 
-def time_steps(model, make_loss, warmup, steps):
+def time_steps(model, make_loss, warmup, steps, precision):
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     times = []
     for i in range(warmup + steps):
         t0 = time.perf_counter()
-        loss = make_loss()
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision == "bf16"):
+            loss = make_loss()
         loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
@@ -108,6 +112,7 @@ def main():
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--threads", type=int, default=0, help="torch.set_num_threads (0: leave as is)")
     ap.add_argument("--workload", choices=["mlp", "gpt", "all"], default="all")
+    ap.add_argument("--precision", choices=["fp32", "bf16"], default="fp32")
     args = ap.parse_args()
     if args.threads > 0:
         torch.set_num_threads(args.threads)
@@ -118,9 +123,10 @@ def main():
         model = MLP([784, 1024, 1024, 10])
         x = torch.randn(batch, 784)
         y = torch.randint(0, 10, (batch,))
-        sec = time_steps(model, lambda: F.cross_entropy(model(x), y), args.warmup, args.steps)
+        sec = time_steps(model, lambda: F.cross_entropy(model(x), y), args.warmup, args.steps, args.precision)
         params = sum(p.numel() for p in model.parameters())
-        print(json.dumps({"workload": "mlp_784_1024_1024_10_b256", "ms_per_step": sec * 1e3,
+        print(json.dumps({"workload": "mlp", "model": "mlp_784_1024_1024_10_b256", "precision": args.precision,
+                          "ms_per_step": sec * 1e3,
                           "gflops": 6 * params * batch / sec / 1e9, "params": params,
                           "threads": torch.get_num_threads(), "framework": "pytorch"}), flush=True)
 
@@ -130,9 +136,10 @@ def main():
         idx = torch.randint(0, vocab, (batch, context))
         tgt = torch.randint(0, vocab, (batch, context))
         sec = time_steps(model, lambda: F.cross_entropy(model(idx).view(-1, vocab), tgt.view(-1)),
-                         args.warmup, args.steps)
+                         args.warmup, args.steps, args.precision)
         params = sum(p.numel() for p in model.parameters())
-        print(json.dumps({"workload": "gpt_v256_t128_w256_l4_h4_b8", "ms_per_step": sec * 1e3,
+        print(json.dumps({"workload": "gpt", "model": "gpt_v256_t128_w256_l4_h4_b8", "precision": args.precision,
+                          "ms_per_step": sec * 1e3,
                           "gflops": 6 * params * batch * context / sec / 1e9, "params": params,
                           "threads": torch.get_num_threads(), "framework": "pytorch"}), flush=True)
 

@@ -34,4 +34,8 @@ int run(const std::vector<std::string>& args);
 int plugins();
 int compat(const std::string& device);
 
+// `booster bench --workload mlp|gpt ...` (bench.cpp): times training steps, prints one line of JSON.
+// `args` follow the subcommand.
+int bench(const std::vector<std::string>& args);
+
 }  // namespace booster::cli

@@ -32,6 +32,7 @@ constexpr const char* kUsage =
     "  precisions  list the mixed-precision strategies with their options and defaults\n"
     "  plugins     list the parallel plugins with their devices, precisions and options\n"
     "  compat      print the compatibility matrix of strategies and plugins [--device cpu|cuda]\n"
+    "  bench       time training steps: booster bench --workload mlp|gpt [--precision NAME]\n"
     "\n"
     "options:\n"
     "  -h, --help     show this help (or `booster <command> --help`)\n"
@@ -184,8 +185,9 @@ int run(int argc, char** argv) {
     }
     return booster::cli::compat(device);
   }
+  if (command == "bench") return booster::cli::bench(rest);
   std::string msg = "unknown command '" + command + "'";
-  if (auto guess = booster::config::nearest(command, {"train", "check", "run", "plot", "precisions", "plugins", "compat"})) msg += "; did you mean '" + *guess + "'?";
+  if (auto guess = booster::config::nearest(command, {"train", "check", "run", "plot", "precisions", "plugins", "compat", "bench"})) msg += "; did you mean '" + *guess + "'?";
   throw UsageError(msg + " (see booster --help)");
 }
 

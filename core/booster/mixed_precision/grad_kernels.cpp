@@ -3,6 +3,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "booster/backends/cpu/convert.h"
 #include "booster/backends/cpu/loops.h"
 #include "booster/kernels/elementwise.h"
 #include "booster/kernels/fused.h"
@@ -23,6 +24,17 @@ inline uint32_t nonfinite_bit(float v) {
 template <class S, class D>
 uint32_t unscale_run(const S* __restrict src, D* __restrict dst, int64_t n, float inv_scale) {
   uint32_t bad = 0;
+  if constexpr (cpu::is_16bit_float_v<S> && std::is_same_v<D, float>) {
+    // 16-bit gradients into float32 masters: one bulk conversion into dst, then the loop below on
+    // float32 in place (converting element by element keeps it scalar; Note [16-bit kernels compute
+    // in float32 blocks]).
+    cpu::load_block(src, dst, n);
+    for (int64_t i = 0; i < n; ++i) {
+      bad |= nonfinite_bit(dst[i]);
+      dst[i] *= inv_scale;
+    }
+    return bad;
+  }
   for (int64_t i = 0; i < n; ++i) {
     const float v = float(src[i]);
     bad |= nonfinite_bit(v);

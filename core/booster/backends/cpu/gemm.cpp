@@ -13,6 +13,7 @@
 #include <algorithm>
 #include <vector>
 
+#include "booster/backends/cpu/convert.h"
 #include "booster/backends/cpu/loops.h"
 #include "booster/kernels/elementwise.h"
 #include "booster/kernels/gemm.h"
@@ -79,18 +80,6 @@ float* scratch(int slot, int64_t n) {
   return b.data();
 }
 
-template <class T>
-void to_float(const T* src, float* dst, int64_t n) {
-  if constexpr (std::is_same_v<T, Half>) half_to_float(src, dst, n);
-  else bf16_to_float(src, dst, n);
-}
-
-template <class T>
-void from_float(const float* src, T* dst, int64_t n) {
-  if constexpr (std::is_same_v<T, Half>) float_to_half(src, dst, n);
-  else float_to_bf16(src, dst, n);
-}
-
 // Packs a 16-bit operand into float32 scratch (rows of phys_cols, ld = phys_cols), one matrix when it
 // is broadcast over the batch, all of them otherwise.
 template <class T>
@@ -102,7 +91,7 @@ BlasOperand widen(const BlasOperand& op, int64_t batch, int slot) {
   parallel_for(nmat * op.phys_rows, op.phys_cols, [&](int64_t rb, int64_t re) {
     for (int64_t r = rb; r < re; ++r) {
       const int64_t b = r / op.phys_rows, i = r % op.phys_rows;
-      to_float(src + b * op.batch_stride + i * op.ld, dst + b * per + i * op.phys_cols, op.phys_cols);
+      load_block(src + b * op.batch_stride + i * op.ld, dst + b * per + i * op.phys_cols, op.phys_cols);
     }
   });
   BlasOperand w = op;
@@ -148,10 +137,15 @@ void gemm_rowmajor_c(const GemmArgs& args, const Tensor& a, const Tensor& b, Ten
     for (int64_t i = 0; i < batch; ++i) {
       T* ci = pc + i * c_bs;
       if (args.beta != 0)
-        for (int64_t r = 0; r < m; ++r) to_float(ci + r * ldc, cf + r * n, n);
+        parallel_for(m, n, [&](int64_t rb, int64_t re) {
+          for (int64_t r = rb; r < re; ++r) load_block(ci + r * ldc, cf + r * n, n);
+        });
       blas_gemm(static_cast<const float*>(wa.data) + i * wa.batch_stride, wa,
                 static_cast<const float*>(wb.data) + i * wb.batch_stride, wb, cf, n, m, n, k, args.alpha, args.beta);
-      for (int64_t r = 0; r < m; ++r) from_float(cf + r * n, ci + r * ldc, n);
+      // Rounding the result is a pass over C like the widening: both threads take part.
+      parallel_for(m, n, [&](int64_t rb, int64_t re) {
+        for (int64_t r = rb; r < re; ++r) store_block(cf + r * n, ci + r * ldc, n);
+      });
     }
   }
 }

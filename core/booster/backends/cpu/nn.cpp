@@ -16,6 +16,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "booster/backends/cpu/convert.h"
 #include "booster/backends/cpu/loops.h"
 #include "booster/backends/cpu/vec_math.h"
 #include "booster/kernels/nn.h"
@@ -573,7 +574,7 @@ const A* widen(const T* src, int64_t n, std::vector<A>& scratch) {
     return src;
   } else {
     scratch.resize(size_t(n));
-    for (int64_t i = 0; i < n; ++i) scratch[size_t(i)] = A(src[i]);
+    load_block(src, scratch.data(), n);
     return scratch.data();
   }
 }
@@ -589,8 +590,7 @@ A* result_buffer(T* dst, int64_t n, std::vector<A>& scratch) {
 }
 template <class T, class A>
 void store(const A* result, T* dst, int64_t n) {
-  if constexpr (!std::is_same_v<T, A>)
-    for (int64_t i = 0; i < n; ++i) dst[i] = T(result[i]);
+  if constexpr (!std::is_same_v<T, A>) store_block(result, dst, n);
 }
 
 template <class T>

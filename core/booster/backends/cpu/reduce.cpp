@@ -16,6 +16,7 @@
 #include <cmath>
 #include <limits>
 
+#include "booster/backends/cpu/convert.h"
 #include "booster/backends/cpu/loops.h"
 #include "booster/kernels/elementwise.h"
 
@@ -48,15 +49,6 @@ struct MaxOp {
 };
 
 constexpr int kLanes = 16;      // independent accumulators: lets the compiler vectorize a reduction
-constexpr int64_t kBlock = 512;  // elements converted at a time from 16-bit floats
-
-// Loads n elements of a contiguous run into acc-type values (bulk conversion for 16-bit floats).
-template <class T, class A>
-inline void load_block(const T* x, A* buf, int64_t n) {
-  if constexpr (std::is_same_v<T, Half>) half_to_float(x, buf, n);
-  else if constexpr (std::is_same_v<T, BFloat16>) bf16_to_float(x, buf, n);
-  else for (int64_t i = 0; i < n; ++i) buf[i] = A(x[i]);
-}
 
 template <class Op, class A>
 inline A reduce_lanes(const A* x, int64_t n, A init) {
@@ -93,9 +85,9 @@ inline A reduce_run(const T* x, int64_t n, int64_t s, A acc) {
     if constexpr (std::is_same_v<T, A>) {
       return reduce_lanes<Op, A>(x, n, acc);
     } else {
-      A buf[kBlock];
-      for (int64_t b = 0; b < n; b += kBlock) {
-        const int64_t m = std::min(kBlock, n - b);
+      A buf[kConvertBlock];
+      for (int64_t b = 0; b < n; b += kConvertBlock) {
+        const int64_t m = std::min(kConvertBlock, n - b);
         load_block<T, A>(x + b, buf, m);
         acc = reduce_lanes<Op, A>(buf, m, acc);
       }
