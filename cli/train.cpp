@@ -274,6 +274,14 @@ int train(const json& config) {
   const int keep_last = train_cfg.at("keep_last").get<int>();
   // 0: no clipping (the schema allows only null or a positive number).
   const double max_grad_norm = train_cfg.at("max_grad_norm").is_number() ? train_cfg.at("max_grad_norm").get<double>() : 0.0;
+  // Note [Gradient accumulation]
+  // One optimizer step takes grad_accumulation micro-batches: each one's loss is divided by their
+  // number, so the accumulated gradient is that of their mean loss, as one batch of all of them would
+  // give. Every micro-batch but the last runs its backward inside booster.no_sync() when the plugin
+  // supports it, so data-parallel gradients are communicated once per step. Micro-batches left at the
+  // end of an epoch that cannot fill a step are not used (as drop_last does for a batch). Steps,
+  // schedules, logs and checkpoints count optimizer steps.
+  const int64_t grad_accumulation = train_cfg.at("grad_accumulation").get<int64_t>();
   manual_seed(seed);
 
   // ---- the Booster: loads the plugin, checks the combination, starts the processes' group.
@@ -304,7 +312,10 @@ int train(const json& config) {
                 " with drop_last, but the training split has only ", plain_loader->num_samples(),
                 " items for this process");
 
-  int64_t total_steps = epochs * plain_loader->size();
+  BOOSTER_CHECK(plain_loader->size() >= grad_accumulation, ConfigError, "'train.grad_accumulation' is ",
+                grad_accumulation, " but an epoch has only ", plain_loader->size(),
+                " batches for this process; lower it or data.batch_size");
+  int64_t total_steps = epochs * (plain_loader->size() / grad_accumulation);
   if (train_cfg.at("max_steps").is_number()) total_steps = std::min(total_steps, train_cfg.at("max_steps").get<int64_t>());
 
   // ---- model, optimizer, loss and schedule, boosted (Note [Booster lifecycle]): only what boost()
@@ -400,12 +411,31 @@ int train(const json& config) {
   auto window_start = Clock::now();
   for (int64_t epoch = loader.epoch(); epoch < epochs && step < total_steps; ++epoch) {
     loader.set_epoch(epoch);  // keeps a resumed position in this epoch
+    int64_t micro = 0;            // micro-batches accumulated into the current step (Note [Gradient accumulation])
+    double accumulated_loss = 0;  // their mean loss
+    auto step_start = Clock::now();
+    int64_t batch_samples = 0;
     for (data::Batch& batch : loader) {
-      const auto step_start = Clock::now();
-      const double step_lr = optimizer.lr();  // the lr this step uses (the scheduler moves it after)
-      optimizer.zero_grad();
+      if (micro == 0) {
+        step_start = Clock::now();
+        optimizer.zero_grad();
+        accumulated_loss = 0;
+        batch_samples = 0;
+      }
+      const bool last_micro = ++micro == grad_accumulation;
       Tensor loss = criterion((*model)(batch.x), batch.y);
-      booster.backward(loss, optimizer);
+      const Tensor scaled = grad_accumulation > 1 ? mul(loss, 1.0 / double(grad_accumulation)) : loss;
+      if (!last_micro && booster.plugin().support_no_sync()) {
+        Booster::NoSync no_sync = booster.no_sync();
+        booster.backward(scaled, optimizer);
+      } else {
+        booster.backward(scaled, optimizer);
+      }
+      accumulated_loss += loss.item() / double(grad_accumulation);
+      batch_samples += batch.x.size(0);
+      if (!last_micro) continue;
+      micro = 0;
+      const double step_lr = optimizer.lr();  // the lr this step uses (the scheduler moves it after)
       if (max_grad_norm > 0.0) booster.clip_grad_norm(optimizer, max_grad_norm);
       optimizer.step();
       // A skipped step (inf/NaN gradients, the scale was lowered) changed no weight, so, as Accelerate
@@ -414,9 +444,8 @@ int train(const json& config) {
       if (skipped) ++position.skipped_steps;
       if (scheduler) scheduler->step();
       ++step;
-      last_loss = loss.item();
+      last_loss = accumulated_loss;
       train_seconds += seconds_since(step_start);
-      const int64_t batch_samples = batch.x.size(0);
       position.samples_seen += batch_samples;
       samples_this_run += batch_samples;
       window_samples += batch_samples;

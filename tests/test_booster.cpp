@@ -369,7 +369,7 @@ TEST_CASE("booster: loading and unloading a parallel plugin leaks nothing (valgr
   const fs::path self = fs::read_symlink("/proc/self/exe");
   const fs::path log = fs::temp_directory_path() / ("booster_valgrind_" + std::to_string(getpid()) + ".log");
   // Only definite leaks and memory errors count (thread pools keep memory reachable at exit by design).
-  const std::string command = "OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 valgrind --leak-check=full "
+  const std::string command = "OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 valgrind --leak-check=full --suppressions=" BOOSTER_SOURCE_DIR "/tests/valgrind.supp "
                               "--errors-for-leak-kinds=definite --error-exitcode=3 --log-file=" +
                               log.string() + " " + self.string() + " '[.booster_cycle]' >" + log.string() +
                               ".out 2>&1";

@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -17,6 +18,9 @@
 #include <vector>
 
 #include <nlohmann/json.hpp>
+
+#include "booster/checkpoint/safetensors.h"
+#include "booster/tensor/tensor.h"
 
 namespace fs = std::filesystem;
 using nlohmann::json;
@@ -290,4 +294,40 @@ TEST_CASE("resuming ddp and low_level_zero on 2 ranks gives the same bytes", "[c
     c["train"]["epochs"] = 3;
     check_resume_is_exact(name, c, two_ranks);
   }
+}
+
+TEST_CASE("grad_accumulation 2 with batch 16 trains as batch 32 does", "[cli][train]") {
+  // Note [Gradient accumulation]: the mean of two half-batch mean losses has the gradient of the whole
+  // batch's mean loss, so parameters agree up to float32 rounding of the sums (SGD: no scale-free step
+  // to magnify it). The shuffle's permutation does not depend on the batch size, so the micro-batches
+  // are the two halves of the big batch.
+  const fs::path big = scratch_dir() / "accum_big", small = scratch_dir() / "accum_small";
+  fs::remove_all(big);
+  fs::remove_all(small);
+  json config = mlp_config("fp32");
+  config["optimizer"] = {{"type", "sgd"}, {"lr", 0.1}, {"momentum", 0.9}};
+  const fs::path cfg = write_config("accum.json", config);
+  const std::string common = "train --config " + cfg.string() + " --set train.checkpoint_every=12 ";
+  RunResult a = run_booster(common + "--set data.batch_size=32 --set train.checkpoint_dir=" + big.string());
+  INFO(a.err);
+  REQUIRE(a.exit_code == 0);
+  RunResult b = run_booster(common + "--set data.batch_size=16 --set train.grad_accumulation=2 --set train.checkpoint_dir=" +
+                            small.string());
+  INFO(b.err);
+  REQUIRE(b.exit_code == 0);
+  CHECK(json::parse(b.out)["steps"] == 12);
+  const auto want = booster::checkpoint::load_model(step_dir(big, 12) / "model");
+  const auto got = booster::checkpoint::load_model(step_dir(small, 12) / "model");
+  REQUIRE(want.size() == got.size());
+  double worst = 0;
+  for (const auto& [name, w] : want) {
+    const booster::Tensor g = got.at(name).to(booster::DType::Float64), r = w.to(booster::DType::Float64);
+    for (int64_t i = 0; i < r.numel(); ++i)
+      worst = std::max(worst, std::abs(g.data<double>()[i] - r.data<double>()[i]) / (std::abs(r.data<double>()[i]) + 1e-3));
+  }
+  CHECK(worst < 1e-5);
+  // A step needs as many batches as it accumulates.
+  RunResult c = run_booster(common + "--set data.batch_size=128 --set train.grad_accumulation=3");
+  CHECK(c.exit_code == 2);
+  CHECK_THAT(c.err, Catch::Contains("train.grad_accumulation"));
 }

@@ -292,7 +292,7 @@ TEST_CASE("plugin: loading and unloading leaks nothing (valgrind)", "[plugin][va
   const fs::path log = fs::temp_directory_path() / ("booster_plugin_valgrind_" + std::to_string(getpid()) + ".log");
   // Only definite leaks count: OpenMP's and OpenBLAS's thread pools and glibc's dlopen bookkeeping keep
   // memory reachable at exit by design ("still reachable" / "possibly lost" for threads' stacks).
-  const std::string command = "OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 valgrind --leak-check=full "
+  const std::string command = "OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 valgrind --leak-check=full --suppressions=" BOOSTER_SOURCE_DIR "/tests/valgrind.supp "
                               "--errors-for-leak-kinds=definite --error-exitcode=3 --log-file=" +
                               log.string() + " " + self.string() + " '[.plugin_cycle]' >" + log.string() + ".out 2>&1";
   const int status = std::system(command.c_str());

@@ -256,7 +256,7 @@ std::vector<Section> make_training_schema() {
   // ------------------------------------------------------------------------------------- train
   schema.push_back(Section{
       "train",
-      "the loop: epochs, max_steps, log_every, eval_every, seed, run_dir, checkpoints",
+      "the loop: epochs, max_steps, grad_accumulation, log_every, eval_every, seed, run_dir, checkpoints",
       {
           integer("epochs", 1, 1),
           optional_integer("max_steps", 1, "stop after this many steps; null: run all epochs"),
@@ -264,6 +264,8 @@ std::vector<Section> make_training_schema() {
           integer("eval_every", 0, 0, std::nullopt, "evaluate every N steps; 0: after each epoch"),
           integer("seed", 0, 0),
           optional_number("max_grad_norm", 0.0, "clip the gradients' joint L2 norm to this; null: no clipping"),
+          integer("grad_accumulation", 1, 1, std::nullopt,
+                  "micro-batches per optimizer step (their mean loss; no communication until the last)"),
           // Note [The run directory] in config.h.
           optional_text("run_dir", kDefaultRunDir, "metrics.jsonl, config.json, checkpoints; {time}: the start time; null: no files"),
           optional_text("checkpoint_dir", nullptr, "null: <run_dir>/checkpoints"),
