@@ -396,6 +396,9 @@ int train(const json& config) {
                    {"time", seconds_since(run_start)}});
   };
   auto save_checkpoint_now = [&] {
+    // N copies of a one-process run started by mpirun train the same thing: only the launcher's rank 0
+    // writes, or they would all commit into one checkpoint directory at once.
+    if (group.size() == 1 && !is_rank0) return;
     const auto t0 = Clock::now();
     save_training_checkpoint(booster, boosted, generators, *checkpoint_root, position, config, keep_last);
     progress.print(format_line("saved step %6lld | %s in %.2fs", static_cast<long long>(position.step),

@@ -327,7 +327,7 @@ TEST_CASE("grad_accumulation 2 with batch 16 trains as batch 32 does", "[cli][tr
   }
   CHECK(worst < 1e-5);
   // A step needs as many batches as it accumulates.
-  RunResult c = run_booster(common + "--set data.batch_size=128 --set train.grad_accumulation=3");
+  RunResult c = run_booster("train --config " + cfg.string() + " --set data.batch_size=128 --set train.grad_accumulation=3");
   CHECK(c.exit_code == 2);
   CHECK_THAT(c.err, Catch::Contains("train.grad_accumulation"));
 }

@@ -416,6 +416,13 @@ void ZeroOptimizer::step() {
   if (scaler_) scaler_->update(skip);  // may throw TrainingError at the scale's floor
 }
 
+void ZeroOptimizer::zero_grad(bool set_to_none) {
+  optim::Optimizer::zero_grad(set_to_none);
+  inner_->zero_grad(set_to_none);
+  unreduced_ = false;
+  end_step();
+}
+
 void ZeroOptimizer::end_step() {
   have_grads_ = false;
   local_found_inf_ = false;

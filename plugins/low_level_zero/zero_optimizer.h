@@ -69,6 +69,10 @@ struct ZeroOptions {
 
 class ZeroOptimizer final : public optim::Optimizer {
  public:
+  // Clears the flat gradient buffer (stage 1), this rank's reduced shard gradient and the step's
+  // flags, so a backward that was not followed by step() leaves nothing behind (torch drops such
+  // gradients at zero_grad too).
+  void zero_grad(bool set_to_none = true) override;
   // `original` was built over `model`'s float32 parameters: its type (SGD, Adam, AdamW), groups and
   // options are taken. The parameters must already be equal on every rank. Converts the model to the
   // working dtype and binds its parameters into padded flat buffers (Note [ZeRO partitions]).

@@ -53,6 +53,7 @@ std::string Verdict::message(const std::string& precision, const std::string& pl
 Verdict check(const std::string& precision, const PluginTraits& plugin, const std::string& device) {
   const PrecisionTraits traits = precision_traits(precision);
   const std::string device_type = device.substr(0, device.find(':'));
+  if (plugin.devices.empty()) return reject(plugin.name + " declares no device it runs on", "fix the plugin");
   if (!contains(plugin.devices, device_type))
     return reject(plugin.name + " runs on " + join(plugin.devices) + " only",
                   "set device to " + plugin.devices.front() + " or choose a plugin that supports " + device_type);

@@ -102,6 +102,9 @@ struct ProgressThread {
 struct ParamSlot {
   size_t buffer, index, bucket;
   bool ready = false;  // its grad-ready hook ran in the current backward
+  // It got a gradient in a backward under no_sync since the last synced one: the accumulated sum holds
+  // it, so with find_unused_parameters it counts as used (torch keeps its local_used_map likewise).
+  bool used_unsynced = false;
 };
 
 struct GradientBucketer::State {
@@ -149,8 +152,11 @@ struct GradientBucketer::State {
   }
 
   void on_grad_ready(size_t slot_index, Tensor& param) {
-    if (!sync) return;
     ParamSlot& s = slots[slot_index];
+    if (!sync) {
+      s.used_unsynced = true;
+      return;
+    }
     BOOSTER_CHECK(!s.ready, StateError, "data parallel: the gradient of '", param.name(),
                   "' became ready twice before its bucket was synchronised (two backwards without "
                   "finish_backward() between them); call backward through the booster (booster.backward), "
@@ -187,12 +193,12 @@ struct GradientBucketer::State {
     if (options.find_unused_parameters) {
       int32_t* flags = used_flags.data<int32_t>();
       std::fill(flags, flags + used_flags.numel(), 0);
-      for (size_t i = 0; i < slots.size(); ++i) flags[i] = slots[i].ready ? 1 : 0;
+      for (size_t i = 0; i < slots.size(); ++i) flags[i] = slots[i].ready || slots[i].used_unsynced ? 1 : 0;
       used_flags_work = group->all_reduce_async(used_flags, ReduceOp::Max);
       in_flight = true;
     }
     // Ready for the next backward.
-    for (ParamSlot& s : slots) s.ready = false;
+    for (ParamSlot& s : slots) s.ready = s.used_unsynced = false;
     pending = slots_per_bucket;
     next_to_launch = 0;
     ++stats.synced_backwards;

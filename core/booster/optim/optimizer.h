@@ -56,7 +56,8 @@ class Optimizer {
 
   // Zeroes every gradient (one memset per flat buffer). A flat-bound gradient cannot be set to None;
   // parameters that then receive no gradient are skipped by step() all the same (Note [Flat buffers]).
-  void zero_grad(bool set_to_none = true);
+  // Virtual so an optimizer that keeps gradients elsewhere (a ZeRO shard) clears those too.
+  virtual void zero_grad(bool set_to_none = true);
 
   // Options may be edited in place (schedulers do); params may not (use add_param_group).
   std::vector<ParamGroup>& param_groups() { return groups_; }

@@ -25,7 +25,7 @@
 #include <memory>
 #include <nlohmann/json.hpp>
 
-#define BOOSTER_PLUGIN_ABI_VERSION 2
+#define BOOSTER_PLUGIN_ABI_VERSION 3
 
 namespace booster::mixed_precision {
 class MixedPrecision;
