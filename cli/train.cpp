@@ -215,7 +215,11 @@ std::pair<fs::path, json> read_trainer_state(const fs::path& path, const json& c
                      "resume with the same plugin, or start afresh with train.resume null");
   refuse_unless_same("world size", state.at("world_size"), json(world_size),
                      "resume with as many processes (booster run -n N), or start afresh");
-  refuse_unless_same("the model", state.at("model"), config.at("model"),
+  // init_from only chooses the starting weights, which the checkpoint replaces: it may differ.
+  json saved_model = state.at("model"), model_now = config.at("model");
+  saved_model.erase("init_from");
+  model_now.erase("init_from");
+  refuse_unless_same("the model", saved_model, model_now,
                      "use the model section the checkpoint was trained with, or start afresh");
   return {dir, state};
 }
@@ -320,7 +324,21 @@ int train(const json& config) {
 
   // ---- model, optimizer, loss and schedule, boosted (Note [Booster lifecycle]): only what boost()
   // returns is used from here on. The scheduler is built on the user's optimizer, as with torch.
-  nn::ModulePtr plain_model = nn::make_model(config.at("model"), seed);
+  json model_config = config.at("model");
+  const json init_from = model_config.value("init_from", json());
+  model_config.erase("init_from");
+  nn::ModulePtr plain_model = nn::make_model(model_config, seed);
+  if (init_from.is_string()) {
+    // Before boost(): a strategy may convert the model, and a plugin broadcasts rank 0's weights.
+    const fs::path file = init_from.get<std::string>();
+    BOOSTER_CHECK(fs::exists(file), ConfigError, "'model.init_from' is ", file.string(),
+                  ", which does not exist; give a .safetensors file or a checkpoint's model directory");
+    try {
+      plain_model->load_state_dict(checkpoint::load_model(file));
+    } catch (const Error& e) {
+      BOOSTER_FAIL(CheckpointError, "'model.init_from' ", file.string(), ": ", e.what());
+    }
+  }
   const Generators generators = run_generators(*plain_model);
   const Boosted boosted = [&] {
     std::shared_ptr<optim::Optimizer> plain_optimizer =

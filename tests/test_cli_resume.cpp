@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -330,4 +331,42 @@ TEST_CASE("grad_accumulation 2 with batch 16 trains as batch 32 does", "[cli][tr
   RunResult c = run_booster("train --config " + cfg.string() + " --set data.batch_size=128 --set train.grad_accumulation=3");
   CHECK(c.exit_code == 2);
   CHECK_THAT(c.err, Catch::Contains("train.grad_accumulation"));
+}
+
+TEST_CASE("model.init_from starts from a saved model's weights, and refuses one of another shape", "[cli][checkpoint]") {
+  const fs::path first = scratch_dir() / "init_first", second = scratch_dir() / "init_second";
+  fs::remove_all(first);
+  fs::remove_all(second);
+  json config = mlp_config("fp32");
+  config["optimizer"] = {{"type", "sgd"}, {"lr", 0.1}};
+  const fs::path cfg = write_config("init_from.json", config);
+  RunResult a = run_booster("train --config " + cfg.string() + " --set train.checkpoint_every=12 --set train.checkpoint_dir=" +
+                            first.string());
+  INFO(a.err);
+  REQUIRE(a.exit_code == 0);
+  const fs::path saved = step_dir(first, 12) / "model";
+  // One step with a learning rate far below half an ulp of every weight: the weights stay as loaded.
+  RunResult b = run_booster("train --config " + cfg.string() + " --set model.init_from=" + saved.string() +
+                            " --set optimizer.lr=1e-30 --set train.max_steps=1 --set train.checkpoint_every=1"
+                            " --set train.checkpoint_dir=" + second.string());
+  INFO(b.err);
+  REQUIRE(b.exit_code == 0);
+  const auto want = booster::checkpoint::load_model(saved);
+  const auto got = booster::checkpoint::load_model(step_dir(second, 1) / "model");
+  REQUIRE(want.size() == got.size());
+  for (const auto& [name, w] : want) {
+    INFO(name);
+    const booster::Tensor g = got.at(name);
+    REQUIRE(g.numel() == w.numel());
+    CHECK(std::memcmp(g.data<float>(), w.data<float>(), sizeof(float) * size_t(w.numel())) == 0);
+  }
+  // Without init_from the same one step starts elsewhere (the check above can fail).
+  CHECK(json::parse(b.out)["final_loss"] != json::parse(
+      run_booster("train --config " + cfg.string() + " --set optimizer.lr=1e-30 --set train.max_steps=1").out)["final_loss"]);
+  RunResult c = run_booster("train --config " + cfg.string() + " --set model.hidden=[17] --set model.init_from=" + saved.string());
+  CHECK(c.exit_code != 0);
+  CHECK_THAT(c.err, Catch::Contains("model.init_from") && Catch::Contains("shape"));
+  RunResult d = run_booster("train --config " + cfg.string() + " --set model.init_from=/nonexistent/model.safetensors");
+  CHECK(d.exit_code == 2);
+  CHECK_THAT(d.err, Catch::Contains("model.init_from") && Catch::Contains("does not exist"));
 }

@@ -112,7 +112,9 @@ std::vector<Section> make_training_schema() {
   schema.push_back(Section{
       "model",
       "the network: {\"type\": \"mlp\" | \"gpt\", ...}",
-      {},
+      {optional_text("init_from", nullptr,
+                     "start from these weights: a .safetensors file, or a directory with model.safetensors or a "
+                     "sharded index (a checkpoint's model/); null: random initialisation")},
       "type",
       {
           {"mlp",
