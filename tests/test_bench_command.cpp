@@ -16,36 +16,19 @@
 
 #include <nlohmann/json.hpp>
 
+#include "run_booster.h"
+
 namespace fs = std::filesystem;
 using nlohmann::json;
 
+using testing::RunResult;
+
 namespace {
-
-struct RunResult {
-  int exit_code = -1;
-  std::string out, err;
-};
-
-std::string read_text(const fs::path& p) {
-  std::ifstream in(p);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
 
 // Runs `build/bin/booster bench <args>` with one thread, as a user would.
 RunResult run_bench(const std::string& args) {
-  const fs::path dir = fs::temp_directory_path() / ("booster_test_bench_" + std::to_string(::getpid()));
-  fs::create_directories(dir);
-  const fs::path out = dir / "stdout.txt", err = dir / "stderr.txt";
-  const std::string cmd = "OMP_NUM_THREADS=1 " + std::string(BOOSTER_BIN_DIR) + "/booster bench " + args + " >" +
-                          out.string() + " 2>" + err.string();
-  const int status = std::system(cmd.c_str());
-  RunResult r;
-  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  r.out = read_text(out);
-  r.err = read_text(err);
-  return r;
+  return testing::run_booster_in(fs::temp_directory_path() / ("booster_test_bench_" + std::to_string(::getpid())),
+                                 "bench " + args, "OMP_NUM_THREADS=1");
 }
 
 json one_json_line(const RunResult& r) {

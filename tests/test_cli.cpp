@@ -20,6 +20,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "run_booster.h"
+
 #include "booster/common/error.h"
 #include "booster/config/config.h"
 #include "booster/mixed_precision/mixed_precision.h"
@@ -30,19 +32,10 @@ namespace config = booster::config;
 namespace mixed_precision = booster::mixed_precision;
 using booster::ConfigError;
 
+using testing::read_text;
+using testing::RunResult;
+
 namespace {
-
-struct RunResult {
-  int exit_code = -1;
-  std::string out, err;
-};
-
-std::string read_text(const fs::path& p) {
-  std::ifstream in(p);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
 
 fs::path scratch_dir() {
   fs::path dir = fs::temp_directory_path() / ("booster_test_cli_" + std::to_string(::getpid()));
@@ -50,20 +43,10 @@ fs::path scratch_dir() {
   return dir;
 }
 
-// Runs `build/bin/booster <args>` through the shell; args are passed as written, `env` (e.g.
-// "BOOSTER_PROGRESS=bar") goes before the program.
+// Runs `build/bin/booster <args>` from the scratch directory, so the runs/ directories of
+// train.run_dir's default land there.
 RunResult run_booster(const std::string& args, const std::string& env = "") {
-  fs::path dir = scratch_dir();
-  fs::path out = dir / "stdout.txt", err = dir / "stderr.txt";
-  // From the scratch directory, so the runs/ directories of train.run_dir's default land there.
-  std::string cmd = "cd " + dir.string() + " && " + env + " " + std::string(BOOSTER_BIN_DIR) + "/booster " + args + " >" +
-                    out.string() + " 2>" + err.string();
-  int status = std::system(cmd.c_str());
-  RunResult r;
-  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  r.out = read_text(out);
-  r.err = read_text(err);
-  return r;
+  return testing::run_booster_in(scratch_dir(), args, env);
 }
 
 fs::path write_config(const std::string& name, const json& config) {

@@ -21,24 +21,16 @@
 #include <nlohmann/json.hpp>
 
 #include "booster/checkpoint/safetensors.h"
+#include "run_booster.h"
 #include "booster/tensor/tensor.h"
 
 namespace fs = std::filesystem;
 using nlohmann::json;
 
+using testing::read_text;
+using testing::RunResult;
+
 namespace {
-
-struct RunResult {
-  int exit_code = -1;
-  std::string out, err;
-};
-
-std::string read_bytes(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
 
 fs::path scratch_dir() {
   fs::path dir = fs::temp_directory_path() / ("booster_test_cli_resume_" + std::to_string(::getpid()));
@@ -47,16 +39,7 @@ fs::path scratch_dir() {
 }
 
 RunResult run_booster(const std::string& args, const std::string& env = "") {
-  const fs::path dir = scratch_dir();
-  const fs::path out = dir / "stdout.txt", err = dir / "stderr.txt";
-  const std::string cmd = "cd " + dir.string() + " && " + env + " " + std::string(BOOSTER_BIN_DIR) + "/booster " +
-                          args + " >" + out.string() + " 2>" + err.string();
-  const int status = std::system(cmd.c_str());
-  RunResult r;
-  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + (WIFSIGNALED(status) ? WTERMSIG(status) : 0);
-  r.out = read_bytes(out);
-  r.err = read_bytes(err);
-  return r;
+  return testing::run_booster_in(scratch_dir(), args, env);
 }
 
 fs::path write_config(const std::string& name, const json& config) {
@@ -90,9 +73,9 @@ fs::path step_dir(const fs::path& root, int step) {
 std::string final_state(const fs::path& root, int step) {
   const fs::path dir = step_dir(root, step);
   REQUIRE(fs::exists(dir / "model" / "model.safetensors"));
-  return read_bytes(dir / "model" / "model.safetensors") + read_bytes(dir / "optimizer" / "optimizer.safetensors") +
-         read_bytes(dir / "optimizer" / "optimizer.json") + read_bytes(dir / "scheduler.json") +
-         read_bytes(dir / "optimizer" / "precision.safetensors") + read_bytes(dir / "optimizer" / "precision.json");
+  return read_text(dir / "model" / "model.safetensors") + read_text(dir / "optimizer" / "optimizer.safetensors") +
+         read_text(dir / "optimizer" / "optimizer.json") + read_text(dir / "scheduler.json") +
+         read_text(dir / "optimizer" / "precision.safetensors") + read_text(dir / "optimizer" / "precision.json");
 }
 
 // Leaves only the checkpoint of `step` in `root`, as if the run had died right after saving it.
@@ -177,7 +160,7 @@ TEST_CASE("resume latest: starts afresh when nothing is saved, continues from th
   CHECK_FALSE(fs::exists(step_dir(root, 4)));
   CHECK(fs::exists(step_dir(root, 8)));
   CHECK(fs::exists(step_dir(root, 12)));
-  CHECK(read_bytes(root / "latest") == "step-00000012\n");
+  CHECK(read_text(root / "latest") == "step-00000012\n");
   // Asked again, the run is already complete: it resumes at its last step and trains no more.
   RunResult again = run_booster(args);
   INFO(again.err);
@@ -200,7 +183,7 @@ TEST_CASE("a save that dies before its commit leaves the previous checkpoint loa
   CHECK(crashed.exit_code != 0);
   CHECK(fs::exists(root / "step-00000010.tmp"));
   CHECK_FALSE(fs::exists(step_dir(root, 10)));
-  CHECK(read_bytes(root / "latest") == "step-00000005\n");
+  CHECK(read_text(root / "latest") == "step-00000005\n");
   // The next start picks up step 5 again, clears the leftover and ends where the whole run ended.
   RunResult resumed = run_booster(base + root.string() + " --resume latest");
   INFO(resumed.err);
@@ -243,14 +226,14 @@ TEST_CASE("a checkpoint that does not fit or is damaged is refused with one line
   {
     const fs::path copy = damaged_copy("model");
     const fs::path file = copy / "model" / "model.safetensors";
-    const std::string bytes = read_bytes(file);
+    const std::string bytes = read_text(file);
     std::ofstream(file, std::ios::binary | std::ios::trunc).write(bytes.data(), std::streamsize(bytes.size() / 2));
     resume_fails_with("", "model.safetensors", copy);
   }
   {
     const fs::path copy = damaged_copy("optimizer");
     const fs::path file = copy / "optimizer" / "optimizer.safetensors";
-    std::string bytes = read_bytes(file);
+    std::string bytes = read_text(file);
     bytes[0] = char(0xff), bytes[1] = char(0xff), bytes[5] = char(0x7f);  // a header length past the end
     std::ofstream(file, std::ios::binary | std::ios::trunc) << bytes;
     resume_fails_with("", "optimizer.safetensors", copy);

@@ -5,6 +5,8 @@
 // prints why it was skipped and passes.
 #include <catch2/catch.hpp>
 
+#include "cuda_skip.h"
+
 #include <cmath>
 #include <cstdio>
 #include <functional>
@@ -21,12 +23,7 @@ using namespace booster;
 
 namespace {
 
-bool skip_without_gpu() {
-  if (cuda::is_available()) return false;
-  WARN("CUDA tests skipped: " << (cuda::is_compiled() ? cuda::unavailable_reason() : "no CUDA backend in this build")
-                              << " [" << build_info_line() << "]");
-  return true;
-}
+using testing::skip_without_gpu;
 
 struct OpCase {
   std::string name;

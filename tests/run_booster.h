@@ -1,0 +1,41 @@
+// Runs the `booster` program from a test, as a user would, and captures what it printed.
+#pragma once
+
+#include <sys/wait.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+
+namespace testing {
+
+struct RunResult {
+  int exit_code = -1;  // 128 + signal when a signal ended it
+  std::string out, err;
+};
+
+inline std::string read_text(const std::filesystem::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+// `build/bin/booster <args>` through the shell, in `dir` (where its stdout/stderr files go too, and
+// any runs/ directory a train run makes); `env` (e.g. "OMP_NUM_THREADS=1") goes before the program.
+inline RunResult run_booster_in(const std::filesystem::path& dir, const std::string& args, const std::string& env = "") {
+  std::filesystem::create_directories(dir);
+  const std::filesystem::path out = dir / "stdout.txt", err = dir / "stderr.txt";
+  const std::string cmd = "cd " + dir.string() + " && " + env + " " + std::string(BOOSTER_BIN_DIR) + "/booster " + args +
+                          " >" + out.string() + " 2>" + err.string();
+  const int status = std::system(cmd.c_str());
+  RunResult r;
+  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + (WIFSIGNALED(status) ? WTERMSIG(status) : 0);
+  r.out = read_text(out);
+  r.err = read_text(err);
+  return r;
+}
+
+}  // namespace testing
