@@ -48,10 +48,10 @@ void cuda_unscale_check(const Tensor& src, const Tensor& dst, float inv_scale, T
     using S = dev_t<decltype(tag)>;
     const S* ps = cptr<decltype(tag)>(src);
     if (in_place) {
-      unscale_kernel<S, S><<<grid_for(n), 256, 0, stream(dev)>>>(ps, const_cast<S*>(ps), n, inv_scale,
+      unscale_kernel<S, S><<<grid_for(dev, n), 256, 0, stream(dev)>>>(ps, const_cast<S*>(ps), n, inv_scale,
                                                                   inv_scale != 1.0f, flag);
     } else {
-      unscale_kernel<S, float><<<grid_for(n), 256, 0, stream(dev)>>>(ps, static_cast<float*>(dst.data_ptr()), n,
+      unscale_kernel<S, float><<<grid_for(dev, n), 256, 0, stream(dev)>>>(ps, static_cast<float*>(dst.data_ptr()), n,
                                                                       inv_scale, true, flag);
     }
     BOOSTER_CUDA_CHECK_LAUNCH();
@@ -76,7 +76,7 @@ void cuda_sum_squares(const Tensor& t, Tensor& acc) {
   if (n == 0) return;
   dispatch_grad(t, [&](auto tag) {
     using S = dev_t<decltype(tag)>;
-    sum_squares_kernel<S><<<grid_for(n), 256, 0, stream(dev)>>>(cptr<decltype(tag)>(t), n,
+    sum_squares_kernel<S><<<grid_for(dev, n), 256, 0, stream(dev)>>>(cptr<decltype(tag)>(t), n,
                                                                  static_cast<double*>(acc.data_ptr()));
     BOOSTER_CUDA_CHECK_LAUNCH();
   });
@@ -98,7 +98,7 @@ void cuda_count_zeros(const Tensor& t, Tensor& acc) {
   if (n == 0) return;
   dispatch_grad(t, [&](auto tag) {
     using S = dev_t<decltype(tag)>;
-    count_zeros_kernel<S><<<grid_for(n), 256, 0, stream(dev)>>>(
+    count_zeros_kernel<S><<<grid_for(dev, n), 256, 0, stream(dev)>>>(
         cptr<decltype(tag)>(t), n, static_cast<unsigned long long*>(acc.data_ptr()));
     BOOSTER_CUDA_CHECK_LAUNCH();
   });
@@ -135,7 +135,7 @@ void cuda_adam(const kernels::AdamStep& s, Tensor& param, const Tensor& grad, Te
     using P = dev_t<scalar_t>;
     using S = acc_t<scalar_t>;
     S* vmax = max_exp_avg_sq.defined() ? static_cast<S*>(max_exp_avg_sq.data_ptr()) : nullptr;
-    adam_kernel<P, S><<<grid_for(n), 256, 0, stream(dev)>>>(
+    adam_kernel<P, S><<<grid_for(dev, n), 256, 0, stream(dev)>>>(
         static_cast<P*>(param.data_ptr()), static_cast<const P*>(grad.data_ptr()), static_cast<S*>(exp_avg.data_ptr()),
         static_cast<S*>(exp_avg_sq.data_ptr()), vmax, n, S(s.beta1), S(s.beta2), S(s.one_minus_beta1),
         S(s.one_minus_beta2), S(s.weight_decay), S(s.decay), S(s.neg_step_size), S(s.bias_correction2_sqrt), S(s.eps),
