@@ -176,7 +176,7 @@ std::vector<OpCase> cases() {
 
 // The half of the runner that needs no GPU: every case's float64 CPU reference runs, is finite, and
 // gives every input a gradient (a malformed case fails here, on any machine).
-TEST_CASE("every case of the cross-backend runner has a finite float64 CPU reference", "[cuda]") {
+TEST_CASE("every case of the CUDA cross-backend runner has a finite float64 CPU reference", "[cuda]") {
   int checked = 0;
   for (const OpCase& c : cases()) {
     INFO("op " << c.name);
