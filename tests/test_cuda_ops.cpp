@@ -333,7 +333,8 @@ TEST_CASE("batch_norm's running statistics on CUDA follow the CPU after training
   // runs on any machine, so a wrong reference cannot hide behind the skip below.
   for (const RunningStatsCase& c : shapes) {
     Generator g(5);
-    const Tensor x0 = add(randn(c.shape, &g, DType::Float64), c.offset), x1 = add(randn(c.shape, &g, DType::Float64), c.offset);
+    const Tensor x0 = add(randn(c.shape, &g, DType::Float64), c.offset);
+    const Tensor x1 = add(randn(c.shape, &g, DType::Float64), c.offset);
     const auto [rm, rv] = running_stats_after(x0, x1, DType::Float64, Device::cpu());
     const std::vector<int64_t> dims = x0.dim() == 3 ? std::vector<int64_t>{0, 2} : std::vector<int64_t>{0};
     const Tensor rm_want = add(mul(mean(x0, dims), 0.9 * 0.1), mul(mean(x1, dims), 0.1));

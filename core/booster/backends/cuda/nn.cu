@@ -101,8 +101,8 @@ void cuda_softmax(const Tensor& x, int64_t outer, int64_t dim, int64_t inner, bo
       softmax_rows_kernel<T, T><<<unsigned(std::min<int64_t>(outer, 1 << 20)), row_threads(dim), 0, stream(dev)>>>(
           cptr<scalar_t>(x), mptr<scalar_t>(out), outer, dim, log, 0);
     } else {
-      softmax_inner_kernel<T><<<grid_for(dev, outer * inner), 256, 0, stream(dev)>>>(cptr<scalar_t>(x), mptr<scalar_t>(out),
-                                                                             outer, dim, inner, log);
+      softmax_inner_kernel<T><<<grid_for(dev, outer * inner), 256, 0, stream(dev)>>>(
+          cptr<scalar_t>(x), mptr<scalar_t>(out), outer, dim, inner, log);
     }
     BOOSTER_CUDA_CHECK_LAUNCH();
   });

@@ -50,8 +50,10 @@ DeviceState& state(int device) {
                 " does not exist: ", device_count(), " CUDA device(s) visible");
   DeviceState& s = states[device];
   std::call_once(s.once, [&] {
-    // The stream and the cuBLAS handles belong to the device current when they are made; the
-    // caller's current device is restored afterwards (Note [CUDA device routing]).
+    // The stream and the cuBLAS handles belong to the device current when they are made. The
+    // caller's current device is restored afterwards when the backend already uses it: setting a
+    // device initializes its context (CUDA 12+), so an unused device 0 is not touched (Note [CUDA
+    // device routing]); launches never rely on the restore, since device_of sets the device.
     int previous = 0;
     BOOSTER_CUDA_CHECK(cudaGetDevice(&previous));
     BOOSTER_CUDA_CHECK(cudaSetDevice(device));
@@ -60,7 +62,8 @@ DeviceState& state(int device) {
     BOOSTER_CUBLAS_CHECK(cublasSetStream(s.cublas, s.stream));
     BOOSTER_CUBLAS_CHECK(cublasLtCreate(&s.cublaslt));
     BOOSTER_CUDA_CHECK(cudaDeviceGetAttribute(&s.sms, cudaDevAttrMultiProcessorCount, device));
-    BOOSTER_CUDA_CHECK(cudaSetDevice(previous));
+    if (previous != device && previous < kMaxDevices && states[previous].started.load())
+      BOOSTER_CUDA_CHECK(cudaSetDevice(previous));
     s.started = true;
   });
   return s;
@@ -79,10 +82,10 @@ std::atomic<bool> g_allow_tf32{false};
 // idea of the current device: every kernel family starts with device_of(tensor), which makes the
 // tensor's device current (cudaGetDevice is a cheap host-side read; cudaSetDevice runs only on a
 // change), then launches on stream(that device), sizes grids by that device's SM count, and
-// allocates its temporaries on the tensor's device. Per-device state is created without disturbing
-// the caller's current device, so touching device 0's state never leaves a device-1 launch pointed at
-// device 0 (and never creates a context on a GPU the process does not use). The allocator routes
-// copies and memsets by the device that owns the pointer, not by the current device.
+// allocates its temporaries on the tensor's device; no launch asks for another device's state, so
+// the launches of a rank whose tensors are on GPU 1 create no context on GPU 0. Creating a device's state
+// hands the current device back to the caller where the backend already uses that one. The
+// allocator routes copies and memsets by the device that owns the pointer, not the current device.
 void set_device(int device) {
   int current = -1;
   BOOSTER_CUDA_CHECK(cudaGetDevice(&current));
