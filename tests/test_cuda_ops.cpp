@@ -201,46 +201,56 @@ TEST_CASE("every case of the CUDA cross-backend runner has a finite float64 CPU 
   CHECK(checked == int(cases().size()));
 }
 
+namespace {
+
+// Runs case c in dtype dt on `device` and on the CPU in float64 from the same rounded inputs, and
+// checks the value and every input gradient against the dtype's bound.
+void check_case(const OpCase& c, DType dt, Device device, uint64_t seed) {
+  Generator g(seed);
+  std::vector<Tensor> ref_in, dev_in;
+  for (const Shape& s : c.shapes) {
+    Tensor base = randn(s, &g, DType::Float64);
+    if (c.positive) base = add(abs(base), 0.5);
+    const Tensor rounded = base.to(dt);  // both sides see the same representable inputs
+    ref_in.push_back(rounded.to(DType::Float64).detach().requires_grad_(c.grad));
+    dev_in.push_back(rounded.to(device).detach().requires_grad_(c.grad));
+  }
+  const Tensor ref = c.fn(ref_in);
+  const Tensor got = c.fn(dev_in);
+  INFO("op " << c.name << " in " << dt << " on " << device);
+  REQUIRE(got.device() == device);
+  REQUIRE(got.shape() == ref.shape());
+  const double tol = bound(dt) * c.tol_scale;
+  const double err = rel_error(got.to(Device::cpu()).to(DType::Float64), ref);
+  std::printf("%-30s %-9s %-7s value err %.2e (bound %.1e)", c.name.c_str(), dtype_name(dt), device.str().c_str(), err,
+              tol);
+  CHECK(err <= tol);
+  if (c.grad) {
+    const Tensor w = randn(ref.shape(), &g, DType::Float64).to(dt);
+    sum(mul(ref, w.to(DType::Float64))).backward();
+    sum(mul(got, w.to(device))).backward();
+    double worst = 0;
+    for (size_t i = 0; i < ref_in.size(); ++i) {
+      REQUIRE(dev_in[i].grad().defined());
+      const double ge = rel_error(dev_in[i].grad().to(Device::cpu()).to(DType::Float64), ref_in[i].grad());
+      INFO("gradient of input " << i);
+      CHECK(ge <= tol * 2);
+      worst = std::max(worst, ge);
+    }
+    std::printf("  grad err %.2e", worst);
+  }
+  std::printf("\n");
+}
+
+}  // namespace
+
 TEST_CASE("every op on CUDA matches the CPU float64 result in float32, float16 and bfloat16", "[cuda]") {
   if (skip_without_gpu()) return;
   int checked = 0;
   uint64_t seed = 100;
   for (const OpCase& c : cases()) {
     for (DType dt : {DType::Float32, DType::Float16, DType::BFloat16}) {
-      ++seed;
-      Generator g(seed);
-      std::vector<Tensor> ref_in, dev_in;
-      for (const Shape& s : c.shapes) {
-        Tensor base = randn(s, &g, DType::Float64);
-        if (c.positive) base = add(abs(base), 0.5);
-        const Tensor rounded = base.to(dt);  // both sides see the same representable inputs
-        ref_in.push_back(rounded.to(DType::Float64).detach().requires_grad_(c.grad));
-        dev_in.push_back(rounded.to(Device::cuda()).detach().requires_grad_(c.grad));
-      }
-      const Tensor ref = c.fn(ref_in);
-      const Tensor got = c.fn(dev_in);
-      INFO("op " << c.name << " in " << dt);
-      REQUIRE(got.device() == Device::cuda());
-      REQUIRE(got.shape() == ref.shape());
-      const double tol = bound(dt) * c.tol_scale;
-      const double err = rel_error(got.to(Device::cpu()).to(DType::Float64), ref);
-      std::printf("%-30s %-9s value err %.2e (bound %.1e)", c.name.c_str(), dtype_name(dt), err, tol);
-      CHECK(err <= tol);
-      if (c.grad) {
-        const Tensor w = randn(ref.shape(), &g, DType::Float64).to(dt);
-        sum(mul(ref, w.to(DType::Float64))).backward();
-        sum(mul(got, w.to(Device::cuda()))).backward();
-        double worst = 0;
-        for (size_t i = 0; i < ref_in.size(); ++i) {
-          REQUIRE(dev_in[i].grad().defined());
-          const double ge = rel_error(dev_in[i].grad().to(Device::cpu()).to(DType::Float64), ref_in[i].grad());
-          INFO("gradient of input " << i);
-          CHECK(ge <= tol * 2);
-          worst = std::max(worst, ge);
-        }
-        std::printf("  grad err %.2e", worst);
-      }
-      std::printf("\n");
+      check_case(c, dt, Device::cuda(), ++seed);
       ++checked;
     }
   }
@@ -489,4 +499,43 @@ TEST_CASE("SGD on CUDA follows CPU SGD over several steps for every option combi
     }
   }
   CHECK(checked == 3 * int(sgd_cases().size()));
+}
+
+// ------------------------------------------------------------------------------------ a second GPU
+// Note [CUDA device routing]: work on cuda:1 runs on cuda:1's stream, with its allocator and SM
+// count, whichever device is current when it starts. Needs two GPUs; says why it is skipped otherwise.
+TEST_CASE("ops, copies and SGD on a second CUDA device follow the CPU while the first is current", "[cuda]") {
+  if (skip_without_gpu()) return;
+  if (cuda::device_count() < 2) {
+    WARN("multi-GPU CUDA test skipped: " << cuda::device_count() << " CUDA device visible, it needs 2");
+    return;
+  }
+  const Device first = Device::cuda(0), second = Device::cuda(1);
+  const Tensor on_first = ones({8}, DType::Float32, first);
+  const auto make_first_current = [&] { CHECK(sum(on_first).item() == 8.0); };
+  uint64_t seed = 500;
+  for (const OpCase& c : cases()) {
+    make_first_current();
+    check_case(c, DType::Float32, second, ++seed);
+  }
+  // Between the GPUs and back, bit for bit.
+  Generator g(9);
+  const Tensor h = randn({257, 3}, &g, DType::Float32);
+  make_first_current();
+  const Tensor d1 = h.to(first).to(second);
+  CHECK(d1.device() == second);
+  CHECK(d1.to(Device::cpu()).tolist() == h.tolist());
+  CHECK(d1.to(first).to(Device::cpu()).tolist() == h.tolist());
+  // SGD with momentum on cuda:1 (flat buffers and state allocated and zeroed there).
+  const SGDProblem pr = sgd_problem(DType::Float32, 13);
+  const SGDCase c{0.9, 0.0, 0.05, true};
+  make_first_current();
+  const SGDResult ref = run_sgd(c, pr.init, pr.grads, Device::cpu());
+  const SGDResult got = run_sgd(c, pr.init, pr.grads, second);
+  REQUIRE(got.buffers.size() == ref.buffers.size());
+  for (size_t i = 0; i < ref.params.size(); ++i)
+    CHECK(rel_error(got.params[i], ref.params[i]) <= bound(DType::Float32));
+  for (size_t i = 0; i < ref.buffers.size(); ++i)
+    CHECK(rel_error(got.buffers[i], ref.buffers[i]) <= bound(DType::Float32));
+  cuda::synchronize(1);
 }
