@@ -209,7 +209,9 @@ PartialPlan plan_partials(int dev, int64_t N, int64_t C, int64_t L) {
     p.grid = dim3(unsigned(C), unsigned(p.splits));
     p.block = dim3(unsigned(bx), unsigned(by));
   } else {
-    const int64_t cols = C * L, col_blocks = ceil_div(cols, 32);
+    // At least one block: with L == 0 (an empty eval batch) every partial is the identity and the
+    // finish still writes each channel's result (zero weight and bias gradients, as on the CPU).
+    const int64_t cols = C * L, col_blocks = std::max<int64_t>(1, ceil_div(cols, 32));
     BOOSTER_CHECK(col_blocks <= INT32_MAX, ShapeError, "batch_norm: ", cols, " columns exceed the CUDA grid");
     p.splits = std::max<int64_t>(1, std::min({ceil_div(target_blocks, col_blocks), ceil_div(N, 8), kMaxGridY}));
     p.lanes = L;

@@ -44,16 +44,16 @@ namespace booster::cuda {
 
 // The one stream per device every kernel, copy and cuBLAS call of the backend is queued on (so
 // operations are ordered without events, and the caching allocator can reuse a freed block at once).
-cudaStream_t stream(int device = 0);
+cudaStream_t stream(int device);
 // Makes `device` current on this thread (cheap when it already is). Note [CUDA device routing].
 void set_device(int device);
 // Waits for the streams of every device the backend has used (and touches no other device).
 void synchronize_started();
-cublasHandle_t cublas_handle(int device = 0);
-cublasLtHandle_t cublaslt_handle(int device = 0);
+cublasHandle_t cublas_handle(int device);
+cublasLtHandle_t cublaslt_handle(int device);
 // Scratch for cuBLASLt (workspace), grown on demand and kept.
 void* cublas_workspace(int device, size_t& bytes);
-int sm_count(int device = 0);
+int sm_count(int device);
 
 // ------------------------------------------------------------------------------ kernel profile
 // Note [CUDA kernel profile]

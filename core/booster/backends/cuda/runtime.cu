@@ -314,6 +314,20 @@ class CudaAllocator final : public Allocator {
 };
 
 // One allocator per device; the registry has one slot per device type, so it routes by index.
+// An event recorded now on `device`'s stream (leaves `device` current). Destroying it right after
+// another stream was made to wait for it is allowed: CUDA frees it once the wait is resolved.
+struct StreamEvent {
+  explicit StreamEvent(int device) {
+    set_device(device);
+    BOOSTER_CUDA_CHECK(cudaEventCreateWithFlags(&event, cudaEventDisableTiming));
+    BOOSTER_CUDA_CHECK(cudaEventRecord(event, stream(device)));  // (a failure leaks one event)
+  }
+  ~StreamEvent() { cudaEventDestroy(event); }
+  StreamEvent(const StreamEvent&) = delete;
+  StreamEvent& operator=(const StreamEvent&) = delete;
+  cudaEvent_t event = nullptr;
+};
+
 class CudaAllocatorRouter final : public Allocator {
  public:
   CudaAllocator& at() {
@@ -344,11 +358,15 @@ class CudaAllocatorRouter final : public Allocator {
     const int d = owner(dst), s = owner(src);
     if (d == s) return at(d).copy_device(dst, src, n);
     if (n == 0) return;
-    // Between GPUs: the source's pending writes finish first, then the copy is queued on the
-    // destination's stream, so the destination's later users see it in stream order.
-    synchronize(s);
+    // Between GPUs: the copy is queued on the destination's stream after the source's pending
+    // writes, and the source's stream then waits for the copy, so neither device's later work (a
+    // write to the source, or the caching allocator reusing a freed source block) can overtake it.
+    const StreamEvent source_ready(s);
     set_device(d);
+    BOOSTER_CUDA_CHECK(cudaStreamWaitEvent(stream(d), source_ready.event, 0));
     BOOSTER_CUDA_CHECK(cudaMemcpyPeerAsync(dst, d, src, s, n, stream(d)));
+    const StreamEvent copied(d);
+    BOOSTER_CUDA_CHECK(cudaStreamWaitEvent(stream(s), copied.event, 0));
   }
   void memset_zero(void* dst, size_t n) override { at(owner(dst)).memset_zero(dst, n); }
   void empty_cache() override {
