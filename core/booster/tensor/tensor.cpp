@@ -367,6 +367,9 @@ Tensor& Tensor::copy_(const Tensor& src) {
       allocator_for(device()).copy_from_host(staged.data_ptr(), packed.data_ptr(), packed.nbytes());
     } else if (device().is_cpu()) {
       allocator_for(packed.device()).copy_to_host(staged.data_ptr(), packed.data_ptr(), packed.nbytes());
+    } else if (packed.device().type == device().type) {
+      // Two GPUs: the backend's allocator copies peer to peer, in order on both devices' streams.
+      allocator_for(device()).copy_device(staged.data_ptr(), packed.data_ptr(), packed.nbytes());
     } else {
       Tensor host = packed.to(Device::cpu());
       allocator_for(device()).copy_from_host(staged.data_ptr(), host.data_ptr(), host.nbytes());
