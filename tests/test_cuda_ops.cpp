@@ -17,6 +17,7 @@
 #include "booster/backends/cuda/cuda.h"
 #include "booster/common/build_info.h"
 #include "booster/ops/ops.h"
+#include "booster/optim/optimizer.h"
 #include "booster/tensor/random.h"
 
 using namespace booster;
@@ -135,6 +136,32 @@ std::vector<OpCase> cases() {
       {"embedding", {{13, 6}}, [tokens](const V& x) { return embedding(x[0], on(tokens, x[0])); }},
       {"index_select", {{5, 3}}, [select_idx](const V& x) { return index_select(x[0], 0, on(select_idx, x[0])); }},
       {"gather", {{4, 5}}, [gather_idx](const V& x) { return gather(x[0], 1, on(gather_idx, x[0])); }},
+      // batch_norm: [N, C] and [N, C, L] in training (batch statistics; the short-row and long-row
+      // reductions of Note [CUDA batch norm], the latter with the rows cut in two) and in eval.
+      {"batch_norm_train_2d", {{32, 6}, {6}, {6}},
+       [](const V& x) { return batch_norm(x[0], Tensor(), Tensor(), x[1], x[2], true); }, true, false, 2},
+      {"batch_norm_train_2d_many_rows", {{700, 40}, {40}, {40}},
+       [](const V& x) { return batch_norm(x[0], Tensor(), Tensor(), x[1], x[2], true); }, true, false, 2},
+      {"batch_norm_train_short_rows", {{9, 5, 7}, {5}, {5}},
+       [](const V& x) { return batch_norm(x[0], Tensor(), Tensor(), x[1], x[2], true); }, true, false, 2},
+      {"batch_norm_train_long_rows", {{3, 4, 80}, {4}, {4}},
+       [](const V& x) { return batch_norm(x[0], Tensor(), Tensor(), x[1], x[2], true); }, true, false, 2},
+      {"batch_norm_train_split_rows", {{2, 2, 2100}, {2}, {2}},
+       [](const V& x) { return batch_norm(x[0], Tensor(), Tensor(), x[1], x[2], true); }, true, false, 2},
+      {"batch_norm_train_no_affine", {{16, 3, 33}},
+       [](const V& x) { return batch_norm(x[0], Tensor(), Tensor(), Tensor(), Tensor(), true); }, true, false, 2},
+      {"batch_norm_eval", {{8, 4, 40}, {4}, {4}},
+       [](const V& x) {
+         const Tensor rm = from_vector(std::vector<double>{0.1, -0.2, 0.3, 0.0}, {4}, DType::Float32);
+         const Tensor rv = from_vector(std::vector<double>{0.5, 1.5, 2.0, 0.8}, {4}, DType::Float32);
+         return batch_norm(x[0], on(rm, x[0]), on(rv, x[0]), x[1], x[2], false);
+       }},
+      {"batch_norm_eval_2d", {{8, 4}, {4}, {4}},
+       [](const V& x) {
+         const Tensor rm = from_vector(std::vector<double>{0.1, -0.2, 0.3, 0.0}, {4}, DType::Float32);
+         const Tensor rv = from_vector(std::vector<double>{0.5, 1.5, 2.0, 0.8}, {4}, DType::Float32);
+         return batch_norm(x[0], on(rm, x[0]), on(rv, x[0]), x[1], x[2], false);
+       }},
       {"dropout_seeded",
        {{8, 9}},
        [](const V& x) {
@@ -147,46 +174,83 @@ std::vector<OpCase> cases() {
 
 }  // namespace
 
+// The half of the runner that needs no GPU: every case's float64 CPU reference runs, is finite, and
+// gives every input a gradient (a malformed case fails here, on any machine).
+TEST_CASE("every case of the CUDA cross-backend runner has a finite float64 CPU reference", "[cuda]") {
+  int checked = 0;
+  for (const OpCase& c : cases()) {
+    INFO("op " << c.name);
+    Generator g(1);
+    std::vector<Tensor> in;
+    for (const Shape& s : c.shapes) {
+      Tensor base = randn(s, &g, DType::Float64);
+      if (c.positive) base = add(abs(base), 0.5);
+      in.push_back(base.detach().requires_grad_(c.grad));
+    }
+    const Tensor ref = c.fn(in);
+    for (double v : ref.tolist()) REQUIRE(std::isfinite(v));
+    if (c.grad) {
+      sum(mul(ref, randn(ref.shape(), &g, DType::Float64))).backward();
+      for (const Tensor& t : in) {
+        REQUIRE(t.grad().defined());
+        for (double v : t.grad().tolist()) REQUIRE(std::isfinite(v));
+      }
+    }
+    ++checked;
+  }
+  CHECK(checked == int(cases().size()));
+}
+
+namespace {
+
+// Runs case c in dtype dt on `device` and on the CPU in float64 from the same rounded inputs, and
+// checks the value and every input gradient against the dtype's bound.
+void check_case(const OpCase& c, DType dt, Device device, uint64_t seed) {
+  Generator g(seed);
+  std::vector<Tensor> ref_in, dev_in;
+  for (const Shape& s : c.shapes) {
+    Tensor base = randn(s, &g, DType::Float64);
+    if (c.positive) base = add(abs(base), 0.5);
+    const Tensor rounded = base.to(dt);  // both sides see the same representable inputs
+    ref_in.push_back(rounded.to(DType::Float64).detach().requires_grad_(c.grad));
+    dev_in.push_back(rounded.to(device).detach().requires_grad_(c.grad));
+  }
+  const Tensor ref = c.fn(ref_in);
+  const Tensor got = c.fn(dev_in);
+  INFO("op " << c.name << " in " << dt << " on " << device);
+  REQUIRE(got.device() == device);
+  REQUIRE(got.shape() == ref.shape());
+  const double tol = bound(dt) * c.tol_scale;
+  const double err = rel_error(got.to(Device::cpu()).to(DType::Float64), ref);
+  std::printf("%-30s %-9s %-7s value err %.2e (bound %.1e)", c.name.c_str(), dtype_name(dt), device.str().c_str(), err,
+              tol);
+  CHECK(err <= tol);
+  if (c.grad) {
+    const Tensor w = randn(ref.shape(), &g, DType::Float64).to(dt);
+    sum(mul(ref, w.to(DType::Float64))).backward();
+    sum(mul(got, w.to(device))).backward();
+    double worst = 0;
+    for (size_t i = 0; i < ref_in.size(); ++i) {
+      REQUIRE(dev_in[i].grad().defined());
+      const double ge = rel_error(dev_in[i].grad().to(Device::cpu()).to(DType::Float64), ref_in[i].grad());
+      INFO("gradient of input " << i);
+      CHECK(ge <= tol * 2);
+      worst = std::max(worst, ge);
+    }
+    std::printf("  grad err %.2e", worst);
+  }
+  std::printf("\n");
+}
+
+}  // namespace
+
 TEST_CASE("every op on CUDA matches the CPU float64 result in float32, float16 and bfloat16", "[cuda]") {
   if (skip_without_gpu()) return;
   int checked = 0;
   uint64_t seed = 100;
   for (const OpCase& c : cases()) {
     for (DType dt : {DType::Float32, DType::Float16, DType::BFloat16}) {
-      ++seed;
-      Generator g(seed);
-      std::vector<Tensor> ref_in, dev_in;
-      for (const Shape& s : c.shapes) {
-        Tensor base = randn(s, &g, DType::Float64);
-        if (c.positive) base = add(abs(base), 0.5);
-        const Tensor rounded = base.to(dt);  // both sides see the same representable inputs
-        ref_in.push_back(rounded.to(DType::Float64).detach().requires_grad_(c.grad));
-        dev_in.push_back(rounded.to(Device::cuda()).detach().requires_grad_(c.grad));
-      }
-      const Tensor ref = c.fn(ref_in);
-      const Tensor got = c.fn(dev_in);
-      INFO("op " << c.name << " in " << dt);
-      REQUIRE(got.device() == Device::cuda());
-      REQUIRE(got.shape() == ref.shape());
-      const double tol = bound(dt) * c.tol_scale;
-      const double err = rel_error(got.to(Device::cpu()).to(DType::Float64), ref);
-      std::printf("%-30s %-9s value err %.2e (bound %.1e)", c.name.c_str(), dtype_name(dt), err, tol);
-      CHECK(err <= tol);
-      if (c.grad) {
-        const Tensor w = randn(ref.shape(), &g, DType::Float64).to(dt);
-        sum(mul(ref, w.to(DType::Float64))).backward();
-        sum(mul(got, w.to(Device::cuda()))).backward();
-        double worst = 0;
-        for (size_t i = 0; i < ref_in.size(); ++i) {
-          REQUIRE(dev_in[i].grad().defined());
-          const double ge = rel_error(dev_in[i].grad().to(Device::cpu()).to(DType::Float64), ref_in[i].grad());
-          INFO("gradient of input " << i);
-          CHECK(ge <= tol * 2);
-          worst = std::max(worst, ge);
-        }
-        std::printf("  grad err %.2e", worst);
-      }
-      std::printf("\n");
+      check_case(c, dt, Device::cuda(), ++seed);
       ++checked;
     }
   }
@@ -252,4 +316,226 @@ TEST_CASE("build info reports the CUDA backend and the device", "[cuda]") {
   if (skip_without_gpu()) return;
   CHECK(!info["cuda"]["devices"][0].get<std::string>().empty());
   CHECK(info["cuda"]["reason"].get<std::string>().empty());
+}
+
+// ------------------------------------------------------------------------- batch norm running stats
+namespace {
+
+// Two training steps of batch_norm from running stats (0, 1), momentum 0.1: the running statistics
+// (mean, unbiased variance) after them. x0, x1 already on `running`'s device and in their dtype.
+std::pair<Tensor, Tensor> running_stats_after(const Tensor& x0, const Tensor& x1, DType stats_dtype, Device device) {
+  const int64_t C = x0.size(1);
+  Tensor rm = zeros({C}, stats_dtype, device), rv = ones({C}, stats_dtype, device);
+  for (const Tensor& x : {x0, x1}) batch_norm(x, rm, rv, Tensor(), Tensor(), true, 0.1);
+  return {rm.to(Device::cpu()).to(DType::Float64), rv.to(Device::cpu()).to(DType::Float64)};
+}
+
+struct RunningStatsCase {
+  Shape shape;
+  double offset;  // data far from zero: the variance must not cancel
+};
+
+}  // namespace
+
+TEST_CASE("batch_norm's running statistics on CUDA follow the CPU after training steps", "[cuda]") {
+  const std::vector<RunningStatsCase> shapes = {{{32, 6}, 0}, {{9, 5, 7}, 0}, {{4, 3, 300}, 0}, {{64, 4}, 100}};
+  // The float64 CPU reference against the closed form from other kernels (mean and var reductions):
+  // runs on any machine, so a wrong reference cannot hide behind the skip below.
+  for (const RunningStatsCase& c : shapes) {
+    Generator g(5);
+    const Tensor x0 = add(randn(c.shape, &g, DType::Float64), c.offset);
+    const Tensor x1 = add(randn(c.shape, &g, DType::Float64), c.offset);
+    const auto [rm, rv] = running_stats_after(x0, x1, DType::Float64, Device::cpu());
+    const std::vector<int64_t> dims = x0.dim() == 3 ? std::vector<int64_t>{0, 2} : std::vector<int64_t>{0};
+    const Tensor rm_want = add(mul(mean(x0, dims), 0.9 * 0.1), mul(mean(x1, dims), 0.1));
+    const Tensor rv_want = add(add(mul(var(x0, dims), 0.9 * 0.1), mul(var(x1, dims), 0.1)), 0.9 * 0.9);
+    INFO("shape " << str(c.shape));
+    CHECK(rel_error(rm, rm_want) <= 1e-12);
+    CHECK(rel_error(rv, rv_want) <= 1e-12);
+  }
+  if (skip_without_gpu()) return;
+  for (const RunningStatsCase& c : shapes) {
+    for (DType dt : {DType::Float32, DType::Float16, DType::BFloat16}) {
+      Generator g(6);
+      // Both sides see the same representable inputs; the statistics are float32 on the device (as
+      // BatchNorm1d keeps them) and accumulate in float32 for every input dtype.
+      const Tensor x0 = add(randn(c.shape, &g, DType::Float64), c.offset).to(dt);
+      const Tensor x1 = add(randn(c.shape, &g, DType::Float64), c.offset).to(dt);
+      const auto [rm_ref, rv_ref] =
+          running_stats_after(x0.to(DType::Float64), x1.to(DType::Float64), DType::Float64, Device::cpu());
+      const auto [rm, rv] = running_stats_after(x0.to(Device::cuda()), x1.to(Device::cuda()), DType::Float32,
+                                                Device::cuda());
+      const double err_mean = rel_error(rm, rm_ref), err_var = rel_error(rv, rv_ref);
+      std::printf("batch_norm running stats %-12s %-9s mean err %.2e var err %.2e\n", str(c.shape).c_str(),
+                  dtype_name(dt), err_mean, err_var);
+      INFO("shape " << str(c.shape) << " in " << dt);
+      CHECK(err_mean <= 1e-5);
+      CHECK(err_var <= 1e-5);
+    }
+  }
+}
+
+// ------------------------------------------------------------------------------- SGD trajectories
+namespace {
+
+struct SGDCase {
+  double momentum, dampening, weight_decay;
+  bool nesterov;
+};
+
+// Every combination torch accepts (nesterov needs momentum and no dampening).
+std::vector<SGDCase> sgd_cases() {
+  std::vector<SGDCase> out;
+  for (double momentum : {0.0, 0.9})
+    for (double dampening : {0.0, 0.3})
+      for (double weight_decay : {0.0, 0.05})
+        for (bool nesterov : {false, true})
+          if (!nesterov || (momentum != 0.0 && dampening == 0.0))
+            out.push_back({momentum, dampening, weight_decay, nesterov});
+  return out;
+}
+
+constexpr double kSGDLr = 0.1;
+
+// Parameters made from `init` on `device` take one SGD step per entry of `grads`; parameter 1 gets no
+// gradient on step 0, so its momentum buffer starts a step later than the others' (a run of its own,
+// with the first-step copy). Returns the final parameters and momentum buffers, in float64.
+struct SGDResult {
+  std::vector<Tensor> params, buffers;
+};
+SGDResult run_sgd(const SGDCase& c, const std::vector<Tensor>& init, const std::vector<std::vector<Tensor>>& grads,
+                  Device device) {
+  std::vector<Tensor> params;
+  for (const Tensor& t : init) params.push_back(t.to(device).detach().requires_grad_());
+  optim::SGD opt(params, nlohmann::json{{"lr", kSGDLr},
+                                        {"momentum", c.momentum},
+                                        {"dampening", c.dampening},
+                                        {"weight_decay", c.weight_decay},
+                                        {"nesterov", c.nesterov}});
+  for (size_t s = 0; s < grads.size(); ++s) {
+    opt.zero_grad();
+    for (size_t i = 0; i < params.size(); ++i)
+      if (!(s == 0 && i == 1)) params[i].grad().copy_(grads[s][i]);
+    opt.step();
+  }
+  SGDResult r;
+  for (const Tensor& p : params) r.params.push_back(p.detach().to(Device::cpu()).to(DType::Float64));
+  const optim::OptimizerState state = opt.state_dict();
+  for (size_t i = 0; i < params.size(); ++i) {
+    auto it = state.tensors.find("state." + std::to_string(i) + ".momentum_buffer");
+    if (it != state.tensors.end()) r.buffers.push_back(it->second.to(Device::cpu()).to(DType::Float64));
+  }
+  return r;
+}
+
+struct SGDProblem {
+  std::vector<Tensor> init;
+  std::vector<std::vector<Tensor>> grads;  // [step][param]
+};
+SGDProblem sgd_problem(DType dt, uint64_t seed) {
+  Generator g(seed);
+  const std::vector<Shape> shapes = {{5, 7}, {13}, {3, 4}};
+  SGDProblem pr;
+  for (const Shape& s : shapes) pr.init.push_back(randn(s, &g, DType::Float64).to(dt));
+  for (int step = 0; step < 6; ++step) {
+    pr.grads.emplace_back();
+    for (const Shape& s : shapes) pr.grads.back().push_back(randn(s, &g, DType::Float64).to(dt));
+  }
+  return pr;
+}
+
+}  // namespace
+
+TEST_CASE("SGD on CUDA follows CPU SGD over several steps for every option combination", "[cuda]") {
+  // The CPU side against torch's update rule written out in float64 (test_optim checks it against
+  // PyTorch itself): runs on any machine, so the reference and the skipped-gradient schedule are
+  // checked even where the device half is skipped.
+  for (const SGDCase& c : sgd_cases()) {
+    const SGDProblem pr = sgd_problem(DType::Float32, 11);
+    const SGDResult got = run_sgd(c, pr.init, pr.grads, Device::cpu());
+    INFO("momentum " << c.momentum << " dampening " << c.dampening << " weight_decay " << c.weight_decay
+                     << " nesterov " << c.nesterov);
+    REQUIRE(got.buffers.size() == (c.momentum != 0.0 ? pr.init.size() : 0));
+    for (size_t i = 0; i < pr.init.size(); ++i) {
+      std::vector<double> p = pr.init[i].to(DType::Float64).tolist(), buf;
+      for (size_t s = 0; s < pr.grads.size(); ++s) {
+        if (s == 0 && i == 1) continue;
+        const std::vector<double> g = pr.grads[s][i].to(DType::Float64).tolist();
+        const bool first = buf.empty();
+        if (c.momentum != 0.0 && first) buf.resize(p.size());
+        for (size_t k = 0; k < p.size(); ++k) {
+          double d = g[k] + c.weight_decay * p[k];
+          if (c.momentum != 0.0) {
+            buf[k] = first ? d : c.momentum * buf[k] + (1 - c.dampening) * d;
+            d = c.nesterov ? d + c.momentum * buf[k] : buf[k];
+          }
+          p[k] -= kSGDLr * d;
+        }
+      }
+      const Shape shape = pr.init[i].shape();
+      CHECK(rel_error(got.params[i], from_vector(p, shape)) <= 1e-6);
+      if (c.momentum != 0.0) CHECK(rel_error(got.buffers[i], from_vector(buf, shape)) <= 1e-6);
+    }
+  }
+  if (skip_without_gpu()) return;
+  int checked = 0;
+  for (DType dt : {DType::Float32, DType::Float16, DType::BFloat16}) {
+    const SGDProblem pr = sgd_problem(dt, 12);
+    for (const SGDCase& c : sgd_cases()) {
+      const SGDResult ref = run_sgd(c, pr.init, pr.grads, Device::cpu());
+      const SGDResult got = run_sgd(c, pr.init, pr.grads, Device::cuda());
+      INFO(dt << ": momentum " << c.momentum << " dampening " << c.dampening << " weight_decay " << c.weight_decay
+              << " nesterov " << c.nesterov);
+      REQUIRE(got.buffers.size() == ref.buffers.size());
+      double worst = 0;
+      for (size_t i = 0; i < ref.params.size(); ++i) worst = std::max(worst, rel_error(got.params[i], ref.params[i]));
+      for (size_t i = 0; i < ref.buffers.size(); ++i)
+        worst = std::max(worst, rel_error(got.buffers[i], ref.buffers[i]));
+      std::printf("SGD m=%.1f d=%.1f wd=%.2f nesterov=%d %-9s worst err %.2e\n", c.momentum, c.dampening,
+                  c.weight_decay, int(c.nesterov), dtype_name(dt), worst);
+      // Same operations in the same order on both sides; only contraction into FMAs may differ.
+      CHECK(worst <= bound(dt));
+      ++checked;
+    }
+  }
+  CHECK(checked == 3 * int(sgd_cases().size()));
+}
+
+// ------------------------------------------------------------------------------------ a second GPU
+// Note [CUDA device routing]: work on cuda:1 runs on cuda:1's stream, with its allocator and SM
+// count, whichever device is current when it starts. Needs two GPUs; says why it is skipped otherwise.
+TEST_CASE("ops, copies and SGD on a second CUDA device follow the CPU while the first is current", "[cuda]") {
+  if (skip_without_gpu()) return;
+  if (cuda::device_count() < 2) {
+    WARN("multi-GPU CUDA test skipped: " << cuda::device_count() << " CUDA device visible, it needs 2");
+    return;
+  }
+  const Device first = Device::cuda(0), second = Device::cuda(1);
+  const Tensor on_first = ones({8}, DType::Float32, first);
+  const auto make_first_current = [&] { CHECK(sum(on_first).item() == 8.0); };
+  uint64_t seed = 500;
+  for (const OpCase& c : cases()) {
+    make_first_current();
+    check_case(c, DType::Float32, second, ++seed);
+  }
+  // Between the GPUs and back, bit for bit.
+  Generator g(9);
+  const Tensor h = randn({257, 3}, &g, DType::Float32);
+  make_first_current();
+  const Tensor d1 = h.to(first).to(second);
+  CHECK(d1.device() == second);
+  CHECK(d1.to(Device::cpu()).tolist() == h.tolist());
+  CHECK(d1.to(first).to(Device::cpu()).tolist() == h.tolist());
+  // SGD with momentum on cuda:1 (flat buffers and state allocated and zeroed there).
+  const SGDProblem pr = sgd_problem(DType::Float32, 13);
+  const SGDCase c{0.9, 0.0, 0.05, true};
+  make_first_current();
+  const SGDResult ref = run_sgd(c, pr.init, pr.grads, Device::cpu());
+  const SGDResult got = run_sgd(c, pr.init, pr.grads, second);
+  REQUIRE(got.buffers.size() == ref.buffers.size());
+  for (size_t i = 0; i < ref.params.size(); ++i)
+    CHECK(rel_error(got.params[i], ref.params[i]) <= bound(DType::Float32));
+  for (size_t i = 0; i < ref.buffers.size(); ++i)
+    CHECK(rel_error(got.buffers[i], ref.buffers[i]) <= bound(DType::Float32));
+  cuda::synchronize(1);
 }

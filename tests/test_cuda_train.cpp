@@ -15,7 +15,7 @@
 #include "booster/backends/cuda/cuda.h"
 #include "booster/common/build_info.h"
 #include "booster/mixed_precision/mixed_precision.h"
-#include "booster/nn/models.h"
+#include "booster/nn/nn.h"
 #include "booster/ops/ops.h"
 #include "booster/optim/optimizer.h"
 
@@ -26,14 +26,19 @@ namespace {
 using testing::skip_without_gpu;
 
 using ModelFactory = std::function<nn::ModulePtr()>;
+using OptimizerFactory = std::function<std::shared_ptr<optim::Optimizer>(std::vector<Tensor>)>;
+
+std::shared_ptr<optim::Optimizer> adamw(std::vector<Tensor> params) {
+  return std::make_shared<optim::AdamW>(std::move(params), nlohmann::json{{"lr", 1e-3}});
+}
 
 // Loss of each of `steps` steps, training a fresh model on `device` with strategy `precision`.
 std::vector<double> train(const ModelFactory& make, const Tensor& x, const Tensor& y, mixed_precision::Criterion crit,
-                          const std::string& precision, Device device, int steps) {
+                          const std::string& precision, Device device, int steps,
+                          const OptimizerFactory& make_optimizer = adamw) {
   nn::ModulePtr model = make();
   model->to(device);
-  std::shared_ptr<optim::Optimizer> opt =
-      std::make_shared<optim::AdamW>(model->parameters(), nlohmann::json{{"lr", 1e-3}});
+  std::shared_ptr<optim::Optimizer> opt = make_optimizer(model->parameters());
   std::unique_ptr<mixed_precision::MixedPrecision> mp;
   if (precision != "fp32") {
     mp = mixed_precision::create(precision);
@@ -65,12 +70,14 @@ double tolerance(const std::string& precision) {
   return 1e-2;
 }
 
+const char* const kPrecisions[] = {"fp32", "fp16", "bf16", "fp16_naive"};
+
 void compare(const std::string& what, const ModelFactory& make, const Tensor& x, const Tensor& y,
-             mixed_precision::Criterion crit, int steps) {
-  for (const std::string precision : {"fp32", "fp16", "bf16", "fp16_naive"}) {
+             mixed_precision::Criterion crit, int steps, const OptimizerFactory& make_optimizer = adamw) {
+  for (const std::string precision : kPrecisions) {
     INFO(what << " under " << precision);
-    const std::vector<double> cpu = train(make, x, y, crit, precision, Device::cpu(), steps);
-    const std::vector<double> gpu = train(make, x, y, crit, precision, Device::cuda(), steps);
+    const std::vector<double> cpu = train(make, x, y, crit, precision, Device::cpu(), steps, make_optimizer);
+    const std::vector<double> gpu = train(make, x, y, crit, precision, Device::cuda(), steps, make_optimizer);
     REQUIRE(gpu.size() == cpu.size());
     std::printf("%-4s %-10s", what.c_str(), precision.c_str());
     for (size_t i = 0; i < cpu.size(); ++i) {
@@ -111,4 +118,34 @@ TEST_CASE("the GPT trains on CUDA as on the CPU under every mixed-precision stra
   const int64_t vocab = config.vocab_size;
   auto crit = [vocab](const Tensor& logits, const Tensor& t) { return cross_entropy(logits.reshape({-1, vocab}), t); };
   compare("gpt", make, idx, target, crit, 6);
+}
+
+TEST_CASE("an MLP with BatchNorm1d trains with SGD on CUDA as on the CPU under every mixed-precision strategy",
+          "[cuda]") {
+  Generator g(2);
+  const Tensor x = randn({64, 32}, &g);
+  const Tensor y = randint(0, 10, {64}, &g);
+  auto make = [] {
+    Generator init(3);
+    auto seq = std::make_shared<nn::Sequential>();
+    seq->push_back(std::make_shared<nn::Linear>(32, 64, true, &init));
+    seq->push_back(std::make_shared<nn::BatchNorm1d>(64));
+    seq->push_back(std::make_shared<nn::ReLU>());
+    seq->push_back(std::make_shared<nn::Linear>(64, 10, true, &init));
+    return nn::ModulePtr(seq);
+  };
+  auto crit = [](const Tensor& out, const Tensor& t) { return cross_entropy(out, t); };
+  auto sgd = [](std::vector<Tensor> params) -> std::shared_ptr<optim::Optimizer> {
+    return std::make_shared<optim::SGD>(
+        std::move(params), nlohmann::json{{"lr", 0.05}, {"momentum", 0.9}, {"nesterov", true}, {"weight_decay", 1e-4}});
+  };
+  // The CPU half runs on any machine: every strategy trains this model with SGD on the CPU.
+  for (const std::string precision : kPrecisions) {
+    INFO("CPU under " << precision);
+    const std::vector<double> cpu = train(make, x, y, crit, precision, Device::cpu(), 6, sgd);
+    for (double l : cpu) CHECK(std::isfinite(l));
+    CHECK(cpu.back() < cpu.front());
+  }
+  if (skip_without_gpu()) return;
+  compare("bn", make, x, y, crit, 6, sgd);
 }

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cctype>
+#include <functional>
 
 #include "booster/booster/booster.h"
 #include "booster/booster/compat.h"
@@ -323,63 +324,92 @@ std::string quoted(const std::vector<std::string>& names) {
 // their messages are only re-addressed to the JSON path (`mixed_precision.init_scale`) so a config
 // error reads like every other. The resolved section is {"name", every option with its value}, and
 // resolving it again gives the same object, so a resolved config can be saved and run.
-json resolve_mixed_precision(const json& given) {
-  const std::string path = "mixed_precision";
+namespace {
+
+// A section that names one thing of a registry (a strategy, a plugin) plus that thing's options: the
+// shared half of Note [The mixed_precision section] and Note [The plugin section].
+struct NamedSection {
+  std::string path;          // the section's JSON key
+  std::string kind;          // "strategy", "plugin": for messages
+  std::string default_name;  // when the section is {}
+  std::vector<std::string> names;
+  bool library_paths = false;  // a path to a plugin library is a name too
+  // options() of the named thing built with `options` ({} for the defaults); its own checks throw
+  // ConfigError.
+  std::function<json(const std::string& name, const json& options)> resolve_options;
+};
+
+// True when `message` names `key`: quoted, or as a whole word.
+bool names_option(const std::string& message, const std::string& key) {
+  if (message.find("'" + key + "'") != std::string::npos) return true;
+  auto word_char = [](char c) { return std::isalnum(static_cast<unsigned char>(c)) || c == '_'; };
+  for (size_t at = message.find(key); at != std::string::npos; at = message.find(key, at + 1)) {
+    const size_t end = at + key.size();
+    if ((at == 0 || !word_char(message[at - 1])) && (end == message.size() || !word_char(message[end]))) return true;
+  }
+  return false;
+}
+
+json resolve_named_section(const json& given, const NamedSection& s) {
+  const std::string& path = s.path;
   json section = given.is_string() ? json{{"name", given}} : given;
   if (!section.is_object()) {
-    throw ConfigError("'" + path + "' is " + show(given) +
-                      "; expected a strategy name or an object {\"name\": ..., options...}");
+    throw ConfigError("'" + path + "' is " + show(given) + "; expected a " + s.kind +
+                      " name or an object {\"name\": ..., options...}");
   }
-  if (section.empty()) section["name"] = kDefaultMixedPrecision;
-  // Built-in strategies and the precision plugins found on the search path.
-  std::vector<std::string> names;
-  for (const auto& info : mixed_precision::available_strategies()) names.push_back(info.name);
-  if (!section.contains("name")) {
-    throw ConfigError("'" + path + ".name' is missing; expected one of " + quoted(names));
-  }
+  if (section.empty()) section["name"] = s.default_name;
+  if (!section.contains("name")) throw ConfigError("'" + path + ".name' is missing; expected one of " + quoted(s.names));
   const json& name_value = section.at("name");
   const std::string name = name_value.is_string() ? name_value.get<std::string>() : std::string();
-  if (!name_value.is_string() || std::find(names.begin(), names.end(), name) == names.end()) {
-    std::string msg = "'" + path + ".name' is " + show(name_value) + "; expected one of " + quoted(names);
-    if (auto guess = nearest(name, names)) msg += " (did you mean '" + *guess + "'?)";
+  const bool known = std::find(s.names.begin(), s.names.end(), name) != s.names.end() ||
+                     (s.library_paths && !name.empty() && plugin::is_path(name));
+  if (!name_value.is_string() || !known) {
+    std::string msg = "'" + path + ".name' is " + show(name_value) + "; expected one of " + quoted(s.names);
+    if (s.library_paths) msg += " or a path to a plugin library";
+    if (auto guess = nearest(name, s.names)) msg += " (did you mean '" + *guess + "'?)";
     throw ConfigError(msg);
   }
 
   json options = section;
   options.erase("name");
   // Unknown keys first, with the nearest valid one, as for any other section.
-  const json defaults = mixed_precision::create(name)->options();
+  const json defaults = s.resolve_options(name, json::object());
   std::vector<std::string> valid = {"name"};
   for (const auto& [key, _] : defaults.items()) valid.push_back(key);
   for (const auto& [key, _] : options.items()) {
     if (defaults.contains(key)) continue;
-    std::string msg = "unknown key '" + path + "." + key + "' for strategy \"" + name + "\"";
+    std::string msg = "unknown key '" + path + "." + key + "' for " + s.kind + " \"" + name + "\"";
     if (auto guess = nearest(key, valid)) msg += "; did you mean '" + *guess + "'?";
     throw ConfigError(msg + " (valid keys of '" + path + "': " + quoted(valid) + ")");
   }
 
   json resolved = {{"name", name}};
   try {
-    resolved.update(mixed_precision::create(name, options)->options());
+    resolved.update(s.resolve_options(name, options));
   } catch (const ConfigError& e) {
-    // The strategy's message names the option ('key', or the bare word); lead with its JSON path and
+    // The thing's own message names the option ('key', or the bare word); lead with its JSON path and
     // value.
     const std::string what = e.what();
-    auto names_option = [&](const std::string& key) {
-      if (what.find("'" + key + "'") != std::string::npos) return true;
-      for (size_t at = what.find(key); at != std::string::npos; at = what.find(key, at + 1)) {
-        const size_t end = at + key.size();
-        const bool word_start = at == 0 || !(std::isalnum(static_cast<unsigned char>(what[at - 1])) || what[at - 1] == '_');
-        const bool word_end = end == what.size() || !(std::isalnum(static_cast<unsigned char>(what[end])) || what[end] == '_');
-        if (word_start && word_end) return true;
-      }
-      return false;
-    };
     for (const auto& [key, value] : options.items())
-      if (names_option(key)) throw ConfigError("'" + path + "." + key + "' is " + show(value) + ": " + what);
+      if (names_option(what, key)) throw ConfigError("'" + path + "." + key + "' is " + show(value) + ": " + what);
     throw ConfigError("'" + path + "': " + what);
   }
   return resolved;
+}
+
+}  // namespace
+
+json resolve_mixed_precision(const json& given) {
+  NamedSection s;
+  s.path = "mixed_precision";
+  s.kind = "strategy";
+  s.default_name = kDefaultMixedPrecision;
+  // Built-in strategies and the precision plugins found on the search path.
+  for (const auto& info : mixed_precision::available_strategies()) s.names.push_back(info.name);
+  s.resolve_options = [](const std::string& name, const json& options) {
+    return mixed_precision::create(name, options)->options();
+  };
+  return resolve_named_section(given, s);
 }
 
 // Note [The plugin section]
@@ -392,47 +422,19 @@ json resolve_mixed_precision(const json& given) {
 // re-addressed to `plugin.KEY`. Whether the plugin works with the mixed_precision strategy is the
 // compatibility matrix's call (check_training_config).
 json resolve_plugin(const json& given) {
-  const std::string path = "plugin";
-  json section = given.is_string() ? json{{"name", given}} : given;
-  if (!section.is_object())
-    throw ConfigError("'" + path + "' is " + show(given) + "; expected a plugin name or an object {\"name\": ..., options...}");
-  if (section.empty()) section["name"] = kDefaultPlugin;
-  std::vector<std::string> names = {kDefaultPlugin};
+  NamedSection s;
+  s.path = "plugin";
+  s.kind = "plugin";
+  s.default_name = kDefaultPlugin;
+  s.library_paths = true;
+  s.names = {kDefaultPlugin};
   for (const plugin::Found& found : plugin::list(plugin::kParallelKind))
-    if (found.name != kDefaultPlugin) names.push_back(found.name);
-  if (!section.contains("name")) throw ConfigError("'" + path + ".name' is missing; expected one of " + quoted(names));
-  const json& name_value = section.at("name");
-  const std::string name = name_value.is_string() ? name_value.get<std::string>() : std::string();
-  const bool known = std::find(names.begin(), names.end(), name) != names.end() || (!name.empty() && plugin::is_path(name));
-  if (!name_value.is_string() || !known) {
-    std::string msg = "'" + path + ".name' is " + show(name_value) + "; expected one of " + quoted(names) +
-                      " or a path to a plugin library";
-    if (auto guess = nearest(name, names)) msg += " (did you mean '" + *guess + "'?)";
-    throw ConfigError(msg);
-  }
-  // "single" is the built-in plugin: the same code as plugins/single, with no library to find.
-  const std::string library = name == kDefaultPlugin ? "" : name;
-  json options = section;
-  options.erase("name");
-  const json defaults = create_plugin(library)->options();
-  std::vector<std::string> valid = {"name"};
-  for (const auto& [key, _] : defaults.items()) valid.push_back(key);
-  for (const auto& [key, _] : options.items()) {
-    if (defaults.contains(key)) continue;
-    std::string msg = "unknown key '" + path + "." + key + "' for plugin \"" + name + "\"";
-    if (auto guess = nearest(key, valid)) msg += "; did you mean '" + *guess + "'?";
-    throw ConfigError(msg + " (valid keys of '" + path + "': " + quoted(valid) + ")");
-  }
-  json resolved = {{"name", name}};
-  try {
-    resolved.update(create_plugin(library, options)->options());
-  } catch (const ConfigError& e) {
-    const std::string what = e.what();
-    for (const auto& [key, value] : options.items())
-      if (what.find(key) != std::string::npos) throw ConfigError("'" + path + "." + key + "' is " + show(value) + ": " + what);
-    throw ConfigError("'" + path + "': " + what);
-  }
-  return resolved;
+    if (found.name != kDefaultPlugin) s.names.push_back(found.name);
+  s.resolve_options = [](const std::string& name, const json& options) {
+    // "single" is the built-in plugin: the same code as plugins/single, with no library to find.
+    return create_plugin(name == kDefaultPlugin ? "" : name, options)->options();
+  };
+  return resolve_named_section(given, s);
 }
 
 BoosterConfig booster_config(const json& resolved) {

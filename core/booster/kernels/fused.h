@@ -39,4 +39,15 @@ struct AdamStep {
 BOOSTER_DECLARE_KERNEL(adam_kernel, void(const AdamStep& s, Tensor& param, const Tensor& grad, Tensor& exp_avg,
                                          Tensor& exp_avg_sq, Tensor& max_exp_avg_sq));
 
+// One SGD update over a run of a flat buffer: param, grad (param's dtype) and momentum_buffer (the
+// compute type; undefined without momentum), all 1-D contiguous, same numel. As optim/fused_kernels.h
+// sgd_update: d = g + weight_decay p; with momentum, buf = d on the first step (`first`), else
+// buf = momentum buf + (1 - dampening) d, and d = nesterov ? d + momentum buf : buf; p += neg_lr d.
+struct SGDStep {
+  double neg_lr, weight_decay, momentum, one_minus_dampening;
+  bool nesterov = false;
+  bool first = false;
+};
+BOOSTER_DECLARE_KERNEL(sgd_kernel, void(const SGDStep& s, Tensor& param, const Tensor& grad, Tensor& momentum_buffer));
+
 }  // namespace booster::kernels

@@ -1,5 +1,7 @@
-// torch.optim.SGD (1.13) as one fused pass per run of parameters (see fused_kernels.h).
+// torch.optim.SGD (1.13) as one fused pass per run of parameters (see fused_kernels.h; on a GPU,
+// kernels/fused.h sgd_kernel).
 #include "booster/autograd/autograd.h"
+#include "booster/kernels/fused.h"
 #include "booster/optim/fused_kernels.h"
 #include "booster/optim/optimizer.h"
 
@@ -70,16 +72,28 @@ void SGD::step() {
                  wd = num(o, "weight_decay");
     const bool nesterov = flag(o, "nesterov");
     for_each_run(g, [&](Segment& seg, const Run& run) {
-      BOOSTER_CHECK(seg.flat.device().is_cpu(), NotImplementedError, "SGD.step: parameters on ",
-                    seg.flat.device(), " are not supported yet");
       Tensor* buf = momentum != 0.0 ? &state_buffer(seg, "momentum_buffer") : nullptr;
+      // Runs break where has_buffer_ changes (run_key), so the run's first parameter speaks for all.
+      const bool first = !has_buffer_[seg.index[run.first_param]];
+      const auto mark_buffers_made = [&] {
+        if (buf)
+          for (size_t k = run.first_param; k < run.end_param; ++k) has_buffer_[seg.index[k]] = 1;
+      };
+      if (!seg.flat.device().is_cpu()) {  // one fused kernel over the run (kernels/fused.h)
+        const kernels::SGDStep s{-lr, wd, momentum, 1.0 - dampening, nesterov, first};
+        const int64_t len = run.end - run.begin;
+        Tensor p = seg.flat.data().narrow(0, run.begin, len);
+        Tensor b_run = buf ? buf->narrow(0, run.begin, len) : Tensor();
+        kernels::sgd_kernel(seg.flat.device())(s, p, seg.flat.grad().narrow(0, run.begin, len), b_run);
+        mark_buffers_made();
+        return;
+      }
       BOOSTER_DISPATCH_FLOATING(seg.flat.dtype(), "SGD.step", [&] {
         using S = acc_t<scalar_t>;
         const detail::SGDCoeffs<S> c{S(-lr), S(wd), S(momentum), S(1.0 - dampening)};
         scalar_t* p = seg.flat.data().data<scalar_t>() + run.begin;
         const scalar_t* gr = seg.flat.grad().data<scalar_t>() + run.begin;
         S* b = buf ? buf->data<S>() + run.begin : nullptr;
-        const bool first = !has_buffer_[seg.index[run.first_param]];
         detail::with_flags(wd != 0.0, momentum != 0.0, nesterov, [&]<bool kWD, bool kMom, bool kNest>() {
           cpu::parallel_for(run.end - run.begin, detail::kOptimizerCostPerElement, [&](int64_t lo, int64_t hi) {
             detail::in_compute_precision(p + lo, gr + lo, hi - lo, [&](auto* pc, const auto* gc, int64_t at, int64_t len) {
@@ -88,8 +102,7 @@ void SGD::step() {
           });
         });
       });
-      if (buf)
-        for (size_t k = run.first_param; k < run.end_param; ++k) has_buffer_[seg.index[k]] = 1;
+      mark_buffers_made();
     });
   }
 }

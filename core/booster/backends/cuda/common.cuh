@@ -45,8 +45,10 @@ namespace booster::cuda {
 // The one stream per device every kernel, copy and cuBLAS call of the backend is queued on (so
 // operations are ordered without events, and the caching allocator can reuse a freed block at once).
 cudaStream_t stream(int device = 0);
-// Makes `device` current on this thread (cheap when it already is).
+// Makes `device` current on this thread (cheap when it already is). Note [CUDA device routing].
 void set_device(int device);
+// Waits for the streams of every device the backend has used (and touches no other device).
+void synchronize_started();
 cublasHandle_t cublas_handle(int device = 0);
 cublasLtHandle_t cublaslt_handle(int device = 0);
 // Scratch for cuBLASLt (workspace), grown on demand and kept.
@@ -70,10 +72,10 @@ struct Timed<Fn> {
   static inline const char* family = "?";
   static void call(A... a) {
     if (!profiling()) return Fn(a...);
-    synchronize(0);
+    synchronize_started();
     const double t0 = profile_clock();
     Fn(a...);
-    synchronize(0);
+    synchronize_started();
     profile_add(family, profile_clock() - t0);
   }
 };
@@ -216,10 +218,10 @@ __global__ void elementwise_kernel(int64_t n, OffsetCalc<NT> calc, F f) {
   }
 }
 
-// Blocks for a grid-stride loop over n elements.
-inline unsigned grid_for(int64_t n, int threads = 256) {
+// Blocks for a grid-stride loop over n elements on `device` (at most 32 per SM of that device).
+inline unsigned grid_for(int device, int64_t n, int threads = 256) {
   const int64_t blocks = (n + threads - 1) / threads;
-  return unsigned(std::max<int64_t>(1, std::min<int64_t>(blocks, int64_t(sm_count()) * 32)));
+  return unsigned(std::max<int64_t>(1, std::min<int64_t>(blocks, int64_t(sm_count(device)) * 32)));
 }
 
 // Runs f(offsets) for every element of `shape` (offsets in elements, one per operand) on the stream.
@@ -228,7 +230,7 @@ void launch_elementwise(int device, const Shape& shape, const Shape* const (&str
   const int64_t n = numel_of(shape);
   if (n == 0) return;
   const OffsetCalc<NT> calc = make_offset_calc<NT>(shape, strides);
-  elementwise_kernel<NT><<<grid_for(n), 256, 0, stream(device)>>>(n, calc, f);
+  elementwise_kernel<NT><<<grid_for(device, n), 256, 0, stream(device)>>>(n, calc, f);
   BOOSTER_CUDA_CHECK_LAUNCH();
 }
 

@@ -1,7 +1,7 @@
 // CUDA fused multi-tensor kernels (kernels/fused.h): unscale + inf/NaN check into a device flag,
-// sums of squares for the gradient norm, zero counts, and the Adam/AdamW update. Each takes a whole
-// flat span per launch; results that the host needs (found_inf, the norm) stay on the device until
-// the caller reads them once per step.
+// sums of squares for the gradient norm, zero counts, and the Adam/AdamW and SGD updates. Each takes
+// a whole flat span per launch; results that the host needs (found_inf, the norm) stay on the device
+// until the caller reads them once per step.
 #include "booster/backends/cuda/common.cuh"
 #include "booster/kernels/fused.h"
 
@@ -48,10 +48,10 @@ void cuda_unscale_check(const Tensor& src, const Tensor& dst, float inv_scale, T
     using S = dev_t<decltype(tag)>;
     const S* ps = cptr<decltype(tag)>(src);
     if (in_place) {
-      unscale_kernel<S, S><<<grid_for(n), 256, 0, stream(dev)>>>(ps, const_cast<S*>(ps), n, inv_scale,
+      unscale_kernel<S, S><<<grid_for(dev, n), 256, 0, stream(dev)>>>(ps, const_cast<S*>(ps), n, inv_scale,
                                                                   inv_scale != 1.0f, flag);
     } else {
-      unscale_kernel<S, float><<<grid_for(n), 256, 0, stream(dev)>>>(ps, static_cast<float*>(dst.data_ptr()), n,
+      unscale_kernel<S, float><<<grid_for(dev, n), 256, 0, stream(dev)>>>(ps, static_cast<float*>(dst.data_ptr()), n,
                                                                       inv_scale, true, flag);
     }
     BOOSTER_CUDA_CHECK_LAUNCH();
@@ -76,7 +76,7 @@ void cuda_sum_squares(const Tensor& t, Tensor& acc) {
   if (n == 0) return;
   dispatch_grad(t, [&](auto tag) {
     using S = dev_t<decltype(tag)>;
-    sum_squares_kernel<S><<<grid_for(n), 256, 0, stream(dev)>>>(cptr<decltype(tag)>(t), n,
+    sum_squares_kernel<S><<<grid_for(dev, n), 256, 0, stream(dev)>>>(cptr<decltype(tag)>(t), n,
                                                                  static_cast<double*>(acc.data_ptr()));
     BOOSTER_CUDA_CHECK_LAUNCH();
   });
@@ -98,7 +98,7 @@ void cuda_count_zeros(const Tensor& t, Tensor& acc) {
   if (n == 0) return;
   dispatch_grad(t, [&](auto tag) {
     using S = dev_t<decltype(tag)>;
-    count_zeros_kernel<S><<<grid_for(n), 256, 0, stream(dev)>>>(
+    count_zeros_kernel<S><<<grid_for(dev, n), 256, 0, stream(dev)>>>(
         cptr<decltype(tag)>(t), n, static_cast<unsigned long long*>(acc.data_ptr()));
     BOOSTER_CUDA_CHECK_LAUNCH();
   });
@@ -135,11 +135,44 @@ void cuda_adam(const kernels::AdamStep& s, Tensor& param, const Tensor& grad, Te
     using P = dev_t<scalar_t>;
     using S = acc_t<scalar_t>;
     S* vmax = max_exp_avg_sq.defined() ? static_cast<S*>(max_exp_avg_sq.data_ptr()) : nullptr;
-    adam_kernel<P, S><<<grid_for(n), 256, 0, stream(dev)>>>(
+    adam_kernel<P, S><<<grid_for(dev, n), 256, 0, stream(dev)>>>(
         static_cast<P*>(param.data_ptr()), static_cast<const P*>(grad.data_ptr()), static_cast<S*>(exp_avg.data_ptr()),
         static_cast<S*>(exp_avg_sq.data_ptr()), vmax, n, S(s.beta1), S(s.beta2), S(s.one_minus_beta1),
         S(s.one_minus_beta2), S(s.weight_decay), S(s.decay), S(s.neg_step_size), S(s.bias_correction2_sqrt), S(s.eps),
         s.decoupled, s.weight_decay != 0.0);
+    BOOSTER_CUDA_CHECK_LAUNCH();
+  });
+}
+
+// The CPU's sgd_update (optim/fused_kernels.h) element by element, same order of operations. buf is
+// null without momentum; `first` sets buf = d (torch clones the first direction, without dampening).
+template <class P, class S>
+__global__ void sgd_kernel(P* p, const P* g, S* buf, int64_t n, S neg_lr, S wd, S momentum, S omd, bool use_wd,
+                           bool nesterov, bool first) {
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
+    const S pv = load_as<S>(p[i]);
+    S d = load_as<S>(g[i]);
+    if (use_wd) d = d + wd * pv;
+    if (buf) {
+      const S b = first ? d : buf[i] * momentum + omd * d;
+      buf[i] = b;
+      d = nesterov ? d + momentum * b : b;
+    }
+    p[i] = store_as<P>(pv + neg_lr * d);
+  }
+}
+
+void cuda_sgd(const kernels::SGDStep& s, Tensor& param, const Tensor& grad, Tensor& momentum_buffer) {
+  const int dev = device_of(param);
+  const int64_t n = param.numel();
+  if (n == 0) return;
+  BOOSTER_DISPATCH_FLOATING(param.dtype(), "SGD.step", [&] {
+    using P = dev_t<scalar_t>;
+    using S = acc_t<scalar_t>;
+    S* buf = momentum_buffer.defined() ? static_cast<S*>(momentum_buffer.data_ptr()) : nullptr;
+    sgd_kernel<P, S><<<grid_for(dev, n), 256, 0, stream(dev)>>>(
+        static_cast<P*>(param.data_ptr()), static_cast<const P*>(grad.data_ptr()), buf, n, S(s.neg_lr),
+        S(s.weight_decay), S(s.momentum), S(s.one_minus_dampening), s.weight_decay != 0.0, s.nesterov, s.first);
     BOOSTER_CUDA_CHECK_LAUNCH();
   });
 }
@@ -152,4 +185,5 @@ BOOSTER_REGISTER_CUDA_KERNEL(unscale_check_kernel, cuda::cuda_unscale_check);
 BOOSTER_REGISTER_CUDA_KERNEL(sum_squares_kernel, cuda::cuda_sum_squares);
 BOOSTER_REGISTER_CUDA_KERNEL(count_zeros_kernel, cuda::cuda_count_zeros);
 BOOSTER_REGISTER_CUDA_KERNEL(adam_kernel, cuda::cuda_adam);
+BOOSTER_REGISTER_CUDA_KERNEL(sgd_kernel, cuda::cuda_sgd);
 }  // namespace booster::kernels

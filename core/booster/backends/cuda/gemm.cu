@@ -5,8 +5,8 @@
 // cuBLAS is column-major. A row-major matrix X [r, c] with row stride ld is, read column-major, X^T
 // with leading dim ld, so the row-major C = op(A) op(B) is computed as the column-major
 // C^T = op(B)^T op(A)^T: B is passed first, m and n swap, and each operand keeps the layout it has
-// (Note [GEMM operand layouts]: unit column stride -> N, unit row stride -> T). Only an operand with
-// no unit stride is copied.
+// (Note [GEMM operand layouts] in booster/kernels/gemm.h: unit column stride -> N, unit row stride
+// -> T). Only an operand with no unit stride is copied.
 #include "booster/backends/cuda/common.cuh"
 #include "booster/kernels/elementwise.h"
 #include "booster/kernels/gemm.h"
@@ -15,45 +15,6 @@ namespace booster::cuda {
 namespace {
 
 using kernels::GemmArgs;
-
-struct Operand {
-  const void* data = nullptr;
-  bool trans = false;  // stored as op(X)^T row-major
-  int64_t ld = 1;
-  int64_t batch_stride = 0;
-};
-
-bool describe(const Tensor& m, Operand& op) {
-  const int64_t rows = m.shape()[1], cols = m.shape()[2];
-  int64_t rs = m.strides()[1], cs = m.strides()[2];
-  if (rows == 1) rs = cs == 1 ? std::max<int64_t>(cols, 1) : 1;
-  if (cols == 1) cs = rs == 1 ? std::max<int64_t>(rows, 1) : 1;
-  op.data = m.data_ptr();
-  op.batch_stride = m.shape()[0] == 1 ? 0 : m.strides()[0];
-  if (cs == 1 && rs >= std::max<int64_t>(cols, 1)) {
-    op.trans = false;
-    op.ld = rs;
-    return true;
-  }
-  if (rs == 1 && cs >= std::max<int64_t>(rows, 1)) {
-    op.trans = true;
-    op.ld = cs;
-    return true;
-  }
-  return false;
-}
-
-Operand operand(const Tensor& x, bool trans, Tensor& keep_alive) {
-  Tensor m = trans ? make_view(x, {x.shape()[0], x.shape()[2], x.shape()[1]},
-                               {x.strides()[0], x.strides()[2], x.strides()[1]}, x.offset())
-                   : x;
-  Operand op;
-  if (describe(m, op)) return op;
-  keep_alive = Tensor::empty(m.shape(), m.dtype(), m.device());
-  kernels::copy_kernel(m.device())(m, keep_alive);
-  describe(keep_alive, op);
-  return op;
-}
 
 cudaDataType_t cuda_type(DType t) {
   switch (t) {
@@ -71,7 +32,8 @@ void gemm_rowmajor_c(const GemmArgs& args, const Tensor& a, const Tensor& b, Ten
   if (m == 0 || n == 0 || batch == 0) return;
   const int64_t ldc = m == 1 ? std::max<int64_t>(n, 1) : c.strides()[1];
   Tensor a_copy, b_copy;
-  const Operand oa = operand(a, args.trans_a, a_copy), ob = operand(b, args.trans_b, b_copy);
+  const kernels::GemmOperand oa = kernels::gemm_operand(a, args.trans_a, a_copy),
+                             ob = kernels::gemm_operand(b, args.trans_b, b_copy);
   const DType dt = c.dtype();
   const cudaDataType_t type = cuda_type(dt);
   cublasHandle_t h = cublas_handle(dev);
@@ -113,22 +75,9 @@ void gemm_rowmajor_c(const GemmArgs& args, const Tensor& a, const Tensor& b, Ten
 }
 
 void cuda_gemm(const GemmArgs& args, const Tensor& a, const Tensor& b, Tensor& c) {
-  BOOSTER_CHECK(a.dim() == 3 && b.dim() == 3 && c.dim() == 3, ShapeError, "gemm: expected 3-D operands, got ",
-                a.shape(), ", ", b.shape(), " and ", c.shape());
-  BOOSTER_CHECK(a.dtype() == b.dtype() && a.dtype() == c.dtype(), DTypeError, "gemm: operands must share a dtype, got ",
-                a.dtype(), ", ", b.dtype(), " and ", c.dtype());
-  const int64_t k = args.trans_a ? a.shape()[1] : a.shape()[2];
-  const int64_t m = args.trans_a ? a.shape()[2] : a.shape()[1];
-  const int64_t kb = args.trans_b ? b.shape()[2] : b.shape()[1];
-  const int64_t n = args.trans_b ? b.shape()[1] : b.shape()[2];
-  BOOSTER_CHECK(k == kb && c.shape()[1] == m && c.shape()[2] == n, ShapeError, "gemm: op(A) [", m, ", ", k,
-                "] times op(B) [", kb, ", ", n, "] does not give C ", c.shape());
-  BOOSTER_CHECK(k <= INT32_MAX && m <= INT32_MAX && n <= INT32_MAX, ValueError, "gemm: dims ", m, ", ", n, ", ", k,
-                " exceed cuBLAS's int range");
+  kernels::check_gemm(args, a, b, c, "cuBLAS");
   const int dev = device_of(c);
-  const bool c_rowmajor = c.strides()[2] == 1 || c.shape()[2] == 1;
-  if (c_rowmajor && (c.shape()[1] == 1 || c.strides()[1] >= c.shape()[2]) &&
-      (c.shape()[0] == 1 || c.strides()[0] != 0)) {
+  if (kernels::gemm_output_in_place(c)) {
     gemm_rowmajor_c(args, a, b, c, dev);
     return;
   }

@@ -101,8 +101,8 @@ void cuda_softmax(const Tensor& x, int64_t outer, int64_t dim, int64_t inner, bo
       softmax_rows_kernel<T, T><<<unsigned(std::min<int64_t>(outer, 1 << 20)), row_threads(dim), 0, stream(dev)>>>(
           cptr<scalar_t>(x), mptr<scalar_t>(out), outer, dim, log, 0);
     } else {
-      softmax_inner_kernel<T><<<grid_for(outer * inner), 256, 0, stream(dev)>>>(cptr<scalar_t>(x), mptr<scalar_t>(out),
-                                                                             outer, dim, inner, log);
+      softmax_inner_kernel<T><<<grid_for(dev, outer * inner), 256, 0, stream(dev)>>>(
+          cptr<scalar_t>(x), mptr<scalar_t>(out), outer, dim, inner, log);
     }
     BOOSTER_CUDA_CHECK_LAUNCH();
   });
@@ -152,7 +152,7 @@ void cuda_softmax_backward(const Tensor& grad, const Tensor& y, int64_t outer, i
   if (dx.numel() == 0) return;
   BOOSTER_DISPATCH_FLOATING(dx.dtype(), "softmax_backward", [&] {
     using T = dev_t<scalar_t>;
-    const unsigned blocks = inner == 1 ? unsigned(std::min<int64_t>(outer, 1 << 20)) : grid_for(outer * inner);
+    const unsigned blocks = inner == 1 ? unsigned(std::min<int64_t>(outer, 1 << 20)) : grid_for(dev, outer * inner);
     softmax_backward_kernel<T, T><<<blocks, inner == 1 ? row_threads(dim) : 256, 0, stream(dev)>>>(
         cptr<scalar_t>(grad), cptr<scalar_t>(y), mptr<scalar_t>(dx), outer, dim, inner, log, 0);
     BOOSTER_CUDA_CHECK_LAUNCH();
@@ -533,7 +533,7 @@ template <class T, class A>
 void finish_loss(int dev, const A* rowloss, int64_t rows, LossReduction reduction, double valid, Tensor& out) {
   T* po = static_cast<T*>(out.data_ptr());
   if (reduction == LossReduction::None) {
-    if (rows > 0) cast_rows_kernel<T, A><<<grid_for(rows), 256, 0, stream(dev)>>>(rowloss, rows, po);
+    if (rows > 0) cast_rows_kernel<T, A><<<grid_for(dev, rows), 256, 0, stream(dev)>>>(rowloss, rows, po);
   } else {
     // Mean over no valid target is 0/0 = nan, as PyTorch.
     sum_rows_kernel<A, T><<<1, 1024, 0, stream(dev)>>>(rowloss, rows, reduction == LossReduction::Mean ? valid : 1.0,

@@ -36,34 +36,65 @@ struct DeviceState {
   void* workspace = nullptr;
   size_t workspace_bytes = 0;
   int sms = 0;
+  std::atomic<bool> started{false};  // the stream exists (for synchronize_started)
 };
 
-DeviceState& state(int device) {
+DeviceState* state_storage() {
   static DeviceState* states = new DeviceState[kMaxDevices];  // never destroyed (static destruction order)
+  return states;
+}
+
+DeviceState& state(int device) {
+  DeviceState* states = state_storage();
   BOOSTER_CHECK(device >= 0 && device < std::min(device_count(), kMaxDevices), DeviceError, "cuda:", device,
                 " does not exist: ", device_count(), " CUDA device(s) visible");
   DeviceState& s = states[device];
   std::call_once(s.once, [&] {
+    // The stream and the cuBLAS handles belong to the device current when they are made. The
+    // caller's current device is restored afterwards when the backend already uses it: setting a
+    // device initializes its context (CUDA 12+), so an unused device 0 is not touched (Note [CUDA
+    // device routing]); launches never rely on the restore, since device_of sets the device.
+    int previous = 0;
+    BOOSTER_CUDA_CHECK(cudaGetDevice(&previous));
     BOOSTER_CUDA_CHECK(cudaSetDevice(device));
     BOOSTER_CUDA_CHECK(cudaStreamCreateWithFlags(&s.stream, cudaStreamNonBlocking));
     BOOSTER_CUBLAS_CHECK(cublasCreate(&s.cublas));
     BOOSTER_CUBLAS_CHECK(cublasSetStream(s.cublas, s.stream));
     BOOSTER_CUBLAS_CHECK(cublasLtCreate(&s.cublaslt));
     BOOSTER_CUDA_CHECK(cudaDeviceGetAttribute(&s.sms, cudaDevAttrMultiProcessorCount, device));
+    if (previous != device && previous < kMaxDevices && states[previous].started.load())
+      BOOSTER_CUDA_CHECK(cudaSetDevice(previous));
+    s.started = true;
   });
   return s;
 }
+
+// Whether device's stream exists already (without creating it).
+bool state_started(int device) { return state_storage()[device].started.load(); }
 
 std::atomic<bool> g_allow_tf32{false};
 
 }  // namespace
 
+// Note [CUDA device routing]
+// A process may drive several GPUs (one per thread, or one after another), and code outside the
+// backend (NCCL, a user's own CUDA) may change the current device. So nothing here trusts a cached
+// idea of the current device: every kernel family starts with device_of(tensor), which makes the
+// tensor's device current (cudaGetDevice is a cheap host-side read; cudaSetDevice runs only on a
+// change), then launches on stream(that device), sizes grids by that device's SM count, and
+// allocates its temporaries on the tensor's device; no launch asks for another device's state, so
+// the launches of a rank whose tensors are on GPU 1 create no context on GPU 0. Creating a device's state
+// hands the current device back to the caller where the backend already uses that one. The
+// allocator routes copies and memsets by the device that owns the pointer, not the current device.
 void set_device(int device) {
-  thread_local int current = -1;
-  if (current != device) {
-    BOOSTER_CUDA_CHECK(cudaSetDevice(device));
-    current = device;
-  }
+  int current = -1;
+  BOOSTER_CUDA_CHECK(cudaGetDevice(&current));
+  if (current != device) BOOSTER_CUDA_CHECK(cudaSetDevice(device));
+}
+
+void synchronize_started() {
+  for (int d = 0; d < std::min(device_count(), kMaxDevices); ++d)
+    if (state_started(d)) BOOSTER_CUDA_CHECK(cudaStreamSynchronize(stream(d)));
 }
 
 cudaStream_t stream(int device) { return state(device).stream; }
@@ -304,21 +335,38 @@ class CudaAllocatorRouter final : public Allocator {
   void deallocate_on(int d, void* p, size_t n) override { at(d).deallocate(p, n); }
   // Without a device index: the current device.
   void* allocate(size_t n) override { return at().allocate(n); }
-  void deallocate(void* p, size_t n) override {
-    cudaPointerAttributes attr{};
-    int d = 0;
-    if (cudaPointerGetAttributes(&attr, p) == cudaSuccess) d = attr.device;
-    at(d).deallocate(p, n);
+  void deallocate(void* p, size_t n) override { at(owner(p)).deallocate(p, n); }
+  // Copies and memsets run on the stream of the device that owns the memory (Note [CUDA device
+  // routing]): the interface passes no device, and the current one may be another GPU's.
+  void copy_to_host(void* dst, const void* src, size_t n) override { at(owner(src)).copy_to_host(dst, src, n); }
+  void copy_from_host(void* dst, const void* src, size_t n) override { at(owner(dst)).copy_from_host(dst, src, n); }
+  void copy_device(void* dst, const void* src, size_t n) override {
+    const int d = owner(dst), s = owner(src);
+    if (d == s) return at(d).copy_device(dst, src, n);
+    if (n == 0) return;
+    // Between GPUs: the source's pending writes finish first, then the copy is queued on the
+    // destination's stream, so the destination's later users see it in stream order.
+    synchronize(s);
+    set_device(d);
+    BOOSTER_CUDA_CHECK(cudaMemcpyPeerAsync(dst, d, src, s, n, stream(d)));
   }
-  void copy_to_host(void* dst, const void* src, size_t n) override { at().copy_to_host(dst, src, n); }
-  void copy_from_host(void* dst, const void* src, size_t n) override { at().copy_from_host(dst, src, n); }
-  void copy_device(void* dst, const void* src, size_t n) override { at().copy_device(dst, src, n); }
-  void memset_zero(void* dst, size_t n) override { at().memset_zero(dst, n); }
+  void memset_zero(void* dst, size_t n) override { at(owner(dst)).memset_zero(dst, n); }
   void empty_cache() override {
     for (auto& [d, a] : per_device_) a->empty_cache();
   }
 
  private:
+  // The device whose memory `p` is; the current device when CUDA does not know the pointer.
+  static int owner(const void* p) {
+    cudaPointerAttributes attr{};
+    if (p && cudaPointerGetAttributes(&attr, p) == cudaSuccess && attr.type == cudaMemoryTypeDevice)
+      return attr.device;
+    (void)cudaGetLastError();
+    int d = 0;
+    BOOSTER_CUDA_CHECK(cudaGetDevice(&d));
+    return d;
+  }
+
   std::mutex mu_;
   std::map<int, std::unique_ptr<CudaAllocator>> per_device_;
 };
