@@ -201,7 +201,8 @@ TEST_CASE("cuda plugins: ddp on one GPU trains like the single plugin on it (fp3
     json options = json::object();
     if (precision == "fp16") options = {{"init_scale", 256.0}};
     if (precision == "fp16_naive") options = {{"initial_scale", 1024.0}};
-    const Run single = train_on_gpu({.mixed_precision = precision, .mixed_precision_options = options}, kSteps);
+    const Run single =
+        train_on_gpu({.mixed_precision = precision, .mixed_precision_options = options, .plugin = "single"}, kSteps);
     for (const bool find_unused : {false, true}) {
       INFO("find_unused_parameters " << find_unused);
       const Run ddp = train_on_gpu({.mixed_precision = precision,
@@ -239,8 +240,14 @@ TEST_CASE("cuda plugins: low_level_zero stages 1 and 2 on one GPU match the sing
                                     {{"stage", 2}, {"reduce_bucket_size_in_m", 5e-3}}};
   for (const std::string precision : {"fp32", "fp16", "bf16"}) {
     BoosterConfig reference_config;
-    if (precision == "fp16") reference_config = {.mixed_precision = "fp16_naive", .mixed_precision_options = {{"initial_scale", 1024.0}}};
-    if (precision == "bf16") reference_config = {.mixed_precision = "bf16", .mixed_precision_options = {{"pure", true}}};
+    reference_config.plugin = "single";
+    if (precision == "fp16") {
+      reference_config.mixed_precision = "fp16_naive";
+      reference_config.mixed_precision_options = {{"initial_scale", 1024.0}};
+    } else if (precision == "bf16") {
+      reference_config.mixed_precision = "bf16";
+      reference_config.mixed_precision_options = {{"pure", true}};
+    }
     const Run single = train_on_gpu(reference_config, kSteps);
     const double u = precision == "fp16" ? std::ldexp(1.0, -11) : std::ldexp(1.0, -8);
     for (const json& stage : stages) {

@@ -214,10 +214,10 @@ class LowLevelZeroPlugin final : public ParallelPlugin {
   TrainingParts configure(TrainingParts parts) override {
     BOOSTER_CHECK(parts.model != nullptr, ValueError, "low_level_zero: configure needs a model");
     BOOSTER_CHECK(!configured_, StateError, "low_level_zero: configure() was called twice; boost once per plugin");
-    configured_ = true;
     std::vector<Tensor> tensors = parts.model->parameters();
     for (const Tensor& b : parts.model->buffers()) tensors.push_back(b);
     group_ = &distributed::process_group_for(tensors, "low_level_zero");
+    configured_ = true;
     broadcast_from_rank0(*parts.model);
     const DType dtype = options_.zero.working_dtype;
     if (parts.optimizer) {

@@ -3,7 +3,7 @@
 //
 // Note [Failing ranks]
 // A rank that stops while the others sit in a collective must bring the job down, not leave it hanging.
-// Once the MPI backend is initialized:
+// Once booster has initialized MPI (for the mpi backend, or for the NCCL group's bootstrap):
 //  * every MPI call returns its error (MPI_ERRORS_RETURN) and we throw DistributedError naming the
 //    collective, the MPI call and MPI's error string;
 //  * std::terminate (an uncaught exception, in main or in any thread; a throwing destructor or noexcept
