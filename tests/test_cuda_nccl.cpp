@@ -32,6 +32,7 @@ TEST_CASE("nccl: collectives at world size 1 on CUDA tensors", "[cuda][nccl]") {
   CHECK(pg->backend() == "nccl");
   CHECK(pg->rank() == 0);
   CHECK(pg->size() == 1);
+  CHECK(pg->device() == Device::cuda(0));
   for (DType dt : {DType::Float32, DType::Float16, DType::BFloat16, DType::Float64}) {
     INFO(dtype_name(dt));
     const std::vector<double> values{1, -2, 3.5, 4};
@@ -49,9 +50,12 @@ TEST_CASE("nccl: collectives at world size 1 on CUDA tensors", "[cuda][nccl]") {
     pg->reduce_scatter(scattered, gathered);
     CHECK(scattered.cpu().tolist() == values);
     WorkPtr w = pg->all_reduce_async(t);
-    w->wait();
-    CHECK(w->is_completed());
+    w->wait();  // orders the stream after the collective; the copy to the host below waits for it
     CHECK(t.cpu().tolist() == values);
+    CHECK(w->is_completed());
+    Tensor scratch = gathered.clone();
+    pg->reduce_scatter_consuming(scattered, scratch, ReduceOp::Avg);
+    CHECK(scattered.cpu().tolist() == values);
   }
   pg->barrier();
   // CPU tensors belong to the mpi backend: the message says so.

@@ -5,6 +5,7 @@
 #include "booster/backends/cuda/cuda.h"
 #include "booster/distributed/local_process_group.h"
 #include "booster/distributed/mpi_process_group.h"
+#include "booster/distributed/nccl_process_group.h"
 #include "booster/distributed/process_group.h"
 #include "booster/ops/ops.h"
 
@@ -135,4 +136,38 @@ TEST_CASE("distributed: mpi backend outside mpirun is a singleton world", "[dist
   pg->reduce_scatter_async(out, t, ReduceOp::Sum)->wait();
   REQUIRE(out.tolist() == std::vector<double>{1.5, -2});
   pg->barrier();
+}
+
+TEST_CASE("distributed: a group's device, and the group for a model's device (Note [A group per device])",
+          "[distributed]") {
+  LocalProcessGroup local;
+  CHECK(local.device() == Device::cpu());
+  // reduce_scatter_consuming of one rank is a copy, as reduce_scatter.
+  Tensor in = from_vector(std::vector<double>{1.5, -2, 4}, {3}, DType::Float16);
+  Tensor out = zeros({3}, DType::Float16);
+  local.reduce_scatter_consuming(out, in, ReduceOp::Avg);
+  CHECK(out.tolist() == std::vector<double>{1.5, -2, 4});
+
+  ProcessGroup& cpu_group = process_group_for(Device::cpu());
+  CHECK(&cpu_group == &default_process_group());
+  CHECK(cpu_group.device() == Device::cpu());
+  CHECK(&process_group_for({zeros({2}), ones({1}, DType::Float16)}, "test") == &cpu_group);
+  CHECK(&process_group_for(std::vector<Tensor>{}, "test") == &cpu_group);
+
+  if (!cuda::is_available() || !nccl_built()) {
+    // A CUDA model with no usable NCCL (no GPU here, or none in the build) is a configuration error
+    // that says what is missing; test_cuda_plugins.cpp checks the plugins' side where a GPU is present.
+    CHECK_THROWS_AS(process_group_for(Device::cuda()), ConfigError);
+    CHECK_THROWS_WITH(process_group_for(Device::cuda()),
+                      Catch::Contains("cuda:0") && Catch::Contains("nccl") &&
+                          Catch::Contains(nccl_built() ? "GPU" : "NCCL"));
+    return;
+  }
+  ProcessGroup& gpu_group = process_group_for(Device::cuda());
+  CHECK(gpu_group.backend() == "nccl");
+  CHECK(gpu_group.device() == Device::cuda(0));
+  CHECK(gpu_group.size() == cpu_group.size());
+  CHECK(&process_group_for(Device::cuda()) == &gpu_group);  // one per process
+  if (cuda::device_count() > 1) CHECK_THROWS_AS(process_group_for(Device::cuda(1)), DeviceError);
+  CHECK_THROWS_AS(process_group_for({zeros({2}), zeros({2}, DType::Float32, Device::cuda())}, "test"), DeviceError);
 }

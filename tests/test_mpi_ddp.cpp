@@ -19,10 +19,12 @@
 #include <filesystem>
 #include <unistd.h>
 
+#include "booster/autograd/autograd.h"
 #include "booster/booster/booster.h"
 #include "booster/booster/plugin.h"
 #include "booster/data/dataset.h"
 #include "booster/distributed/bucket.h"
+#include "booster/distributed/nccl_process_group.h"
 #include "booster/distributed/process_group.h"
 #include "booster/nn/linear.h"
 #include "booster/nn/models.h"
@@ -175,7 +177,9 @@ TEST_CASE("ddp: options are validated and the declarations are the documented on
   CHECK(plugin->options() ==
           json{{"bucket_cap_mb", 25.0}, {"broadcast_buffers", true}, {"find_unused_parameters", false},
                {"progress_thread", true}});
-  CHECK(plugin->supported_devices() == std::vector<std::string>{"cpu"});
+  // CUDA models go through NCCL (Note [A group per device]), so cuda is declared where NCCL is built.
+  CHECK(plugin->supported_devices() ==
+        (distributed::nccl_built() ? std::vector<std::string>{"cpu", "cuda"} : std::vector<std::string>{"cpu"}));
   CHECK(plugin->supported_precisions() == std::vector<std::string>{"*"});
   CHECK_FALSE(plugin->control_precision());
   CHECK_FALSE(plugin->control_device());
@@ -393,6 +397,52 @@ TEST_CASE("ddp: an overflow seen by one rank only makes every rank skip the step
     train_step(alone, job_batch(0, B));
     CHECK(alone.precision->step_was_skipped() == (pg.rank() == 1));
   }
+}
+
+// Note [Averages divide first]: one weight row w and one input row x_r per rank, loss = w . x_r at loss
+// scale 1, so the float16 gradient of w on rank r is x_r itself. x_r[0] = 40000 + 8000 r is finite on
+// every rank, but the 2-rank sum 88000 is past float16's largest value 65504 while the mean 44000 is
+// not (all multiples of 32, float16's spacing there: exact). Summing first would overflow and skip the
+// step; dividing first steps with the mean. The reference is the mean in float64 and one SGD step.
+TEST_CASE("ddp: a float16 gradient whose 2-rank sum overflows is averaged, and the step is not skipped",
+          "[mpi][ddp]") {
+  ProcessGroup& pg = group();
+  constexpr double kLr = 1e-5;
+  const std::vector<double> w0{0.5, 0.25, -0.125};
+  auto input_of = [](int r) { return std::vector<double>{40000.0 + 8000.0 * (r % 2), 3.0 + r, -1.5 * (r + 1)}; };
+  auto model = std::make_shared<nn::Linear>(3, 1, /*bias=*/false);
+  {
+    NoGradGuard no_grad;
+    model->weight.copy_(from_vector(w0, {1, 3}));
+  }
+  Training ddp;
+  ddp.plugin = load_ddp();
+  auto strategy = mixed_precision::create("fp16_naive", {{"initial_scale", 1.0}});
+  mixed_precision::Configured c =
+      strategy->configure(model, std::make_shared<optim::SGD>(model->parameters(), json{{"lr", kLr}}),
+                          [](const Tensor& out, const Tensor&) { return sum(out); });
+  TrainingParts parts;
+  parts.model = c.model;
+  parts.optimizer = c.optimizer;
+  parts.criterion = c.criterion;
+  parts.precision = std::move(strategy);
+  static_cast<TrainingParts&>(ddp) = ddp.plugin->configure(parts);
+  REQUIRE(model->weight.dtype() == DType::Float16);
+
+  train_step(ddp, {from_vector(input_of(pg.rank()), {1, 3}), zeros({1})});
+  CHECK_FALSE(ddp.precision->step_was_skipped());
+  CHECK(ddp.precision->loss_scale() == 1.0);  // no overflow was seen, so no backoff
+
+  std::vector<double> want = w0;
+  for (int r = 0; r < pg.size(); ++r)
+    for (size_t i = 0; i < want.size(); ++i) want[i] -= kLr * input_of(r)[i] / pg.size();
+  const std::vector<double> got = model->weight.tolist();
+  for (size_t i = 0; i < want.size(); ++i) {
+    INFO("weight " << i << ": got " << got[i] << ", want " << want[i]);
+    CHECK(std::abs(got[i] - want[i]) <= std::ldexp(1.0, -10) * std::abs(w0[i]));  // float16 rounding
+  }
+  CHECK(std::abs(got[0] - w0[0]) > 0.4);  // it stepped, by the mean (a sum would move it twice as far)
+  CHECK(same_bytes_on_every_rank(all_parameters(*model)));
 }
 
 TEST_CASE("ddp: with small buckets, several are launched from the hooks while backward runs", "[mpi][ddp]") {

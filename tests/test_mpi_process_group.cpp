@@ -172,7 +172,7 @@ TEST_CASE("mpi non-blocking collectives overlap and all complete", "[mpi]") {
 
   std::vector<WorkPtr> works;
   works.push_back(pg.all_reduce_async(a, ReduceOp::Sum));
-  works.push_back(pg.all_reduce_async(b, ReduceOp::Avg));  // Avg's division happens at completion
+  works.push_back(pg.all_reduce_async(b, ReduceOp::Avg));  // Avg divides before it starts
   works.push_back(pg.all_reduce_async(c, ReduceOp::Max));
   works.push_back(pg.broadcast_async(d, 1));
   works.push_back(pg.all_gather_async(g_out, g_in));
@@ -185,7 +185,7 @@ TEST_CASE("mpi non-blocking collectives overlap and all complete", "[mpi]") {
   (void)works[0]->is_completed();  // polling is allowed before wait
   wait_all(works);
   for (const WorkPtr& w : works) REQUIRE(w->is_completed());
-  works[1]->wait();  // idempotent: no second division
+  works[1]->wait();  // idempotent
 
   REQUIRE(a.tolist() == expected(ReduceOp::Sum, n, DType::Float32, world));
   REQUIRE(b.tolist() == expected(ReduceOp::Avg, n, DType::Float64, world));
@@ -320,4 +320,65 @@ TEST_CASE("mpi all_reduce of one bucket of a flat gradient buffer", "[mpi]") {
   for (int64_t i = 0; i < flat.numel(); ++i)
     REQUIRE(after[size_t(i)] == (i >= flat.offset(1) ? avg[size_t(i)] : before[size_t(i)]));
   REQUIRE(b.grad().tolist() == std::vector<double>(avg.begin() + flat.offset(1), avg.end()));
+}
+
+// Note [Averages divide first]: a float16 average whose sum overflows. Rank r holds 40000 + 8000 r
+// (multiples of 32, float16's spacing there, so every value and the 2-rank mean 44000 are exact); the
+// sum 88000 is past float16's largest finite value 65504, so summing first gives inf.
+TEST_CASE("mpi avg divides before summing: a float16 mean whose sum overflows comes out finite and right",
+          "[mpi]") {
+  ProcessGroup& pg = group();
+  const int world = pg.size();
+  constexpr int64_t n = 600;  // more than one block of the 16-bit reduction
+  auto rank_row = [&](int r) {
+    std::vector<double> v(static_cast<size_t>(n));
+    for (int64_t i = 0; i < n; ++i) v[size_t(i)] = i % 3 == 0 ? 40000.0 + 8000.0 * (r % 2) : double(i % 7) - 3.0 + r;
+    return v;
+  };
+  // The mean over ranks in float64, rounded to float16 once.
+  std::vector<double> mean(static_cast<size_t>(n), 0.0);
+  for (int r = 0; r < world; ++r)
+    for (int64_t i = 0; i < n; ++i) mean[size_t(i)] += rank_row(r)[size_t(i)] / world;
+  const std::vector<double> want = from_vector(mean, {n}, DType::Float16).tolist();
+  REQUIRE(want[0] == 44000.0);
+  // One rounding per element apart at most when the world size is not a power of two.
+  auto close = [&](const std::vector<double>& got) {
+    for (int64_t i = 0; i < n; ++i)
+      if (std::abs(got[size_t(i)] - want[size_t(i)]) > std::abs(want[size_t(i)]) * std::ldexp(1.0, -10)) return false;
+    return true;
+  };
+
+  Tensor blocking = from_vector(rank_row(pg.rank()), {n}, DType::Float16);
+  pg.all_reduce(blocking, ReduceOp::Avg);
+  CHECK(close(blocking.tolist()));
+  Tensor async = from_vector(rank_row(pg.rank()), {n}, DType::Float16);
+  pg.all_reduce_async(BufferSpan::of(async), ReduceOp::Avg)->wait();
+  CHECK(close(async.tolist()));
+  if (world == 2) CHECK(async.tolist() == want);  // dividing by 2 is exact
+
+  // reduce_scatter keeps its input, so it cannot divide first; with the input as scratch it does.
+  Tensor in = Tensor::empty({world * n}, DType::Float16);
+  for (int r = 0; r < world; ++r) in.narrow(0, r * n, n).copy_(from_vector(rank_row(pg.rank()), {n}, DType::Float16));
+  const std::vector<double> in_before = in.tolist();
+  Tensor out = zeros({n}, DType::Float16);
+  pg.reduce_scatter(out, in, ReduceOp::Avg);
+  CHECK(in.tolist() == in_before);
+  Tensor consumed_out = zeros({n}, DType::Float16);
+  pg.reduce_scatter_consuming(consumed_out, in, ReduceOp::Avg);
+  CHECK(close(consumed_out.tolist()));
+  // Sum through the consuming form is the plain sum (nothing divided).
+  Tensor small = from_vector(std::vector<double>(size_t(world * 4), 1.5 + pg.rank()), {world * 4}, DType::Float32);
+  Tensor summed = zeros({4});
+  pg.reduce_scatter_consuming(summed, small, ReduceOp::Sum);
+  double sum = 0;
+  for (int r = 0; r < world; ++r) sum += 1.5 + r;
+  CHECK(summed.tolist() == std::vector<double>(4, sum));
+}
+
+TEST_CASE("mpi group: its device is the CPU, and it is the group for CPU models", "[mpi]") {
+  ProcessGroup& pg = group();
+  CHECK(pg.device() == Device::cpu());
+  CHECK(&process_group_for(Device::cpu()) == &pg);
+  CHECK(&process_group_for({zeros({2}), ones({3})}, "test") == &pg);
+  CHECK(&process_group_for(std::vector<Tensor>{}, "test") == &pg);
 }

@@ -14,6 +14,7 @@
 #include "booster/autograd/autograd.h"
 #include "booster/booster/booster.h"
 #include "booster/booster/plugin.h"
+#include "booster/distributed/nccl_process_group.h"
 #include "booster/distributed/process_group.h"
 #include "booster/mixed_precision/mixed_precision.h"
 #include "booster/nn/activation.h"
@@ -175,7 +176,8 @@ TEST_CASE("zero: options are validated and the declarations follow the stage", "
   REQUIRE(one->options().at("overlap_communication") == true);
   REQUIRE(one->options().at("reduce_bucket_size_in_m") == 12.0);
   REQUIRE(one->supported_precisions() == std::vector<std::string>{"fp32"});
-  REQUIRE(one->supported_devices() == std::vector<std::string>{"cpu"});
+  REQUIRE(one->supported_devices() ==
+          (distributed::nccl_built() ? std::vector<std::string>{"cpu", "cuda"} : std::vector<std::string>{"cpu"}));
   REQUIRE(one->control_precision());
   REQUIRE_FALSE(one->control_device());
   REQUIRE(one->control_checkpoint_io());
@@ -333,6 +335,41 @@ TEST_CASE("zero: an overflow on one rank only makes every rank skip and lowers t
     z.train_step(my_rows(whole_batch(2)));  // clean again
     REQUIRE_FALSE(z.parts.precision->step_was_skipped());
     require_same_on_every_rank(*z.parts.model);
+  }
+}
+
+// Note [Averages divide first], as in test_mpi_ddp.cpp: the float16 gradient of w on rank r is x_r, whose
+// first element 40000 + 8000 r is finite on every rank while the 2-rank sum 88000 overflows float16
+// and the mean 44000 does not. Every stage (and stage 2's bucketed path) must step with the mean.
+TEST_CASE("zero: a float16 gradient whose 2-rank sum overflows is averaged, and the step is not skipped",
+          "[mpi][zero]") {
+  constexpr double kLr = 1e-5;
+  const std::vector<double> w0{0.5, 0.25, -0.125};
+  auto input_of = [](int r) { return std::vector<double>{40000.0 + 8000.0 * (r % 2), 3.0 + r, -1.5 * (r + 1)}; };
+  std::vector<double> want = w0;
+  for (int r = 0; r < group().size(); ++r)
+    for (size_t i = 0; i < want.size(); ++i) want[i] -= kLr * input_of(r)[i] / group().size();
+  for (const json& stage : kStages) {
+    INFO(stage.dump());
+    auto model = std::make_shared<nn::Linear>(3, 1, /*bias=*/false);
+    {
+      NoGradGuard no_grad;
+      model->weight.copy_(from_vector(w0, {1, 3}));
+    }
+    Zero z = make_zero(with_stage(stage, {{"precision", "fp16"}, {"initial_scale", 1.0}}), model,
+                       {{"type", "sgd"}, {"lr", kLr}});
+    z.parts.optimizer->zero_grad();
+    z.parts.precision->backward(sum((*z.parts.model)(from_vector(input_of(group().rank()), {1, 3}))),
+                                *z.parts.optimizer);
+    z.parts.precision->step(*z.parts.optimizer);
+    CHECK_FALSE(z.parts.precision->step_was_skipped());
+    CHECK(z.parts.precision->loss_scale() == 1.0);
+    const std::vector<double> got = z.parts.model->parameters()[0].tolist();
+    for (size_t i = 0; i < want.size(); ++i) {
+      INFO("weight " << i << ": got " << got[i] << ", want " << want[i]);
+      CHECK(std::abs(got[i] - want[i]) <= std::ldexp(1.0, -10) * std::abs(w0[i]));  // float16 rounding
+    }
+    CHECK(std::abs(got[0] - w0[0]) > 0.4);  // it stepped, by the mean
   }
 }
 

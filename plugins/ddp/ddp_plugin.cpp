@@ -14,7 +14,13 @@
 //   progress_thread         a thread polls the buckets in flight while backward computes, so they
 //                           advance during the GEMMs and not only between layers (default true:
 //                           without it OpenMPI's all-reduce hardly overlaps backward at all, see
-//                           Note [Progress thread] and bench/README.md; false polls from the hooks only)
+//                           Note [Progress thread] and bench/README.md; false polls from the hooks only).
+//                           A model on a GPU needs no polling (NCCL runs on the GPU): ignored there.
+//
+// Devices: the model's (all its parameters and buffers on one device). On the CPU the collectives go
+// through the default group (mpi under mpirun); on CUDA through this process's NCCL group, which needs
+// a build with NCCL (Note [A group per device]). Before configure() the plugin answers rank, size and
+// layout from the default group: they are the same.
 //
 // What configure() does:
 //  * broadcasts the parameters (the optimizer's flat buffers, and the float32 masters of a
@@ -33,6 +39,7 @@
 #include "booster/booster/plugin.h"
 #include "booster/data/sampler.h"
 #include "booster/distributed/bucket.h"
+#include "booster/distributed/nccl_process_group.h"
 #include "mixed_precision/master_weight_optimizer.h"
 
 namespace booster::plugins::ddp {
@@ -133,7 +140,10 @@ class DdpPlugin final : public ParallelPlugin {
   std::string version() const override { return "1.0"; }
   json options() const override { return options_.to_json(); }
 
-  std::vector<std::string> supported_devices() const override { return {"cpu"}; }
+  std::vector<std::string> supported_devices() const override {
+    if (distributed::nccl_built()) return {"cpu", "cuda"};
+    return {"cpu"};
+  }
   std::vector<std::string> supported_precisions() const override { return {"*"}; }
   bool control_precision() const override { return false; }
   bool control_device() const override { return false; }
@@ -146,6 +156,9 @@ class DdpPlugin final : public ParallelPlugin {
     BOOSTER_CHECK(parts.precision != nullptr, ValueError, "plugin 'ddp': configure() needs a precision strategy");
     BOOSTER_CHECK(bucketer_ == nullptr, StateError, "plugin 'ddp': configure() was called twice; make one plugin "
                   "per model");
+    std::vector<Tensor> tensors = parts.model->parameters();
+    for (const Tensor& b : parts.model->buffers()) tensors.push_back(b);
+    group_ = &distributed::process_group_for(tensors, "plugin 'ddp'");
     distributed::ProcessGroup& pg = group();
 
     // The gradient buffers to reduce: the optimizer's (for a master-weight optimizer these hold the
@@ -200,7 +213,8 @@ class DdpPlugin final : public ParallelPlugin {
   distributed::ProcessGroup& process_group() override { return group(); }
 
  private:
-  static distributed::ProcessGroup& group() { return distributed::default_process_group(); }
+  // The group of the model's device once configured (Note [A group per device]).
+  distributed::ProcessGroup& group() const { return group_ ? *group_ : distributed::default_process_group(); }
 
   // One flat buffer per dtype over the model's trainable parameters (the optimizer-less case).
   static std::vector<optim::FlatBuffer> bind_model_parameters(const nn::Module& model) {
@@ -250,6 +264,7 @@ class DdpPlugin final : public ParallelPlugin {
   }
 
   DdpOptions options_;
+  distributed::ProcessGroup* group_ = nullptr;  // set by configure()
   bool sync_ = true;
   std::vector<optim::FlatBuffer> own_buffers_;
   std::shared_ptr<GradientBucketer> bucketer_;

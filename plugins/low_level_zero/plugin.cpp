@@ -1,4 +1,5 @@
-// low_level_zero: ZeRO stages 1 and 2 (ColossalAI's LowLevelZeroPlugin) over the default process group.
+// low_level_zero: ZeRO stages 1 and 2 (ColossalAI's LowLevelZeroPlugin) over the process group of the
+// model's device (Note [A group per device]: the default group on the CPU, NCCL on CUDA).
 // The plugin controls precision: the model is trained in `precision` (fp16, bf16 or fp32) with float32
 // master weights and optimizer state sharded across ranks (Note [ZeRO partitions] in
 // zero_optimizer.h), and the Booster's own mixed precision must be the identity ("fp32").
@@ -17,6 +18,7 @@
 #include "booster/autograd/autograd.h"
 #include "booster/booster/plugin.h"
 #include "booster/data/sampler.h"
+#include "booster/distributed/nccl_process_group.h"
 #include "plugins/low_level_zero/zero_optimizer.h"
 
 namespace booster::zero {
@@ -191,29 +193,35 @@ class ZeroPrecision final : public mixed_precision::MixedPrecision {
 class LowLevelZeroPlugin final : public ParallelPlugin {
  public:
   explicit LowLevelZeroPlugin(const json& options)
-      : options_(read_options(options)), group_(distributed::default_process_group()) {}
+      : options_(read_options(options)), group_(&distributed::default_process_group()) {}
 
   std::string name() const override { return "low_level_zero"; }
   std::string version() const override { return "0.1.0"; }
   json options() const override { return options_json(options_); }
 
-  std::vector<std::string> supported_devices() const override { return {"cpu"}; }
+  std::vector<std::string> supported_devices() const override {
+    if (distributed::nccl_built()) return {"cpu", "cuda"};
+    return {"cpu"};
+  }
   // The plugin controls precision: the Booster's strategy must be the identity.
   std::vector<std::string> supported_precisions() const override { return {"fp32"}; }
   bool control_precision() const override { return true; }
   bool control_device() const override { return false; }
   bool support_no_sync() const override { return options_.zero.stage == 1; }
   bool control_checkpoint_io() const override { return true; }
-  ParallelLayout layout() const override { return {group_.size(), 1, 1}; }
+  ParallelLayout layout() const override { return {group_->size(), 1, 1}; }
 
   TrainingParts configure(TrainingParts parts) override {
     BOOSTER_CHECK(parts.model != nullptr, ValueError, "low_level_zero: configure needs a model");
     BOOSTER_CHECK(!configured_, StateError, "low_level_zero: configure() was called twice; boost once per plugin");
+    std::vector<Tensor> tensors = parts.model->parameters();
+    for (const Tensor& b : parts.model->buffers()) tensors.push_back(b);
+    group_ = &distributed::process_group_for(tensors, "low_level_zero");
     configured_ = true;
     broadcast_from_rank0(*parts.model);
     const DType dtype = options_.zero.working_dtype;
     if (parts.optimizer) {
-      optimizer_ = std::make_shared<ZeroOptimizer>(*parts.optimizer, *parts.model, group_, options_.zero);
+      optimizer_ = std::make_shared<ZeroOptimizer>(*parts.optimizer, *parts.model, *group_, options_.zero);
       // The user's optimizer stays the source of lr & co. for schedulers (the Booster keeps it), but
       // its full-size copies of values and gradients would undo the sharding: give them back.
       parts.optimizer->release_buffers();
@@ -237,7 +245,7 @@ class LowLevelZeroPlugin final : public ParallelPlugin {
   std::shared_ptr<data::DataLoader> prepare_dataloader(data::DatasetPtr dataset,
                                                        const data::DataLoaderOptions& options) override {
     BOOSTER_CHECK(dataset != nullptr, ValueError, "low_level_zero: prepare_dataloader needs a data set");
-    auto sampler = std::make_shared<data::DistributedSampler>(dataset->size(), group_.size(), group_.rank(),
+    auto sampler = std::make_shared<data::DistributedSampler>(dataset->size(), group_->size(), group_->rank(),
                                                               options.shuffle, options.seed, options.drop_last);
     data::DataLoaderOptions per_rank = options;
     per_rank.shuffle = false;  // the sampler shuffles
@@ -254,20 +262,21 @@ class LowLevelZeroPlugin final : public ParallelPlugin {
 
   // The default IO: model weights are whole on every rank; the optimizer's state_dict() gathers the
   // shards (every rank calls it) and rank 0 writes it into one file.
-  std::shared_ptr<CheckpointIO> checkpoint_io() override { return std::make_shared<CheckpointIO>(group_); }
-  distributed::ProcessGroup& process_group() override { return group_; }
+  std::shared_ptr<CheckpointIO> checkpoint_io() override { return std::make_shared<CheckpointIO>(*group_); }
+  distributed::ProcessGroup& process_group() override { return *group_; }
 
  private:
   // Every rank starts from rank 0's parameters and buffers (masters are taken from them).
   void broadcast_from_rank0(nn::Module& model) {
-    if (group_.size() == 1) return;
+    if (group_->size() == 1) return;
     NoGradGuard no_grad;
-    for (Tensor t : model.parameters()) group_.broadcast(t, 0);
-    for (Tensor t : model.buffers()) group_.broadcast(t, 0);
+    for (Tensor t : model.parameters()) group_->broadcast(t, 0);
+    for (Tensor t : model.buffers()) group_->broadcast(t, 0);
   }
 
   PluginOptions options_;
-  distributed::ProcessGroup& group_;
+  // The default group until configure() takes the model's device's (same rank and size).
+  distributed::ProcessGroup* group_;
   std::shared_ptr<ZeroOptimizer> optimizer_;
   bool sync_enabled_ = true;
   bool configured_ = false;

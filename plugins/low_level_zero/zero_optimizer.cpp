@@ -2,6 +2,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <optional>
 #include <set>
 
 #include "booster/autograd/autograd.h"
@@ -21,10 +22,19 @@ Tensor span(const Tensor& t, int64_t start, int64_t length) {
   return make_view(t, {length}, {1}, t.offset() + start);
 }
 
-Tensor zeroed(int64_t numel, DType dtype) {
-  Tensor t = Tensor::empty({numel}, dtype);
-  allocator_for(t.device()).memset_zero(t.data_ptr(), t.nbytes());
-  return t;
+Tensor zeroed(int64_t numel, DType dtype, Device device) { return zeros({numel}, dtype, device); }
+
+// The one device of the parameters of `groups` (the CPU when there are none); DeviceError when they
+// are spread over several.
+Device device_of(const std::vector<optim::ParamGroup>& groups) {
+  std::optional<Device> device;
+  for (const optim::ParamGroup& g : groups)
+    for (const Tensor& t : g.params) {
+      BOOSTER_CHECK(!device || *device == t.device(), DeviceError, "low_level_zero: parameter '", t.name(),
+                    "' is on ", t.device(), " but others are on ", *device, "; move the whole model to one device");
+      device = t.device();
+    }
+  return device.value_or(Device::cpu());
 }
 
 // Calls f(j, lo, hi) for every parameter j that overlaps [begin, end) of the flat buffer, with the
@@ -56,7 +66,13 @@ constexpr const char* kMasterWeight = "master_weight";
 
 ZeroOptimizer::ZeroOptimizer(const optim::Optimizer& original, nn::Module& model, distributed::ProcessGroup& group,
                              const ZeroOptions& options)
-    : Optimizer(original.name(), original.defaults()), group_(group), options_(options) {
+    : Optimizer(original.name(), original.defaults()),
+      group_(group),
+      options_(options),
+      device_(device_of(original.param_groups())) {
+  BOOSTER_CHECK(original.param_groups().empty() || device_ == group_.device(), DeviceError,
+                "low_level_zero: the model is on ", device_, " but the process group (", group_.backend(),
+                ") works on ", group_.device(), "; take the group of the model's device (process_group_for)");
   const int64_t world = group_.size();
   const DType dtype = options_.working_dtype;
   NoGradGuard no_grad;
@@ -83,7 +99,7 @@ ZeroOptimizer::ZeroOptimizer(const optim::Optimizer& original, nn::Module& model
   // 16-bit training: float32 masters of this rank's shard, taken before the model loses precision.
   if (dtype != DType::Float32) {
     for (Partition& p : parts_) {
-      p.master = zeroed(p.shard, DType::Float32);
+      p.master = zeroed(p.shard, DType::Float32, device_);
       const int64_t begin = shard_offset(size_t(&p - parts_.data()));
       for_each_piece(p.offsets, begin, begin + p.shard, [&](size_t j, int64_t lo, int64_t hi) {
         span(p.master, lo - begin, hi - lo).copy_(span(p.params[j], lo - p.offsets[j], hi - lo));
@@ -96,8 +112,8 @@ ZeroOptimizer::ZeroOptimizer(const optim::Optimizer& original, nn::Module& model
   // shards need), and give each a gradient slot: stage 1 for the whole run, stage 2 per backward.
   for (size_t g = 0; g < parts_.size(); ++g) {
     Partition& p = parts_[g];
-    p.flat_params = zeroed(p.padded, dtype);
-    if (options_.stage == 1) p.flat_grads = zeroed(p.padded, dtype);
+    p.flat_params = zeroed(p.padded, dtype, device_);
+    if (options_.stage == 1) p.flat_grads = zeroed(p.padded, dtype, device_);
     for (size_t j = 0; j < p.params.size(); ++j) {
       Tensor& t = p.params[j];
       const Shape strides = contiguous_strides(t.shape());
@@ -114,7 +130,7 @@ ZeroOptimizer::ZeroOptimizer(const optim::Optimizer& original, nn::Module& model
     // Float32 training: the master is this rank's slice of the model's own buffer.
     if (dtype == DType::Float32) p.master = span(p.flat_params, shard_offset(g), p.shard);
     p.master.requires_grad_(true);
-    p.master.set_grad(zeroed(p.shard, DType::Float32));
+    p.master.set_grad(zeroed(p.shard, DType::Float32, device_));
   }
 
   // The inner optimizer binds the masters and their gradients where they are (nothing is copied).
@@ -204,7 +220,7 @@ void ZeroOptimizer::prepare_backward() {
   }
   for (Partition& p : parts_) {
     if (p.flat_grads.defined()) continue;
-    p.flat_grads = zeroed(p.padded, options_.working_dtype);
+    p.flat_grads = zeroed(p.padded, options_.working_dtype, device_);
     for (size_t j = 0; j < p.params.size(); ++j) {
       const Tensor& t = p.params[j];
       if (t.requires_grad())
@@ -228,9 +244,9 @@ void ZeroOptimizer::reduce_pending() {
     for (auto& segs : segments_)
       for (Segment& seg : segs) seg.flat.sync_grads();
   }
-  // Stage 1's buffer holds everything since zero_grad(), so its reduction replaces the shard's
-  // gradient; stage 2's buffer holds one backward, so a second one before step() adds to it.
-  const bool accumulate = options_.stage == 2 && have_grads_;
+  // The buffer holds what backward added since the last reduction (stage 1 clears it once reduced,
+  // stage 2 makes it per backward), so a second reduction before step() adds into the shard.
+  const bool accumulate = have_grads_;
   bool found = false;
   for (Partition& p : parts_) {
     if (bucketed()) {
@@ -242,6 +258,8 @@ void ZeroOptimizer::reduce_pending() {
     if (options_.stage == 2) {
       for (const Tensor& t : p.params) t.set_grad(Tensor());
       p.flat_grads = Tensor();  // the full-size buffer goes back to the allocator now
+    } else {
+      p.flat_grads.fill_(0.0);  // consumed by the reduction (divided in place); the next backward adds from zero
     }
   }
   in_backward_ = false;
@@ -252,26 +270,28 @@ void ZeroOptimizer::reduce_pending() {
   clipped_ = false;
 }
 
+// The buffer is scratch once reduced (stage 2 frees it, stage 1 clears it), so the reduce-scatter may
+// divide it in place before summing (Note [Averages divide first]).
 bool ZeroOptimizer::reduce_partition(Partition& p, bool accumulate) {
   Tensor grad = p.master.grad();
   bool found = false;
   if (options_.working_dtype == DType::Float32) {
     // Unscaled and never skipped: the reduction lands in the master gradient itself.
     if (!accumulate) {
-      group_.reduce_scatter(grad, p.flat_grads, ReduceOp::Avg);
+      group_.reduce_scatter_consuming(grad, p.flat_grads, ReduceOp::Avg);
     } else {
-      Tensor part = Tensor::empty({p.shard}, DType::Float32);
-      group_.reduce_scatter(part, p.flat_grads, ReduceOp::Avg);
+      Tensor part = Tensor::empty({p.shard}, DType::Float32, device_);
+      group_.reduce_scatter_consuming(part, p.flat_grads, ReduceOp::Avg);
       grad.add_(part);
     }
   } else {
-    Tensor part = Tensor::empty({p.shard}, options_.working_dtype);
-    group_.reduce_scatter(part, p.flat_grads, ReduceOp::Avg);
+    Tensor part = Tensor::empty({p.shard}, options_.working_dtype, device_);
+    group_.reduce_scatter_consuming(part, p.flat_grads, ReduceOp::Avg);
     const float inv_scale = float(1.0 / loss_scale());
     if (!accumulate) {
       found = mixed_precision::fused_unscale_and_check({{part, grad}}, inv_scale);
     } else {
-      Tensor wide = Tensor::empty({p.shard}, DType::Float32);
+      Tensor wide = Tensor::empty({p.shard}, DType::Float32, device_);
       found = mixed_precision::fused_unscale_and_check({{part, wide}}, inv_scale);
       grad.add_(wide);
     }
@@ -300,7 +320,7 @@ void ZeroOptimizer::on_grad_ready(size_t g, size_t j) {
   const Tensor& t = p.params[j];
   const Tensor grad = t.grad();
   if (!grad.defined() || b.work) return;
-  if (!b.buffer.defined()) b.buffer = zeroed(b.end - b.begin, options_.working_dtype);
+  if (!b.buffer.defined()) b.buffer = zeroed(b.end - b.begin, options_.working_dtype, device_);
   span(b.buffer, p.offsets[j] - b.begin, t.numel()).copy_(grad.reshape({-1}));
   t.set_grad(Tensor());
   if (--b.waiting == 0) b.work = group_.all_reduce_async(distributed::BufferSpan::of(b.buffer), ReduceOp::Avg);
@@ -310,7 +330,7 @@ bool ZeroOptimizer::reduce_buckets(Partition& p, bool accumulate) {
   const DType dtype = options_.working_dtype;
   for (Partition::Bucket& b : p.buckets) {
     if (b.work) continue;
-    if (!b.buffer.defined()) b.buffer = zeroed(b.end - b.begin, dtype);
+    if (!b.buffer.defined()) b.buffer = zeroed(b.end - b.begin, dtype, device_);
     for (size_t j = b.first; j <= b.last; ++j) {  // gradients set outside backward's hooks
       const Tensor& t = p.params[j];
       if (!t.grad().defined()) continue;
@@ -320,7 +340,7 @@ bool ZeroOptimizer::reduce_buckets(Partition& p, bool accumulate) {
     b.work = group_.all_reduce_async(distributed::BufferSpan::of(b.buffer), ReduceOp::Avg);
   }
   Tensor grad = p.master.grad();
-  Tensor dst = accumulate ? zeroed(p.shard, DType::Float32) : grad;
+  Tensor dst = accumulate ? zeroed(p.shard, DType::Float32, device_) : grad;
   const int64_t begin = int64_t(group_.rank()) * p.shard, end = begin + p.shard;
   std::vector<mixed_precision::GradSpan> spans;
   for (Partition::Bucket& b : p.buckets) {
@@ -353,9 +373,9 @@ bool ZeroOptimizer::agreed_found_inf() {
   if (!scaler_) return false;  // bfloat16 and float32 train unscaled and never skip, as ColossalAI
   if (!agreed_) {
     // Note [Agreeing on found_inf]: an inf in one rank's shard must make every rank skip.
-    float flag = local_found_inf_ ? 1.0f : 0.0f;
-    group_.all_reduce(&flag, 1, DType::Float32, ReduceOp::Max);
-    found_inf_ = flag != 0.0f;
+    Tensor flag = full({1}, local_found_inf_ ? 1.0 : 0.0, DType::Float32, device_);
+    group_.all_reduce(flag, ReduceOp::Max);
+    found_inf_ = flag.item() != 0.0;
     agreed_ = true;
   }
   return found_inf_;
@@ -373,9 +393,9 @@ double ZeroOptimizer::clip_grad_norm(double max_norm) {
   for (Partition& p : parts_) grads.push_back(p.master.grad());
   // The shards partition the gradient (padding is zero), so the squared norms add up.
   const double local = mixed_precision::grad_norm_l2(grads);
-  double sum_of_squares = local * local;
-  group_.all_reduce(&sum_of_squares, 1, DType::Float64, ReduceOp::Sum);
-  const double norm = std::sqrt(sum_of_squares);
+  Tensor sum_of_squares = full({1}, local * local, DType::Float64, device_);
+  group_.all_reduce(sum_of_squares, ReduceOp::Sum);
+  const double norm = std::sqrt(sum_of_squares.item());
   const double coef = max_norm / (norm + 1e-6);  // torch.nn.utils.clip_grad_norm_
   if (std::isfinite(norm) && coef < 1.0) mixed_precision::scale_grads(grads, float(coef));
   grad_norm_ = norm;
@@ -451,7 +471,7 @@ optim::OptimizerState ZeroOptimizer::state_dict() const {
   // Gathers one shard-sized float32 tensor of every rank into the full buffer and splits it into
   // per-parameter tensors named state.<i>.<name>.
   auto gather = [&](const Partition& p, const Tensor& shard, const std::string& name) {
-    Tensor full = Tensor::empty({p.padded}, shard.dtype());
+    Tensor full = Tensor::empty({p.padded}, shard.dtype(), device_);
     group_.all_gather(full, shard);
     for (size_t j = 0; j < p.params.size(); ++j) {
       const Shape& shape = p.params[j].shape();
@@ -545,7 +565,7 @@ void ZeroOptimizer::load_state_dict(const optim::OptimizerState& state) {
     for (size_t j = 0; j < p.params.size(); ++j) names.merge(std::set<std::string>(names_of[p.first_index + j]));
     const int64_t begin = shard_offset(g);
     for (const std::string& name : names) {
-      Tensor shard = zeroed(p.shard, DType::Float32);
+      Tensor shard = zeroed(p.shard, DType::Float32, device_);
       for (size_t j = 0; j < p.params.size(); ++j) {
         const std::string key = "state." + std::to_string(p.first_index + j) + "." + name;
         auto it = state.tensors.find(key);

@@ -14,7 +14,9 @@
 //     type with the user's options (rebuild_optimizer), so its update rule is the one of the
 //     unsharded optimizer, element for element.
 // One step: backward fills the working-precision gradient buffer (P elements); finish_backward()
-// reduce-scatters it with Avg, so each rank receives only its shard, averaged over ranks, and unscales
+// reduce-scatters it with Avg (dividing the buffer in place before the sum, so a 16-bit average
+// overflows only where the average itself would: Note [Averages divide first] in
+// booster/distributed/process_group.h), so each rank receives only its shard, averaged over ranks, and unscales
 // it into master.grad() while checking it for inf/NaN (one pass, fused_unscale_and_check); step()
 // agrees on found_inf with a Max all-reduce of one float (Note [Agreeing on found_inf]), clips with a
 // norm summed over shards (one all-reduce of a double), steps the shard, rounds it into this rank's
@@ -23,14 +25,21 @@
 // Stage 1 vs stage 2. Stage 1 keeps the P-element gradient buffer for the whole run (bound as the
 // base Optimizer's flat buffer, so zero_grad() clears it and backward accumulates into it); with
 // gradient sync off (no_sync) backward only accumulates there and the next synced backward reduces the
-// sum. Stage 2 never keeps a full-size gradient buffer: by default it reduces gradients in buckets
-// while backward runs and frees each as it goes (Note [ZeRO-2 buckets] in zero_optimizer.cpp); with
-// overlap off it allocates the buffer when backward starts and frees it as soon as it has been
-// reduce-scattered. Either way, between steps (through the forward pass, where activations peak) a
-// rank holds gradients for its shard only; a second backward before step() adds into the shard.
+// sum. The reduction consumes the buffer (divided in place), so it is cleared afterwards and a second
+// synced backward before step() adds into the shard, as in stage 2. Stage 2 never keeps a full-size
+// gradient buffer: by default it reduces gradients in buckets while backward runs and frees each as
+// it goes (Note [ZeRO-2 buckets] in zero_optimizer.cpp); with overlap off it allocates the buffer
+// when backward starts and frees it as soon as it has been reduce-scattered. Either way, between
+// steps (through the forward pass, where activations peak) a rank holds gradients for its shard
+// only; a second backward before step() adds into the shard.
 // Stage 2 cannot skip synchronisation: a local sum would need the full buffer kept alive (stage 1).
 // The after-backward reductions are reduce-scatters, not all-reduces (as the sketch had for
 // stage 1): a rank only needs its shard, and a reduce-scatter moves half the bytes.
+//
+// Devices: everything lives on the model's device, which must be the group's (the plugin takes the
+// group of the model's device, Note [A group per device]); on a GPU the collectives are NCCL's and the
+// gradient passes the fused CUDA kernels. A step then reads a few scalars on the host: each unscale's
+// inf flag, the agreed flag, and with clipping the norm.
 //
 // Semantics that differ from an unsharded optimizer: a shard is one parameter of the inner optimizer,
 // so every parameter of a group takes every step (its gradient is zero when it got none), as in
@@ -151,6 +160,7 @@ class ZeroOptimizer final : public optim::Optimizer {
 
   distributed::ProcessGroup& group_;
   ZeroOptions options_;
+  Device device_;  // of the model, its buffers and shards; the group's device
   std::vector<Partition> parts_;
   std::unique_ptr<optim::Optimizer> inner_;
   std::optional<mixed_precision::DynamicGradScaler> scaler_;  // float16 only

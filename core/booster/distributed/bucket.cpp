@@ -10,6 +10,7 @@
 
 #include "booster/autograd/autograd.h"
 #include "booster/common/error.h"
+#include "booster/ops/ops.h"
 
 namespace booster::distributed {
 
@@ -118,7 +119,8 @@ struct GradientBucketer::State {
   size_t next_to_launch = 0;              // buckets [0, next_to_launch) are launched
   std::deque<WorkPtr> works;              // launched, not yet waited for (in launch order)
   size_t polled = 0;                      // works[0, polled) are known complete
-  Tensor used_flags;                      // find_unused_parameters: int32 per slot, Max-reduced
+  Tensor used_flags;                      // find_unused_parameters: int32 per slot, Max-reduced, on
+  Tensor used_flags_host;                 // ... the group's device; the host's copy (the same tensor on a CPU group)
   WorkPtr used_flags_work;
   bool sync = true;
   bool in_flight = false;  // something launched since the last wait()
@@ -183,7 +185,7 @@ struct GradientBucketer::State {
 
   // Moves outstanding collectives along (Note [Gradient buckets], "Progress").
   void poll() {
-    if (progress) return;  // the thread polls
+    if (progress || !group->device().is_cpu()) return;  // the thread polls; NCCL needs no polling
     while (polled < works.size() && works[polled]->is_completed()) ++polled;
   }
 
@@ -191,9 +193,11 @@ struct GradientBucketer::State {
     if (!sync) return;
     while (next_to_launch < buckets.size()) launch(next_to_launch++, false);
     if (options.find_unused_parameters) {
-      int32_t* flags = used_flags.data<int32_t>();
-      std::fill(flags, flags + used_flags.numel(), 0);
+      int32_t* flags = used_flags_host.data<int32_t>();
+      std::fill(flags, flags + used_flags_host.numel(), 0);
       for (size_t i = 0; i < slots.size(); ++i) flags[i] = slots[i].ready || slots[i].used_unsynced ? 1 : 0;
+      // On a GPU group the flags travel to the device and back (Note [Gradient buckets], "Arrival").
+      if (used_flags.data_ptr() != used_flags_host.data_ptr()) used_flags.copy_(used_flags_host);
       used_flags_work = group->all_reduce_async(used_flags, ReduceOp::Max);
       in_flight = true;
     }
@@ -222,7 +226,10 @@ struct GradientBucketer::State {
     if (progress) progress->resume();
     works.clear();
     polled = 0;
-    if (used_flags_work) used_flags_work->wait();
+    if (used_flags_work) {
+      used_flags_work->wait();
+      if (used_flags.data_ptr() != used_flags_host.data_ptr()) used_flags_host.copy_(used_flags);
+    }
     used_flags_work.reset();
     stats.wait_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     in_flight = false;
@@ -232,7 +239,7 @@ struct GradientBucketer::State {
   // Note [Gradient buckets], "Arrival": every rank now holds the same gradients and must agree on
   // which of them arrived.
   void mark_arrived() {
-    const int32_t* used = options.find_unused_parameters ? used_flags.data<int32_t>() : nullptr;
+    const int32_t* used = options.find_unused_parameters ? used_flags_host.data<int32_t>() : nullptr;
     for (size_t i = 0; i < slots.size(); ++i) {
       if (used && used[i] == 0) continue;
       const ParamSlot& s = slots[i];
@@ -308,9 +315,14 @@ GradientBucketer::GradientBucketer(ProcessGroup& group, std::vector<const optim:
     }
   }
   st.pending = st.slots_per_bucket;
-  if (options.progress_thread && group.size() > 1) st.progress = std::make_unique<ProgressThread>();
-  if (options.find_unused_parameters)
-    st.used_flags = Tensor::empty({std::max<int64_t>(1, int64_t(st.slots.size()))}, DType::Int32);
+  // Only host-driven collectives (MPI) need a thread to advance them; NCCL runs on the GPU.
+  if (options.progress_thread && group.size() > 1 && group.device().is_cpu())
+    st.progress = std::make_unique<ProgressThread>();
+  if (options.find_unused_parameters) {
+    const int64_t n = std::max<int64_t>(1, int64_t(st.slots.size()));
+    st.used_flags_host = Tensor::empty({n}, DType::Int32);
+    st.used_flags = group.device().is_cpu() ? st.used_flags_host : Tensor::empty({n}, DType::Int32, group.device());
+  }
 }
 
 GradientBucketer::~GradientBucketer() {
@@ -336,10 +348,12 @@ GradientBucketerOwner::~GradientBucketerOwner() = default;
 std::function<bool(bool)> found_inf_on_any_rank(ProcessGroup& group) {
   return [&group](bool local_found_inf) {
     if (group.size() == 1) return local_found_inf;
-    Tensor flag = Tensor::empty({1}, DType::Int32);
-    flag.data<int32_t>()[0] = local_found_inf ? 1 : 0;
+    // On the group's device: a fill kernel writes the flag (no copy in), and reading the result is the
+    // one copy out, which waits only for this all-reduce (the strategy's own read of found_inf has
+    // drained the stream already).
+    Tensor flag = full({1}, local_found_inf ? 1.0 : 0.0, DType::Int32, group.device());
     group.all_reduce(flag, ReduceOp::Max);
-    return flag.data<int32_t>()[0] != 0;
+    return flag.item() != 0.0;
   };
 }
 

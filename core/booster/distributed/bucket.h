@@ -18,7 +18,8 @@
 //   bucket still in flight (one cheap MPI_Testall), which moves every outstanding collective along.
 //   Hooks run only between layers, so with progress_thread a thread of ours also polls during the
 //   layers' GEMMs (Note [Progress thread] in bucket.cpp); measured, that is what makes the buckets
-//   overlap backward at all (bench/README.md, ddp section).
+//   overlap backward at all (bench/README.md, ddp section). A group on a GPU (NCCL) needs neither: its
+//   collectives are queued on the compute stream and run on the GPU (Note [NCCL process group]).
 // * A parameter that gets no gradient in a backward (an unused branch, or one only some ranks take)
 //   never completes its bucket. finish_backward(), called once after every backward on every rank,
 //   launches whatever is left, in order, so no rank waits for a collective another rank never starts.
@@ -28,11 +29,15 @@
 //   it must also make the same choice: by default every bucketed parameter then counts as arrived on
 //   every rank (a parameter no rank used is stepped with a zero gradient). With find_unused_parameters,
 //   the ranks also all-reduce (Max) one flag per parameter, and a parameter no rank used stays
-//   not-arrived everywhere, so every optimizer skips it, as torch skips a None gradient.
+//   not-arrived everywhere, so every optimizer skips it, as torch skips a None gradient. (On a GPU
+//   group the flags are copied to the device and read back after the reduction: two small copies,
+//   each a host sync, per step; torch's reducer copies its local_used_map likewise.)
 // * no_sync (set_sync(false)): hooks launch nothing and gradients accumulate in the flat buffers; the
 //   next backward with sync on all-reduces the accumulated sums.
-// * wait() blocks until every launched bucket is reduced. Callers wait before anything reads the
-//   gradients (unscale, clipping, the optimizer step) and before the next backward writes into them.
+// * wait() blocks until every launched bucket is reduced (on a GPU group: until the reductions are
+//   ordered before everything queued later, Note [NCCL process group]). Callers wait before anything
+//   reads the gradients (unscale, clipping, the optimizer step) and before the next backward writes
+//   into them.
 #pragma once
 
 #include <boost/config.hpp>
@@ -115,7 +120,7 @@ class BOOST_SYMBOL_VISIBLE GradientBucketerOwner {
 };
 
 // A reducer for MixedPrecision::set_found_inf_reducer (Note [Agreeing on found_inf]): true on every
-// rank of `group` when any rank saw inf/NaN (a one-element all-reduce with Max). Its code lives in the
+// rank of `group` when any rank saw inf/NaN (a one-element all-reduce with Max, on the group's device). Its code lives in the
 // core library, so it stays valid after the plugin that installed it is unloaded.
 std::function<bool(bool)> found_inf_on_any_rank(ProcessGroup& group);
 

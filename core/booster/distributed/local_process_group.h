@@ -12,6 +12,7 @@ class LocalProcessGroup final : public ProcessGroup {
   int rank() const override { return 0; }
   int size() const override { return 1; }
   std::string backend() const override { return "local"; }
+  Device device() const override { return Device::cpu(); }
   void barrier() override {}
   [[noreturn]] void abort(int exit_code, const std::string& why) override;
 

@@ -121,7 +121,7 @@ void reduce_16bit(void* in_v, void* inout_v, int* len, MPI_Datatype*) {
   }
 }
 
-void init_mpi() {
+void init_mpi_once() {
   int initialized = 0;
   check_mpi(MPI_Initialized(&initialized), "init_process_group", "MPI_Initialized");
   if (initialized && mpi_finalized())
@@ -180,14 +180,14 @@ MPI_Op mpi_op(ReduceOp op, DType dtype) {
   if (dtype == DType::BFloat16) return g_mpi.bf16_ops[reduce_slot(op)];
   switch (op) {
     case ReduceOp::Sum:
-    case ReduceOp::Avg: return MPI_SUM;  // Avg divides afterwards
+    case ReduceOp::Avg: return MPI_SUM;  // of values divided first, or divided afterwards
     case ReduceOp::Max: return MPI_MAX;
     case ReduceOp::Min: return MPI_MIN;
   }
   return MPI_OP_NULL;
 }
 
-// Avg's finishing step: buf /= world size.
+// Avg's division by the world size (Note [Averages divide first]): buf /= divisor.
 template <class T>
 void divide_plain(T* p, int64_t n, int divisor) {
   const T d = T(divisor);
@@ -273,7 +273,7 @@ class MpiWork final : public Work {
 class MpiProcessGroup final : public ProcessGroup {
  public:
   MpiProcessGroup() {
-    std::call_once(g_mpi_once, init_mpi);
+    ensure_mpi_initialized();
     if (g_mpi.thread_provided < MPI_THREAD_MULTIPLE) mpi_mutex_ = std::make_shared<std::mutex>();
     // A communicator of our own: collectives of the application's MPI code cannot match ours.
     check_mpi(MPI_Comm_dup(MPI_COMM_WORLD, &comm_), "init_process_group", "MPI_Comm_dup");
@@ -289,6 +289,7 @@ class MpiProcessGroup final : public ProcessGroup {
   int rank() const override { return rank_; }
   int size() const override { return size_; }
   std::string backend() const override { return "mpi"; }
+  Device device() const override { return Device::cpu(); }
 
   void barrier() override {
     auto lock = maybe_lock();
@@ -313,8 +314,8 @@ class MpiProcessGroup final : public ProcessGroup {
     if (buf.numel == 0) return completed_work();
     const MPI_Datatype type = mpi_type(buf.dtype);
     const MPI_Op mop = mpi_op(op, buf.dtype);
-    std::function<void()> finish;
-    if (op == ReduceOp::Avg) finish = [buf, n = size_] { divide_by(buf, n); };
+    // Note [Averages divide first]: the buffer is ours to overwrite, so Avg sums values divided first.
+    if (op == ReduceOp::Avg && size_ > 1) divide_by(buf, size_);
     std::vector<MPI_Request> requests;
     {
       auto lock = maybe_lock();
@@ -331,7 +332,7 @@ class MpiProcessGroup final : public ProcessGroup {
         }
       }
     }
-    return finish_or_work(async, "all_reduce_async", std::move(requests), std::move(finish));
+    return finish_or_work(async, "all_reduce_async", std::move(requests), nullptr);
   }
 
   WorkPtr broadcast_impl(const BufferSpan& buf, int root, bool async) override {
@@ -386,7 +387,7 @@ class MpiProcessGroup final : public ProcessGroup {
     const int count = checked_count(out.numel, "reduce_scatter");
     const MPI_Datatype type = mpi_type(in.dtype);
     const MPI_Op mop = mpi_op(op, in.dtype);
-    std::function<void()> finish;
+    std::function<void()> finish;  // `in` must stay unchanged: Avg divides the sum
     if (op == ReduceOp::Avg) finish = [out, n = size_] { divide_by(out, n); };
     std::vector<MPI_Request> requests;
     {
@@ -402,6 +403,14 @@ class MpiProcessGroup final : public ProcessGroup {
       }
     }
     return finish_or_work(async, "reduce_scatter_async", std::move(requests), std::move(finish));
+  }
+
+  // Note [Averages divide first]: `in` is scratch, so Avg divides it and sums.
+  WorkPtr reduce_scatter_consuming_impl(const BufferSpan& out, const BufferSpan& in, ReduceOp op) override {
+    if (op != ReduceOp::Avg || size_ == 1 || out.numel == 0) return reduce_scatter_impl(out, in, op, false);
+    check_cpu(in, "reduce_scatter_consuming");
+    divide_by(in, size_);
+    return reduce_scatter_impl(out, in, ReduceOp::Sum, false);
   }
 
  private:
@@ -462,6 +471,8 @@ MpiWork::~MpiWork() {
 
 bool mpi_built() { return true; }
 
+void ensure_mpi_initialized() { std::call_once(g_mpi_once, init_mpi_once); }
+
 std::shared_ptr<ProcessGroup> make_mpi_process_group() { return std::make_shared<MpiProcessGroup>(); }
 
 std::string mpi_thread_support() { return thread_level_name(g_mpi.thread_provided); }
@@ -473,6 +484,11 @@ std::string mpi_thread_support() { return thread_level_name(g_mpi.thread_provide
 namespace booster::distributed {
 
 bool mpi_built() { return false; }
+
+void ensure_mpi_initialized() {
+  BOOSTER_FAIL(ConfigError, "MPI is needed (a process started by an MPI launcher) but booster was built without "
+                            "it (OpenMPI was not found when booster was configured)");
+}
 
 std::shared_ptr<ProcessGroup> make_mpi_process_group() {
   BOOSTER_FAIL(ConfigError, "init_process_group: backend \"mpi\" needs a build with MPI (OpenMPI was "

@@ -3,7 +3,7 @@
 //
 // Note [Failing ranks]
 // A rank that stops while the others sit in a collective must bring the job down, not leave it hanging.
-// Once the MPI backend is initialized:
+// Once booster has initialized MPI (for the mpi backend, or for the NCCL group's bootstrap):
 //  * every MPI call returns its error (MPI_ERRORS_RETURN) and we throw DistributedError naming the
 //    collective, the MPI call and MPI's error string;
 //  * std::terminate (an uncaught exception, in main or in any thread; a throwing destructor or noexcept
@@ -30,7 +30,8 @@
 // torch.distributed's MPI backend takes: one worker thread per group running the blocking calls in
 // issue order.
 //
-// MPI is initialized once per process with MPI_Init_thread asking for MPI_THREAD_MULTIPLE; when the
+// MPI is initialized once per process (ensure_mpi_initialized, also called by the NCCL group's
+// bootstrap, Note [A group per device]) with MPI_Init_thread asking for MPI_THREAD_MULTIPLE; when the
 // library provides less, every MPI call of this backend is serialized by one mutex (collectives may
 // then still be started from any thread, one at a time). MPI is finalized at exit when we initialized
 // it. Outside mpirun, "mpi" still works as a singleton (size 1) through OpenMPI's singleton init, but
@@ -49,6 +50,10 @@ bool mpi_built();
 // Initializes MPI (once per process) and returns a group over MPI_COMM_WORLD. ConfigError when the
 // build has no MPI; DistributedError when MPI cannot start or was already finalized.
 std::shared_ptr<ProcessGroup> make_mpi_process_group();
+// Initializes MPI once per process with what Note [Failing ranks] installs (error handler, terminate
+// handler, finalize or abort at exit). If the application initialized MPI itself, booster leaves its
+// finalization to it. ConfigError without MPI in the build; DistributedError when MPI cannot start.
+void ensure_mpi_initialized();
 // The thread support MPI provided: "single", "funneled", "serialized", "multiple"; "none" before MPI
 // is initialized by booster.
 std::string mpi_thread_support();

@@ -8,7 +8,10 @@
 
 #include <cstdio>
 #include <cstdlib>
+
+#include "booster/distributed/mpi_process_group.h"
 #if defined(BOOSTER_WITH_MPI)
+#define OMPI_SKIP_MPICXX 1
 #include <mpi.h>
 #endif
 #endif
@@ -67,22 +70,22 @@ ncclRedOp_t nccl_op(ReduceOp op) {
   return ncclSum;
 }
 
+// Note [NCCL process group], "Stream order": the event marks the collective on the stream.
 class EventWork final : public Work {
  public:
-  explicit EventWork(cudaStream_t stream) {
+  explicit EventWork(cudaStream_t stream) : stream_(stream) {
     BOOSTER_NCCL_CUDA_CHECK(cudaEventCreateWithFlags(&event_, cudaEventDisableTiming));
     BOOSTER_NCCL_CUDA_CHECK(cudaEventRecord(event_, stream));
   }
+  // Destroying a pending event is allowed: CUDA releases it once it completes.
   ~EventWork() override {
-    if (event_) {
-      cudaEventSynchronize(event_);
-      cudaEventDestroy(event_);
-    }
+    if (event_) cudaEventDestroy(event_);
   }
-  void wait() override { BOOSTER_NCCL_CUDA_CHECK(cudaEventSynchronize(event_)); }
+  void wait() override { BOOSTER_NCCL_CUDA_CHECK(cudaStreamWaitEvent(stream_, event_, 0)); }
   bool is_completed() override { return cudaEventQuery(event_) == cudaSuccess; }
 
  private:
+  cudaStream_t stream_ = nullptr;
   cudaEvent_t event_ = nullptr;
 };
 
@@ -92,21 +95,19 @@ class NcclProcessGroup final : public ProcessGroup {
     BOOSTER_CHECK(cuda::is_available(), ConfigError, "init_process_group: backend \"nccl\" needs a GPU: ",
                   cuda::unavailable_reason());
     ncclUniqueId id;
-#if defined(BOOSTER_WITH_MPI)
     if (launched_by_mpi_launcher()) {
-      int initialized = 0;
-      MPI_Initialized(&initialized);
-      if (!initialized) {
-        int provided = 0;
-        MPI_Init_thread(nullptr, nullptr, MPI_THREAD_MULTIPLE, &provided);
-      }
+      BOOSTER_CHECK(mpi_built(), ConfigError, "init_process_group: backend \"nccl\" under an MPI launcher "
+                    "needs a build with MPI to exchange NCCL's id; without it every rank would be a world of one");
+#if defined(BOOSTER_WITH_MPI)
+      ensure_mpi_initialized();  // once per process, shared with the mpi group (Note [A group per device])
       MPI_Comm_rank(MPI_COMM_WORLD, &rank_);
       MPI_Comm_size(MPI_COMM_WORLD, &size_);
       if (rank_ == 0) BOOSTER_NCCL_CHECK(ncclGetUniqueId(&id));
-      MPI_Bcast(&id, sizeof(id), MPI_BYTE, 0, MPI_COMM_WORLD);
-    } else
+      const int rc = MPI_Bcast(&id, int(sizeof(id)), MPI_BYTE, 0, MPI_COMM_WORLD);
+      BOOSTER_CHECK(rc == MPI_SUCCESS, DistributedError, "init_process_group: MPI_Bcast of the NCCL id failed on rank ",
+                    rank_, " (MPI error ", rc, ")");
 #endif
-    {
+    } else {
       BOOSTER_NCCL_CHECK(ncclGetUniqueId(&id));
     }
     device_ = rank_ % cuda::device_count();
@@ -122,6 +123,7 @@ class NcclProcessGroup final : public ProcessGroup {
   int rank() const override { return rank_; }
   int size() const override { return size_; }
   std::string backend() const override { return "nccl"; }
+  Device device() const override { return Device::cuda(device_); }
 
   void barrier() override {
     enter();
@@ -183,11 +185,8 @@ class NcclProcessGroup final : public ProcessGroup {
     BOOSTER_CHECK(b.device == Device::cuda(device_), DeviceError, op, ": the nccl backend takes buffers on cuda:",
                   device_, ", got one on ", b.device, "; use the \"mpi\" backend for CPU tensors");
   }
-  WorkPtr finish(bool async) {
-    if (async) return std::make_shared<EventWork>(stream_);
-    BOOSTER_NCCL_CUDA_CHECK(cudaStreamSynchronize(stream_));
-    return nullptr;
-  }
+  // Note [NCCL process group], "Stream order": a blocking form is done once it is queued.
+  WorkPtr finish(bool async) { return async ? std::make_shared<EventWork>(stream_) : nullptr; }
 
   int rank_ = 0, size_ = 1, device_ = 0;
   cudaStream_t stream_ = nullptr;

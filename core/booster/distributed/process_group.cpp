@@ -158,6 +158,13 @@ void ProcessGroup::reduce_scatter(Tensor& out, const Tensor& in, ReduceOp op) {
   out.bump_version();
 }
 
+void ProcessGroup::reduce_scatter_consuming(Tensor& out, Tensor& in, ReduceOp op) {
+  reduce_scatter_consuming(BufferSpan::of(out, "reduce_scatter_consuming"),
+                           BufferSpan::of(in, "reduce_scatter_consuming"), op);
+  out.bump_version();
+  in.bump_version();
+}
+
 WorkPtr ProcessGroup::reduce_scatter_async(Tensor& out, const Tensor& in, ReduceOp op) {
   WorkPtr w = reduce_scatter_async(BufferSpan::of(out, "reduce_scatter_async"),
                                    BufferSpan::of(in, "reduce_scatter_async"), op);
@@ -208,12 +215,20 @@ WorkPtr ProcessGroup::reduce_scatter_async(const BufferSpan& out, const BufferSp
   return keeping(reduce_scatter_impl(out, in, op, true), {});
 }
 
+void ProcessGroup::reduce_scatter_consuming(const BufferSpan& out, const BufferSpan& in, ReduceOp op) {
+  check_reduce_scatter(out, in, op, "reduce_scatter_consuming");
+  if (WorkPtr w = reduce_scatter_consuming_impl(out, in, op)) w->wait();
+}
+
 // ---------------------------------------------------------------------------------------- default group
 
 namespace {
 
 std::mutex g_default_mutex;
 std::shared_ptr<ProcessGroup> g_default_group;
+// Note [A group per device]: the NCCL group when the default group is not it; never destroyed.
+std::mutex g_cuda_mutex;
+std::shared_ptr<ProcessGroup>* g_cuda_group = nullptr;
 
 std::string resolve_backend(const std::string& backend) {
   if (backend == "auto") return launched_by_mpi_launcher() && mpi_built() ? "mpi" : "local";
@@ -255,6 +270,49 @@ ProcessGroup& init_process_group(const std::string& backend) {
 }
 
 ProcessGroup& default_process_group() { return init_process_group("auto"); }
+
+ProcessGroup& process_group_for(Device device) {
+  if (device.is_cpu()) return default_process_group();
+  BOOSTER_CHECK(device.is_cuda(), DeviceError, "process_group_for: no process group backend for ", device);
+  ProcessGroup* group = nullptr;
+  {
+    std::lock_guard<std::mutex> lock(g_default_mutex);
+    if (g_default_group && g_default_group->backend() == "nccl") group = g_default_group.get();
+  }
+  if (!group) {
+    std::lock_guard<std::mutex> lock(g_cuda_mutex);
+    if (!g_cuda_group) {
+      try {
+        // See the Note: held by a pointer that is never deleted, so it lives until the process ends.
+        g_cuda_group = new std::shared_ptr<ProcessGroup>(make_nccl_process_group());
+      } catch (const ConfigError& e) {
+        BOOSTER_FAIL(ConfigError, "collectives on ", device, " need the nccl backend, which is unavailable: ",
+                     e.what(), "; train on the CPU, or use a build with CUDA and NCCL on a machine with a GPU");
+      }
+    }
+    group = g_cuda_group->get();
+  }
+  BOOSTER_CHECK(group->device() == device, DeviceError, "process_group_for(", device, "): rank ", group->rank(),
+                " runs NCCL on ", group->device(), " (rank % number of GPUs); put the model on ", group->device(),
+                ", or start one rank per GPU");
+  return *group;
+}
+
+ProcessGroup& process_group_for(const std::vector<Tensor>& tensors, const std::string& who) {
+  const Tensor* first = nullptr;
+  for (const Tensor& t : tensors) {
+    if (!t.defined()) continue;
+    if (!first) first = &t;
+    BOOSTER_CHECK(t.device() == first->device(), DeviceError, who, ": '", first->name(), "' is on ", first->device(),
+                  " but '", t.name(), "' on ", t.device(), "; move the whole model to one device first");
+  }
+  const Device device = first ? first->device() : Device::cpu();
+  try {
+    return process_group_for(device);
+  } catch (const ConfigError& e) {
+    BOOSTER_FAIL(ConfigError, who, ": the model is on ", device, ", and ", e.what());
+  }
+}
 
 bool is_initialized() {
   std::lock_guard<std::mutex> lock(g_default_mutex);

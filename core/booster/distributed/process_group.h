@@ -1,7 +1,7 @@
 // ProcessGroup: the collectives every parallelism plugin is written against (all_reduce,
 // reduce_scatter, all_gather, broadcast, barrier), blocking and non-blocking, on tensors and on raw
-// buffer spans. Backends: "mpi" (CPU tensors, OpenMPI) and "local" (one process, identities); the CUDA
-// issue adds "nccl" behind the same interface.
+// buffer spans. Backends: "mpi" (CPU tensors, OpenMPI), "nccl" (CUDA tensors, nccl_process_group.h) and
+// "local" (one process, identities).
 //
 // Note [Process groups]
 // * Launch is mpirun's job: rank and world size come from MPI; multi-node runs use mpirun's hostfile.
@@ -13,18 +13,32 @@
 // * Blocking forms return when this rank's buffers hold the result. Non-blocking forms (*_async) return
 //   a Work; the buffers must stay alive and untouched until Work::wait() (a tensor passed to an async
 //   form is kept alive by its Work). Dropping a Work that was not waited for waits for it.
-// * ReduceOp::Avg is a sum followed by a division by size(); it is for floating dtypes only (an integer
-//   average would truncate). float16/bfloat16 reductions combine two values at a time in float32 and
-//   round back to 16 bits (as NCCL does; MPI has no 16-bit float type, so the MPI backend registers
-//   its own MPI_Op that widens blocks to float32 and rounds to nearest even; no float32 copy of the
-//   buffer is made). With more than two ranks the result can therefore differ from a float32 sum of
-//   all ranks rounded once, by a rounding step per combination.
+// * ReduceOp::Avg is the mean over ranks, for floating dtypes only (an integer average would
+//   truncate). Every backend divides before it sums where it may (Note [Averages divide first]).
+//   float16/bfloat16 reductions combine two values at a time in float32 and round back to 16 bits (as
+//   NCCL does; MPI has no 16-bit float type, so the MPI backend registers its own MPI_Op that widens
+//   blocks to float32 and rounds to nearest even; no float32 copy of the buffer is made). With more
+//   than two ranks the result can therefore differ from a float32 sum of all ranks rounded once, by a
+//   rounding step per combination.
 // * Tensor forms bump the tensor's version (they write in place), so autocast caches see the change.
-// * For the CUDA issue: an "nccl" backend implements the same four *_impl slots on device spans
-//   (BufferSpan carries the device); its Work::wait() would make the current stream wait.
+// * Devices: a group works on the buffers of one device, device(): the CPU for "mpi" and "local",
+//   this rank's GPU for "nccl". process_group_for(device) gives the group for a model's device: the
+//   default group for the CPU, one NCCL group per process for CUDA (Note [A group per device]).
 // * Failures: a failed MPI call throws DistributedError naming the collective, the MPI call and MPI's
 //   error string. A rank that dies must not leave the others hanging; see Note [Failing ranks] in
 //   mpi_process_group.h.
+//
+// Note [Averages divide first]
+// A 16-bit sum over N ranks overflows N times sooner than their average: loss-scaled float16
+// gradients whose average is finite can sum to inf, and the step would be skipped for nothing. So
+// Avg divides each rank's values by N before summing, as torch's DDP comm hook divides each bucket by
+// the world size before its all-reduce and NCCL's ncclAvg pre-multiplies by 1/N. all_reduce does it
+// in its own buffer (it is overwritten anyway). reduce_scatter must leave `in` unchanged, so there the
+// mpi backend sums and then divides; a caller whose input is scratch (a gradient buffer it reduces
+// and then clears or frees) calls reduce_scatter_consuming, which may divide `in` in place first and
+// leaves it with unspecified contents. The nccl backend's ncclAvg divides first in both forms.
+// Dividing first rounds differently from dividing last (by one rounding per element at most; with a
+// power-of-two world size the division is exact unless it underflows).
 #pragma once
 
 #include <cstdint>
@@ -88,6 +102,8 @@ class ProcessGroup {
   virtual int size() const = 0;
   // "mpi", "nccl", "local".
   virtual std::string backend() const = 0;
+  // Where this group's buffers live: the CPU for "mpi" and "local", this rank's GPU for "nccl".
+  virtual Device device() const = 0;
 
   // ---------------------------------------------------------------- tensors (contiguous, in place)
   // Every rank's `t` becomes op(t of every rank). Floating, int64 and int32 dtypes.
@@ -105,6 +121,9 @@ class ProcessGroup {
   // not overlap it.
   void reduce_scatter(Tensor& out, const Tensor& in, ReduceOp op = ReduceOp::Sum);
   WorkPtr reduce_scatter_async(Tensor& out, const Tensor& in, ReduceOp op = ReduceOp::Sum);
+  // As reduce_scatter, but `in` is the caller's scratch: its contents are unspecified afterwards. That
+  // lets Avg divide before summing in every backend (Note [Averages divide first]).
+  void reduce_scatter_consuming(Tensor& out, Tensor& in, ReduceOp op = ReduceOp::Sum);
 
   // ---------------------------------------------------------------- raw spans (same rules as above)
   void all_reduce(const BufferSpan& buf, ReduceOp op = ReduceOp::Sum);
@@ -119,6 +138,7 @@ class ProcessGroup {
   void reduce_scatter(const BufferSpan& out, const BufferSpan& in, ReduceOp op = ReduceOp::Sum);
   WorkPtr reduce_scatter_async(const BufferSpan& out, const BufferSpan& in,
                                ReduceOp op = ReduceOp::Sum);
+  void reduce_scatter_consuming(const BufferSpan& out, const BufferSpan& in, ReduceOp op = ReduceOp::Sum);
 
   // Returns when every rank has called barrier().
   virtual void barrier() = 0;
@@ -136,6 +156,10 @@ class ProcessGroup {
   virtual WorkPtr all_gather_impl(const BufferSpan& out, const BufferSpan& in, bool async) = 0;
   virtual WorkPtr reduce_scatter_impl(const BufferSpan& out, const BufferSpan& in, ReduceOp op,
                                       bool async) = 0;
+  // Optional: reduce_scatter_consuming's slot (blocking). The default keeps `in` (reduce_scatter_impl).
+  virtual WorkPtr reduce_scatter_consuming_impl(const BufferSpan& out, const BufferSpan& in, ReduceOp op) {
+    return reduce_scatter_impl(out, in, op, false);
+  }
 
  private:
   void check_all_reduce(const BufferSpan& buf, ReduceOp op, const char* name) const;
@@ -158,6 +182,20 @@ ProcessGroup& init_process_group(const std::string& backend = "auto");
 // The default group, created with "auto" on first use.
 ProcessGroup& default_process_group();
 bool is_initialized();
+
+// Note [A group per device]
+// A plugin takes the group of its model's device: the CPU's is the default group (mpi under mpirun,
+// else local); CUDA's is one NCCL group per process over the same ranks, made on first use (under
+// mpirun it bootstraps through MPI, which then serves both groups: MPI is initialized once by booster
+// and finalized at exit, Note [MPI progress]). When the default group is "nccl" it is that group. Both
+// groups have the same rank and size, so code that only needs those may use either. The NCCL group
+// lives until the process ends (never destroyed: CUDA and NCCL may be gone by static destruction).
+// Throws ConfigError for a CUDA device when the build has no NCCL or no GPU is visible, and
+// DeviceError for a GPU other than this rank's (NCCL's rank uses GPU rank % device_count()).
+ProcessGroup& process_group_for(Device device);
+// The group for the device that `tensors` (a model's parameters and buffers) are on, the CPU when there
+// are none. DeviceError when they are on several devices; errors name `who` (the plugin).
+ProcessGroup& process_group_for(const std::vector<Tensor>& tensors, const std::string& who);
 // True when this process was started by an MPI launcher (mpirun/mpiexec, srun, hydra): the launcher's
 // environment variables are present.
 bool launched_by_mpi_launcher();
