@@ -100,16 +100,21 @@ namespace {
 //                          scale, float32 master weights; it names the strategy)
 //   scheduler.json         Booster::save_lr_scheduler (when there is a scheduler)
 //   trainer_state.json     {"format": "booster-train", "version", "step", "skipped_steps", "samples_seen",
-//                           "dataloader": its position, "rng": {"default": state, "model.dropout": the
-//                           GPT's dropout generator}, "mixed_precision",
-//                           "plugin", "world_size", "model": the model section}
+//                           "loss": the step's mean loss, "evaluation": the last one (for the summary
+//                           of a run resumed at its end), "dataloader": its position, "rng": {"default":
+//                           state, "model.dropout": the GPT's dropout generator}, "mixed_precision",
+//                           "plugin", "world_size", "model": the model section, "settings": Note
+//                           [Settings a resume must keep]}
+// A checkpoint of step N is taken after everything step N does (Note [What a step's checkpoint holds]).
 // Everything goes into `step-N.tmp/` first; rank 0 then fsyncs and renames it to `step-N/` (the commit,
-// Note [Atomic checkpoint writes]), points `latest` at it and prunes to keep_last, in that order, so a
-// crash at any moment leaves the previous checkpoint loadable. On resume, trainer_state.json is read
-// first and a checkpoint of another strategy, plugin, world size or model is refused with a message
-// naming both sides, before any tensor is read; corrupt or truncated files are CheckpointErrors naming
-// the file. Resuming gives the same parameters, bit for bit, as a run that was never interrupted
-// (tests/test_cli_resume.cpp).
+// Note [Atomic checkpoint writes]; replacing a `step-N/` that exists as Note [Replacing a checkpoint]
+// says), points `latest` at it and prunes to keep_last, in that order, so at every moment `latest`
+// names a whole checkpoint (checkpoint::begin_checkpoint / commit_checkpoint do it, as for
+// checkpoint::save_checkpoint). On resume, trainer_state.json is read first and a checkpoint of another
+// strategy, plugin, world size, model or trajectory setting is refused with a message naming both
+// sides, before any tensor is read; corrupt or truncated files are CheckpointErrors naming the file.
+// Resuming gives the same parameters, bit for bit, and the same metrics records as a run that was
+// never interrupted (tests/test_cli_resume.cpp).
 constexpr const char* kTrainFormat = "booster-train";
 constexpr int kTrainFormatVersion = 1;
 
@@ -127,7 +132,33 @@ struct TrainPosition {
   int64_t step = 0;
   int64_t skipped_steps = 0;
   int64_t samples_seen = 0;
+  // For the summary of a run resumed at its end: the last step's mean loss (null when not finite) and
+  // the last evaluation ({"step", "test_loss", "test_accuracy", "samples"}, null before the first).
+  json loss = nullptr;
+  json evaluation = nullptr;
 };
+
+// Note [Settings a resume must keep]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// Besides the strategy, plugin, world size and model, these settings fix which samples make up each
+// step and in what order, so a resume with another value would silently train another trajectory from
+// the checkpoint on (and the saved data position, counted in batches, would point elsewhere): the seed
+// (the shuffle order comes back from the checkpoint, but the synthetic data set is drawn from the
+// seed), the batch size, the micro-batches per step, shuffle and drop_last.
+// trainer_state.json records them under "settings" and a resume with another value is refused, naming
+// the key and both values. Settings that may legitimately change are left out: max_steps and epochs
+// (extending a run), max_grad_norm and the evaluation and logging settings (getting past a loss
+// spike, watching more closely), data.dir and data.path (the data moved). Checkpoints from before
+// "settings" was recorded lack it: they are accepted, with one line saying what could not be checked.
+json trajectory_settings(const json& config) {
+  const json& train = config.at("train");
+  const json& data = config.at("data");
+  return {{"train.seed", train.at("seed")},
+          {"train.grad_accumulation", train.at("grad_accumulation")},
+          {"data.batch_size", data.at("batch_size")},
+          {"data.shuffle", data.at("shuffle")},
+          {"data.drop_last", data.at("drop_last")}};
+}
 
 std::string step_dir_name(int64_t step) {
   char name[32];
@@ -139,12 +170,9 @@ void save_training_checkpoint(Booster& booster, const Boosted& boosted, const Ge
                               const fs::path& root, const TrainPosition& position, const json& config, int keep_last) {
   distributed::ProcessGroup& group = booster.process_group();
   const bool writer = group.rank() == 0;
-  const fs::path final_dir = root / step_dir_name(position.step);
-  const fs::path tmp_dir = root / (step_dir_name(position.step) + ".tmp");
-  if (writer) {
-    fs::remove_all(tmp_dir);
-    fs::create_directories(tmp_dir);
-  }
+  fs::path tmp_dir;
+  if (writer) tmp_dir = checkpoint::begin_checkpoint(root, position.step);
+  else tmp_dir = root / (step_dir_name(position.step) + ".tmp");
   group.barrier();
   booster.save_model(*boosted.model, tmp_dir / "model");
   booster.save_optimizer(*boosted.optimizer, tmp_dir / "optimizer");
@@ -157,32 +185,31 @@ void save_training_checkpoint(Booster& booster, const Boosted& boosted, const Ge
                   {"step", position.step},
                   {"skipped_steps", position.skipped_steps},
                   {"samples_seen", position.samples_seen},
+                  {"loss", position.loss},
+                  {"evaluation", position.evaluation},
                   {"dataloader", boosted.dataloader->state_dict()},
                   {"rng", rng},
                   {"mixed_precision", config.at("mixed_precision").at("name")},
                   {"plugin", config.at("plugin").at("name")},
                   {"world_size", group.size()},
                   {"model", config.at("model")}};
+    state["settings"] = trajectory_settings(config);
     checkpoint::write_text_file_atomically(tmp_dir / checkpoint::kTrainerStateFileName, state.dump(1) + "\n");
     checkpoint::sync_directory(tmp_dir);
-    // The same test hook as checkpoint::save_checkpoint: die as a crash would, before the commit.
-    if (const char* hook = std::getenv("BOOSTER_TEST_ABORT_BEFORE_COMMIT"); hook && std::string(hook) == "1")
-      std::abort();
-    if (fs::exists(final_dir)) fs::remove_all(final_dir);  // the same step saved again
-    fs::rename(tmp_dir, final_dir);
-    checkpoint::sync_directory(root);
-    checkpoint::write_text_file_atomically(root / checkpoint::kLatestFileName, final_dir.filename().string() + "\n");
-    if (keep_last > 0) {
-      const auto committed = checkpoint::list_checkpoints(root);
-      for (size_t i = 0; i + size_t(keep_last) < committed.size(); ++i) fs::remove_all(committed[i].second);
-    }
+    checkpoint::commit_checkpoint(root, position.step, keep_last);
   }
   group.barrier();
 }
 
+struct SavedTraining {
+  fs::path dir;
+  json state;                           // trainer_state.json
+  std::vector<std::string> unchecked;   // settings the checkpoint predates (Note [Settings a resume must keep])
+};
+
 // Reads trainer_state.json of the checkpoint at `path` (a step directory or a root) and refuses one
-// that this run cannot continue. Returns the checkpoint's directory and its state.
-std::pair<fs::path, json> read_trainer_state(const fs::path& path, const json& config, int world_size) {
+// that this run cannot continue.
+SavedTraining read_trainer_state(const fs::path& path, const json& config, int world_size) {
   BOOSTER_CHECK(fs::exists(path), CheckpointError, "train.resume: ", path.string(),
                 " does not exist; expected a checkpoint directory (or \"latest\", or null)");
   const fs::path dir = checkpoint::resolve_checkpoint(path);
@@ -221,7 +248,24 @@ std::pair<fs::path, json> read_trainer_state(const fs::path& path, const json& c
   model_now.erase("init_from");
   refuse_unless_same("the model", saved_model, model_now,
                      "use the model section the checkpoint was trained with, or start afresh");
-  return {dir, state};
+  // Note [Settings a resume must keep]
+  const json saved_settings = state.value("settings", json::object());
+  BOOSTER_CHECK(saved_settings.is_object(), CheckpointError, "train.resume: ", file.string(),
+                " has \"settings\" ", saved_settings.dump(), ", not an object; the checkpoint is corrupt");
+  std::vector<std::string> unchecked;
+  const json settings_now = trajectory_settings(config);
+  for (const auto& [key, now] : settings_now.items()) {
+    if (!saved_settings.contains(key)) {
+      unchecked.push_back(key);
+      continue;
+    }
+    const json& saved = saved_settings.at(key);
+    BOOSTER_CHECK(saved == now, CheckpointError, "train.resume: ", dir.string(), " was saved with ", key, " ",
+                  config::show(saved), " but this run has ", config::show(now), "; resume with --set ", key, "=",
+                  saved.dump(), " (another value trains another trajectory), or start afresh with train.resume null",
+                  " (model.init_from=", (dir / "model").string(), " keeps the weights)");
+  }
+  return {dir, state, unchecked};
 }
 
 TrainPosition load_training_checkpoint(Booster& booster, const Boosted& boosted, const Generators& generators,
@@ -248,18 +292,21 @@ TrainPosition load_training_checkpoint(Booster& booster, const Boosted& boosted,
   position.step = state.at("step").get<int64_t>();
   position.skipped_steps = state.at("skipped_steps").get<int64_t>();
   position.samples_seen = state.at("samples_seen").get<int64_t>();
+  position.loss = state.value("loss", json());
+  position.evaluation = state.value("evaluation", json());
   return position;
 }
 
 // A resumed run continues its metrics file: the records after the checkpoint's step (written by the
-// interrupted run after its last checkpoint) are dropped, so each step appears once.
+// interrupted run after its last checkpoint) are dropped, so each step appears once (Note [What a
+// step's checkpoint holds]), and so is a line that does not parse: the torn last write of a crash.
 void truncate_metrics_after(const fs::path& file, int64_t step) {
   if (!fs::exists(file)) return;
   std::ifstream in(file);
   std::string kept, line;
   while (std::getline(in, line)) {
     const json record = json::parse(line, nullptr, /*allow_exceptions=*/false);
-    if (record.is_object() && record.value("step", int64_t(0)) > step) continue;
+    if (!record.is_object() || record.value("step", int64_t(0)) > step) continue;
     kept += line + "\n";
   }
   in.close();
@@ -361,6 +408,7 @@ int train(const json& config) {
   // ---- resume (Note [Checkpoints of booster train])
   TrainPosition position;
   std::string resumed_from;
+  std::string unchecked_settings;  // the checkpoint predates their record
   if (train_cfg.at("resume").is_string()) {
     const std::string resume = train_cfg.at("resume").get<std::string>();
     const bool latest = resume == "latest";
@@ -368,9 +416,11 @@ int train(const json& config) {
     // "latest" with nothing saved yet starts afresh, so the same command serves the first run and
     // every restart after a crash.
     if (!latest || (fs::is_directory(where) && !checkpoint::list_checkpoints(where).empty())) {
-      const auto [dir, state] = read_trainer_state(where, config, group.size());
-      position = load_training_checkpoint(booster, boosted, generators, dir, state);
+      const SavedTraining saved = read_trainer_state(where, config, group.size());
+      const fs::path& dir = saved.dir;
+      position = load_training_checkpoint(booster, boosted, generators, dir, saved.state);
       resumed_from = dir.string();
+      for (const std::string& key : saved.unchecked) unchecked_settings += (unchecked_settings.empty() ? "" : ", ") + key;
       BOOSTER_CHECK(position.step <= total_steps, CheckpointError, "train.resume: ", dir.string(), " is at step ",
                     position.step, ", past this run's ", total_steps, " steps; raise train.max_steps or train.epochs");
     }
@@ -395,22 +445,28 @@ int train(const json& config) {
                  (run_dir ? ", run directory " + run_dir->string() : std::string()));
   if (!resumed_from.empty())
     progress.print("booster: resumed from " + resumed_from + " at step " + std::to_string(position.step));
+  if (!unchecked_settings.empty())
+    progress.print("booster: " + resumed_from + " predates the record of " + unchecked_settings +
+                   "; they are not checked against this run's");
 
   // ---- the loop
   const auto run_start = Clock::now();
-  std::optional<config::Evaluation> last_eval;
   auto run_evaluation = [&](int64_t step) {
     if (!split.test) return;
     const auto t0 = Clock::now();
-    last_eval = config::evaluate(*model, split, criterion, eval_batch_size);
+    const config::Evaluation result = config::evaluate(*model, split, criterion, eval_batch_size);
     progress.print(format_line("eval  step %6lld | test loss %.4f | test accuracy %.2f%% | %lld samples in %.2fs",
-                               static_cast<long long>(step), last_eval->loss, 100.0 * last_eval->accuracy,
-                               static_cast<long long>(last_eval->samples), seconds_since(t0)));
+                               static_cast<long long>(step), result.loss, 100.0 * result.accuracy,
+                               static_cast<long long>(result.samples), seconds_since(t0)));
+    position.evaluation = {{"step", step},
+                           {"test_loss", result.loss},
+                           {"test_accuracy", result.accuracy},
+                           {"samples", result.samples}};
     metrics.write({{"kind", "eval"},
                    {"step", step},
-                   {"test_loss", last_eval->loss},
-                   {"test_accuracy", last_eval->accuracy},
-                   {"samples", last_eval->samples},
+                   {"test_loss", result.loss},
+                   {"test_accuracy", result.accuracy},
+                   {"samples", result.samples},
                    {"time", seconds_since(run_start)}});
   };
   auto save_checkpoint_now = [&] {
@@ -423,15 +479,27 @@ int train(const json& config) {
                                (*checkpoint_root / step_dir_name(position.step)).c_str(), seconds_since(t0)));
   };
 
+  // Note [What a step's checkpoint holds]
+  // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+  // Everything a step does comes before its checkpoint: its log record, the evaluation every
+  // eval_every steps, and, at an epoch's last step, the end-of-epoch evaluation (or, at the run's last,
+  // the final one). A run resumed from step N thus starts with step N + 1 and repeats or drops no
+  // evaluation and no metrics record (truncate_metrics_after drops those after N that the interrupted
+  // run wrote). So the batch loop breaks at an epoch's last step, before fetching micro-batches that
+  // cannot fill a step (Note [Gradient accumulation]), and its evaluation and checkpoint follow the
+  // loop; a run resumed at an epoch's end finds no step left in it and goes on with the next epoch.
   model->train();
   int64_t& step = position.step;
   const int64_t first_step = step;
-  double last_loss = 0.0;
+  double last_loss = position.loss.is_number() ? position.loss.get<double>() : std::nan("");
   int64_t window_samples = 0, samples_this_run = 0;
   double train_seconds = 0.0;  // time in training steps, without evaluation and saving
   auto window_start = Clock::now();
+  auto checkpoint_due = [&] { return checkpoint_every > 0 && (step % checkpoint_every == 0 || step == total_steps); };
+  auto steps_left_in_epoch = [&] { return (loader.size() - loader.batches_consumed()) / grad_accumulation; };
   for (int64_t epoch = loader.epoch(); epoch < epochs && step < total_steps; ++epoch) {
     loader.set_epoch(epoch);  // keeps a resumed position in this epoch
+    if (steps_left_in_epoch() == 0) continue;  // resumed at this epoch's end
     int64_t micro = 0;            // micro-batches accumulated into the current step (Note [Gradient accumulation])
     double accumulated_loss = 0;  // their mean loss
     auto step_start = Clock::now();
@@ -466,6 +534,7 @@ int train(const json& config) {
       if (scheduler) scheduler->step();
       ++step;
       last_loss = accumulated_loss;
+      position.loss = std::isfinite(last_loss) ? json(last_loss) : json(nullptr);
       train_seconds += seconds_since(step_start);
       position.samples_seen += batch_samples;
       samples_this_run += batch_samples;
@@ -501,14 +570,16 @@ int train(const json& config) {
         window_samples = 0;
         window_start = Clock::now();
       }
-      if (checkpoint_every > 0 && (step % checkpoint_every == 0 || step == total_steps)) save_checkpoint_now();
       if (eval_every > 0 && step % eval_every == 0 && step < total_steps) run_evaluation(step);
-      if (step >= total_steps) break;
+      // The end of the epoch or of the run: evaluation and checkpoint follow the loop.
+      if (step >= total_steps || steps_left_in_epoch() == 0) break;
+      if (checkpoint_due()) save_checkpoint_now();
     }
-    // eval_every = 0: evaluate after each epoch (the last one below, once).
-    if (eval_every == 0 && step < total_steps) run_evaluation(step);
+    // The epoch's (or the run's) last step (Note [What a step's checkpoint holds]): eval_every = 0
+    // evaluates after each epoch, and every run once at its end.
+    if (eval_every == 0 || step >= total_steps) run_evaluation(step);
+    if (checkpoint_due()) save_checkpoint_now();
   }
-  run_evaluation(step);
   progress.finish();
 
   json summary = json::object();
@@ -524,9 +595,9 @@ int train(const json& config) {
   summary["samples_per_second"] = double(samples_this_run) / std::max(train_seconds, 1e-9);
   if (split.tokens_per_sample > 1)
     summary["tokens_per_second"] = double(samples_this_run * split.tokens_per_sample) / std::max(train_seconds, 1e-9);
-  if (last_eval) {
-    summary["test_loss"] = last_eval->loss;
-    summary["test_accuracy"] = last_eval->accuracy;
+  if (!position.evaluation.is_null()) {
+    summary["test_loss"] = position.evaluation.value("test_loss", json());
+    summary["test_accuracy"] = position.evaluation.value("test_accuracy", json());
   }
   summary["run_dir"] = run_dir ? json(run_dir->string()) : json(nullptr);
   summary["resumed_from"] = resumed_from.empty() ? json(nullptr) : json(resumed_from);
