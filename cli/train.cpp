@@ -15,6 +15,9 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <string>
+#include <tuple>
+#include <vector>
 
 #include "booster/booster/booster.h"
 #include "booster/checkpoint/atomic_file.h"
@@ -140,24 +143,58 @@ struct TrainPosition {
 
 // Note [Settings a resume must keep]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
-// Besides the strategy, plugin, world size and model, these settings fix which samples make up each
-// step and in what order, so a resume with another value would silently train another trajectory from
-// the checkpoint on (and the saved data position, counted in batches, would point elsewhere): the seed
-// (the shuffle order comes back from the checkpoint, but the synthetic data set is drawn from the
-// seed), the batch size, the micro-batches per step, shuffle and drop_last.
-// trainer_state.json records them under "settings" and a resume with another value is refused, naming
-// the key and both values. Settings that may legitimately change are left out: max_steps and epochs
-// (extending a run), max_grad_norm and the evaluation and logging settings (getting past a loss
-// spike, watching more closely), data.dir and data.path (the data moved). Checkpoints from before
-// "settings" was recorded lack it: they are accepted, with one line saying what could not be checked.
-json trajectory_settings(const json& config) {
+// Besides the strategy, plugin, world size and model, these settings would silently make a resumed
+// run train another trajectory than the one the checkpoint continues, so trainer_state.json records
+// them under "settings" and a resume with another value is refused, naming the key, both values and
+// the --set that restores the saved one:
+//  * which samples make up each step, and in what order: train.seed (the shuffle order comes back from
+//    the checkpoint, but the synthetic data set is drawn from the seed), data.batch_size,
+//    train.grad_accumulation, data.shuffle, data.drop_last; the saved data position, counted in
+//    batches, would also point elsewhere;
+//  * the optimizer and lr_scheduler sections: their hyperparameters come back from the checkpoint (as
+//    torch's load_state_dict does), so a changed lr, betas or schedule would be ignored without a word;
+//  * train.max_steps, as the run's length in steps, when the schedule's length is the run's (a null
+//    T_max or total_steps): the restored schedule keeps the saved length, so a longer run would go past
+//    its end (a cosine climbs back up).
+// Left out because they may legitimately change: max_steps and epochs when the schedule does not
+// depend on them (extending a run), max_grad_norm and the evaluation and logging settings (getting
+// past a loss spike, watching more closely), data.dir and data.path (the data moved), eval_batch_size.
+// Checkpoints from before "settings" was recorded lack it: they are accepted, with one line naming the
+// settings that could not be checked.
+json trajectory_settings(const json& config, int64_t total_steps) {
   const json& train = config.at("train");
   const json& data = config.at("data");
-  return {{"train.seed", train.at("seed")},
-          {"train.grad_accumulation", train.at("grad_accumulation")},
-          {"data.batch_size", data.at("batch_size")},
-          {"data.shuffle", data.at("shuffle")},
-          {"data.drop_last", data.at("drop_last")}};
+  json settings = {{"train.seed", train.at("seed")},
+                   {"train.grad_accumulation", train.at("grad_accumulation")},
+                   {"data.batch_size", data.at("batch_size")},
+                   {"data.shuffle", data.at("shuffle")},
+                   {"data.drop_last", data.at("drop_last")},
+                   {"optimizer", config.at("optimizer")},
+                   {"lr_scheduler", config.at("lr_scheduler")}};
+  const json& schedule = config.at("lr_scheduler");
+  const bool schedule_spans_run = (schedule.contains("T_max") && schedule.at("T_max").is_null()) ||
+                                  (schedule.contains("total_steps") && schedule.at("total_steps").is_null());
+  if (schedule_spans_run) settings["train.max_steps"] = total_steps;
+  return settings;
+}
+
+// Where two config values first differ: the dotted path under `path` (the "type" of a section first,
+// as the other keys follow from it) and both values there (null where a key is absent); nullopt when
+// they are equal.
+std::optional<std::tuple<std::string, json, json>> first_difference(const std::string& path, const json& saved,
+                                                                    const json& now) {
+  if (saved == now) return std::nullopt;
+  if (!saved.is_object() || !now.is_object()) return std::make_tuple(path, saved, now);
+  const json absent;
+  auto at = [&](const json& section, const std::string& key) -> const json& {
+    return section.contains(key) ? section.at(key) : absent;
+  };
+  std::vector<std::string> keys = {"type"};
+  for (const auto& [key, value] : saved.items()) keys.push_back(key);
+  for (const auto& [key, value] : now.items()) keys.push_back(key);
+  for (const std::string& key : keys)
+    if (auto found = first_difference(path + "." + key, at(saved, key), at(now, key))) return found;
+  return std::make_tuple(path, saved, now);
 }
 
 std::string step_dir_name(int64_t step) {
@@ -167,7 +204,8 @@ std::string step_dir_name(int64_t step) {
 }
 
 void save_training_checkpoint(Booster& booster, const Boosted& boosted, const Generators& generators,
-                              const fs::path& root, const TrainPosition& position, const json& config, int keep_last) {
+                              const fs::path& root, const TrainPosition& position, const json& config,
+                              int64_t total_steps, int keep_last) {
   distributed::ProcessGroup& group = booster.process_group();
   const bool writer = group.rank() == 0;
   fs::path tmp_dir;
@@ -193,7 +231,7 @@ void save_training_checkpoint(Booster& booster, const Boosted& boosted, const Ge
                   {"plugin", config.at("plugin").at("name")},
                   {"world_size", group.size()},
                   {"model", config.at("model")}};
-    state["settings"] = trajectory_settings(config);
+    state["settings"] = trajectory_settings(config, total_steps);
     checkpoint::write_text_file_atomically(tmp_dir / checkpoint::kTrainerStateFileName, state.dump(1) + "\n");
     checkpoint::sync_directory(tmp_dir);
     checkpoint::commit_checkpoint(root, position.step, keep_last);
@@ -209,7 +247,7 @@ struct SavedTraining {
 
 // Reads trainer_state.json of the checkpoint at `path` (a step directory or a root) and refuses one
 // that this run cannot continue.
-SavedTraining read_trainer_state(const fs::path& path, const json& config, int world_size) {
+SavedTraining read_trainer_state(const fs::path& path, const json& config, int world_size, int64_t total_steps) {
   BOOSTER_CHECK(fs::exists(path), CheckpointError, "train.resume: ", path.string(),
                 " does not exist; expected a checkpoint directory (or \"latest\", or null)");
   const fs::path dir = checkpoint::resolve_checkpoint(path);
@@ -253,17 +291,20 @@ SavedTraining read_trainer_state(const fs::path& path, const json& config, int w
   BOOSTER_CHECK(saved_settings.is_object(), CheckpointError, "train.resume: ", file.string(),
                 " has \"settings\" ", saved_settings.dump(), ", not an object; the checkpoint is corrupt");
   std::vector<std::string> unchecked;
-  const json settings_now = trajectory_settings(config);
+  const json settings_now = trajectory_settings(config, total_steps);
   for (const auto& [key, now] : settings_now.items()) {
     if (!saved_settings.contains(key)) {
       unchecked.push_back(key);
       continue;
     }
-    const json& saved = saved_settings.at(key);
-    BOOSTER_CHECK(saved == now, CheckpointError, "train.resume: ", dir.string(), " was saved with ", key, " ",
-                  config::show(saved), " but this run has ", config::show(now), "; resume with --set ", key, "=",
-                  saved.dump(), " (another value trains another trajectory), or start afresh with train.resume null",
-                  " (model.init_from=", (dir / "model").string(), " keeps the weights)");
+    if (const auto difference = first_difference(key, saved_settings.at(key), now)) {
+      const auto& [where, saved, value_now] = *difference;
+      BOOSTER_FAIL(CheckpointError, "train.resume: ", dir.string(), " was saved with ", where, " ",
+                   config::show(saved), " but this run has ", config::show(value_now),
+                   "; a resume continues the saved run: resume with --set ", where, "=", saved.dump(),
+                   ", or start afresh with train.resume null (model.init_from=", (dir / "model").string(),
+                   " keeps the weights)");
+    }
   }
   return {dir, state, unchecked};
 }
@@ -416,7 +457,7 @@ int train(const json& config) {
     // "latest" with nothing saved yet starts afresh, so the same command serves the first run and
     // every restart after a crash.
     if (!latest || (fs::is_directory(where) && !checkpoint::list_checkpoints(where).empty())) {
-      const SavedTraining saved = read_trainer_state(where, config, group.size());
+      const SavedTraining saved = read_trainer_state(where, config, group.size(), total_steps);
       const fs::path& dir = saved.dir;
       position = load_training_checkpoint(booster, boosted, generators, dir, saved.state);
       resumed_from = dir.string();
@@ -474,7 +515,8 @@ int train(const json& config) {
     // writes, or they would all commit into one checkpoint directory at once.
     if (group.size() == 1 && !is_rank0) return;
     const auto t0 = Clock::now();
-    save_training_checkpoint(booster, boosted, generators, *checkpoint_root, position, config, keep_last);
+    save_training_checkpoint(booster, boosted, generators, *checkpoint_root, position, config, total_steps,
+                             keep_last);
     progress.print(format_line("saved step %6lld | %s in %.2fs", static_cast<long long>(position.step),
                                (*checkpoint_root / step_dir_name(position.step)).c_str(), seconds_since(t0)));
   };

@@ -296,14 +296,21 @@ TEST_CASE("a checkpoint that does not fit or is damaged is refused with one line
   };
   resume_fails_with("--mixed-precision bf16", "was saved with mixed_precision \"fp16\" but this run has \"bf16\"", ckpt);
   resume_fails_with("--set 'model.hidden=[8]'", "was saved with the model", ckpt);
-  resume_fails_with("--set lr_scheduler.type=none", "has an lr scheduler state but this run has no scheduler", ckpt);
+  resume_fails_with("--set lr_scheduler.type=none", "was saved with lr_scheduler.type \"cosine\" but this run has \"none\"", ckpt);
   resume_fails_with("", "does not exist", root / "step-00000099");
   // Note [Settings a resume must keep]
-  resume_fails_with("--set train.seed=4", "was saved with train.seed 3 but this run has 4; resume with --set train.seed=3", ckpt);
+  resume_fails_with("--set train.seed=4", "was saved with train.seed 3 but this run has 4; a resume continues the saved run: resume with --set train.seed=3", ckpt);
   resume_fails_with("--set data.batch_size=16", "was saved with data.batch_size 32 but this run has 16", ckpt);
   resume_fails_with("--set train.grad_accumulation=2", "was saved with train.grad_accumulation 1 but this run has 2", ckpt);
   resume_fails_with("--set data.shuffle=false", "was saved with data.shuffle true but this run has false", ckpt);
   resume_fails_with("--set data.drop_last=true", "was saved with data.drop_last false but this run has true", ckpt);
+  // The optimizer's and the schedule's settings come back from the checkpoint: another value would be ignored.
+  resume_fails_with("--set optimizer.lr=0.001",
+                    "was saved with optimizer.lr 0.01 but this run has 0.001; a resume continues the saved run: "
+                    "resume with --set optimizer.lr=0.01", ckpt);
+  resume_fails_with("--set lr_scheduler.eta_min=0.001", "was saved with lr_scheduler.eta_min 0.0 but this run has 0.001", ckpt);
+  // The cosine's length is the run's (T_max null): a longer run would climb back up the cosine.
+  resume_fails_with("--set train.max_steps=14", "was saved with train.max_steps 12 but this run has 14", ckpt);
   {
     // A checkpoint from before the settings were recorded is accepted, saying what it cannot check.
     const fs::path old = scratch_dir() / "old_format";
@@ -315,8 +322,9 @@ TEST_CASE("a checkpoint that does not fit or is damaged is refused with one line
     RunResult r = run_booster("train --config " + cfg.string() + " --resume " + old.string() + " --set train.seed=4");
     INFO(r.err);
     CHECK(r.exit_code == 0);
-    CHECK_THAT(r.err, Catch::Contains("predates the record of data.batch_size, data.drop_last, data.shuffle, "
-                                      "train.grad_accumulation, train.seed; they are not checked"));
+    CHECK_THAT(r.err, Catch::Contains("predates the record of data.batch_size, data.drop_last, data.shuffle, lr_scheduler, "
+                                      "optimizer, train.grad_accumulation, train.max_steps, train.seed; they are "
+                                      "not checked"));
   }
 
   // Damage copies of the checkpoint, one file each.
@@ -351,6 +359,27 @@ TEST_CASE("a checkpoint that does not fit or is damaged is refused with one line
     fs::remove(copy / "optimizer" / "precision.json");
     resume_fails_with("", "precision.json", copy);
   }
+}
+
+TEST_CASE("a resume may extend a run whose lr schedule does not span it", "[cli][checkpoint]") {
+  // Note [Settings a resume must keep]: with a constant lr, 12 steps then 4 more are 16 steps.
+  const fs::path whole = scratch_dir() / "extend_whole", parts = scratch_dir() / "extend_parts";
+  fs::remove_all(whole);
+  fs::remove_all(parts);
+  json config = mlp_config("fp32");
+  config["lr_scheduler"] = {{"type", "none"}};
+  config["train"]["epochs"] = 3;
+  const fs::path cfg = write_config("extend.json", config);
+  const std::string train = "train --config " + cfg.string() + " --set train.checkpoint_every=4 --set train.checkpoint_dir=";
+  RunResult a = run_booster(train + whole.string() + " --set train.max_steps=16");
+  INFO(a.err);
+  REQUIRE(a.exit_code == 0);
+  REQUIRE(run_booster(train + parts.string()).exit_code == 0);
+  RunResult b = run_booster(train + parts.string() + " --set train.max_steps=16 --resume latest");
+  INFO(b.err);
+  REQUIRE(b.exit_code == 0);
+  CHECK(json::parse(b.out)["resumed_from"] == step_dir(parts, 12).string());
+  CHECK(final_state(parts, 16) == final_state(whole, 16));
 }
 
 bool have_mpirun() { return std::system("command -v mpirun >/dev/null 2>&1") == 0; }
