@@ -148,9 +148,10 @@ struct TrainPosition {
 // them under "settings" and a resume with another value is refused, naming the key, both values and
 // the --set that restores the saved one:
 //  * which samples make up each step, and in what order: train.seed (the shuffle order comes back from
-//    the checkpoint, but the synthetic data set is drawn from the seed), data.batch_size,
-//    train.grad_accumulation, data.shuffle, data.drop_last; the saved data position, counted in
-//    batches, would also point elsewhere;
+//    the checkpoint, but the synthetic data set is drawn from the seed), train.grad_accumulation and
+//    the data section (batch_size, shuffle, drop_last, the data set's own settings); the saved data
+//    position, counted in batches, would also point elsewhere;
+//  * the criterion section (another loss, another label smoothing);
 //  * the optimizer and lr_scheduler sections: their hyperparameters come back from the checkpoint (as
 //    torch's load_state_dict does), so a changed lr, betas or schedule would be ignored without a word;
 //  * train.max_steps, as the run's length in steps, when the schedule's length is the run's (a null
@@ -158,17 +159,18 @@ struct TrainPosition {
 //    its end (a cosine climbs back up).
 // Left out because they may legitimately change: max_steps and epochs when the schedule does not
 // depend on them (extending a run), max_grad_norm and the evaluation and logging settings (getting
-// past a loss spike, watching more closely), data.dir and data.path (the data moved), eval_batch_size.
+// past a loss spike, watching more closely), data.dir and data.path (the data moved) and
+// data.eval_batch_size.
 // Checkpoints from before "settings" was recorded lack it: they are accepted, with one line naming the
 // settings that could not be checked.
 json trajectory_settings(const json& config, int64_t total_steps) {
   const json& train = config.at("train");
-  const json& data = config.at("data");
+  json data = config.at("data");
+  for (const char* may_change : {"dir", "path", "eval_batch_size"}) data.erase(may_change);
   json settings = {{"train.seed", train.at("seed")},
                    {"train.grad_accumulation", train.at("grad_accumulation")},
-                   {"data.batch_size", data.at("batch_size")},
-                   {"data.shuffle", data.at("shuffle")},
-                   {"data.drop_last", data.at("drop_last")},
+                   {"data", data},
+                   {"criterion", config.at("criterion")},
                    {"optimizer", config.at("optimizer")},
                    {"lr_scheduler", config.at("lr_scheduler")}};
   const json& schedule = config.at("lr_scheduler");

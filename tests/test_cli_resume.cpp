@@ -304,6 +304,9 @@ TEST_CASE("a checkpoint that does not fit or is damaged is refused with one line
   resume_fails_with("--set train.grad_accumulation=2", "was saved with train.grad_accumulation 1 but this run has 2", ckpt);
   resume_fails_with("--set data.shuffle=false", "was saved with data.shuffle true but this run has false", ckpt);
   resume_fails_with("--set data.drop_last=true", "was saved with data.drop_last false but this run has true", ckpt);
+  resume_fails_with("--set data.num_samples=512", "was saved with data.num_samples 256 but this run has 512", ckpt);
+  resume_fails_with("--set criterion.label_smoothing=0.1",
+                    "was saved with criterion.label_smoothing 0.0 but this run has 0.1", ckpt);
   // The optimizer's and the schedule's settings come back from the checkpoint: another value would be ignored.
   resume_fails_with("--set optimizer.lr=0.001",
                     "was saved with optimizer.lr 0.01 but this run has 0.001; a resume continues the saved run: "
@@ -322,9 +325,8 @@ TEST_CASE("a checkpoint that does not fit or is damaged is refused with one line
     RunResult r = run_booster("train --config " + cfg.string() + " --resume " + old.string() + " --set train.seed=4");
     INFO(r.err);
     CHECK(r.exit_code == 0);
-    CHECK_THAT(r.err, Catch::Contains("predates the record of data.batch_size, data.drop_last, data.shuffle, lr_scheduler, "
-                                      "optimizer, train.grad_accumulation, train.max_steps, train.seed; they are "
-                                      "not checked"));
+    CHECK_THAT(r.err, Catch::Contains("predates the record of criterion, data, lr_scheduler, optimizer, "
+                                      "train.grad_accumulation, train.max_steps, train.seed; they are not checked"));
   }
 
   // Damage copies of the checkpoint, one file each.
