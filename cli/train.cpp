@@ -448,6 +448,13 @@ int train(const json& config) {
   // steps are worth a column in the log and a value in the summary.
   const bool scales_loss = precision.loss_scale() != 1.0;
 
+  // The process that saves holds the checkpoint directory for the whole run: a second run started on
+  // it is refused rather than clearing this one's save in progress as a crash's leftover.
+  const bool saves_checkpoints =
+      checkpoint_every > 0 && checkpoint_root && (group.size() > 1 ? group.rank() == 0 : is_rank0);
+  std::optional<checkpoint::RootLock> checkpoint_root_lock;
+  if (saves_checkpoints) checkpoint_root_lock.emplace(*checkpoint_root);
+
   // ---- resume (Note [Checkpoints of booster train])
   TrainPosition position;
   std::string resumed_from;

@@ -719,6 +719,21 @@ TEST_CASE("checkpoint: a replace of a step killed at any point leaves latest nam
   }
 }
 
+TEST_CASE("checkpoint: a root is locked by one holder at a time, and free again when it is gone", "[checkpoint]") {
+  TempDir dir;
+  {
+    RootLock held(dir / "root");
+    CHECK(fs::is_directory(dir / "root"));
+    REQUIRE_THROWS_WITH(RootLock(dir / "root"),
+                        Catch::Contains("is in use by another process (pid " + std::to_string(::getpid())) &&
+                            Catch::Contains("give this run its own checkpoint directory"));
+    // So is another process.
+    const std::string cmd = "flock --nonblock '" + (dir / "root" / "lock").string() + "' true";
+    CHECK(std::system(cmd.c_str()) != 0);
+  }
+  RootLock again(dir / "root");  // released with its holder
+}
+
 TEST_CASE("checkpoint: missing files, corrupt files, another version or strategy are named", "[checkpoint]") {
   TempDir dir;
   Run run;

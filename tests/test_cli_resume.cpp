@@ -22,6 +22,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "booster/checkpoint/checkpoint.h"
 #include "booster/checkpoint/safetensors.h"
 #include "run_booster.h"
 #include "booster/tensor/tensor.h"
@@ -261,7 +262,7 @@ TEST_CASE("a save that replaces an existing step, killed at any point, leaves la
     CHECK(final_state(root, 12) == final_state(whole, 12));
     CHECK(read_text(root / "latest") == "step-00000012\n");
     for (const auto& entry : fs::directory_iterator(root))
-      CHECK(std::regex_match(entry.path().filename().string(), std::regex(R"(latest|step-\d{8})")));
+      CHECK(std::regex_match(entry.path().filename().string(), std::regex(R"(latest|lock|step-\d{8})")));
   }
 }
 
@@ -395,6 +396,25 @@ TEST_CASE("a resume may extend a run whose lr schedule does not span it", "[cli]
   REQUIRE(b.exit_code == 0);
   CHECK(json::parse(b.out)["resumed_from"] == step_dir(parts, 12).string());
   CHECK(final_state(parts, 16) == final_state(whole, 16));
+}
+
+TEST_CASE("a run refuses a checkpoint directory that another one is saving into", "[cli][checkpoint]") {
+  const fs::path root = scratch_dir() / "locked";
+  fs::remove_all(root);
+  const fs::path cfg = write_config("locked.json", mlp_config("fp32"));
+  const std::string args = "train --config " + cfg.string() + " --set train.checkpoint_every=4 --set train.checkpoint_dir=" +
+                           root.string();
+  {
+    const booster::checkpoint::RootLock other_run(root);
+    RunResult r = run_booster(args);
+    CHECK(r.exit_code == 1);
+    CHECK_THAT(r.err, Catch::StartsWith("booster: error: ") && Catch::Contains("is in use by another process"));
+    CHECK_FALSE(fs::exists(step_dir(root, 4)));
+  }
+  RunResult r = run_booster(args);
+  INFO(r.err);
+  CHECK(r.exit_code == 0);
+  CHECK(fs::exists(step_dir(root, 12)));
 }
 
 bool have_mpirun() { return std::system("command -v mpirun >/dev/null 2>&1") == 0; }

@@ -1,6 +1,8 @@
 #include "booster/checkpoint/checkpoint.h"
 
 #include <fcntl.h>
+#include <sys/file.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -193,6 +195,35 @@ fs::path save_checkpoint(const fs::path& root, const TrainingState& state, const
     throw;
   }
   return commit_checkpoint(root, state.step, options.keep_last);
+}
+
+RootLock::RootLock(const fs::path& root) {
+  std::error_code ec;
+  fs::create_directories(root, ec);
+  BOOSTER_CHECK(fs::is_directory(root), CheckpointError, "cannot create the checkpoint directory ", root.string(),
+                ec ? ": " + ec.message() : std::string());
+  const fs::path file = root / kLockFileName;
+  fd_ = ::open(file.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  BOOSTER_CHECK(fd_ >= 0, CheckpointError, "cannot open ", file.string(), ": ", std::strerror(errno));
+  if (::flock(fd_, LOCK_EX | LOCK_NB) != 0) {
+    const int why = errno;
+    char holder[32] = {};
+    const ssize_t n = ::pread(fd_, holder, sizeof holder - 1, 0);
+    ::close(fd_);
+    fd_ = -1;
+    BOOSTER_CHECK(why != EWOULDBLOCK, CheckpointError, "the checkpoint directory ", root.string(),
+                  " is in use by another process (pid ", n > 0 ? std::string(holder, size_t(n)) : std::string("?"),
+                  ", per ", file.string(), "); give this run its own checkpoint directory, or wait for that one");
+    BOOSTER_FAIL(CheckpointError, "cannot lock ", file.string(), ": ", std::strerror(why));
+  }
+  // The holder's pid, only for the message above: the flock is the lock, so a failed write is harmless.
+  const std::string pid = std::to_string(::getpid());
+  [[maybe_unused]] const int truncated = ::ftruncate(fd_, 0);
+  [[maybe_unused]] const ssize_t written = ::pwrite(fd_, pid.data(), pid.size(), 0);
+}
+
+RootLock::~RootLock() {
+  if (fd_ >= 0) ::close(fd_);  // releases the flock
 }
 
 fs::path resolve_checkpoint(const fs::path& path) {

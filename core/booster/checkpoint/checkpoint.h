@@ -22,13 +22,16 @@
 //                                       "optimizer": <OptimizerState::meta>, "scheduler": ..., "dataloader": ...,
 //                                       "rng": {"<name>": [u64, ...]}, "extra": {...}}
 //   <root>/step-00001300.tmp/          a save in progress, or one that crashed: never loaded
+//   <root>/lock                        flock()ed by the program saving into the root (RootLock)
 // A save writes every file into `step-N.tmp/`, fsyncs them and the directory, then renames it to
 // `step-N/`: that rename is the commit point (Note [Atomic checkpoint writes]). Only after it is
 // `latest` updated and are old checkpoints pruned to keep_last, so a crash at any moment leaves the
 // previous checkpoint loadable. Only names `step-` + 8 digits count as checkpoints (and, for the moment
 // of a replace on some file systems, `step-N.replaced/`: Note [Replacing a checkpoint]).
 // One process saves into a root at a time (rank 0 under data parallelism): a save removes the `.tmp`
-// directories it finds, taking them for leftovers of crashed saves.
+// directories it finds, taking them for leftovers of crashed saves. A program that saves into a root
+// over its whole run holds a RootLock on it, so a second one started on the same root is refused
+// instead of deleting the first one's save in progress.
 //
 // Note [Replacing a checkpoint]
 // A save of a step that already has a committed `step-N/` replaces it: the newest save belongs to the
@@ -77,6 +80,7 @@ inline constexpr int kCheckpointFormatVersion = 1;
 inline constexpr const char* kTrainerStateFileName = "trainer_state.json";
 inline constexpr const char* kOptimizerFileName = "optimizer.safetensors";
 inline constexpr const char* kLatestFileName = "latest";
+inline constexpr const char* kLockFileName = "lock";
 
 // The pieces of a run that a checkpoint holds. Null JSON and an empty optimizer mean "not saved".
 struct TrainingState {
@@ -122,6 +126,20 @@ struct LoadOptions {
 // expectations are CheckpointErrors naming the file and the problem. Model keys and shapes are checked
 // when the caller hands `model` to Module::load_state_dict.
 TrainingState load_checkpoint(const std::filesystem::path& path, const LoadOptions& options = {});
+
+// An exclusive lock on a checkpoint root for as long as it lives: flock() on `<root>/lock`, which the
+// kernel releases when the process ends, crash or not. Creates `root` if needed. CheckpointError
+// naming the root and the holder's pid when another process (or another RootLock) holds it.
+class RootLock {
+ public:
+  explicit RootLock(const std::filesystem::path& root);
+  ~RootLock();
+  RootLock(const RootLock&) = delete;
+  RootLock& operator=(const RootLock&) = delete;
+
+ private:
+  int fd_ = -1;
+};
 
 // Committed checkpoints under `root`, ascending by step (Note [Replacing a checkpoint] for the
 // `.replaced` directories that count).
