@@ -36,7 +36,7 @@
 // Note [Replacing a checkpoint]
 // A save of a step that already has a committed `step-N/` replaces it: the newest save belongs to the
 // run the user is continuing (a run resumed from an earlier checkpoint reaching a step it had saved
-// before, or a second run sharing the root), and keeping the old one would let `latest` resume another
+// before, or a later run sharing the root), and keeping the old one would let `latest` resume another
 // trajectory. Keeping the old one beside the new under another name is no better: names are steps.
 // At every instant `latest` must name a complete checkpoint, so the old directory is never removed
 // before the new one stands in its place:
@@ -49,7 +49,8 @@
 //    `step-N.replaced/` with no `step-N/` beside it still is the committed checkpoint of step N:
 //    list_checkpoints and resolve_checkpoint return it, and the next save renames it back before
 //    anything else. A crash between the renames thus resumes from the old checkpoint, as a crash before
-//    any commit does.
+//    any commit does. (A reader other than this library that follows `latest` literally finds no
+//    `step-N/` for that moment; only the RENAME_EXCHANGE path avoids that.)
 // Test hooks (tests/test_checkpoint.cpp, tests/test_cli_resume.cpp): with BOOSTER_TEST_CRASH_AT set to
 // one of the points below, the saving process calls std::abort(), as a crash would, at that point:
 //   before_commit         everything is written and synced into `step-N.tmp/`, nothing is committed
