@@ -15,6 +15,9 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <string>
+#include <tuple>
+#include <vector>
 
 #include "booster/booster/booster.h"
 #include "booster/checkpoint/atomic_file.h"
@@ -100,16 +103,21 @@ namespace {
 //                          scale, float32 master weights; it names the strategy)
 //   scheduler.json         Booster::save_lr_scheduler (when there is a scheduler)
 //   trainer_state.json     {"format": "booster-train", "version", "step", "skipped_steps", "samples_seen",
-//                           "dataloader": its position, "rng": {"default": state, "model.dropout": the
-//                           GPT's dropout generator}, "mixed_precision",
-//                           "plugin", "world_size", "model": the model section}
+//                           "loss": the step's mean loss, "evaluation": the last one (for the summary
+//                           of a run resumed at its end), "dataloader": its position, "rng": {"default":
+//                           state, "model.dropout": the GPT's dropout generator}, "mixed_precision",
+//                           "plugin", "world_size", "model": the model section, "settings": Note
+//                           [Settings a resume must keep]}
+// A checkpoint of step N is taken after everything step N does (Note [What a step's checkpoint holds]).
 // Everything goes into `step-N.tmp/` first; rank 0 then fsyncs and renames it to `step-N/` (the commit,
-// Note [Atomic checkpoint writes]), points `latest` at it and prunes to keep_last, in that order, so a
-// crash at any moment leaves the previous checkpoint loadable. On resume, trainer_state.json is read
-// first and a checkpoint of another strategy, plugin, world size or model is refused with a message
-// naming both sides, before any tensor is read; corrupt or truncated files are CheckpointErrors naming
-// the file. Resuming gives the same parameters, bit for bit, as a run that was never interrupted
-// (tests/test_cli_resume.cpp).
+// Note [Atomic checkpoint writes]; replacing a `step-N/` that exists as Note [Replacing a checkpoint]
+// says), points `latest` at it and prunes to keep_last, in that order, so at every moment `latest`
+// names a whole checkpoint (checkpoint::begin_checkpoint / commit_checkpoint do it, as for
+// checkpoint::save_checkpoint). On resume, trainer_state.json is read first and a checkpoint of another
+// strategy, plugin, world size, model or trajectory setting is refused with a message naming both
+// sides, before any tensor is read; corrupt or truncated files are CheckpointErrors naming the file.
+// Resuming gives the same parameters, bit for bit, and the same metrics records as a run that was
+// never interrupted (tests/test_cli_resume.cpp).
 constexpr const char* kTrainFormat = "booster-train";
 constexpr int kTrainFormatVersion = 1;
 
@@ -127,7 +135,69 @@ struct TrainPosition {
   int64_t step = 0;
   int64_t skipped_steps = 0;
   int64_t samples_seen = 0;
+  // For the summary of a run resumed at its end: the last step's mean loss (null when not finite) and
+  // the last evaluation ({"step", "test_loss", "test_accuracy", "samples"}, null before the first).
+  json loss = nullptr;
+  json evaluation = nullptr;
 };
+
+// Note [Settings a resume must keep]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// Besides the strategy, plugin, world size and model, these settings would silently make a resumed
+// run train another trajectory than the one the checkpoint continues, so trainer_state.json records
+// them under "settings" and a resume with another value is refused, naming the key, both values and
+// the --set that restores the saved one:
+//  * which samples make up each step, and in what order: train.seed (the shuffle order comes back from
+//    the checkpoint, but the synthetic data set is drawn from the seed), train.grad_accumulation and
+//    the data section (batch_size, shuffle, drop_last, the data set's own settings); the saved data
+//    position, counted in batches, would also point elsewhere;
+//  * the criterion section (another loss, another label smoothing);
+//  * the optimizer and lr_scheduler sections: their hyperparameters come back from the checkpoint (as
+//    torch's load_state_dict does), so a changed lr, betas or schedule would be ignored without a word;
+//  * train.max_steps, as the run's length in steps, when the schedule's length is the run's (a null
+//    T_max or total_steps): the restored schedule keeps the saved length, so a longer run would go past
+//    its end (a cosine climbs back up).
+// Left out because they may legitimately change: max_steps and epochs when the schedule does not
+// depend on them (extending a run), max_grad_norm and the evaluation and logging settings (getting
+// past a loss spike, watching more closely), data.dir and data.path (the data moved) and
+// data.eval_batch_size.
+// Checkpoints from before "settings" was recorded lack it: they are accepted, with one line naming the
+// settings that could not be checked.
+json trajectory_settings(const json& config, int64_t total_steps) {
+  const json& train = config.at("train");
+  json data = config.at("data");
+  for (const char* may_change : {"dir", "path", "eval_batch_size"}) data.erase(may_change);
+  json settings = {{"train.seed", train.at("seed")},
+                   {"train.grad_accumulation", train.at("grad_accumulation")},
+                   {"data", data},
+                   {"criterion", config.at("criterion")},
+                   {"optimizer", config.at("optimizer")},
+                   {"lr_scheduler", config.at("lr_scheduler")}};
+  const json& schedule = config.at("lr_scheduler");
+  const bool schedule_spans_run = (schedule.contains("T_max") && schedule.at("T_max").is_null()) ||
+                                  (schedule.contains("total_steps") && schedule.at("total_steps").is_null());
+  if (schedule_spans_run) settings["train.max_steps"] = total_steps;
+  return settings;
+}
+
+// Where two config values first differ: the dotted path under `path` (the "type" of a section first,
+// as the other keys follow from it) and both values there (null where a key is absent); nullopt when
+// they are equal.
+std::optional<std::tuple<std::string, json, json>> first_difference(const std::string& path, const json& saved,
+                                                                    const json& now) {
+  if (saved == now) return std::nullopt;
+  if (!saved.is_object() || !now.is_object()) return std::make_tuple(path, saved, now);
+  const json absent;
+  auto at = [&](const json& section, const std::string& key) -> const json& {
+    return section.contains(key) ? section.at(key) : absent;
+  };
+  std::vector<std::string> keys = {"type"};
+  for (const auto& [key, value] : saved.items()) keys.push_back(key);
+  for (const auto& [key, value] : now.items()) keys.push_back(key);
+  for (const std::string& key : keys)
+    if (auto found = first_difference(path + "." + key, at(saved, key), at(now, key))) return found;
+  return std::make_tuple(path, saved, now);
+}
 
 std::string step_dir_name(int64_t step) {
   char name[32];
@@ -136,15 +206,13 @@ std::string step_dir_name(int64_t step) {
 }
 
 void save_training_checkpoint(Booster& booster, const Boosted& boosted, const Generators& generators,
-                              const fs::path& root, const TrainPosition& position, const json& config, int keep_last) {
+                              const fs::path& root, const TrainPosition& position, const json& config,
+                              int64_t total_steps, int keep_last) {
   distributed::ProcessGroup& group = booster.process_group();
   const bool writer = group.rank() == 0;
-  const fs::path final_dir = root / step_dir_name(position.step);
-  const fs::path tmp_dir = root / (step_dir_name(position.step) + ".tmp");
-  if (writer) {
-    fs::remove_all(tmp_dir);
-    fs::create_directories(tmp_dir);
-  }
+  fs::path tmp_dir;
+  if (writer) tmp_dir = checkpoint::begin_checkpoint(root, position.step);
+  else tmp_dir = root / (step_dir_name(position.step) + ".tmp");
   group.barrier();
   booster.save_model(*boosted.model, tmp_dir / "model");
   booster.save_optimizer(*boosted.optimizer, tmp_dir / "optimizer");
@@ -157,32 +225,31 @@ void save_training_checkpoint(Booster& booster, const Boosted& boosted, const Ge
                   {"step", position.step},
                   {"skipped_steps", position.skipped_steps},
                   {"samples_seen", position.samples_seen},
+                  {"loss", position.loss},
+                  {"evaluation", position.evaluation},
                   {"dataloader", boosted.dataloader->state_dict()},
                   {"rng", rng},
                   {"mixed_precision", config.at("mixed_precision").at("name")},
                   {"plugin", config.at("plugin").at("name")},
                   {"world_size", group.size()},
                   {"model", config.at("model")}};
+    state["settings"] = trajectory_settings(config, total_steps);
     checkpoint::write_text_file_atomically(tmp_dir / checkpoint::kTrainerStateFileName, state.dump(1) + "\n");
     checkpoint::sync_directory(tmp_dir);
-    // The same test hook as checkpoint::save_checkpoint: die as a crash would, before the commit.
-    if (const char* hook = std::getenv("BOOSTER_TEST_ABORT_BEFORE_COMMIT"); hook && std::string(hook) == "1")
-      std::abort();
-    if (fs::exists(final_dir)) fs::remove_all(final_dir);  // the same step saved again
-    fs::rename(tmp_dir, final_dir);
-    checkpoint::sync_directory(root);
-    checkpoint::write_text_file_atomically(root / checkpoint::kLatestFileName, final_dir.filename().string() + "\n");
-    if (keep_last > 0) {
-      const auto committed = checkpoint::list_checkpoints(root);
-      for (size_t i = 0; i + size_t(keep_last) < committed.size(); ++i) fs::remove_all(committed[i].second);
-    }
+    checkpoint::commit_checkpoint(root, position.step, keep_last);
   }
   group.barrier();
 }
 
+struct SavedTraining {
+  fs::path dir;
+  json state;                           // trainer_state.json
+  std::vector<std::string> unchecked;   // settings the checkpoint predates (Note [Settings a resume must keep])
+};
+
 // Reads trainer_state.json of the checkpoint at `path` (a step directory or a root) and refuses one
-// that this run cannot continue. Returns the checkpoint's directory and its state.
-std::pair<fs::path, json> read_trainer_state(const fs::path& path, const json& config, int world_size) {
+// that this run cannot continue.
+SavedTraining read_trainer_state(const fs::path& path, const json& config, int world_size, int64_t total_steps) {
   BOOSTER_CHECK(fs::exists(path), CheckpointError, "train.resume: ", path.string(),
                 " does not exist; expected a checkpoint directory (or \"latest\", or null)");
   const fs::path dir = checkpoint::resolve_checkpoint(path);
@@ -221,7 +288,27 @@ std::pair<fs::path, json> read_trainer_state(const fs::path& path, const json& c
   model_now.erase("init_from");
   refuse_unless_same("the model", saved_model, model_now,
                      "use the model section the checkpoint was trained with, or start afresh");
-  return {dir, state};
+  // Note [Settings a resume must keep]
+  const json saved_settings = state.value("settings", json::object());
+  BOOSTER_CHECK(saved_settings.is_object(), CheckpointError, "train.resume: ", file.string(),
+                " has \"settings\" ", saved_settings.dump(), ", not an object; the checkpoint is corrupt");
+  std::vector<std::string> unchecked;
+  const json settings_now = trajectory_settings(config, total_steps);
+  for (const auto& [key, now] : settings_now.items()) {
+    if (!saved_settings.contains(key)) {
+      unchecked.push_back(key);
+      continue;
+    }
+    if (const auto difference = first_difference(key, saved_settings.at(key), now)) {
+      const auto& [where, saved, value_now] = *difference;
+      BOOSTER_FAIL(CheckpointError, "train.resume: ", dir.string(), " was saved with ", where, " ",
+                   config::show(saved), " but this run has ", config::show(value_now),
+                   "; a resume continues the saved run: resume with --set ", where, "=", saved.dump(),
+                   ", or start afresh with train.resume null (model.init_from=", (dir / "model").string(),
+                   " keeps the weights)");
+    }
+  }
+  return {dir, state, unchecked};
 }
 
 TrainPosition load_training_checkpoint(Booster& booster, const Boosted& boosted, const Generators& generators,
@@ -248,18 +335,21 @@ TrainPosition load_training_checkpoint(Booster& booster, const Boosted& boosted,
   position.step = state.at("step").get<int64_t>();
   position.skipped_steps = state.at("skipped_steps").get<int64_t>();
   position.samples_seen = state.at("samples_seen").get<int64_t>();
+  position.loss = state.value("loss", json());
+  position.evaluation = state.value("evaluation", json());
   return position;
 }
 
 // A resumed run continues its metrics file: the records after the checkpoint's step (written by the
-// interrupted run after its last checkpoint) are dropped, so each step appears once.
+// interrupted run after its last checkpoint) are dropped, so each step appears once (Note [What a
+// step's checkpoint holds]), and so is a line that does not parse: the torn last write of a crash.
 void truncate_metrics_after(const fs::path& file, int64_t step) {
   if (!fs::exists(file)) return;
   std::ifstream in(file);
   std::string kept, line;
   while (std::getline(in, line)) {
     const json record = json::parse(line, nullptr, /*allow_exceptions=*/false);
-    if (record.is_object() && record.value("step", int64_t(0)) > step) continue;
+    if (!record.is_object() || record.value("step", int64_t(0)) > step) continue;
     kept += line + "\n";
   }
   in.close();
@@ -358,9 +448,17 @@ int train(const json& config) {
   // steps are worth a column in the log and a value in the summary.
   const bool scales_loss = precision.loss_scale() != 1.0;
 
+  // The process that saves holds the checkpoint directory for the whole run: a second run started on
+  // it is refused rather than clearing this one's save in progress as a crash's leftover.
+  const bool saves_checkpoints =
+      checkpoint_every > 0 && checkpoint_root && (group.size() > 1 ? group.rank() == 0 : is_rank0);
+  std::optional<checkpoint::RootLock> checkpoint_root_lock;
+  if (saves_checkpoints) checkpoint_root_lock.emplace(*checkpoint_root);
+
   // ---- resume (Note [Checkpoints of booster train])
   TrainPosition position;
   std::string resumed_from;
+  std::string unchecked_settings;  // the checkpoint predates their record
   if (train_cfg.at("resume").is_string()) {
     const std::string resume = train_cfg.at("resume").get<std::string>();
     const bool latest = resume == "latest";
@@ -368,9 +466,11 @@ int train(const json& config) {
     // "latest" with nothing saved yet starts afresh, so the same command serves the first run and
     // every restart after a crash.
     if (!latest || (fs::is_directory(where) && !checkpoint::list_checkpoints(where).empty())) {
-      const auto [dir, state] = read_trainer_state(where, config, group.size());
-      position = load_training_checkpoint(booster, boosted, generators, dir, state);
+      const SavedTraining saved = read_trainer_state(where, config, group.size(), total_steps);
+      const fs::path& dir = saved.dir;
+      position = load_training_checkpoint(booster, boosted, generators, dir, saved.state);
       resumed_from = dir.string();
+      for (const std::string& key : saved.unchecked) unchecked_settings += (unchecked_settings.empty() ? "" : ", ") + key;
       BOOSTER_CHECK(position.step <= total_steps, CheckpointError, "train.resume: ", dir.string(), " is at step ",
                     position.step, ", past this run's ", total_steps, " steps; raise train.max_steps or train.epochs");
     }
@@ -395,22 +495,28 @@ int train(const json& config) {
                  (run_dir ? ", run directory " + run_dir->string() : std::string()));
   if (!resumed_from.empty())
     progress.print("booster: resumed from " + resumed_from + " at step " + std::to_string(position.step));
+  if (!unchecked_settings.empty())
+    progress.print("booster: " + resumed_from + " predates the record of " + unchecked_settings +
+                   "; they are not checked against this run's");
 
   // ---- the loop
   const auto run_start = Clock::now();
-  std::optional<config::Evaluation> last_eval;
   auto run_evaluation = [&](int64_t step) {
     if (!split.test) return;
     const auto t0 = Clock::now();
-    last_eval = config::evaluate(*model, split, criterion, eval_batch_size);
+    const config::Evaluation result = config::evaluate(*model, split, criterion, eval_batch_size);
     progress.print(format_line("eval  step %6lld | test loss %.4f | test accuracy %.2f%% | %lld samples in %.2fs",
-                               static_cast<long long>(step), last_eval->loss, 100.0 * last_eval->accuracy,
-                               static_cast<long long>(last_eval->samples), seconds_since(t0)));
+                               static_cast<long long>(step), result.loss, 100.0 * result.accuracy,
+                               static_cast<long long>(result.samples), seconds_since(t0)));
+    position.evaluation = {{"step", step},
+                           {"test_loss", result.loss},
+                           {"test_accuracy", result.accuracy},
+                           {"samples", result.samples}};
     metrics.write({{"kind", "eval"},
                    {"step", step},
-                   {"test_loss", last_eval->loss},
-                   {"test_accuracy", last_eval->accuracy},
-                   {"samples", last_eval->samples},
+                   {"test_loss", result.loss},
+                   {"test_accuracy", result.accuracy},
+                   {"samples", result.samples},
                    {"time", seconds_since(run_start)}});
   };
   auto save_checkpoint_now = [&] {
@@ -418,20 +524,33 @@ int train(const json& config) {
     // writes, or they would all commit into one checkpoint directory at once.
     if (group.size() == 1 && !is_rank0) return;
     const auto t0 = Clock::now();
-    save_training_checkpoint(booster, boosted, generators, *checkpoint_root, position, config, keep_last);
+    save_training_checkpoint(booster, boosted, generators, *checkpoint_root, position, config, total_steps,
+                             keep_last);
     progress.print(format_line("saved step %6lld | %s in %.2fs", static_cast<long long>(position.step),
                                (*checkpoint_root / step_dir_name(position.step)).c_str(), seconds_since(t0)));
   };
 
+  // Note [What a step's checkpoint holds]
+  // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+  // Everything a step does comes before its checkpoint: its log record, the evaluation every
+  // eval_every steps, and, at an epoch's last step, the end-of-epoch evaluation (or, at the run's last,
+  // the final one). A run resumed from step N thus starts with step N + 1 and repeats or drops no
+  // evaluation and no metrics record (truncate_metrics_after drops those after N that the interrupted
+  // run wrote). So the batch loop breaks at an epoch's last step, before fetching micro-batches that
+  // cannot fill a step (Note [Gradient accumulation]), and its evaluation and checkpoint follow the
+  // loop; a run resumed at an epoch's end finds no step left in it and goes on with the next epoch.
   model->train();
   int64_t& step = position.step;
   const int64_t first_step = step;
-  double last_loss = 0.0;
+  double last_loss = position.loss.is_number() ? position.loss.get<double>() : std::nan("");
   int64_t window_samples = 0, samples_this_run = 0;
   double train_seconds = 0.0;  // time in training steps, without evaluation and saving
   auto window_start = Clock::now();
+  auto checkpoint_due = [&] { return checkpoint_every > 0 && (step % checkpoint_every == 0 || step == total_steps); };
+  auto steps_left_in_epoch = [&] { return (loader.size() - loader.batches_consumed()) / grad_accumulation; };
   for (int64_t epoch = loader.epoch(); epoch < epochs && step < total_steps; ++epoch) {
     loader.set_epoch(epoch);  // keeps a resumed position in this epoch
+    if (steps_left_in_epoch() == 0) continue;  // resumed at this epoch's end
     int64_t micro = 0;            // micro-batches accumulated into the current step (Note [Gradient accumulation])
     double accumulated_loss = 0;  // their mean loss
     auto step_start = Clock::now();
@@ -466,6 +585,7 @@ int train(const json& config) {
       if (scheduler) scheduler->step();
       ++step;
       last_loss = accumulated_loss;
+      position.loss = std::isfinite(last_loss) ? json(last_loss) : json(nullptr);
       train_seconds += seconds_since(step_start);
       position.samples_seen += batch_samples;
       samples_this_run += batch_samples;
@@ -501,14 +621,16 @@ int train(const json& config) {
         window_samples = 0;
         window_start = Clock::now();
       }
-      if (checkpoint_every > 0 && (step % checkpoint_every == 0 || step == total_steps)) save_checkpoint_now();
       if (eval_every > 0 && step % eval_every == 0 && step < total_steps) run_evaluation(step);
-      if (step >= total_steps) break;
+      // The end of the epoch or of the run: evaluation and checkpoint follow the loop.
+      if (step >= total_steps || steps_left_in_epoch() == 0) break;
+      if (checkpoint_due()) save_checkpoint_now();
     }
-    // eval_every = 0: evaluate after each epoch (the last one below, once).
-    if (eval_every == 0 && step < total_steps) run_evaluation(step);
+    // The epoch's (or the run's) last step (Note [What a step's checkpoint holds]): eval_every = 0
+    // evaluates after each epoch, and every run once at its end.
+    if (eval_every == 0 || step >= total_steps) run_evaluation(step);
+    if (checkpoint_due()) save_checkpoint_now();
   }
-  run_evaluation(step);
   progress.finish();
 
   json summary = json::object();
@@ -524,9 +646,9 @@ int train(const json& config) {
   summary["samples_per_second"] = double(samples_this_run) / std::max(train_seconds, 1e-9);
   if (split.tokens_per_sample > 1)
     summary["tokens_per_second"] = double(samples_this_run * split.tokens_per_sample) / std::max(train_seconds, 1e-9);
-  if (last_eval) {
-    summary["test_loss"] = last_eval->loss;
-    summary["test_accuracy"] = last_eval->accuracy;
+  if (!position.evaluation.is_null()) {
+    summary["test_loss"] = position.evaluation.value("test_loss", json());
+    summary["test_accuracy"] = position.evaluation.value("test_accuracy", json());
   }
   summary["run_dir"] = run_dir ? json(run_dir->string()) : json(nullptr);
   summary["resumed_from"] = resumed_from.empty() ? json(nullptr) : json(resumed_from);

@@ -5,6 +5,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <csignal>
 #include <cstdio>
@@ -498,7 +499,9 @@ struct Run {
       std::make_unique<optim::AdamW>(model->parameters(), json{{"lr", 0.01}});
   Generator gen{99};
 
-  Run() {
+  Run() { train_step(); }
+  void train_step() {
+    optimizer->zero_grad();
     Tensor x = randn({4, 6}, &gen);
     sum((*model)(x)).backward();
     optimizer->step();
@@ -623,7 +626,7 @@ TEST_CASE("checkpoint crash child: save with the abort hook", "[.][checkpoint_cr
   REQUIRE(root != nullptr);
   Run run;
   save_checkpoint(root, run.state(2), {.keep_last = 1});
-  FAIL("save_checkpoint returned although BOOSTER_TEST_ABORT_BEFORE_COMMIT=1");
+  FAIL("save_checkpoint returned although BOOSTER_TEST_CRASH_AT=before_commit");
 }
 
 TEST_CASE("checkpoint: a save killed before its commit leaves the previous checkpoint loadable", "[checkpoint]") {
@@ -632,7 +635,7 @@ TEST_CASE("checkpoint: a save killed before its commit leaves the previous check
   const TrainingState first = run.state(1);
   save_checkpoint(dir.path, first, {.keep_last = 1});
 
-  const std::string cmd = "ulimit -c 0; BOOSTER_TEST_ABORT_BEFORE_COMMIT=1 BOOSTER_TEST_CHECKPOINT_ROOT='" +
+  const std::string cmd = "ulimit -c 0; BOOSTER_TEST_CRASH_AT=before_commit BOOSTER_TEST_CHECKPOINT_ROOT='" +
                           dir.path.string() + "' '" + self_exe() +
                           "' 'checkpoint crash child: save with the abort hook' >/dev/null 2>&1";
   const int status = std::system(cmd.c_str());
@@ -654,6 +657,81 @@ TEST_CASE("checkpoint: a save killed before its commit leaves the previous check
   CHECK_FALSE(fs::exists(dir / "step-00000002.tmp"));
   CHECK_FALSE(fs::exists(dir / "step-00000001"));
   CHECK(load_checkpoint(dir.path).step == 2);
+}
+
+// Run only as a child process by the replace test below (hidden: "[.]"): replaces step 5 with a state
+// trained one step further than Run's.
+TEST_CASE("checkpoint crash child: replace step 5", "[.][checkpoint_crash_child]") {
+  const char* root = std::getenv("BOOSTER_TEST_CHECKPOINT_ROOT");
+  REQUIRE(root != nullptr);
+  Run further;
+  further.train_step();
+  save_checkpoint(root, further.state(5), {.keep_last = 1});
+  FAIL("save_checkpoint returned although BOOSTER_TEST_CRASH_AT was set");
+}
+
+TEST_CASE("checkpoint: a replace of a step killed at any point leaves latest naming a whole checkpoint",
+          "[checkpoint]") {
+  // Note [Replacing a checkpoint]: both ways of replacing, killed at each of their points.
+  struct Case {
+    const char* point;
+    bool rename_exchange;
+    bool new_one_committed;  // the crash came after the commit
+  };
+  for (const Case& c : {Case{"before_commit", true, false}, Case{"before_old_removed", true, true},
+                        Case{"before_prune", true, true}, Case{"before_commit", false, false},
+                        Case{"between_renames", false, false}, Case{"before_old_removed", false, true},
+                        Case{"before_prune", false, true}}) {
+    INFO(c.point << (c.rename_exchange ? " with RENAME_EXCHANGE" : " with the portable replace"));
+    TempDir dir;
+    const Run old_run;
+    Run further;
+    further.train_step();
+    REQUIRE_FALSE(same_maps(old_run.state(5).model, further.state(5).model));  // else nothing is shown
+    save_checkpoint(dir.path, old_run.state(4));
+    save_checkpoint(dir.path, old_run.state(5));
+
+    const std::string cmd = std::string("ulimit -c 0; BOOSTER_TEST_CRASH_AT=") + c.point +
+                            (c.rename_exchange ? "" : " BOOSTER_TEST_NO_RENAME_EXCHANGE=1") +
+                            " BOOSTER_TEST_CHECKPOINT_ROOT='" + dir.path.string() + "' '" + self_exe() +
+                            "' 'checkpoint crash child: replace step 5' >/dev/null 2>&1";
+    const int status = std::system(cmd.c_str());
+    REQUIRE(WIFEXITED(status));
+    REQUIRE(WEXITSTATUS(status) == 128 + SIGABRT);
+
+    // `latest` leads to a whole step 5: the old one up to the commit, the new one after it.
+    const TrainingState& expected = (c.new_one_committed ? further : old_run).state(5);
+    const TrainingState loaded = load_checkpoint(dir.path);
+    CHECK(loaded.step == 5);
+    CHECK(same_maps(loaded.model, expected.model));
+    CHECK(same_maps(loaded.optimizer.tensors, expected.optimizer.tensors));
+    std::vector<int64_t> steps;
+    for (const auto& [step, path] : list_checkpoints(dir.path)) steps.push_back(step);
+    CHECK(steps == std::vector<int64_t>{4, 5});  // the child's keep_last 1 had not pruned yet
+
+    // The next save puts everything in order: no leftover, step 5 as loaded above.
+    save_checkpoint(dir.path, further.state(6), {.keep_last = 2});
+    CHECK(same_maps(load_checkpoint(dir / "step-00000005").model, expected.model));
+    std::vector<std::string> names;
+    for (const auto& entry : fs::directory_iterator(dir.path)) names.push_back(entry.path().filename().string());
+    std::sort(names.begin(), names.end());
+    CHECK(names == std::vector<std::string>{"latest", "step-00000005", "step-00000006"});
+  }
+}
+
+TEST_CASE("checkpoint: a root is locked by one holder at a time, and free again when it is gone", "[checkpoint]") {
+  TempDir dir;
+  {
+    RootLock held(dir / "root");
+    CHECK(fs::is_directory(dir / "root"));
+    REQUIRE_THROWS_WITH(RootLock(dir / "root"),
+                        Catch::Contains("is in use by another process (pid " + std::to_string(::getpid())) &&
+                            Catch::Contains("give this run its own checkpoint directory"));
+    // So is another process.
+    const std::string cmd = "flock --nonblock '" + (dir / "root" / "lock").string() + "' true";
+    CHECK(std::system(cmd.c_str()) != 0);
+  }
+  RootLock again(dir / "root");  // released with its holder
 }
 
 TEST_CASE("checkpoint: missing files, corrupt files, another version or strategy are named", "[checkpoint]") {

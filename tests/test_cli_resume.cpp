@@ -8,11 +8,13 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <csignal>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <regex>
 #include <sstream>
 #include <string>
 #include <tuple>
@@ -20,6 +22,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "booster/checkpoint/checkpoint.h"
 #include "booster/checkpoint/safetensors.h"
 #include "run_booster.h"
 #include "booster/tensor/tensor.h"
@@ -85,34 +88,59 @@ void keep_only(const fs::path& root, int step) {
   std::ofstream(root / "latest") << step_dir(root, step).filename().string() << "\n";
 }
 
-// Trains `config` uninterrupted and interrupted at step 5, resumed from its checkpoint, and checks
-// that both end with the same bytes.
+// metrics.jsonl of a run, without what depends on the clock.
+std::vector<json> metrics_records(const fs::path& run_dir) {
+  std::vector<json> records;
+  std::ifstream in(run_dir / "metrics.jsonl");
+  for (std::string line; std::getline(in, line);) {
+    json record = json::parse(line);
+    record.erase("time");
+    record.erase("samples_per_second");
+    records.push_back(record);
+  }
+  return records;
+}
+
+size_t count_kind(const std::vector<json>& records, const std::string& kind) {
+  return size_t(std::count_if(records.begin(), records.end(), [&](const json& r) { return r["kind"] == kind; }));
+}
+
+// Trains `config` uninterrupted and interrupted at step `at` (5: inside the first epoch; 8: its last
+// step, with the end-of-epoch evaluation), resumed from its checkpoint, and checks that both end with
+// the same bytes and wrote the same metrics records (Note [What a step's checkpoint holds]).
 // `launcher` runs the command: "" for one process, "run -n 2 -- booster " for two.
-void check_resume_is_exact(const std::string& name, const json& config, const std::string& launcher = "") {
-  INFO(name);
+void check_resume_is_exact(const std::string& name, const json& config, const std::string& launcher = "", int at = 5) {
+  INFO(name << " resumed at step " << at);
   const fs::path whole = scratch_dir() / ("whole_" + name), parts = scratch_dir() / ("parts_" + name);
-  fs::remove_all(whole);
-  fs::remove_all(parts);
+  const fs::path whole_run = scratch_dir() / ("whole_run_" + name), parts_run = scratch_dir() / ("parts_run_" + name);
+  for (const fs::path& p : {whole, parts, whole_run, parts_run}) fs::remove_all(p);
   const fs::path cfg = write_config(name + ".json", config);
-  RunResult a = run_booster(launcher + "train --config " + cfg.string() + " --set train.checkpoint_every=12 --set train.checkpoint_dir=" +
-                            whole.string());
+  const std::string train = launcher + "train --config " + cfg.string() + " --set train.checkpoint_every=";
+  RunResult a = run_booster(train + "12 --set train.checkpoint_dir=" + whole.string() + " --set train.run_dir=" +
+                            whole_run.string());
   INFO(a.err);
   REQUIRE(a.exit_code == 0);
-  RunResult b = run_booster(launcher + "train --config " + cfg.string() + " --set train.checkpoint_every=5 --set train.checkpoint_dir=" +
-                            parts.string());
+  RunResult b = run_booster(train + std::to_string(at) + " --set train.checkpoint_dir=" + parts.string() +
+                            " --set train.run_dir=" + parts_run.string());
   INFO(b.err);
   REQUIRE(b.exit_code == 0);
-  keep_only(parts, 5);
-  RunResult c = run_booster(launcher + "train --config " + cfg.string() + " --set train.checkpoint_every=12 --set train.checkpoint_dir=" +
-                            parts.string() + " --resume " + step_dir(parts, 5).string());
+  keep_only(parts, at);
+  RunResult c = run_booster(train + "12 --set train.checkpoint_dir=" + parts.string() + " --set train.run_dir=" +
+                            parts_run.string() + " --resume " + step_dir(parts, at).string());
   INFO(c.err);
   REQUIRE(c.exit_code == 0);
   const json summary = json::parse(c.out);
-  CHECK(summary["resumed_from"] == step_dir(parts, 5).string());
+  CHECK(summary["resumed_from"] == step_dir(parts, at).string());
   CHECK(summary["steps"] == 12);
   CHECK(summary["final_loss"] == json::parse(a.out)["final_loss"]);
   CHECK(summary["skipped_steps"] == json::parse(a.out)["skipped_steps"]);
+  CHECK(summary["test_loss"] == json::parse(a.out)["test_loss"]);
   CHECK(final_state(parts, 12) == final_state(whole, 12));
+  // No evaluation or log record repeated or lost across the interruption.
+  const std::vector<json> want = metrics_records(whole_run), got = metrics_records(parts_run);
+  CHECK(count_kind(want, "train") > 0);
+  CHECK(count_kind(want, "eval") > 0);
+  CHECK(got == want);
 }
 
 }  // namespace
@@ -128,6 +156,36 @@ TEST_CASE("resuming from step 5 gives the same bytes at step 12 for every strate
   check_resume_is_exact("apex_O1", mlp_config({{"name", "fp16_apex"}, {"opt_level", "O1"}}));
   check_resume_is_exact("apex_O2", mlp_config({{"name", "fp16_apex"}, {"opt_level", "O2"}}));
   check_resume_is_exact("apex_O3", mlp_config({{"name", "fp16_apex"}, {"opt_level", "O3"}}));
+}
+
+TEST_CASE("resuming at an epoch's last step repeats no evaluation and drops no metrics record", "[cli][checkpoint]") {
+  // Step 8 ends the first epoch: its evaluation (eval_every 0: after each epoch) belongs to it.
+  json config = mlp_config("fp16");
+  check_resume_is_exact("epoch_end", config, "", 8);
+  // With eval_every 4 the evaluation at step 8 comes from the step, not from the epoch's end.
+  config["train"]["eval_every"] = 4;
+  check_resume_is_exact("epoch_end_eval_every", config, "", 8);
+  check_resume_is_exact("eval_every", config, "", 4);
+  // 3 micro-batches per step: 2 steps per epoch and 2 batches left over, never used; resumed at the
+  // first epoch's end (step 2), and inside the second epoch (step 3).
+  config = mlp_config("fp32");
+  config["train"]["grad_accumulation"] = 3;
+  config["train"]["epochs"] = 6;
+  check_resume_is_exact("accumulation_epoch_end", config, "", 2);
+  check_resume_is_exact("accumulation", config, "", 3);
+  // The same with dropout: a micro-batch left over at the epoch's end would draw from the dropout
+  // generator if it were computed, so the resumed run must skip it as the whole run does.
+  const fs::path text = scratch_dir() / "short_corpus.txt";
+  std::ofstream(text) << "the quick brown fox 0. the quick brown fox 1. the quick brown fox 2. ";
+  json gpt = json::parse(R"({
+    "model": {"type": "gpt", "vocab_size": 256, "context": 16, "width": 16, "layers": 1, "heads": 2, "dropout": 0.1},
+    "optimizer": {"type": "adamw", "lr": 0.01},
+    "data": {"type": "text", "context": 16, "batch_size": 7, "test_fraction": 0.3},
+    "train": {"epochs": 6, "max_steps": 12, "log_every": 1, "seed": 5, "run_dir": null, "keep_last": 0,
+              "grad_accumulation": 2}
+  })");
+  gpt["data"]["path"] = text.string();  // 48 train bytes: 32 windows in 5 batches, 2 steps per epoch
+  check_resume_is_exact("gpt_accumulation_epoch_end", gpt, "", 4);
 }
 
 TEST_CASE("resuming a GPT with dropout is exact: the random generator comes back too", "[cli][checkpoint]") {
@@ -167,6 +225,45 @@ TEST_CASE("resume latest: starts afresh when nothing is saved, continues from th
   REQUIRE(again.exit_code == 0);
   CHECK(json::parse(again.out)["resumed_from"] == step_dir(root, 12).string());
   CHECK(json::parse(again.out)["steps"] == 12);
+  // ... and reports the run's end as the checkpoint recorded it.
+  CHECK(json::parse(again.out)["final_loss"] == json::parse(first.out)["final_loss"]);
+  CHECK(json::parse(again.out)["test_loss"] == json::parse(first.out)["test_loss"]);
+  CHECK(json::parse(again.out)["test_loss"].is_number());
+}
+
+TEST_CASE("a save that replaces an existing step, killed at any point, leaves latest resumable", "[cli][checkpoint]") {
+  // Note [Replacing a checkpoint]: a run resumed from step 5 saves step 10 again, over the one an
+  // earlier run left, which `latest` names; killed at each point of the replace, both ways of it.
+  const fs::path whole = scratch_dir() / "replace_whole";
+  fs::remove_all(whole);
+  const fs::path cfg = write_config("replace.json", mlp_config("fp16"));
+  const std::string base = "train --config " + cfg.string() + " --set train.checkpoint_every=5 --set train.checkpoint_dir=";
+  REQUIRE(run_booster(base + whole.string()).exit_code == 0);
+  for (const auto& [point, env] : std::vector<std::pair<std::string, std::string>>{
+           {"before_commit", ""},
+           {"before_old_removed", ""},
+           {"before_prune", ""},
+           {"between_renames", "BOOSTER_TEST_NO_RENAME_EXCHANGE=1"},
+           {"before_old_removed", "BOOSTER_TEST_NO_RENAME_EXCHANGE=1"}}) {
+    INFO(point << " " << env);
+    const fs::path root = scratch_dir() / "replace";
+    fs::remove_all(root);
+    REQUIRE(run_booster(base + root.string()).exit_code == 0);
+    fs::remove_all(step_dir(root, 12));
+    std::ofstream(root / "latest") << "step-00000010\n";
+    RunResult crashed = run_booster(base + root.string() + " --set train.keep_last=1 --resume " + step_dir(root, 5).string(),
+                                    "ulimit -c 0; " + env + " BOOSTER_TEST_CRASH_AT=" + point);
+    REQUIRE(crashed.exit_code == 128 + SIGABRT);
+    RunResult resumed = run_booster(base + root.string() + " --resume latest");
+    INFO(resumed.err);
+    REQUIRE(resumed.exit_code == 0);
+    const fs::path from = json::parse(resumed.out)["resumed_from"].get<std::string>();
+    CHECK(from.filename().string().rfind("step-00000010", 0) == 0);  // or its stand-in, step-00000010.replaced
+    CHECK(final_state(root, 12) == final_state(whole, 12));
+    CHECK(read_text(root / "latest") == "step-00000012\n");
+    for (const auto& entry : fs::directory_iterator(root))
+      CHECK(std::regex_match(entry.path().filename().string(), std::regex(R"(latest|lock|step-\d{8})")));
+  }
 }
 
 TEST_CASE("a save that dies before its commit leaves the previous checkpoint loadable", "[cli][checkpoint]") {
@@ -179,7 +276,7 @@ TEST_CASE("a save that dies before its commit leaves the previous checkpoint loa
   REQUIRE(run_booster(base + root.string()).exit_code == 0);
   keep_only(root, 5);
   // Resumed at 5, the save at step 10 aborts between writing and the rename.
-  RunResult crashed = run_booster(base + root.string() + " --resume latest", "BOOSTER_TEST_ABORT_BEFORE_COMMIT=1");
+  RunResult crashed = run_booster(base + root.string() + " --resume latest", "ulimit -c 0; BOOSTER_TEST_CRASH_AT=before_commit");
   CHECK(crashed.exit_code != 0);
   CHECK(fs::exists(root / "step-00000010.tmp"));
   CHECK_FALSE(fs::exists(step_dir(root, 10)));
@@ -213,8 +310,38 @@ TEST_CASE("a checkpoint that does not fit or is damaged is refused with one line
   };
   resume_fails_with("--mixed-precision bf16", "was saved with mixed_precision \"fp16\" but this run has \"bf16\"", ckpt);
   resume_fails_with("--set 'model.hidden=[8]'", "was saved with the model", ckpt);
-  resume_fails_with("--set lr_scheduler.type=none", "has an lr scheduler state but this run has no scheduler", ckpt);
+  resume_fails_with("--set lr_scheduler.type=none", "was saved with lr_scheduler.type \"cosine\" but this run has \"none\"", ckpt);
   resume_fails_with("", "does not exist", root / "step-00000099");
+  // Note [Settings a resume must keep]
+  resume_fails_with("--set train.seed=4", "was saved with train.seed 3 but this run has 4; a resume continues the saved run: resume with --set train.seed=3", ckpt);
+  resume_fails_with("--set data.batch_size=16", "was saved with data.batch_size 32 but this run has 16", ckpt);
+  resume_fails_with("--set train.grad_accumulation=2", "was saved with train.grad_accumulation 1 but this run has 2", ckpt);
+  resume_fails_with("--set data.shuffle=false", "was saved with data.shuffle true but this run has false", ckpt);
+  resume_fails_with("--set data.drop_last=true", "was saved with data.drop_last false but this run has true", ckpt);
+  resume_fails_with("--set data.num_samples=512", "was saved with data.num_samples 256 but this run has 512", ckpt);
+  resume_fails_with("--set criterion.label_smoothing=0.1",
+                    "was saved with criterion.label_smoothing 0.0 but this run has 0.1", ckpt);
+  // The optimizer's and the schedule's settings come back from the checkpoint: another value would be ignored.
+  resume_fails_with("--set optimizer.lr=0.001",
+                    "was saved with optimizer.lr 0.01 but this run has 0.001; a resume continues the saved run: "
+                    "resume with --set optimizer.lr=0.01", ckpt);
+  resume_fails_with("--set lr_scheduler.eta_min=0.001", "was saved with lr_scheduler.eta_min 0.0 but this run has 0.001", ckpt);
+  // The cosine's length is the run's (T_max null): a longer run would climb back up the cosine.
+  resume_fails_with("--set train.max_steps=14", "was saved with train.max_steps 12 but this run has 14", ckpt);
+  {
+    // A checkpoint from before the settings were recorded is accepted, saying what it cannot check.
+    const fs::path old = scratch_dir() / "old_format";
+    fs::remove_all(old);
+    fs::copy(ckpt, old, fs::copy_options::recursive);
+    json state = json::parse(read_text(old / "trainer_state.json"));
+    REQUIRE(state.erase("settings") == 1);
+    std::ofstream(old / "trainer_state.json", std::ios::trunc) << state.dump();
+    RunResult r = run_booster("train --config " + cfg.string() + " --resume " + old.string() + " --set train.seed=4");
+    INFO(r.err);
+    CHECK(r.exit_code == 0);
+    CHECK_THAT(r.err, Catch::Contains("predates the record of criterion, data, lr_scheduler, optimizer, "
+                                      "train.grad_accumulation, train.max_steps, train.seed; they are not checked"));
+  }
 
   // Damage copies of the checkpoint, one file each.
   auto damaged_copy = [&](const std::string& name) {
@@ -248,6 +375,46 @@ TEST_CASE("a checkpoint that does not fit or is damaged is refused with one line
     fs::remove(copy / "optimizer" / "precision.json");
     resume_fails_with("", "precision.json", copy);
   }
+}
+
+TEST_CASE("a resume may extend a run whose lr schedule does not span it", "[cli][checkpoint]") {
+  // Note [Settings a resume must keep]: with a constant lr, 12 steps then 4 more are 16 steps.
+  const fs::path whole = scratch_dir() / "extend_whole", parts = scratch_dir() / "extend_parts";
+  fs::remove_all(whole);
+  fs::remove_all(parts);
+  json config = mlp_config("fp32");
+  config["lr_scheduler"] = {{"type", "none"}};
+  config["train"]["epochs"] = 3;
+  const fs::path cfg = write_config("extend.json", config);
+  const std::string train = "train --config " + cfg.string() + " --set train.checkpoint_every=4 --set train.checkpoint_dir=";
+  RunResult a = run_booster(train + whole.string() + " --set train.max_steps=16");
+  INFO(a.err);
+  REQUIRE(a.exit_code == 0);
+  REQUIRE(run_booster(train + parts.string()).exit_code == 0);
+  RunResult b = run_booster(train + parts.string() + " --set train.max_steps=16 --resume latest");
+  INFO(b.err);
+  REQUIRE(b.exit_code == 0);
+  CHECK(json::parse(b.out)["resumed_from"] == step_dir(parts, 12).string());
+  CHECK(final_state(parts, 16) == final_state(whole, 16));
+}
+
+TEST_CASE("a run refuses a checkpoint directory that another one is saving into", "[cli][checkpoint]") {
+  const fs::path root = scratch_dir() / "locked";
+  fs::remove_all(root);
+  const fs::path cfg = write_config("locked.json", mlp_config("fp32"));
+  const std::string args = "train --config " + cfg.string() + " --set train.checkpoint_every=4 --set train.checkpoint_dir=" +
+                           root.string();
+  {
+    const booster::checkpoint::RootLock other_run(root);
+    RunResult r = run_booster(args);
+    CHECK(r.exit_code == 1);
+    CHECK_THAT(r.err, Catch::StartsWith("booster: error: ") && Catch::Contains("is in use by another process"));
+    CHECK_FALSE(fs::exists(step_dir(root, 4)));
+  }
+  RunResult r = run_booster(args);
+  INFO(r.err);
+  CHECK(r.exit_code == 0);
+  CHECK(fs::exists(step_dir(root, 12)));
 }
 
 bool have_mpirun() { return std::system("command -v mpirun >/dev/null 2>&1") == 0; }

@@ -1,6 +1,11 @@
 #include "booster/checkpoint/checkpoint.h"
 
+#include <fcntl.h>
+#include <sys/file.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -18,7 +23,9 @@ using json = nlohmann::json;
 namespace {
 
 const std::regex kStepDirName(R"(step-(\d{8}))");
-const std::regex kTmpDirName(R"(step-\d{8}\.(tmp|replaced))");
+const std::regex kTmpDirName(R"(step-\d{8}\.tmp)");
+const std::regex kReplacedDirName(R"(step-(\d{8})\.replaced)");
+constexpr const char* kReplacedSuffix = ".replaced";
 constexpr const char* kFormatName = "booster-checkpoint";
 
 std::string step_dir_name(int64_t step) {
@@ -39,6 +46,25 @@ void rename_or_throw(const fs::path& from, const fs::path& to) {
   BOOSTER_CHECK(!ec, CheckpointError, "cannot rename ", from.string(), " to ", to.string(), ": ", ec.message());
 }
 
+// The test hook of Note [Replacing a checkpoint]: dies at `point` when BOOSTER_TEST_CRASH_AT names it.
+void crash_here_if_testing(const char* point) {
+  const char* hook = std::getenv("BOOSTER_TEST_CRASH_AT");
+  if (hook && std::strcmp(hook, point) == 0) std::abort();
+}
+
+// Swaps the names of two directories in one atomic step; false (and nothing changed) where the file
+// system or the kernel cannot (Note [Replacing a checkpoint]).
+bool exchange_directories(const fs::path& a, const fs::path& b) {
+  if (const char* hook = std::getenv("BOOSTER_TEST_NO_RENAME_EXCHANGE"); hook && std::strcmp(hook, "1") == 0)
+    return false;
+#ifdef RENAME_EXCHANGE
+  if (::renameat2(AT_FDCWD, a.c_str(), AT_FDCWD, b.c_str(), RENAME_EXCHANGE) == 0) return true;
+  BOOSTER_CHECK(errno == EINVAL || errno == ENOSYS || errno == EOPNOTSUPP, CheckpointError, "cannot exchange ",
+                a.string(), " and ", b.string(), ": ", std::strerror(errno));
+#endif
+  return false;
+}
+
 // A json value of trainer_state.json that must be there.
 const json& field(const json& state, const fs::path& file, const char* key) {
   BOOSTER_CHECK(state.contains(key), CheckpointError, "corrupt checkpoint ", file.string(), ": no \"", key,
@@ -54,33 +80,97 @@ std::vector<std::pair<int64_t, fs::path>> list_checkpoints(const fs::path& root)
   for (const auto& entry : fs::directory_iterator(root, ec)) {
     std::smatch m;
     const std::string name = entry.path().filename().string();
-    if (entry.is_directory(ec) && std::regex_match(name, m, kStepDirName))
+    if (!entry.is_directory(ec)) continue;
+    if (std::regex_match(name, m, kStepDirName)) {
       out.emplace_back(std::stoll(m[1].str()), entry.path());
+    } else if (std::regex_match(name, m, kReplacedDirName) && !fs::exists(root / step_dir_name(std::stoll(m[1].str())))) {
+      // Caught between the renames of a replace: still the committed checkpoint of its step.
+      out.emplace_back(std::stoll(m[1].str()), entry.path());
+    }
   }
   std::sort(out.begin(), out.end());
   return out;
 }
 
-fs::path save_checkpoint(const fs::path& root, const TrainingState& state, const SaveOptions& options) {
-  BOOSTER_CHECK(state.step >= 0 && state.step <= 99'999'999, ValueError, "save_checkpoint: step ", state.step,
+fs::path begin_checkpoint(const fs::path& root, int64_t step) {
+  BOOSTER_CHECK(step >= 0 && step <= 99'999'999, ValueError, "save_checkpoint: step ", step,
                 " is outside [0, 99999999]");
-  BOOSTER_CHECK(options.keep_last >= 0, ValueError, "save_checkpoint: keep_last must be >= 0 (0 keeps all), got ",
-                options.keep_last);
   std::error_code ec;
   fs::create_directories(root, ec);
   BOOSTER_CHECK(fs::is_directory(root), CheckpointError, "save_checkpoint: cannot create directory ", root.string(),
                 ec ? ": " + ec.message() : std::string());
 
-  // Leftovers of crashed saves are never checkpoints (only step-XXXXXXXX is); clear them away.
-  for (const auto& entry : fs::directory_iterator(root, ec))
-    if (std::regex_match(entry.path().filename().string(), kTmpDirName)) remove_tree(entry.path());
+  // Leftovers of interrupted saves. A `.replaced` directory without its `step-N/` is a committed
+  // checkpoint caught between the renames of a replace: it gets its name back, since `latest` may name
+  // it. Every other leftover is never a checkpoint (only step-XXXXXXXX is): clear it away.
+  std::vector<fs::path> entries;
+  for (const auto& entry : fs::directory_iterator(root, ec)) entries.push_back(entry.path());
+  for (const fs::path& entry : entries) {
+    const std::string name = entry.filename().string();
+    std::smatch m;
+    if (std::regex_match(name, m, kReplacedDirName)) {
+      const fs::path committed = root / step_dir_name(std::stoll(m[1].str()));
+      if (fs::exists(committed)) {
+        remove_tree(entry);
+      } else {
+        rename_or_throw(entry, committed);
+        sync_directory(root);
+      }
+    }
+  }
+  for (const fs::path& entry : entries)
+    if (std::regex_match(entry.filename().string(), kTmpDirName)) remove_tree(entry);
 
-  const std::string name = step_dir_name(state.step);
-  const fs::path final_dir = root / name;
-  const fs::path tmp_dir = root / (name + ".tmp");
+  const fs::path tmp_dir = root / (step_dir_name(step) + ".tmp");
   fs::create_directory(tmp_dir, ec);
   BOOSTER_CHECK(!ec, CheckpointError, "save_checkpoint: cannot create ", tmp_dir.string(), ": ", ec.message());
+  return tmp_dir;
+}
 
+fs::path commit_checkpoint(const fs::path& root, int64_t step, int keep_last) {
+  BOOSTER_CHECK(keep_last >= 0, ValueError, "save_checkpoint: keep_last must be >= 0 (0 keeps all), got ", keep_last);
+  const std::string name = step_dir_name(step);
+  const fs::path final_dir = root / name;
+  const fs::path tmp_dir = root / (name + ".tmp");
+  crash_here_if_testing("before_commit");
+
+  // The commit (Note [Replacing a checkpoint] when the step exists): `step-N/` always names a whole
+  // checkpoint, the old one or the new one, except between the two renames of the portable replace,
+  // where `step-N.replaced/` stands in for it.
+  if (!fs::exists(final_dir)) {
+    rename_or_throw(tmp_dir, final_dir);
+    sync_directory(root);
+  } else if (exchange_directories(tmp_dir, final_dir)) {
+    sync_directory(root);
+    crash_here_if_testing("before_old_removed");
+    remove_tree(tmp_dir);  // now the old checkpoint
+  } else {
+    const fs::path replaced = root / (name + kReplacedSuffix);
+    rename_or_throw(final_dir, replaced);
+    sync_directory(root);
+    crash_here_if_testing("between_renames");
+    rename_or_throw(tmp_dir, final_dir);
+    sync_directory(root);
+    crash_here_if_testing("before_old_removed");
+    remove_tree(replaced);
+  }
+  write_text_file_atomically(root / kLatestFileName, name + "\n");
+  crash_here_if_testing("before_prune");
+
+  // Prune only now that the new checkpoint is committed and named by `latest`.
+  if (keep_last > 0) {
+    auto committed = list_checkpoints(root);
+    const size_t keep = size_t(keep_last);
+    for (size_t i = 0; i + keep < committed.size(); ++i)
+      if (committed[i].second != final_dir) remove_tree(committed[i].second);
+  }
+  return final_dir;
+}
+
+fs::path save_checkpoint(const fs::path& root, const TrainingState& state, const SaveOptions& options) {
+  BOOSTER_CHECK(options.keep_last >= 0, ValueError, "save_checkpoint: keep_last must be >= 0 (0 keeps all), got ",
+                options.keep_last);
+  const fs::path tmp_dir = begin_checkpoint(root, state.step);
   try {
     save_model(tmp_dir, state.model, options.max_shard_bytes);
     const bool has_optimizer = !state.optimizer.meta.is_null() || !state.optimizer.tensors.empty();
@@ -104,32 +194,36 @@ fs::path save_checkpoint(const fs::path& root, const TrainingState& state, const
     fs::remove_all(tmp_dir, ignored);
     throw;
   }
+  return commit_checkpoint(root, state.step, options.keep_last);
+}
 
-  // Test hook for the crash test: everything is written, nothing is committed.
-  if (const char* hook = std::getenv("BOOSTER_TEST_ABORT_BEFORE_COMMIT"); hook && std::strcmp(hook, "1") == 0)
-    std::abort();
-
-  // The commit. A directory cannot be renamed over a non-empty one, so an existing checkpoint of the
-  // same step is first moved aside (a crash right here leaves the previous checkpoints, not this one).
-  if (fs::exists(final_dir)) {
-    const fs::path aside = root / (name + ".replaced");
-    rename_or_throw(final_dir, aside);
-    rename_or_throw(tmp_dir, final_dir);
-    remove_tree(aside);
-  } else {
-    rename_or_throw(tmp_dir, final_dir);
+RootLock::RootLock(const fs::path& root) {
+  std::error_code ec;
+  fs::create_directories(root, ec);
+  BOOSTER_CHECK(fs::is_directory(root), CheckpointError, "cannot create the checkpoint directory ", root.string(),
+                ec ? ": " + ec.message() : std::string());
+  const fs::path file = root / kLockFileName;
+  fd_ = ::open(file.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  BOOSTER_CHECK(fd_ >= 0, CheckpointError, "cannot open ", file.string(), ": ", std::strerror(errno));
+  if (::flock(fd_, LOCK_EX | LOCK_NB) != 0) {
+    const int why = errno;
+    char holder[32] = {};
+    const ssize_t n = ::pread(fd_, holder, sizeof holder - 1, 0);
+    ::close(fd_);
+    fd_ = -1;
+    BOOSTER_CHECK(why != EWOULDBLOCK, CheckpointError, "the checkpoint directory ", root.string(),
+                  " is in use by another process (pid ", n > 0 ? std::string(holder, size_t(n)) : std::string("?"),
+                  ", per ", file.string(), "); give this run its own checkpoint directory, or wait for that one");
+    BOOSTER_FAIL(CheckpointError, "cannot lock ", file.string(), ": ", std::strerror(why));
   }
-  sync_directory(root);
-  write_text_file_atomically(root / kLatestFileName, name + "\n");
+  // The holder's pid, only for the message above: the flock is the lock, so a failed write is harmless.
+  const std::string pid = std::to_string(::getpid());
+  [[maybe_unused]] const int truncated = ::ftruncate(fd_, 0);
+  [[maybe_unused]] const ssize_t written = ::pwrite(fd_, pid.data(), pid.size(), 0);
+}
 
-  // Prune only now that the new checkpoint is committed and named by `latest`.
-  if (options.keep_last > 0) {
-    auto committed = list_checkpoints(root);
-    const size_t keep = size_t(options.keep_last);
-    for (size_t i = 0; i + keep < committed.size(); ++i)
-      if (committed[i].second != final_dir) remove_tree(committed[i].second);
-  }
-  return final_dir;
+RootLock::~RootLock() {
+  if (fd_ >= 0) ::close(fd_);  // releases the flock
 }
 
 fs::path resolve_checkpoint(const fs::path& path) {
@@ -141,7 +235,9 @@ fs::path resolve_checkpoint(const fs::path& path) {
     while (!name.empty() && (name.back() == '\n' || name.back() == ' ')) name.pop_back();
     BOOSTER_CHECK(std::regex_match(name, kStepDirName), CheckpointError, "load_checkpoint: ",
                   (path / kLatestFileName).string(), " names '", name, "', not a step-XXXXXXXX directory");
-    const fs::path dir = path / name;
+    fs::path dir = path / name;
+    // Caught between the renames of a replace (Note [Replacing a checkpoint]).
+    if (!fs::exists(dir) && fs::is_directory(path / (name + kReplacedSuffix))) dir = path / (name + kReplacedSuffix);
     BOOSTER_CHECK(fs::is_directory(dir), CheckpointError, "load_checkpoint: ", (path / kLatestFileName).string(),
                   " names ", name, ", which does not exist in ", path.string());
     return dir;

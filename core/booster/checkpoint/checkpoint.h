@@ -22,12 +22,44 @@
 //                                       "optimizer": <OptimizerState::meta>, "scheduler": ..., "dataloader": ...,
 //                                       "rng": {"<name>": [u64, ...]}, "extra": {...}}
 //   <root>/step-00001300.tmp/          a save in progress, or one that crashed: never loaded
+//   <root>/lock                        flock()ed by the program saving into the root (RootLock)
 // A save writes every file into `step-N.tmp/`, fsyncs them and the directory, then renames it to
 // `step-N/`: that rename is the commit point (Note [Atomic checkpoint writes]). Only after it is
 // `latest` updated and are old checkpoints pruned to keep_last, so a crash at any moment leaves the
-// previous checkpoint loadable. Only names `step-` + 8 digits count as checkpoints.
+// previous checkpoint loadable. Only names `step-` + 8 digits count as checkpoints (and, for the moment
+// of a replace on some file systems, `step-N.replaced/`: Note [Replacing a checkpoint]).
 // One process saves into a root at a time (rank 0 under data parallelism): a save removes the `.tmp`
-// directories it finds, taking them for leftovers of crashed saves.
+// directories it finds, taking them for leftovers of crashed saves. A program that saves into a root
+// over its whole run holds a RootLock on it, so a second one started on the same root is refused
+// instead of deleting the first one's save in progress.
+//
+// Note [Replacing a checkpoint]
+// A save of a step that already has a committed `step-N/` replaces it: the newest save belongs to the
+// run the user is continuing (a run resumed from an earlier checkpoint reaching a step it had saved
+// before, or a later run sharing the root), and keeping the old one would let `latest` resume another
+// trajectory. Keeping the old one beside the new under another name is no better: names are steps.
+// At every instant `latest` must name a complete checkpoint, so the old directory is never removed
+// before the new one stands in its place:
+//  * where the file system has renameat2(RENAME_EXCHANGE) (ext4, xfs, btrfs, tmpfs, ...), `step-N.tmp/`
+//    and `step-N/` swap names in one atomic step: `step-N/` is the whole old checkpoint until then and
+//    the whole new one after. The old one, now `step-N.tmp/`, is removed after; a crash before that
+//    leaves it as a leftover that the next save clears.
+//  * elsewhere (NFS, Lustre, ...), `step-N/` is renamed `step-N.replaced/`, then `step-N.tmp/` to
+//    `step-N/`, then `.replaced` is removed. Between the two renames there is no `step-N/`; so a
+//    `step-N.replaced/` with no `step-N/` beside it still is the committed checkpoint of step N:
+//    list_checkpoints and resolve_checkpoint return it, and the next save renames it back before
+//    anything else. A crash between the renames thus resumes from the old checkpoint, as a crash before
+//    any commit does. (A reader other than this library that follows `latest` literally finds no
+//    `step-N/` for that moment; only the RENAME_EXCHANGE path avoids that.)
+// Test hooks (tests/test_checkpoint.cpp, tests/test_cli_resume.cpp): with BOOSTER_TEST_CRASH_AT set to
+// one of the points below, the saving process calls std::abort(), as a crash would, at that point:
+//   before_commit         everything is written and synced into `step-N.tmp/`, nothing is committed
+//   between_renames       (portable replace only) the old `step-N/` is `step-N.replaced/`, the new one
+//                         is still `step-N.tmp/`
+//   before_old_removed    `step-N/` is the new checkpoint; the replaced one is not removed yet
+//   before_prune          `latest` names `step-N/`; older checkpoints are not pruned yet
+// BOOSTER_TEST_NO_RENAME_EXCHANGE=1 makes a replace take the portable path, as on a file system without
+// RENAME_EXCHANGE.
 #pragma once
 
 #include <cstdint>
@@ -49,6 +81,7 @@ inline constexpr int kCheckpointFormatVersion = 1;
 inline constexpr const char* kTrainerStateFileName = "trainer_state.json";
 inline constexpr const char* kOptimizerFileName = "optimizer.safetensors";
 inline constexpr const char* kLatestFileName = "latest";
+inline constexpr const char* kLockFileName = "lock";
 
 // The pieces of a run that a checkpoint holds. Null JSON and an empty optimizer mean "not saved".
 struct TrainingState {
@@ -68,12 +101,19 @@ struct SaveOptions {
 };
 
 // Saves `state` as `<root>/step-XXXXXXXX/` (Note [Checkpoint directory layout]) and returns that path.
-// Saving a step that already exists replaces it. Leftover `.tmp` directories of crashed saves are
-// removed first.
-// Test hook: with the environment variable BOOSTER_TEST_ABORT_BEFORE_COMMIT=1 the process calls
-// std::abort() after writing everything and before the commit rename, as a crash would.
+// Saving a step that already exists replaces it (Note [Replacing a checkpoint]). Leftover `.tmp`
+// directories of crashed saves are removed first.
 std::filesystem::path save_checkpoint(const std::filesystem::path& root, const TrainingState& state,
                                       const SaveOptions& options = {});
+
+// The two halves of a save, for writers of their own layout inside a step directory (`booster train`
+// writes through the Booster). begin_checkpoint creates `root`, clears the leftovers of interrupted
+// saves (restoring a checkpoint caught between the renames of a replace) and returns an empty
+// `<root>/step-N.tmp/` to write into. commit_checkpoint, once every file in it is written and synced
+// (sync_directory), renames it to `step-N/` (replacing one that exists), points `latest` at it and
+// prunes to keep_last (0 keeps all; the new one is never pruned). Returns `step-N/`.
+std::filesystem::path begin_checkpoint(const std::filesystem::path& root, int64_t step);
+std::filesystem::path commit_checkpoint(const std::filesystem::path& root, int64_t step, int keep_last);
 
 struct LoadOptions {
   // Every key here must be in the checkpoint's `extra` with an equal value, e.g. {"strategy": "bf16"}:
@@ -88,7 +128,22 @@ struct LoadOptions {
 // when the caller hands `model` to Module::load_state_dict.
 TrainingState load_checkpoint(const std::filesystem::path& path, const LoadOptions& options = {});
 
-// Committed checkpoints under `root`, ascending by step.
+// An exclusive lock on a checkpoint root for as long as it lives: flock() on `<root>/lock`, which the
+// kernel releases when the process ends, crash or not. Creates `root` if needed. CheckpointError
+// naming the root and the holder's pid when another process (or another RootLock) holds it.
+class RootLock {
+ public:
+  explicit RootLock(const std::filesystem::path& root);
+  ~RootLock();
+  RootLock(const RootLock&) = delete;
+  RootLock& operator=(const RootLock&) = delete;
+
+ private:
+  int fd_ = -1;
+};
+
+// Committed checkpoints under `root`, ascending by step (Note [Replacing a checkpoint] for the
+// `.replaced` directories that count).
 std::vector<std::pair<int64_t, std::filesystem::path>> list_checkpoints(const std::filesystem::path& root);
 // The checkpoint directory load_checkpoint(path) would read.
 std::filesystem::path resolve_checkpoint(const std::filesystem::path& path);
