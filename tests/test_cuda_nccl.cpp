@@ -62,3 +62,29 @@ TEST_CASE("nccl: collectives at world size 1 on CUDA tensors", "[cuda][nccl]") {
   Tensor host = ones({3});
   CHECK_THROWS_AS(pg->all_reduce(host), DeviceError);
 }
+
+// Note [A group per device]: init_process_group("nccl") after process_group_for(cuda) made the NCCL group
+// takes that group (a second communicator over the same ranks would be a second NCCL world), and then the
+// CPU has no group, which process_group_for(cpu) says at once.
+TEST_CASE("nccl: the default nccl group is the one process_group_for(cuda) made, and the CPU then has none",
+          "[cuda][nccl]") {
+  if (skip_without_nccl()) {
+    if (!is_initialized()) {
+      CHECK_THROWS_AS(init_process_group("nccl"), ConfigError);
+      CHECK_FALSE(is_initialized());  // a failed nccl group leaves no default group behind
+    }
+    return;
+  }
+  REQUIRE_FALSE(is_initialized());  // this binary makes no default group before
+  ProcessGroup& lazy = process_group_for(Device::cuda());
+  ProcessGroup& world = init_process_group("nccl");
+  CHECK(&world == &lazy);
+  CHECK(&default_process_group() == &lazy);
+  CHECK(&process_group_for(Device::cuda()) == &lazy);
+  CHECK_THROWS_AS(process_group_for(Device::cpu()), DeviceError);
+  CHECK_THROWS_WITH(process_group_for(Device::cpu()), Catch::Contains("\"nccl\"") && Catch::Contains("auto"));
+  // The shared group still works after the other owner took it.
+  Tensor t = full({3}, 2.0, DType::Float32, Device::cuda());
+  world.all_reduce(t, ReduceOp::Avg);
+  CHECK(t.cpu().tolist() == std::vector<double>{2, 2, 2});
+}

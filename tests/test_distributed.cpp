@@ -9,6 +9,8 @@
 #include "booster/distributed/process_group.h"
 #include "booster/ops/ops.h"
 
+#include <cstdlib>
+
 using namespace booster;
 using namespace booster::distributed;
 
@@ -170,4 +172,49 @@ TEST_CASE("distributed: a group's device, and the group for a model's device (No
   CHECK(&process_group_for(Device::cuda()) == &gpu_group);  // one per process
   if (cuda::device_count() > 1) CHECK_THROWS_AS(process_group_for(Device::cuda(1)), DeviceError);
   CHECK_THROWS_AS(process_group_for({zeros({2}), zeros({2}, DType::Float32, Device::cuda())}, "test"), DeviceError);
+}
+
+namespace {
+
+// A group that says it works on a GPU, as the nccl default group does, without needing one.
+class GpuOnlyGroup final : public ProcessGroup {
+ public:
+  int rank() const override { return 0; }
+  int size() const override { return 1; }
+  std::string backend() const override { return "nccl"; }
+  Device device() const override { return Device::cuda(0); }
+  void barrier() override {}
+  [[noreturn]] void abort(int, const std::string&) override { std::abort(); }
+
+ protected:
+  WorkPtr all_reduce_impl(const BufferSpan&, ReduceOp, bool) override { return completed_work(); }
+  WorkPtr broadcast_impl(const BufferSpan&, int, bool) override { return completed_work(); }
+  WorkPtr all_gather_impl(const BufferSpan&, const BufferSpan&, bool) override { return completed_work(); }
+  WorkPtr reduce_scatter_impl(const BufferSpan&, const BufferSpan&, ReduceOp, bool) override {
+    return completed_work();
+  }
+};
+
+}  // namespace
+
+TEST_CASE("distributed: a group is refused at selection for a device it does not serve (Note [A group per device])",
+          "[distributed]") {
+  // After init_process_group("nccl") process_group_for(cpu) meets a default group on the GPU; it must say so
+  // there, with a DeviceError that names the backend and the way out, and not leave the model to fail in its
+  // first collective.
+  GpuOnlyGroup nccl_like;
+  CHECK_THROWS_AS(check_group_serves(nccl_like, Device::cpu()), DeviceError);
+  CHECK_THROWS_WITH(check_group_serves(nccl_like, Device::cpu()),
+                    Catch::Contains("process_group_for(cpu)") && Catch::Contains("\"nccl\"") &&
+                        Catch::Contains("init_process_group(\"auto\")") && Catch::Contains("cuda:0"));
+  // Another GPU than the group's: the rank % GPUs rule.
+  CHECK_THROWS_AS(check_group_serves(nccl_like, Device::cuda(1)), DeviceError);
+  CHECK_THROWS_WITH(check_group_serves(nccl_like, Device::cuda(1)),
+                    Catch::Contains("cuda:1") && Catch::Contains("one rank per GPU"));
+  CHECK_NOTHROW(check_group_serves(nccl_like, Device::cuda(0)));
+  // The CPU groups serve the CPU only.
+  LocalProcessGroup local;
+  CHECK_NOTHROW(check_group_serves(local, Device::cpu()));
+  CHECK_THROWS_AS(check_group_serves(local, Device::cuda(0)), DeviceError);
+  CHECK_NOTHROW(check_group_serves(process_group_for(Device::cpu()), Device::cpu()));
 }

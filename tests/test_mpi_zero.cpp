@@ -468,6 +468,38 @@ TEST_CASE("zero: zero_grad drops the gradients of a backward that no step consum
   }
 }
 
+// Note [ZeRO partitions], "Where the gradients are": the reduced gradient lives in this rank's float32 shard,
+// not in the model's .grad(), and step() consumes it, as in ColossalAI's low-level ZeRO.
+TEST_CASE("zero: after a synced backward the model's grads are empty, and step() consumes the gradients "
+          "(nothing carries over without zero_grad)",
+          "[mpi][zero]") {
+  const Batch first = whole_batch(7), second = whole_batch(8);
+  for (const json& stage : kStages) {
+    INFO(stage.dump());
+    Zero z = make_zero(with_stage(stage, {{"precision", "fp32"}}), make_model(7), {{"type", "sgd"}, {"lr", 0.1}});
+    z.parts.optimizer->zero_grad();
+    z.parts.precision->backward(loss_of(*z.parts.model, my_rows(first)), *z.parts.optimizer);
+    for (const Tensor& p : z.parts.model->parameters()) {
+      if (stage.at("stage") == 2) {
+        CHECK_FALSE(p.grad().defined());
+      } else {  // a view of the flat buffer, cleared once reduced
+        REQUIRE(p.grad().defined());
+        for (double g : p.grad().tolist()) CHECK(g == 0.0);
+      }
+    }
+    z.parts.precision->step(*z.parts.optimizer);
+    // The second step without zero_grad() equals one after zero_grad(): torch would add the first
+    // backward's gradients into it.
+    z.parts.precision->backward(loss_of(*z.parts.model, my_rows(second)), *z.parts.optimizer);
+    z.parts.precision->step(*z.parts.optimizer);
+    Zero want = make_zero(with_stage(stage, {{"precision", "fp32"}}), make_model(7), {{"type", "sgd"}, {"lr", 0.1}});
+    want.train_step(my_rows(first));
+    want.train_step(my_rows(second));
+    const std::vector<Tensor> a = float32_params(*want.parts.model), b = float32_params(*z.parts.model);
+    for (size_t i = 0; i < a.size(); ++i) CHECK(bitwise_equal(a[i], b[i]));
+  }
+}
+
 TEST_CASE("zero: stage 2's grad-ready hooks leave with its optimizer (the model may outlive the plugin)",
           "[mpi][zero]") {
   nn::ModulePtr model = make_model(7);

@@ -16,6 +16,8 @@
 //                           without it OpenMPI's all-reduce hardly overlaps backward at all, see
 //                           Note [Progress thread] and bench/README.md; false polls from the hooks only).
 //                           A model on a GPU needs no polling (NCCL runs on the GPU): ignored there.
+//                           There NCCL shares the compute stream, so its all-reduces do not overlap
+//                           backward (Note [Gradient buckets], "Progress").
 //
 // Devices: the model's (all its parameters and buffers on one device). On the CPU the collectives go
 // through the default group (mpi under mpirun); on CUDA through this process's NCCL group, which needs

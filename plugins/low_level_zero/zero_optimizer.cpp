@@ -375,6 +375,8 @@ bool ZeroOptimizer::agreed_found_inf() {
     // Note [Agreeing on found_inf]: an inf in one rank's shard must make every rank skip.
     Tensor flag = full({1}, local_found_inf_ ? 1.0 : 0.0, DType::Float32, device_);
     group_.all_reduce(flag, ReduceOp::Max);
+    // On a GPU item() copies through the allocator, which synchronizes the stream the all-reduce was
+    // queued on (Note [When a collective's result is there]); every host read here goes that way.
     found_inf_ = flag.item() != 0.0;
     agreed_ = true;
   }

@@ -44,6 +44,17 @@
 // Semantics that differ from an unsharded optimizer: a shard is one parameter of the inner optimizer,
 // so every parameter of a group takes every step (its gradient is zero when it got none), as in
 // DeepSpeed and ColossalAI, where torch would skip a parameter whose .grad is None.
+// Where the gradients are: a synced backward moves the gradients out of the model. After it, the
+// model's param.grad() holds nothing: stage 1's are views of the flat buffer, which the reduction
+// consumed and cleared, so they read zero; stage 2's are undefined. The reduced gradient exists only
+// as this rank's float32 shard (master.grad(), averaged and unscaled). Only a backward with gradient
+// sync off (stage 1, no_sync) leaves its local, unreduced sum in param.grad(). And step() consumes
+// the shard gradient, so gradients never carry over to the next step: a backward after step()
+// without zero_grad() starts from zero, where torch's optimizer would add it to the previous
+// gradients. Accumulating within a step works (several backwards before step(), synced or, in stage
+// 1, with no_sync); zero_grad() matters only to drop a backward that no step consumed. ColossalAI's
+// low-level ZeRO behaves the same way: it moves reduced gradients out of the model's .grad into its
+// own gradient store and resets that store in step().
 //
 // Checkpoints: state_dict() is collective (every rank calls it) and returns the full state, gathered,
 // in the unsharded optimizer's layout ("state.<i>.exp_avg" per model parameter, in its shape), plus

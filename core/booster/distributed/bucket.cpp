@@ -228,6 +228,8 @@ struct GradientBucketer::State {
     polled = 0;
     if (used_flags_work) {
       used_flags_work->wait();
+      // A copy to the host synchronizes the stream the all-reduce is on (Note [When a collective's
+      // result is there]); reading the device buffer any other way could see stale flags.
       if (used_flags.data_ptr() != used_flags_host.data_ptr()) used_flags_host.copy_(used_flags);
     }
     used_flags_work.reset();

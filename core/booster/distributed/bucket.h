@@ -20,6 +20,9 @@
 //   layers' GEMMs (Note [Progress thread] in bucket.cpp); measured, that is what makes the buckets
 //   overlap backward at all (bench/README.md, ddp section). A group on a GPU (NCCL) needs neither: its
 //   collectives are queued on the compute stream and run on the GPU (Note [NCCL process group]).
+//   Being on that one stream, a bucket's all-reduce runs after the backward kernels queued before it
+//   and before those queued after it: on a GPU the buckets do not overlap backward (torch runs NCCL
+//   on a stream of its own for that); launched from the hooks they only interleave with its kernels.
 // * A parameter that gets no gradient in a backward (an unused branch, or one only some ranks take)
 //   never completes its bucket. finish_backward(), called once after every backward on every rank,
 //   launches whatever is left, in order, so no rank waits for a collective another rank never starts.
@@ -35,7 +38,8 @@
 // * no_sync (set_sync(false)): hooks launch nothing and gradients accumulate in the flat buffers; the
 //   next backward with sync on all-reduces the accumulated sums.
 // * wait() blocks until every launched bucket is reduced (on a GPU group: until the reductions are
-//   ordered before everything queued later, Note [NCCL process group]). Callers wait before anything
+//   ordered before everything queued later, Note [When a collective's result is there] in
+//   process_group.h; host reads of the gradients go through copies that synchronize). Callers wait before anything
 //   reads the gradients (unscale, clipping, the optimizer step) and before the next backward writes
 //   into them.
 #pragma once

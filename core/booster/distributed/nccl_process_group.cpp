@@ -23,9 +23,10 @@ namespace booster::distributed {
 bool nccl_built() { return false; }
 
 std::shared_ptr<ProcessGroup> make_nccl_process_group() {
-  BOOSTER_FAIL(ConfigError, "init_process_group: backend \"nccl\" needs a build with CUDA and NCCL (",
+  BOOSTER_FAIL(ConfigError, "backend \"nccl\" needs a build with CUDA and NCCL (",
                cuda::is_compiled() ? "NCCL was not found" : "nvcc was not found",
-               " when booster was configured); use \"mpi\" or \"local\"");
+               " when booster was configured); train on the CPU (backend \"mpi\" or \"local\"), or rebuild "
+               "booster with CUDA and NCCL");
 }
 
 #else
@@ -70,10 +71,19 @@ ncclRedOp_t nccl_op(ReduceOp op) {
   return ncclSum;
 }
 
+// Asks NCCL whether a collective already queued on `comm` has failed while running (Note [When a
+// collective's result is there], "Errors"); `what` names the caller.
+void check_async_error(ncclComm_t comm, const char* what) {
+  ncclResult_t async = ncclSuccess;
+  BOOSTER_NCCL_CHECK(ncclCommGetAsyncError(comm, &async));
+  BOOSTER_CHECK(async == ncclSuccess, DistributedError, what, ": an NCCL collective failed on the GPU: ",
+                ncclGetErrorString(async), "; the communicator is unusable (a rank may have died)");
+}
+
 // Note [NCCL process group], "Stream order": the event marks the collective on the stream.
 class EventWork final : public Work {
  public:
-  explicit EventWork(cudaStream_t stream) : stream_(stream) {
+  EventWork(cudaStream_t stream, ncclComm_t comm) : stream_(stream), comm_(comm) {
     BOOSTER_NCCL_CUDA_CHECK(cudaEventCreateWithFlags(&event_, cudaEventDisableTiming));
     BOOSTER_NCCL_CUDA_CHECK(cudaEventRecord(event_, stream));
   }
@@ -81,23 +91,30 @@ class EventWork final : public Work {
   ~EventWork() override {
     if (event_) cudaEventDestroy(event_);
   }
-  void wait() override { BOOSTER_NCCL_CUDA_CHECK(cudaStreamWaitEvent(stream_, event_, 0)); }
+  void wait() override {
+    check_async_error(comm_, "Work::wait");
+    BOOSTER_NCCL_CUDA_CHECK(cudaStreamWaitEvent(stream_, event_, 0));
+  }
   bool is_completed() override { return cudaEventQuery(event_) == cudaSuccess; }
 
  private:
   cudaStream_t stream_ = nullptr;
+  ncclComm_t comm_ = nullptr;
   cudaEvent_t event_ = nullptr;
 };
 
 class NcclProcessGroup final : public ProcessGroup {
  public:
   NcclProcessGroup() {
-    BOOSTER_CHECK(cuda::is_available(), ConfigError, "init_process_group: backend \"nccl\" needs a GPU: ",
-                  cuda::unavailable_reason());
+    BOOSTER_CHECK(cuda::is_available(), ConfigError, "backend \"nccl\" needs a GPU: ", cuda::unavailable_reason(),
+                  "; train on the CPU, or run on a machine with a GPU");
     ncclUniqueId id;
     if (launched_by_mpi_launcher()) {
-      BOOSTER_CHECK(mpi_built(), ConfigError, "init_process_group: backend \"nccl\" under an MPI launcher "
-                    "needs a build with MPI to exchange NCCL's id; without it every rank would be a world of one");
+      // Note [NCCL process group]: NCCL is there; MPI, which hands out the id, is what is missing.
+      BOOSTER_CHECK(mpi_built(), ConfigError, "backend \"nccl\" under an MPI launcher needs MPI to hand "
+                    "NCCL's unique id to every rank, and this build has no MPI (OpenMPI was not found when booster "
+                    "was configured; without it each rank would be a world of its own); rebuild booster with "
+                    "OpenMPI (libopenmpi-dev), or run a single process without the launcher");
 #if defined(BOOSTER_WITH_MPI)
       ensure_mpi_initialized();  // once per process, shared with the mpi group (Note [A group per device])
       MPI_Comm_rank(MPI_COMM_WORLD, &rank_);
@@ -129,6 +146,7 @@ class NcclProcessGroup final : public ProcessGroup {
     enter();
     BOOSTER_NCCL_CHECK(ncclAllReduce(barrier_buf_, barrier_buf_, 1, ncclFloat32, ncclSum, comm_, stream_));
     BOOSTER_NCCL_CUDA_CHECK(cudaStreamSynchronize(stream_));
+    check_async_error(comm_, "barrier");
   }
 
   [[noreturn]] void abort(int exit_code, const std::string& why) override {
@@ -186,7 +204,7 @@ class NcclProcessGroup final : public ProcessGroup {
                   device_, ", got one on ", b.device, "; use the \"mpi\" backend for CPU tensors");
   }
   // Note [NCCL process group], "Stream order": a blocking form is done once it is queued.
-  WorkPtr finish(bool async) { return async ? std::make_shared<EventWork>(stream_) : nullptr; }
+  WorkPtr finish(bool async) { return async ? std::make_shared<EventWork>(stream_, comm_) : nullptr; }
 
   int rank_ = 0, size_ = 1, device_ = 0;
   cudaStream_t stream_ = nullptr;

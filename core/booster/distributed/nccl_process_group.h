@@ -8,13 +8,13 @@
 //   would silently make a world of its own).
 // * Stream order: collectives are queued on the CUDA backend's stream of that GPU, the stream every
 //   kernel and copy of the backend uses, so they run after the kernels that produced their buffers (a
-//   gradient bucket) and before everything queued later, without any host sync. So the result is in
-//   the buffers for every later reader (kernels, and copies to the host, which synchronize) as soon as
-//   a collective is queued: blocking forms return without waiting for the GPU, and Work::wait() only
-//   orders the backend's stream after the collective (a no-op while everything shares that stream);
-//   is_completed() asks the GPU (cudaEventQuery, which any thread may call). Nothing of this group
-//   needs polling: NCCL progresses on the GPU by itself. barrier() does block the host until every
-//   rank has reached it (it guards file writes).
+//   gradient bucket) and before everything queued later, without any host sync. Blocking forms
+//   return once queued, Work::wait() orders the backend's stream after the collective (a no-op while
+//   everything shares that stream) and checks NCCL's asynchronous error, is_completed() asks the GPU
+//   (cudaEventQuery, which any thread may call). What that lets a caller read, and when other CUDA
+//   code must synchronize first: Note [When a collective's result is there] in process_group.h.
+//   Nothing of this group needs polling: NCCL progresses on the GPU by itself. barrier() does block
+//   the host until every rank has reached it (it guards file writes).
 // * Avg is NCCL's ncclAvg, which multiplies by 1/N before summing (Note [Averages divide first]);
 //   float16/bfloat16 reduce in NCCL's own precision (pairwise in float32).
 // * A failed NCCL call throws DistributedError naming the call, NCCL's error string and file:line.
@@ -28,8 +28,10 @@ namespace booster::distributed {
 
 // True when this build has NCCL (BOOSTER_WITH_NCCL).
 bool nccl_built();
-// The NCCL group of this process (see the Note). ConfigError without NCCL in the build or without a
-// GPU.
+// A new NCCL group (see the Note): a communicator over every rank, so every rank must call it. Library
+// code takes the process's one NCCL group from process_group_for(cuda) or init_process_group("nccl")
+// instead (Note [A group per device]). ConfigError without NCCL in the build, without a GPU, or under
+// an MPI launcher without MPI in the build; each message says what is missing.
 std::shared_ptr<ProcessGroup> make_nccl_process_group();
 
 }  // namespace booster::distributed

@@ -226,13 +226,24 @@ namespace {
 
 std::mutex g_default_mutex;
 std::shared_ptr<ProcessGroup> g_default_group;
-// Note [A group per device]: the NCCL group when the default group is not it; never destroyed.
-std::mutex g_cuda_mutex;
-std::shared_ptr<ProcessGroup>* g_cuda_group = nullptr;
+// Note [A group per device]: this process's one NCCL group, whether init_process_group("nccl") or
+// process_group_for(cuda) made it first. Held by a pointer that is never deleted, so it lives until
+// the process ends (CUDA and NCCL may be torn down before static destructors run); a default group
+// made with "nccl" is a second owner of it, so it is not destroyed with g_default_group either.
+std::mutex g_nccl_mutex;
+std::shared_ptr<ProcessGroup>* g_nccl_group = nullptr;
 
 std::string resolve_backend(const std::string& backend) {
   if (backend == "auto") return launched_by_mpi_launcher() && mpi_built() ? "mpi" : "local";
   return backend;
+}
+
+// The process's NCCL group, made on first use (ConfigError from make_nccl_process_group when it
+// cannot be; a later call tries again).
+std::shared_ptr<ProcessGroup> shared_nccl_group() {
+  std::lock_guard<std::mutex> lock(g_nccl_mutex);
+  if (!g_nccl_group) g_nccl_group = new std::shared_ptr<ProcessGroup>(make_nccl_process_group());
+  return *g_nccl_group;
 }
 
 }  // namespace
@@ -245,7 +256,7 @@ bool launched_by_mpi_launcher() {
 }
 
 ProcessGroup& init_process_group(const std::string& backend) {
-  std::lock_guard<std::mutex> lock(g_default_mutex);
+  std::lock_guard<std::mutex> lock(g_default_mutex);  // lock order: g_default_mutex, then g_nccl_mutex
   const std::string chosen = resolve_backend(backend);
   if (g_default_group) {
     BOOSTER_CHECK(backend == "auto" || g_default_group->backend() == chosen, StateError,
@@ -261,7 +272,11 @@ ProcessGroup& init_process_group(const std::string& backend) {
                   "found when booster was configured); use \"local\" for one process");
     g_default_group = make_mpi_process_group();
   } else if (chosen == "nccl") {
-    g_default_group = make_nccl_process_group();  // Note [NCCL process group]
+    try {
+      g_default_group = shared_nccl_group();  // the group process_group_for(cuda) gives too
+    } catch (const ConfigError& e) {
+      BOOSTER_FAIL(ConfigError, "init_process_group: ", e.what());
+    }
   } else {
     BOOSTER_FAIL(ConfigError, "init_process_group: unknown backend \"", backend,
                  "\"; expected \"auto\", \"mpi\", \"nccl\" or \"local\"");
@@ -271,30 +286,35 @@ ProcessGroup& init_process_group(const std::string& backend) {
 
 ProcessGroup& default_process_group() { return init_process_group("auto"); }
 
+void check_group_serves(const ProcessGroup& group, Device device) {
+  if (group.device() == device) return;
+  BOOSTER_CHECK(!device.is_cpu(), DeviceError, "process_group_for(cpu): the default group is \"", group.backend(),
+                "\" (made by init_process_group(\"", group.backend(), "\")), whose collectives take buffers on ",
+                group.device(), " only, so a model on the CPU has no group; move the model to ", group.device(),
+                ", or make the default group with init_process_group(\"auto\") (mpi under mpirun, else local) "
+                "and let process_group_for(cuda) make the NCCL group a CUDA model needs");
+  BOOSTER_CHECK(group.device().is_cuda(), DeviceError, "process_group_for(", device, "): the \"", group.backend(),
+                "\" group takes buffers on ", group.device(), " only");
+  BOOSTER_FAIL(DeviceError, "process_group_for(", device, "): rank ", group.rank(), " runs ", group.backend(), " on ",
+               group.device(), " (rank % number of GPUs); put the model on ", group.device(),
+               ", or start one rank per GPU");
+}
+
 ProcessGroup& process_group_for(Device device) {
-  if (device.is_cpu()) return default_process_group();
+  if (device.is_cpu()) {
+    ProcessGroup& group = default_process_group();
+    check_group_serves(group, device);
+    return group;
+  }
   BOOSTER_CHECK(device.is_cuda(), DeviceError, "process_group_for: no process group backend for ", device);
-  ProcessGroup* group = nullptr;
-  {
-    std::lock_guard<std::mutex> lock(g_default_mutex);
-    if (g_default_group && g_default_group->backend() == "nccl") group = g_default_group.get();
+  std::shared_ptr<ProcessGroup> group;
+  try {
+    group = shared_nccl_group();  // the default group too when that is "nccl"
+  } catch (const ConfigError& e) {
+    // The inner message says what is missing and how to get it.
+    BOOSTER_FAIL(ConfigError, "collectives on ", device, " need an NCCL group, which cannot be made: ", e.what());
   }
-  if (!group) {
-    std::lock_guard<std::mutex> lock(g_cuda_mutex);
-    if (!g_cuda_group) {
-      try {
-        // See the Note: held by a pointer that is never deleted, so it lives until the process ends.
-        g_cuda_group = new std::shared_ptr<ProcessGroup>(make_nccl_process_group());
-      } catch (const ConfigError& e) {
-        BOOSTER_FAIL(ConfigError, "collectives on ", device, " need the nccl backend, which is unavailable: ",
-                     e.what(), "; train on the CPU, or use a build with CUDA and NCCL on a machine with a GPU");
-      }
-    }
-    group = g_cuda_group->get();
-  }
-  BOOSTER_CHECK(group->device() == device, DeviceError, "process_group_for(", device, "): rank ", group->rank(),
-                " runs NCCL on ", group->device(), " (rank % number of GPUs); put the model on ", group->device(),
-                ", or start one rank per GPU");
+  check_group_serves(*group, device);
   return *group;
 }
 

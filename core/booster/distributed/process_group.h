@@ -10,9 +10,13 @@
 // * Every collective works in place on contiguous memory (a contiguous tensor, or a BufferSpan such as
 //   a bucket of a flat gradient buffer). Every rank must call the same collectives in the same order
 //   with the same sizes and dtype, as with MPI and torch.distributed.
-// * Blocking forms return when this rank's buffers hold the result. Non-blocking forms (*_async) return
-//   a Work; the buffers must stay alive and untouched until Work::wait() (a tensor passed to an async
-//   form is kept alive by its Work). Dropping a Work that was not waited for waits for it.
+// * Completion (Note [When a collective's result is there]): on the CPU backends ("mpi", "local")
+//   blocking forms return when this rank's buffers hold the result, Work::wait() blocks until they
+//   do, and dropping a Work that was not waited for waits for it. On "nccl" a collective is queued
+//   on the GPU and completes in stream order, as torch.distributed's NCCL backend: see that Note for
+//   what a caller may read when. Either way, the buffers of a non-blocking form (*_async) must stay
+//   alive and untouched until Work::wait() (a tensor passed to an async form is kept alive by its
+//   Work).
 // * ReduceOp::Avg is the mean over ranks, for floating dtypes only (an integer average would
 //   truncate). Every backend divides before it sums where it may (Note [Averages divide first]).
 //   float16/bfloat16 reductions combine two values at a time in float32 and round back to 16 bits (as
@@ -28,6 +32,31 @@
 //   error string. A rank that dies must not leave the others hanging; see Note [Failing ranks] in
 //   mpi_process_group.h.
 //
+// Note [When a collective's result is there]
+// "mpi" and "local" run on the host: when a blocking form returns, or Work::wait() returns, the
+// result is in this rank's buffers for any reader. "nccl" follows torch.distributed's NCCL backend:
+// * A collective is queued on the CUDA backend's stream of the group's GPU (cuda::stream_handle), the
+//   one stream every booster kernel and copy on that GPU uses. A blocking form returns once it is
+//   queued; Work::wait() makes that stream wait for the collective (torch: the current stream) and
+//   does not block the host; is_completed() is true once the GPU has finished it.
+// * So the result is there for everything queued on that stream afterwards: every booster op on the
+//   tensors, and every host read through booster (Tensor::item, tolist, to(cpu), copy_ into a CPU
+//   tensor, checkpoint writes), because those copy through the allocator's copy_to_host, which
+//   synchronizes the stream. Plugins read collective results on the host only through those paths.
+// * It is not guaranteed to be there for any other CUDA code: a kernel on another stream, or a raw
+//   cudaMemcpy (the legacy default stream does not wait for the backend's stream, which is created
+//   cudaStreamNonBlocking). Before such a read call cuda::synchronize(device) (blocks the host), or
+//   make the other stream wait for an event recorded on cuda::stream_handle(device).
+// * Dropping a Work neither waits nor cancels: the collective still runs in stream order. Memory from
+//   booster's allocator may be freed meanwhile (blocks are reused in the same stream order); memory
+//   from elsewhere must outlive the collective on the GPU (cuda::synchronize).
+// * Errors: a collective that cannot be queued throws DistributedError at the call. One that fails
+//   while it runs (a peer gone, a network error) is reported later: by Work::wait() and barrier(),
+//   which ask NCCL for the communicator's asynchronous error, or as a CudaError at the next call that
+//   synchronizes; a peer that never arrives leaves the stream hanging (there is no watchdog).
+// * barrier() blocks the host until every rank has reached it and everything this rank queued before
+//   it on the stream has run (it guards file writes).
+//
 // Note [Averages divide first]
 // A 16-bit sum over N ranks overflows N times sooner than their average: loss-scaled float16
 // gradients whose average is finite can sum to inf, and the step would be skipped for nothing. So
@@ -37,8 +66,12 @@
 // mpi backend sums and then divides; a caller whose input is scratch (a gradient buffer it reduces
 // and then clears or frees) calls reduce_scatter_consuming, which may divide `in` in place first and
 // leaves it with unspecified contents. The nccl backend's ncclAvg divides first in both forms.
-// Dividing first rounds differently from dividing last (by one rounding per element at most; with a
-// power-of-two world size the division is exact unless it underflows).
+// Dividing first rounds differently from dividing last. The mpi backend divides each element by N in
+// its dtype: one rounding per element, none with a power-of-two N unless it underflows. NCCL's
+// ncclAvg multiplies by 1/N held in the buffer's dtype, so for float16/bfloat16 both 1/N and the
+// product are rounded to 16 bits: up to two roundings per element before the sum (bfloat16's 1/3 is
+// itself off by 2^-9 relative). With a power-of-two world size 1/N is exact and so is the product
+// unless it underflows.
 #pragma once
 
 #include <cstdint>
@@ -72,11 +105,16 @@ struct BufferSpan {
 // Handle of a non-blocking collective. Not thread-safe: wait for a Work from one thread.
 class Work {
  public:
+  // CPU backends: waits for the collective if it is still running. "nccl": does not wait (Note
+  // [When a collective's result is there]).
   virtual ~Work() = default;
-  // Blocks until the collective finished on this rank and its result is in the buffers (including
-  // any finishing step such as Avg's division). Throws DistributedError if it failed. Idempotent.
+  // CPU backends: blocks until the collective finished on this rank and its result is in the buffers
+  // (including any finishing step such as Avg's division). "nccl": orders the backend's stream after
+  // the collective, so work queued on it and host reads through booster see the result; other CUDA
+  // code must synchronize first (Note [When a collective's result is there]). Throws
+  // DistributedError if the collective failed (as far as is known yet, on "nccl"). Idempotent.
   virtual void wait() = 0;
-  // True when the result is in the buffers (then wait() returns at once). Does not block.
+  // True when the collective has finished (on "nccl": on the GPU). Does not block.
   virtual bool is_completed() = 0;
 
   // Keeps `t` (and so its storage) alive until this Work is destroyed. Tensor forms use it.
@@ -105,6 +143,8 @@ class ProcessGroup {
   // Where this group's buffers live: the CPU for "mpi" and "local", this rank's GPU for "nccl".
   virtual Device device() const = 0;
 
+  // Blocking forms return with the result in the buffers on the CPU backends, and with the collective
+  // queued in stream order on "nccl" (Note [When a collective's result is there]).
   // ---------------------------------------------------------------- tensors (contiguous, in place)
   // Every rank's `t` becomes op(t of every rank). Floating, int64 and int32 dtypes.
   void all_reduce(Tensor& t, ReduceOp op = ReduceOp::Sum);
@@ -140,7 +180,7 @@ class ProcessGroup {
                                ReduceOp op = ReduceOp::Sum);
   void reduce_scatter_consuming(const BufferSpan& out, const BufferSpan& in, ReduceOp op = ReduceOp::Sum);
 
-  // Returns when every rank has called barrier().
+  // Returns when every rank has called barrier() (on "nccl", also once this rank's queued work has run).
   virtual void barrier() = 0;
 
   // Ends the whole job now with `exit_code` after printing `why` (with this rank) to stderr: the way
@@ -185,13 +225,20 @@ bool is_initialized();
 
 // Note [A group per device]
 // A plugin takes the group of its model's device: the CPU's is the default group (mpi under mpirun,
-// else local); CUDA's is one NCCL group per process over the same ranks, made on first use (under
+// else local); CUDA's is this process's one NCCL group over the same ranks, made on first use (under
 // mpirun it bootstraps through MPI, which then serves both groups: MPI is initialized once by booster
-// and finalized at exit, Note [MPI progress]). When the default group is "nccl" it is that group. Both
-// groups have the same rank and size, so code that only needs those may use either. The NCCL group
-// lives until the process ends (never destroyed: CUDA and NCCL may be gone by static destruction).
-// Throws ConfigError for a CUDA device when the build has no NCCL or no GPU is visible, and
-// DeviceError for a GPU other than this rank's (NCCL's rank uses GPU rank % device_count()).
+// and finalized at exit, Note [MPI progress]). init_process_group("nccl") makes the default group that
+// same NCCL group (or takes it, if process_group_for(cuda) made it first), so there is never a second
+// communicator over the same ranks. Both groups have the same rank and size, so code that only needs
+// those may use either. The NCCL group lives until the process ends, also when it is the default
+// group (never destroyed: CUDA and NCCL may be gone by static destruction).
+// When the default group is "nccl" there is no CPU group: process_group_for(cpu) throws DeviceError
+// saying so (a CPU model would otherwise fail later, in its first collective). For a CPU model and a
+// CUDA model in one process, make the default group with "auto" and let process_group_for(cuda) make
+// the NCCL group.
+// Throws ConfigError for a CUDA device when the NCCL group cannot be made (no NCCL in the build, no
+// GPU, an MPI launcher without MPI in the build; the message says which), and DeviceError for a GPU
+// other than this rank's (NCCL's rank uses GPU rank % device_count()).
 ProcessGroup& process_group_for(Device device);
 // The group for the device that `tensors` (a model's parameters and buffers) are on, the CPU when there
 // are none. DeviceError when they are on several devices; errors name `who` (the plugin).
@@ -199,5 +246,8 @@ ProcessGroup& process_group_for(const std::vector<Tensor>& tensors, const std::s
 // True when this process was started by an MPI launcher (mpirun/mpiexec, srun, hydra): the launcher's
 // environment variables are present.
 bool launched_by_mpi_launcher();
+// process_group_for's check that `group` takes buffers on `device` (DeviceError saying what to do when
+// not); public so tests can reach it without a GPU.
+void check_group_serves(const ProcessGroup& group, Device device);
 
 }  // namespace booster::distributed
