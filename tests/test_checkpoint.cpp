@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cerrno>
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
@@ -724,14 +725,33 @@ TEST_CASE("checkpoint: a root is locked by one holder at a time, and free again 
   {
     RootLock held(dir / "root");
     CHECK(fs::is_directory(dir / "root"));
+    char host[256] = {};
+    REQUIRE(::gethostname(host, sizeof host - 1) == 0);
     REQUIRE_THROWS_WITH(RootLock(dir / "root"),
-                        Catch::Contains("is in use by another process (pid " + std::to_string(::getpid())) &&
+                        Catch::Contains("is in use by another process (" + std::string(host) + ":" +
+                                        std::to_string(::getpid()) + ", host:pid per ") &&
                             Catch::Contains("give this run its own checkpoint directory"));
     // So is another process.
     const std::string cmd = "flock --nonblock '" + (dir / "root" / "lock").string() + "' true";
     CHECK(std::system(cmd.c_str()) != 0);
   }
   RootLock again(dir / "root");  // released with its holder
+}
+
+TEST_CASE("checkpoint: a root on a file system that cannot flock is used unlocked, other lock errors throw",
+          "[checkpoint]") {
+  // Note [Locking a checkpoint root]: Lustre noflock (ENOSYS), NFSv3 without lockd (ENOLCK), FUSE.
+  TempDir dir;
+  const RootLock held(dir / "root");
+  for (const int unsupported : {ENOSYS, ENOLCK, EOPNOTSUPP, EINVAL}) {
+    INFO(std::strerror(unsupported));
+    REQUIRE(::setenv("BOOSTER_TEST_FLOCK_ERRNO", std::to_string(unsupported).c_str(), 1) == 0);
+    CHECK_NOTHROW(RootLock(dir / "root"));
+  }
+  REQUIRE(::setenv("BOOSTER_TEST_FLOCK_ERRNO", std::to_string(EIO).c_str(), 1) == 0);
+  CHECK_THROWS_WITH(RootLock(dir / "root"), Catch::Contains("cannot lock ") && Catch::Contains(std::strerror(EIO)));
+  REQUIRE(::unsetenv("BOOSTER_TEST_FLOCK_ERRNO") == 0);
+  CHECK_THROWS_WITH(RootLock(dir / "root"), Catch::Contains("is in use by another process"));
 }
 
 TEST_CASE("checkpoint: missing files, corrupt files, another version or strategy are named", "[checkpoint]") {

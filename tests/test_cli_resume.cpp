@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <csignal>
 #include <cmath>
 #include <cstdlib>
@@ -415,6 +416,24 @@ TEST_CASE("a run refuses a checkpoint directory that another one is saving into"
   INFO(r.err);
   CHECK(r.exit_code == 0);
   CHECK(fs::exists(step_dir(root, 12)));
+}
+
+TEST_CASE("a run saves into a checkpoint directory whose file system cannot flock, with one warning",
+          "[cli][checkpoint]") {
+  // Note [Locking a checkpoint root]: the hook makes flock() fail with ENOSYS, as Lustre noflock does.
+  const fs::path root = scratch_dir() / "noflock";
+  fs::remove_all(root);
+  const fs::path cfg = write_config("noflock.json", mlp_config("fp32"));
+  RunResult r = run_booster("train --config " + cfg.string() + " --set train.checkpoint_every=4 --set train.checkpoint_dir=" +
+                                root.string(),
+                            "BOOSTER_TEST_FLOCK_ERRNO=" + std::to_string(ENOSYS));
+  INFO(r.err);
+  CHECK(r.exit_code == 0);
+  CHECK(fs::exists(step_dir(root, 12)));
+  const std::string warning = "booster: warning: the checkpoint directory " + root.string() +
+                              " cannot be locked on this file system";
+  CHECK_THAT(r.err, Catch::Contains(warning) && Catch::Contains("no two runs may use it at once"));
+  CHECK(r.err.find(warning) == r.err.rfind(warning));  // one line, not one per save
 }
 
 bool have_mpirun() { return std::system("command -v mpirun >/dev/null 2>&1") == 0; }

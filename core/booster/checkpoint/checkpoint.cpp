@@ -197,6 +197,15 @@ fs::path save_checkpoint(const fs::path& root, const TrainingState& state, const
   return commit_checkpoint(root, state.step, options.keep_last);
 }
 
+// Note [Locking a checkpoint root]
+// flock() is the lock: the kernel drops it when the holder dies, so a crash never leaves the root
+// locked. Some file systems cannot flock at all: Lustre mounted with `noflock` (ENOSYS), NFSv3 without
+// lockd (ENOLCK), FUSE file systems (ENOSYS, EOPNOTSUPP, EINVAL). Refusing to train there would refuse
+// the file systems clusters checkpoint to, so on those errors the run goes on unlocked, with one
+// warning line: nothing then stops a second run on the same root, and the user must not start one.
+// The lock file holds `hostname:pid` of its holder, only to name it in the refusal (a root on a shared
+// file system may be held from another node). BOOSTER_TEST_FLOCK_ERRNO=<errno> makes flock() fail with
+// that errno, as on such a file system (tests/test_checkpoint.cpp, tests/test_cli_resume.cpp).
 RootLock::RootLock(const fs::path& root) {
   std::error_code ec;
   fs::create_directories(root, ec);
@@ -205,21 +214,41 @@ RootLock::RootLock(const fs::path& root) {
   const fs::path file = root / kLockFileName;
   fd_ = ::open(file.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
   BOOSTER_CHECK(fd_ >= 0, CheckpointError, "cannot open ", file.string(), ": ", std::strerror(errno));
-  if (::flock(fd_, LOCK_EX | LOCK_NB) != 0) {
+  int locked = 0;
+  if (const char* hook = std::getenv("BOOSTER_TEST_FLOCK_ERRNO"); hook && *hook) {
+    locked = -1;
+    errno = std::atoi(hook);
+  } else {
+    locked = ::flock(fd_, LOCK_EX | LOCK_NB);
+  }
+  if (locked != 0) {
     const int why = errno;
-    char holder[32] = {};
+    if (why == ENOSYS || why == ENOLCK || why == EOPNOTSUPP || why == EINVAL) {
+      std::fprintf(stderr,
+                   "booster: warning: the checkpoint directory %s cannot be locked on this file system (%s); "
+                   "no two runs may use it at once\n",
+                   root.c_str(), std::strerror(why));
+      std::fflush(stderr);
+      ::close(fd_);
+      fd_ = -1;
+      return;
+    }
+    char holder[300] = {};
     const ssize_t n = ::pread(fd_, holder, sizeof holder - 1, 0);
     ::close(fd_);
     fd_ = -1;
     BOOSTER_CHECK(why != EWOULDBLOCK, CheckpointError, "the checkpoint directory ", root.string(),
-                  " is in use by another process (pid ", n > 0 ? std::string(holder, size_t(n)) : std::string("?"),
-                  ", per ", file.string(), "); give this run its own checkpoint directory, or wait for that one");
+                  " is in use by another process (", n > 0 ? std::string(holder, size_t(n)) : std::string("?"),
+                  ", host:pid per ", file.string(),
+                  "); give this run its own checkpoint directory, or wait for that one");
     BOOSTER_FAIL(CheckpointError, "cannot lock ", file.string(), ": ", std::strerror(why));
   }
-  // The holder's pid, only for the message above: the flock is the lock, so a failed write is harmless.
-  const std::string pid = std::to_string(::getpid());
+  // The holder, only for the message above: the flock is the lock, so a failed write is harmless.
+  char host[256] = {};
+  if (::gethostname(host, sizeof host - 1) != 0) std::strcpy(host, "?");
+  const std::string holder = std::string(host) + ":" + std::to_string(::getpid());
   [[maybe_unused]] const int truncated = ::ftruncate(fd_, 0);
-  [[maybe_unused]] const ssize_t written = ::pwrite(fd_, pid.data(), pid.size(), 0);
+  [[maybe_unused]] const ssize_t written = ::pwrite(fd_, holder.data(), holder.size(), 0);
 }
 
 RootLock::~RootLock() {

@@ -130,7 +130,8 @@ TrainingState load_checkpoint(const std::filesystem::path& path, const LoadOptio
 
 // An exclusive lock on a checkpoint root for as long as it lives: flock() on `<root>/lock`, which the
 // kernel releases when the process ends, crash or not. Creates `root` if needed. CheckpointError
-// naming the root and the holder's pid when another process (or another RootLock) holds it.
+// naming the root and the holder's hostname:pid when another process (or another RootLock) holds it.
+// Where the file system cannot flock, a warning on stderr and no lock (Note [Locking a checkpoint root]).
 class RootLock {
  public:
   explicit RootLock(const std::filesystem::path& root);
