@@ -161,8 +161,11 @@ struct TrainPosition {
 // depend on them (extending a run), max_grad_norm and the evaluation and logging settings (getting
 // past a loss spike, watching more closely), data.dir and data.path (the data moved) and
 // data.eval_batch_size.
-// Checkpoints from before "settings" was recorded lack it: they are accepted, with one line naming the
-// settings that could not be checked.
+// Checkpoints from before "settings" was recorded lack it, and those of an earlier version lack the
+// options added since (at any depth: the config is resolved with every default, so a new optimizer
+// option appears in this run's settings and not in the saved ones): they are accepted, with one line
+// naming the settings that could not be checked. A setting is never refused for being absent from the
+// checkpoint, so adding an option with a default does not make the old checkpoints unresumable.
 json trajectory_settings(const json& config, int64_t total_steps) {
   const json& train = config.at("train");
   json data = config.at("data");
@@ -180,23 +183,38 @@ json trajectory_settings(const json& config, int64_t total_steps) {
   return settings;
 }
 
-// Where two config values first differ: the dotted path under `path` (the "type" of a section first,
-// as the other keys follow from it) and both values there (null where a key is absent); nullopt when
-// they are equal.
-std::optional<std::tuple<std::string, json, json>> first_difference(const std::string& path, const json& saved,
-                                                                    const json& now) {
+// Where a saved setting and this run's first differ: the dotted path (the "type" of a section first, as
+// the other keys follow from it) and both values there. A key the saved settings lack, at any depth, is
+// not compared but added to `unchecked`: the checkpoint predates it (a later version added an option,
+// resolved with its default now), and its default may well be what the saved run did. A key this run
+// lacks is a difference with a null `now` (this build does not know the option the checkpoint used).
+struct SettingDifference {
+  std::string where;
+  json saved, now;
+  bool known_now = true;  // false: this build has no such setting
+};
+
+std::optional<SettingDifference> first_difference(const std::string& path, const json& saved, const json& now,
+                                                  std::vector<std::string>& unchecked) {
   if (saved == now) return std::nullopt;
-  if (!saved.is_object() || !now.is_object()) return std::make_tuple(path, saved, now);
-  const json absent;
-  auto at = [&](const json& section, const std::string& key) -> const json& {
-    return section.contains(key) ? section.at(key) : absent;
-  };
+  if (!saved.is_object() || !now.is_object()) return SettingDifference{path, saved, now};
   std::vector<std::string> keys = {"type"};
   for (const auto& [key, value] : saved.items()) keys.push_back(key);
   for (const auto& [key, value] : now.items()) keys.push_back(key);
-  for (const std::string& key : keys)
-    if (auto found = first_difference(path + "." + key, at(saved, key), at(now, key))) return found;
-  return std::make_tuple(path, saved, now);
+  std::optional<SettingDifference> found;
+  for (const std::string& key : keys) {
+    const std::string where = path + "." + key;
+    const bool in_saved = saved.contains(key), in_now = now.contains(key);
+    if (!in_saved && !in_now) continue;
+    if (!in_saved) {
+      if (std::find(unchecked.begin(), unchecked.end(), where) == unchecked.end()) unchecked.push_back(where);
+      continue;
+    }
+    if (found) continue;  // only the unchecked keys are still wanted
+    if (!in_now) found = SettingDifference{where, saved.at(key), json(), false};
+    else found = first_difference(where, saved.at(key), now.at(key), unchecked);
+  }
+  return found;
 }
 
 std::string step_dir_name(int64_t step) {
@@ -299,11 +317,15 @@ SavedTraining read_trainer_state(const fs::path& path, const json& config, int w
       unchecked.push_back(key);
       continue;
     }
-    if (const auto difference = first_difference(key, saved_settings.at(key), now)) {
-      const auto& [where, saved, value_now] = *difference;
-      BOOSTER_FAIL(CheckpointError, "train.resume: ", dir.string(), " was saved with ", where, " ",
-                   config::show(saved), " but this run has ", config::show(value_now),
-                   "; a resume continues the saved run: resume with --set ", where, "=", saved.dump(),
+    if (const auto difference = first_difference(key, saved_settings.at(key), now, unchecked)) {
+      const SettingDifference& d = *difference;
+      BOOSTER_CHECK(d.known_now, CheckpointError, "train.resume: ", dir.string(), " was saved with ", d.where, " ",
+                    config::show(d.saved), ", a setting this build does not have; resume with the version that saved "
+                    "it, or start afresh with train.resume null (model.init_from=", (dir / "model").string(),
+                    " keeps the weights)");
+      BOOSTER_FAIL(CheckpointError, "train.resume: ", dir.string(), " was saved with ", d.where, " ",
+                   config::show(d.saved), " but this run has ", config::show(d.now),
+                   "; a resume continues the saved run: resume with --set ", d.where, "=", d.saved.dump(),
                    ", or start afresh with train.resume null (model.init_from=", (dir / "model").string(),
                    " keeps the weights)");
     }

@@ -343,6 +343,25 @@ TEST_CASE("a checkpoint that does not fit or is damaged is refused with one line
     CHECK_THAT(r.err, Catch::Contains("predates the record of criterion, data, lr_scheduler, optimizer, "
                                       "train.grad_accumulation, train.max_steps, train.seed; they are not checked"));
   }
+  {
+    // A checkpoint of a version that did not have an option yet (here optimizer.weight_decay and
+    // data.drop_last, as if added since with their defaults) resumes, naming each once as unchecked.
+    const fs::path old = scratch_dir() / "older_version";
+    fs::remove_all(old);
+    fs::copy(ckpt, old, fs::copy_options::recursive);
+    json state = json::parse(read_text(old / "trainer_state.json"));
+    REQUIRE(state["settings"]["optimizer"].erase("weight_decay") == 1);
+    REQUIRE(state["settings"]["data"].erase("drop_last") == 1);
+    std::ofstream(old / "trainer_state.json", std::ios::trunc) << state.dump();
+    RunResult r = run_booster("train --config " + cfg.string() + " --resume " + old.string());
+    INFO(r.err);
+    CHECK(r.exit_code == 0);
+    CHECK_THAT(r.err, Catch::Contains("predates the record of data.drop_last, optimizer.weight_decay; they are not "
+                                      "checked"));
+    CHECK(r.err.find("=null") == std::string::npos);
+    // The keys it does record are still checked.
+    resume_fails_with("--set optimizer.lr=0.001", "was saved with optimizer.lr 0.01 but this run has 0.001", old);
+  }
 
   // Damage copies of the checkpoint, one file each.
   auto damaged_copy = [&](const std::string& name) {
