@@ -154,6 +154,13 @@ struct TrainPosition {
 //  * the criterion section (another loss, another label smoothing);
 //  * the optimizer and lr_scheduler sections: their hyperparameters come back from the checkpoint (as
 //    torch's load_state_dict does), so a changed lr, betas or schedule would be ignored without a word;
+//  * the mixed_precision and plugin sections, every option resolved: the scaler's options
+//    (growth_interval, backoff_factor, hysteresis, min_scale, max_scale, ...) are not in its saved
+//    state, which holds only the scale and its trackers; low_level_zero's precision and stage, ddp's
+//    find_unused_parameters and broadcast_buffers change the numbers too. Left out, as they change only
+//    how fast: ddp's bucket_cap_mb and progress_thread, low_level_zero's overlap_communication and
+//    reduce_bucket_size_in_m; and fp16_naive's log_num_zeros_in_grad (a log column). low_level_zero's
+//    max_norm is left out as train.max_grad_norm is, of which it is the plugin's counterpart;
 //  * train.max_steps, as the run's length in steps, when the schedule's length is the run's (a null
 //    T_max or total_steps): the restored schedule keeps the saved length, so a longer run would go past
 //    its end (a cosine climbs back up).
@@ -176,6 +183,18 @@ json trajectory_settings(const json& config, int64_t total_steps) {
                    {"criterion", config.at("criterion")},
                    {"optimizer", config.at("optimizer")},
                    {"lr_scheduler", config.at("lr_scheduler")}};
+  json mixed_precision = config.at("mixed_precision");
+  mixed_precision.erase("log_num_zeros_in_grad");
+  settings["mixed_precision"] = mixed_precision;
+  json plugin = config.at("plugin");
+  const json plugin_name = plugin.value("name", json());
+  if (plugin_name == "ddp") {
+    for (const char* speed_only : {"bucket_cap_mb", "progress_thread"}) plugin.erase(speed_only);
+  } else if (plugin_name == "low_level_zero") {
+    for (const char* may_change : {"overlap_communication", "reduce_bucket_size_in_m", "max_norm"})
+      plugin.erase(may_change);
+  }
+  settings["plugin"] = plugin;
   const json& schedule = config.at("lr_scheduler");
   const bool schedule_spans_run = (schedule.contains("T_max") && schedule.at("T_max").is_null()) ||
                                   (schedule.contains("total_steps") && schedule.at("total_steps").is_null());

@@ -327,6 +327,12 @@ TEST_CASE("a checkpoint that does not fit or is damaged is refused with one line
                     "was saved with optimizer.lr 0.01 but this run has 0.001; a resume continues the saved run: "
                     "resume with --set optimizer.lr=0.01", ckpt);
   resume_fails_with("--set lr_scheduler.eta_min=0.001", "was saved with lr_scheduler.eta_min 0.0 but this run has 0.001", ckpt);
+  // The scaler's options are not in its saved state (only the scale and its trackers are).
+  resume_fails_with("--set mixed_precision.growth_interval=1000",
+                    "was saved with mixed_precision.growth_interval 2000 but this run has 1000; a resume continues "
+                    "the saved run: resume with --set mixed_precision.growth_interval=2000", ckpt);
+  resume_fails_with("--set mixed_precision.backoff_factor=0.25",
+                    "was saved with mixed_precision.backoff_factor 0.5 but this run has 0.25", ckpt);
   // The cosine's length is the run's (T_max null): a longer run would climb back up the cosine.
   resume_fails_with("--set train.max_steps=14", "was saved with train.max_steps 12 but this run has 14", ckpt);
   {
@@ -340,8 +346,8 @@ TEST_CASE("a checkpoint that does not fit or is damaged is refused with one line
     RunResult r = run_booster("train --config " + cfg.string() + " --resume " + old.string() + " --set train.seed=4");
     INFO(r.err);
     CHECK(r.exit_code == 0);
-    CHECK_THAT(r.err, Catch::Contains("predates the record of criterion, data, lr_scheduler, optimizer, "
-                                      "train.grad_accumulation, train.max_steps, train.seed; they are not checked"));
+    CHECK_THAT(r.err, Catch::Contains("predates the record of criterion, data, lr_scheduler, mixed_precision, "
+                                      "optimizer, plugin, train.grad_accumulation, train.max_steps, train.seed; they are not checked"));
   }
   {
     // A checkpoint of a version that did not have an option yet (here optimizer.weight_decay and
@@ -459,6 +465,35 @@ bool have_mpirun() { return std::system("command -v mpirun >/dev/null 2>&1") == 
 bool have_plugin(const std::string& name) {
   return fs::exists(fs::path(BOOSTER_LIB_DIR) / ("libbooster_plugin_" + name + ".so"));
 }
+
+TEST_CASE("a resume refuses plugin options that change the numbers and accepts those that change only speed",
+          "[cli][checkpoint]") {
+  // Note [Settings a resume must keep]: one process of ddp trains as its plugin options say.
+  if (!have_plugin("ddp")) {
+    WARN("skipped: the ddp plugin is not built");
+    return;
+  }
+  const fs::path root = scratch_dir() / "plugin_options";
+  fs::remove_all(root);
+  json config = mlp_config("fp32");
+  config["plugin"] = "ddp";
+  const fs::path cfg = write_config("plugin_options.json", config);
+  const std::string train = "train --config " + cfg.string() + " --set train.checkpoint_dir=" + root.string() +
+                            " --set train.checkpoint_every=5 --set train.max_steps=5";
+  RunResult saved = run_booster(train);
+  INFO(saved.err);
+  REQUIRE(saved.exit_code == 0);
+  RunResult refused = run_booster(train + " --resume latest --set plugin.find_unused_parameters=true");
+  CHECK(refused.exit_code == 1);
+  CHECK_THAT(refused.err, Catch::Contains("was saved with plugin.find_unused_parameters false but this run has true; "
+                                          "a resume continues the saved run: resume with --set "
+                                          "plugin.find_unused_parameters=false"));
+  RunResult accepted = run_booster(train + " --resume latest --set plugin.bucket_cap_mb=50 --set plugin.progress_thread=false");
+  INFO(accepted.err);
+  CHECK(accepted.exit_code == 0);
+  CHECK(json::parse(accepted.out)["resumed_from"] == step_dir(root, 5).string());
+}
+
 
 // Two ranks (each 128 of the 256 samples, 4 batches per epoch): step 5 is inside the second epoch.
 TEST_CASE("resuming ddp and low_level_zero on 2 ranks gives the same bytes", "[cli][checkpoint][mpi]") {
