@@ -700,6 +700,11 @@ TEST_CASE("checkpoint: a replace of a step killed at any point leaves latest nam
     REQUIRE(WIFEXITED(status));
     REQUIRE(WEXITSTATUS(status) == 128 + SIGABRT);
 
+    // The way of replacing asked for was the one taken: the old copy lies under its name.
+    if (std::string(c.point) == "before_old_removed") {
+      CHECK(fs::is_directory(dir / (c.rename_exchange ? "step-00000005.tmp" : "step-00000005.replaced")));
+      CHECK_FALSE(fs::exists(dir / (c.rename_exchange ? "step-00000005.replaced" : "step-00000005.tmp")));
+    }
     // `latest` leads to a whole step 5: the old one up to the commit, the new one after it.
     const TrainingState& expected = (c.new_one_committed ? further : old_run).state(5);
     const TrainingState loaded = load_checkpoint(dir.path);
@@ -717,6 +722,49 @@ TEST_CASE("checkpoint: a replace of a step killed at any point leaves latest nam
     for (const auto& entry : fs::directory_iterator(dir.path)) names.push_back(entry.path().filename().string());
     std::sort(names.begin(), names.end());
     CHECK(names == std::vector<std::string>{"latest", "step-00000005", "step-00000006"});
+  }
+}
+
+TEST_CASE("checkpoint: removals after the commit that fail are warnings, and latest follows the commit at once",
+          "[checkpoint]") {
+  // Note [Cleanup after the commit]: as with NFS's .nfsXXXX files, every removal after the commit fails.
+  for (const bool rename_exchange : {true, false}) {
+    INFO((rename_exchange ? "with RENAME_EXCHANGE" : "with the portable replace"));
+    TempDir dir;
+    const Run old_run;
+    Run further;
+    further.train_step();
+    save_checkpoint(dir.path, old_run.state(4));
+    save_checkpoint(dir.path, old_run.state(5));
+    save_checkpoint(dir.path, old_run.state(6));
+    REQUIRE(read_bytes(dir / "latest") == "step-00000006\n");
+
+    // A rewind: step 5 again, replacing the saved one; keep_last 2 prunes step 4.
+    REQUIRE(::setenv("BOOSTER_TEST_CLEANUP_FAILS", "1", 1) == 0);
+    if (!rename_exchange) REQUIRE(::setenv("BOOSTER_TEST_NO_RENAME_EXCHANGE", "1", 1) == 0);
+    CHECK_NOTHROW(save_checkpoint(dir.path, further.state(5), {.keep_last = 2}));
+    REQUIRE(::unsetenv("BOOSTER_TEST_CLEANUP_FAILS") == 0);
+    REQUIRE(::unsetenv("BOOSTER_TEST_NO_RENAME_EXCHANGE") == 0);
+    CHECK(read_bytes(dir / "latest") == "step-00000005\n");
+    CHECK(same_maps(load_checkpoint(dir.path).model, further.state(5).model));
+    // What could not be removed lies under names that are not checkpoints: the replaced copy (under the
+    // name its way of replacing gives it), and step 4, pruned by a rename before its removal.
+    auto names = [&] {
+      std::vector<std::string> out;
+      for (const auto& entry : fs::directory_iterator(dir.path)) out.push_back(entry.path().filename().string());
+      std::sort(out.begin(), out.end());
+      return out;
+    };
+    CHECK(names() == std::vector<std::string>{"latest", "step-00000004.tmp", "step-00000005",
+                                              rename_exchange ? "step-00000005.tmp" : "step-00000005.replaced",
+                                              "step-00000006"});
+    std::vector<int64_t> steps;
+    for (const auto& [step, path] : list_checkpoints(dir.path)) steps.push_back(step);
+    CHECK(steps == std::vector<int64_t>{5, 6});
+
+    // The next save clears them.
+    save_checkpoint(dir.path, further.state(7), {.keep_last = 2});
+    CHECK(names() == std::vector<std::string>{"latest", "step-00000006", "step-00000007"});
   }
 }
 

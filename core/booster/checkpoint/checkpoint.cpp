@@ -40,6 +40,19 @@ void remove_tree(const fs::path& p) {
   BOOSTER_CHECK(!ec, CheckpointError, "cannot remove ", p.string(), ": ", ec.message());
 }
 
+// Removal after the commit (Note [Cleanup after the commit]): a failure is a warning, never an error.
+void remove_after_commit(const fs::path& p) {
+  std::error_code ec;
+  if (const char* hook = std::getenv("BOOSTER_TEST_CLEANUP_FAILS"); hook && std::strcmp(hook, "1") == 0)
+    ec = std::make_error_code(std::errc::directory_not_empty);
+  else
+    fs::remove_all(p, ec);
+  if (!ec) return;
+  std::fprintf(stderr, "booster: warning: cannot remove %s (%s); the checkpoint is saved, the next save retries\n",
+               p.c_str(), ec.message().c_str());
+  std::fflush(stderr);
+}
+
 void rename_or_throw(const fs::path& from, const fs::path& to) {
   std::error_code ec;
   fs::rename(from, to, ec);
@@ -102,7 +115,9 @@ fs::path begin_checkpoint(const fs::path& root, int64_t step) {
 
   // Leftovers of interrupted saves. A `.replaced` directory without its `step-N/` is a committed
   // checkpoint caught between the renames of a replace: it gets its name back, since `latest` may name
-  // it. Every other leftover is never a checkpoint (only step-XXXXXXXX is): clear it away.
+  // it. Every other leftover is never a checkpoint (only step-XXXXXXXX is): clear it away, as far as
+  // the file system lets (Note [Cleanup after the commit]); only the `.tmp` this save writes into must go.
+  const fs::path tmp_dir = root / (step_dir_name(step) + ".tmp");
   std::vector<fs::path> entries;
   for (const auto& entry : fs::directory_iterator(root, ec)) entries.push_back(entry.path());
   for (const fs::path& entry : entries) {
@@ -111,7 +126,7 @@ fs::path begin_checkpoint(const fs::path& root, int64_t step) {
     if (std::regex_match(name, m, kReplacedDirName)) {
       const fs::path committed = root / step_dir_name(std::stoll(m[1].str()));
       if (fs::exists(committed)) {
-        remove_tree(entry);
+        remove_after_commit(entry);
       } else {
         rename_or_throw(entry, committed);
         sync_directory(root);
@@ -119,9 +134,11 @@ fs::path begin_checkpoint(const fs::path& root, int64_t step) {
     }
   }
   for (const fs::path& entry : entries)
-    if (std::regex_match(entry.filename().string(), kTmpDirName)) remove_tree(entry);
+    if (std::regex_match(entry.filename().string(), kTmpDirName)) {
+      if (entry == tmp_dir) remove_tree(entry);
+      else remove_after_commit(entry);
+    }
 
-  const fs::path tmp_dir = root / (step_dir_name(step) + ".tmp");
   fs::create_directory(tmp_dir, ec);
   BOOSTER_CHECK(!ec, CheckpointError, "save_checkpoint: cannot create ", tmp_dir.string(), ": ", ec.message());
   return tmp_dir;
@@ -136,14 +153,15 @@ fs::path commit_checkpoint(const fs::path& root, int64_t step, int keep_last) {
 
   // The commit (Note [Replacing a checkpoint] when the step exists): `step-N/` always names a whole
   // checkpoint, the old one or the new one, except between the two renames of the portable replace,
-  // where `step-N.replaced/` stands in for it.
+  // where `step-N.replaced/` stands in for it. `latest` follows the commit at once, before any cleanup
+  // (Note [Cleanup after the commit]).
+  fs::path replaced_copy;  // the old checkpoint of this step, once the new one stands in its place
   if (!fs::exists(final_dir)) {
     rename_or_throw(tmp_dir, final_dir);
     sync_directory(root);
   } else if (exchange_directories(tmp_dir, final_dir)) {
     sync_directory(root);
-    crash_here_if_testing("before_old_removed");
-    remove_tree(tmp_dir);  // now the old checkpoint
+    replaced_copy = tmp_dir;
   } else {
     const fs::path replaced = root / (name + kReplacedSuffix);
     rename_or_throw(final_dir, replaced);
@@ -151,18 +169,33 @@ fs::path commit_checkpoint(const fs::path& root, int64_t step, int keep_last) {
     crash_here_if_testing("between_renames");
     rename_or_throw(tmp_dir, final_dir);
     sync_directory(root);
-    crash_here_if_testing("before_old_removed");
-    remove_tree(replaced);
+    replaced_copy = replaced;
   }
   write_text_file_atomically(root / kLatestFileName, name + "\n");
+  crash_here_if_testing("before_old_removed");
+  if (!replaced_copy.empty()) remove_after_commit(replaced_copy);
   crash_here_if_testing("before_prune");
 
-  // Prune only now that the new checkpoint is committed and named by `latest`.
+  // Prune only now that the new checkpoint is committed and named by `latest`. Each one is first
+  // renamed to a `.tmp` name, so a removal that stops half way (a crash, a file the file system will
+  // not let go) leaves a leftover for the next save to clear, never a half checkpoint counted as one.
   if (keep_last > 0) {
     auto committed = list_checkpoints(root);
     const size_t keep = size_t(keep_last);
-    for (size_t i = 0; i + keep < committed.size(); ++i)
-      if (committed[i].second != final_dir) remove_tree(committed[i].second);
+    for (size_t i = 0; i + keep < committed.size(); ++i) {
+      const fs::path& old = committed[i].second;
+      if (old == final_dir) continue;
+      const fs::path doomed = root / (step_dir_name(committed[i].first) + ".tmp");
+      std::error_code ec;
+      fs::rename(old, doomed, ec);
+      if (ec) {
+        std::fprintf(stderr, "booster: warning: cannot prune %s (%s); the checkpoint is saved, the next save retries\n",
+                     old.c_str(), ec.message().c_str());
+        std::fflush(stderr);
+        continue;
+      }
+      remove_after_commit(doomed);
+    }
   }
   return final_dir;
 }

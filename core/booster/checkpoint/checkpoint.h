@@ -51,12 +51,24 @@
 //    anything else. A crash between the renames thus resumes from the old checkpoint, as a crash before
 //    any commit does. (A reader other than this library that follows `latest` literally finds no
 //    `step-N/` for that moment; only the RENAME_EXCHANGE path avoids that.)
+//
+// Note [Cleanup after the commit]
+// Once `step-N/` is the new checkpoint, `latest` is pointed at it before anything is removed, and every
+// removal after that (the replaced copy, pruned checkpoints, leftovers of earlier saves) is only a
+// warning when it fails: the checkpoint is saved, and a run must not die because, say, NFS keeps a
+// `.nfsXXXX` file of a still-open file in a directory (ENOTEMPTY). What stays behind has a name no
+// reader takes for a checkpoint (`.tmp`, or `.replaced` beside its `step-N/`), and the next save tries
+// again. A pruned checkpoint is renamed to `step-N.tmp/` before its removal for the same reason: a
+// removal that stops half way must not leave a half checkpoint under a committed name.
+// BOOSTER_TEST_CLEANUP_FAILS=1 makes every such removal fail with ENOTEMPTY.
+//
 // Test hooks (tests/test_checkpoint.cpp, tests/test_cli_resume.cpp): with BOOSTER_TEST_CRASH_AT set to
 // one of the points below, the saving process calls std::abort(), as a crash would, at that point:
 //   before_commit         everything is written and synced into `step-N.tmp/`, nothing is committed
 //   between_renames       (portable replace only) the old `step-N/` is `step-N.replaced/`, the new one
 //                         is still `step-N.tmp/`
-//   before_old_removed    `step-N/` is the new checkpoint; the replaced one is not removed yet
+//   before_old_removed    `step-N/` is the new checkpoint and `latest` names it; the replaced one is
+//                         not removed yet
 //   before_prune          `latest` names `step-N/`; older checkpoints are not pruned yet
 // BOOSTER_TEST_NO_RENAME_EXCHANGE=1 makes a replace take the portable path, as on a file system without
 // RENAME_EXCHANGE.
