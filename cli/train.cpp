@@ -163,7 +163,8 @@ struct TrainPosition {
 //    max_norm is left out as train.max_grad_norm is, of which it is the plugin's counterpart;
 //  * train.max_steps, as the run's length in steps, when the schedule's length is the run's (a null
 //    T_max or total_steps): the restored schedule keeps the saved length, so a longer run would go past
-//    its end (a cosine climbs back up).
+//    its end (a cosine climbs back up). Only a longer run is refused (naming train.epochs when that is
+//    what made it longer): a shorter one is an exact prefix of the saved run.
 // Left out because they may legitimately change: max_steps and epochs when the schedule does not
 // depend on them (extending a run), max_grad_norm and the evaluation and logging settings (getting
 // past a loss spike, watching more closely), data.dir and data.path (the data moved) and
@@ -335,6 +336,22 @@ SavedTraining read_trainer_state(const fs::path& path, const json& config, int w
     if (!saved_settings.contains(key)) {
       unchecked.push_back(key);
       continue;
+    }
+    if (key == "train.max_steps" && saved_settings.at(key).is_number_integer() && now.is_number_integer()) {
+      // The run's length, recorded when the schedule spans it: a shorter run is an exact prefix of the
+      // saved one (the restored schedule keeps the saved length), a longer one would go past its end.
+      const int64_t saved_steps = saved_settings.at(key).get<int64_t>(), steps_now = now.get<int64_t>();
+      if (steps_now <= saved_steps) continue;
+      const json& max_steps = config.at("train").at("max_steps");
+      BOOSTER_FAIL(CheckpointError, "train.resume: ", dir.string(), " was saved with ",
+                   max_steps.is_number() ? "train.max_steps " + std::to_string(saved_steps) + " but this run has " +
+                                               std::to_string(steps_now)
+                                         : "a run of " + std::to_string(saved_steps) + " steps but train.epochs " +
+                                               config.at("train").at("epochs").dump() + " makes this run " +
+                                               std::to_string(steps_now) + " steps",
+                   ", and its lr schedule spans the saved run's steps; a resume continues the saved run: resume with "
+                   "--set train.max_steps=", saved_steps, " (or fewer), or start afresh with train.resume null "
+                   "(model.init_from=", (dir / "model").string(), " keeps the weights)");
     }
     if (const auto difference = first_difference(key, saved_settings.at(key), now, unchecked)) {
       const SettingDifference& d = *difference;

@@ -335,6 +335,8 @@ TEST_CASE("a checkpoint that does not fit or is damaged is refused with one line
                     "was saved with mixed_precision.backoff_factor 0.5 but this run has 0.25", ckpt);
   // The cosine's length is the run's (T_max null): a longer run would climb back up the cosine.
   resume_fails_with("--set train.max_steps=14", "was saved with train.max_steps 12 but this run has 14", ckpt);
+  resume_fails_with("--set train.max_steps=null --set train.epochs=3",
+                    "was saved with a run of 12 steps but train.epochs 3 makes this run 24 steps", ckpt);
   {
     // A checkpoint from before the settings were recorded is accepted, saying what it cannot check.
     const fs::path old = scratch_dir() / "old_format";
@@ -422,6 +424,25 @@ TEST_CASE("a resume may extend a run whose lr schedule does not span it", "[cli]
   REQUIRE(b.exit_code == 0);
   CHECK(json::parse(b.out)["resumed_from"] == step_dir(parts, 12).string());
   CHECK(final_state(parts, 16) == final_state(whole, 16));
+}
+
+TEST_CASE("a resume may shorten a run whose lr schedule spans it: the shorter run is an exact prefix",
+          "[cli][checkpoint]") {
+  // Note [Settings a resume must keep]: the cosine restored from step 5 keeps its 12 steps.
+  const fs::path whole = scratch_dir() / "shorten_whole", parts = scratch_dir() / "shorten_parts";
+  fs::remove_all(whole);
+  fs::remove_all(parts);
+  const fs::path cfg = write_config("shorten.json", mlp_config("fp32"));
+  const std::string train = "train --config " + cfg.string() + " --set train.checkpoint_dir=";
+  REQUIRE(run_booster(train + whole.string() + " --set train.checkpoint_every=4").exit_code == 0);
+  REQUIRE(run_booster(train + parts.string() + " --set train.checkpoint_every=5").exit_code == 0);
+  keep_only(parts, 5);
+  RunResult b = run_booster(train + parts.string() + " --set train.checkpoint_every=4 --set train.max_steps=8 --resume " +
+                            step_dir(parts, 5).string());
+  INFO(b.err);
+  REQUIRE(b.exit_code == 0);
+  CHECK(json::parse(b.out)["steps"] == 8);
+  CHECK(final_state(parts, 8) == final_state(whole, 8));
 }
 
 TEST_CASE("a run refuses a checkpoint directory that another one is saving into", "[cli][checkpoint]") {
