@@ -288,7 +288,9 @@ struct SavedTraining {
 // Reads trainer_state.json of the checkpoint at `path` (a step directory or a root) and refuses one
 // that this run cannot continue.
 SavedTraining read_trainer_state(const fs::path& path, const json& config, int world_size, int64_t total_steps) {
-  BOOSTER_CHECK(fs::exists(path), CheckpointError, "train.resume: ", path.string(),
+  // A step named while caught between the renames of a replace is read from its stand-in.
+  BOOSTER_CHECK(fs::exists(path) || fs::is_directory(path.string() + checkpoint::kReplacedSuffix), CheckpointError,
+                "train.resume: ", path.string(),
                 " does not exist; expected a checkpoint directory (or \"latest\", or null)");
   const fs::path dir = checkpoint::resolve_checkpoint(path);
   const fs::path file = dir / checkpoint::kTrainerStateFileName;

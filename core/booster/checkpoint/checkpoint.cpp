@@ -25,7 +25,6 @@ namespace {
 const std::regex kStepDirName(R"(step-(\d{8}))");
 const std::regex kTmpDirName(R"(step-\d{8}\.tmp)");
 const std::regex kReplacedDirName(R"(step-(\d{8})\.replaced)");
-constexpr const char* kReplacedSuffix = ".replaced";
 constexpr const char* kFormatName = "booster-checkpoint";
 
 std::string step_dir_name(int64_t step) {
@@ -288,7 +287,15 @@ RootLock::~RootLock() {
   if (fd_ >= 0) ::close(fd_);  // releases the flock
 }
 
-fs::path resolve_checkpoint(const fs::path& path) {
+fs::path resolve_checkpoint(const fs::path& given) {
+  fs::path path = given;
+  // `<root>/step-N` named explicitly, caught between the renames of a replace: its stand-in.
+  if (!fs::exists(path)) {
+    fs::path named = path.lexically_normal();
+    if (!named.has_filename()) named = named.parent_path();
+    const fs::path stand_in = named.string() + kReplacedSuffix;
+    if (std::regex_match(named.filename().string(), kStepDirName) && fs::is_directory(stand_in)) path = stand_in;
+  }
   BOOSTER_CHECK(fs::is_directory(path), CheckpointError, "load_checkpoint: ", path.string(),
                 " is not a directory");
   if (fs::exists(path / kTrainerStateFileName)) return path;

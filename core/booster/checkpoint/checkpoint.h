@@ -47,7 +47,8 @@
 //  * elsewhere (NFS, Lustre, ...), `step-N/` is renamed `step-N.replaced/`, then `step-N.tmp/` to
 //    `step-N/`, then `.replaced` is removed. Between the two renames there is no `step-N/`; so a
 //    `step-N.replaced/` with no `step-N/` beside it still is the committed checkpoint of step N:
-//    list_checkpoints and resolve_checkpoint return it, and the next save renames it back before
+//    list_checkpoints and resolve_checkpoint return it (for `latest`, and for `<root>/step-N` named
+//    explicitly), and the next save renames it back before
 //    anything else. A crash between the renames thus resumes from the old checkpoint, as a crash before
 //    any commit does. (A reader other than this library that follows `latest` literally finds no
 //    `step-N/` for that moment; only the RENAME_EXCHANGE path avoids that.)
@@ -94,6 +95,9 @@ inline constexpr const char* kTrainerStateFileName = "trainer_state.json";
 inline constexpr const char* kOptimizerFileName = "optimizer.safetensors";
 inline constexpr const char* kLatestFileName = "latest";
 inline constexpr const char* kLockFileName = "lock";
+// The suffix of a committed checkpoint caught between the renames of a replace (Note [Replacing a
+// checkpoint]).
+inline constexpr const char* kReplacedSuffix = ".replaced";
 
 // The pieces of a run that a checkpoint holds. Null JSON and an empty optimizer mean "not saved".
 struct TrainingState {
@@ -158,7 +162,8 @@ class RootLock {
 // Committed checkpoints under `root`, ascending by step (Note [Replacing a checkpoint] for the
 // `.replaced` directories that count).
 std::vector<std::pair<int64_t, std::filesystem::path>> list_checkpoints(const std::filesystem::path& root);
-// The checkpoint directory load_checkpoint(path) would read.
+// The checkpoint directory load_checkpoint(path) would read. A `<root>/step-N` that does not exist
+// while `<root>/step-N.replaced/` does resolves to the latter (Note [Replacing a checkpoint]).
 std::filesystem::path resolve_checkpoint(const std::filesystem::path& path);
 
 }  // namespace booster::checkpoint
