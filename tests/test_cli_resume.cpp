@@ -515,6 +515,28 @@ TEST_CASE("a resume refuses plugin options that change the numbers and accepts t
   INFO(accepted.err);
   CHECK(accepted.exit_code == 0);
   CHECK(json::parse(accepted.out)["resumed_from"] == step_dir(root, 5).string());
+
+  if (!have_plugin("low_level_zero")) {
+    WARN("skipped low_level_zero: the plugin is not built");
+    return;
+  }
+  const fs::path zero_root = scratch_dir() / "plugin_options_zero";
+  fs::remove_all(zero_root);
+  config["plugin"] = {{"name", "low_level_zero"}, {"precision", "fp16"}};
+  const fs::path zero_cfg = write_config("plugin_options_zero.json", config);
+  const std::string zero_train = "train --config " + zero_cfg.string() + " --set train.checkpoint_dir=" +
+                                 zero_root.string() + " --set train.checkpoint_every=5 --set train.max_steps=5";
+  RunResult zero_saved = run_booster(zero_train);
+  INFO(zero_saved.err);
+  REQUIRE(zero_saved.exit_code == 0);
+  RunResult zero_refused = run_booster(zero_train + " --resume latest --set plugin.growth_interval=10");
+  CHECK(zero_refused.exit_code == 1);
+  CHECK_THAT(zero_refused.err, Catch::Contains("was saved with plugin.growth_interval 1000 but this run has 10"));
+  // max_norm is the plugin's train.max_grad_norm, which may change; the buckets change only speed.
+  RunResult zero_accepted = run_booster(zero_train + " --resume latest --set plugin.max_norm=1.0 --set "
+                                                     "plugin.overlap_communication=false --set plugin.reduce_bucket_size_in_m=4");
+  INFO(zero_accepted.err);
+  CHECK(zero_accepted.exit_code == 0);
 }
 
 
