@@ -289,7 +289,9 @@ struct SavedTraining {
 // that this run cannot continue.
 SavedTraining read_trainer_state(const fs::path& path, const json& config, int world_size, int64_t total_steps) {
   // A step named while caught between the renames of a replace is read from its stand-in.
-  BOOSTER_CHECK(fs::exists(path) || fs::is_directory(path.string() + checkpoint::kReplacedSuffix), CheckpointError,
+  const fs::path named = path.lexically_normal().has_filename() ? path.lexically_normal()
+                                                                : path.lexically_normal().parent_path();
+  BOOSTER_CHECK(fs::exists(path) || fs::is_directory(named.string() + checkpoint::kReplacedSuffix), CheckpointError,
                 "train.resume: ", path.string(),
                 " does not exist; expected a checkpoint directory (or \"latest\", or null)");
   const fs::path dir = checkpoint::resolve_checkpoint(path);

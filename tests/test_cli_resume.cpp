@@ -256,7 +256,7 @@ TEST_CASE("a save that replaces an existing step, killed at any point, leaves la
                                     "ulimit -c 0; " + env + " BOOSTER_TEST_CRASH_AT=" + point);
     REQUIRE(crashed.exit_code == 128 + SIGABRT);
     // Between the renames there is no step-00000010/: named explicitly, it is read from its stand-in.
-    const std::string resume = point == "between_renames" ? step_dir(root, 10).string() : "latest";
+    const std::string resume = point == "between_renames" ? step_dir(root, 10).string() + "/" : "latest";
     RunResult resumed = run_booster(base + root.string() + " --resume " + resume);
     INFO(resumed.err);
     REQUIRE(resumed.exit_code == 0);
