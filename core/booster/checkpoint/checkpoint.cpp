@@ -181,20 +181,23 @@ fs::path commit_checkpoint(const fs::path& root, int64_t step, int keep_last) {
   if (keep_last > 0) {
     auto committed = list_checkpoints(root);
     const size_t keep = size_t(keep_last);
+    std::vector<fs::path> doomed;
     for (size_t i = 0; i + keep < committed.size(); ++i) {
       const fs::path& old = committed[i].second;
       if (old == final_dir) continue;
-      const fs::path doomed = root / (step_dir_name(committed[i].first) + ".tmp");
+      const fs::path renamed = root / (step_dir_name(committed[i].first) + ".tmp");
       std::error_code ec;
-      fs::rename(old, doomed, ec);
-      if (ec) {
-        std::fprintf(stderr, "booster: warning: cannot prune %s (%s); the checkpoint is saved, the next save retries\n",
-                     old.c_str(), ec.message().c_str());
-        std::fflush(stderr);
+      fs::rename(old, renamed, ec);
+      if (!ec) {
+        doomed.push_back(renamed);
         continue;
       }
-      remove_after_commit(doomed);
+      std::fprintf(stderr, "booster: warning: cannot prune %s (%s); the checkpoint is saved, the next save retries\n",
+                   old.c_str(), ec.message().c_str());
+      std::fflush(stderr);
     }
+    if (!doomed.empty()) sync_directory(root);  // the renames are durable before any file goes
+    for (const fs::path& dir : doomed) remove_after_commit(dir);
   }
   return final_dir;
 }
