@@ -154,15 +154,26 @@ struct TrainPosition {
 //  * the criterion section (another loss, another label smoothing);
 //  * the optimizer and lr_scheduler sections: their hyperparameters come back from the checkpoint (as
 //    torch's load_state_dict does), so a changed lr, betas or schedule would be ignored without a word;
+//  * the mixed_precision and plugin sections, every option resolved: the scaler's options
+//    (growth_interval, backoff_factor, hysteresis, min_scale, max_scale, ...) are not in its saved
+//    state, which holds only the scale and its trackers; low_level_zero's precision and stage, ddp's
+//    find_unused_parameters and broadcast_buffers change the numbers too. Left out, as they change only
+//    how fast: ddp's bucket_cap_mb and progress_thread, low_level_zero's overlap_communication and
+//    reduce_bucket_size_in_m; and fp16_naive's log_num_zeros_in_grad (a log column). low_level_zero's
+//    max_norm is left out as train.max_grad_norm is, of which it is the plugin's counterpart;
 //  * train.max_steps, as the run's length in steps, when the schedule's length is the run's (a null
 //    T_max or total_steps): the restored schedule keeps the saved length, so a longer run would go past
-//    its end (a cosine climbs back up).
+//    its end (a cosine climbs back up). Only a longer run is refused (naming train.epochs when that is
+//    what made it longer): a shorter one is an exact prefix of the saved run.
 // Left out because they may legitimately change: max_steps and epochs when the schedule does not
 // depend on them (extending a run), max_grad_norm and the evaluation and logging settings (getting
 // past a loss spike, watching more closely), data.dir and data.path (the data moved) and
 // data.eval_batch_size.
-// Checkpoints from before "settings" was recorded lack it: they are accepted, with one line naming the
-// settings that could not be checked.
+// Checkpoints from before "settings" was recorded lack it, and those of an earlier version lack the
+// options added since (at any depth: the config is resolved with every default, so a new optimizer
+// option appears in this run's settings and not in the saved ones): they are accepted, with one line
+// naming the settings that could not be checked. A setting is never refused for being absent from the
+// checkpoint, so adding an option with a default does not make the old checkpoints unresumable.
 json trajectory_settings(const json& config, int64_t total_steps) {
   const json& train = config.at("train");
   json data = config.at("data");
@@ -173,6 +184,18 @@ json trajectory_settings(const json& config, int64_t total_steps) {
                    {"criterion", config.at("criterion")},
                    {"optimizer", config.at("optimizer")},
                    {"lr_scheduler", config.at("lr_scheduler")}};
+  json mixed_precision = config.at("mixed_precision");
+  mixed_precision.erase("log_num_zeros_in_grad");
+  settings["mixed_precision"] = mixed_precision;
+  json plugin = config.at("plugin");
+  const json plugin_name = plugin.value("name", json());
+  if (plugin_name == "ddp") {
+    for (const char* speed_only : {"bucket_cap_mb", "progress_thread"}) plugin.erase(speed_only);
+  } else if (plugin_name == "low_level_zero") {
+    for (const char* may_change : {"overlap_communication", "reduce_bucket_size_in_m", "max_norm"})
+      plugin.erase(may_change);
+  }
+  settings["plugin"] = plugin;
   const json& schedule = config.at("lr_scheduler");
   const bool schedule_spans_run = (schedule.contains("T_max") && schedule.at("T_max").is_null()) ||
                                   (schedule.contains("total_steps") && schedule.at("total_steps").is_null());
@@ -180,23 +203,38 @@ json trajectory_settings(const json& config, int64_t total_steps) {
   return settings;
 }
 
-// Where two config values first differ: the dotted path under `path` (the "type" of a section first,
-// as the other keys follow from it) and both values there (null where a key is absent); nullopt when
-// they are equal.
-std::optional<std::tuple<std::string, json, json>> first_difference(const std::string& path, const json& saved,
-                                                                    const json& now) {
+// Where a saved setting and this run's first differ: the dotted path (the "type" of a section first, as
+// the other keys follow from it) and both values there. A key the saved settings lack, at any depth, is
+// not compared but added to `unchecked`: the checkpoint predates it (a later version added an option,
+// resolved with its default now), and its default may well be what the saved run did. A key this run
+// lacks is a difference with a null `now` (this build does not know the option the checkpoint used).
+struct SettingDifference {
+  std::string where;
+  json saved, now;
+  bool known_now = true;  // false: this build has no such setting
+};
+
+std::optional<SettingDifference> first_difference(const std::string& path, const json& saved, const json& now,
+                                                  std::vector<std::string>& unchecked) {
   if (saved == now) return std::nullopt;
-  if (!saved.is_object() || !now.is_object()) return std::make_tuple(path, saved, now);
-  const json absent;
-  auto at = [&](const json& section, const std::string& key) -> const json& {
-    return section.contains(key) ? section.at(key) : absent;
-  };
+  if (!saved.is_object() || !now.is_object()) return SettingDifference{path, saved, now};
   std::vector<std::string> keys = {"type"};
   for (const auto& [key, value] : saved.items()) keys.push_back(key);
   for (const auto& [key, value] : now.items()) keys.push_back(key);
-  for (const std::string& key : keys)
-    if (auto found = first_difference(path + "." + key, at(saved, key), at(now, key))) return found;
-  return std::make_tuple(path, saved, now);
+  std::optional<SettingDifference> found;
+  for (const std::string& key : keys) {
+    const std::string where = path + "." + key;
+    const bool in_saved = saved.contains(key), in_now = now.contains(key);
+    if (!in_saved && !in_now) continue;
+    if (!in_saved) {
+      if (std::find(unchecked.begin(), unchecked.end(), where) == unchecked.end()) unchecked.push_back(where);
+      continue;
+    }
+    if (found) continue;  // only the unchecked keys are still wanted
+    if (!in_now) found = SettingDifference{where, saved.at(key), json(), false};
+    else found = first_difference(where, saved.at(key), now.at(key), unchecked);
+  }
+  return found;
 }
 
 std::string step_dir_name(int64_t step) {
@@ -250,7 +288,11 @@ struct SavedTraining {
 // Reads trainer_state.json of the checkpoint at `path` (a step directory or a root) and refuses one
 // that this run cannot continue.
 SavedTraining read_trainer_state(const fs::path& path, const json& config, int world_size, int64_t total_steps) {
-  BOOSTER_CHECK(fs::exists(path), CheckpointError, "train.resume: ", path.string(),
+  // A step named while caught between the renames of a replace is read from its stand-in.
+  const fs::path named = path.lexically_normal().has_filename() ? path.lexically_normal()
+                                                                : path.lexically_normal().parent_path();
+  BOOSTER_CHECK(fs::exists(path) || fs::is_directory(named.string() + checkpoint::kReplacedSuffix), CheckpointError,
+                "train.resume: ", path.string(),
                 " does not exist; expected a checkpoint directory (or \"latest\", or null)");
   const fs::path dir = checkpoint::resolve_checkpoint(path);
   const fs::path file = dir / checkpoint::kTrainerStateFileName;
@@ -299,11 +341,31 @@ SavedTraining read_trainer_state(const fs::path& path, const json& config, int w
       unchecked.push_back(key);
       continue;
     }
-    if (const auto difference = first_difference(key, saved_settings.at(key), now)) {
-      const auto& [where, saved, value_now] = *difference;
-      BOOSTER_FAIL(CheckpointError, "train.resume: ", dir.string(), " was saved with ", where, " ",
-                   config::show(saved), " but this run has ", config::show(value_now),
-                   "; a resume continues the saved run: resume with --set ", where, "=", saved.dump(),
+    if (key == "train.max_steps" && saved_settings.at(key).is_number_integer() && now.is_number_integer()) {
+      // The run's length, recorded when the schedule spans it: a shorter run is an exact prefix of the
+      // saved one (the restored schedule keeps the saved length), a longer one would go past its end.
+      const int64_t saved_steps = saved_settings.at(key).get<int64_t>(), steps_now = now.get<int64_t>();
+      if (steps_now <= saved_steps) continue;
+      const json& max_steps = config.at("train").at("max_steps");
+      BOOSTER_FAIL(CheckpointError, "train.resume: ", dir.string(), " was saved with ",
+                   max_steps.is_number() ? "train.max_steps " + std::to_string(saved_steps) + " but this run has " +
+                                               std::to_string(steps_now)
+                                         : "a run of " + std::to_string(saved_steps) + " steps but train.epochs " +
+                                               config.at("train").at("epochs").dump() + " makes this run " +
+                                               std::to_string(steps_now) + " steps",
+                   ", and its lr schedule spans the saved run's steps; a resume continues the saved run: resume with "
+                   "--set train.max_steps=", saved_steps, " (or fewer), or start afresh with train.resume null "
+                   "(model.init_from=", (dir / "model").string(), " keeps the weights)");
+    }
+    if (const auto difference = first_difference(key, saved_settings.at(key), now, unchecked)) {
+      const SettingDifference& d = *difference;
+      BOOSTER_CHECK(d.known_now, CheckpointError, "train.resume: ", dir.string(), " was saved with ", d.where, " ",
+                    config::show(d.saved), ", a setting this build does not have; resume with the version that saved "
+                    "it, or start afresh with train.resume null (model.init_from=", (dir / "model").string(),
+                    " keeps the weights)");
+      BOOSTER_FAIL(CheckpointError, "train.resume: ", dir.string(), " was saved with ", d.where, " ",
+                   config::show(d.saved), " but this run has ", config::show(d.now),
+                   "; a resume continues the saved run: resume with --set ", d.where, "=", d.saved.dump(),
                    ", or start afresh with train.resume null (model.init_from=", (dir / "model").string(),
                    " keeps the weights)");
     }

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cerrno>
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
@@ -699,10 +700,17 @@ TEST_CASE("checkpoint: a replace of a step killed at any point leaves latest nam
     REQUIRE(WIFEXITED(status));
     REQUIRE(WEXITSTATUS(status) == 128 + SIGABRT);
 
+    // The way of replacing asked for was the one taken: the old copy lies under its name.
+    if (std::string(c.point) == "before_old_removed") {
+      CHECK(fs::is_directory(dir / (c.rename_exchange ? "step-00000005.tmp" : "step-00000005.replaced")));
+      CHECK_FALSE(fs::exists(dir / (c.rename_exchange ? "step-00000005.replaced" : "step-00000005.tmp")));
+    }
     // `latest` leads to a whole step 5: the old one up to the commit, the new one after it.
     const TrainingState& expected = (c.new_one_committed ? further : old_run).state(5);
     const TrainingState loaded = load_checkpoint(dir.path);
     CHECK(loaded.step == 5);
+    // Named explicitly, step 5 reads the same (from its stand-in while only step-00000005.replaced/ exists).
+    CHECK(same_maps(load_checkpoint(dir / "step-00000005").model, expected.model));
     CHECK(same_maps(loaded.model, expected.model));
     CHECK(same_maps(loaded.optimizer.tensors, expected.optimizer.tensors));
     std::vector<int64_t> steps;
@@ -719,19 +727,81 @@ TEST_CASE("checkpoint: a replace of a step killed at any point leaves latest nam
   }
 }
 
+TEST_CASE("checkpoint: removals after the commit that fail are warnings, and latest follows the commit at once",
+          "[checkpoint]") {
+  // Note [Cleanup after the commit]: as with NFS's .nfsXXXX files, every removal after the commit fails.
+  for (const bool rename_exchange : {true, false}) {
+    INFO((rename_exchange ? "with RENAME_EXCHANGE" : "with the portable replace"));
+    TempDir dir;
+    const Run old_run;
+    Run further;
+    further.train_step();
+    save_checkpoint(dir.path, old_run.state(4));
+    save_checkpoint(dir.path, old_run.state(5));
+    save_checkpoint(dir.path, old_run.state(6));
+    REQUIRE(read_bytes(dir / "latest") == "step-00000006\n");
+
+    // A rewind: step 5 again, replacing the saved one; keep_last 2 prunes step 4.
+    REQUIRE(::setenv("BOOSTER_TEST_CLEANUP_FAILS", "1", 1) == 0);
+    if (!rename_exchange) REQUIRE(::setenv("BOOSTER_TEST_NO_RENAME_EXCHANGE", "1", 1) == 0);
+    CHECK_NOTHROW(save_checkpoint(dir.path, further.state(5), {.keep_last = 2}));
+    REQUIRE(::unsetenv("BOOSTER_TEST_CLEANUP_FAILS") == 0);
+    REQUIRE(::unsetenv("BOOSTER_TEST_NO_RENAME_EXCHANGE") == 0);
+    CHECK(read_bytes(dir / "latest") == "step-00000005\n");
+    CHECK(same_maps(load_checkpoint(dir.path).model, further.state(5).model));
+    // What could not be removed lies under names that are not checkpoints: the replaced copy (under the
+    // name its way of replacing gives it), and step 4, pruned by a rename before its removal.
+    auto names = [&] {
+      std::vector<std::string> out;
+      for (const auto& entry : fs::directory_iterator(dir.path)) out.push_back(entry.path().filename().string());
+      std::sort(out.begin(), out.end());
+      return out;
+    };
+    CHECK(names() == std::vector<std::string>{"latest", "step-00000004.tmp", "step-00000005",
+                                              rename_exchange ? "step-00000005.tmp" : "step-00000005.replaced",
+                                              "step-00000006"});
+    std::vector<int64_t> steps;
+    for (const auto& [step, path] : list_checkpoints(dir.path)) steps.push_back(step);
+    CHECK(steps == std::vector<int64_t>{5, 6});
+
+    // The next save clears them.
+    save_checkpoint(dir.path, further.state(7), {.keep_last = 2});
+    CHECK(names() == std::vector<std::string>{"latest", "step-00000006", "step-00000007"});
+  }
+}
+
 TEST_CASE("checkpoint: a root is locked by one holder at a time, and free again when it is gone", "[checkpoint]") {
   TempDir dir;
   {
     RootLock held(dir / "root");
     CHECK(fs::is_directory(dir / "root"));
+    char host[256] = {};
+    REQUIRE(::gethostname(host, sizeof host - 1) == 0);
     REQUIRE_THROWS_WITH(RootLock(dir / "root"),
-                        Catch::Contains("is in use by another process (pid " + std::to_string(::getpid())) &&
+                        Catch::Contains("is in use by another process (" + std::string(host) + ":" +
+                                        std::to_string(::getpid()) + ", host:pid per ") &&
                             Catch::Contains("give this run its own checkpoint directory"));
     // So is another process.
     const std::string cmd = "flock --nonblock '" + (dir / "root" / "lock").string() + "' true";
     CHECK(std::system(cmd.c_str()) != 0);
   }
   RootLock again(dir / "root");  // released with its holder
+}
+
+TEST_CASE("checkpoint: a root on a file system that cannot flock is used unlocked, other lock errors throw",
+          "[checkpoint]") {
+  // Note [Locking a checkpoint root]: Lustre noflock (ENOSYS), NFSv3 without lockd (ENOLCK), FUSE.
+  TempDir dir;
+  const RootLock held(dir / "root");
+  for (const int unsupported : {ENOSYS, ENOLCK, EOPNOTSUPP, EINVAL}) {
+    INFO(std::strerror(unsupported));
+    REQUIRE(::setenv("BOOSTER_TEST_FLOCK_ERRNO", std::to_string(unsupported).c_str(), 1) == 0);
+    CHECK_NOTHROW(RootLock(dir / "root"));
+  }
+  REQUIRE(::setenv("BOOSTER_TEST_FLOCK_ERRNO", std::to_string(EIO).c_str(), 1) == 0);
+  CHECK_THROWS_WITH(RootLock(dir / "root"), Catch::Contains("cannot lock ") && Catch::Contains(std::strerror(EIO)));
+  REQUIRE(::unsetenv("BOOSTER_TEST_FLOCK_ERRNO") == 0);
+  CHECK_THROWS_WITH(RootLock(dir / "root"), Catch::Contains("is in use by another process"));
 }
 
 TEST_CASE("checkpoint: missing files, corrupt files, another version or strategy are named", "[checkpoint]") {

@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <csignal>
 #include <cmath>
 #include <cstdlib>
@@ -254,7 +255,9 @@ TEST_CASE("a save that replaces an existing step, killed at any point, leaves la
     RunResult crashed = run_booster(base + root.string() + " --set train.keep_last=1 --resume " + step_dir(root, 5).string(),
                                     "ulimit -c 0; " + env + " BOOSTER_TEST_CRASH_AT=" + point);
     REQUIRE(crashed.exit_code == 128 + SIGABRT);
-    RunResult resumed = run_booster(base + root.string() + " --resume latest");
+    // Between the renames there is no step-00000010/: named explicitly, it is read from its stand-in.
+    const std::string resume = point == "between_renames" ? step_dir(root, 10).string() + "/" : "latest";
+    RunResult resumed = run_booster(base + root.string() + " --resume " + resume);
     INFO(resumed.err);
     REQUIRE(resumed.exit_code == 0);
     const fs::path from = json::parse(resumed.out)["resumed_from"].get<std::string>();
@@ -326,8 +329,16 @@ TEST_CASE("a checkpoint that does not fit or is damaged is refused with one line
                     "was saved with optimizer.lr 0.01 but this run has 0.001; a resume continues the saved run: "
                     "resume with --set optimizer.lr=0.01", ckpt);
   resume_fails_with("--set lr_scheduler.eta_min=0.001", "was saved with lr_scheduler.eta_min 0.0 but this run has 0.001", ckpt);
+  // The scaler's options are not in its saved state (only the scale and its trackers are).
+  resume_fails_with("--set mixed_precision.growth_interval=1000",
+                    "was saved with mixed_precision.growth_interval 2000 but this run has 1000; a resume continues "
+                    "the saved run: resume with --set mixed_precision.growth_interval=2000", ckpt);
+  resume_fails_with("--set mixed_precision.backoff_factor=0.25",
+                    "was saved with mixed_precision.backoff_factor 0.5 but this run has 0.25", ckpt);
   // The cosine's length is the run's (T_max null): a longer run would climb back up the cosine.
   resume_fails_with("--set train.max_steps=14", "was saved with train.max_steps 12 but this run has 14", ckpt);
+  resume_fails_with("--set train.max_steps=null --set train.epochs=3",
+                    "was saved with a run of 12 steps but train.epochs 3 makes this run 24 steps", ckpt);
   {
     // A checkpoint from before the settings were recorded is accepted, saying what it cannot check.
     const fs::path old = scratch_dir() / "old_format";
@@ -339,8 +350,27 @@ TEST_CASE("a checkpoint that does not fit or is damaged is refused with one line
     RunResult r = run_booster("train --config " + cfg.string() + " --resume " + old.string() + " --set train.seed=4");
     INFO(r.err);
     CHECK(r.exit_code == 0);
-    CHECK_THAT(r.err, Catch::Contains("predates the record of criterion, data, lr_scheduler, optimizer, "
-                                      "train.grad_accumulation, train.max_steps, train.seed; they are not checked"));
+    CHECK_THAT(r.err, Catch::Contains("predates the record of criterion, data, lr_scheduler, mixed_precision, "
+                                      "optimizer, plugin, train.grad_accumulation, train.max_steps, train.seed; they are not checked"));
+  }
+  {
+    // A checkpoint of a version that did not have an option yet (here optimizer.weight_decay and
+    // data.drop_last, as if added since with their defaults) resumes, naming each once as unchecked.
+    const fs::path old = scratch_dir() / "older_version";
+    fs::remove_all(old);
+    fs::copy(ckpt, old, fs::copy_options::recursive);
+    json state = json::parse(read_text(old / "trainer_state.json"));
+    REQUIRE(state["settings"]["optimizer"].erase("weight_decay") == 1);
+    REQUIRE(state["settings"]["data"].erase("drop_last") == 1);
+    std::ofstream(old / "trainer_state.json", std::ios::trunc) << state.dump();
+    RunResult r = run_booster("train --config " + cfg.string() + " --resume " + old.string());
+    INFO(r.err);
+    CHECK(r.exit_code == 0);
+    CHECK_THAT(r.err, Catch::Contains("predates the record of data.drop_last, optimizer.weight_decay; they are not "
+                                      "checked"));
+    CHECK(r.err.find("=null") == std::string::npos);
+    // The keys it does record are still checked.
+    resume_fails_with("--set optimizer.lr=0.001", "was saved with optimizer.lr 0.01 but this run has 0.001", old);
   }
 
   // Damage copies of the checkpoint, one file each.
@@ -398,6 +428,25 @@ TEST_CASE("a resume may extend a run whose lr schedule does not span it", "[cli]
   CHECK(final_state(parts, 16) == final_state(whole, 16));
 }
 
+TEST_CASE("a resume may shorten a run whose lr schedule spans it: the shorter run is an exact prefix",
+          "[cli][checkpoint]") {
+  // Note [Settings a resume must keep]: the cosine restored from step 5 keeps its 12 steps.
+  const fs::path whole = scratch_dir() / "shorten_whole", parts = scratch_dir() / "shorten_parts";
+  fs::remove_all(whole);
+  fs::remove_all(parts);
+  const fs::path cfg = write_config("shorten.json", mlp_config("fp32"));
+  const std::string train = "train --config " + cfg.string() + " --set train.checkpoint_dir=";
+  REQUIRE(run_booster(train + whole.string() + " --set train.checkpoint_every=4").exit_code == 0);
+  REQUIRE(run_booster(train + parts.string() + " --set train.checkpoint_every=5").exit_code == 0);
+  keep_only(parts, 5);
+  RunResult b = run_booster(train + parts.string() + " --set train.checkpoint_every=4 --set train.max_steps=8 --resume " +
+                            step_dir(parts, 5).string());
+  INFO(b.err);
+  REQUIRE(b.exit_code == 0);
+  CHECK(json::parse(b.out)["steps"] == 8);
+  CHECK(final_state(parts, 8) == final_state(whole, 8));
+}
+
 TEST_CASE("a run refuses a checkpoint directory that another one is saving into", "[cli][checkpoint]") {
   const fs::path root = scratch_dir() / "locked";
   fs::remove_all(root);
@@ -417,10 +466,79 @@ TEST_CASE("a run refuses a checkpoint directory that another one is saving into"
   CHECK(fs::exists(step_dir(root, 12)));
 }
 
+TEST_CASE("a run saves into a checkpoint directory whose file system cannot flock, with one warning",
+          "[cli][checkpoint]") {
+  // Note [Locking a checkpoint root]: the hook makes flock() fail with ENOSYS, as Lustre noflock does.
+  const fs::path root = scratch_dir() / "noflock";
+  fs::remove_all(root);
+  const fs::path cfg = write_config("noflock.json", mlp_config("fp32"));
+  RunResult r = run_booster("train --config " + cfg.string() + " --set train.checkpoint_every=4 --set train.checkpoint_dir=" +
+                                root.string(),
+                            "BOOSTER_TEST_FLOCK_ERRNO=" + std::to_string(ENOSYS));
+  INFO(r.err);
+  CHECK(r.exit_code == 0);
+  CHECK(fs::exists(step_dir(root, 12)));
+  const std::string warning = "booster: warning: the checkpoint directory " + root.string() +
+                              " cannot be locked on this file system";
+  CHECK_THAT(r.err, Catch::Contains(warning) && Catch::Contains("no two runs may use it at once"));
+  CHECK(r.err.find(warning) == r.err.rfind(warning));  // one line, not one per save
+}
+
 bool have_mpirun() { return std::system("command -v mpirun >/dev/null 2>&1") == 0; }
 bool have_plugin(const std::string& name) {
   return fs::exists(fs::path(BOOSTER_LIB_DIR) / ("libbooster_plugin_" + name + ".so"));
 }
+
+TEST_CASE("a resume refuses plugin options that change the numbers and accepts those that change only speed",
+          "[cli][checkpoint]") {
+  // Note [Settings a resume must keep]: one process of ddp trains as its plugin options say.
+  if (!have_plugin("ddp")) {
+    WARN("skipped: the ddp plugin is not built");
+    return;
+  }
+  const fs::path root = scratch_dir() / "plugin_options";
+  fs::remove_all(root);
+  json config = mlp_config("fp32");
+  config["plugin"] = "ddp";
+  const fs::path cfg = write_config("plugin_options.json", config);
+  const std::string train = "train --config " + cfg.string() + " --set train.checkpoint_dir=" + root.string() +
+                            " --set train.checkpoint_every=5 --set train.max_steps=5";
+  RunResult saved = run_booster(train);
+  INFO(saved.err);
+  REQUIRE(saved.exit_code == 0);
+  RunResult refused = run_booster(train + " --resume latest --set plugin.find_unused_parameters=true");
+  CHECK(refused.exit_code == 1);
+  CHECK_THAT(refused.err, Catch::Contains("was saved with plugin.find_unused_parameters false but this run has true; "
+                                          "a resume continues the saved run: resume with --set "
+                                          "plugin.find_unused_parameters=false"));
+  RunResult accepted = run_booster(train + " --resume latest --set plugin.bucket_cap_mb=50 --set plugin.progress_thread=false");
+  INFO(accepted.err);
+  CHECK(accepted.exit_code == 0);
+  CHECK(json::parse(accepted.out)["resumed_from"] == step_dir(root, 5).string());
+
+  if (!have_plugin("low_level_zero")) {
+    WARN("skipped low_level_zero: the plugin is not built");
+    return;
+  }
+  const fs::path zero_root = scratch_dir() / "plugin_options_zero";
+  fs::remove_all(zero_root);
+  config["plugin"] = {{"name", "low_level_zero"}, {"precision", "fp16"}};
+  const fs::path zero_cfg = write_config("plugin_options_zero.json", config);
+  const std::string zero_train = "train --config " + zero_cfg.string() + " --set train.checkpoint_dir=" +
+                                 zero_root.string() + " --set train.checkpoint_every=5 --set train.max_steps=5";
+  RunResult zero_saved = run_booster(zero_train);
+  INFO(zero_saved.err);
+  REQUIRE(zero_saved.exit_code == 0);
+  RunResult zero_refused = run_booster(zero_train + " --resume latest --set plugin.growth_interval=10");
+  CHECK(zero_refused.exit_code == 1);
+  CHECK_THAT(zero_refused.err, Catch::Contains("was saved with plugin.growth_interval 1000 but this run has 10"));
+  // max_norm is the plugin's train.max_grad_norm, which may change; the buckets change only speed.
+  RunResult zero_accepted = run_booster(zero_train + " --resume latest --set plugin.max_norm=1.0 --set "
+                                                     "plugin.overlap_communication=false --set plugin.reduce_bucket_size_in_m=4");
+  INFO(zero_accepted.err);
+  CHECK(zero_accepted.exit_code == 0);
+}
+
 
 // Two ranks (each 128 of the 256 samples, 4 batches per epoch): step 5 is inside the second epoch.
 TEST_CASE("resuming ddp and low_level_zero on 2 ranks gives the same bytes", "[cli][checkpoint][mpi]") {

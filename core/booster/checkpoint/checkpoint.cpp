@@ -25,7 +25,6 @@ namespace {
 const std::regex kStepDirName(R"(step-(\d{8}))");
 const std::regex kTmpDirName(R"(step-\d{8}\.tmp)");
 const std::regex kReplacedDirName(R"(step-(\d{8})\.replaced)");
-constexpr const char* kReplacedSuffix = ".replaced";
 constexpr const char* kFormatName = "booster-checkpoint";
 
 std::string step_dir_name(int64_t step) {
@@ -38,6 +37,19 @@ void remove_tree(const fs::path& p) {
   std::error_code ec;
   fs::remove_all(p, ec);
   BOOSTER_CHECK(!ec, CheckpointError, "cannot remove ", p.string(), ": ", ec.message());
+}
+
+// Removal after the commit (Note [Cleanup after the commit]): a failure is a warning, never an error.
+void remove_after_commit(const fs::path& p) {
+  std::error_code ec;
+  if (const char* hook = std::getenv("BOOSTER_TEST_CLEANUP_FAILS"); hook && std::strcmp(hook, "1") == 0)
+    ec = std::make_error_code(std::errc::directory_not_empty);
+  else
+    fs::remove_all(p, ec);
+  if (!ec) return;
+  std::fprintf(stderr, "booster: warning: cannot remove %s (%s); the checkpoint is saved, the next save retries\n",
+               p.c_str(), ec.message().c_str());
+  std::fflush(stderr);
 }
 
 void rename_or_throw(const fs::path& from, const fs::path& to) {
@@ -102,7 +114,9 @@ fs::path begin_checkpoint(const fs::path& root, int64_t step) {
 
   // Leftovers of interrupted saves. A `.replaced` directory without its `step-N/` is a committed
   // checkpoint caught between the renames of a replace: it gets its name back, since `latest` may name
-  // it. Every other leftover is never a checkpoint (only step-XXXXXXXX is): clear it away.
+  // it. Every other leftover is never a checkpoint (only step-XXXXXXXX is): clear it away, as far as
+  // the file system lets (Note [Cleanup after the commit]); only the `.tmp` this save writes into must go.
+  const fs::path tmp_dir = root / (step_dir_name(step) + ".tmp");
   std::vector<fs::path> entries;
   for (const auto& entry : fs::directory_iterator(root, ec)) entries.push_back(entry.path());
   for (const fs::path& entry : entries) {
@@ -111,7 +125,7 @@ fs::path begin_checkpoint(const fs::path& root, int64_t step) {
     if (std::regex_match(name, m, kReplacedDirName)) {
       const fs::path committed = root / step_dir_name(std::stoll(m[1].str()));
       if (fs::exists(committed)) {
-        remove_tree(entry);
+        remove_after_commit(entry);
       } else {
         rename_or_throw(entry, committed);
         sync_directory(root);
@@ -119,9 +133,11 @@ fs::path begin_checkpoint(const fs::path& root, int64_t step) {
     }
   }
   for (const fs::path& entry : entries)
-    if (std::regex_match(entry.filename().string(), kTmpDirName)) remove_tree(entry);
+    if (std::regex_match(entry.filename().string(), kTmpDirName)) {
+      if (entry == tmp_dir) remove_tree(entry);
+      else remove_after_commit(entry);
+    }
 
-  const fs::path tmp_dir = root / (step_dir_name(step) + ".tmp");
   fs::create_directory(tmp_dir, ec);
   BOOSTER_CHECK(!ec, CheckpointError, "save_checkpoint: cannot create ", tmp_dir.string(), ": ", ec.message());
   return tmp_dir;
@@ -136,14 +152,15 @@ fs::path commit_checkpoint(const fs::path& root, int64_t step, int keep_last) {
 
   // The commit (Note [Replacing a checkpoint] when the step exists): `step-N/` always names a whole
   // checkpoint, the old one or the new one, except between the two renames of the portable replace,
-  // where `step-N.replaced/` stands in for it.
+  // where `step-N.replaced/` stands in for it. `latest` follows the commit at once, before any cleanup
+  // (Note [Cleanup after the commit]).
+  fs::path replaced_copy;  // the old checkpoint of this step, once the new one stands in its place
   if (!fs::exists(final_dir)) {
     rename_or_throw(tmp_dir, final_dir);
     sync_directory(root);
   } else if (exchange_directories(tmp_dir, final_dir)) {
     sync_directory(root);
-    crash_here_if_testing("before_old_removed");
-    remove_tree(tmp_dir);  // now the old checkpoint
+    replaced_copy = tmp_dir;
   } else {
     const fs::path replaced = root / (name + kReplacedSuffix);
     rename_or_throw(final_dir, replaced);
@@ -151,18 +168,36 @@ fs::path commit_checkpoint(const fs::path& root, int64_t step, int keep_last) {
     crash_here_if_testing("between_renames");
     rename_or_throw(tmp_dir, final_dir);
     sync_directory(root);
-    crash_here_if_testing("before_old_removed");
-    remove_tree(replaced);
+    replaced_copy = replaced;
   }
   write_text_file_atomically(root / kLatestFileName, name + "\n");
+  crash_here_if_testing("before_old_removed");
+  if (!replaced_copy.empty()) remove_after_commit(replaced_copy);
   crash_here_if_testing("before_prune");
 
-  // Prune only now that the new checkpoint is committed and named by `latest`.
+  // Prune only now that the new checkpoint is committed and named by `latest`. Each one is first
+  // renamed to a `.tmp` name, so a removal that stops half way (a crash, a file the file system will
+  // not let go) leaves a leftover for the next save to clear, never a half checkpoint counted as one.
   if (keep_last > 0) {
     auto committed = list_checkpoints(root);
     const size_t keep = size_t(keep_last);
-    for (size_t i = 0; i + keep < committed.size(); ++i)
-      if (committed[i].second != final_dir) remove_tree(committed[i].second);
+    std::vector<fs::path> doomed;
+    for (size_t i = 0; i + keep < committed.size(); ++i) {
+      const fs::path& old = committed[i].second;
+      if (old == final_dir) continue;
+      const fs::path renamed = root / (step_dir_name(committed[i].first) + ".tmp");
+      std::error_code ec;
+      fs::rename(old, renamed, ec);
+      if (!ec) {
+        doomed.push_back(renamed);
+        continue;
+      }
+      std::fprintf(stderr, "booster: warning: cannot prune %s (%s); the checkpoint is saved, the next save retries\n",
+                   old.c_str(), ec.message().c_str());
+      std::fflush(stderr);
+    }
+    if (!doomed.empty()) sync_directory(root);  // the renames are durable before any file goes
+    for (const fs::path& dir : doomed) remove_after_commit(dir);
   }
   return final_dir;
 }
@@ -197,6 +232,15 @@ fs::path save_checkpoint(const fs::path& root, const TrainingState& state, const
   return commit_checkpoint(root, state.step, options.keep_last);
 }
 
+// Note [Locking a checkpoint root]
+// flock() is the lock: the kernel drops it when the holder dies, so a crash never leaves the root
+// locked. Some file systems cannot flock at all: Lustre mounted with `noflock` (ENOSYS), NFSv3 without
+// lockd (ENOLCK), FUSE file systems (ENOSYS, EOPNOTSUPP, EINVAL). Refusing to train there would refuse
+// the file systems clusters checkpoint to, so on those errors the run goes on unlocked, with one
+// warning line: nothing then stops a second run on the same root, and the user must not start one.
+// The lock file holds `hostname:pid` of its holder, only to name it in the refusal (a root on a shared
+// file system may be held from another node). BOOSTER_TEST_FLOCK_ERRNO=<errno> makes flock() fail with
+// that errno, as on such a file system (tests/test_checkpoint.cpp, tests/test_cli_resume.cpp).
 RootLock::RootLock(const fs::path& root) {
   std::error_code ec;
   fs::create_directories(root, ec);
@@ -205,28 +249,56 @@ RootLock::RootLock(const fs::path& root) {
   const fs::path file = root / kLockFileName;
   fd_ = ::open(file.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
   BOOSTER_CHECK(fd_ >= 0, CheckpointError, "cannot open ", file.string(), ": ", std::strerror(errno));
-  if (::flock(fd_, LOCK_EX | LOCK_NB) != 0) {
+  int locked = 0;
+  if (const char* hook = std::getenv("BOOSTER_TEST_FLOCK_ERRNO"); hook && *hook) {
+    locked = -1;
+    errno = std::atoi(hook);
+  } else {
+    locked = ::flock(fd_, LOCK_EX | LOCK_NB);
+  }
+  if (locked != 0) {
     const int why = errno;
-    char holder[32] = {};
+    if (why == ENOSYS || why == ENOLCK || why == EOPNOTSUPP || why == EINVAL) {
+      std::fprintf(stderr,
+                   "booster: warning: the checkpoint directory %s cannot be locked on this file system (%s); "
+                   "no two runs may use it at once\n",
+                   root.c_str(), std::strerror(why));
+      std::fflush(stderr);
+      ::close(fd_);
+      fd_ = -1;
+      return;
+    }
+    char holder[300] = {};
     const ssize_t n = ::pread(fd_, holder, sizeof holder - 1, 0);
     ::close(fd_);
     fd_ = -1;
     BOOSTER_CHECK(why != EWOULDBLOCK, CheckpointError, "the checkpoint directory ", root.string(),
-                  " is in use by another process (pid ", n > 0 ? std::string(holder, size_t(n)) : std::string("?"),
-                  ", per ", file.string(), "); give this run its own checkpoint directory, or wait for that one");
+                  " is in use by another process (", n > 0 ? std::string(holder, size_t(n)) : std::string("?"),
+                  ", host:pid per ", file.string(),
+                  "); give this run its own checkpoint directory, or wait for that one");
     BOOSTER_FAIL(CheckpointError, "cannot lock ", file.string(), ": ", std::strerror(why));
   }
-  // The holder's pid, only for the message above: the flock is the lock, so a failed write is harmless.
-  const std::string pid = std::to_string(::getpid());
+  // The holder, only for the message above: the flock is the lock, so a failed write is harmless.
+  char host[256] = {};
+  if (::gethostname(host, sizeof host - 1) != 0) std::strcpy(host, "?");
+  const std::string holder = std::string(host) + ":" + std::to_string(::getpid());
   [[maybe_unused]] const int truncated = ::ftruncate(fd_, 0);
-  [[maybe_unused]] const ssize_t written = ::pwrite(fd_, pid.data(), pid.size(), 0);
+  [[maybe_unused]] const ssize_t written = ::pwrite(fd_, holder.data(), holder.size(), 0);
 }
 
 RootLock::~RootLock() {
   if (fd_ >= 0) ::close(fd_);  // releases the flock
 }
 
-fs::path resolve_checkpoint(const fs::path& path) {
+fs::path resolve_checkpoint(const fs::path& given) {
+  fs::path path = given;
+  // `<root>/step-N` named explicitly, caught between the renames of a replace: its stand-in.
+  if (!fs::exists(path)) {
+    fs::path named = path.lexically_normal();
+    if (!named.has_filename()) named = named.parent_path();
+    const fs::path stand_in = named.string() + kReplacedSuffix;
+    if (std::regex_match(named.filename().string(), kStepDirName) && fs::is_directory(stand_in)) path = stand_in;
+  }
   BOOSTER_CHECK(fs::is_directory(path), CheckpointError, "load_checkpoint: ", path.string(),
                 " is not a directory");
   if (fs::exists(path / kTrainerStateFileName)) return path;

@@ -47,16 +47,29 @@
 //  * elsewhere (NFS, Lustre, ...), `step-N/` is renamed `step-N.replaced/`, then `step-N.tmp/` to
 //    `step-N/`, then `.replaced` is removed. Between the two renames there is no `step-N/`; so a
 //    `step-N.replaced/` with no `step-N/` beside it still is the committed checkpoint of step N:
-//    list_checkpoints and resolve_checkpoint return it, and the next save renames it back before
+//    list_checkpoints and resolve_checkpoint return it (for `latest`, and for `<root>/step-N` named
+//    explicitly), and the next save renames it back before
 //    anything else. A crash between the renames thus resumes from the old checkpoint, as a crash before
 //    any commit does. (A reader other than this library that follows `latest` literally finds no
 //    `step-N/` for that moment; only the RENAME_EXCHANGE path avoids that.)
+//
+// Note [Cleanup after the commit]
+// Once `step-N/` is the new checkpoint, `latest` is pointed at it before anything is removed, and every
+// removal after that (the replaced copy, pruned checkpoints, leftovers of earlier saves) is only a
+// warning when it fails: the checkpoint is saved, and a run must not die because, say, NFS keeps a
+// `.nfsXXXX` file of a still-open file in a directory (ENOTEMPTY). What stays behind has a name no
+// reader takes for a checkpoint (`.tmp`, or `.replaced` beside its `step-N/`), and the next save tries
+// again. A pruned checkpoint is renamed to `step-N.tmp/` before its removal for the same reason: a
+// removal that stops half way must not leave a half checkpoint under a committed name.
+// BOOSTER_TEST_CLEANUP_FAILS=1 makes every such removal fail with ENOTEMPTY.
+//
 // Test hooks (tests/test_checkpoint.cpp, tests/test_cli_resume.cpp): with BOOSTER_TEST_CRASH_AT set to
 // one of the points below, the saving process calls std::abort(), as a crash would, at that point:
 //   before_commit         everything is written and synced into `step-N.tmp/`, nothing is committed
 //   between_renames       (portable replace only) the old `step-N/` is `step-N.replaced/`, the new one
 //                         is still `step-N.tmp/`
-//   before_old_removed    `step-N/` is the new checkpoint; the replaced one is not removed yet
+//   before_old_removed    `step-N/` is the new checkpoint and `latest` names it; the replaced one is
+//                         not removed yet
 //   before_prune          `latest` names `step-N/`; older checkpoints are not pruned yet
 // BOOSTER_TEST_NO_RENAME_EXCHANGE=1 makes a replace take the portable path, as on a file system without
 // RENAME_EXCHANGE.
@@ -82,6 +95,9 @@ inline constexpr const char* kTrainerStateFileName = "trainer_state.json";
 inline constexpr const char* kOptimizerFileName = "optimizer.safetensors";
 inline constexpr const char* kLatestFileName = "latest";
 inline constexpr const char* kLockFileName = "lock";
+// The suffix of a committed checkpoint caught between the renames of a replace (Note [Replacing a
+// checkpoint]).
+inline constexpr const char* kReplacedSuffix = ".replaced";
 
 // The pieces of a run that a checkpoint holds. Null JSON and an empty optimizer mean "not saved".
 struct TrainingState {
@@ -130,7 +146,8 @@ TrainingState load_checkpoint(const std::filesystem::path& path, const LoadOptio
 
 // An exclusive lock on a checkpoint root for as long as it lives: flock() on `<root>/lock`, which the
 // kernel releases when the process ends, crash or not. Creates `root` if needed. CheckpointError
-// naming the root and the holder's pid when another process (or another RootLock) holds it.
+// naming the root and the holder's hostname:pid when another process (or another RootLock) holds it.
+// Where the file system cannot flock, a warning on stderr and no lock (Note [Locking a checkpoint root]).
 class RootLock {
  public:
   explicit RootLock(const std::filesystem::path& root);
@@ -145,7 +162,8 @@ class RootLock {
 // Committed checkpoints under `root`, ascending by step (Note [Replacing a checkpoint] for the
 // `.replaced` directories that count).
 std::vector<std::pair<int64_t, std::filesystem::path>> list_checkpoints(const std::filesystem::path& root);
-// The checkpoint directory load_checkpoint(path) would read.
+// The checkpoint directory load_checkpoint(path) would read. A `<root>/step-N` that does not exist
+// while `<root>/step-N.replaced/` does resolves to the latter (Note [Replacing a checkpoint]).
 std::filesystem::path resolve_checkpoint(const std::filesystem::path& path);
 
 }  // namespace booster::checkpoint
