@@ -54,6 +54,16 @@ cublasLtHandle_t cublaslt_handle(int device);
 // Scratch for cuBLASLt (workspace), grown on demand and kept.
 void* cublas_workspace(int device, size_t& bytes);
 int sm_count(int device);
+// The cuBLAS data type of a floating dtype; DTypeError naming `op` for any other.
+inline cudaDataType_t cuda_type(DType t, const char* op) {
+  switch (t) {
+    case DType::Float32: return CUDA_R_32F;
+    case DType::Float64: return CUDA_R_64F;
+    case DType::Float16: return CUDA_R_16F;
+    case DType::BFloat16: return CUDA_R_16BF;
+    default: BOOSTER_FAIL(DTypeError, op, ": expected a floating dtype, got ", t);
+  }
+}
 
 // ------------------------------------------------------------------------------ kernel profile
 // Note [CUDA kernel profile]

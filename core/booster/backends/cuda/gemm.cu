@@ -16,16 +16,6 @@ namespace {
 
 using kernels::GemmArgs;
 
-cudaDataType_t cuda_type(DType t) {
-  switch (t) {
-    case DType::Float32: return CUDA_R_32F;
-    case DType::Float64: return CUDA_R_64F;
-    case DType::Float16: return CUDA_R_16F;
-    case DType::BFloat16: return CUDA_R_16BF;
-    default: BOOSTER_FAIL(DTypeError, "gemm: expected a floating dtype, got ", t);
-  }
-}
-
 void gemm_rowmajor_c(const GemmArgs& args, const Tensor& a, const Tensor& b, Tensor& c, int dev) {
   const int64_t batch = c.shape()[0], m = c.shape()[1], n = c.shape()[2];
   const int64_t k = args.trans_a ? a.shape()[1] : a.shape()[2];
@@ -35,7 +25,7 @@ void gemm_rowmajor_c(const GemmArgs& args, const Tensor& a, const Tensor& b, Ten
   const kernels::GemmOperand oa = kernels::gemm_operand(a, args.trans_a, a_copy),
                              ob = kernels::gemm_operand(b, args.trans_b, b_copy);
   const DType dt = c.dtype();
-  const cudaDataType_t type = cuda_type(dt);
+  const cudaDataType_t type = cuda_type(dt, "gemm");
   cublasHandle_t h = cublas_handle(dev);
   if (k == 0) {  // C = beta C: cuBLAS needs k >= 1; an empty inner product is zero
     if (args.beta == 0) {

@@ -314,15 +314,6 @@ void cuda_layer_norm_backward(const Tensor& grad, const Tensor& x, const Tensor&
 // S = scale Q K^T are written in the compute type straight into `probs` (16-bit inputs, float32
 // output, float32 accumulation), softmax runs in place with the causal mask, and out = P V reads P
 // rounded to the input dtype (as PyTorch's math path does), so the big GEMMs all run on tensor cores.
-cudaDataType_t cuda_type(DType t) {
-  switch (t) {
-    case DType::Float32: return CUDA_R_32F;
-    case DType::Float64: return CUDA_R_64F;
-    case DType::Float16: return CUDA_R_16F;
-    case DType::BFloat16: return CUDA_R_16BF;
-    default: BOOSTER_FAIL(DTypeError, "attention: expected a floating dtype, got ", t);
-  }
-}
 
 // Row-major batched C[b] = alpha op(A[b]) op(B[b]) + beta C[b] on dense [batch, r, c] matrices
 // (Note [cuBLAS row-major operands]); A and B share a type, C may be wider.
@@ -337,8 +328,8 @@ void rowmajor_gemm(int dev, bool ta, bool tb, int64_t M, int64_t N, int64_t K, d
                                                                             : CUBLAS_COMPUTE_32F);
   BOOSTER_CUBLAS_CHECK(cublasGemmStridedBatchedEx(
       cublas_handle(dev), tb ? CUBLAS_OP_T : CUBLAS_OP_N, ta ? CUBLAS_OP_T : CUBLAS_OP_N, int(N), int(M), int(K),
-      f64 ? static_cast<const void*>(&ad) : &af, B, cuda_type(at), int(ldb), sb, A, cuda_type(at), int(lda), sa,
-      f64 ? static_cast<const void*>(&bd) : &bf, C, cuda_type(ct), int(ldc), sc, int(batch), compute,
+      f64 ? static_cast<const void*>(&ad) : &af, B, cuda_type(at, "attention"), int(ldb), sb, A, cuda_type(at, "attention"), int(lda), sa,
+      f64 ? static_cast<const void*>(&bd) : &bf, C, cuda_type(ct, "attention"), int(ldc), sc, int(batch), compute,
       CUBLAS_GEMM_DEFAULT));
 }
 
