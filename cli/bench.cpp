@@ -40,7 +40,7 @@
 #include "booster/ops/ops.h"         // randn, randint, cross_entropy
 #include "booster/optim/optimizer.h"  // AdamW
 #include "booster/tensor/storage.h"  // cpu_peak_bytes
-#include "cli/commands.h"
+#include "commands.h"
 
 namespace po = boost::program_options;
 

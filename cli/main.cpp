@@ -10,7 +10,7 @@
 #include "booster/common/build_info.h"
 #include "booster/common/error.h"
 #include "booster/config/config.h"
-#include "cli/commands.h"
+#include "commands.h"
 
 namespace po = boost::program_options;
 

@@ -36,7 +36,7 @@
 #include <nlohmann/json.hpp>
 
 #include "booster/common/error.h"
-#include "cli/commands.h"
+#include "commands.h"
 
 namespace booster::cli {
 

@@ -8,7 +8,7 @@
 #include "booster/booster/compat.h"
 #include "booster/mixed_precision/mixed_precision.h"
 #include "booster/plugin/loader.h"
-#include "cli/commands.h"
+#include "commands.h"
 
 namespace booster::cli {
 

@@ -8,7 +8,7 @@
 
 #include "booster/config/config.h"
 #include "booster/mixed_precision/mixed_precision.h"
-#include "cli/commands.h"
+#include "commands.h"
 
 namespace booster::cli {
 

@@ -1,5 +1,5 @@
 // The progress display and the metrics file of `booster train` (Note [What booster train prints]).
-#include "cli/progress.h"
+#include "progress.h"
 
 #include <sys/ioctl.h>
 #include <unistd.h>

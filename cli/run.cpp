@@ -30,7 +30,7 @@
 #include <vector>
 
 #include "booster/common/error.h"
-#include "cli/commands.h"
+#include "commands.h"
 
 namespace booster::cli {
 

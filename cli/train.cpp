@@ -33,8 +33,8 @@
 #include "booster/optim/optimizer.h"
 #include "booster/tensor/random.h"
 #include "booster/distributed/process_group.h"
-#include "cli/commands.h"
-#include "cli/progress.h"
+#include "commands.h"
+#include "progress.h"
 
 namespace booster::cli {
 

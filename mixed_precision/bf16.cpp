@@ -3,7 +3,7 @@
 //   pure = false (default): torch autocast to bfloat16 (float32 parameters, gradients and optimizer).
 //   pure = true: the model itself in bfloat16 (Lightning's "bf16-true") with float32 master weights in
 //                the optimizer (Note [Master weights]), so small updates are not rounded away.
-#include "mixed_precision/master_weight_strategy.h"
+#include "booster/mixed_precision/master_weight_strategy.h"
 
 namespace booster::mixed_precision {
 namespace {

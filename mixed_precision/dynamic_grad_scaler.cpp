@@ -1,4 +1,4 @@
-#include "mixed_precision/dynamic_grad_scaler.h"
+#include "booster/mixed_precision/dynamic_grad_scaler.h"
 
 #include <algorithm>
 #include <cmath>

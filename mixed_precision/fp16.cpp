@@ -8,7 +8,7 @@
 #include <cmath>
 
 #include "booster/mixed_precision/mixed_precision.h"
-#include "mixed_precision/grad_scaler.h"
+#include "booster/mixed_precision/grad_scaler.h"
 
 namespace booster::mixed_precision {
 namespace {

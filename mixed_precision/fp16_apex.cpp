@@ -27,7 +27,7 @@
 
 #include "booster/nn/normalization.h"
 #include "booster/ops/ops.h"
-#include "mixed_precision/master_weight_strategy.h"
+#include "booster/mixed_precision/master_weight_strategy.h"
 
 namespace booster::mixed_precision {
 namespace {

@@ -8,8 +8,8 @@
 // each step's statistics count the zero elements of the unscaled master gradients).
 #include <cmath>
 
-#include "mixed_precision/dynamic_grad_scaler.h"
-#include "mixed_precision/master_weight_strategy.h"
+#include "booster/mixed_precision/dynamic_grad_scaler.h"
+#include "booster/mixed_precision/master_weight_strategy.h"
 
 namespace booster::mixed_precision {
 namespace {

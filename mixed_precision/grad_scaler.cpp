@@ -1,4 +1,4 @@
-#include "mixed_precision/grad_scaler.h"
+#include "booster/mixed_precision/grad_scaler.h"
 
 #include <cmath>
 

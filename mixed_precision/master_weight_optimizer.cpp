@@ -1,4 +1,4 @@
-#include "mixed_precision/master_weight_optimizer.h"
+#include "booster/mixed_precision/master_weight_optimizer.h"
 
 #include "booster/autograd/autograd.h"
 #include "booster/mixed_precision/mixed_precision.h"

@@ -1,4 +1,4 @@
-#include "mixed_precision/master_weight_strategy.h"
+#include "booster/mixed_precision/master_weight_strategy.h"
 
 #include <cmath>
 

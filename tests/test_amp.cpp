@@ -26,8 +26,8 @@
 #include "booster/ops/ops.h"
 #include "booster/optim/optimizer.h"
 #include "booster/tensor/random.h"
-#include "mixed_precision/dynamic_grad_scaler.h"
-#include "mixed_precision/grad_scaler.h"
+#include "booster/mixed_precision/dynamic_grad_scaler.h"
+#include "booster/mixed_precision/grad_scaler.h"
 
 using namespace booster;
 using namespace booster::mixed_precision;

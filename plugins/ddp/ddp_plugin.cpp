@@ -42,7 +42,7 @@
 #include "booster/data/sampler.h"
 #include "booster/distributed/bucket.h"
 #include "booster/distributed/nccl_process_group.h"
-#include "mixed_precision/master_weight_optimizer.h"
+#include "booster/mixed_precision/master_weight_optimizer.h"
 
 namespace booster::plugins::ddp {
 

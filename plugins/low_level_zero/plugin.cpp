@@ -19,7 +19,7 @@
 #include "booster/booster/plugin.h"
 #include "booster/data/sampler.h"
 #include "booster/distributed/nccl_process_group.h"
-#include "plugins/low_level_zero/zero_optimizer.h"
+#include "zero_optimizer.h"
 
 namespace booster::zero {
 namespace {

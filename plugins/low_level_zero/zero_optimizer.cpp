@@ -1,4 +1,4 @@
-#include "plugins/low_level_zero/zero_optimizer.h"
+#include "zero_optimizer.h"
 
 #include <cmath>
 #include <cstdint>
@@ -8,7 +8,7 @@
 #include "booster/autograd/autograd.h"
 #include "booster/ops/ops.h"
 #include "booster/tensor/storage.h"
-#include "mixed_precision/master_weight_optimizer.h"
+#include "booster/mixed_precision/master_weight_optimizer.h"
 
 namespace booster::zero {
 

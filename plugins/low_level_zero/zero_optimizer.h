@@ -72,7 +72,7 @@
 #include "booster/mixed_precision/mixed_precision.h"
 #include "booster/nn/module.h"
 #include "booster/optim/optimizer.h"
-#include "mixed_precision/dynamic_grad_scaler.h"
+#include "booster/mixed_precision/dynamic_grad_scaler.h"
 
 namespace booster::zero {
 

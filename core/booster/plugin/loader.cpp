@@ -2,6 +2,8 @@
 // boundary. See loader.h and abi.h.
 #include "booster/plugin/loader.h"
 
+#include <dlfcn.h>
+
 #include <algorithm>
 #include <boost/dll/shared_library.hpp>
 #include <cstdlib>
@@ -49,6 +51,19 @@ bool is_path(const std::string& name_or_path) {
          (name_or_path.size() > so.size() && name_or_path.compare(name_or_path.size() - so.size(), so.size(), so) == 0);
 }
 
+fs::path core_library_dir() {
+  // Note [Relocatable plugin search]: the directory of the libbooster_core that is running, asked of
+  // the dynamic loader, so a build tree or install prefix that was copied or moved finds its own
+  // plugins and never the original's.
+  Dl_info info{};
+  static const int anchor = 0;
+  if (dladdr(&anchor, &info) == 0 || info.dli_fname == nullptr) return {};
+  std::error_code ec;
+  fs::path lib = fs::canonical(info.dli_fname, ec);
+  if (ec) lib = fs::absolute(info.dli_fname, ec);
+  return lib.parent_path();
+}
+
 std::vector<fs::path> search_path() {
   std::vector<fs::path> dirs;
   if (const char* env = std::getenv("BOOSTER_PLUGIN_PATH")) {
@@ -60,8 +75,11 @@ std::vector<fs::path> search_path() {
       start = end + 1;
     }
   }
-  dirs.emplace_back(BOOSTER_BUILD_LIBDIR);
-  dirs.emplace_back(BOOSTER_INSTALL_LIBDIR);
+  const fs::path core_dir = core_library_dir();
+  if (!core_dir.empty()) {
+    dirs.push_back(core_dir / "booster");  // an install prefix: <prefix>/lib/booster
+    dirs.push_back(core_dir);              // the build tree: build/lib
+  }
   return dirs;
 }
 

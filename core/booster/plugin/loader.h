@@ -4,9 +4,11 @@
 // Note [Finding a plugin]
 // A name containing '/' or ending in ".so" is a path, loaded as is. Any other name is a file name
 //   precision: libbooster_precision_<name>.so      parallel: libbooster_plugin_<name>.so
-// looked for in each directory of BOOSTER_PLUGIN_PATH (colon-separated, in order), then the build's
-// lib directory, then the install prefix's lib/booster. The first hit wins. A name found nowhere is a
-// PluginError listing every directory searched.
+// looked for in each directory of BOOSTER_PLUGIN_PATH (colon-separated, in order), then in
+// <dir>/booster and <dir>, where <dir> holds the libbooster_core that is loaded (an install prefix's
+// lib/, or the build tree's lib/). Nothing absolute is compiled in, so a moved prefix or build tree
+// finds its own plugins. The first hit wins. A name found nowhere is a PluginError listing every
+// directory searched and naming BOOSTER_PLUGIN_PATH.
 //
 // Note [Plugin lifetime]
 // Unloading a library while an object it created (or a function it holds) is alive leaves dangling
@@ -58,6 +60,8 @@ std::shared_ptr<Plugin> load(const std::string& kind, const std::string& name_or
 
 // The directories searched, in order.
 std::vector<std::filesystem::path> search_path();
+// The directory of the loaded libbooster_core (empty if the dynamic loader cannot say).
+std::filesystem::path core_library_dir();
 // The file name a plugin called `name` of `kind` has.
 std::string file_name(const std::string& kind, const std::string& name);
 // Whether `name_or_path` is taken as a path rather than a name.

@@ -6,7 +6,7 @@
 #pragma once
 
 #include "booster/mixed_precision/mixed_precision.h"
-#include "mixed_precision/master_weight_optimizer.h"
+#include "booster/mixed_precision/master_weight_optimizer.h"
 
 namespace booster::mixed_precision {
 
