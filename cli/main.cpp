@@ -64,6 +64,7 @@ void print_version() {
     if (!reason.empty()) std::cout << "; " << reason;
     std::cout << "\n";
   }
+  std::cout << "  CPU kernels: " << info.value("cpu_kernels", std::string("?")) << "\n";
   std::cout << "  NCCL: " << (info.value("nccl", false) ? "on" : "off") << "\n"
             << "  MPI: " << (info.value("mpi", false) ? "on (booster run -n N starts N processes)" : "off (one process only)")
             << "\n"

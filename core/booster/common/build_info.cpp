@@ -1,6 +1,7 @@
 #include "booster/common/build_info.h"
 
 #include "booster/backends/cuda/cuda.h"
+#include "booster/common/cpu_features.h"
 
 namespace booster {
 
@@ -23,7 +24,7 @@ nlohmann::json build_info() {
 #else
   const bool mpi = false;
 #endif
-  return {{"cuda", cuda_info}, {"nccl", nccl}, {"mpi", mpi}};
+  return {{"cuda", cuda_info}, {"nccl", nccl}, {"mpi", mpi}, {"cpu_kernels", cpu::isa_description()}};
 }
 
 std::string build_info_line() {

@@ -16,7 +16,10 @@
 #include "booster/tensor/dtype.h"
 #include "booster/tensor/half.h"
 
+#include "booster/backends/cpu/isa.h"
+
 namespace booster::cpu {
+inline namespace BOOSTER_CPU_ISA_NS {  // Note [One namespace per ISA build]
 
 inline constexpr int64_t kConvertBlock = 512;
 
@@ -39,4 +42,5 @@ inline void store_block(const A* src, T* dst, int64_t n) {
 template <class T>
 inline constexpr bool is_16bit_float_v = std::is_same_v<T, Half> || std::is_same_v<T, BFloat16>;
 
+}  // namespace BOOSTER_CPU_ISA_NS
 }  // namespace booster::cpu

@@ -70,6 +70,6 @@ void cpu_fill(Tensor& dst, double value) {
 }  // namespace booster::cpu
 
 namespace booster::kernels {
-BOOSTER_REGISTER_KERNEL(copy_kernel, CPU, &cpu::cpu_copy);
-BOOSTER_REGISTER_KERNEL(fill_kernel, CPU, &cpu::cpu_fill);
+BOOSTER_REGISTER_CPU_KERNEL(copy_kernel, &cpu::cpu_copy);
+BOOSTER_REGISTER_CPU_KERNEL(fill_kernel, &cpu::cpu_fill);
 }  // namespace booster::kernels

@@ -254,8 +254,8 @@ void cpu_where(const Tensor& cond, const Tensor& a, const Tensor& b, Tensor& out
 }  // namespace booster::cpu
 
 namespace booster::kernels {
-BOOSTER_REGISTER_KERNEL(binary_kernel, CPU, &cpu::cpu_binary);
-BOOSTER_REGISTER_KERNEL(unary_kernel, CPU, &cpu::cpu_unary);
-BOOSTER_REGISTER_KERNEL(unary_backward_kernel, CPU, &cpu::cpu_unary_backward);
-BOOSTER_REGISTER_KERNEL(where_kernel, CPU, &cpu::cpu_where);
+BOOSTER_REGISTER_CPU_KERNEL(binary_kernel, &cpu::cpu_binary);
+BOOSTER_REGISTER_CPU_KERNEL(unary_kernel, &cpu::cpu_unary);
+BOOSTER_REGISTER_CPU_KERNEL(unary_backward_kernel, &cpu::cpu_unary_backward);
+BOOSTER_REGISTER_CPU_KERNEL(where_kernel, &cpu::cpu_where);
 }  // namespace booster::kernels

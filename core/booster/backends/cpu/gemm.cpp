@@ -121,5 +121,5 @@ void cpu_gemm(const GemmArgs& args, const Tensor& a, const Tensor& b, Tensor& c)
 }  // namespace booster::cpu
 
 namespace booster::kernels {
-BOOSTER_REGISTER_KERNEL(gemm_kernel, CPU, &cpu::cpu_gemm);
+BOOSTER_REGISTER_CPU_KERNEL(gemm_kernel, &cpu::cpu_gemm);
 }  // namespace booster::kernels

@@ -129,8 +129,8 @@ void cpu_scatter_add(Tensor& out, int64_t dim, const Tensor& index, const Tensor
 }  // namespace booster::cpu
 
 namespace booster::kernels {
-BOOSTER_REGISTER_KERNEL(index_select_kernel, CPU, &cpu::cpu_index_select);
-BOOSTER_REGISTER_KERNEL(index_add_kernel, CPU, &cpu::cpu_index_add);
-BOOSTER_REGISTER_KERNEL(gather_kernel, CPU, &cpu::cpu_gather);
-BOOSTER_REGISTER_KERNEL(scatter_add_kernel, CPU, &cpu::cpu_scatter_add);
+BOOSTER_REGISTER_CPU_KERNEL(index_select_kernel, &cpu::cpu_index_select);
+BOOSTER_REGISTER_CPU_KERNEL(index_add_kernel, &cpu::cpu_index_add);
+BOOSTER_REGISTER_CPU_KERNEL(gather_kernel, &cpu::cpu_gather);
+BOOSTER_REGISTER_CPU_KERNEL(scatter_add_kernel, &cpu::cpu_scatter_add);
 }  // namespace booster::kernels

@@ -17,7 +17,10 @@
 
 #include "booster/tensor/tensor.h"
 
+#include "booster/backends/cpu/isa.h"
+
 namespace booster::cpu {
+inline namespace BOOSTER_CPU_ISA_NS {  // Note [One namespace per ISA build]
 
 // Work below this many elements stays on one thread: the fork/join would cost more than it saves.
 inline constexpr int64_t kParallelGrain = 32768;
@@ -121,4 +124,5 @@ void strided_loop(const Shape& shape, const std::array<const Shape*, N>& strides
   });
 }
 
+}  // namespace BOOSTER_CPU_ISA_NS
 }  // namespace booster::cpu

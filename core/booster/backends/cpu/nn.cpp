@@ -944,19 +944,19 @@ void cpu_mse_loss_backward(const Tensor& grad, const Tensor& input, const Tensor
 }  // namespace booster::cpu
 
 namespace booster::kernels {
-BOOSTER_REGISTER_KERNEL(softmax_kernel, CPU, &cpu::cpu_softmax);
-BOOSTER_REGISTER_KERNEL(softmax_backward_kernel, CPU, &cpu::cpu_softmax_backward);
-BOOSTER_REGISTER_KERNEL(layer_norm_kernel, CPU, &cpu::cpu_layer_norm);
-BOOSTER_REGISTER_KERNEL(layer_norm_backward_kernel, CPU, &cpu::cpu_layer_norm_backward);
-BOOSTER_REGISTER_KERNEL(batch_norm_kernel, CPU, &cpu::cpu_batch_norm);
-BOOSTER_REGISTER_KERNEL(batch_norm_backward_kernel, CPU, &cpu::cpu_batch_norm_backward);
-BOOSTER_REGISTER_KERNEL(masked_scale_kernel, CPU, &cpu::cpu_masked_scale);
-BOOSTER_REGISTER_KERNEL(attention_kernel, CPU, &cpu::cpu_attention);
-BOOSTER_REGISTER_KERNEL(attention_backward_kernel, CPU, &cpu::cpu_attention_backward);
-BOOSTER_REGISTER_KERNEL(cross_entropy_kernel, CPU, &cpu::cpu_cross_entropy);
-BOOSTER_REGISTER_KERNEL(cross_entropy_backward_kernel, CPU, &cpu::cpu_cross_entropy_backward);
-BOOSTER_REGISTER_KERNEL(nll_loss_kernel, CPU, &cpu::cpu_nll_loss);
-BOOSTER_REGISTER_KERNEL(nll_loss_backward_kernel, CPU, &cpu::cpu_nll_loss_backward);
-BOOSTER_REGISTER_KERNEL(mse_loss_kernel, CPU, &cpu::cpu_mse_loss);
-BOOSTER_REGISTER_KERNEL(mse_loss_backward_kernel, CPU, &cpu::cpu_mse_loss_backward);
+BOOSTER_REGISTER_CPU_KERNEL(softmax_kernel, &cpu::cpu_softmax);
+BOOSTER_REGISTER_CPU_KERNEL(softmax_backward_kernel, &cpu::cpu_softmax_backward);
+BOOSTER_REGISTER_CPU_KERNEL(layer_norm_kernel, &cpu::cpu_layer_norm);
+BOOSTER_REGISTER_CPU_KERNEL(layer_norm_backward_kernel, &cpu::cpu_layer_norm_backward);
+BOOSTER_REGISTER_CPU_KERNEL(batch_norm_kernel, &cpu::cpu_batch_norm);
+BOOSTER_REGISTER_CPU_KERNEL(batch_norm_backward_kernel, &cpu::cpu_batch_norm_backward);
+BOOSTER_REGISTER_CPU_KERNEL(masked_scale_kernel, &cpu::cpu_masked_scale);
+BOOSTER_REGISTER_CPU_KERNEL(attention_kernel, &cpu::cpu_attention);
+BOOSTER_REGISTER_CPU_KERNEL(attention_backward_kernel, &cpu::cpu_attention_backward);
+BOOSTER_REGISTER_CPU_KERNEL(cross_entropy_kernel, &cpu::cpu_cross_entropy);
+BOOSTER_REGISTER_CPU_KERNEL(cross_entropy_backward_kernel, &cpu::cpu_cross_entropy_backward);
+BOOSTER_REGISTER_CPU_KERNEL(nll_loss_kernel, &cpu::cpu_nll_loss);
+BOOSTER_REGISTER_CPU_KERNEL(nll_loss_backward_kernel, &cpu::cpu_nll_loss_backward);
+BOOSTER_REGISTER_CPU_KERNEL(mse_loss_kernel, &cpu::cpu_mse_loss);
+BOOSTER_REGISTER_CPU_KERNEL(mse_loss_backward_kernel, &cpu::cpu_mse_loss_backward);
 }  // namespace booster::kernels

@@ -304,5 +304,5 @@ void cpu_reduce(ReduceOp op, const Tensor& a, const std::vector<int64_t>& dims, 
 }  // namespace booster::cpu
 
 namespace booster::kernels {
-BOOSTER_REGISTER_KERNEL(reduce_kernel, CPU, &cpu::cpu_reduce);
+BOOSTER_REGISTER_CPU_KERNEL(reduce_kernel, &cpu::cpu_reduce);
 }  // namespace booster::kernels

@@ -10,7 +10,10 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "booster/backends/cpu/isa.h"
+
 namespace booster::cpu {
+inline namespace BOOSTER_CPU_ISA_NS {  // Note [One namespace per ISA build]
 
 // Note [Vectorizable exp]
 // std::exp is a library call the compiler cannot vectorize (without -ffast-math), and the softmax
@@ -67,4 +70,5 @@ inline A gelu_tanh_backward(A g, A x) {
   return g * (s + A(2) * x * s * (A(1) - s) * du);
 }
 
+}  // namespace BOOSTER_CPU_ISA_NS
 }  // namespace booster::cpu
