@@ -3,7 +3,7 @@
 # BOOSTER_CUDA is ON, or AUTO and nvcc was found. nvcc is looked up on PATH and at
 # /usr/local/cuda/bin/nvcc, where Debian's and NVIDIA's installers put it.
 #
-# Defines BOOSTER_WITH_CUDA=1 (PUBLIC: tests and programs see it too) and links cudart, cublas,
+# Defines BOOSTER_WITH_CUDA=1 (PUBLIC: tests and programs see it too) and links (privately) cudart, cublas,
 # cublasLt, and NCCL when its header and library are found (BOOSTER_WITH_NCCL=1).
 if(NOT CMAKE_CUDA_COMPILER)
   find_program(BOOSTER_NVCC nvcc HINTS /usr/local/cuda/bin ENV CUDA_HOME PATH_SUFFIXES bin)
@@ -43,7 +43,7 @@ endif()
 target_compile_options(booster_core PRIVATE
   $<$<COMPILE_LANGUAGE:CUDA>:--expt-relaxed-constexpr --extended-lambda -Xcompiler=-fPIC -Xcudafe=--diag_suppress=esa_on_defaulted_function_ignored>)
 target_compile_definitions(booster_core PUBLIC BOOSTER_WITH_CUDA=1)
-target_link_libraries(booster_core PUBLIC CUDA::cudart PRIVATE CUDA::cublas CUDA::cublasLt)
+target_link_libraries(booster_core PRIVATE CUDA::cudart CUDA::cublas CUDA::cublasLt)
 
 # NCCL: the CUDA 13 toolkit image has it beside cudart; a pip wheel (nvidia-nccl-cu13) can be named
 # with BOOSTER_NCCL_INCLUDE_DIR / BOOSTER_NCCL_LIBRARY.

@@ -1,0 +1,92 @@
+#!/usr/bin/env bash
+# The installed package as a user meets it: install into a prefix, move the prefix, build
+# examples/external_project against it with find_package(booster) (and a pkg-config build), train its
+# own module under two strategies, and load its own precision plugin by name (BOOSTER_PLUGIN_PATH) and
+# by path (from a config, through the library and through the installed `booster` command).
+# usage: test_install.sh BUILD_DIR SOURCE_DIR
+set -euo pipefail
+build=$(cd "$1" && pwd) source=$(cd "$2" && pwd)
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
+step() { echo "--- $*"; }
+
+step "install into a prefix, then move it"
+cmake --install "$build" --prefix "$work/first" >/dev/null
+mv "$work/first" "$work/moved"
+prefix=$work/moved
+test -f "$prefix/include/booster/booster.h"
+test -f "$prefix/lib/cmake/booster/boosterConfig.cmake"
+test -f "$prefix/lib/booster/libbooster_plugin_ddp.so"
+for private in booster/kernels booster/backends/cpu booster/ops/ops_impl.h booster/optim/fused_kernels.h; do
+  if [ -e "$prefix/include/$private" ]; then echo "private header installed: $private"; exit 1; fi
+done
+if grep -rqs "$work/first" "$prefix"; then echo "the prefix names where it was installed:"; grep -rls "$work/first" "$prefix"; exit 1; fi
+
+step "the moved command runs and finds the moved plugins"
+"$prefix/bin/booster" --version
+"$prefix/bin/booster" plugins > "$work/plugins.txt"
+grep -q "file: $prefix/lib/booster/libbooster_plugin_ddp.so" "$work/plugins.txt"
+
+step "a copy of the build tree runs its own libraries and plugins, not the original's"
+mkdir -p "$work/build_copy"
+cp -a "$build/bin" "$build/lib" "$work/build_copy/"
+"$work/build_copy/bin/booster" plugins > "$work/copy_plugins.txt"
+grep -q "file: $work/build_copy/lib/libbooster_plugin_ddp.so" "$work/copy_plugins.txt"
+LD_DEBUG=libs "$work/build_copy/bin/booster" --version 2> "$work/copy_libs.txt" >/dev/null
+grep -q "init: $work/build_copy/bin/../lib/libbooster_core.so" "$work/copy_libs.txt"
+rm -rf "$work/build_copy"
+
+step "build the external project with find_package(booster)"
+cmake -S "$source/examples/external_project" -B "$work/ext" -G Ninja -DCMAKE_BUILD_TYPE=Release \
+      -DCMAKE_PREFIX_PATH="$prefix" >/dev/null
+cmake --build "$work/ext" >/dev/null
+ext=$work/ext
+
+step "its own model under two strategies"
+"$ext/train_residual_mlp" fp32
+"$ext/train_residual_mlp" fp16
+
+step "its own precision plugin by name, on BOOSTER_PLUGIN_PATH"
+BOOSTER_PLUGIN_PATH="$ext" "$ext/train_residual_mlp" scaled_bf16 | tee "$work/by_name.txt"
+grep -q "^scaled_bf16:" "$work/by_name.txt"
+if "$ext/train_residual_mlp" scaled_bf16 2> "$work/missing.txt"; then echo "found without BOOSTER_PLUGIN_PATH"; exit 1; fi
+grep -q "BOOSTER_PLUGIN_PATH" "$work/missing.txt"
+
+step "by path, from a config"
+printf '{"mixed_precision": {"name": "%s", "loss_scale": 8}}\n' "$ext/libbooster_precision_scaled_bf16.so" > "$work/run.json"
+"$ext/train_residual_mlp" --config "$work/run.json" | tee "$work/by_path.txt"
+grep -q "^scaled_bf16:" "$work/by_path.txt"
+
+step "pkg-config"
+cat > "$work/pc.cpp" <<'CPP'
+#include <booster/booster.h>
+#include <cstdio>
+int main() {
+  booster::Tensor t = booster::ones({2, 3});
+  std::printf("sum %g\n", booster::sum(t).item());
+  return booster::sum(t).item() == 6.0 ? 0 : 1;
+}
+CPP
+PKG_CONFIG_PATH="$prefix/lib/pkgconfig" c++ "$work/pc.cpp" -o "$work/pc" \
+  $(PKG_CONFIG_PATH="$prefix/lib/pkgconfig" pkg-config --cflags --libs booster)
+"$work/pc"
+step "add_subdirectory of the source tree: configures, gives booster::core, leaks no settings"
+mkdir -p "$work/sub"
+cat > "$work/sub/CMakeLists.txt" <<CMAKE
+cmake_minimum_required(VERSION 3.25)
+project(uses_booster_source LANGUAGES CXX)
+add_subdirectory("$source" booster)
+get_directory_property(options COMPILE_OPTIONS)
+get_directory_property(definitions COMPILE_DEFINITIONS)
+if(options OR definitions OR DEFINED CMAKE_CXX_STANDARD OR DEFINED CMAKE_RUNTIME_OUTPUT_DIRECTORY)
+  message(FATAL_ERROR "booster leaked settings into its parent: '\${options}' '\${definitions}'")
+endif()
+add_executable(app "$work/pc.cpp")
+target_link_libraries(app PRIVATE booster::core)
+CMAKE
+cmake -S "$work/sub" -B "$work/sub/build" -G Ninja -DBOOSTER_CUDA=OFF > "$work/sub.log" 2>&1 || { cat "$work/sub.log"; exit 1; }
+ninja -C "$work/sub/build" -t targets all > "$work/sub/targets.txt"
+grep -q "^app:" "$work/sub/targets.txt"
+if grep -q "test_plugin" "$work/sub/targets.txt"; then echo "a subproject builds booster's tests"; exit 1; fi
+echo "install test passed"
