@@ -23,6 +23,13 @@ for private in booster/kernels booster/backends/cpu booster/ops/ops_impl.h boost
 done
 if grep -rqs "$work/first" "$prefix"; then echo "the prefix names where it was installed:"; grep -rls "$work/first" "$prefix"; exit 1; fi
 
+step "every installed header compiles on its own against the prefix"
+(cd "$prefix/include" && find booster -name '*.h' | sort) > "$work/headers.txt"
+while read -r h; do printf '#include <%s>\n' "$h" > "$work/one_$(echo "$h" | tr '/.' '__').cpp"; done < "$work/headers.txt"
+ls "$work"/one_*.cpp | xargs -P 2 -I{} sh -c \
+  'c++ -std=c++20 -fsyntax-only -DBOOST_DLL_USE_STD_FS -I"$0/include" "{}" || { echo "does not compile alone: {}"; exit 255; }' "$prefix"
+echo "$(wc -l < "$work/headers.txt") headers"
+
 step "the moved command runs and finds the moved plugins"
 "$prefix/bin/booster" --version
 "$prefix/bin/booster" plugins > "$work/plugins.txt"
