@@ -35,6 +35,7 @@
 #include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -197,6 +198,11 @@ class OptionReader {
                 bool max_exclusive = false);
   int64_t integer(const std::string& key, int64_t fallback, int64_t min, int64_t max);
   bool flag(const std::string& key, bool fallback);
+  // Options whose absence and null mean "no override" (apex's None): nullopt then. optional_flag also
+  // takes Python's spellings "True" and "False" (configs written from argparse values).
+  std::optional<bool> optional_flag(const std::string& key);
+  std::optional<double> optional_number(const std::string& key, double min, double max, bool min_exclusive = false,
+                                        bool max_exclusive = false);
   std::string choice(const std::string& key, const std::string& fallback, const std::vector<std::string>& choices);
   // The raw value (or fallback) for options with their own syntax; the caller validates it.
   nlohmann::json raw(const std::string& key, const nlohmann::json& fallback);
