@@ -256,3 +256,47 @@ TEST_CASE("PrecisionStrategy: a recipe without a scaler never calls the reducer 
     CHECK_FALSE(mp->step_was_skipped());
   }
 }
+
+// ------------------------------------------------------------------------- the README's second recipe
+
+namespace {
+
+// mixed_precision/README.md, "A second recipe": keep the two in step.
+std::unique_ptr<MixedPrecision> make_fp16_masters(const nlohmann::json& options) {
+  OptionReader reader("fp16_masters", options);
+  GradScalerOptions scaler;
+  scaler.init_scale = reader.number("init_scale", 65536.0, 0.0, 3.4e38, /*min_exclusive=*/true);
+  scaler.growth_interval = reader.integer("growth_interval", 2000, 1, int64_t(1) << 40);
+
+  PrecisionRecipe recipe;
+  recipe.model_dtype = DType::Float16;  // the whole model in float16 ...
+  recipe.master_weights = true;         // ... stepped through float32 masters
+  recipe.scaler = std::make_shared<TorchLossScaler>(scaler);
+  return std::make_unique<PrecisionStrategy>(
+      reader, nlohmann::json{{"init_scale", scaler.init_scale}, {"growth_interval", scaler.growth_interval}}, recipe);
+}
+
+}  // namespace
+
+TEST_CASE("the README's fp16_masters recipe: float16 model, float32 masters, torch's scale", "[amp]") {
+  CHECK_THROWS_AS(make_fp16_masters({{"init_scal", 1}}), ConfigError);
+  CHECK_THROWS_AS(make_fp16_masters({{"init_scale", 0}}), ConfigError);
+  auto mp = make_fp16_masters({{"init_scale", 1024}, {"growth_interval", 2}});
+  CHECK(mp->options() == json{{"init_scale", 1024.0}, {"growth_interval", 2}});
+  auto model = std::make_shared<nn::MLPClassifier>(8, std::vector<int64_t>{16}, 3, "relu", 7);
+  std::shared_ptr<optim::Optimizer> opt = std::make_shared<optim::SGD>(model->parameters(), json{{"lr", 0.1}});
+  Configured c = mp->configure(model, opt, [](const Tensor& o, const Tensor& t) { return cross_entropy(o, t); });
+  CHECK(dynamic_cast<MasterWeightOptimizer*>(c.optimizer.get()) != nullptr);
+  CHECK(model->parameters().front().dtype() == DType::Float16);
+  auto data = data::synthetic_classification(32, 8, 3, 4);
+  for (int i = 0; i < 2; ++i) {
+    c.optimizer->zero_grad();
+    mp->backward(c.criterion((*c.model)(data->x()), data->y()), *c.optimizer);
+    mp->step(*c.optimizer);
+    CHECK_FALSE(mp->step_was_skipped());
+  }
+  CHECK(mp->loss_scale() == 2048.0);  // grown after growth_interval = 2 clean steps
+  const MixedPrecisionState state = mp->state_dict();
+  CHECK(state.meta.at("scaler").at("scale") == 2048.0);
+  CHECK(state.tensors.count("master_weights.0.0") == 1);
+}
