@@ -108,7 +108,8 @@ class MixedPrecision {
   // installs a reducer (an all-reduce of the flag with Max over its process group) and strategies that
   // check gradients pass their local verdict through agree_on_found_inf() right after the fused
   // unscale-and-check pass. Every rank calls it exactly once per check, so it may be a collective.
-  // Without a reducer the local verdict stands.
+  // Without a reducer the local verdict stands. PrecisionStrategy (precision_strategy.h) makes this call
+  // for every strategy built on it, so a recipe cannot forget it.
   using FoundInfReducer = std::function<bool(bool local_found_inf)>;
   virtual void set_found_inf_reducer(FoundInfReducer reducer) { found_inf_reducer_ = std::move(reducer); }
 
