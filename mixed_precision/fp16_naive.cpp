@@ -1,15 +1,12 @@
 // "fp16_naive": ColossalAI's naive AMP / Megatron's float16 optimizer. The whole model is float16;
 // a MasterWeightOptimizer keeps float32 masters (Note [Master weights]); a DynamicGradScaler with
-// hysteresis (Note [Hysteresis]) scales the float32 loss, and the gathered gradients are unscaled and
-// checked in the same pass that moves them into the masters.
+// hysteresis (HysteresisLossScaler, Note [Hysteresis]) scales the float32 loss, and the gathered
+// gradients are unscaled and checked in the same pass that moves them into the masters.
 //
 // Options: initial_scale (2^16), min_scale (1), growth_factor (2), backoff_factor (0.5),
 // growth_interval (1000), hysteresis (2), max_scale (2^32), log_num_zeros_in_grad (false: when true,
 // each step's statistics count the zero elements of the unscaled master gradients).
-#include <cmath>
-
-#include "booster/mixed_precision/dynamic_grad_scaler.h"
-#include "booster/mixed_precision/master_weight_strategy.h"
+#include "booster/mixed_precision/precision_strategy.h"
 
 namespace booster::mixed_precision {
 namespace {
@@ -31,44 +28,23 @@ DynamicGradScalerOptions read_scaler_options(OptionReader& r) {
   return o;
 }
 
-class Fp16Naive final : public MasterWeightStrategy {
- public:
-  explicit Fp16Naive(const nlohmann::json& options) : MasterWeightStrategy(DType::Float16, true, false) {
-    OptionReader r("fp16_naive", options);
-    const DynamicGradScalerOptions o = read_scaler_options(r);
-    count_zeros_ = r.flag("log_num_zeros_in_grad", false);
-    r.finish();
-    scaler_ = DynamicGradScaler(o);
-  }
+std::unique_ptr<MixedPrecision> make_fp16_naive(const nlohmann::json& options) {
+  OptionReader r("fp16_naive", options);
+  const DynamicGradScalerOptions o = read_scaler_options(r);
+  PrecisionRecipe recipe;
+  recipe.model_dtype = DType::Float16;
+  recipe.master_weights = true;
+  recipe.count_zeros = r.flag("log_num_zeros_in_grad", false);
+  r.finish();
+  recipe.scaler = std::make_shared<HysteresisLossScaler>(o);
+  const nlohmann::json values = {{"initial_scale", o.initial_scale},     {"min_scale", o.min_scale},
+                                 {"growth_factor", o.growth_factor},     {"backoff_factor", o.backoff_factor},
+                                 {"growth_interval", o.growth_interval}, {"hysteresis", o.hysteresis},
+                                 {"max_scale", o.max_scale},             {"log_num_zeros_in_grad", recipe.count_zeros}};
+  return std::make_unique<PrecisionStrategy>(r, values, std::move(recipe));
+}
 
-  std::string name() const override { return "fp16_naive"; }
-  nlohmann::json options() const override {
-    const DynamicGradScalerOptions& o = scaler_.options();
-    return {{"initial_scale", o.initial_scale},     {"min_scale", o.min_scale},
-            {"growth_factor", o.growth_factor},     {"backoff_factor", o.backoff_factor},
-            {"growth_interval", o.growth_interval}, {"hysteresis", o.hysteresis},
-            {"max_scale", o.max_scale},             {"log_num_zeros_in_grad", count_zeros_}};
-  }
-
-  Configured configure(nn::ModulePtr model, std::shared_ptr<optim::Optimizer> optimizer,
-                       Criterion criterion) override {
-    return configure_masters(std::move(model), std::move(optimizer), std::move(criterion));
-  }
-
-  const DynamicGradScaler& scaler() const { return scaler_; }
-
- protected:
-  double current_scale() const override { return scaler_.scale(); }
-  void update_scale(bool found_inf) override { scaler_.update(found_inf); }
-  nlohmann::json scaler_state() const override { return scaler_.state_dict(); }
-  void load_scaler_state(const nlohmann::json& state) override { scaler_.load_state_dict(state); }
-
- private:
-  DynamicGradScaler scaler_;
-};
-
-const Registrar fp16_naive_registrar("fp16_naive",
-                                     [](const nlohmann::json& o) { return std::make_unique<Fp16Naive>(o); });
+const Registrar fp16_naive_registrar("fp16_naive", make_fp16_naive);
 
 }  // namespace
 }  // namespace booster::mixed_precision

@@ -2,6 +2,7 @@
 
 #include <cmath>
 
+#include "booster/mixed_precision/loss_scaler.h"
 #include "booster/mixed_precision/mixed_precision.h"
 #include "booster/ops/ops.h"
 
@@ -60,19 +61,7 @@ void GradScaler::update() {
     found |= st.found_inf;
   }
   BOOSTER_CHECK(any_check, StateError, "No inf checks were recorded prior to update().");
-  if (found) {
-    scale_ = scale_ * float(options_.backoff_factor);
-    growth_tracker_ = 0;
-  } else {
-    const int64_t successful = growth_tracker_ + 1;
-    if (successful == options_.growth_interval) {
-      const float grown = scale_ * float(options_.growth_factor);
-      if (std::isfinite(grown)) scale_ = grown;
-      growth_tracker_ = 0;
-    } else {
-      growth_tracker_ = successful;
-    }
-  }
+  TorchLossScaler::update_rule(scale_, growth_tracker_, found, options_);
   per_optimizer_.clear();
 }
 

@@ -152,6 +152,25 @@ bool OptionReader::flag(const std::string& key, bool fallback) {
   return v.get<bool>();
 }
 
+std::optional<bool> OptionReader::optional_flag(const std::string& key) {
+  valid_.push_back(key);
+  if (!options_.contains(key) || options_.at(key).is_null()) return std::nullopt;
+  const json& v = options_.at(key);
+  if (v.is_boolean()) return v.get<bool>();
+  BOOSTER_CHECK(v == "True" || v == "False", ConfigError, "mixed precision '", strategy_, "': option '", key,
+                "' must be true, false or null, got ", v.dump());
+  return v == "True";
+}
+
+std::optional<double> OptionReader::optional_number(const std::string& key, double min, double max,
+                                                    bool min_exclusive, bool max_exclusive) {
+  if (!options_.contains(key) || options_.at(key).is_null()) {
+    valid_.push_back(key);
+    return std::nullopt;
+  }
+  return number(key, 0.0, min, max, min_exclusive, max_exclusive);
+}
+
 std::string OptionReader::choice(const std::string& key, const std::string& fallback,
                                  const std::vector<std::string>& choices) {
   valid_.push_back(key);

@@ -35,6 +35,7 @@
 #include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -107,7 +108,8 @@ class MixedPrecision {
   // installs a reducer (an all-reduce of the flag with Max over its process group) and strategies that
   // check gradients pass their local verdict through agree_on_found_inf() right after the fused
   // unscale-and-check pass. Every rank calls it exactly once per check, so it may be a collective.
-  // Without a reducer the local verdict stands.
+  // Without a reducer the local verdict stands. PrecisionStrategy (precision_strategy.h) makes this call
+  // for every strategy built on it, so a recipe cannot forget it.
   using FoundInfReducer = std::function<bool(bool local_found_inf)>;
   virtual void set_found_inf_reducer(FoundInfReducer reducer) { found_inf_reducer_ = std::move(reducer); }
 
@@ -197,6 +199,11 @@ class OptionReader {
                 bool max_exclusive = false);
   int64_t integer(const std::string& key, int64_t fallback, int64_t min, int64_t max);
   bool flag(const std::string& key, bool fallback);
+  // Options whose absence and null mean "no override" (apex's None): nullopt then. optional_flag also
+  // takes Python's spellings "True" and "False" (configs written from argparse values).
+  std::optional<bool> optional_flag(const std::string& key);
+  std::optional<double> optional_number(const std::string& key, double min, double max, bool min_exclusive = false,
+                                        bool max_exclusive = false);
   std::string choice(const std::string& key, const std::string& fallback, const std::vector<std::string>& choices);
   // The raw value (or fallback) for options with their own syntax; the caller validates it.
   nlohmann::json raw(const std::string& key, const nlohmann::json& fallback);
