@@ -24,9 +24,10 @@
 // Mixed precision: the strategy interface, the registry and the building blocks of the precision SDK.
 #include "booster/mixed_precision/dynamic_grad_scaler.h"
 #include "booster/mixed_precision/grad_scaler.h"
+#include "booster/mixed_precision/loss_scaler.h"
 #include "booster/mixed_precision/master_weight_optimizer.h"
-#include "booster/mixed_precision/master_weight_strategy.h"
 #include "booster/mixed_precision/mixed_precision.h"
+#include "booster/mixed_precision/precision_strategy.h"
 
 // Processes, checkpoints, configs.
 #include "booster/checkpoint/checkpoint.h"

@@ -25,7 +25,7 @@
 #include <memory>
 #include <nlohmann/json.hpp>
 
-#define BOOSTER_PLUGIN_ABI_VERSION 4
+#define BOOSTER_PLUGIN_ABI_VERSION 5
 
 namespace booster::mixed_precision {
 class MixedPrecision;
