@@ -114,7 +114,7 @@ void poison_first_grad(const Configured& c, float value) {
 
 // ------------------------------------------------------------------------------------------- registry
 
-TEST_CASE("registry: every strategy is registered; unknown names and options are ConfigErrors", "[amp]") {
+TEST_CASE("registry: every strategy is registered, unknown names and options are ConfigErrors", "[amp]") {
   const auto names = registered_strategies();
   for (const char* n : {"fp32", "no", "fp16", "bf16", "fp16_naive", "fp16_apex"})
     CHECK(std::find(names.begin(), names.end(), n) != names.end());
@@ -658,7 +658,7 @@ TEST_CASE("strategies wrap the model without renaming it and run the forward und
 
 // --------------------------------------------------------------------------------------------- apex
 
-TEST_CASE("fp16_apex: opt levels follow apex's property table; overrides are checked as apex does", "[amp]") {
+TEST_CASE("fp16_apex: opt levels follow apex's property table, overrides are checked as apex does", "[amp]") {
   const json o0 = create("fp16_apex", {{"opt_level", "O0"}})->options();
   CHECK(o0.at("cast_model_type") == "float32");
   CHECK(o0.at("patch_torch_functions") == false);

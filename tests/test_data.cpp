@@ -218,7 +218,7 @@ class RaggedDataset : public Dataset {
 };
 }  // namespace
 
-TEST_CASE("Dataset::get_batch stacks items; TensorDataset gathers rows", "[data]") {
+TEST_CASE("Dataset::get_batch stacks items, TensorDataset gathers rows", "[data]") {
   RaggedDataset ragged;
   REQUIRE(ragged.get_batch({1, 1}).x.shape() == Shape{2, 2});
   REQUIRE_THROWS_AS(ragged.get_batch({0, 2}), ShapeError);
@@ -402,7 +402,7 @@ TEST_CASE("DataLoader rejects bad options", "[data]") {
   REQUIRE_THROWS_AS(DataLoader(nullptr, {}), ValueError);
 }
 
-TEST_CASE("DataLoader: leaving a pass early stops the worker; the next pass starts over", "[data]") {
+TEST_CASE("DataLoader: leaving a pass early stops the worker, the next pass starts over", "[data]") {
   // Large batches so the worker is busy (or blocked on a full queue) when the consumer leaves.
   auto ds = std::make_shared<TensorDataset>(zeros({20000, 256}), zeros({20000}, DType::Int64));
   const auto start = std::chrono::steady_clock::now();

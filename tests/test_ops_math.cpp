@@ -116,7 +116,7 @@ TEST_CASE("large reductions take the parallel paths and agree with float64", "[o
   REQUIRE(allclose(sum(x3.permute({2, 0, 1}), {0, 2}), sum(sum(x3, {1}), {1}), 1e-12, 1e-12));
 }
 
-TEST_CASE("max and argmax pick the first maximum; NaN wins", "[ops]") {
+TEST_CASE("max and argmax pick the first maximum, NaN wins", "[ops]") {
   Tensor x = from_vector(std::vector<double>{1, 3, 3, 2, 5, 5}, {2, 3});
   REQUIRE(argmax(x, 1).tolist() == std::vector<double>{1, 1});
   REQUIRE(max(x, 1, true).shape() == Shape{2, 1});

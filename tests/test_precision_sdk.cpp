@@ -20,7 +20,7 @@ using json = nlohmann::json;
 
 // ------------------------------------------------------------------------------------------- scalers
 
-TEST_CASE("ConstantLossScaler: the scale never moves; skipped steps are counted and round-trip", "[amp]") {
+TEST_CASE("ConstantLossScaler: the scale never moves, skipped steps are counted and round-trip", "[amp]") {
   ConstantLossScaler s(1024.0);
   CHECK(s.skips_non_finite());
   for (bool found_inf : {false, true, true, false, true}) {
