@@ -32,7 +32,7 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
-#include "booster/booster/plugin.h"
+#include "booster/plugin/parallel_plugin.h"
 
 namespace booster {
 
@@ -176,11 +176,5 @@ class Booster {
   std::shared_ptr<CheckpointIO> checkpoint_io_;
   bool boosted_ = false;
 };
-
-// A parallel plugin by name or path (Note [Finding a plugin]), created with `options`, every call
-// forwarded through the plugin boundary (exceptions become host errors) and bound to its library.
-// "" gives the built-in single-process plugin (the code the `single` library exports) with no library.
-std::shared_ptr<ParallelPlugin> create_plugin(const std::string& name_or_path,
-                                              const nlohmann::json& options = nlohmann::json::object());
 
 }  // namespace booster
