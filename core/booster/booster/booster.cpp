@@ -2,44 +2,29 @@
 #include "booster/booster/booster.h"
 
 #include <algorithm>
+#include <tuple>
 
 #include "booster/booster/compat.h"
 #include "booster/checkpoint/atomic_file.h"
 #include "booster/checkpoint/safetensors.h"
+#include "booster/config/config.h"
 
 namespace booster {
 
 using nlohmann::json;
 
 // ------------------------------------------------------------------------------------ BoosterConfig
-namespace {
-
-// "name" or {"name": ..., <options>} -> (name, options).
-void read_named(const json& config, const char* key, std::string& name, json& options) {
-  if (!config.contains(key) || config.at(key).is_null()) return;
-  const json& v = config.at(key);
-  if (v.is_string()) {
-    name = v.get<std::string>();
-    options = json::object();
-    return;
-  }
-  BOOSTER_CHECK(v.is_object() && v.contains("name") && v.at("name").is_string(), ConfigError, "booster config '", key,
-                "' must be a name or an object with a string \"name\" and options, got ", v.dump());
-  name = v.at("name").get<std::string>();
-  options = v;
-  options.erase("name");
-}
-
-}  // namespace
-
 BoosterConfig BoosterConfig::from_json(const json& config) {
   BOOSTER_CHECK(config.is_object(), ConfigError, "booster config must be a JSON object, got ", config.dump());
   for (const auto& [key, value] : config.items())
     BOOSTER_CHECK(key == "mixed_precision" || key == "plugin" || key == "device", ConfigError,
                   "booster config: unknown key '", key, "'; the keys are mixed_precision, plugin, device");
   BoosterConfig out;
-  read_named(config, "mixed_precision", out.mixed_precision, out.mixed_precision_options);
-  read_named(config, "plugin", out.plugin, out.plugin_options);
+  if (config.contains("mixed_precision"))
+    std::tie(out.mixed_precision, out.mixed_precision_options) =
+        config::parse_named_section(config.at("mixed_precision"), "mixed_precision", out.mixed_precision);
+  if (config.contains("plugin"))
+    std::tie(out.plugin, out.plugin_options) = config::parse_named_section(config.at("plugin"), "plugin", out.plugin);
   if (config.contains("device")) {
     BOOSTER_CHECK(config.at("device").is_string(), ConfigError, "booster config 'device' must be a string such as ",
                   "\"cpu\" or \"cuda\", got ", config.at("device").dump());
@@ -104,6 +89,22 @@ void BoostedScheduler::step() {
   if (!precision_->step_was_skipped()) scheduler_->step();
 }
 
+// ------------------------------------------------------------------------------ BoosterComponents
+BoosterComponents::BoosterComponents(BoosterConfig config_in, std::shared_ptr<ParallelPlugin> plugin_in,
+                                     std::shared_ptr<mixed_precision::MixedPrecision> precision_in)
+    : config(std::move(config_in)), plugin(std::move(plugin_in)), precision(std::move(precision_in)) {
+  BOOSTER_CHECK(plugin != nullptr && precision != nullptr, ValueError, "BoosterComponents: ",
+                plugin ? "the precision strategy" : "the plugin", " is null");
+  compat::require_compatible(config.mixed_precision, compat::PluginTraits::of(*plugin), config.device);
+}
+
+BoosterComponents BoosterComponents::create(const BoosterConfig& config) {
+  std::shared_ptr<ParallelPlugin> plugin = create_plugin(config.plugin, config.plugin_options);
+  std::shared_ptr<mixed_precision::MixedPrecision> precision =
+      mixed_precision::create(config.mixed_precision, config.mixed_precision_options);
+  return BoosterComponents(config, std::move(plugin), std::move(precision));
+}
+
 // ------------------------------------------------------------------------------------------ Booster
 namespace {
 constexpr const char* kPrecisionTensorsFile = "precision.safetensors";
@@ -112,10 +113,12 @@ constexpr const char* kPrecisionMetaFile = "precision.json";
 
 int Booster::process_group_rank() const { return plugin_->process_group().rank(); }
 
-Booster::Booster(BoosterConfig config) : config_(std::move(config)) {
-  plugin_ = create_plugin(config_.plugin, config_.plugin_options);
-  compat::require_compatible(config_.mixed_precision, compat::PluginTraits::of(*plugin_), config_.device);
-  precision_ = mixed_precision::create(config_.mixed_precision, config_.mixed_precision_options);
+Booster::Booster(BoosterConfig config) : Booster(BoosterComponents::create(config)) {}
+
+Booster::Booster(BoosterComponents components)
+    : config_(std::move(components.config)),
+      plugin_(std::move(components.plugin)),
+      precision_(std::move(components.precision)) {
   checkpoint_io_ = plugin_->checkpoint_io();
   BOOSTER_CHECK(checkpoint_io_ != nullptr, PluginError, "plugin '", plugin_->name(), "' returned no checkpoint IO");
 }
