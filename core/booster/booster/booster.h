@@ -20,7 +20,7 @@
 //   be handed these already built (BoosterComponents, Note [Built once]).
 // * boost() is called once per model. The strategy configures model, optimizer and criterion first
 //   (unless the plugin controls precision), then the plugin configures every part (Note [Parallel
-//   plugins] in plugin.h). Use only what boost() returns.
+//   plugins] in booster/plugin/parallel_plugin.h). Use only what boost() returns.
 // * The optimizer the user built stays the source of hyperparameters: a scheduler built on it edits
 //   its param groups, and the boosted optimizer copies lr and the other options into the optimizer
 //   that actually steps (a MasterWeightOptimizer, a ZeRO shard optimizer) before every step.
