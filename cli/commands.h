@@ -6,6 +6,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "booster/booster/booster.h"  // BoosterComponents
+
 namespace booster::cli {
 
 // Exit codes: 0 success, 1 a runtime failure, 2 a usage or config mistake.
@@ -13,9 +15,10 @@ inline constexpr int kExitOk = 0;
 inline constexpr int kExitRuntimeError = 1;
 inline constexpr int kExitUsageError = 2;
 
-// Trains from a resolved config (booster::config::resolve): progress on stderr, one line of JSON
-// with the summary on stdout. Throws booster errors; main.cpp turns them into one line and an exit code.
-int train(const nlohmann::json& config);
+// Trains from a resolved config with the strategy and plugin built while resolving it
+// (booster::config::resolve_run; Note [Built once]): progress on stderr, one line of JSON with the
+// summary on stdout. Throws booster errors; main.cpp turns them into one line and an exit code.
+int train(const nlohmann::json& config, BoosterComponents components);
 
 // Prints every registered mixed-precision strategy (built-in or plugin), one block each: the name,
 // then each option with its default, as `booster precisions` shows them.

@@ -86,11 +86,12 @@ po::options_description config_options(const std::string& command) {
        "JSON, else taken as a string)")
       ("mixed-precision,m", po::value<std::string>()->value_name("NAME"),
        "train with this mixed-precision strategy and its default options (replaces the whole "
-       "mixed_precision section; `booster precisions` lists them; for options use --set "
-       "mixed_precision.KEY=VALUE after it)")
+       "mixed_precision section; `booster precisions` lists them, or give the path to a precision "
+       "plugin's .so; for options use --set mixed_precision.KEY=VALUE after it)")
       ("plugin,p", po::value<std::string>()->value_name("NAME"),
        "run with this parallel plugin and its default options (replaces the whole plugin section; "
-       "`booster plugins` lists them; options: --set plugin.KEY=VALUE after it)")
+       "`booster plugins` lists them, or give the path to a plugin's .so; options: --set "
+       "plugin.KEY=VALUE after it)")
       ("resume,r", po::value<std::string>()->value_name("latest|DIR"),
        "continue from a checkpoint: \"latest\" in train.checkpoint_dir, or a checkpoint directory "
        "(same as --set train.resume=...)");
@@ -139,7 +140,9 @@ int run(int argc, char** argv) {
     std::string config_path;
     std::vector<std::string> overrides;
     if (!parse_config_args(command, rest, config_path, overrides)) return booster::cli::kExitOk;
-    nlohmann::json config = booster::config::load(config_path, overrides);
+    // Resolving builds the strategy and the plugin, once; train hands them to its Booster.
+    booster::config::ResolvedRun resolved = booster::config::load_run(config_path, overrides);
+    const nlohmann::json& config = resolved.config;
     if (command == "check") {
       // resolve() has run the compatibility matrix: reaching here means the combination works.
       std::cerr << "booster: compatible: mixed precision '" << config.at("mixed_precision").at("name").get<std::string>()
@@ -147,7 +150,7 @@ int run(int argc, char** argv) {
       std::cout << config.dump(2) << "\n";
       return booster::cli::kExitOk;
     }
-    return booster::cli::train(config);
+    return booster::cli::train(config, std::move(resolved.booster));
   }
   if (command == "precisions") {
     if (!rest.empty()) {

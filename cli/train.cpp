@@ -420,7 +420,7 @@ void truncate_metrics_after(const fs::path& file, int64_t step) {
 
 }  // namespace
 
-int train(const json& config) {
+int train(const json& config, BoosterComponents components) {
   const json& train_cfg = config.at("train");
   const uint64_t seed = train_cfg.at("seed").get<uint64_t>();
   const int64_t epochs = train_cfg.at("epochs").get<int64_t>();
@@ -440,9 +440,9 @@ int train(const json& config) {
   const int64_t grad_accumulation = train_cfg.at("grad_accumulation").get<int64_t>();
   manual_seed(seed);
 
-  // ---- the Booster: loads the plugin, checks the combination, starts the processes' group.
-  const BoosterConfig booster_config = config::booster_config(config);
-  Booster booster(booster_config);
+  // ---- the Booster, with the plugin and strategy that resolving the config built and checked.
+  Booster booster(std::move(components));
+  const BoosterConfig& booster_config = booster.config();
   distributed::ProcessGroup& group = booster.process_group();
   const bool is_rank0 = group.size() > 1 ? group.rank() == 0 : process_rank() == 0;
   Progress progress(Progress::detect());

@@ -18,6 +18,7 @@
 #include "booster/booster/compat.h"
 #include "booster/booster/single_process.h"
 #include "booster/data/synthetic.h"
+#include "booster/distributed/local_process_group.h"
 #include "booster/nn/models.h"
 #include "booster/ops/ops.h"
 #include "booster/optim/lr_scheduler.h"
@@ -313,6 +314,55 @@ TEST_CASE("booster: BoosterConfig from JSON takes names or objects and rejects u
 }
 
 // ------------------------------------------------------------------------------------------ plugins
+// Note [Optional slots] in booster/plugin/parallel_plugin.h: a plugin that defines only the required
+// slots (name, configure, process_group) gets documented defaults, and a Booster runs it.
+namespace {
+class MinimalPlugin final : public ParallelPlugin {
+ public:
+  std::string name() const override { return "minimal"; }
+  TrainingParts configure(TrainingParts parts) override {
+    ++configured;
+    return parts;
+  }
+  distributed::ProcessGroup& process_group() override { return group_; }
+  int configured = 0;
+
+ private:
+  distributed::LocalProcessGroup group_;
+};
+}  // namespace
+
+TEST_CASE("booster: a plugin with only the required slots gets the documented defaults", "[booster][plugin]") {
+  auto plugin = std::make_shared<MinimalPlugin>();
+  CHECK(plugin->version() == "0");
+  CHECK(plugin->options() == json::object());
+  CHECK(plugin->supported_devices() == std::vector<std::string>{"cpu"});
+  CHECK(plugin->supported_precisions() == std::vector<std::string>{"*"});
+  CHECK_FALSE(plugin->control_precision());
+  CHECK_FALSE(plugin->control_device());
+  CHECK_FALSE(plugin->control_checkpoint_io());
+  CHECK_FALSE(plugin->support_no_sync());
+  CHECK(plugin->layout().data == 1);
+  CHECK_NOTHROW(plugin->set_gradient_sync(true));
+  CHECK_THROWS_AS(plugin->set_gradient_sync(false), IncompatibleError);
+  CHECK(plugin->checkpoint_io() != nullptr);
+  CHECK(plugin->prepare_dataloader(dataset(), {.batch_size = kBatch})->num_samples() == 4 * kBatch);
+  // Only cpu by default: the one place the combination is checked refuses cuda.
+  CHECK_THROWS_AS(BoosterComponents(BoosterConfig{.device = "cuda"}, plugin, mixed_precision::create("fp32")),
+                  IncompatibleError);
+
+  Booster booster(BoosterComponents(BoosterConfig{.mixed_precision = "fp16"}, plugin, mixed_precision::create("fp16")));
+  nn::ModulePtr model = make_mlp();
+  Boosted b = booster.boost(model, make_adamw(model), cross_entropy());
+  CHECK(plugin->configured == 1);
+  b.optimizer->zero_grad();
+  booster.backward(b.criterion((*b.model)(randn({4, kIn})), from_vector(std::vector<int64_t>{0, 1, 2, 0}, {4})),
+                   *b.optimizer);
+  b.optimizer->step();
+  CHECK_FALSE(b.optimizer->step_was_skipped());
+  CHECK_THROWS_AS(booster.no_sync(), IncompatibleError);
+}
+
 TEST_CASE("booster: a missing plugin lists the directories searched; a non-plugin file says so", "[booster][plugin]") {
   try {
     Booster b(BoosterConfig{.plugin = "no_such_plugin"});

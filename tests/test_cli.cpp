@@ -25,6 +25,7 @@
 #include "booster/common/error.h"
 #include "booster/config/config.h"
 #include "booster/mixed_precision/mixed_precision.h"
+#include "booster/plugin/loader.h"
 
 namespace fs = std::filesystem;
 using nlohmann::json;
@@ -815,3 +816,89 @@ TEST_CASE("the character-level GPT example trains a few steps and samples", "[cl
     CHECK(printed.find("\nsample:\n") != std::string::npos);
   }
 }
+
+// ------------------------------------------------------------------------------ plugins given by path
+namespace {
+std::string precision_plugin_path() { return std::string(BOOSTER_LIB_DIR) + "/libbooster_precision_static_fp16.so"; }
+std::string parallel_plugin_path() { return std::string(BOOSTER_LIB_DIR) + "/libbooster_plugin_single.so"; }
+}  // namespace
+
+// Note [Built once] in booster/booster/booster.h: resolving a config builds its strategy and its plugin
+// once each (it used to be two and three times), and the Booster handed them builds nothing more.
+TEST_CASE("a resolved config builds its strategy and plugin once, and the Booster reuses them",
+          "[cli][config][plugin]") {
+  using booster::plugin::factory_calls;
+  json c = synthetic_config();
+  c["mixed_precision"] = {{"name", precision_plugin_path()}, {"loss_scale", 256}};
+  c["plugin"] = parallel_plugin_path();
+  const int64_t precision0 = factory_calls("precision"), parallel0 = factory_calls("parallel");
+  config::ResolvedRun run = config::resolve_run(c);
+  CHECK(factory_calls("precision") - precision0 == 1);
+  CHECK(factory_calls("parallel") - parallel0 == 1);
+  CHECK(run.config.at("mixed_precision") == json{{"name", precision_plugin_path()}, {"loss_scale", 256.0}});
+  CHECK(run.config.at("plugin") == json{{"name", parallel_plugin_path()}});
+  CHECK(run.booster.precision->name() == "static_fp16");
+  CHECK(run.booster.plugin->name() == "single");
+  {
+    booster::Booster b(std::move(run.booster));
+    CHECK(b.config().mixed_precision == precision_plugin_path());
+    CHECK(b.plugin().name() == "single");
+  }
+  CHECK(factory_calls("precision") - precision0 == 1);
+  CHECK(factory_calls("parallel") - parallel0 == 1);
+  // A Booster from a BoosterConfig builds each once too.
+  { booster::Booster b(booster::BoosterConfig{.mixed_precision = precision_plugin_path(), .plugin = parallel_plugin_path()}); }
+  CHECK(factory_calls("precision") - precision0 == 2);
+  CHECK(factory_calls("parallel") - parallel0 == 2);
+  // A bad option is still addressed to its JSON path, and an unknown key gets the nearest valid one.
+  c["mixed_precision"] = {{"name", precision_plugin_path()}, {"loss_scal", 256}};
+  CHECK_THROWS_WITH(config::resolve(c), Catch::Contains("unknown key 'mixed_precision.loss_scal'") &&
+                                            Catch::Contains("did you mean 'loss_scale'?"));
+}
+
+TEST_CASE("booster train and check take a precision plugin by path, as a parallel plugin", "[cli][plugin]") {
+  const fs::path cfg = write_config("by_path.json", synthetic_config());
+  RunResult r = run_booster("check --config " + cfg.string() + " --set mixed_precision.name=" + precision_plugin_path() +
+                            " --set plugin.name=" + parallel_plugin_path());
+  INFO(r.err);
+  REQUIRE(r.exit_code == 0);
+  CHECK(json::parse(r.out).at("mixed_precision").at("name") == precision_plugin_path());
+  r = run_booster("train --config " + cfg.string() + " --set train.max_steps=3 --set train.run_dir=null" +
+                  " --set mixed_precision.name=" + precision_plugin_path());
+  INFO(r.err);
+  REQUIRE(r.exit_code == 0);
+  CHECK(summary_line(r.out)["mixed_precision"] == precision_plugin_path());
+  // A path that is not there is a one-line error naming it and where names are searched.
+  r = run_booster("check --config " + cfg.string() + " --set mixed_precision.name=/nonexistent/libx.so");
+  CHECK(r.exit_code != 0);
+  CHECK_THAT(r.err, Catch::Contains("/nonexistent/libx.so") && Catch::Contains("BOOSTER_PLUGIN_PATH"));
+}
+
+TEST_CASE("a plugin that is not found names the directories searched and BOOSTER_PLUGIN_PATH", "[cli][plugin]") {
+  const fs::path cfg = write_config("not_found.json", synthetic_config());
+  const std::string extra = (scratch_dir() / "extra_plugins").string();
+  for (const std::string section : {"mixed_precision", "plugin"}) {
+    INFO(section);
+    RunResult r = run_booster("check --config " + cfg.string() + " --set " + section + ".name=no_such_thing",
+                              "BOOSTER_PLUGIN_PATH=" + extra);
+    CHECK(r.exit_code == 2);
+    CHECK_THAT(r.err, Catch::Contains("'" + section + ".name' is \"no_such_thing\"") &&
+                          Catch::Contains(section == "plugin" ? "libbooster_plugin_no_such_thing.so"
+                                                              : "libbooster_precision_no_such_thing.so") &&
+                          Catch::Contains(extra) && Catch::Contains(BOOSTER_LIB_DIR) &&
+                          Catch::Contains("BOOSTER_PLUGIN_PATH=" + extra));
+  }
+  // The library's own messages, for a name and for a path.
+  for (const std::string kind : {"precision", "parallel"}) {
+    INFO(kind);
+    CHECK_THROWS_WITH(booster::plugin::load(kind, "no_such_thing"),
+                      Catch::Contains(booster::plugin::file_name(kind, "no_such_thing")) &&
+                          Catch::Contains(BOOSTER_LIB_DIR) && Catch::Contains("BOOSTER_PLUGIN_PATH"));
+    CHECK_THROWS_WITH(booster::plugin::load(kind, "/nonexistent/libx.so"),
+                      Catch::Contains("/nonexistent/libx.so") && Catch::Contains(BOOSTER_LIB_DIR) &&
+                          Catch::Contains("BOOSTER_PLUGIN_PATH"));
+  }
+  CHECK_THROWS_WITH(mixed_precision::create("no_such_thing"),
+                    Catch::Contains(BOOSTER_LIB_DIR) && Catch::Contains("BOOSTER_PLUGIN_PATH"));
+}
+

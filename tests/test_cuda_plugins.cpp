@@ -19,7 +19,7 @@
 
 #include "booster/booster/booster.h"
 #include "booster/booster/compat.h"
-#include "booster/booster/plugin.h"
+#include "booster/plugin/parallel_plugin.h"
 #include "booster/distributed/nccl_process_group.h"
 #include "booster/distributed/process_group.h"
 #include "booster/nn/models.h"

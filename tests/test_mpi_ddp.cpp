@@ -21,7 +21,7 @@
 
 #include "booster/autograd/autograd.h"
 #include "booster/booster/booster.h"
-#include "booster/booster/plugin.h"
+#include "booster/plugin/parallel_plugin.h"
 #include "booster/data/dataset.h"
 #include "booster/distributed/bucket.h"
 #include "booster/distributed/nccl_process_group.h"
@@ -664,6 +664,41 @@ TEST_CASE("ddp: prepare_dataloader gives each rank its share, reshuffled by the 
   const std::vector<int64_t> epoch0 = epoch_order(0), epoch1 = epoch_order(1);
   CHECK(epoch0 != epoch1);
   CHECK(epoch_order(0) == epoch0);
+}
+
+// Note [Data-parallel loaders] in booster/plugin/data_parallel.h: ddp and low_level_zero share one
+// loader path. The sampler pads to a multiple of the world size (every rank 3 of 5 samples) whatever
+// drop_last says, and drop_last drops each rank's last partial batch, as torch's DataLoader over a
+// DistributedSampler. (low_level_zero used to pass drop_last to the sampler: 2 samples per rank.)
+TEST_CASE("data-parallel plugins: ddp and low_level_zero give each rank the same batches", "[mpi][ddp][zero]") {
+  ProcessGroup& pg = group();
+  REQUIRE(pg.size() == 2);
+  constexpr int64_t N = 5;
+  std::vector<int64_t> ids(N);
+  for (int64_t i = 0; i < N; ++i) ids[size_t(i)] = i;
+  auto dataset = std::make_shared<data::TensorDataset>(zeros({N, 1}), from_vector(ids, {N}));
+  auto ddp = load_ddp();
+  auto zero = create_plugin("low_level_zero");
+  for (const int64_t batch_size : {int64_t(1), int64_t(2)}) {
+    for (const bool drop_last : {false, true}) {
+      INFO("batch_size " << batch_size << " drop_last " << drop_last);
+      data::DataLoaderOptions options;
+      options.batch_size = batch_size;
+      options.shuffle = true;
+      options.seed = 3;
+      options.drop_last = drop_last;
+      auto batches = [&](ParallelPlugin& plugin) {
+        std::vector<std::vector<double>> out;
+        for (const data::Batch& batch : *plugin.prepare_dataloader(dataset, options)) out.push_back(batch.y.tolist());
+        return out;
+      };
+      const std::vector<std::vector<double>> from_ddp = batches(*ddp), from_zero = batches(*zero);
+      CHECK(from_ddp == from_zero);
+      // 3 samples per rank: 3 batches of 1; 2 batches of 2 (the last of 1), or 1 with drop_last.
+      const size_t expected = batch_size == 1 ? 3 : (drop_last ? 1 : 2);
+      CHECK(from_ddp.size() == expected);
+    }
+  }
 }
 
 TEST_CASE("ddp through the Booster: prepare_dataloader, no_sync and the boosted step train like one process",

@@ -13,7 +13,7 @@
 
 #include "booster/autograd/autograd.h"
 #include "booster/booster/booster.h"
-#include "booster/booster/plugin.h"
+#include "booster/plugin/parallel_plugin.h"
 #include "booster/distributed/nccl_process_group.h"
 #include "booster/distributed/process_group.h"
 #include "booster/mixed_precision/mixed_precision.h"

@@ -29,7 +29,7 @@
 //    master-weight optimizer) and the module buffers from rank 0, so every rank starts equal;
 //  * hands the flat gradient buffers to a GradientBucketer (booster/distributed/bucket.h), which
 //    all-reduces (Avg) them in buckets launched from the grad-ready hooks while backward still runs;
-//  * wraps the precision strategy (Note [Who drives the step] in booster/booster/plugin.h) in a
+//  * wraps the precision strategy (Note [Who drives the step] in booster/plugin/parallel_plugin.h) in a
 //    DataParallelPrecision that completes the reduction around the inner strategy's calls, and installs
 //    the found_inf reducer so an overflow seen by one rank makes every rank skip (Note [Agreeing on
 //    found_inf]).
@@ -38,11 +38,9 @@
 #include <string>
 #include <vector>
 
-#include "booster/booster/plugin.h"
-#include "booster/data/sampler.h"
 #include "booster/distributed/bucket.h"
-#include "booster/distributed/nccl_process_group.h"
 #include "booster/mixed_precision/master_weight_optimizer.h"
+#include "booster/plugin/data_parallel.h"  // DataParallelPlugin: group, sampler, checkpoint IO, found_inf
 
 namespace booster::plugins::ddp {
 
@@ -101,9 +99,7 @@ class DataParallelPrecision final : public mixed_precision::PrecisionDecorator,
       : PrecisionDecorator(std::move(inner)),
         bucketer_(std::move(bucketer)),
         group_(group),
-        module_buffers_(std::move(module_buffers)) {
-    inner_->set_found_inf_reducer(distributed::found_inf_on_any_rank(group_));
-  }
+        module_buffers_(std::move(module_buffers)) {}
 
   void backward(const Tensor& loss, optim::Optimizer& optimizer) override {
     // A second backward without a step in between (accumulation without no_sync) would add into
@@ -134,34 +130,22 @@ class DataParallelPrecision final : public mixed_precision::PrecisionDecorator,
   std::vector<Tensor> module_buffers_;  // broadcast from rank 0 (empty without broadcast_buffers)
 };
 
-class DdpPlugin final : public ParallelPlugin {
+// What DataParallelPlugin does not: the gradient buckets and the parameter broadcast of configure().
+// The declarations (cpu and cuda with NCCL, any strategy, no_sync), the process group, the
+// DistributedSampler of prepare_dataloader() and the checkpoint IO are the base's.
+class DdpPlugin final : public DataParallelPlugin {
  public:
   explicit DdpPlugin(const json& options) : options_(DdpOptions::parse(options)) {}
 
   std::string name() const override { return "ddp"; }
-  std::string version() const override { return "1.0"; }
   json options() const override { return options_.to_json(); }
-
-  std::vector<std::string> supported_devices() const override {
-    if (distributed::nccl_built()) return {"cpu", "cuda"};
-    return {"cpu"};
-  }
-  std::vector<std::string> supported_precisions() const override { return {"*"}; }
-  bool control_precision() const override { return false; }
-  bool control_device() const override { return false; }
-  bool support_no_sync() const override { return true; }
-  bool control_checkpoint_io() const override { return false; }
-  ParallelLayout layout() const override { return {.data = group().size()}; }
 
   TrainingParts configure(TrainingParts parts) override {
     BOOSTER_CHECK(parts.model != nullptr, ValueError, "plugin 'ddp': configure() needs a model");
     BOOSTER_CHECK(parts.precision != nullptr, ValueError, "plugin 'ddp': configure() needs a precision strategy");
     BOOSTER_CHECK(bucketer_ == nullptr, StateError, "plugin 'ddp': configure() was called twice; make one plugin "
                   "per model");
-    std::vector<Tensor> tensors = parts.model->parameters();
-    for (const Tensor& b : parts.model->buffers()) tensors.push_back(b);
-    group_ = &distributed::process_group_for(tensors, "plugin 'ddp'");
-    distributed::ProcessGroup& pg = group();
+    distributed::ProcessGroup& pg = bind_process_group(*parts.model);
 
     // The gradient buffers to reduce: the optimizer's (for a master-weight optimizer these hold the
     // low-precision model gradients), or our own over the model's parameters when there is none.
@@ -185,39 +169,20 @@ class DdpPlugin final : public ParallelPlugin {
     bucket_options.progress_thread = options_.progress_thread;
     bucket_options.op = distributed::ReduceOp::Avg;
     bucketer_ = std::make_shared<GradientBucketer>(pg, std::move(buffers), bucket_options);
-    bucketer_->set_sync(sync_);
+    bucketer_->set_sync(gradient_sync());
 
+    install_found_inf_reducer(*parts.precision);
     parts.precision = std::make_shared<DataParallelPrecision>(std::move(parts.precision), bucketer_, pg,
                                                               std::move(module_buffers));
     return parts;
   }
 
-  std::shared_ptr<data::DataLoader> prepare_dataloader(data::DatasetPtr dataset,
-                                                       const data::DataLoaderOptions& options) override {
-    BOOSTER_CHECK(dataset != nullptr, ValueError, "plugin 'ddp': prepare_dataloader() got a null data set");
-    distributed::ProcessGroup& pg = group();
-    // As ColossalAI's prepare_dataloader: the sampler pads the order to a multiple of the world size
-    // (every rank gets the same number of batches) and shuffles with the seed; drop_last is the loader's.
-    auto sampler = std::make_shared<data::DistributedSampler>(dataset->size(), pg.size(), pg.rank(),
-                                                              options.shuffle, options.seed,
-                                                              /*drop_last=*/false);
-    data::DataLoaderOptions per_rank = options;
-    per_rank.shuffle = false;  // the sampler shuffles; the loader's set_epoch reaches it at each pass
-    return std::make_shared<data::DataLoader>(std::move(dataset), per_rank, std::move(sampler));
-  }
-
   void set_gradient_sync(bool enabled) override {
-    sync_ = enabled;
+    DataParallelPlugin::set_gradient_sync(enabled);
     if (bucketer_) bucketer_->set_sync(enabled);
   }
 
-  std::shared_ptr<CheckpointIO> checkpoint_io() override { return std::make_shared<CheckpointIO>(group()); }
-  distributed::ProcessGroup& process_group() override { return group(); }
-
  private:
-  // The group of the model's device once configured (Note [A group per device]).
-  distributed::ProcessGroup& group() const { return group_ ? *group_ : distributed::default_process_group(); }
-
   // One flat buffer per dtype over the model's trainable parameters (the optimizer-less case).
   static std::vector<optim::FlatBuffer> bind_model_parameters(const nn::Module& model) {
     std::vector<std::vector<Tensor>> by_dtype;
@@ -266,8 +231,6 @@ class DdpPlugin final : public ParallelPlugin {
   }
 
   DdpOptions options_;
-  distributed::ProcessGroup* group_ = nullptr;  // set by configure()
-  bool sync_ = true;
   std::vector<optim::FlatBuffer> own_buffers_;
   std::shared_ptr<GradientBucketer> bucketer_;
 };

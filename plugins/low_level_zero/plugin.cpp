@@ -15,10 +15,7 @@
 #include <algorithm>
 #include <cmath>
 
-#include "booster/autograd/autograd.h"
-#include "booster/booster/plugin.h"
-#include "booster/data/sampler.h"
-#include "booster/distributed/nccl_process_group.h"
+#include "booster/plugin/data_parallel.h"  // DataParallelPlugin: group, sampler, checkpoint IO, broadcast
 #include "zero_optimizer.h"
 
 namespace booster::zero {
@@ -190,42 +187,35 @@ class ZeroPrecision final : public mixed_precision::MixedPrecision {
 
 // ------------------------------------------------------------------------------------------ the plugin
 
-class LowLevelZeroPlugin final : public ParallelPlugin {
+// What DataParallelPlugin does not: the sharded optimizer and the precision it controls. The process
+// group, the DistributedSampler of prepare_dataloader(), the devices and the layout are the base's.
+class LowLevelZeroPlugin final : public DataParallelPlugin {
  public:
-  explicit LowLevelZeroPlugin(const json& options)
-      : options_(read_options(options)), group_(&distributed::default_process_group()) {}
+  explicit LowLevelZeroPlugin(const json& options) : options_(read_options(options)) {}
 
   std::string name() const override { return "low_level_zero"; }
   std::string version() const override { return "0.1.0"; }
   json options() const override { return options_json(options_); }
 
-  std::vector<std::string> supported_devices() const override {
-    if (distributed::nccl_built()) return {"cpu", "cuda"};
-    return {"cpu"};
-  }
   // The plugin controls precision: the Booster's strategy must be the identity.
   std::vector<std::string> supported_precisions() const override { return {"fp32"}; }
   bool control_precision() const override { return true; }
-  bool control_device() const override { return false; }
   bool support_no_sync() const override { return options_.zero.stage == 1; }
   bool control_checkpoint_io() const override { return true; }
-  ParallelLayout layout() const override { return {group_->size(), 1, 1}; }
 
   TrainingParts configure(TrainingParts parts) override {
     BOOSTER_CHECK(parts.model != nullptr, ValueError, "low_level_zero: configure needs a model");
     BOOSTER_CHECK(!configured_, StateError, "low_level_zero: configure() was called twice; boost once per plugin");
-    std::vector<Tensor> tensors = parts.model->parameters();
-    for (const Tensor& b : parts.model->buffers()) tensors.push_back(b);
-    group_ = &distributed::process_group_for(tensors, "low_level_zero");
+    distributed::ProcessGroup& pg = bind_process_group(*parts.model);
     configured_ = true;
     broadcast_from_rank0(*parts.model);
     const DType dtype = options_.zero.working_dtype;
     if (parts.optimizer) {
-      optimizer_ = std::make_shared<ZeroOptimizer>(*parts.optimizer, *parts.model, *group_, options_.zero);
+      optimizer_ = std::make_shared<ZeroOptimizer>(*parts.optimizer, *parts.model, pg, options_.zero);
       // The user's optimizer stays the source of lr & co. for schedulers (the Booster keeps it), but
       // its full-size copies of values and gradients would undo the sharding: give them back.
       parts.optimizer->release_buffers();
-      optimizer_->set_gradient_sync(sync_enabled_);
+      optimizer_->set_gradient_sync(gradient_sync());
       parts.optimizer = optimizer_;
       parts.precision = std::make_shared<ZeroPrecision>(optimizer_, options());
     } else if (dtype != DType::Float32) {
@@ -242,43 +232,19 @@ class LowLevelZeroPlugin final : public ParallelPlugin {
     return parts;
   }
 
-  std::shared_ptr<data::DataLoader> prepare_dataloader(data::DatasetPtr dataset,
-                                                       const data::DataLoaderOptions& options) override {
-    BOOSTER_CHECK(dataset != nullptr, ValueError, "low_level_zero: prepare_dataloader needs a data set");
-    auto sampler = std::make_shared<data::DistributedSampler>(dataset->size(), group_->size(), group_->rank(),
-                                                              options.shuffle, options.seed, options.drop_last);
-    data::DataLoaderOptions per_rank = options;
-    per_rank.shuffle = false;  // the sampler shuffles
-    return std::make_shared<data::DataLoader>(std::move(dataset), per_rank, std::move(sampler));
-  }
-
   void set_gradient_sync(bool enabled) override {
     BOOSTER_CHECK(enabled || options_.zero.stage == 1, IncompatibleError,
                   "low_level_zero: no_sync is not supported with stage 2: gradients are kept only for this "
                   "rank's shard, so there is no full buffer to accumulate a local sum in; use stage 1");
-    sync_enabled_ = enabled;
+    DataParallelPlugin::set_gradient_sync(enabled);
     if (optimizer_) optimizer_->set_gradient_sync(enabled);
   }
 
-  // The default IO: model weights are whole on every rank; the optimizer's state_dict() gathers the
-  // shards (every rank calls it) and rank 0 writes it into one file.
-  std::shared_ptr<CheckpointIO> checkpoint_io() override { return std::make_shared<CheckpointIO>(*group_); }
-  distributed::ProcessGroup& process_group() override { return *group_; }
-
  private:
-  // Every rank starts from rank 0's parameters and buffers (masters are taken from them).
-  void broadcast_from_rank0(nn::Module& model) {
-    if (group_->size() == 1) return;
-    NoGradGuard no_grad;
-    for (Tensor t : model.parameters()) group_->broadcast(t, 0);
-    for (Tensor t : model.buffers()) group_->broadcast(t, 0);
-  }
-
+  // Checkpoints: the base's default IO. Model weights are whole on every rank; the optimizer's
+  // state_dict() gathers the shards (every rank calls it) and rank 0 writes it into one file.
   PluginOptions options_;
-  // The default group until configure() takes the model's device's (same rank and size).
-  distributed::ProcessGroup* group_;
   std::shared_ptr<ZeroOptimizer> optimizer_;
-  bool sync_enabled_ = true;
   bool configured_ = false;
 };
 

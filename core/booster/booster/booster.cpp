@@ -2,47 +2,29 @@
 #include "booster/booster/booster.h"
 
 #include <algorithm>
+#include <tuple>
 
 #include "booster/booster/compat.h"
 #include "booster/checkpoint/atomic_file.h"
 #include "booster/checkpoint/safetensors.h"
-#include "booster/booster/single_process.h"
-#include "booster/plugin/loader.h"
+#include "booster/config/config.h"
 
 namespace booster {
 
 using nlohmann::json;
-using plugin::call_into;
 
 // ------------------------------------------------------------------------------------ BoosterConfig
-namespace {
-
-// "name" or {"name": ..., <options>} -> (name, options).
-void read_named(const json& config, const char* key, std::string& name, json& options) {
-  if (!config.contains(key) || config.at(key).is_null()) return;
-  const json& v = config.at(key);
-  if (v.is_string()) {
-    name = v.get<std::string>();
-    options = json::object();
-    return;
-  }
-  BOOSTER_CHECK(v.is_object() && v.contains("name") && v.at("name").is_string(), ConfigError, "booster config '", key,
-                "' must be a name or an object with a string \"name\" and options, got ", v.dump());
-  name = v.at("name").get<std::string>();
-  options = v;
-  options.erase("name");
-}
-
-}  // namespace
-
 BoosterConfig BoosterConfig::from_json(const json& config) {
   BOOSTER_CHECK(config.is_object(), ConfigError, "booster config must be a JSON object, got ", config.dump());
   for (const auto& [key, value] : config.items())
     BOOSTER_CHECK(key == "mixed_precision" || key == "plugin" || key == "device", ConfigError,
                   "booster config: unknown key '", key, "'; the keys are mixed_precision, plugin, device");
   BoosterConfig out;
-  read_named(config, "mixed_precision", out.mixed_precision, out.mixed_precision_options);
-  read_named(config, "plugin", out.plugin, out.plugin_options);
+  if (config.contains("mixed_precision"))
+    std::tie(out.mixed_precision, out.mixed_precision_options) =
+        config::parse_named_section(config.at("mixed_precision"), "mixed_precision", out.mixed_precision);
+  if (config.contains("plugin"))
+    std::tie(out.plugin, out.plugin_options) = config::parse_named_section(config.at("plugin"), "plugin", out.plugin);
   if (config.contains("device")) {
     BOOSTER_CHECK(config.at("device").is_string(), ConfigError, "booster config 'device' must be a string such as ",
                   "\"cpu\" or \"cuda\", got ", config.at("device").dump());
@@ -107,83 +89,20 @@ void BoostedScheduler::step() {
   if (!precision_->step_was_skipped()) scheduler_->step();
 }
 
-// -------------------------------------------------------------------------------------- the plugins
-namespace {
+// ------------------------------------------------------------------------------ BoosterComponents
+BoosterComponents::BoosterComponents(BoosterConfig config_in, std::shared_ptr<ParallelPlugin> plugin_in,
+                                     std::shared_ptr<mixed_precision::MixedPrecision> precision_in)
+    : config(std::move(config_in)), plugin(std::move(plugin_in)), precision(std::move(precision_in)) {
+  BOOSTER_CHECK(plugin != nullptr && precision != nullptr, ValueError, "BoosterComponents: ",
+                plugin ? "the precision strategy" : "the plugin", " is null");
+  compat::require_compatible(config.mixed_precision, compat::PluginTraits::of(*plugin), config.device);
+}
 
-// A plugin from a library: every call crosses the boundary through call_into (Note [Plugin ABI]), and
-// what configure() returns is bound to the library (Note [Plugin lifetime]).
-class PluginProxy final : public ParallelPlugin {
- public:
-  PluginProxy(std::shared_ptr<plugin::Plugin> library, std::shared_ptr<ParallelPlugin> plugin)
-      : library_(std::move(library)), plugin_(std::move(plugin)) {}
-
-  // Defined before its uses: they deduce their return types from it.
-  template <class F>
-  decltype(auto) call(const char* what, F&& f) const {
-    return call_into(*library_, what, std::forward<F>(f));
-  }
-
-  std::string name() const override { return call("name()", [&] { return plugin_->name(); }); }
-  std::string version() const override { return call("version()", [&] { return plugin_->version(); }); }
-  json options() const override { return call("options()", [&] { return plugin_->options(); }); }
-  std::vector<std::string> supported_devices() const override {
-    return call("supported_devices()", [&] { return plugin_->supported_devices(); });
-  }
-  std::vector<std::string> supported_precisions() const override {
-    return call("supported_precisions()", [&] { return plugin_->supported_precisions(); });
-  }
-  bool control_precision() const override { return call("control_precision()", [&] { return plugin_->control_precision(); }); }
-  bool control_device() const override { return call("control_device()", [&] { return plugin_->control_device(); }); }
-  bool support_no_sync() const override { return call("support_no_sync()", [&] { return plugin_->support_no_sync(); }); }
-  bool control_checkpoint_io() const override {
-    return call("control_checkpoint_io()", [&] { return plugin_->control_checkpoint_io(); });
-  }
-  ParallelLayout layout() const override { return call("layout()", [&] { return plugin_->layout(); }); }
-
-  TrainingParts configure(TrainingParts parts) override {
-    TrainingParts out = call("configure()", [&] { return plugin_->configure(std::move(parts)); });
-    out.model = plugin::bind(library_, std::move(out.model));
-    out.optimizer = plugin::bind(library_, std::move(out.optimizer));
-    out.dataloader = plugin::bind(library_, std::move(out.dataloader));
-    out.scheduler = plugin::bind(library_, std::move(out.scheduler));
-    out.precision = plugin::bind(library_, std::move(out.precision));
-    if (out.criterion) {
-      auto held = plugin::bind(library_, std::make_shared<nn::Criterion>(std::move(out.criterion)));
-      out.criterion = [held](const Tensor& output, const Tensor& target) { return (*held)(output, target); };
-    }
-    return out;
-  }
-  std::shared_ptr<data::DataLoader> prepare_dataloader(data::DatasetPtr dataset,
-                                                       const data::DataLoaderOptions& options) override {
-    return plugin::bind(library_, call("prepare_dataloader()", [&] { return plugin_->prepare_dataloader(dataset, options); }));
-  }
-  void set_gradient_sync(bool enabled) override {
-    call("set_gradient_sync()", [&] { plugin_->set_gradient_sync(enabled); });
-  }
-  std::shared_ptr<CheckpointIO> checkpoint_io() override {
-    return plugin::bind(library_, call("checkpoint_io()", [&] { return plugin_->checkpoint_io(); }));
-  }
-  distributed::ProcessGroup& process_group() override {
-    return call("process_group()", [&]() -> distributed::ProcessGroup& { return plugin_->process_group(); });
-  }
-
- private:
-  std::shared_ptr<plugin::Plugin> library_;
-  std::shared_ptr<ParallelPlugin> plugin_;  // bound to library_ as well
-};
-
-}  // namespace
-
-std::shared_ptr<ParallelPlugin> create_plugin(const std::string& name_or_path, const json& options) {
-  const json opts = options.is_null() ? json::object() : options;
-  if (name_or_path.empty()) return std::make_shared<SingleProcessPlugin>(opts);
-  std::shared_ptr<plugin::Plugin> library = plugin::load(plugin::kParallelKind, name_or_path);
-  auto* factory = reinterpret_cast<ParallelFactory*>(library->symbol("booster_create_parallel"));
-  ParallelPlugin* raw = call_into(*library, "booster_create_parallel", [&] { return factory(opts); });
-  BOOSTER_CHECK(raw != nullptr, PluginError, "parallel plugin '", library->name(), "' (", library->file().string(),
-                ") returned no plugin");
-  std::shared_ptr<ParallelPlugin> created = plugin::bind(library, std::shared_ptr<ParallelPlugin>(raw));
-  return std::make_shared<PluginProxy>(std::move(library), std::move(created));
+BoosterComponents BoosterComponents::create(const BoosterConfig& config) {
+  std::shared_ptr<ParallelPlugin> plugin = create_plugin(config.plugin, config.plugin_options);
+  std::shared_ptr<mixed_precision::MixedPrecision> precision =
+      mixed_precision::create(config.mixed_precision, config.mixed_precision_options);
+  return BoosterComponents(config, std::move(plugin), std::move(precision));
 }
 
 // ------------------------------------------------------------------------------------------ Booster
@@ -194,10 +113,12 @@ constexpr const char* kPrecisionMetaFile = "precision.json";
 
 int Booster::process_group_rank() const { return plugin_->process_group().rank(); }
 
-Booster::Booster(BoosterConfig config) : config_(std::move(config)) {
-  plugin_ = create_plugin(config_.plugin, config_.plugin_options);
-  compat::require_compatible(config_.mixed_precision, compat::PluginTraits::of(*plugin_), config_.device);
-  precision_ = mixed_precision::create(config_.mixed_precision, config_.mixed_precision_options);
+Booster::Booster(BoosterConfig config) : Booster(BoosterComponents::create(config)) {}
+
+Booster::Booster(BoosterComponents components)
+    : config_(std::move(components.config)),
+      plugin_(std::move(components.plugin)),
+      precision_(std::move(components.precision)) {
   checkpoint_io_ = plugin_->checkpoint_io();
   BOOSTER_CHECK(checkpoint_io_ != nullptr, PluginError, "plugin '", plugin_->name(), "' returned no checkpoint IO");
 }

@@ -14,12 +14,13 @@
 //
 // Note [Booster lifecycle]
 // * Construction resolves everything that can be wrong before any work starts: the plugin is loaded
-//   (PluginError: not found, not a plugin, another ABI version), the combination is checked against the
-//   compatibility matrix (IncompatibleError naming the combination, why and what to use instead), and
-//   the strategy is created (ConfigError for unknown or out-of-range options).
+//   (PluginError: not found, not a plugin, another ABI version), the strategy is created (ConfigError
+//   for unknown or out-of-range options), and the combination is checked against the compatibility
+//   matrix (IncompatibleError naming the combination, why and what to use instead). A Booster may also
+//   be handed these already built (BoosterComponents, Note [Built once]).
 // * boost() is called once per model. The strategy configures model, optimizer and criterion first
 //   (unless the plugin controls precision), then the plugin configures every part (Note [Parallel
-//   plugins] in plugin.h). Use only what boost() returns.
+//   plugins] in booster/plugin/parallel_plugin.h). Use only what boost() returns.
 // * The optimizer the user built stays the source of hyperparameters: a scheduler built on it edits
 //   its param groups, and the boosted optimizer copies lr and the other options into the optimizer
 //   that actually steps (a MasterWeightOptimizer, a ZeRO shard optimizer) before every step.
@@ -32,7 +33,7 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
-#include "booster/booster/plugin.h"
+#include "booster/plugin/parallel_plugin.h"
 
 namespace booster {
 
@@ -48,8 +49,31 @@ struct BoosterConfig {
 
   // {"mixed_precision": "fp16" or {"name": "fp16", <options>}, "plugin": "ddp" or {"name": "ddp",
   // <options>}, "device": "cpu"}; every key optional. ConfigError naming the key for anything else.
+  // The sections are read by config::parse_named_section, the one parser of their shape.
   static BoosterConfig from_json(const nlohmann::json& config);
   nlohmann::json to_json() const;
+};
+
+// Note [Built once]
+// A plugin may open libraries, read the environment or start threads, and a strategy may be a plugin's
+// too, so a run builds each once and hands the same objects on: BoosterComponents holds a config with
+// the plugin and the strategy built from it, checked together against the compatibility matrix. Its
+// constructor is the one place that check is made. Booster(BoosterConfig) builds them with
+// BoosterComponents::create; a training config is resolved by config::resolve_run, which builds them
+// while checking the `mixed_precision` and `plugin` sections (its errors name JSON paths) and passes
+// them on, so `booster train` builds each once (tests count the factory calls, plugin::factory_calls).
+struct BoosterComponents {
+  // Checks the combination (compat::require_compatible: IncompatibleError) of `plugin` and the strategy
+  // named config.mixed_precision on config.device.
+  BoosterComponents(BoosterConfig config, std::shared_ptr<ParallelPlugin> plugin,
+                    std::shared_ptr<mixed_precision::MixedPrecision> precision);
+  // Creates the plugin (create_plugin: PluginError, ConfigError for its options), then the strategy
+  // (mixed_precision::create: ConfigError), each once, then checks them as the constructor does.
+  static BoosterComponents create(const BoosterConfig& config);
+
+  BoosterConfig config;
+  std::shared_ptr<ParallelPlugin> plugin;
+  std::shared_ptr<mixed_precision::MixedPrecision> precision;
 };
 
 // The optimizer a boosted loop uses: zero_grad() and step() as torch's, with the strategy deciding
@@ -116,7 +140,10 @@ struct Boosted {
 
 class Booster {
  public:
+  // BoosterComponents::create(config), then as below.
   explicit Booster(BoosterConfig config = {});
+  // Runs with components already built and checked (Note [Built once]).
+  explicit Booster(BoosterComponents components);
   ~Booster();
   Booster(const Booster&) = delete;
   Booster& operator=(const Booster&) = delete;
@@ -176,11 +203,5 @@ class Booster {
   std::shared_ptr<CheckpointIO> checkpoint_io_;
   bool boosted_ = false;
 };
-
-// A parallel plugin by name or path (Note [Finding a plugin]), created with `options`, every call
-// forwarded through the plugin boundary (exceptions become host errors) and bound to its library.
-// "" gives the built-in single-process plugin (the code the `single` library exports) with no library.
-std::shared_ptr<ParallelPlugin> create_plugin(const std::string& name_or_path,
-                                              const nlohmann::json& options = nlohmann::json::object());
 
 }  // namespace booster

@@ -1,7 +1,7 @@
 // The default CheckpointIO: one process's view of model, optimizer and scheduler, written by rank 0.
 #include <fstream>
 
-#include "booster/booster/plugin.h"
+#include "booster/plugin/parallel_plugin.h"
 #include "booster/checkpoint/atomic_file.h"
 #include "booster/checkpoint/safetensors.h"
 

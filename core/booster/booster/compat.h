@@ -20,7 +20,7 @@
 #include <string>
 #include <vector>
 
-#include "booster/booster/plugin.h"
+#include "booster/plugin/parallel_plugin.h"
 
 namespace booster::compat {
 

@@ -4,7 +4,7 @@
 
 #include <memory>
 
-#include "booster/booster/plugin.h"
+#include "booster/plugin/parallel_plugin.h"
 
 namespace booster {
 

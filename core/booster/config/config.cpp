@@ -278,11 +278,17 @@ json resolve(const json& config, const std::vector<Section>& schema) {
   return out;
 }
 
-json resolve(const json& config) {
+ResolvedRun resolve_run(const json& config) {
+  // The table checks every section, the names of mixed_precision and plugin included; then the two are
+  // built, once, which checks their options and the combination (Note [Built once]).
   json resolved = resolve(config, training_schema());
+  BoosterComponents booster = build_booster(resolved);
+  resolved.update(resolved_sections(booster));
   check_training_config(resolved);
-  return resolved;
+  return {std::move(resolved), std::move(booster)};
 }
+
+json resolve(const json& config) { return resolve_run(config).config; }
 
 json load_file(const std::string& path) {
   std::ifstream in(path);
@@ -333,10 +339,12 @@ void apply_override(json& config, const std::string& assignment) {
   (*node)[keys.back()] = value;
 }
 
-json load(const std::string& path, const std::vector<std::string>& overrides) {
+ResolvedRun load_run(const std::string& path, const std::vector<std::string>& overrides) {
   json config = load_file(path);
   for (const auto& assignment : overrides) apply_override(config, assignment);
-  return resolve(config);
+  return resolve_run(config);
 }
+
+json load(const std::string& path, const std::vector<std::string>& overrides) { return load_run(path, overrides).config; }
 
 }  // namespace booster::config

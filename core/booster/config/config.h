@@ -12,13 +12,13 @@
 #include <functional>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <nlohmann/json.hpp>
 
-namespace booster {
-struct BoosterConfig;
-}
+#include "booster/booster/booster.h"  // BoosterConfig, BoosterComponents
+
 
 namespace booster::config {
 
@@ -73,23 +73,35 @@ struct Section {
 // The schema of a whole training config, one Section per top-level key.
 const std::vector<Section>& training_schema();
 // Checks that go across sections of a resolved training config (text data needs a GPT whose context
-// covers data.context; the MLP's in/classes match the data). ConfigError naming both paths;
-// IncompatibleError when the compatibility matrix rejects mixed_precision with plugin.
+// covers data.context; the MLP's in/classes match the data). ConfigError naming both paths. (Whether
+// mixed_precision works with plugin is checked where they are built: build_booster.)
 void check_training_config(const json& resolved);
 
-// The `mixed_precision` section (see Note [The mixed_precision section] in schema.cpp): a strategy name
-// or {"name": ..., options...}, resolved to an object with every option of the strategy filled in.
-json resolve_mixed_precision(const json& given);
-// The section's default strategy.
-inline constexpr const char* kDefaultMixedPrecision = "fp32";
+// ------------------------------------------------------------------ mixed_precision and plugin
+// Note [The mixed_precision section] and Note [The plugin section] in booster_sections.cpp.
+inline constexpr const char* kDefaultMixedPrecision = "fp32";  // the default strategy
+inline constexpr const char* kDefaultPlugin = "single";         // one process, the built-in plugin
 
-// The `plugin` section (Note [The plugin section] in schema.cpp): a parallel plugin name or
-// {"name": ..., options...}, resolved to an object with every option of the plugin filled in.
-json resolve_plugin(const json& given);
-// The section's default: one process, the built-in plugin.
-inline constexpr const char* kDefaultPlugin = "single";
-// The Booster's config from a resolved training config's mixed_precision and plugin sections.
-BoosterConfig booster_config(const json& resolved);
+// The one parser of a `mixed_precision` or `plugin` section's shape (`path` is which): a name, or
+// {"name": ..., options...}, into (name, options); null or {} gives (default_name, {}). ConfigError
+// naming the JSON path for anything else. BoosterConfig::from_json and the schema both use it.
+std::pair<std::string, json> parse_named_section(const json& given, const std::string& path,
+                                                 const std::string& default_name);
+// The section as the schema table resolves it: {"name": ..., options as given}, the name checked
+// against the built-in strategies / "single" and the plugins on the search path (or a path to a
+// library): ConfigError naming the names, the directories searched and BOOSTER_PLUGIN_PATH. Its options
+// are checked where the thing is built (build_booster).
+json name_section(const json& given, const std::string& path);
+// The Booster's config from a config's mixed_precision and plugin sections ("single" becomes "", the
+// built-in plugin).
+BoosterConfig booster_config(const json& config);
+// The strategy and the plugin of a config's two sections, each built once, checked together
+// (BoosterComponents), their options filled in from options(); ConfigError naming the JSON path
+// (`mixed_precision.init_scale`) for a bad or unknown option, IncompatibleError for a combination the
+// compatibility matrix rejects. Note [Built once] in booster/booster/booster.h.
+BoosterComponents build_booster(const json& config);
+// {"mixed_precision": {"name", options...}, "plugin": {...}} of built components, for a resolved config.
+json resolved_sections(const BoosterComponents& components);
 
 // Note [The run directory]
 // ~~~~~~~~~~~~~~~~~~~~~~~~
@@ -104,10 +116,19 @@ inline constexpr const char* kDefaultRunDir = "runs/{time}";
 
 // ------------------------------------------------------------------------------------ operations
 // Checks `config` against the schema and returns it with every default filled. Throws ConfigError
-// (Note [Config errors]) on the first mistake. The one-argument form uses the training schema and
-// also runs check_training_config.
+// (Note [Config errors]) on the first mistake. The one-argument form uses the training schema, builds
+// the strategy and the plugin (build_booster) and runs check_training_config: it is
+// resolve_run(config).config.
 json resolve(const json& config);
 json resolve(const json& config, const std::vector<Section>& schema);
+
+// A resolved training config and the strategy and plugin built while resolving it, to hand to the
+// Booster so a run builds each once (Note [Built once]).
+struct ResolvedRun {
+  json config;
+  BoosterComponents booster;
+};
+ResolvedRun resolve_run(const json& config);
 
 // Reads a JSON file; ConfigError naming the file when it is missing or not valid JSON (with the line
 // and column of the parse error).
@@ -119,7 +140,9 @@ json load_file(const std::string& path);
 // validated by resolve() like any other config.
 void apply_override(json& config, const std::string& assignment);
 
-// load_file + apply_override for each `key.path=value` in order + resolve: what `booster train` runs.
+// load_file + apply_override for each `key.path=value` in order + resolve_run: what `booster train`
+// runs. load() is load_run().config.
+ResolvedRun load_run(const std::string& path, const std::vector<std::string>& overrides = {});
 json load(const std::string& path, const std::vector<std::string>& overrides = {});
 
 // Levenshtein distance, and the candidate nearest to `word` (nullopt when none is close enough to be a

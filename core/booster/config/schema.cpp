@@ -6,14 +6,8 @@
 #include "booster/config/config.h"
 
 #include <algorithm>
-#include <cctype>
-#include <functional>
 
-#include "booster/booster/booster.h"
-#include "booster/booster/compat.h"
 #include "booster/common/error.h"
-#include "booster/mixed_precision/mixed_precision.h"
-#include "booster/plugin/loader.h"
 
 namespace booster::config {
 namespace {
@@ -284,172 +278,28 @@ std::vector<Section> make_training_schema() {
   });
 
   // ------------------------------------------------------------------------------------- mixed_precision
-  // Its options belong to the strategy (built-in or a plugin), so the strategy checks them: see
-  // Note [The mixed_precision section].
+  // Its options belong to the strategy (built-in or a plugin), so the strategy checks them where
+  // resolve() builds it (Note [The mixed_precision section]); the table checks the name.
   Section mixed_precision;
   mixed_precision.name = "mixed_precision";
   mixed_precision.help = "a strategy name (\"bf16\") or {\"name\": ..., options...}; `booster precisions` lists them";
   mixed_precision.optional = true;
-  mixed_precision.custom_resolve = resolve_mixed_precision;
+  mixed_precision.custom_resolve = [](const json& given) { return name_section(given, "mixed_precision"); };
   schema.push_back(std::move(mixed_precision));
 
   // ------------------------------------------------------------------------------------- plugin
-  // Likewise the plugin's own options: Note [The plugin section].
+  // Likewise the plugin's own options: Note [The plugin section] (both in booster_sections.cpp).
   Section plugin;
   plugin.name = "plugin";
   plugin.help = "a parallel plugin name (\"ddp\") or {\"name\": ..., options...}; `booster plugins` lists them";
   plugin.optional = true;
-  plugin.custom_resolve = resolve_plugin;
+  plugin.custom_resolve = [](const json& given) { return name_section(given, "plugin"); };
   schema.push_back(std::move(plugin));
 
   return schema;
 }
 
-std::string quoted(const std::vector<std::string>& names) {
-  std::string s;
-  for (const std::string& n : names) s += (s.empty() ? "'" : ", '") + n + "'";
-  return s;
-}
-
 }  // namespace
-
-// Note [The mixed_precision section]
-// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
-// `"mixed_precision": "bf16"` is short for `{"name": "bf16"}`; an object carries the strategy's
-// options next to its name (`{"name": "fp16", "init_scale": 1024}`). Absent, it is "fp32".
-// The strategies live in a registry that plugins extend at run time, so the schema table cannot list
-// their options. Instead the strategy is asked: options() of a strategy built with no options gives
-// the valid keys and their defaults, and building it with the given options runs its own checks
-// (types, ranges, choices: OptionReader). Those checks stay the one place that knows an option; here
-// their messages are only re-addressed to the JSON path (`mixed_precision.init_scale`) so a config
-// error reads like every other. The resolved section is {"name", every option with its value}, and
-// resolving it again gives the same object, so a resolved config can be saved and run.
-namespace {
-
-// A section that names one thing of a registry (a strategy, a plugin) plus that thing's options: the
-// shared half of Note [The mixed_precision section] and Note [The plugin section].
-struct NamedSection {
-  std::string path;          // the section's JSON key
-  std::string kind;          // "strategy", "plugin": for messages
-  std::string default_name;  // when the section is {}
-  std::vector<std::string> names;
-  bool library_paths = false;  // a path to a plugin library is a name too
-  // options() of the named thing built with `options` ({} for the defaults); its own checks throw
-  // ConfigError.
-  std::function<json(const std::string& name, const json& options)> resolve_options;
-};
-
-// True when `message` names `key`: quoted, or as a whole word.
-bool names_option(const std::string& message, const std::string& key) {
-  if (message.find("'" + key + "'") != std::string::npos) return true;
-  auto word_char = [](char c) { return std::isalnum(static_cast<unsigned char>(c)) || c == '_'; };
-  for (size_t at = message.find(key); at != std::string::npos; at = message.find(key, at + 1)) {
-    const size_t end = at + key.size();
-    if ((at == 0 || !word_char(message[at - 1])) && (end == message.size() || !word_char(message[end]))) return true;
-  }
-  return false;
-}
-
-json resolve_named_section(const json& given, const NamedSection& s) {
-  const std::string& path = s.path;
-  json section = given.is_string() ? json{{"name", given}} : given;
-  if (!section.is_object()) {
-    throw ConfigError("'" + path + "' is " + show(given) + "; expected a " + s.kind +
-                      " name or an object {\"name\": ..., options...}");
-  }
-  if (section.empty()) section["name"] = s.default_name;
-  if (!section.contains("name")) throw ConfigError("'" + path + ".name' is missing; expected one of " + quoted(s.names));
-  const json& name_value = section.at("name");
-  const std::string name = name_value.is_string() ? name_value.get<std::string>() : std::string();
-  const bool known = std::find(s.names.begin(), s.names.end(), name) != s.names.end() ||
-                     (s.library_paths && !name.empty() && plugin::is_path(name));
-  if (!name_value.is_string() || !known) {
-    std::string msg = "'" + path + ".name' is " + show(name_value) + "; expected one of " + quoted(s.names);
-    if (s.library_paths) msg += " or a path to a plugin library";
-    if (auto guess = nearest(name, s.names)) msg += " (did you mean '" + *guess + "'?)";
-    throw ConfigError(msg);
-  }
-
-  json options = section;
-  options.erase("name");
-  // Unknown keys first, with the nearest valid one, as for any other section.
-  const json defaults = s.resolve_options(name, json::object());
-  std::vector<std::string> valid = {"name"};
-  for (const auto& [key, _] : defaults.items()) valid.push_back(key);
-  for (const auto& [key, _] : options.items()) {
-    if (defaults.contains(key)) continue;
-    std::string msg = "unknown key '" + path + "." + key + "' for " + s.kind + " \"" + name + "\"";
-    if (auto guess = nearest(key, valid)) msg += "; did you mean '" + *guess + "'?";
-    throw ConfigError(msg + " (valid keys of '" + path + "': " + quoted(valid) + ")");
-  }
-
-  json resolved = {{"name", name}};
-  try {
-    resolved.update(s.resolve_options(name, options));
-  } catch (const ConfigError& e) {
-    // The thing's own message names the option ('key', or the bare word); lead with its JSON path and
-    // value.
-    const std::string what = e.what();
-    for (const auto& [key, value] : options.items())
-      if (names_option(what, key)) throw ConfigError("'" + path + "." + key + "' is " + show(value) + ": " + what);
-    throw ConfigError("'" + path + "': " + what);
-  }
-  return resolved;
-}
-
-}  // namespace
-
-json resolve_mixed_precision(const json& given) {
-  NamedSection s;
-  s.path = "mixed_precision";
-  s.kind = "strategy";
-  s.default_name = kDefaultMixedPrecision;
-  // Built-in strategies and the precision plugins found on the search path.
-  for (const auto& info : mixed_precision::available_strategies()) s.names.push_back(info.name);
-  s.resolve_options = [](const std::string& name, const json& options) {
-    return mixed_precision::create(name, options)->options();
-  };
-  return resolve_named_section(given, s);
-}
-
-// Note [The plugin section]
-// ~~~~~~~~~~~~~~~~~~~~~~~~~~
-// Like mixed_precision (Note [The mixed_precision section]): `"plugin": "ddp"` is short for
-// `{"name": "ddp"}`, an object carries the plugin's options, and absent means "single" (one process,
-// the built-in plugin, no library needed). A name must be "single" or a parallel plugin on the search
-// path (`booster plugins`), or a path to one; the plugin itself, created with no options, gives the valid
-// keys and their defaults, and created with the given ones runs its own checks, whose messages are
-// re-addressed to `plugin.KEY`. Whether the plugin works with the mixed_precision strategy is the
-// compatibility matrix's call (check_training_config).
-json resolve_plugin(const json& given) {
-  NamedSection s;
-  s.path = "plugin";
-  s.kind = "plugin";
-  s.default_name = kDefaultPlugin;
-  s.library_paths = true;
-  s.names = {kDefaultPlugin};
-  for (const plugin::Found& found : plugin::list(plugin::kParallelKind))
-    if (found.name != kDefaultPlugin) s.names.push_back(found.name);
-  s.resolve_options = [](const std::string& name, const json& options) {
-    // "single" is the built-in plugin: the same code as plugins/single, with no library to find.
-    return create_plugin(name == kDefaultPlugin ? "" : name, options)->options();
-  };
-  return resolve_named_section(given, s);
-}
-
-BoosterConfig booster_config(const json& resolved) {
-  BoosterConfig out;
-  json mp = resolved.at("mixed_precision");
-  out.mixed_precision = mp.at("name").get<std::string>();
-  mp.erase("name");
-  out.mixed_precision_options = mp;
-  json pl = resolved.at("plugin");
-  const std::string plugin_name = pl.at("name").get<std::string>();
-  out.plugin = plugin_name == kDefaultPlugin ? "" : plugin_name;
-  pl.erase("name");
-  out.plugin_options = pl;
-  return out;
-}
 
 void check_training_config(const json& c) {
   const json& model = c.at("model");
@@ -495,11 +345,6 @@ void check_training_config(const json& c) {
     fail("'train.run_dir' is \"\"; expected a directory, or null for no files");
   if (has_checkpoint_dir && train.at("checkpoint_dir").get<std::string>().empty())
     fail("'train.checkpoint_dir' is \"\"; expected a directory, or null for <run_dir>/checkpoints");
-
-  // The compatibility matrix (Note [Compatibility rules]): before any work, as the Booster would.
-  const BoosterConfig booster = booster_config(c);
-  compat::require_compatible(booster.mixed_precision, compat::PluginTraits::of(*create_plugin(booster.plugin, booster.plugin_options)),
-                             booster.device);
 
   const json& sched = c.at("lr_scheduler");
   if (sched.at("type") == "linear_warmup" && c.at("train").at("max_steps").is_number() &&

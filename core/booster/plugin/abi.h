@@ -1,20 +1,27 @@
-// What a plugin shared library exports, and the version of that contract.
+// What a plugin shared library exports, and the version of that contract. The parallel plugin
+// interface and its export macro are in parallel_plugin.h, beside this header.
 //
 // Note [Plugin ABI]
-// A plugin is a shared library built by the same build, with the same compiler and flags, as the core
-// it links (booster_core). It exports four unmangled symbols (Boost.DLL aliases):
+// A plugin is a shared library linked against libbooster_core. It need not come from this build: it may
+// be built out of tree, against an installed prefix's headers and library, as long as it used the same
+// compiler ABI and headers with the same BOOSTER_PLUGIN_ABI_VERSION. It exports four unmangled symbols
+// (Boost.DLL aliases):
 //   booster_plugin_abi_version  int()           the BOOSTER_PLUGIN_ABI_VERSION it was compiled with
 //   booster_plugin_kind         const char*()   "precision" or "parallel"
 //   booster_plugin_name         const char*()   the name users select it by
-//   booster_create_<kind>       the factory (for "precision": PrecisionFactory below)
+//   booster_create_<kind>       the factory (PrecisionFactory below; ParallelFactory in parallel_plugin.h)
 // The host reads the version first and calls nothing else in a library whose version differs, so a
-// stale plugin is refused with a message instead of crashing on a changed vtable.
+// stale plugin is refused with a PluginError naming both versions and the file instead of crashing on a
+// changed vtable.
 //
 // Bump BOOSTER_PLUGIN_ABI_VERSION with any change a plugin compiled before it could not survive: a
-// virtual function added, removed or reordered in an interface a plugin implements (MixedPrecision, the
-// parallel Plugin), a changed factory signature, or a changed layout of a class a plugin derives from
-// or allocates (MixedPrecision's protected members, StepStats, ...). Adding non-virtual functions or
-// new free functions to the core needs no bump.
+// virtual function added, removed, reordered or re-typed in an interface a plugin implements or calls
+// (MixedPrecision, ParallelPlugin, CheckpointIO, ProcessGroup, Module, Optimizer, ...), a changed
+// factory signature, or a changed layout of a type a plugin shares: a class it derives from or
+// allocates (MixedPrecision's or DataParallelPlugin's members, ...), a struct it passes or returns
+// (TrainingParts, ParallelLayout, StepStats, ...). Adding non-virtual functions, free functions or
+// classes to the core needs no bump, nor does giving an existing virtual a default (Note [Optional
+// slots] in parallel_plugin.h). plugins/README.md states the rule for plugin authors.
 //
 // The version functions generated below have internal linkage on purpose: the core includes this
 // header too, and an exported inline function would be interposed by the core's copy, so a plugin

@@ -5,6 +5,7 @@
 #include <dlfcn.h>
 
 #include <algorithm>
+#include <atomic>
 #include <boost/dll/shared_library.hpp>
 #include <cstdlib>
 #include <map>
@@ -89,6 +90,13 @@ std::string describe_search_path() {
   return out;
 }
 
+std::string describe_search(const std::string& kind, const std::string& name) {
+  const char* env = std::getenv("BOOSTER_PLUGIN_PATH");
+  const std::string env_text = env ? std::string("BOOSTER_PLUGIN_PATH=") + env : "BOOSTER_PLUGIN_PATH unset";
+  return "looked for " + file_name(kind, name) + " in " + describe_search_path() + " (" + env_text +
+         ", then beside libbooster_core); set BOOSTER_PLUGIN_PATH to add directories, or give the path to the .so";
+}
+
 fs::path find_or_empty(const std::string& kind, const std::string& name) {
   const std::string file = file_name(kind, name);
   for (const fs::path& dir : search_path()) {
@@ -101,9 +109,8 @@ fs::path find_or_empty(const std::string& kind, const std::string& name) {
 
 fs::path find(const std::string& kind, const std::string& name) {
   fs::path file = find_or_empty(kind, name);
-  BOOSTER_CHECK(!file.empty(), PluginError, "plugin: no ", kind, " plugin named '", name, "': looked for ",
-                file_name(kind, name), " in ", describe_search_path(),
-                " (set BOOSTER_PLUGIN_PATH to add directories, or give the path to the .so)");
+  BOOSTER_CHECK(!file.empty(), PluginError, "plugin: no ", kind, " plugin named '", name, "': ",
+                describe_search(kind, name));
   return file;
 }
 
@@ -133,7 +140,10 @@ std::shared_ptr<Plugin> load(const std::string& kind, const std::string& name_or
   BOOSTER_CHECK(known_kind(kind), ValueError, "plugin: unknown kind '", kind, "'; expected precision or parallel");
   const fs::path file = is_path(name_or_path) ? fs::path(name_or_path) : find(kind, name_or_path);
   std::error_code exists_ec;
-  BOOSTER_CHECK(fs::exists(file, exists_ec), PluginError, "plugin: ", file.string(), " does not exist");
+  BOOSTER_CHECK(fs::exists(file, exists_ec), PluginError, "plugin: ", file.string(), " does not exist (a name with '/' ",
+                "or ending in .so is a path, loaded as is; a ", kind, " plugin's name is searched for as ",
+                file_name(kind, "<name>"), " in ", describe_search_path(),
+                ", the directories of BOOSTER_PLUGIN_PATH first)");
 
   std::shared_ptr<Plugin> plugin(new Plugin());
   plugin->library_ = std::make_unique<Plugin::Library>();
@@ -164,6 +174,18 @@ std::shared_ptr<Plugin> load(const std::string& kind, const std::string& name_or
                 "') exports no booster_create_", kind, " factory");
   return plugin;
 }
+
+namespace {
+std::atomic<int64_t> precision_factory_calls{0};
+std::atomic<int64_t> parallel_factory_calls{0};
+std::atomic<int64_t>& factory_counter(const std::string& kind) {
+  BOOSTER_CHECK(known_kind(kind), ValueError, "plugin: unknown kind '", kind, "'; expected precision or parallel");
+  return kind == kPrecisionKind ? precision_factory_calls : parallel_factory_calls;
+}
+}  // namespace
+
+int64_t factory_calls(const std::string& kind) { return factory_counter(kind).load(); }
+void count_factory_call(const std::string& kind) { ++factory_counter(kind); }
 
 void rethrow_as_host_error(const Plugin& plugin, const std::string& what_call) {
   // A new exception built here, in the host, so nothing thrown on carries pointers into the plugin.

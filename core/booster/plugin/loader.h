@@ -17,6 +17,7 @@
 // order the host drops them in. bind() does this for any object from a plugin.
 #pragma once
 
+#include <cstdint>
 #include <filesystem>
 #include <memory>
 #include <string>
@@ -72,6 +73,10 @@ std::filesystem::path find(const std::string& kind, const std::string& name);
 std::filesystem::path find_or_empty(const std::string& kind, const std::string& name);
 // "dir1, dir2, ..." for messages.
 std::string describe_search_path();
+// For every not-found message, library and CLI alike: "looked for <file> in <dirs> (BOOSTER_PLUGIN_PATH
+// <its value, or unset>, then beside libbooster_core); set BOOSTER_PLUGIN_PATH to add directories, or
+// give the path to the .so".
+std::string describe_search(const std::string& kind, const std::string& name);
 
 // One plugin file found on the search path (by its file name: it is not loaded).
 struct Found {
@@ -96,6 +101,12 @@ std::shared_ptr<T> bind(std::shared_ptr<Plugin> plugin, std::shared_ptr<T> objec
   auto keeper = std::make_shared<Keeper>(Keeper{std::move(plugin), std::move(object)});
   return std::shared_ptr<T>(std::move(keeper), raw);
 }
+
+// How many times this process has called a plugin factory (booster_create_<kind>) of `kind`: one per
+// plugin or strategy made from a library. Tests read it to check that a run builds each once (Note
+// [Built once] in booster/booster/booster.h); count_factory_call is for the two proxies that call them.
+int64_t factory_calls(const std::string& kind);
+void count_factory_call(const std::string& kind);
 
 // Runs `f` (a call into a plugin) and converts what it throws into host errors: a booster error keeps
 // its type and message, anything else becomes a PluginError naming the plugin.

@@ -1,6 +1,7 @@
-// A precision strategy from a plugin library, seen by the host as any other strategy. Every call is
-// forwarded through the plugin boundary (booster::plugin::call_into converts exceptions into host
-// errors), and the strategy and everything its configure() returns keep the library loaded (Note
+// The host side of the precision plugin boundary: a strategy from a plugin library, seen by the host
+// as any other strategy (mixed_precision::create() calls create_from_plugin for names it does not
+// know). Every call is forwarded through the boundary (booster::plugin::call_into converts exceptions
+// into host errors), and the strategy and everything its configure() returns keep the library loaded (Note
 // [Plugin lifetime] in booster/plugin/loader.h), so create() can keep returning a plain unique_ptr.
 #include "booster/mixed_precision/mixed_precision.h"
 #include "booster/plugin/abi.h"
@@ -76,6 +77,7 @@ class PluginStrategy final : public MixedPrecision {
 std::unique_ptr<MixedPrecision> create_from_plugin(const std::string& name_or_path, const nlohmann::json& options) {
   std::shared_ptr<plugin::Plugin> library = plugin::load(plugin::kPrecisionKind, name_or_path);
   auto* factory = reinterpret_cast<plugin::PrecisionFactory*>(library->symbol("booster_create_precision"));
+  plugin::count_factory_call(plugin::kPrecisionKind);
   const nlohmann::json opts = options.is_null() ? nlohmann::json::object() : options;
   MixedPrecision* raw = call_into(*library, "booster_create_precision", [&] { return factory(opts); });
   BOOSTER_CHECK(raw != nullptr, PluginError, "precision plugin '", library->name(), "' (", library->file().string(),
