@@ -22,7 +22,7 @@
 #include <string>
 #include <vector>
 
-#include "booster/booster/plugin.h"
+#include "booster/plugin/parallel_plugin.h"
 #include "booster/distributed/bucket.h"
 #include "booster/distributed/process_group.h"
 #include "booster/nn/models.h"

@@ -16,7 +16,7 @@
 #include <string>
 
 #include "booster/booster/booster.h"
-#include "booster/booster/plugin.h"
+#include "booster/plugin/parallel_plugin.h"
 #include "booster/distributed/process_group.h"
 #include "booster/mixed_precision/mixed_precision.h"
 #include "booster/nn/activation.h"

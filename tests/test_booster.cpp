@@ -363,7 +363,7 @@ TEST_CASE("booster: a plugin with only the required slots gets the documented de
   CHECK_THROWS_AS(booster.no_sync(), IncompatibleError);
 }
 
-TEST_CASE("booster: a missing plugin lists the directories searched; a non-plugin file says so", "[booster][plugin]") {
+TEST_CASE("booster: a missing plugin lists the directories searched, a non-plugin file says so", "[booster][plugin]") {
   try {
     Booster b(BoosterConfig{.plugin = "no_such_plugin"});
     FAIL("no error");

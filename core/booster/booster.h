@@ -39,6 +39,7 @@
 // The Booster, the compatibility matrix and the plugin boundary (parallel plugins, the loader, ABI).
 #include "booster/booster/booster.h"
 #include "booster/booster/compat.h"
-#include "booster/booster/plugin.h"
 #include "booster/plugin/abi.h"
+#include "booster/plugin/data_parallel.h"
 #include "booster/plugin/loader.h"
+#include "booster/plugin/parallel_plugin.h"

@@ -127,7 +127,7 @@ class MixedPrecision {
 
 // A strategy that forwards every call to `inner`: the base of wrappers that hook the step (a data
 // parallel plugin waits for its gradient all-reduce before the inner strategy unscales and steps; see
-// Note [Who drives the step] in booster/booster/plugin.h). Override what you hook and call the base.
+// Note [Who drives the step] in booster/plugin/parallel_plugin.h). Override what you hook and call the base.
 class PrecisionDecorator : public MixedPrecision {
  public:
   explicit PrecisionDecorator(std::shared_ptr<MixedPrecision> inner);
