@@ -202,8 +202,10 @@ TEST_CASE("ddp: options are validated and the declarations are the documented on
   };
   CHECK_THAT(config_error({{"bucket_cap", 5}}),
                Catch::Matchers::Contains("unknown option 'bucket_cap'") && Catch::Matchers::Contains("bucket_cap_mb"));
-  CHECK_THAT(config_error({{"bucket_cap_mb", -1}}), Catch::Matchers::Contains("'bucket_cap_mb' = -1"));
-  CHECK_THAT(config_error({{"bucket_cap_mb", "25"}}), Catch::Matchers::Contains("'bucket_cap_mb' = \"25\""));
+  CHECK_THAT(config_error({{"bucket_cap_mb", -1}}),
+             Catch::Matchers::Contains("plugin 'ddp': option 'bucket_cap_mb' = -1 is out of range"));
+  CHECK_THAT(config_error({{"bucket_cap_mb", "25"}}),
+             Catch::Matchers::Contains("'bucket_cap_mb' must be a number, got \"25\""));
   CHECK_THAT(config_error({{"broadcast_buffers", 1}}),
                Catch::Matchers::Contains("'broadcast_buffers' must be true or false"));
   CHECK_THROWS_AS(load_ddp(json::array()), ConfigError);

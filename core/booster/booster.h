@@ -33,6 +33,7 @@
 #include "booster/checkpoint/checkpoint.h"
 #include "booster/checkpoint/safetensors.h"
 #include "booster/config/config.h"
+#include "booster/config/option_reader.h"
 #include "booster/config/training.h"
 #include "booster/distributed/process_group.h"
 

@@ -38,6 +38,7 @@
 #include <string>
 #include <vector>
 
+#include "booster/config/option_reader.h"
 #include "booster/distributed/bucket.h"
 #include "booster/mixed_precision/master_weight_optimizer.h"
 #include "booster/plugin/data_parallel.h"  // DataParallelPlugin: group, sampler, checkpoint IO, found_inf
@@ -61,29 +62,13 @@ struct DdpOptions {
   }
 
   static DdpOptions parse(const json& options) {
+    config::OptionReader r("plugin", "ddp", options);
     DdpOptions o;
-    if (options.is_null()) return o;
-    BOOSTER_CHECK(options.is_object(), ConfigError, "plugin 'ddp': options must be a JSON object, got ",
-                  options.dump());
-    const std::string valid = "bucket_cap_mb, broadcast_buffers, find_unused_parameters, progress_thread";
-    for (auto it = options.begin(); it != options.end(); ++it) {
-      const std::string& key = it.key();
-      const json& v = it.value();
-      if (key == "bucket_cap_mb") {
-        BOOSTER_CHECK(v.is_number() && v.get<double>() > 0 && v.get<double>() <= 1e6, ConfigError,
-                      "plugin 'ddp': option 'bucket_cap_mb' = ", v.dump(),
-                      " is not valid; it must be a number of MiB in (0, 1e6]");
-        o.bucket_cap_mb = v.get<double>();
-      } else if (key == "broadcast_buffers" || key == "find_unused_parameters" || key == "progress_thread") {
-        BOOSTER_CHECK(v.is_boolean(), ConfigError, "plugin 'ddp': option '", key,
-                      "' must be true or false, got ", v.dump());
-        (key == "broadcast_buffers"        ? o.broadcast_buffers
-         : key == "find_unused_parameters" ? o.find_unused_parameters
-                                           : o.progress_thread) = v.get<bool>();
-      } else {
-        BOOSTER_FAIL(ConfigError, "plugin 'ddp': unknown option '", key, "'; valid options are: ", valid);
-      }
-    }
+    o.bucket_cap_mb = r.number("bucket_cap_mb", o.bucket_cap_mb, 0.0, 1e6, /*min_exclusive=*/true);  // MiB
+    o.broadcast_buffers = r.flag("broadcast_buffers", o.broadcast_buffers);
+    o.find_unused_parameters = r.flag("find_unused_parameters", o.find_unused_parameters);
+    o.progress_thread = r.flag("progress_thread", o.progress_thread);
+    r.finish();
     return o;
   }
 };

@@ -15,6 +15,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "booster/config/option_reader.h"
 #include "booster/plugin/data_parallel.h"  // DataParallelPlugin: group, sampler, checkpoint IO, broadcast
 #include "zero_optimizer.h"
 
@@ -31,66 +32,8 @@ struct PluginOptions {
   double bucket_m = 12.0;
 };
 
-// Reads the options with range checks; every problem is a ConfigError naming the key and the rule.
-class OptionReader {
- public:
-  explicit OptionReader(const json& options) : options_(options.is_null() ? json::object() : options) {
-    BOOSTER_CHECK(options_.is_object(), ConfigError, "low_level_zero: options must be a JSON object, got ",
-                  options_.dump());
-  }
-  double number(const std::string& key, double fallback, double min, double max, bool min_exclusive = false,
-                bool max_exclusive = false) {
-    valid_.push_back(key);
-    if (!options_.contains(key)) return fallback;
-    const json& v = options_.at(key);
-    BOOSTER_CHECK(v.is_number(), ConfigError, "low_level_zero: option '", key, "' must be a number, got ", v.dump());
-    const double x = v.get<double>();
-    const bool ok = (min_exclusive ? x > min : x >= min) && (max_exclusive ? x < max : x <= max);
-    BOOSTER_CHECK(ok, ConfigError, "low_level_zero: option '", key, "' = ", v.dump(), " is out of range; it must be ",
-                  min_exclusive ? "> " : ">= ", min, " and ", max_exclusive ? "< " : "<= ", max);
-    return x;
-  }
-  int64_t integer(const std::string& key, int64_t fallback, int64_t min, int64_t max) {
-    valid_.push_back(key);
-    if (!options_.contains(key)) return fallback;
-    const json& v = options_.at(key);
-    const bool integral = v.is_number_integer() || (v.is_number_float() && std::floor(v.get<double>()) == v.get<double>());
-    BOOSTER_CHECK(integral, ConfigError, "low_level_zero: option '", key, "' must be an integer, got ", v.dump());
-    const int64_t x = v.get<int64_t>();
-    BOOSTER_CHECK(x >= min && x <= max, ConfigError, "low_level_zero: option '", key, "' = ", x,
-                  " is out of range; it must be in [", min, ", ", max, "]");
-    return x;
-  }
-  bool flag(const std::string& key, bool fallback) {
-    valid_.push_back(key);
-    if (!options_.contains(key)) return fallback;
-    const json& v = options_.at(key);
-    BOOSTER_CHECK(v.is_boolean(), ConfigError, "low_level_zero: option '", key, "' must be true or false, got ",
-                  v.dump());
-    return v.get<bool>();
-  }
-  std::string choice(const std::string& key, const std::string& fallback, const std::vector<std::string>& choices) {
-    valid_.push_back(key);
-    if (!options_.contains(key)) return fallback;
-    const json& v = options_.at(key);
-    const bool ok = v.is_string() && std::find(choices.begin(), choices.end(), v.get<std::string>()) != choices.end();
-    BOOSTER_CHECK(ok, ConfigError, "low_level_zero: option '", key, "' = ", v.dump(), " is not valid; choose one of: ",
-                  choices);
-    return v.get<std::string>();
-  }
-  void finish() const {
-    for (auto it = options_.begin(); it != options_.end(); ++it)
-      BOOSTER_CHECK(std::find(valid_.begin(), valid_.end(), it.key()) != valid_.end(), ConfigError,
-                    "low_level_zero: unknown option '", it.key(), "'; valid options are: ", valid_);
-  }
-
- private:
-  json options_;
-  std::vector<std::string> valid_;
-};
-
 PluginOptions read_options(const json& options) {
-  OptionReader r(options);
+  config::OptionReader r("plugin", "low_level_zero", options);
   PluginOptions o;
   o.zero.stage = int(r.integer("stage", 1, 1, 2));
   o.precision = r.choice("precision", "fp16", {"fp16", "bf16", "fp32"});
@@ -112,7 +55,7 @@ PluginOptions read_options(const json& options) {
   o.zero.bucket_numel = std::max<int64_t>(1, int64_t(o.bucket_m * double(1 << 20)));
   r.finish();
   BOOSTER_CHECK(s.min_scale <= s.initial_scale && s.initial_scale <= s.max_scale, ConfigError,
-                "low_level_zero: the scales must satisfy min_scale <= initial_scale <= max_scale, got ", s.min_scale,
+                "plugin 'low_level_zero': the scales must satisfy min_scale <= initial_scale <= max_scale, got ", s.min_scale,
                 ", ", s.initial_scale, ", ", s.max_scale);
   return o;
 }

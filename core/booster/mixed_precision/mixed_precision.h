@@ -40,6 +40,7 @@
 #include <vector>
 
 #include "booster/autocast/autocast.h"
+#include "booster/config/option_reader.h"
 #include "booster/nn/loss.h"
 #include "booster/nn/module.h"
 #include "booster/optim/optimizer.h"
@@ -190,31 +191,13 @@ struct Registrar {
   Registrar(const std::string& name, Factory factory) { register_strategy(name, std::move(factory)); }
 };
 
-// Reads a strategy's options with range checks. Every read names a valid option; finish() throws a
-// ConfigError for any key that was not read, listing the valid ones.
-class OptionReader {
+// The options reader of a strategy: config::OptionReader (the one parallel plugins use too), with
+// messages that start "mixed precision '<strategy>': ".
+class OptionReader : public config::OptionReader {
  public:
-  OptionReader(std::string strategy, const nlohmann::json& options);
-  double number(const std::string& key, double fallback, double min, double max, bool min_exclusive = false,
-                bool max_exclusive = false);
-  int64_t integer(const std::string& key, int64_t fallback, int64_t min, int64_t max);
-  bool flag(const std::string& key, bool fallback);
-  // Options whose absence and null mean "no override" (apex's None): nullopt then. optional_flag also
-  // takes Python's spellings "True" and "False" (configs written from argparse values).
-  std::optional<bool> optional_flag(const std::string& key);
-  std::optional<double> optional_number(const std::string& key, double min, double max, bool min_exclusive = false,
-                                        bool max_exclusive = false);
-  std::string choice(const std::string& key, const std::string& fallback, const std::vector<std::string>& choices);
-  // The raw value (or fallback) for options with their own syntax; the caller validates it.
-  nlohmann::json raw(const std::string& key, const nlohmann::json& fallback);
-  bool has(const std::string& key) const { return options_.contains(key); }
-  void finish() const;
-  const std::string& strategy() const { return strategy_; }
-
- private:
-  std::string strategy_;
-  nlohmann::json options_;
-  std::vector<std::string> valid_;
+  OptionReader(std::string strategy, const nlohmann::json& options)
+      : config::OptionReader("mixed precision", std::move(strategy), options) {}
+  const std::string& strategy() const { return name(); }
 };
 
 // ----------------------------------------------------------------------------------- building blocks
