@@ -83,11 +83,7 @@ bool GradScaler::unscaled(const optim::Optimizer& optimizer) const {
 
 nlohmann::json GradScaler::state_dict() const {
   if (!options_.enabled) return nlohmann::json::object();
-  return {{"scale", double(scale_)},
-          {"growth_factor", options_.growth_factor},
-          {"backoff_factor", options_.backoff_factor},
-          {"growth_interval", options_.growth_interval},
-          {"_growth_tracker", growth_tracker_}};
+  return TorchLossScaler::state_json(scale_, growth_tracker_, options_);
 }
 
 void GradScaler::load_state_dict(const nlohmann::json& state) {

@@ -57,13 +57,17 @@ void TorchLossScaler::update(bool found_inf) {
                 "learning rate or use bf16");
 }
 
+nlohmann::json TorchLossScaler::state_json(float scale, int64_t growth_tracker, const GradScalerOptions& options) {
+  return {{"scale", double(scale)},
+          {"growth_factor", options.growth_factor},
+          {"backoff_factor", options.backoff_factor},
+          {"growth_interval", options.growth_interval},
+          {"_growth_tracker", growth_tracker}};
+}
+
 nlohmann::json TorchLossScaler::state_dict() const {
   if (!options_.enabled) return nlohmann::json::object();
-  return {{"scale", double(scale_)},
-          {"growth_factor", options_.growth_factor},
-          {"backoff_factor", options_.backoff_factor},
-          {"growth_interval", options_.growth_interval},
-          {"_growth_tracker", growth_tracker_}};
+  return TorchLossScaler::state_json(scale_, growth_tracker_, options_);
 }
 
 void TorchLossScaler::load_state_dict(const nlohmann::json& state) {

@@ -107,12 +107,8 @@ double PrecisionStrategy::clip_grad_norm(optim::Optimizer& optimizer, double max
     pending_grad_norm_ = std::numeric_limits<double>::infinity();
     return pending_grad_norm_;
   }
-  const std::vector<Tensor> grads = unscaled_grads(optimizer);
-  const double norm = grad_norm_l2(grads);
-  const double coef = max_norm / (norm + 1e-6);
-  if (std::isfinite(norm) && coef < 1.0) scale_grads(grads, float(coef));
-  pending_grad_norm_ = norm;
-  return norm;
+  pending_grad_norm_ = clip_grads(unscaled_grads(optimizer), max_norm);
+  return pending_grad_norm_;
 }
 
 void PrecisionStrategy::step(optim::Optimizer& optimizer) {

@@ -182,6 +182,13 @@ double grad_norm_l2(const std::vector<Tensor>& grads) {
   return std::sqrt(total);
 }
 
+double clip_grads(const std::vector<Tensor>& grads, double max_norm) {
+  const double norm = grad_norm_l2(grads);
+  const double coef = max_norm / (norm + 1e-6);
+  if (std::isfinite(norm) && coef < 1.0) scale_grads(grads, float(coef));
+  return norm;
+}
+
 void scale_grads(const std::vector<Tensor>& grads, float factor) {
   for (const Tensor& g : grads) {
     if (on_device(g)) {  // in place, without bumping the version (as the CPU loop)

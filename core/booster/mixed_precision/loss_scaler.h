@@ -69,6 +69,8 @@ class TorchLossScaler final : public LossScaler {
 
   // The rule itself (torch's _amp_update_scale_), shared with GradScaler::update.
   static void update_rule(float& scale, int64_t& growth_tracker, bool found_inf, const GradScalerOptions& options);
+  // torch's state_dict keys: scale, growth_factor, backoff_factor, growth_interval, _growth_tracker.
+  static nlohmann::json state_json(float scale, int64_t growth_tracker, const GradScalerOptions& options);
 
  private:
   GradScalerOptions options_;

@@ -27,12 +27,8 @@ void MixedPrecision::unscale_gradients(optim::Optimizer& /*optimizer*/) { unscal
 double MixedPrecision::clip_grad_norm(optim::Optimizer& optimizer, double max_norm) {
   BOOSTER_CHECK(max_norm > 0.0, ValueError, name(), ": clip_grad_norm: max_norm must be > 0, got ", max_norm);
   unscale_gradients(optimizer);
-  const std::vector<Tensor> grads = flat_grads(optimizer);
-  const double norm = grad_norm_l2(grads);
-  const double coef = max_norm / (norm + 1e-6);
-  if (std::isfinite(norm) && coef < 1.0) scale_grads(grads, float(coef));
-  pending_grad_norm_ = norm;
-  return norm;
+  pending_grad_norm_ = clip_grads(flat_grads(optimizer), max_norm);
+  return pending_grad_norm_;
 }
 
 void MixedPrecision::step(optim::Optimizer& optimizer) {

@@ -259,6 +259,9 @@ bool fused_unscale_and_check(const std::vector<GradSpan>& spans, float inv_scale
 double grad_norm_l2(const std::vector<Tensor>& grads);
 // grads *= factor, in place.
 void scale_grads(const std::vector<Tensor>& grads, float factor);
+// torch.nn.utils.clip_grad_norm_: scales grads by max_norm / (norm + 1e-6) when that is below 1 and the
+// norm is finite; returns the L2 norm before clipping.
+double clip_grads(const std::vector<Tensor>& grads, double max_norm);
 // Number of elements equal to zero.
 int64_t count_zeros(const std::vector<Tensor>& grads);
 
