@@ -66,14 +66,10 @@ MasterWeightOptimizer& PrecisionStrategy::masters_of(optim::Optimizer& optimizer
 void PrecisionStrategy::backward(const Tensor& loss, optim::Optimizer& optimizer) {
   unscaled_this_step_ = false;
   found_inf_ = false;
-  if (uses_masters()) {
-    masters_of(optimizer);
-    scale_loss(loss, loss_scale()).backward();
-  } else if (recipe_.scaler) {
-    scale_loss(loss, loss_scale()).backward();
-  } else {
-    loss.backward();
-  }
+  if (uses_masters()) masters_of(optimizer);  // refuses an optimizer other than configure()'s
+  // A model held in 16 bits gives its loss float32 through scale_loss even at scale 1.
+  if (uses_masters() || recipe_.scaler) scale_loss(loss, loss_scale()).backward();
+  else loss.backward();
 }
 
 void PrecisionStrategy::unscale_gradients(optim::Optimizer& optimizer) {
