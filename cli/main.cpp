@@ -10,6 +10,7 @@
 #include "booster/common/build_info.h"
 #include "booster/common/error.h"
 #include "booster/config/config.h"
+#include "booster/trainer/trainer.h"
 #include "commands.h"
 
 namespace po = boost::program_options;
@@ -92,6 +93,8 @@ po::options_description config_options(const std::string& command) {
        "run with this parallel plugin and its default options (replaces the whole plugin section; "
        "`booster plugins` lists them, or give the path to a plugin's .so; options: --set "
        "plugin.KEY=VALUE after it)")
+      ("device,d", po::value<std::string>()->value_name("DEVICE"),
+       "train on this device: cpu, cuda or cuda:N (same as --set device=...)")
       ("resume,r", po::value<std::string>()->value_name("latest|DIR"),
        "continue from a checkpoint: \"latest\" in train.checkpoint_dir, or a checkpoint directory "
        "(same as --set train.resume=...)");
@@ -114,6 +117,7 @@ bool parse_config_args(const std::string& command, const std::vector<std::string
   // --mixed-precision NAME goes first, so --set mixed_precision.KEY=VALUE can add options to it.
   if (vm.count("mixed-precision")) overrides.push_back("mixed_precision=" + vm["mixed-precision"].as<std::string>());
   if (vm.count("plugin")) overrides.push_back("plugin=" + vm["plugin"].as<std::string>());
+  if (vm.count("device")) overrides.push_back("device=" + nlohmann::json(vm["device"].as<std::string>()).dump());
   if (vm.count("resume")) overrides.push_back("train.resume=" + nlohmann::json(vm["resume"].as<std::string>()).dump());
   if (vm.count("set"))
     for (const std::string& s : vm["set"].as<std::vector<std::string>>()) overrides.push_back(s);
@@ -207,6 +211,10 @@ int main(int argc, char** argv) {
   } catch (const po::error& e) {
     std::cerr << "booster: error: " << e.what() << " (see booster --help)\n";
     return booster::cli::kExitUsageError;
+  } catch (const booster::InterruptedError& e) {
+    // Stopped by SIGINT/SIGTERM after saving: the status a shell gives a process the signal ended.
+    std::cerr << "booster: " << e.what() << "\n";
+    return e.exit_code();
   } catch (const booster::IncompatibleError& e) {
     std::cerr << "booster: error: " << e.what() << "\n";
     return booster::cli::kExitUsageError;

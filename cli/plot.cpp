@@ -239,7 +239,7 @@ std::string run_name(const fs::path& file) {
   return file.stem().string();
 }
 
-// The "train" records of a metrics file (Note [What booster train prints] in cli/progress.h) that
+// The "train" records of a metrics file (Note [What booster train prints] in booster/trainer/progress.h) that
 // have a finite `key`.
 Series read_series(const fs::path& file, const std::string& key) {
   std::ifstream in(file);

@@ -312,7 +312,7 @@ TEST_CASE("a checkpoint that does not fit or is damaged is refused with one line
     CHECK(r.out.empty());
   };
   resume_fails_with("--mixed-precision bf16", "was saved with mixed_precision \"fp16\" but this run has \"bf16\"", ckpt);
-  resume_fails_with("--set 'model.hidden=[8]'", "was saved with the model", ckpt);
+  resume_fails_with("--set 'model.hidden=[8]'", "was saved with model.hidden [16] but this run has [8]", ckpt);
   resume_fails_with("--set lr_scheduler.type=none", "was saved with lr_scheduler.type \"cosine\" but this run has \"none\"", ckpt);
   resume_fails_with("", "does not exist", root / "step-00000099");
   // Note [Settings a resume must keep]
@@ -338,7 +338,8 @@ TEST_CASE("a checkpoint that does not fit or is damaged is refused with one line
   // The cosine's length is the run's (T_max null): a longer run would climb back up the cosine.
   resume_fails_with("--set train.max_steps=14", "was saved with train.max_steps 12 but this run has 14", ckpt);
   resume_fails_with("--set train.max_steps=null --set train.epochs=3",
-                    "was saved with a run of 12 steps but train.epochs 3 makes this run 24 steps", ckpt);
+                    "was saved with train.max_steps 12 but this run has 24, and its lr schedule spans the saved run's "
+                    "steps; a resume continues the saved run: resume with --set train.max_steps=12 (or fewer)", ckpt);
   {
     // A checkpoint from before the settings were recorded is accepted, saying what it cannot check.
     const fs::path old = scratch_dir() / "old_format";
@@ -351,7 +352,7 @@ TEST_CASE("a checkpoint that does not fit or is damaged is refused with one line
     INFO(r.err);
     CHECK(r.exit_code == 0);
     CHECK_THAT(r.err, Catch::Contains("predates the record of criterion, data, lr_scheduler, mixed_precision, "
-                                      "optimizer, plugin, train.grad_accumulation, train.max_steps, train.seed; they are not checked"));
+                                      "model, optimizer, plugin, train.grad_accumulation, train.max_steps, train.seed; they are not checked"));
   }
   {
     // A checkpoint of a version that did not have an option yet (here optimizer.weight_decay and

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <tuple>
 
+#include "booster/backends/cuda/cuda.h"
 #include "booster/booster/compat.h"
 #include "booster/checkpoint/atomic_file.h"
 #include "booster/checkpoint/safetensors.h"
@@ -61,6 +62,7 @@ void BoostedOptimizer::copy_options_to_stepped() const {
 void BoostedOptimizer::step() {
   copy_options_to_stepped();
   precision_->step(*stepped_);
+  ++steps_;
 }
 
 optim::OptimizerState BoostedOptimizer::state_dict() const {
@@ -90,12 +92,32 @@ void BoostedScheduler::step() {
 }
 
 // ------------------------------------------------------------------------------ BoosterComponents
+Device require_device(const std::string& name) {
+  Device device;
+  try {
+    device = device_from_string(name);
+  } catch (const Error&) {
+    BOOSTER_FAIL(ConfigError, "device \"", name, "\" is not a device; use \"cpu\", \"cuda\" or \"cuda:N\"");
+  }
+  if (device.is_cuda()) {
+    BOOSTER_CHECK(cuda::is_available(), DeviceError, "device \"", name, "\": no CUDA GPU was found (",
+                  cuda::unavailable_reason(), "); use device \"cpu\"");
+    BOOSTER_CHECK(device.index < cuda::device_count(), DeviceError, "device \"", name, "\": this machine has ",
+                  cuda::device_count(), cuda::device_count() == 1 ? " CUDA GPU" : " CUDA GPUs", " (cuda:0",
+                  cuda::device_count() > 1 ? " to cuda:" + std::to_string(cuda::device_count() - 1) : std::string(),
+                  "); choose one of them");
+  }
+  return device;
+}
+
 BoosterComponents::BoosterComponents(BoosterConfig config_in, std::shared_ptr<ParallelPlugin> plugin_in,
                                      std::shared_ptr<mixed_precision::MixedPrecision> precision_in)
     : config(std::move(config_in)), plugin(std::move(plugin_in)), precision(std::move(precision_in)) {
   BOOSTER_CHECK(plugin != nullptr && precision != nullptr, ValueError, "BoosterComponents: ",
                 plugin ? "the precision strategy" : "the plugin", " is null");
+  // The combination first: it is wrong on any machine. Then whether this one has the device.
   compat::require_compatible(config.mixed_precision, compat::PluginTraits::of(*plugin), config.device);
+  require_device(config.device);
 }
 
 BoosterComponents BoosterComponents::create(const BoosterConfig& config) {
@@ -132,6 +154,14 @@ Boosted Booster::boost(nn::ModulePtr model, std::shared_ptr<optim::Optimizer> op
                 "per model");
   boosted_ = true;
   const std::shared_ptr<optim::Optimizer> user_optimizer = optimizer;
+  user_model_ = model;
+  // The model goes to the device first: a strategy converts it there, master weights are made there
+  // and a plugin communicates from there. The optimizer's parameters are the model's, moved in place.
+  const Device device = require_device(config_.device);
+  if (!device.is_cpu()) {
+    model->to(device);
+    if (dataloader) dataloader->set_device(device);
+  }
 
   TrainingParts parts{std::move(model), std::move(optimizer), std::move(criterion), std::move(dataloader),
                       std::move(scheduler), precision_};
@@ -161,6 +191,7 @@ Boosted Booster::boost(nn::ModulePtr model, std::shared_ptr<optim::Optimizer> op
     out.optimizer = std::make_shared<BoostedOptimizer>(user_optimizer ? user_optimizer : parts.optimizer,
                                                        parts.optimizer, precision_);
   if (parts.scheduler) out.scheduler = std::make_shared<BoostedScheduler>(parts.scheduler, precision_);
+  parts_ = out;
   return out;
 }
 
@@ -192,7 +223,9 @@ Booster::NoSync Booster::no_sync() { return NoSync(*plugin_); }
 std::shared_ptr<data::DataLoader> Booster::prepare_dataloader(data::DatasetPtr dataset,
                                                               const data::DataLoaderOptions& options) {
   BOOSTER_CHECK(dataset != nullptr, ValueError, "Booster::prepare_dataloader: the data set is null");
-  return plugin_->prepare_dataloader(std::move(dataset), options);
+  std::shared_ptr<data::DataLoader> loader = plugin_->prepare_dataloader(std::move(dataset), options);
+  loader->set_device(require_device(config_.device));
+  return loader;
 }
 
 void Booster::save_model(const nn::Module& model, const std::filesystem::path& dir, uint64_t max_shard_bytes) const {

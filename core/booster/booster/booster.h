@@ -28,12 +28,18 @@
 //   plugin library exports, so nothing depends on finding a shared library.
 #pragma once
 
+#include <cstdint>
 #include <filesystem>
+#include <functional>
+#include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
+#include <vector>
 
 #include "booster/plugin/parallel_plugin.h"
+#include "booster/tensor/random.h"
 
 namespace booster {
 
@@ -45,6 +51,8 @@ struct BoosterConfig {
   // A parallel plugin's name or path ("single", "ddp", "low_level_zero", ...); empty: single process.
   std::string plugin;
   nlohmann::json plugin_options = nlohmann::json::object();
+  // Where the model trains: "cpu", "cuda" or "cuda:N". boost() moves the model there and makes the
+  // dataloader hand out batches there.
   std::string device = "cpu";
 
   // {"mixed_precision": "fp16" or {"name": "fp16", <options>}, "plugin": "ddp" or {"name": "ddp",
@@ -53,6 +61,10 @@ struct BoosterConfig {
   static BoosterConfig from_json(const nlohmann::json& config);
   nlohmann::json to_json() const;
 };
+
+// The device named by `name` ("cpu", "cuda", "cuda:1"): ConfigError when it names none, DeviceError
+// (one line: none was found, or which exist) when it is a GPU this process cannot use.
+Device require_device(const std::string& name);
 
 // Note [Built once]
 // A plugin may open libraries, read the environment or start threads, and a strategy may be a plugin's
@@ -88,6 +100,9 @@ class BoostedOptimizer {
   // strategy: skipped when a gradient is inf/NaN.
   void step();
   bool step_was_skipped() const { return precision_->step_was_skipped(); }
+  // Calls of step() so far, skipped ones included (saved and restored by Booster::save_state).
+  int64_t steps() const { return steps_; }
+  void set_steps(int64_t steps) { steps_ = steps; }
 
   double lr(size_t group = 0) const { return user_->lr(group); }
   void set_lr(double lr) { user_->set_lr(lr); }
@@ -111,6 +126,7 @@ class BoostedOptimizer {
   std::shared_ptr<optim::Optimizer> user_;
   std::shared_ptr<optim::Optimizer> stepped_;
   std::shared_ptr<mixed_precision::MixedPrecision> precision_;
+  int64_t steps_ = 0;
 };
 
 // The LR scheduler of a boosted loop: step() does nothing after a skipped optimizer step.
@@ -136,6 +152,27 @@ struct Boosted {
   nn::Criterion criterion;
   std::shared_ptr<data::DataLoader> dataloader;
   std::shared_ptr<BoostedScheduler> scheduler;
+};
+
+// Options of Booster::save_state and load_state.
+struct SaveStateOptions {
+  int keep_last = 0;            // committed checkpoints to keep, the new one included; 0 keeps all
+  std::optional<int64_t> step;  // the directory's step; step() by default
+};
+struct LoadStateOptions {
+  // Starts error messages ("load_state", "train.resume").
+  std::string context = "load_state";
+  // How a user restores a saved setting, appended to the refusal: where = "optimizer.lr", saved = its
+  // saved value. Default: "resume with the saved value, or start afresh".
+  std::function<std::string(const std::string& where, const nlohmann::json& saved)> restore_hint;
+  // A setting holding the run's length in steps (the Trainer's "train.max_steps"): a resume may make
+  // it smaller (an exact prefix of the saved run) but not larger. Empty: none.
+  std::string run_length_setting;
+};
+struct LoadedState {
+  std::filesystem::path dir;            // the step directory read
+  int64_t step = 0;
+  std::vector<std::string> unchecked;   // settings the checkpoint predates (not compared)
 };
 
 class Booster {
@@ -188,6 +225,50 @@ class Booster {
   void save_lr_scheduler(const BoostedScheduler& scheduler, const std::filesystem::path& file) const;
   void load_lr_scheduler(BoostedScheduler& scheduler, const std::filesystem::path& file) const;
 
+  // ---- the whole training state (Note [Booster state] in booster/booster/state.cpp), as Accelerate's
+  // save_state/load_state.
+  //
+  //   booster.register_state("ema", [&] { return json(ema); }, [&](const json& j) { ema = j; });
+  //   if (resume) booster.load_state("runs/a/checkpoints");      // the newest checkpoint under the root
+  //   for (...) { ...; optimizer->step(); if (booster.step() % 100 == 0) booster.save_state("runs/a/checkpoints"); }
+  //
+  // save_state writes everything boost() returned (model, optimizer with the strategy's state,
+  // scheduler, the dataloader's position and epoch), every random generator (the default one, those of
+  // the model's dropouts and the registered ones) and the registered state into `<root>/step-N/`
+  // (N = step() unless options.step says otherwise), committed atomically, then points `<root>/latest`
+  // at it and prunes to keep_last (Note [Checkpoint directory layout] in checkpoint.h). The first save
+  // into a root takes its lock (checkpoint::RootLock) for the Booster's life, so a second program saving
+  // into it is refused. Collective: every rank calls; rank 0 writes.
+  std::filesystem::path save_state(const std::filesystem::path& root, const SaveStateOptions& options = {});
+  // Takes the lock of a root save_state will write into now rather than at the first save, so a second
+  // program started on it is refused at once (the Trainer does at its start). No-op off rank 0.
+  void lock_state_root(const std::filesystem::path& root);
+
+  // Restores what save_state wrote: `path` is a step directory or a root (its `latest`). Refused with a
+  // CheckpointError naming both sides, before any tensor is read, when the checkpoint is of another
+  // strategy, plugin or world size, or a setting of set_resume_settings differs from the saved one;
+  // files that are missing, truncated or corrupt are CheckpointErrors naming the file. Collective.
+  LoadedState load_state(const std::filesystem::path& path, const LoadStateOptions& options = {});
+  // The step directory load_state(path) would read; nullopt for a root with nothing committed yet.
+  static std::optional<std::filesystem::path> find_state(const std::filesystem::path& path);
+
+  // Optimizer steps taken so far (BoostedOptimizer::steps of the boosted optimizer; 0 without one).
+  int64_t step() const;
+
+  // Extra state a checkpoint carries: JSON, or named tensors (saved in extra.safetensors). `load` is
+  // called by load_state with what `save` returned; a checkpoint without the name is a CheckpointError.
+  void register_state(const std::string& name, std::function<nlohmann::json()> save,
+                      std::function<void(const nlohmann::json&)> load);
+  void register_tensors(const std::string& name, std::function<nn::StateDict()> save,
+                        std::function<void(const nn::StateDict&)> load);
+  // A random generator to save and restore beside the default one and those the model's dropouts use.
+  void register_generator(const std::string& name, Generator& generator);
+  // Settings a resume must keep (Note [Settings a resume must keep] in state.cpp): saved with the state
+  // and compared key by key on load_state.
+  void set_resume_settings(nlohmann::json settings) { resume_settings_ = std::move(settings); }
+  // What boost() returned (empty before).
+  const Boosted& boosted() const { return parts_; }
+
   const BoosterConfig& config() const { return config_; }
   ParallelPlugin& plugin() { return *plugin_; }
   // The strategy that drives backward and step (after boost(), possibly the plugin's wrapper).
@@ -202,6 +283,23 @@ class Booster {
   std::shared_ptr<mixed_precision::MixedPrecision> precision_;
   std::shared_ptr<CheckpointIO> checkpoint_io_;
   bool boosted_ = false;
+
+  // Booster state (state.cpp).
+  struct RegisteredState {
+    std::function<nlohmann::json()> save_json;
+    std::function<void(const nlohmann::json&)> load_json;
+    std::function<nn::StateDict()> save_tensors;
+    std::function<void(const nn::StateDict&)> load_tensors;
+  };
+  std::map<std::string, Generator*> generators() const;
+  void check_state_name(const std::string& name) const;
+
+  Boosted parts_;
+  nn::ModulePtr user_model_;  // the model passed to boost(), for its generators
+  std::map<std::string, RegisteredState> registered_;
+  std::map<std::string, Generator*> registered_generators_;
+  nlohmann::json resume_settings_ = nlohmann::json::object();
+  std::map<std::filesystem::path, std::shared_ptr<void>> root_locks_;
 };
 
 }  // namespace booster

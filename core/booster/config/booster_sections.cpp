@@ -193,6 +193,8 @@ BoosterConfig booster_config(const json& resolved) {
       parse_named_section(resolved.value("plugin", json()), "plugin", kDefaultPlugin);
   // "single" is the built-in plugin: the same code as plugins/single, with no library to find.
   out.plugin = plugin_name == kDefaultPlugin ? "" : plugin_name;
+  const json device = resolved.value("device", json("cpu"));
+  out.device = device.is_string() ? device.get<std::string>() : "cpu";
   return out;
 }
 

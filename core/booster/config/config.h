@@ -106,7 +106,7 @@ json resolved_sections(const BoosterComponents& components);
 // Note [The run directory]
 // ~~~~~~~~~~~~~~~~~~~~~~~~
 // `train.run_dir` is where a run leaves its files: metrics.jsonl (Note [What booster train prints] in
-// cli/progress.h), config.json (the resolved config it ran) and, unless `train.checkpoint_dir` says
+// booster/trainer/progress.h), config.json (the resolved config it ran) and, unless `train.checkpoint_dir` says
 // otherwise, checkpoints/. "{time}" in it becomes the run's start time (UTC, YYYYmmdd-HHMMSS), so by
 // default every run gets a fresh directory under runs/ (taken with a -2, -3, ... suffix when two runs
 // start in the same second). null writes no files at all (and then checkpoints need an explicit

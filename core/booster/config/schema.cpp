@@ -296,6 +296,26 @@ std::vector<Section> make_training_schema() {
   plugin.custom_resolve = [](const json& given) { return name_section(given, "plugin"); };
   schema.push_back(std::move(plugin));
 
+  // ------------------------------------------------------------------------------------- device
+  // A string, not an object: "device": "cuda". Whether the GPU exists is checked where the Booster's
+  // parts are built (require_device), so `booster check` on a machine without one says so too.
+  Section device;
+  device.name = "device";
+  device.help = "where the model trains: \"cpu\", \"cuda\" or \"cuda:N\"";
+  device.optional = true;
+  device.custom_resolve = [](const json& given) -> json {
+    if (given.is_object() && given.empty()) return "cpu";
+    if (given.is_string()) {
+      const std::string name = given.get<std::string>();
+      bool valid = name == "cpu" || name == "cuda";
+      if (!valid && name.rfind("cuda:", 0) == 0 && name.size() > 5)
+        valid = std::all_of(name.begin() + 5, name.end(), [](char c) { return c >= '0' && c <= '9'; });
+      if (valid) return name;
+    }
+    throw ConfigError("'device' is " + given.dump() + "; expected \"cpu\", \"cuda\" or \"cuda:N\"");
+  };
+  schema.push_back(std::move(device));
+
   return schema;
 }
 

@@ -135,40 +135,61 @@ std::unique_ptr<optim::LRScheduler> make_lr_scheduler(const json& lr_scheduler, 
   return optim::make_scheduler(options, optimizer);
 }
 
-Evaluation evaluate(nn::Module& model, const DataSplits& split, const Criterion& criterion, int64_t batch_size) {
-  BOOSTER_CHECK(split.test != nullptr, StateError, "evaluate: the data has no test split");
-  const bool was_training = model.is_training();
-  model.eval();
-  autograd::NoGradGuard no_grad;
-
-  double loss_sum = 0.0;
-  int64_t correct = 0, targets = 0, samples = 0;
-  const int64_t n = split.test->size();
-  std::vector<int64_t> indices;
-  for (int64_t begin = 0; begin < n; begin += batch_size * split.eval_stride) {
-    indices.clear();
-    for (int64_t i = begin; i < n && int64_t(indices.size()) < batch_size; i += split.eval_stride) indices.push_back(i);
-    data::Batch batch = split.test->get_batch(indices);
-    Tensor output = model(batch.x);
-    const int64_t batch_targets = batch.y.numel();
-    loss_sum += criterion(output, batch.y).item() * double(batch_targets);
-    if (!is_floating(batch.y.dtype())) {
-      Tensor predicted = argmax(output, -1).contiguous();
-      Tensor truth = batch.y.to(DType::Int64).contiguous();
-      const int64_t* p = predicted.data<int64_t>();
-      const int64_t* t = truth.data<int64_t>();
-      for (int64_t i = 0; i < batch_targets; ++i) correct += p[i] == t[i];
-    }
-    targets += batch_targets;
-    samples += int64_t(indices.size());
+// Which settings, and why each (Note [Settings a resume must keep] in booster/booster/state.cpp says how
+// they are compared):
+//  * which samples make up each step, and in what order: train.seed (the shuffle order comes back from
+//    the checkpoint, but the synthetic data set is drawn from the seed), train.grad_accumulation and
+//    the data section (batch_size, shuffle, drop_last, the data set's own settings); the saved data
+//    position, counted in batches, would also point elsewhere;
+//  * the model section (but init_from, which only chooses the starting weights the checkpoint replaces);
+//  * the criterion section (another loss, another label smoothing);
+//  * the optimizer and lr_scheduler sections: their hyperparameters come back from the checkpoint (as
+//    torch's load_state_dict does), so a changed lr, betas or schedule would be ignored without a word;
+//  * the mixed_precision and plugin sections, every option resolved: the scaler's options
+//    (growth_interval, backoff_factor, hysteresis, min_scale, max_scale, ...) are not in its saved
+//    state, which holds only the scale and its trackers; low_level_zero's precision and stage, ddp's
+//    find_unused_parameters and broadcast_buffers change the numbers too. Left out, as they change only
+//    how fast: ddp's bucket_cap_mb and progress_thread, low_level_zero's overlap_communication and
+//    reduce_bucket_size_in_m; and fp16_naive's log_num_zeros_in_grad (a log column). low_level_zero's
+//    max_norm is left out as train.max_grad_norm is, of which it is the plugin's counterpart;
+//  * train.max_steps, as the run's length in steps, when the schedule's length is the run's (a null
+//    T_max or total_steps): the restored schedule keeps the saved length, so a longer run would go past
+//    its end (a cosine climbs back up). Only a longer run is refused: a shorter one is an exact prefix.
+// Left out because they may legitimately change: max_steps and epochs when the schedule does not
+// depend on them (extending a run), max_grad_norm and the evaluation and logging settings (getting
+// past a loss spike, watching more closely), data.dir and data.path (the data moved),
+// data.eval_batch_size and the device.
+nlohmann::json trajectory_settings(const nlohmann::json& config, int64_t total_steps) {
+  using nlohmann::json;
+  const json& train = config.at("train");
+  json data = config.at("data");
+  for (const char* may_change : {"dir", "path", "eval_batch_size"}) data.erase(may_change);
+  json model = config.at("model");
+  model.erase("init_from");
+  json settings = {{"train.seed", train.at("seed")},
+                   {"train.grad_accumulation", train.at("grad_accumulation")},
+                   {"data", data},
+                   {"model", model},
+                   {"criterion", config.at("criterion")},
+                   {"optimizer", config.at("optimizer")},
+                   {"lr_scheduler", config.at("lr_scheduler")}};
+  json mixed_precision = config.at("mixed_precision");
+  mixed_precision.erase("log_num_zeros_in_grad");
+  settings["mixed_precision"] = mixed_precision;
+  json plugin = config.at("plugin");
+  const json plugin_name = plugin.value("name", json());
+  if (plugin_name == "ddp") {
+    for (const char* speed_only : {"bucket_cap_mb", "progress_thread"}) plugin.erase(speed_only);
+  } else if (plugin_name == "low_level_zero") {
+    for (const char* may_change : {"overlap_communication", "reduce_bucket_size_in_m", "max_norm"})
+      plugin.erase(may_change);
   }
-  model.train(was_training);
-
-  Evaluation e;
-  e.samples = samples;
-  e.loss = targets ? loss_sum / double(targets) : 0.0;
-  e.accuracy = targets ? double(correct) / double(targets) : 0.0;
-  return e;
+  settings["plugin"] = plugin;
+  const json& schedule = config.at("lr_scheduler");
+  const bool schedule_spans_run = (schedule.contains("T_max") && schedule.at("T_max").is_null()) ||
+                                  (schedule.contains("total_steps") && schedule.at("total_steps").is_null());
+  if (schedule_spans_run) settings["train.max_steps"] = total_steps;
+  return settings;
 }
 
 }  // namespace booster::config

@@ -50,14 +50,10 @@ DataSplits make_datasets(const nlohmann::json& data, uint64_t seed);
 std::unique_ptr<optim::LRScheduler> make_lr_scheduler(const nlohmann::json& lr_scheduler, optim::Optimizer& optimizer,
                                                       int64_t total_steps);
 
-struct Evaluation {
-  double loss = 0.0;      // mean over the evaluated targets
-  double accuracy = 0.0;  // fraction of targets whose argmax over the last dim is right
-  int64_t samples = 0;
-};
-
-// Evaluates `model` on split.test (which must exist) in eval mode under NoGradGuard, `batch_size` items
-// at a time, and restores the model's training mode.
-Evaluation evaluate(nn::Module& model, const DataSplits& split, const Criterion& criterion, int64_t batch_size);
+// Note [Settings a resume must keep] (booster/booster/state.cpp) for `booster train`: the settings of a
+// resolved config that a resume must not change, by key ("train.seed", "data", "optimizer", ...), with
+// the run's length in steps as "train.max_steps" when the lr schedule spans the run. Passed to
+// TrainerOptions::resume_settings.
+nlohmann::json trajectory_settings(const nlohmann::json& config, int64_t total_steps);
 
 }  // namespace booster::config

@@ -161,6 +161,10 @@ void DataLoader::Iterator::advance() {
   }
   if (got) {
     ++loader_->consumed_;
+    if (!loader_->options_.device.is_cpu()) {
+      current_.x = current_.x.to(loader_->options_.device);
+      current_.y = current_.y.to(loader_->options_.device);
+    }
     return;
   }
   // The pass ran to its end: the next one belongs to the next epoch.

@@ -44,6 +44,9 @@ struct DataLoaderOptions {
   // Builds a batch from its items (dataset.get(i) for each index, in order), as torch's collate_fn.
   // Empty: the data set's get_batch, which for a TensorDataset gathers the rows in one pass.
   std::function<Batch(std::vector<Batch> items)> collate;
+  // Where batches are handed out: x and y are moved there as each batch is taken (the Booster sets its
+  // device). Assembling stays on the CPU.
+  Device device = Device::cpu();
 };
 
 namespace detail {
@@ -114,6 +117,8 @@ class DataLoader {
   void load_state_dict(const nlohmann::json& state);
 
   const DataLoaderOptions& options() const { return options_; }
+  // Where the next batches go (DataLoaderOptions::device).
+  void set_device(Device device) { options_.device = device; }
   const Dataset& dataset() const { return *dataset_; }
   Sampler& sampler() { return *sampler_; }
 

@@ -17,6 +17,10 @@ class Dropout : public Module {
   // Identity in eval mode or with p == 0; otherwise scales kept elements by 1 / (1 - p).
   Tensor forward(const Tensor& x) override;
   std::string name() const override { return "Dropout"; }
+  std::vector<std::pair<std::string, Generator*>> own_generators() const override {
+    if (gen_) return {{"generator", gen_.get()}};
+    return {};
+  }
   std::string extra_repr() const override { return str("p=", p); }
 
   const double p;

@@ -34,6 +34,9 @@ class GPT : public Module {
   // idx int64 [B, T] with T <= context -> logits [B, T, vocab_size].
   Tensor forward(const Tensor& idx) override;
   std::string name() const override { return "GPT"; }
+  std::vector<std::pair<std::string, Generator*>> own_generators() const override {
+    return {{"dropout", dropout_gen_.get()}};
+  }
 
   const GPTConfig config;
   std::shared_ptr<Embedding> wte, wpe;

@@ -121,6 +121,15 @@ std::vector<std::pair<std::string, const Module*>> Module::named_modules() const
   return out;
 }
 
+std::vector<std::pair<std::string, Generator*>> Module::named_generators() const {
+  std::vector<std::pair<std::string, Generator*>> out;
+  std::set<const Generator*> seen;
+  for (const auto& [prefix, m] : named_modules())
+    for (const auto& [name, gen] : m->own_generators())
+      if (gen != nullptr && seen.insert(gen).second) out.emplace_back(join(prefix, name), gen);
+  return out;
+}
+
 std::vector<std::pair<std::string, Tensor>> Module::named_parameters(bool recurse) const {
   if (!recurse) return params_;
   std::vector<std::pair<std::string, Tensor>> out;

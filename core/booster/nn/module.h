@@ -22,6 +22,7 @@
 #include <utility>
 #include <vector>
 
+#include "booster/tensor/random.h"
 #include "booster/tensor/tensor.h"
 
 namespace booster::nn {
@@ -68,6 +69,11 @@ class Module {
   // Calls fn on every descendant and then on this module (post-order, as torch.nn.Module.apply), e.g.
   // to re-initialise weights by layer type.
   void apply(const std::function<void(Module&)>& fn);
+  // The random generators this module's forward draws from, other than the default one (a dropout's
+  // own generator), by dotted name, each once (first name wins): what a checkpoint must save so a
+  // resumed run draws the same numbers. Subclasses report theirs through own_generators().
+  std::vector<std::pair<std::string, Generator*>> named_generators() const;
+  virtual std::vector<std::pair<std::string, Generator*>> own_generators() const { return {}; }
   // Total number of parameter elements.
   int64_t num_parameters() const;
   // The direct child registered as `name`; throws IndexError naming the children that exist.

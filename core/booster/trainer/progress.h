@@ -1,4 +1,5 @@
-// What `booster train` shows while it runs: a progress bar or log lines on stderr, and the metrics file.
+// What a training run shows while it runs (the Trainer, so `booster train` too): a progress bar or log
+// lines on stderr, and the metrics file.
 //
 // Note [What booster train prints]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
@@ -31,7 +32,7 @@
 
 #include <nlohmann/json.hpp>
 
-namespace booster::cli {
+namespace booster::trainer {
 
 // This process's rank among the processes of the run (0 when it runs alone); see Note [What booster
 // train prints].
@@ -103,6 +104,7 @@ class MetricsLog {
   MetricsLog& operator=(const MetricsLog&) = delete;
 
   void write(const nlohmann::json& record);
+  void close();
   bool enabled() const { return file_ != nullptr; }
   const std::filesystem::path& path() const { return path_; }
 
@@ -113,4 +115,4 @@ class MetricsLog {
 
 inline constexpr const char* kMetricsFileName = "metrics.jsonl";
 
-}  // namespace booster::cli
+}  // namespace booster::trainer

@@ -1,5 +1,5 @@
-// The progress display and the metrics file of `booster train` (Note [What booster train prints]).
-#include "progress.h"
+// The progress display and the metrics file of the Trainer (Note [What booster train prints]).
+#include "booster/trainer/progress.h"
 
 #include <sys/ioctl.h>
 #include <unistd.h>
@@ -13,7 +13,7 @@
 #include "booster/common/error.h"
 #include "booster/distributed/process_group.h"
 
-namespace booster::cli {
+namespace booster::trainer {
 
 int process_rank() {
   // A group of several processes knows; a one-process group under mpirun (the single plugin started N
@@ -159,8 +159,11 @@ void MetricsLog::open(const std::filesystem::path& file, bool append) {
                 std::strerror(errno), "; set train.run_dir to a writable directory, or to null for no files");
 }
 
-MetricsLog::~MetricsLog() {
+MetricsLog::~MetricsLog() { close(); }
+
+void MetricsLog::close() {
   if (file_) std::fclose(file_);
+  file_ = nullptr;
 }
 
 void MetricsLog::write(const nlohmann::json& record) {
@@ -170,4 +173,4 @@ void MetricsLog::write(const nlohmann::json& record) {
   std::fflush(file_);
 }
 
-}  // namespace booster::cli
+}  // namespace booster::trainer

@@ -1,0 +1,70 @@
+// Note [Stopping on a signal] (signals.h).
+#include "booster/trainer/signals.h"
+
+#include <unistd.h>
+
+#include <atomic>
+#include <csignal>
+#include <cstring>
+
+#include "booster/common/error.h"
+#include "booster/ops/ops.h"
+
+namespace booster::trainer {
+
+namespace {
+
+volatile std::sig_atomic_t g_requested = 0;
+std::atomic<bool> g_installed{false};
+struct sigaction g_previous_int, g_previous_term;
+
+void on_signal(int signal) {
+  if (g_requested != 0) {
+    // The second one: leave now. Only async-signal-safe calls here.
+    const char message[] = "\nbooster: interrupted again; exiting without saving\n";
+    [[maybe_unused]] ssize_t n = ::write(STDERR_FILENO, message, sizeof message - 1);
+    ::_exit(128 + signal);
+  }
+  g_requested = signal;
+  const char message[] = "\nbooster: stopping after this step and saving a checkpoint (interrupt again to exit now)\n";
+  [[maybe_unused]] ssize_t n = ::write(STDERR_FILENO, message, sizeof message - 1);
+}
+
+}  // namespace
+
+StopOnSignal::StopOnSignal() {
+  BOOSTER_CHECK(!g_installed.exchange(true), StateError,
+                "StopOnSignal: one is installed already; one training loop handles the signals at a time");
+  g_requested = 0;
+  struct sigaction action {};
+  action.sa_handler = on_signal;
+  sigemptyset(&action.sa_mask);
+  action.sa_flags = SA_RESTART;  // a blocking read or collective goes on; the loop checks after the step
+  sigaction(SIGINT, &action, &g_previous_int);
+  sigaction(SIGTERM, &action, &g_previous_term);
+}
+
+StopOnSignal::~StopOnSignal() {
+  sigaction(SIGINT, &g_previous_int, nullptr);
+  sigaction(SIGTERM, &g_previous_term, nullptr);
+  g_installed = false;
+}
+
+int StopOnSignal::requested() const { return g_requested; }
+
+int StopOnSignal::agreed(distributed::ProcessGroup& group) const {
+  if (group.size() == 1) return requested();
+  Tensor flag = full({1}, double(requested()), DType::Float32, group.device());
+  group.all_reduce(flag, distributed::ReduceOp::Max);
+  return int(flag.item());
+}
+
+const char* StopOnSignal::signal_name(int signal) {
+  switch (signal) {
+    case SIGINT: return "SIGINT";
+    case SIGTERM: return "SIGTERM";
+    default: return "a signal";
+  }
+}
+
+}  // namespace booster::trainer

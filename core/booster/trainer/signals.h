@@ -1,0 +1,40 @@
+// Stopping a run cleanly on SIGINT (Ctrl-C) and SIGTERM (a cluster's preemption).
+//
+//   trainer::StopOnSignal stop;                       // handlers installed while it lives
+//   for (...) {
+//     ...train one step...
+//     if (stop.agreed(booster.process_group())) { booster.save_state(root); break; }
+//   }
+//
+// Note [Stopping on a signal]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// The first SIGINT or SIGTERM only records the signal; the loop finishes its step, saves a checkpoint
+// and exits non-zero (the Trainer throws InterruptedError; `booster train` exits 128 + the signal, as a
+// shell reports a process killed by it). A second one exits at once (status 128 + signal) without
+// saving: the user asked twice. Under several processes the ranks must stop after the same step, or
+// the collective save would hang: agreed() all-reduces every rank's request (a max of one int) so that
+// one rank's signal (mpirun forwards SIGTERM to all, a terminal's Ctrl-C reaches all, a scheduler may
+// signal one) stops every rank together. The handlers are those of the process, so one StopOnSignal
+// lives at a time; its destructor puts back the handlers that were there before.
+#pragma once
+
+#include "booster/distributed/process_group.h"
+
+namespace booster::trainer {
+
+class StopOnSignal {
+ public:
+  StopOnSignal();
+  ~StopOnSignal();
+  StopOnSignal(const StopOnSignal&) = delete;
+  StopOnSignal& operator=(const StopOnSignal&) = delete;
+
+  // The signal this process received (SIGINT, SIGTERM), 0 for none.
+  int requested() const;
+  // The signal any rank of `group` received, 0 for none. Collective: every rank calls it at the same point.
+  int agreed(distributed::ProcessGroup& group) const;
+  // "SIGINT", "SIGTERM".
+  static const char* signal_name(int signal);
+};
+
+}  // namespace booster::trainer

@@ -1,0 +1,489 @@
+// The Trainer (trainer.h): fit() over the boosted parts, with logging, evaluation, checkpoints, resume
+// and signals.
+#include "booster/trainer/trainer.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <ctime>
+#include <fstream>
+
+#include "booster/autograd/autograd.h"
+#include "booster/checkpoint/atomic_file.h"
+#include "booster/checkpoint/checkpoint.h"
+#include "booster/data/dataloader.h"
+#include "booster/distributed/process_group.h"
+#include "booster/ops/ops.h"
+#include "booster/trainer/signals.h"
+
+namespace booster {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+double now_seconds() {
+  return std::chrono::duration<double>(Clock::now().time_since_epoch()).count();
+}
+
+template <class... Values>
+std::string format_line(const char* format, Values... values) {
+  char buf[512];
+  std::snprintf(buf, sizeof buf, format, values...);
+  return buf;
+}
+
+// The run directory with {time} filled in; every rank gets rank 0's answer, so the files of several
+// processes go to one place.
+fs::path resolve_run_dir(std::string dir, distributed::ProcessGroup& group) {
+  const size_t at = dir.find("{time}");
+  if (at == std::string::npos) return dir;
+  std::string chosen;
+  if (group.rank() == 0) {
+    const std::time_t now = std::time(nullptr);
+    std::tm utc{};
+    gmtime_r(&now, &utc);
+    char stamp[32];
+    std::strftime(stamp, sizeof stamp, "%Y%m%d-%H%M%S", &utc);
+    dir.replace(at, 6, stamp);
+    // Two runs started in the same second get their own directories.
+    chosen = dir;
+    for (int n = 2; fs::exists(chosen); ++n) chosen = dir + "-" + std::to_string(n);
+  }
+  if (group.size() > 1) {
+    // The length, then the bytes, one per int64 (the names are short).
+    Tensor length = full({1}, double(chosen.size()), DType::Int64, group.device());
+    group.broadcast(length, 0);
+    const int64_t n = length.cpu().contiguous().data<int64_t>()[0];
+    std::vector<float> bytes(size_t(n), 0.0f);
+    for (size_t i = 0; i < chosen.size(); ++i) bytes[i] = float(static_cast<unsigned char>(chosen[i]));
+    Tensor text = from_vector(bytes, {n}).to(DType::Int64).to(group.device());
+    group.broadcast(text, 0);
+    const Tensor host = text.cpu().contiguous();
+    const int64_t* data = host.data<int64_t>();
+    chosen.assign(size_t(n), ' ');
+    for (int64_t i = 0; i < n; ++i) chosen[size_t(i)] = char(data[i]);
+  }
+  return chosen;
+}
+
+// A resumed run continues its metrics file: the records after the checkpoint's step (written by the
+// interrupted run after its last checkpoint) are dropped, so each step appears once (Note [What a
+// step's checkpoint holds]), and so is a line that does not parse: the torn last write of a crash.
+void truncate_metrics_after(const fs::path& file, int64_t step) {
+  if (!fs::exists(file)) return;
+  std::ifstream in(file);
+  std::string kept, line;
+  while (std::getline(in, line)) {
+    const json record = json::parse(line, nullptr, /*allow_exceptions=*/false);
+    if (!record.is_object() || record.value("step", int64_t(0)) > step) continue;
+    kept += line + "\n";
+  }
+  in.close();
+  checkpoint::write_text_file_atomically(file, kept);
+}
+
+json evaluation_json(const trainer::Evaluation& e, int64_t step) {
+  return {{"step", step}, {"test_loss", e.loss}, {"test_accuracy", e.accuracy}, {"samples", e.samples}};
+}
+
+}  // namespace
+
+// ------------------------------------------------------------------------------------ evaluation
+trainer::Evaluation trainer::evaluate(nn::Module& model, const data::Dataset& dataset, const nn::Criterion& criterion,
+                                      int64_t batch_size, int64_t stride) {
+  BOOSTER_CHECK(batch_size > 0 && stride > 0, ValueError, "evaluate: batch_size (", batch_size, ") and stride (",
+                stride, ") must be positive");
+  const std::vector<Tensor> params = model.parameters();
+  const Device device = params.empty() ? Device::cpu() : params.front().device();
+  const bool was_training = model.is_training();
+  model.eval();
+  autograd::NoGradGuard no_grad;
+
+  double loss_sum = 0.0;
+  int64_t correct = 0, targets = 0, samples = 0;
+  const int64_t n = dataset.size();
+  std::vector<int64_t> indices;
+  for (int64_t begin = 0; begin < n; begin += batch_size * stride) {
+    indices.clear();
+    for (int64_t i = begin; i < n && int64_t(indices.size()) < batch_size; i += stride) indices.push_back(i);
+    data::Batch batch = dataset.get_batch(indices);
+    Tensor output = model(batch.x.to(device));
+    const int64_t batch_targets = batch.y.numel();
+    loss_sum += criterion(output, batch.y.to(device)).item() * double(batch_targets);
+    if (!is_floating(batch.y.dtype())) {
+      Tensor predicted = argmax(output, -1).cpu().contiguous();
+      Tensor truth = batch.y.to(DType::Int64).contiguous();
+      const int64_t* p = predicted.data<int64_t>();
+      const int64_t* t = truth.data<int64_t>();
+      for (int64_t i = 0; i < batch_targets; ++i) correct += p[i] == t[i];
+    }
+    targets += batch_targets;
+    samples += int64_t(indices.size());
+  }
+  model.train(was_training);
+
+  Evaluation e;
+  e.samples = samples;
+  e.loss = targets ? loss_sum / double(targets) : 0.0;
+  e.accuracy = targets ? double(correct) / double(targets) : 0.0;
+  return e;
+}
+
+json FitResult::to_json() const {
+  json out = json::object();
+  out["final_loss"] = final_loss;
+  out["steps"] = steps;
+  out["skipped_steps"] = skipped_steps;
+  out["final_loss_scale"] = final_loss_scale ? json(*final_loss_scale) : json(nullptr);
+  out["seconds"] = seconds;
+  out["train_seconds"] = train_seconds;
+  out["samples_per_second"] = samples_per_second;
+  if (tokens_per_second) out["tokens_per_second"] = *tokens_per_second;
+  if (evaluation) {
+    out["test_loss"] = evaluation->loss;
+    out["test_accuracy"] = evaluation->accuracy;
+  }
+  out["run_dir"] = run_dir ? json(run_dir->string()) : json(nullptr);
+  out["resumed_from"] = resumed_from ? json(resumed_from->string()) : json(nullptr);
+  return out;
+}
+
+// ------------------------------------------------------------------------------------------ Trainer
+Trainer::Trainer(Booster& booster, TrainerOptions options) : booster_(booster), options_(std::move(options)) {
+  const Boosted& parts = booster_.boosted();
+  BOOSTER_CHECK(parts.model && parts.optimizer && parts.dataloader && parts.criterion, StateError,
+                "Trainer: boost() the model with an optimizer, a criterion and a dataloader first (missing: ",
+                !parts.model ? "model" : !parts.optimizer ? "optimizer" : !parts.criterion ? "criterion" : "dataloader",
+                ")");
+  const TrainerOptions& o = options_;
+  BOOSTER_CHECK(o.epochs >= 1, ConfigError, "Trainer: epochs is ", o.epochs, "; it must be >= 1");
+  BOOSTER_CHECK(!o.max_steps || *o.max_steps >= 1, ConfigError, "Trainer: max_steps is ", o.max_steps.value_or(0),
+                "; it must be >= 1 (or unset)");
+  BOOSTER_CHECK(o.grad_accumulation >= 1, ConfigError, "Trainer: grad_accumulation is ", o.grad_accumulation,
+                "; it must be >= 1");
+  BOOSTER_CHECK(o.max_grad_norm >= 0.0, ConfigError, "Trainer: max_grad_norm is ", o.max_grad_norm,
+                "; it must be >= 0 (0: no clipping)");
+  BOOSTER_CHECK(o.log_every >= 1 && o.eval_every >= 0 && o.checkpoint_every >= 0 && o.keep_last >= 0 &&
+                    o.eval_batch_size >= 1,
+                ConfigError, "Trainer: log_every (", o.log_every, ") and eval_batch_size (", o.eval_batch_size,
+                ") must be >= 1, eval_every (", o.eval_every, "), checkpoint_every (", o.checkpoint_every,
+                ") and keep_last (", o.keep_last, ") >= 0");
+  BOOSTER_CHECK(o.checkpoint_every == 0 || o.run_dir || o.checkpoint_dir, ConfigError, "Trainer: checkpoint_every is ",
+                o.checkpoint_every, " but there is no run_dir or checkpoint_dir to save into; set one");
+  BOOSTER_CHECK(o.resume != "latest" || o.run_dir || o.checkpoint_dir, ConfigError,
+                "Trainer: resume \"latest\" looks in the checkpoint directory, but there is no run_dir or checkpoint_dir");
+
+  data::DataLoader& loader = *parts.dataloader;
+  BOOSTER_CHECK(loader.size() > 0, ConfigError, "Trainer: the dataloader has no batch (", loader.num_samples(),
+                " items for this process, batch_size ", loader.options().batch_size,
+                loader.options().drop_last ? " with drop_last" : "", ")");
+  BOOSTER_CHECK(loader.size() >= o.grad_accumulation, ConfigError, "Trainer: grad_accumulation is ",
+                o.grad_accumulation, " but an epoch has only ", loader.size(),
+                " batches for this process; lower it or the batch size");
+  total_steps_ = o.epochs * (loader.size() / o.grad_accumulation);
+  if (o.max_steps) total_steps_ = std::min(total_steps_, *o.max_steps);
+
+  distributed::ProcessGroup& group = booster_.process_group();
+  is_rank0_ = group.size() > 1 ? group.rank() == 0 : trainer::process_rank() == 0;
+  if (o.run_dir) run_dir_ = resolve_run_dir(o.run_dir->string(), group);
+  if (o.checkpoint_dir) checkpoint_root_ = *o.checkpoint_dir;
+  else if (run_dir_) checkpoint_root_ = *run_dir_ / "checkpoints";
+
+  // The Trainer's own position travels with the Booster's state.
+  booster_.register_state(
+      "trainer",
+      [this] {
+        return json{{"skipped_steps", position_.skipped_steps},
+                    {"samples_seen", position_.samples_seen},
+                    {"loss", position_.loss},
+                    {"evaluation", position_.evaluation}};
+      },
+      [this](const json& saved) {
+        try {
+          position_.skipped_steps = saved.at("skipped_steps").get<int64_t>();
+          position_.samples_seen = saved.at("samples_seen").get<int64_t>();
+          position_.loss = saved.value("loss", json());
+          position_.evaluation = saved.value("evaluation", json());
+        } catch (const json::exception& e) {
+          BOOSTER_FAIL(CheckpointError, "Trainer resume: the trainer state is malformed (", e.what(), ")");
+        }
+      });
+  booster_.set_resume_settings(o.resume_settings);
+}
+
+Trainer::~Trainer() = default;
+
+void Trainer::set_eval_data(data::DatasetPtr dataset, int64_t stride) {
+  BOOSTER_CHECK(stride >= 1, ValueError, "Trainer::set_eval_data: stride is ", stride, "; it must be >= 1");
+  eval_data_ = std::move(dataset);
+  eval_stride_ = stride;
+}
+
+trainer::Evaluation Trainer::evaluate() {
+  BOOSTER_CHECK(eval_data_ != nullptr, StateError, "Trainer::evaluate: no eval data; call set_eval_data first");
+  const Boosted& parts = booster_.boosted();
+  return trainer::evaluate(*parts.model, *eval_data_, parts.criterion, options_.eval_batch_size, eval_stride_);
+}
+
+void Trainer::run_evaluation(int64_t step) {
+  if (!eval_data_) return;
+  const double t0 = now_seconds();
+  const trainer::Evaluation result = evaluate();
+  progress_->print(format_line("eval  step %6lld | test loss %.4f | test accuracy %.2f%% | %lld samples in %.2fs",
+                               static_cast<long long>(step), result.loss, 100.0 * result.accuracy,
+                               static_cast<long long>(result.samples), now_seconds() - t0));
+  position_.evaluation = evaluation_json(result, step);
+  json record = {{"kind", "eval"}};
+  record.update(position_.evaluation);
+  record["time"] = now_seconds() - run_start_;
+  metrics_.write(record);
+  if (is_rank0_)
+    for (const auto& hook : eval_hooks_) hook(step, result);
+}
+
+fs::path Trainer::save(int64_t step) {
+  const double t0 = now_seconds();
+  // N copies of a one-process run started by mpirun train the same thing: only the launcher's rank 0
+  // writes, or they would all commit into one checkpoint directory at once.
+  fs::path saved;
+  if (booster_.process_group().size() > 1 || is_rank0_)
+    saved = booster_.save_state(*checkpoint_root_, {.keep_last = options_.keep_last, .step = step});
+  progress_->print(format_line("saved step %6lld | %s in %.2fs", static_cast<long long>(step), saved.c_str(),
+                               now_seconds() - t0));
+  return saved;
+}
+
+FitResult Trainer::fit() {
+  const TrainerOptions& o = options_;
+  const Boosted& parts = booster_.boosted();
+  nn::Module& model = *parts.model;
+  BoostedOptimizer& optimizer = *parts.optimizer;
+  const nn::Criterion& criterion = parts.criterion;
+  data::DataLoader& loader = *parts.dataloader;
+  BoostedScheduler* scheduler = parts.scheduler.get();
+  distributed::ProcessGroup& group = booster_.process_group();
+  mixed_precision::MixedPrecision& precision = booster_.precision();
+  // Strategies that scale the loss start above 1 (dynamic scalers at 2^16); their scale and skipped
+  // steps are worth a column in the log and a value in the summary.
+  const bool scales_loss = precision.loss_scale() != 1.0;
+
+  trainer::Progress progress(o.progress ? (is_rank0_ ? *o.progress : trainer::Progress::Mode::Silent)
+                                        : trainer::Progress::detect());
+  progress_ = &progress;
+  struct ClearProgress {
+    trainer::Progress*& p;
+    ~ClearProgress() { p = nullptr; }
+  } clear_progress{progress_};
+  std::optional<trainer::StopOnSignal> stop;
+  if (o.handle_signals) stop.emplace();
+  auto stop_signal = [&] { return stop ? stop->agreed(group) : 0; };
+
+  // The process that saves holds the checkpoint directory for the whole run: a second run started on
+  // it is refused rather than clearing this one's save in progress as a crash's leftover.
+  const bool saves = o.checkpoint_every > 0 && checkpoint_root_ && (group.size() > 1 || is_rank0_);
+  if (saves) booster_.lock_state_root(*checkpoint_root_);
+
+  // ---- resume
+  FitResult result;
+  std::string unchecked;
+  if (!o.resume.empty()) {
+    const bool latest = o.resume == "latest";
+    const fs::path where = latest ? *checkpoint_root_ : fs::path(o.resume);
+    // "latest" with nothing saved yet starts afresh, so the same command serves the first run and
+    // every restart after a crash.
+    if (!latest || (fs::is_directory(where) && !checkpoint::list_checkpoints(where).empty())) {
+      const LoadedState loaded = booster_.load_state(where, o.load_options);
+      result.resumed_from = loaded.dir;
+      for (const std::string& key : loaded.unchecked) unchecked += (unchecked.empty() ? "" : ", ") + key;
+      BOOSTER_CHECK(loaded.step <= total_steps_, CheckpointError, o.load_options.context, ": ", loaded.dir.string(),
+                    " is at step ", loaded.step, ", past this run's ", total_steps_,
+                    " steps; raise max_steps or epochs");
+    }
+  }
+  int64_t step = booster_.step();
+  if (is_rank0_ && run_dir_) {
+    std::error_code ec;
+    fs::create_directories(*run_dir_, ec);
+    BOOSTER_CHECK(!ec, ConfigError, "cannot create the run directory '", run_dir_->string(), "': ", ec.message(),
+                  "; choose a writable run directory, or none for no files");
+    if (!o.config.is_null()) checkpoint::write_text_file_atomically(*run_dir_ / "config.json", o.config.dump(2) + "\n");
+    const fs::path metrics_file = *run_dir_ / trainer::kMetricsFileName;
+    if (step > 0) truncate_metrics_after(metrics_file, step);
+    metrics_.open(metrics_file, /*append=*/step > 0);
+  }
+
+  if (!o.data_description.empty()) progress.print("booster: " + o.data_description);
+  progress.print("booster: model " + model.name() + " with " + trainer::human_count(double(model.num_parameters())) +
+                 " parameters, optimizer " + optimizer.user_optimizer().name() +
+                 (scheduler ? ", lr scheduler " + scheduler->scheduler().name() : std::string()) + ", precision " +
+                 booster_.config().mixed_precision + ", plugin " + booster_.plugin().name() +
+                 (group.size() > 1 ? " x " + std::to_string(group.size()) + " processes" : std::string()) +
+                 (booster_.config().device != "cpu" ? ", device " + booster_.config().device : std::string()) + ", " +
+                 std::to_string(total_steps_) + " steps (" + std::to_string(loader.size()) + " per epoch)" +
+                 (run_dir_ ? ", run directory " + run_dir_->string() : std::string()));
+  if (result.resumed_from)
+    progress.print("booster: resumed from " + result.resumed_from->string() + " at step " + std::to_string(step));
+  if (!unchecked.empty())
+    progress.print("booster: " + result.resumed_from->string() + " predates the record of " + unchecked +
+                   "; they are not checked against this run's");
+
+  // Note [What a step's checkpoint holds]
+  // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+  // Everything a step does comes before its checkpoint: its log record, the evaluation every
+  // eval_every steps, and, at an epoch's last step, the end-of-epoch evaluation (or, at the run's last,
+  // the final one). A run resumed from step N thus starts with step N + 1 and repeats or drops no
+  // evaluation and no metrics record (truncate_metrics_after drops those after N that the interrupted
+  // run wrote). So the batch loop breaks at an epoch's last step, before fetching micro-batches that
+  // cannot fill a step (Note [Gradient accumulation]), and its evaluation and checkpoint follow the
+  // loop; a run resumed at an epoch's end finds no step left in it and goes on with the next epoch.
+  // A signal is looked at where a checkpoint would be taken, so the save it causes holds the same.
+  //
+  // Note [Gradient accumulation]
+  // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+  // One optimizer step takes grad_accumulation micro-batches: each one's loss is divided by their
+  // number, so the accumulated gradient is that of their mean loss, as one batch of all of them would
+  // give. Every micro-batch but the last runs its backward inside booster.no_sync() when the plugin
+  // supports it, so data-parallel gradients are communicated once per step. Micro-batches left at the
+  // end of an epoch that cannot fill a step are not used (as drop_last does for a batch). Steps,
+  // schedules, logs and checkpoints count optimizer steps.
+  run_start_ = now_seconds();
+  model.train();
+  const int64_t first_step = step;
+  double last_loss = position_.loss.is_number() ? position_.loss.get<double>() : std::nan("");
+  int64_t window_samples = 0, samples_this_run = 0;
+  double train_seconds = 0.0;
+  double window_start = now_seconds();
+  const int64_t accumulation = o.grad_accumulation;
+  auto checkpoint_due = [&] { return saves && (step % o.checkpoint_every == 0 || step == total_steps_); };
+  auto steps_left_in_epoch = [&] { return (loader.size() - loader.batches_consumed()) / accumulation; };
+  // After a step's work: a due checkpoint, and a signal's save and stop.
+  auto after_step = [&] {
+    const int signal = stop_signal();
+    if (checkpoint_due() || (signal && checkpoint_root_)) result.last_checkpoint = save(step);
+    if (!signal) return;
+    progress.finish();
+    const std::string name = trainer::StopOnSignal::signal_name(signal);
+    if (!checkpoint_root_)
+      throw InterruptedError(signal, "stopped by " + name + " after step " + std::to_string(step) + " of " +
+                                         std::to_string(total_steps_) +
+                                         "; nothing was saved: there is no run or checkpoint directory");
+    const fs::path& saved = *result.last_checkpoint;
+    const std::string hint =
+        o.resume_hint ? o.resume_hint(saved) : "resume with TrainerOptions::resume = \"" + saved.string() + "\"";
+    throw InterruptedError(signal, "stopped by " + name + " after step " + std::to_string(step) + " of " +
+                                       std::to_string(total_steps_) + "; saved " + saved.string() + "; " + hint);
+  };
+
+  for (int64_t epoch = loader.epoch(); epoch < o.epochs && step < total_steps_; ++epoch) {
+    loader.set_epoch(epoch);  // keeps a resumed position in this epoch
+    if (steps_left_in_epoch() == 0) continue;  // resumed at this epoch's end
+    int64_t micro = 0;            // micro-batches accumulated into the current step
+    double accumulated_loss = 0;  // their mean loss
+    double step_start = now_seconds();
+    int64_t batch_samples = 0;
+    for (data::Batch& batch : loader) {
+      if (micro == 0) {
+        step_start = now_seconds();
+        optimizer.zero_grad();
+        accumulated_loss = 0;
+        batch_samples = 0;
+      }
+      const bool last_micro = ++micro == accumulation;
+      Tensor loss = criterion(model(batch.x), batch.y);
+      const Tensor scaled = accumulation > 1 ? mul(loss, 1.0 / double(accumulation)) : loss;
+      if (!last_micro && booster_.plugin().support_no_sync()) {
+        Booster::NoSync no_sync = booster_.no_sync();
+        booster_.backward(scaled, optimizer);
+      } else {
+        booster_.backward(scaled, optimizer);
+      }
+      accumulated_loss += loss.item() / double(accumulation);
+      batch_samples += batch.x.size(0);
+      if (!last_micro) continue;
+      micro = 0;
+      const double step_lr = optimizer.lr();  // the lr this step uses (the scheduler moves it after)
+      if (o.max_grad_norm > 0.0) booster_.clip_grad_norm(optimizer, o.max_grad_norm);
+      optimizer.step();
+      // A skipped step (inf/NaN gradients, the scale was lowered) changed no weight, so, as Accelerate
+      // does, it does not move the schedule either (BoostedScheduler::step knows).
+      const bool skipped = optimizer.step_was_skipped();
+      if (skipped) ++position_.skipped_steps;
+      if (scheduler) scheduler->step();
+      step = booster_.step();
+      last_loss = accumulated_loss;
+      position_.loss = std::isfinite(last_loss) ? json(last_loss) : json(nullptr);
+      train_seconds += now_seconds() - step_start;
+      position_.samples_seen += batch_samples;
+      samples_this_run += batch_samples;
+      window_samples += batch_samples;
+
+      // An overflowing 16-bit loss on a skipped step is the scaler's to handle (it throws itself when
+      // the scale would fall below its floor).
+      BOOSTER_CHECK(skipped || std::isfinite(last_loss), TrainingError, "the loss is ", last_loss, " at step ", step,
+                    "; lower the learning rate or check the data");
+      const bool logged = step % o.log_every == 0 || step == total_steps_;
+      trainer::StepReport report;
+      report.step = step;
+      report.total_steps = total_steps_;
+      report.epoch = epoch + 1;
+      report.loss = last_loss;
+      report.lr = step_lr;
+      if (scales_loss) report.loss_scale = precision.loss_scale();
+      report.skipped = position_.skipped_steps;
+      report.samples_per_second = double(window_samples) / std::max(now_seconds() - window_start, 1e-9);
+      report.seconds = now_seconds() - run_start_;
+      report.eta_seconds = train_seconds / double(step - first_step) * double(total_steps_ - step);
+      progress.update(report, logged);
+      if (is_rank0_)
+        for (const auto& hook : step_hooks_) hook(report);
+      if (logged) {
+        metrics_.write({{"kind", "train"},
+                        {"step", step},
+                        {"epoch", report.epoch},
+                        {"loss", last_loss},
+                        {"lr", step_lr},
+                        {"loss_scale", report.loss_scale ? json(*report.loss_scale) : json(nullptr)},
+                        {"skipped", position_.skipped_steps},
+                        {"samples_per_second", report.samples_per_second},
+                        {"time", report.seconds}});
+        window_samples = 0;
+        window_start = now_seconds();
+      }
+      if (o.eval_every > 0 && step % o.eval_every == 0 && step < total_steps_) run_evaluation(step);
+      // The end of the epoch or of the run: evaluation and checkpoint follow the loop.
+      if (step >= total_steps_ || steps_left_in_epoch() == 0) break;
+      after_step();
+    }
+    // The epoch's (or the run's) last step: eval_every = 0 evaluates after each epoch, and every run
+    // once at its end.
+    if (o.eval_every == 0 || step >= total_steps_) run_evaluation(step);
+    after_step();
+  }
+  progress.finish();
+  metrics_.close();
+
+  result.steps = step;
+  result.final_loss = last_loss;
+  result.skipped_steps = position_.skipped_steps;
+  if (scales_loss) result.final_loss_scale = precision.loss_scale();
+  result.seconds = now_seconds() - run_start_;
+  result.train_seconds = train_seconds;
+  result.samples_per_second = double(samples_this_run) / std::max(train_seconds, 1e-9);
+  if (o.tokens_per_sample > 1)
+    result.tokens_per_second = double(samples_this_run * o.tokens_per_sample) / std::max(train_seconds, 1e-9);
+  if (position_.evaluation.is_object()) {
+    trainer::Evaluation e;
+    e.loss = position_.evaluation.value("test_loss", 0.0);
+    e.accuracy = position_.evaluation.value("test_accuracy", 0.0);
+    e.samples = position_.evaluation.value("samples", int64_t(0));
+    result.evaluation = e;
+  }
+  result.run_dir = run_dir_;
+  return result;
+}
+
+}  // namespace booster

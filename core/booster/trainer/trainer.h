@@ -1,0 +1,172 @@
+// Trainer: the training loop of `booster train` as a library, over the parts a Booster boosted.
+//
+//   Booster booster(BoosterConfig{.mixed_precision = "bf16"});
+//   booster.boost(model, optimizer, criterion, booster.prepare_dataloader(train_set, {.batch_size = 64,
+//                 .shuffle = true}), scheduler);
+//   Trainer trainer(booster, {.epochs = 3, .checkpoint_every = 500, .run_dir = "runs/mnist",
+//                             .resume = "latest"});
+//   trainer.set_eval_data(test_set);
+//   FitResult result = trainer.fit();   // progress, metrics.jsonl, checkpoints, resume, Ctrl-C saves
+//
+// fit() runs epochs of the boosted dataloader with gradient accumulation (Note [Gradient accumulation]),
+// clipping, a skipped step not moving the schedule, evaluation every eval_every steps (or after each
+// epoch), a progress bar or log lines on stderr and metrics.jsonl in the run directory (Note [What
+// booster train prints] in progress.h), checkpoints through Booster::save_state every checkpoint_every
+// steps (Note [What a step's checkpoint holds]), and resumes bit for bit from one (TrainerOptions::resume).
+// SIGINT and SIGTERM finish the step, save, print how to resume and end fit() with InterruptedError
+// (Note [Stopping on a signal] in signals.h).
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <functional>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "booster/booster/booster.h"
+#include "booster/common/error.h"
+#include "booster/data/dataset.h"
+#include "booster/trainer/progress.h"
+
+namespace booster {
+
+// fit() stopped on SIGINT or SIGTERM after saving (when it had somewhere to save).
+class InterruptedError : public Error {
+ public:
+  InterruptedError(int signal, const std::string& what) : Error(what), signal_(signal) {}
+  int signal() const { return signal_; }
+  // The exit status a shell reports for a process the signal ended: 128 + signal.
+  int exit_code() const { return 128 + signal_; }
+
+ private:
+  int signal_;
+};
+
+namespace trainer {
+
+struct Evaluation {
+  double loss = 0.0;      // mean over the evaluated targets
+  double accuracy = 0.0;  // fraction of targets whose argmax over the last dim is right (classification)
+  int64_t samples = 0;
+};
+
+// Evaluates `model` on every `stride`-th item of `dataset` in eval mode under NoGradGuard, `batch_size`
+// items at a time, on the model's device, and restores the model's training mode.
+Evaluation evaluate(nn::Module& model, const data::Dataset& dataset, const nn::Criterion& criterion,
+                    int64_t batch_size, int64_t stride = 1);
+
+}  // namespace trainer
+
+struct TrainerOptions {
+  int64_t epochs = 1;
+  std::optional<int64_t> max_steps;  // optimizer steps; caps epochs
+  // Micro-batches per optimizer step (Note [Gradient accumulation] in trainer.cpp).
+  int64_t grad_accumulation = 1;
+  double max_grad_norm = 0.0;  // clip the gradients' joint L2 norm to this; 0: no clipping
+  int64_t log_every = 10;      // a log line and a metrics record every N steps (and at the last)
+  int64_t eval_every = 0;      // evaluate every N steps; 0: after each epoch. Always at the end.
+  int64_t eval_batch_size = 256;
+  // A directory for metrics.jsonl, config.json and checkpoints/; "{time}" in it becomes the start time
+  // (UTC YYYYmmdd-HHMMSS, a -2, -3 suffix when taken). Null: no files.
+  std::optional<std::filesystem::path> run_dir;
+  // Where checkpoints go; null: <run_dir>/checkpoints.
+  std::optional<std::filesystem::path> checkpoint_dir;
+  int64_t checkpoint_every = 0;  // save every N steps and at the end; 0: only when interrupted
+  int keep_last = 0;             // checkpoints to keep; 0: all
+  // "": start afresh; "latest": the newest checkpoint in the checkpoint directory (afresh when there is
+  // none, so one command serves the first run and every restart); else a checkpoint directory.
+  std::string resume;
+  bool handle_signals = true;  // SIGINT/SIGTERM save and stop (Note [Stopping on a signal])
+  // Settings a resume must keep (Note [Settings a resume must keep] in booster/booster/state.cpp) and
+  // how a refused resume is told to restore one.
+  nlohmann::json resume_settings = nlohmann::json::object();
+  LoadStateOptions load_options{.context = "Trainer resume"};
+  // How to resume from a saved checkpoint, for the message of an interrupted run; default: the
+  // TrainerOptions::resume to set.
+  std::function<std::string(const std::filesystem::path& checkpoint)> resume_hint;
+  // Written to <run_dir>/config.json when not null.
+  nlohmann::json config;
+  // A line about the data for the start of the log ("Fashion-MNIST: 60000 train, 10000 test").
+  std::string data_description;
+  // Tokens per sample (a language model's context) for a tokens/s figure; 1: none.
+  int64_t tokens_per_sample = 1;
+  // Progress display; default Progress::detect() (a bar on a terminal, lines otherwise, silent off rank 0).
+  std::optional<trainer::Progress::Mode> progress;
+};
+
+// What fit() did; to_json() is the summary line `booster train` prints.
+struct FitResult {
+  int64_t steps = 0;
+  double final_loss = 0.0;  // the last step's mean loss (NaN before any step)
+  int64_t skipped_steps = 0;
+  std::optional<double> final_loss_scale;  // strategies that scale the loss
+  double seconds = 0.0;                     // the whole of fit()
+  double train_seconds = 0.0;               // in training steps, without evaluation and saving
+  double samples_per_second = 0.0;
+  std::optional<double> tokens_per_second;
+  std::optional<trainer::Evaluation> evaluation;  // the last one
+  std::optional<std::filesystem::path> run_dir;
+  std::optional<std::filesystem::path> resumed_from;
+  std::optional<std::filesystem::path> last_checkpoint;
+  nlohmann::json to_json() const;
+};
+
+class Trainer {
+ public:
+  // Trains what `booster` boosted (Booster::boosted(): the model, optimizer and dataloader are needed, a
+  // criterion too; the scheduler is optional). ConfigError for options out of range.
+  Trainer(Booster& booster, TrainerOptions options);
+  ~Trainer();
+  Trainer(const Trainer&) = delete;
+  Trainer& operator=(const Trainer&) = delete;
+
+  // The data evaluate() and fit() evaluate on: every `stride`-th item (overlapping text windows would
+  // count a token `context` times; a stride of `context` counts it once).
+  void set_eval_data(data::DatasetPtr dataset, int64_t stride = 1);
+
+  // Called on rank 0 after every step with what the progress display shows, and after every evaluation.
+  void on_step(std::function<void(const trainer::StepReport&)> hook) { step_hooks_.push_back(std::move(hook)); }
+  void on_evaluation(std::function<void(int64_t step, const trainer::Evaluation&)> hook) {
+    eval_hooks_.push_back(std::move(hook));
+  }
+
+  // Trains to the end (or resumes and trains to the end). InterruptedError after a signal; TrainingError
+  // when the loss stops being finite.
+  FitResult fit();
+  // Evaluates the model on the eval data (StateError without).
+  trainer::Evaluation evaluate();
+
+  // epochs x optimizer steps per epoch, capped by max_steps.
+  int64_t total_steps() const { return total_steps_; }
+
+ private:
+  struct Position {
+    int64_t skipped_steps = 0;
+    int64_t samples_seen = 0;
+    nlohmann::json loss;        // the last step's mean loss (null when not finite)
+    nlohmann::json evaluation;  // the last evaluation
+  };
+  void run_evaluation(int64_t step);
+  std::filesystem::path save(int64_t step);
+
+  Booster& booster_;
+  TrainerOptions options_;
+  int64_t total_steps_ = 0;
+  std::optional<std::filesystem::path> run_dir_;
+  std::optional<std::filesystem::path> checkpoint_root_;
+  data::DatasetPtr eval_data_;
+  int64_t eval_stride_ = 1;
+  Position position_;
+  std::vector<std::function<void(const trainer::StepReport&)>> step_hooks_;
+  std::vector<std::function<void(int64_t, const trainer::Evaluation&)>> eval_hooks_;
+  // While fit() runs.
+  trainer::Progress* progress_ = nullptr;
+  trainer::MetricsLog metrics_;
+  double run_start_ = 0.0;
+  bool is_rank0_ = true;
+};
+
+}  // namespace booster
