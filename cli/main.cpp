@@ -10,6 +10,7 @@
 #include "booster/common/build_info.h"
 #include "booster/common/error.h"
 #include "booster/config/config.h"
+#include "booster/distributed/mpi_process_group.h"
 #include "booster/trainer/trainer.h"
 #include "commands.h"
 
@@ -213,7 +214,8 @@ int main(int argc, char** argv) {
     return booster::cli::kExitUsageError;
   } catch (const booster::InterruptedError& e) {
     // Stopped by SIGINT/SIGTERM after saving: the status a shell gives a process the signal ended.
-    std::cerr << "booster: " << e.what() << "\n";
+    if (booster::trainer::process_rank() == 0) std::cerr << "booster: " << e.what() << "\n";
+    booster::distributed::finalize_mpi_for_agreed_exit();  // every rank stops here, by agreement
     return e.exit_code();
   } catch (const booster::IncompatibleError& e) {
     std::cerr << "booster: error: " << e.what() << "\n";

@@ -15,9 +15,15 @@
 // Options between -n and `--` go to mpirun unchanged (e.g. --hostfile FILE, --bind-to none). A command
 // that starts with `booster` runs this very executable, so `booster run -n 2 -- booster train ...` uses
 // the same build. mpirun is looked up as $BOOSTER_MPIRUN, then `mpirun` on PATH, then the MPIEXEC_EXECUTABLE
-// CMake found at build time. --dry-run prints the command line instead of running it.
+// CMake found at build time. --dry-run prints the command line instead of running it. Ctrl-C and SIGTERM
+// stop a training run cleanly on every rank (Note [Signals under booster run]).
+#include <fcntl.h>
 #include <sched.h>
+#include <sys/wait.h>
 #include <unistd.h>
+
+#include <csignal>
+#include <cstdio>
 
 #include <cerrno>
 #include <cstdlib>
@@ -177,6 +183,64 @@ LaunchPlan plan_launch(const std::vector<std::string>& args, const LaunchContext
   return plan;
 }
 
+// Note [Signals under booster run]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// mpirun answers SIGINT and SIGTERM by killing the job: SIGTERM to every rank a second later and
+// SIGKILL a second after that, too soon for the ranks to finish a step and save (Note [Stopping on a
+// signal]). It passes SIGUSR1 on to every rank, though. So booster run starts mpirun as its child, in a
+// process group of its own (a terminal's Ctrl-C then reaches booster run alone), and turns the first
+// SIGINT or SIGTERM into SIGUSR1 for mpirun to forward: every rank stops after the same step and saves.
+// A second one sends mpirun SIGTERM, which ends the job at once. booster run exits with mpirun's status,
+// or 128 + the signal it got when the job stopped on it. The child's stdin, when it is a terminal, is
+// /dev/null: a process outside the terminal's foreground group that read it would be stopped.
+volatile std::sig_atomic_t g_stop_signal = 0;
+volatile std::sig_atomic_t g_signals = 0;
+
+void on_stop_signal(int signal) {
+  if (g_stop_signal == 0) g_stop_signal = signal;
+  g_signals = g_signals + 1;
+}
+
+int supervise(const std::vector<char*>& argv) {
+  const pid_t child = ::fork();
+  BOOSTER_CHECK(child >= 0, DistributedError, "booster run: cannot start '", argv[0], "': fork: ", std::strerror(errno));
+  if (child == 0) {
+    ::setpgid(0, 0);
+    if (::isatty(STDIN_FILENO)) {
+      const int null = ::open("/dev/null", O_RDONLY);
+      if (null >= 0) ::dup2(null, STDIN_FILENO);
+    }
+    ::execvp(argv[0], argv.data());
+    std::fprintf(stderr, "booster: error: booster run: cannot start '%s': %s\n", argv[0], std::strerror(errno));
+    ::_exit(kExitRuntimeError);
+  }
+  ::setpgid(child, child);  // as the child does: whichever runs first
+  struct sigaction action {};
+  action.sa_handler = on_stop_signal;
+  sigemptyset(&action.sa_mask);
+  sigaction(SIGINT, &action, nullptr);
+  sigaction(SIGTERM, &action, nullptr);
+  int forwarded = 0;  // signals passed on so far
+  int status = 0;
+  while (true) {
+    const pid_t done = ::waitpid(child, &status, 0);
+    if (done == child) break;
+    if (done < 0 && errno != EINTR)
+      BOOSTER_FAIL(DistributedError, "booster run: waiting for mpirun: ", std::strerror(errno));
+    for (; forwarded < g_signals; ++forwarded) {
+      if (forwarded == 0) {
+        std::fprintf(stderr, "\nbooster run: %s: asking every rank to stop after this step and save "
+                     "(again to end the job at once)\n", g_stop_signal == SIGINT ? "SIGINT" : "SIGTERM");
+        ::kill(child, SIGUSR1);
+      } else {
+        ::kill(child, SIGTERM);
+      }
+    }
+  }
+  const int code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + (WIFSIGNALED(status) ? WTERMSIG(status) : 0);
+  return code != 0 && g_stop_signal != 0 ? 128 + g_stop_signal : code;
+}
+
 }  // namespace
 
 int run(const std::vector<std::string>& args) {
@@ -214,8 +278,7 @@ int run(const std::vector<std::string>& args) {
   argv.push_back(nullptr);
   std::cout.flush();
   std::cerr.flush();
-  ::execvp(argv[0], argv.data());
-  BOOSTER_FAIL(DistributedError, "booster run: cannot start '", plan.argv[0], "': ", std::strerror(errno));
+  return supervise(argv);
 }
 
 }  // namespace booster::cli

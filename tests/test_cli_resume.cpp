@@ -1,4 +1,4 @@
-// Checkpoints of `booster train` (Note [Checkpoints of booster train] in cli/train.cpp), run as a user
+// Checkpoints of `booster train` (Note [Booster state] in booster/booster/state.cpp), run as a user
 // runs them: resuming from step k gives the same bytes at step n as a run that was never interrupted,
 // for every mixed-precision strategy; a checkpoint that does not fit, or is damaged, is refused with one
 // line naming the problem; a save that dies before its commit leaves the previous checkpoint usable.
@@ -638,4 +638,126 @@ TEST_CASE("model.init_from starts from a saved model's weights, and refuses one 
   RunResult d = run_booster("train --config " + cfg.string() + " --set model.init_from=/nonexistent/model.safetensors");
   CHECK(d.exit_code == 2);
   CHECK_THAT(d.err, Catch::Contains("model.init_from") && Catch::Contains("does not exist"));
+}
+
+namespace {
+
+// Starts `booster <args>` in the background, sends `signal` once it has logged a step on stderr (so it
+// is mid-run), and returns what it printed and its status.
+RunResult interrupt_booster(const std::string& args, int signal) {
+  const fs::path dir = scratch_dir();
+  // The files are removed first: a step line left by an earlier run would send the signal too early.
+  const std::string script =
+      "cd " + dir.string() + " || exit 99; rm -f stdout.txt stderr.txt; " + std::string(BOOSTER_BIN_DIR) +
+      "/booster " + args + " >stdout.txt 2>stderr.txt & pid=$!; "
+      "for i in $(seq 1 1200); do grep -q \"^step \" stderr.txt 2>/dev/null && break; sleep 0.05; done; "
+      "kill -" + std::to_string(signal) + " $pid; wait $pid; exit $?";
+  const int status = std::system(("bash -c '" + script + "'").c_str());
+  RunResult r;
+  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  r.out = read_text(dir / "stdout.txt");
+  r.err = read_text(dir / "stderr.txt");
+  return r;
+}
+
+// Long enough (3000 small steps, a few seconds) that the signal arrives mid-run.
+json long_config() {
+  json c = mlp_config("fp32");
+  c["model"]["hidden"] = {256, 256};
+  c["lr_scheduler"] = {{"type", "none"}};
+  c["train"]["epochs"] = 800;
+  c["train"]["max_steps"] = 3000;
+  c["train"]["log_every"] = 10;
+  return c;
+}
+
+// Interrupts a run with `signal` through `launcher`, resumes it with --resume latest and checks that it
+// ends with the same bytes as a run that was never interrupted.
+void check_interrupted_resume(const std::string& name, const std::string& launcher, int signal, const json& config) {
+  const fs::path whole = scratch_dir() / ("sig_whole_" + name), parts = scratch_dir() / ("sig_parts_" + name);
+  const fs::path run = scratch_dir() / ("sig_run_" + name);
+  for (const fs::path& p : {whole, parts, run}) fs::remove_all(p);
+  const fs::path cfg = write_config("sig_" + name + ".json", config);
+  const std::string train = launcher + "train --config " + cfg.string() + " --set train.checkpoint_every=3000 ";
+  RunResult stopped = interrupt_booster(train + "--set train.checkpoint_dir=" + parts.string() +
+                                            " --set train.run_dir=" + run.string(), signal);
+  INFO(stopped.err);
+  REQUIRE(stopped.exit_code == 128 + signal);
+  CHECK(stopped.out.empty());  // no summary: the run did not finish
+  const std::vector<std::pair<int64_t, fs::path>> saved = booster::checkpoint::list_checkpoints(parts);
+  REQUIRE(saved.size() == 1);
+  const int64_t at = saved.front().first;
+  CHECK(at > 0);
+  CHECK(at < 3000);
+  CHECK_THAT(stopped.err, Catch::Contains("stopped by") && Catch::Contains("after step " + std::to_string(at) +
+                                                                           " of 3000; saved " + saved.front().second.string()) &&
+                              Catch::Contains("--resume"));
+
+  RunResult resumed = run_booster(train + "--set train.checkpoint_dir=" + parts.string() + " --set train.run_dir=" +
+                                  run.string() + " --resume latest");
+  INFO(resumed.err);
+  REQUIRE(resumed.exit_code == 0);
+  CHECK(json::parse(resumed.out)["resumed_from"] == saved.front().second.string());
+  RunResult a = run_booster(train + "--set train.checkpoint_dir=" + whole.string() + " --set train.run_dir=null");
+  REQUIRE(a.exit_code == 0);
+  CHECK(final_state(parts, 3000) == final_state(whole, 3000));
+  CHECK(json::parse(resumed.out)["final_loss"] == json::parse(a.out)["final_loss"]);
+}
+
+}  // namespace
+
+TEST_CASE("SIGTERM mid-run saves and exits 143; --resume latest ends with the same bytes", "[cli][checkpoint][signal]") {
+  check_interrupted_resume("sigterm", "", SIGTERM, long_config());
+}
+
+TEST_CASE("Ctrl-C mid-run saves and exits 130; resuming ends with the same bytes (fp16, dropout)",
+          "[cli][checkpoint][signal]") {
+  json c = long_config();
+  c["mixed_precision"] = "fp16";
+  c["model"] = {{"type", "gpt"}, {"vocab_size", 16}, {"context", 8}, {"width", 16}, {"layers", 1}, {"heads", 2},
+                {"dropout", 0.1}};
+  c["data"] = {{"type", "text"}, {"path", (scratch_dir() / "text.txt").string()}, {"context", 8},
+               {"batch_size", 8}, {"test_fraction", 0.1}};
+  c["model"]["vocab_size"] = 256;
+  std::ofstream(scratch_dir() / "text.txt") << std::string(2000, 'a') + "the quick brown fox jumps over the lazy dog\n";
+  check_interrupted_resume("sigint_gpt", "", SIGINT, c);
+}
+
+TEST_CASE("Ctrl-C under booster run -n 2 stops every rank after the same step; the resume is exact",
+          "[cli][checkpoint][signal][mpi]") {
+  if (!have_mpirun() || !have_plugin("ddp")) {
+    WARN("skipped: no mpirun or no ddp plugin");
+    return;
+  }
+  json c = long_config();
+  c["plugin"] = "ddp";
+  check_interrupted_resume("ddp", "run -n 2 -- booster ", SIGINT, c);
+}
+
+TEST_CASE("an interrupted run with nowhere to save says so and exits 130", "[cli][signal]") {
+  json c = long_config();
+  c["train"]["run_dir"] = nullptr;
+  const fs::path cfg = write_config("sig_nowhere.json", c);
+  RunResult r = interrupt_booster("train --config " + cfg.string(), SIGINT);
+  INFO(r.err);
+  CHECK(r.exit_code == 130);
+  CHECK_THAT(r.err, Catch::Contains("stopped by SIGINT after step") &&
+                        Catch::Contains("nothing was saved: there is no run or checkpoint directory"));
+}
+
+TEST_CASE("device: cuda without a GPU is one line; an unknown device is a config error", "[cli][device]") {
+  const fs::path cfg = write_config("device.json", mlp_config("fp32"));
+  if (!std::getenv("BOOSTER_EXPECT_GPU")) {
+    RunResult r = run_booster("train --config " + cfg.string() + " --device cuda");
+    INFO(r.err);
+    CHECK(r.exit_code == 1);
+    CHECK(std::count(r.err.begin(), r.err.end(), '\n') == 1);
+    CHECK_THAT(r.err, Catch::StartsWith("booster: error: device \"cuda\": no CUDA GPU was found"));
+  }
+  RunResult bad = run_booster("train --config " + cfg.string() + " --device tpu");
+  CHECK(bad.exit_code == 2);
+  CHECK_THAT(bad.err, Catch::Contains("'device' is \"tpu\"; expected \"cpu\", \"cuda\" or \"cuda:N\""));
+  RunResult cpu = run_booster("train --config " + cfg.string() + " --set device=cpu");
+  CHECK(cpu.exit_code == 0);
+  CHECK(json::parse(cpu.out)["device"] == "cpu");
 }

@@ -477,6 +477,10 @@ std::shared_ptr<ProcessGroup> make_mpi_process_group() { return std::make_shared
 
 std::string mpi_thread_support() { return thread_level_name(g_mpi.thread_provided); }
 
+void finalize_mpi_for_agreed_exit() {
+  if (g_mpi.we_initialized && !mpi_finalized()) MPI_Finalize();
+}
+
 }  // namespace booster::distributed
 
 #else  // !BOOSTER_WITH_MPI
@@ -496,6 +500,8 @@ std::shared_ptr<ProcessGroup> make_mpi_process_group() {
 }
 
 std::string mpi_thread_support() { return "none"; }
+
+void finalize_mpi_for_agreed_exit() {}
 
 }  // namespace booster::distributed
 

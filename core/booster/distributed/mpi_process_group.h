@@ -54,6 +54,10 @@ std::shared_ptr<ProcessGroup> make_mpi_process_group();
 // handler, finalize or abort at exit). If the application initialized MPI itself, booster leaves its
 // finalization to it. ConfigError without MPI in the build; DistributedError when MPI cannot start.
 void ensure_mpi_initialized();
+// Finalizes MPI now, for a process whose ranks all agreed to stop (an interrupted run that saved, Note
+// [Stopping on a signal]): its non-zero exit status then reaches the launcher instead of aborting the job
+// (Note [Failing ranks]). Collective. No-op when booster did not initialize MPI or it is finalized.
+void finalize_mpi_for_agreed_exit();
 // The thread support MPI provided: "single", "funneled", "serialized", "multiple"; "none" before MPI
 // is initialized by booster.
 std::string mpi_thread_support();

@@ -15,8 +15,9 @@ namespace booster::trainer {
 namespace {
 
 volatile std::sig_atomic_t g_requested = 0;
+volatile std::sig_atomic_t g_announce = 1;
 std::atomic<bool> g_installed{false};
-struct sigaction g_previous_int, g_previous_term;
+struct sigaction g_previous_int, g_previous_term, g_previous_usr1;
 
 void on_signal(int signal) {
   if (g_requested != 0) {
@@ -26,27 +27,31 @@ void on_signal(int signal) {
     ::_exit(128 + signal);
   }
   g_requested = signal;
+  if (!g_announce) return;
   const char message[] = "\nbooster: stopping after this step and saving a checkpoint (interrupt again to exit now)\n";
   [[maybe_unused]] ssize_t n = ::write(STDERR_FILENO, message, sizeof message - 1);
 }
 
 }  // namespace
 
-StopOnSignal::StopOnSignal() {
+StopOnSignal::StopOnSignal(bool announce) {
   BOOSTER_CHECK(!g_installed.exchange(true), StateError,
                 "StopOnSignal: one is installed already; one training loop handles the signals at a time");
   g_requested = 0;
+  g_announce = announce;
   struct sigaction action {};
   action.sa_handler = on_signal;
   sigemptyset(&action.sa_mask);
   action.sa_flags = SA_RESTART;  // a blocking read or collective goes on; the loop checks after the step
   sigaction(SIGINT, &action, &g_previous_int);
   sigaction(SIGTERM, &action, &g_previous_term);
+  sigaction(SIGUSR1, &action, &g_previous_usr1);
 }
 
 StopOnSignal::~StopOnSignal() {
   sigaction(SIGINT, &g_previous_int, nullptr);
   sigaction(SIGTERM, &g_previous_term, nullptr);
+  sigaction(SIGUSR1, &g_previous_usr1, nullptr);
   g_installed = false;
 }
 
@@ -63,6 +68,7 @@ const char* StopOnSignal::signal_name(int signal) {
   switch (signal) {
     case SIGINT: return "SIGINT";
     case SIGTERM: return "SIGTERM";
+    case SIGUSR1: return "SIGUSR1 (booster run's stop request)";
     default: return "a signal";
   }
 }

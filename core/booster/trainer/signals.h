@@ -14,7 +14,8 @@
 // saving: the user asked twice. Under several processes the ranks must stop after the same step, or
 // the collective save would hang: agreed() all-reduces every rank's request (a max of one int) so that
 // one rank's signal (mpirun forwards SIGTERM to all, a terminal's Ctrl-C reaches all, a scheduler may
-// signal one) stops every rank together. The handlers are those of the process, so one StopOnSignal
+// signal one) stops every rank together. SIGUSR1 counts too: it is how `booster run` asks every rank
+// to stop, as mpirun passes it on (Note [Signals under booster run] in cli/run.cpp). The handlers are those of the process, so one StopOnSignal
 // lives at a time; its destructor puts back the handlers that were there before.
 #pragma once
 
@@ -24,12 +25,14 @@ namespace booster::trainer {
 
 class StopOnSignal {
  public:
-  StopOnSignal();
+  // `announce`: the first signal prints one line saying the run will stop after this step (rank 0 says
+  // it; the others stay quiet).
+  explicit StopOnSignal(bool announce = true);
   ~StopOnSignal();
   StopOnSignal(const StopOnSignal&) = delete;
   StopOnSignal& operator=(const StopOnSignal&) = delete;
 
-  // The signal this process received (SIGINT, SIGTERM), 0 for none.
+  // The signal this process received (SIGINT, SIGTERM, SIGUSR1), 0 for none.
   int requested() const;
   // The signal any rank of `group` received, 0 for none. Collective: every rank calls it at the same point.
   int agreed(distributed::ProcessGroup& group) const;

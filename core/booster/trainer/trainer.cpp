@@ -279,7 +279,7 @@ FitResult Trainer::fit() {
     ~ClearProgress() { p = nullptr; }
   } clear_progress{progress_};
   std::optional<trainer::StopOnSignal> stop;
-  if (o.handle_signals) stop.emplace();
+  if (o.handle_signals) stop.emplace(/*announce=*/is_rank0_);
   auto stop_signal = [&] { return stop ? stop->agreed(group) : 0; };
 
   // The process that saves holds the checkpoint directory for the whole run: a second run started on
