@@ -280,9 +280,9 @@ LoadedState Booster::load_state(const fs::path& path, const LoadStateOptions& op
   }
   for (const auto& [name, reg] : registered_) {
     const bool is_tensors = reg.load_tensors != nullptr;
-    const bool saved = is_tensors ? std::find(state.value("tensors", json::array()).begin(),
-                                              state.value("tensors", json::array()).end(), json(name)) !=
-                                        state.value("tensors", json::array()).end()
+    const json saved_tensors = state.value("tensors", json::array());
+    const bool saved = is_tensors ? std::find(saved_tensors.begin(), saved_tensors.end(), json(name)) !=
+                                        saved_tensors.end()
                                   : state.at("state").contains(name);
     BOOSTER_CHECK(saved, CheckpointError, context, ": ", dir.string(), " has no registered ",
                   is_tensors ? "tensors" : "state", " '", name,
