@@ -3,9 +3,16 @@
 // The Booster injects the mixed-precision strategy (and would inject a parallel plugin) into an
 // ordinary loop, so switching precision is one argument, not new code.
 //
-//   build/bin/train_fashion_mnist [DATA_DIR] [EPOCHS] [MIXED_PRECISION]
-//   (defaults: /usr/share/datasets/fashion-mnist, 2 epochs, fp32; Debian package dataset-fashion-mnist)
+//   build/bin/train_fashion_mnist [DATA_DIR] [EPOCHS] [MIXED_PRECISION] [CHECKPOINT_DIR]
+//   (defaults: /usr/share/datasets/fashion-mnist, 2 epochs, fp32, no checkpoints; Debian package
+//   dataset-fashion-mnist)
 //   build/bin/train_fashion_mnist /usr/share/datasets/fashion-mnist 1 bf16
+//   build/bin/train_fashion_mnist /usr/share/datasets/fashion-mnist 3 fp16 runs/mnist   // run it again to resume
+//
+// With a CHECKPOINT_DIR the whole state is saved after every epoch (Booster::save_state: model,
+// optimizer and loss scale, schedule, data position, random generators and the best accuracy so far),
+// and a run started on a directory that holds a checkpoint continues from it. The Trainer
+// (examples/train_with_trainer.cpp) does all of this, and more, in one call.
 #include <algorithm>  // std::min: the last test batch
 #include <chrono>   // steady_clock: throughput
 #include <cstdio>   // printf: progress
@@ -28,6 +35,7 @@ int main(int argc, char** argv) {
   const std::string data_dir = argc > 1 ? argv[1] : data::kFashionMnistDir;
   const int epochs = argc > 2 ? std::atoi(argv[2]) : 2;
   const std::string precision = argc > 3 ? argv[3] : "fp32";
+  const std::string checkpoint_dir = argc > 4 ? argv[4] : "";
   const int64_t batch_size = 128;
   const uint64_t seed = 0;
 
@@ -54,14 +62,23 @@ int main(int argc, char** argv) {
     // Only what boost() returns is used from here on: the strategy may cast the model (fp16_naive),
     // wrap its forward in autocast (fp16, bf16) or step float32 master weights.
     auto [model, optimizer, criterion, train_loader, scheduler] = booster.boost(mlp, adamw, loss_fn, loader, cosine);
+    // State of our own that a checkpoint should carry, beside everything boost() returned.
+    double best_accuracy = 0.0;
+    booster.register_state("best_accuracy", [&] { return nlohmann::json(best_accuracy); },
+                           [&](const nlohmann::json& saved) { best_accuracy = saved.get<double>(); });
+    if (!checkpoint_dir.empty() && Booster::find_state(checkpoint_dir)) {
+      const LoadedState resumed = booster.load_state(checkpoint_dir);  // the newest checkpoint there
+      std::printf("resumed from %s at step %lld\n", resumed.dir.c_str(), static_cast<long long>(resumed.step));
+    }
     std::printf("MLP with %lld parameters, %lld steps per epoch, precision %s\n",
                 static_cast<long long>(mlp->num_parameters()), static_cast<long long>(train_loader->size()),
                 precision.c_str());
 
     // ---- training loop
-    int64_t step = 0;
+    int64_t step = booster.step();
     auto t0 = std::chrono::steady_clock::now();
-    for (int epoch = 0; epoch < epochs; ++epoch) {
+    // A resumed run starts at the saved epoch (the loader knows where it was).
+    for (int epoch = int(train_loader->epoch()); epoch < epochs; ++epoch) {
       train_loader->set_epoch(epoch);
       model->train();
       for (data::Batch& batch : *train_loader) {
@@ -91,7 +108,11 @@ int main(int argc, char** argv) {
         Tensor predicted = argmax((*model)(batch.x), /*dim=*/1);
         correct += int64_t(sum(eq(predicted, batch.y).to(DType::Int64)).item());
       }
-      std::printf("epoch %d: test accuracy %.2f%%\n", epoch + 1, 100.0 * double(correct) / double(test_set->size()));
+      const double accuracy = double(correct) / double(test_set->size());
+      best_accuracy = std::max(best_accuracy, accuracy);
+      std::printf("epoch %d: test accuracy %.2f%% (best %.2f%%)\n", epoch + 1, 100.0 * accuracy, 100.0 * best_accuracy);
+      if (!checkpoint_dir.empty())
+        std::printf("saved %s\n", booster.save_state(checkpoint_dir, {.keep_last = 2}).c_str());
     }
   } catch (const std::exception& e) {
     std::fprintf(stderr, "train_fashion_mnist: error: %s\n", e.what());

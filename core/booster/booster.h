@@ -40,6 +40,9 @@
 // The Booster, the compatibility matrix and the plugin boundary (parallel plugins, the loader, ABI).
 #include "booster/booster/booster.h"
 #include "booster/booster/compat.h"
+#include "booster/trainer/progress.h"
+#include "booster/trainer/signals.h"
+#include "booster/trainer/trainer.h"
 #include "booster/plugin/abi.h"
 #include "booster/plugin/data_parallel.h"
 #include "booster/plugin/loader.h"

@@ -249,7 +249,8 @@ class Booster {
   // strategy, plugin or world size, or a setting of set_resume_settings differs from the saved one;
   // files that are missing, truncated or corrupt are CheckpointErrors naming the file. Collective.
   LoadedState load_state(const std::filesystem::path& path, const LoadStateOptions& options = {});
-  // The step directory load_state(path) would read; nullopt for a root with nothing committed yet.
+  // The step directory load_state(path) would read; nullopt when `path` does not exist or is a root
+  // with nothing committed yet.
   static std::optional<std::filesystem::path> find_state(const std::filesystem::path& path);
 
   // Optimizer steps taken so far (BoostedOptimizer::steps of the boosted optimizer; 0 without one).

@@ -219,6 +219,7 @@ fs::path Booster::save_state(const fs::path& root, const SaveStateOptions& optio
 
 // ------------------------------------------------------------------------------------------ load
 std::optional<fs::path> Booster::find_state(const fs::path& path) {
+  if (!fs::is_directory(path)) return std::nullopt;
   if (fs::is_directory(path) && !fs::exists(path / checkpoint::kTrainerStateFileName) &&
       checkpoint::list_checkpoints(path).empty())
     return std::nullopt;
