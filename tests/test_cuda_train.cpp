@@ -12,7 +12,13 @@
 #include <string>
 #include <vector>
 
+#include <filesystem>
+#include <optional>
+
 #include "booster/backends/cuda/cuda.h"
+#include "booster/booster/booster.h"
+#include "booster/data/data.h"
+#include "booster/trainer/trainer.h"
 #include "booster/common/build_info.h"
 #include "booster/mixed_precision/mixed_precision.h"
 #include "booster/nn/nn.h"
@@ -148,4 +154,58 @@ TEST_CASE("an MLP with BatchNorm1d trains with SGD on CUDA as on the CPU under e
   }
   if (skip_without_gpu()) return;
   compare("bn", make, x, y, crit, 6, sgd);
+}
+
+TEST_CASE("device \"cuda\" in the BoosterConfig: boost() moves the model, batches arrive there, the Trainer "
+          "trains and resumes", "[cuda][trainer]") {
+  if (!cuda::is_available()) {
+    // Without a GPU the same config is refused before any work, in one line that says why.
+    CHECK_THROWS_AS(Booster(BoosterConfig{.device = "cuda"}), DeviceError);
+    CHECK_THROWS_WITH(Booster(BoosterConfig{.device = "cuda"}), Catch::Contains("no CUDA GPU was found"));
+  }
+  if (skip_without_gpu()) return;
+  CHECK_THROWS_WITH(Booster(BoosterConfig{.device = "cuda:" + std::to_string(cuda::device_count())}),
+                    Catch::Contains("choose one of them"));
+  Generator g(5);
+  auto data = std::make_shared<data::TensorDataset>(randn({256, 16}, &g), randint(0, 4, {256}, &g));
+  auto run = [&](const std::string& device, const std::filesystem::path& dir, const std::string& resume,
+                 std::optional<int64_t> max_steps) {
+    manual_seed(0);
+    Booster booster(BoosterConfig{.mixed_precision = "fp16", .device = device});
+    Generator init(1);
+    auto model = std::make_shared<nn::MLPClassifier>(16, std::vector<int64_t>{32}, 4, "relu", 1);
+    auto opt = std::make_shared<optim::AdamW>(model->parameters(), nlohmann::json{{"lr", 1e-2}});
+    auto loader = booster.prepare_dataloader(data, {.batch_size = 32, .shuffle = true, .seed = 2});
+    nn::Criterion ce = [](const Tensor& o, const Tensor& t) { return cross_entropy(o, t); };
+    booster.boost(model, opt, ce, loader, nullptr);
+    CHECK(model->parameters().front().device() == device_from_string(device));
+    for (data::Batch& b : *loader) {
+      CHECK(b.x.device() == device_from_string(device));
+      CHECK(b.y.device() == device_from_string(device));
+      break;
+    }
+    loader->set_epoch(0);
+    TrainerOptions o;
+    o.epochs = 2;
+    o.max_steps = max_steps;
+    o.checkpoint_dir = dir;
+    o.checkpoint_every = 5;
+    o.resume = resume;
+    o.progress = trainer::Progress::Mode::Silent;
+    Trainer trainer(booster, o);
+    trainer.set_eval_data(data);
+    return trainer.fit();
+  };
+  const auto root = std::filesystem::temp_directory_path() / "booster_cuda_trainer";
+  std::filesystem::remove_all(root);
+  const FitResult cpu = run("cpu", root / "cpu", "", std::nullopt);
+  const FitResult gpu = run("cuda", root / "gpu", "", std::nullopt);
+  CHECK(gpu.steps == 16);
+  CHECK(std::abs(gpu.final_loss - cpu.final_loss) < 5e-2);
+  CHECK(std::abs(gpu.evaluation->accuracy - cpu.evaluation->accuracy) < 0.05);
+  // A run of 7 steps (saved at 5 and 7) resumed to the end: the same loss as the uninterrupted GPU run.
+  run("cuda", root / "parts", "", 7);
+  const FitResult resumed = run("cuda", root / "parts", "latest", std::nullopt);
+  CHECK(resumed.resumed_from.has_value());
+  CHECK(resumed.final_loss == gpu.final_loss);
 }
