@@ -151,7 +151,8 @@ int run(int argc, char** argv) {
     if (command == "check") {
       // resolve() has run the compatibility matrix: reaching here means the combination works.
       std::cerr << "booster: compatible: mixed precision '" << config.at("mixed_precision").at("name").get<std::string>()
-                << "' with plugin '" << config.at("plugin").at("name").get<std::string>() << "' on cpu\n";
+                << "' with plugin '" << config.at("plugin").at("name").get<std::string>() << "' on "
+                << config.at("device").get<std::string>() << "\n";
       std::cout << config.dump(2) << "\n";
       return booster::cli::kExitOk;
     }

@@ -706,11 +706,11 @@ void check_interrupted_resume(const std::string& name, const std::string& launch
 
 }  // namespace
 
-TEST_CASE("SIGTERM mid-run saves and exits 143; --resume latest ends with the same bytes", "[cli][checkpoint][signal]") {
+TEST_CASE("SIGTERM mid-run saves and exits 143, and --resume latest ends with the same bytes", "[cli][checkpoint][signal]") {
   check_interrupted_resume("sigterm", "", SIGTERM, long_config());
 }
 
-TEST_CASE("Ctrl-C mid-run saves and exits 130; resuming ends with the same bytes (fp16, dropout)",
+TEST_CASE("Ctrl-C mid-run saves and exits 130, and resuming ends with the same bytes (fp16, dropout)",
           "[cli][checkpoint][signal]") {
   json c = long_config();
   c["mixed_precision"] = "fp16";
@@ -723,7 +723,7 @@ TEST_CASE("Ctrl-C mid-run saves and exits 130; resuming ends with the same bytes
   check_interrupted_resume("sigint_gpt", "", SIGINT, c);
 }
 
-TEST_CASE("Ctrl-C under booster run -n 2 stops every rank after the same step; the resume is exact",
+TEST_CASE("Ctrl-C under booster run -n 2 stops every rank after the same step and the resume is exact",
           "[cli][checkpoint][signal][mpi]") {
   if (!have_mpirun() || !have_plugin("ddp")) {
     WARN("skipped: no mpirun or no ddp plugin");
@@ -745,7 +745,7 @@ TEST_CASE("an interrupted run with nowhere to save says so and exits 130", "[cli
                         Catch::Contains("nothing was saved: there is no run or checkpoint directory"));
 }
 
-TEST_CASE("device: cuda without a GPU is one line; an unknown device is a config error", "[cli][device]") {
+TEST_CASE("device: cuda without a GPU is one line, and an unknown device is a config error", "[cli][device]") {
   const fs::path cfg = write_config("device.json", mlp_config("fp32"));
   if (!std::getenv("BOOSTER_EXPECT_GPU")) {
     RunResult r = run_booster("train --config " + cfg.string() + " --device cuda");

@@ -219,7 +219,11 @@ fs::path Booster::save_state(const fs::path& root, const SaveStateOptions& optio
 
 // ------------------------------------------------------------------------------------------ load
 std::optional<fs::path> Booster::find_state(const fs::path& path) {
-  if (!fs::is_directory(path)) return std::nullopt;
+  // A step named while caught between the renames of a replace is read from its stand-in
+  // (checkpoint::resolve_checkpoint knows it).
+  const fs::path named = path.lexically_normal().has_filename() ? path.lexically_normal()
+                                                                : path.lexically_normal().parent_path();
+  if (!fs::exists(path) && !fs::is_directory(named.string() + checkpoint::kReplacedSuffix)) return std::nullopt;
   if (fs::is_directory(path) && !fs::exists(path / checkpoint::kTrainerStateFileName) &&
       checkpoint::list_checkpoints(path).empty())
     return std::nullopt;
@@ -229,12 +233,9 @@ std::optional<fs::path> Booster::find_state(const fs::path& path) {
 LoadedState Booster::load_state(const fs::path& path, const LoadStateOptions& options) {
   const std::string& context = options.context;
   BOOSTER_CHECK(boosted_, StateError, context, ": call boost() first, then load the state into what it returned");
-  // A step named while caught between the renames of a replace is read from its stand-in.
-  const fs::path named = path.lexically_normal().has_filename() ? path.lexically_normal()
-                                                                : path.lexically_normal().parent_path();
-  BOOSTER_CHECK(fs::exists(path) || fs::is_directory(named.string() + checkpoint::kReplacedSuffix), CheckpointError,
-                context, ": ", path.string(), " does not exist; expected a checkpoint directory or a root of them");
   const std::optional<fs::path> found = find_state(path);
+  BOOSTER_CHECK(found || fs::exists(path), CheckpointError, context, ": ", path.string(),
+                " does not exist; expected a checkpoint directory or a root of them");
   BOOSTER_CHECK(found.has_value(), CheckpointError, context, ": ", path.string(), " holds no committed checkpoint");
   const fs::path dir = *found;
   const json state = read_state_file(dir, context);
