@@ -757,6 +757,15 @@ TEST_CASE("device: cuda without a GPU is one line, and an unknown device is a co
   RunResult bad = run_booster("train --config " + cfg.string() + " --device tpu");
   CHECK(bad.exit_code == 2);
   CHECK_THAT(bad.err, Catch::Contains("'device' is \"tpu\"; expected \"cpu\", \"cuda\" or \"cuda:N\""));
+  RunResult check = run_booster("check --config " + cfg.string());
+  CHECK(check.exit_code == 0);
+  CHECK_THAT(check.err, Catch::Contains("compatible: mixed precision 'fp32' with plugin 'single' on cpu"));
+  CHECK(json::parse(check.out)["device"] == "cpu");
+  if (!std::getenv("BOOSTER_EXPECT_GPU")) {
+    RunResult no_gpu = run_booster("check --config " + cfg.string() + " --device cuda:1");
+    CHECK(no_gpu.exit_code == 1);
+    CHECK_THAT(no_gpu.err, Catch::Contains("device \"cuda:1\": no CUDA GPU was found"));
+  }
   RunResult cpu = run_booster("train --config " + cfg.string() + " --set device=cpu");
   CHECK(cpu.exit_code == 0);
   CHECK(json::parse(cpu.out)["device"] == "cpu");
