@@ -45,7 +45,7 @@ Tensor cast_to(const Tensor& t, DType dtype) {
 }  // namespace
 
 const char* op_name(Op op) {
-  static const char* names[] = {"matmul", "linear", "bmm", "attention", "softmax", "log_softmax",
+  static const char* names[] = {"matmul", "linear", "bmm", "attention", "conv2d", "softmax", "log_softmax",
                                 "layer_norm", "batch_norm", "exp", "log", "pow", "sum", "mean", "var",
                                 "cross_entropy", "nll_loss", "mse_loss", "add", "sub", "mul", "div", "cat",
                                 "stack", "where", "maximum", "minimum"};
@@ -56,7 +56,7 @@ const char* op_name(Op op) {
 PolicyTable default_policy_table() {
   PolicyTable t{};
   t.fill(CastPolicy::None);
-  for (Op op : {Op::Matmul, Op::Linear, Op::Bmm, Op::Attention}) t[size_t(op)] = CastPolicy::Lower;
+  for (Op op : {Op::Matmul, Op::Linear, Op::Bmm, Op::Attention, Op::Conv2d}) t[size_t(op)] = CastPolicy::Lower;
   for (Op op : {Op::Softmax, Op::LogSoftmax, Op::LayerNorm, Op::BatchNorm, Op::Exp, Op::Log, Op::Pow, Op::Sum,
                 Op::Mean, Op::Var, Op::CrossEntropy, Op::NllLoss, Op::MseLoss})
     t[size_t(op)] = CastPolicy::Float32;

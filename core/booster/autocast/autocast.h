@@ -28,7 +28,7 @@ enum class CastPolicy : uint8_t { None, Lower, Float32, Promote };
 
 // Ops autocast knows. Keep in sync with op_name().
 enum class Op : uint8_t {
-  Matmul, Linear, Bmm, Attention,
+  Matmul, Linear, Bmm, Attention, Conv2d,
   Softmax, LogSoftmax, LayerNorm, BatchNorm, Exp, Log, Pow, Sum, Mean, Var,
   CrossEntropy, NllLoss, MseLoss,
   Add, Sub, Mul, Div, Cat, Stack, Where, Maximum, Minimum,

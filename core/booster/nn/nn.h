@@ -3,6 +3,7 @@
 
 #include "booster/nn/activation.h"
 #include "booster/nn/container.h"
+#include "booster/nn/conv.h"
 #include "booster/nn/dropout.h"
 #include "booster/nn/embedding.h"
 #include "booster/nn/init.h"

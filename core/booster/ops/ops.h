@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstdint>
+#include <array>
 #include <optional>
 #include <vector>
 
@@ -130,6 +131,20 @@ Tensor layer_norm(const Tensor& x, const Shape& normalized_shape, const Tensor& 
 Tensor batch_norm(const Tensor& x, const Tensor& running_mean, const Tensor& running_var,
                   const Tensor& weight, const Tensor& bias, bool training, double momentum = 0.1,
                   double eps = 1e-5);
+// ---------------------------------------------------------------- convolution and pooling (NCHW)
+// As torch.nn.functional: x [N, C, H, W]; weight [out, in / groups, kh, kw]; bias [out] or undefined.
+// Output size floor((H + 2 padding - dilation (k - 1) - 1) / stride) + 1 per spatial dim. A stride of
+// {0, 0} for a pool means the kernel size (torch's default). Note [Convolution as gather + GEMM].
+Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias = Tensor(), std::array<int64_t, 2> stride = {1, 1},
+              std::array<int64_t, 2> padding = {0, 0}, std::array<int64_t, 2> dilation = {1, 1}, int64_t groups = 1);
+// Padding counts as -inf; at most half the kernel.
+Tensor max_pool2d(const Tensor& x, std::array<int64_t, 2> kernel, std::array<int64_t, 2> stride = {0, 0},
+                  std::array<int64_t, 2> padding = {0, 0}, std::array<int64_t, 2> dilation = {1, 1});
+// Padding counts as zeros in the mean (torch's count_include_pad=True).
+Tensor avg_pool2d(const Tensor& x, std::array<int64_t, 2> kernel, std::array<int64_t, 2> stride = {0, 0},
+                  std::array<int64_t, 2> padding = {0, 0});
+Tensor adaptive_avg_pool2d(const Tensor& x, std::array<int64_t, 2> output_size);
+
 // Zeroes elements with probability p and scales the rest by 1/(1-p); identity when !training.
 Tensor dropout(const Tensor& a, double p, bool training, Generator* gen = nullptr);
 // q, k, v: [..., L, E]. softmax(q k^T * scale + causal mask) v; scale defaults to 1/sqrt(E).

@@ -32,7 +32,7 @@
 #include <memory>
 #include <nlohmann/json.hpp>
 
-#define BOOSTER_PLUGIN_ABI_VERSION 5
+#define BOOSTER_PLUGIN_ABI_VERSION 6
 
 namespace booster::mixed_precision {
 class MixedPrecision;

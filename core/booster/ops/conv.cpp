@@ -1,0 +1,167 @@
+// Convolution and pooling over NCHW images: conv2d, max_pool2d, avg_pool2d, adaptive_avg_pool2d.
+//
+// Note [Convolution as gather + GEMM]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// Every op here is built from ops that already have kernels on every backend and their own backward:
+// the image [N, C, H, W] is viewed as [N, C, H*W] with one extra column holding the padding value (0,
+// or -inf for max pooling), and index_select gathers, for each of the K = kh*kw kernel taps and L =
+// Ho*Wo output positions, the pixel that tap sees (or the padding column) into [N, C, K, L]: im2col
+// as one gather. Then
+//  * conv2d is one batched GEMM of the weight [G, Cout/G, C/G*K] with the columns [N, G, C/G*K, L];
+//  * max_pool2d is max over K (the gradient goes to the first maximum, as torch's);
+//  * avg_pool2d is the mean over K, padding included (torch's count_include_pad=True default);
+//  * adaptive_avg_pool2d is a GEMM with a fixed [H*W, oh*ow] averaging matrix (windows as torch's:
+//    start floor(i*H/oh), end ceil((i+1)*H/oh)).
+// So the gradient of the gather is index_add (col2im), autocast treats conv2d as the GEMM it is
+// (Op::Conv2d: lower precision, as torch's CUDA autocast lists conv2d), and CUDA runs the same code
+// with cuBLAS. The index of a geometry is built once and cached per device.
+#include <array>
+#include <limits>
+#include <map>
+#include <mutex>
+#include <tuple>
+
+#include "booster/autocast/autocast.h"
+#include "booster/autograd/autograd.h"
+#include "booster/common/error.h"
+#include "booster/ops/ops.h"
+
+namespace booster {
+
+namespace {
+
+struct Geometry {
+  int64_t h, w, kh, kw, sh, sw, ph, pw, dh, dw;
+  int64_t oh() const { return (h + 2 * ph - dh * (kh - 1) - 1) / sh + 1; }
+  int64_t ow() const { return (w + 2 * pw - dw * (kw - 1) - 1) / sw + 1; }
+  auto key() const { return std::make_tuple(h, w, kh, kw, sh, sw, ph, pw, dh, dw); }
+};
+
+// The gather index of Note [Convolution as gather + GEMM]: int64 [K * L] on `device`, tap-major;
+// h*w stands for a padded position.
+Tensor gather_index(const Geometry& g, Device device) {
+  static std::mutex mutex;
+  static std::map<std::pair<decltype(g.key()), std::string>, Tensor> cache;
+  const std::lock_guard<std::mutex> lock(mutex);
+  auto& slot = cache[{g.key(), device.str()}];
+  if (slot.defined()) return slot;
+  const int64_t oh = g.oh(), ow = g.ow(), L = oh * ow;
+  std::vector<int64_t> index(size_t(g.kh * g.kw * L));
+  for (int64_t ki = 0; ki < g.kh; ++ki)
+    for (int64_t kj = 0; kj < g.kw; ++kj)
+      for (int64_t i = 0; i < oh; ++i)
+        for (int64_t j = 0; j < ow; ++j) {
+          const int64_t y = i * g.sh - g.ph + ki * g.dh, x = j * g.sw - g.pw + kj * g.dw;
+          const bool inside = y >= 0 && y < g.h && x >= 0 && x < g.w;
+          index[size_t(((ki * g.kw + kj) * oh + i) * ow + j)] = inside ? y * g.w + x : g.h * g.w;
+        }
+  slot = from_vector(index, {int64_t(index.size())}).to(device);
+  return slot;
+}
+
+void check_image(const Tensor& x, const char* op) {
+  BOOSTER_CHECK(x.dim() == 4, ShapeError, op, ": expected an input of shape [N, C, H, W], got ", x.shape());
+  BOOSTER_CHECK(is_floating(x.dtype()), DTypeError, op, ": expected a floating input, got ", x.dtype());
+}
+
+void check_pair(const std::array<int64_t, 2>& v, int64_t min, const char* op, const char* what) {
+  BOOSTER_CHECK(v[0] >= min && v[1] >= min, ValueError, op, ": ", what, " must be >= ", min, ", got (", v[0], ", ",
+                v[1], ")");
+}
+
+// [N, C, K, L]: every tap's pixel for every output position (Note [Convolution as gather + GEMM]).
+Tensor gather_columns(const Tensor& x, const Geometry& g, double pad_value, const char* op) {
+  BOOSTER_CHECK(g.oh() >= 1 && g.ow() >= 1, ShapeError, op, ": the input ", x.shape(), " is smaller than the kernel (",
+                g.kh, "x", g.kw, " with dilation (", g.dh, ", ", g.dw, ") and padding (", g.ph, ", ", g.pw,
+                ")); the output would be ", g.oh(), "x", g.ow());
+  const int64_t n = x.size(0), c = x.size(1);
+  Tensor flat = x.reshape({n, c, g.h * g.w});
+  Tensor padded = cat({flat, full({n, c, 1}, pad_value, x.dtype(), x.device())}, 2);
+  Tensor cols = index_select(padded, 2, gather_index(g, x.device()));
+  return cols.reshape({n, c, g.kh * g.kw, g.oh() * g.ow()});
+}
+
+}  // namespace
+
+Tensor conv2d(const Tensor& x_in, const Tensor& weight_in, const Tensor& bias_in, std::array<int64_t, 2> stride,
+              std::array<int64_t, 2> padding, std::array<int64_t, 2> dilation, int64_t groups) {
+  Tensor x = x_in, weight = weight_in, bias = bias_in;
+  autocast::apply(autocast::Op::Conv2d, {&x, &weight, &bias});
+  check_image(x, "conv2d");
+  BOOSTER_CHECK(weight.dim() == 4, ShapeError, "conv2d: weight must be [out_channels, in_channels / groups, kh, kw], got ",
+                weight.shape());
+  check_pair(stride, 1, "conv2d", "stride");
+  check_pair(padding, 0, "conv2d", "padding");
+  check_pair(dilation, 1, "conv2d", "dilation");
+  const int64_t n = x.size(0), c = x.size(1), cout = weight.size(0);
+  BOOSTER_CHECK(groups >= 1 && c % groups == 0 && cout % groups == 0, ValueError, "conv2d: groups ", groups,
+                " must divide in_channels ", c, " and out_channels ", cout);
+  BOOSTER_CHECK(weight.size(1) * groups == c, ShapeError, "conv2d: weight ", weight.shape(), " expects ",
+                weight.size(1) * groups, " input channels (", weight.size(1), " x groups ", groups, "), got input ",
+                x.shape());
+  BOOSTER_CHECK(!bias.defined() || (bias.dim() == 1 && bias.size(0) == cout), ShapeError, "conv2d: bias must be [",
+                cout, "], got ", bias.shape());
+  BOOSTER_CHECK(weight.dtype() == x.dtype() && weight.device() == x.device(), DTypeError,
+                "conv2d: input (", x.dtype(), ", ", x.device(), ") and weight (", weight.dtype(), ", ", weight.device(),
+                ") must have the same dtype and device");
+  const Geometry g{x.size(2), x.size(3), weight.size(2), weight.size(3), stride[0], stride[1],
+                   padding[0], padding[1], dilation[0], dilation[1]};
+  const int64_t k = g.kh * g.kw, per_group = c / groups * k, L = g.oh() * g.ow();
+  Tensor cols = gather_columns(x, g, 0.0, "conv2d").reshape({n, groups, per_group, L});
+  Tensor w = weight.reshape({groups, cout / groups, per_group});
+  Tensor out = matmul(w, cols).reshape({n, cout, g.oh(), g.ow()});
+  if (bias.defined()) out = add(out, bias.reshape({1, cout, 1, 1}));
+  return out;
+}
+
+Tensor max_pool2d(const Tensor& x, std::array<int64_t, 2> kernel, std::array<int64_t, 2> stride,
+                  std::array<int64_t, 2> padding, std::array<int64_t, 2> dilation) {
+  check_image(x, "max_pool2d");
+  if (stride[0] == 0 && stride[1] == 0) stride = kernel;
+  check_pair(kernel, 1, "max_pool2d", "kernel_size");
+  check_pair(stride, 1, "max_pool2d", "stride");
+  check_pair(dilation, 1, "max_pool2d", "dilation");
+  BOOSTER_CHECK(padding[0] >= 0 && padding[1] >= 0 && 2 * padding[0] <= kernel[0] && 2 * padding[1] <= kernel[1],
+                ValueError, "max_pool2d: padding (", padding[0], ", ", padding[1],
+                ") must be at most half the kernel size (", kernel[0], ", ", kernel[1], "), as in torch");
+  const Geometry g{x.size(2), x.size(3), kernel[0], kernel[1], stride[0], stride[1],
+                   padding[0], padding[1], dilation[0], dilation[1]};
+  Tensor cols = gather_columns(x, g, -std::numeric_limits<double>::infinity(), "max_pool2d");
+  return max(cols, 2).reshape({x.size(0), x.size(1), g.oh(), g.ow()});
+}
+
+Tensor avg_pool2d(const Tensor& x, std::array<int64_t, 2> kernel, std::array<int64_t, 2> stride,
+                  std::array<int64_t, 2> padding) {
+  check_image(x, "avg_pool2d");
+  if (stride[0] == 0 && stride[1] == 0) stride = kernel;
+  check_pair(kernel, 1, "avg_pool2d", "kernel_size");
+  check_pair(stride, 1, "avg_pool2d", "stride");
+  BOOSTER_CHECK(padding[0] >= 0 && padding[1] >= 0 && 2 * padding[0] <= kernel[0] && 2 * padding[1] <= kernel[1],
+                ValueError, "avg_pool2d: padding (", padding[0], ", ", padding[1],
+                ") must be at most half the kernel size (", kernel[0], ", ", kernel[1], "), as in torch");
+  const Geometry g{x.size(2), x.size(3), kernel[0], kernel[1], stride[0], stride[1], padding[0], padding[1], 1, 1};
+  Tensor cols = gather_columns(x, g, 0.0, "avg_pool2d");
+  // The sum over the taps, divided by their number (padding counts): in x's dtype, as torch on CUDA.
+  return mul(sum(cols, {2}), 1.0 / double(g.kh * g.kw)).to(x.dtype()).reshape({x.size(0), x.size(1), g.oh(), g.ow()});
+}
+
+Tensor adaptive_avg_pool2d(const Tensor& x, std::array<int64_t, 2> output_size) {
+  check_image(x, "adaptive_avg_pool2d");
+  check_pair(output_size, 1, "adaptive_avg_pool2d", "output_size");
+  const int64_t h = x.size(2), w = x.size(3), oh = output_size[0], ow = output_size[1];
+  if (oh == 1 && ow == 1) return mean(x, {2, 3}, /*keepdim=*/true).to(x.dtype());
+  // out[.., i*ow + j] = the mean of the window: one GEMM with the averaging matrix [H*W, oh*ow].
+  std::vector<double> m(size_t(h * w * oh * ow), 0.0);
+  for (int64_t i = 0; i < oh; ++i)
+    for (int64_t j = 0; j < ow; ++j) {
+      const int64_t y0 = i * h / oh, y1 = ((i + 1) * h + oh - 1) / oh;
+      const int64_t x0 = j * w / ow, x1 = ((j + 1) * w + ow - 1) / ow;
+      const double inv = 1.0 / double((y1 - y0) * (x1 - x0));
+      for (int64_t y = y0; y < y1; ++y)
+        for (int64_t xx = x0; xx < x1; ++xx) m[size_t((y * w + xx) * oh * ow + i * ow + j)] = inv;
+    }
+  Tensor avg = from_vector(m, {h * w, oh * ow}).to(x.device(), x.dtype());
+  return matmul(x.reshape({x.size(0), x.size(1), h * w}), avg).to(x.dtype()).reshape({x.size(0), x.size(1), oh, ow});
+}
+
+}  // namespace booster
