@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "booster/nn/activation_checkpoint.h"
 #include "booster/nn/init.h"
 #include "booster/ops/ops.h"
 
@@ -49,7 +50,11 @@ Tensor GPT::forward(const Tensor& idx) {
                 config.context, "; pass at most ", config.context, " tokens");
   const Tensor positions = arange(T, DType::Int64).to(idx.device());
   Tensor x = drop->forward(wte->forward(idx) + wpe->forward(positions));  // [B, T, C] + [T, C]
-  x = blocks->forward(x);
+  if (config.activation_checkpointing) {
+    for (const ModulePtr& block : blocks->children()) x = checkpoint(*block, x);
+  } else {
+    x = blocks->forward(x);
+  }
   return lm_head->forward(ln_f->forward(x));
 }
 

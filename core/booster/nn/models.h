@@ -21,6 +21,8 @@ struct GPTConfig {
   int64_t layers = 4;
   int64_t heads = 4;
   double dropout = 0.0;
+  // Recompute each block's activations in backward instead of keeping them (nn::checkpoint).
+  bool activation_checkpointing = false;
 };
 
 // A GPT-2 style decoder (nanoGPT without weight tying):

@@ -2,7 +2,9 @@
 #pragma once
 
 #include "booster/nn/activation.h"
+#include "booster/nn/activation_checkpoint.h"
 #include "booster/nn/container.h"
+#include "booster/nn/cnn.h"
 #include "booster/nn/conv.h"
 #include "booster/nn/dropout.h"
 #include "booster/nn/embedding.h"
