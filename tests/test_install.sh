@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The installed package as a user meets it: install into a prefix, move the prefix, build
 # examples/external_project against it with find_package(booster) (and a pkg-config build), train its
-# own module under two strategies, and load its own precision plugin by name (BOOSTER_PLUGIN_PATH) and
-# by path (from a config, through the library and through the installed `booster` command).
+# own module under two strategies, load its own precision plugin by name (BOOSTER_PLUGIN_PATH) and
+# by path (from a config, through the library and through the installed `booster` command), and train
+# its own model library's model with the installed `booster` command.
 # usage: test_install.sh BUILD_DIR SOURCE_DIR
 set -euo pipefail
 build=$(cd "$1" && pwd) source=$(cd "$2" && pwd)
@@ -64,6 +65,20 @@ step "by path, from a config"
 printf '{"mixed_precision": {"name": "%s", "loss_scale": 8}}\n' "$ext/libbooster_precision_scaled_bf16.so" > "$work/run.json"
 "$ext/train_residual_mlp" --config "$work/run.json" | tee "$work/by_path.txt"
 grep -q "^scaled_bf16:" "$work/by_path.txt"
+
+step "its own model library: booster train builds my_net from a config, by name and by path"
+cat > "$work/my_net.json" <<JSON
+{"model": {"type": "my_net", "library": "my_net", "in": 8, "width": 16, "blocks": 1, "classes": 3},
+ "optimizer": {"type": "adam", "lr": 0.01},
+ "data": {"type": "synthetic", "num_samples": 256, "num_test_samples": 64, "num_features": 8, "num_classes": 3,
+          "batch_size": 32},
+ "train": {"epochs": 2, "run_dir": null}}
+JSON
+BOOSTER_PLUGIN_PATH="$ext" "$prefix/bin/booster" train --config "$work/my_net.json" > "$work/my_net.txt"
+tail -1 "$work/my_net.txt" | grep -q '"test_accuracy"'
+"$prefix/bin/booster" check --config "$work/my_net.json" --set model.library="$ext/libbooster_model_my_net.so" >/dev/null
+if "$prefix/bin/booster" check --config "$work/my_net.json" 2> "$work/my_net_missing.txt"; then echo "my_net found without BOOSTER_PLUGIN_PATH"; exit 1; fi
+grep -q "libbooster_model_my_net.so" "$work/my_net_missing.txt"
 
 step "pkg-config"
 cat > "$work/pc.cpp" <<'CPP'

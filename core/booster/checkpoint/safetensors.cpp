@@ -39,6 +39,16 @@ constexpr DTypeName kDTypeNames[] = {
     {DType::Int64, "I64"},   {DType::Int32, "I32"},   {DType::Bool, "BOOL"},
 };
 
+// Every dtype name the format has that read_safetensors_raw passes through, with its item size.
+struct RawDTypeName {
+  const char* name;
+  size_t itemsize;
+};
+constexpr RawDTypeName kRawDTypeNames[] = {
+    {"F64", 8}, {"F32", 4}, {"F16", 2}, {"BF16", 2}, {"I64", 8}, {"I32", 4},
+    {"I16", 2}, {"I8", 1},  {"U8", 1},  {"U16", 2},  {"U32", 4}, {"U64", 8}, {"BOOL", 1},
+};
+
 std::string supported_dtype_names() {
   std::string s;
   for (const auto& d : kDTypeNames) s += (s.empty() ? "" : ", ") + std::string(d.name);
@@ -90,12 +100,14 @@ class FileReader {
 // One tensor's entry in the header, validated on its own (the tiling is checked across entries).
 struct Entry {
   std::string name;
-  DType dtype;
+  DType dtype;             // when read as tensors
+  std::string dtype_name;  // as in the file
   Shape shape;
   uint64_t begin, end;
 };
 
-Entry parse_entry(const fs::path& path, const std::string& name, const json& e) {
+// `raw`: any dtype of kRawDTypeNames (read_safetensors_raw), else only those booster has tensors of.
+Entry parse_entry(const fs::path& path, const std::string& name, const json& e, bool raw) {
   auto fail = [&](const std::string& what) -> Entry {
     BOOSTER_FAIL(CheckpointError, "corrupt safetensors file ", path.string(), ": tensor '", name, "' ", what);
   };
@@ -111,15 +123,24 @@ Entry parse_entry(const fs::path& path, const std::string& name, const json& e) 
   Entry entry;
   entry.name = name;
   const std::string dtype = e["dtype"].get<std::string>();
-  const auto known = std::find_if(std::begin(kDTypeNames), std::end(kDTypeNames),
-                                  [&](const DTypeName& d) { return dtype == d.name; });
-  if (known == std::end(kDTypeNames))
-    return fail("has dtype '" + dtype + "', which booster does not support (supported: " +
-                supported_dtype_names() + ")");
-  entry.dtype = known->dtype;
+  entry.dtype_name = dtype;
+  uint64_t nbytes = 0;
+  if (raw) {
+    const auto known = std::find_if(std::begin(kRawDTypeNames), std::end(kRawDTypeNames),
+                                    [&](const RawDTypeName& d) { return dtype == d.name; });
+    if (known == std::end(kRawDTypeNames)) return fail("has dtype '" + dtype + "', which is not a safetensors dtype");
+    nbytes = known->itemsize;
+  } else {
+    const auto known = std::find_if(std::begin(kDTypeNames), std::end(kDTypeNames),
+                                    [&](const DTypeName& d) { return dtype == d.name; });
+    if (known == std::end(kDTypeNames))
+      return fail("has dtype '" + dtype + "', which booster does not support (supported: " +
+                  supported_dtype_names() + ")");
+    entry.dtype = known->dtype;
+    nbytes = itemsize(entry.dtype);
+  }
 
   // numel * itemsize, computed without overflow: every factor is bounded by the file size anyway.
-  uint64_t nbytes = itemsize(entry.dtype);
   bool overflow = false;
   for (const json& d : e["shape"]) {
     if (!d.is_number_unsigned()) return fail("has a shape entry that is not a non-negative integer: " + d.dump());
@@ -193,8 +214,17 @@ void write_safetensors(const fs::path& path, const TensorMap& tensors, const Met
   });
 }
 
-SafetensorsFile read_safetensors(const fs::path& path) {
-  FileReader file(path);
+namespace {
+
+// The validated header of a file: its entries sorted by offset (tiling the data), where the data
+// starts, and the metadata.
+struct Header {
+  std::vector<Entry> entries;
+  uint64_t data_start = 0;
+  Metadata metadata;
+};
+
+Header read_header(const FileReader& file, const fs::path& path, bool raw) {
   const std::string where = "corrupt safetensors file " + path.string() + ": ";
   BOOSTER_CHECK(file.size() >= 8, CheckpointError, where, "it has ", file.size(),
                 " bytes, fewer than the 8 of the header length");
@@ -219,8 +249,9 @@ SafetensorsFile read_safetensors(const fs::path& path) {
   }
   BOOSTER_CHECK(header.is_object(), CheckpointError, where, "the header is not a JSON object");
 
-  SafetensorsFile result;
-  std::vector<Entry> entries;
+  Header result;
+  result.data_start = data_start;
+  std::vector<Entry>& entries = result.entries;
   for (const auto& [name, value] : header.items()) {
     if (name == "__metadata__") {
       BOOSTER_CHECK(value.is_object(), CheckpointError, where, "__metadata__ is not an object");
@@ -231,7 +262,7 @@ SafetensorsFile read_safetensors(const fs::path& path) {
       }
       continue;
     }
-    entries.push_back(parse_entry(path, name, value));
+    entries.push_back(parse_entry(path, name, value, raw));
   }
 
   // The spans must tile [0, data_size): sorted by begin, each starts where the previous ended.
@@ -251,8 +282,19 @@ SafetensorsFile read_safetensors(const fs::path& path) {
   }
   BOOSTER_CHECK(expected_begin == data_size, CheckpointError, where, data_size - expected_begin,
                 " bytes of trailing data after the last tensor");
+  return result;
+}
 
-  for (const Entry& e : entries) {
+}  // namespace
+
+SafetensorsFile read_safetensors(const fs::path& path) {
+  FileReader file(path);
+  const std::string where = "corrupt safetensors file " + path.string() + ": ";
+  Header header = read_header(file, path, /*raw=*/false);
+  const uint64_t data_start = header.data_start;
+  SafetensorsFile result;
+  result.metadata = std::move(header.metadata);
+  for (const Entry& e : header.entries) {
     Tensor t = Tensor::empty(e.shape, e.dtype);
     file.read_at(data_start + e.begin, t.data_ptr(), e.end - e.begin);
     if (e.dtype == DType::Bool) {  // any other byte would be undefined behaviour as a C++ bool
@@ -264,6 +306,21 @@ SafetensorsFile read_safetensors(const fs::path& path) {
     result.tensors.emplace(e.name, std::move(t));
   }
   return result;
+}
+
+std::map<std::string, RawTensor> read_safetensors_raw(const fs::path& path) {
+  FileReader file(path);
+  const Header header = read_header(file, path, /*raw=*/true);
+  std::map<std::string, RawTensor> out;
+  for (const Entry& e : header.entries) {
+    RawTensor t;
+    t.dtype = e.dtype_name;
+    t.shape = e.shape;
+    t.bytes.resize(size_t(e.end - e.begin));
+    file.read_at(header.data_start + e.begin, t.bytes.data(), e.end - e.begin);
+    out.emplace(e.name, std::move(t));
+  }
+  return out;
 }
 
 // ---------------------------------------------------------------------------------------------- models

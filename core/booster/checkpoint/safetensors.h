@@ -33,6 +33,7 @@
 #include <filesystem>
 #include <map>
 #include <string>
+#include <vector>
 
 #include "booster/tensor/tensor.h"
 
@@ -55,6 +56,17 @@ struct SafetensorsFile {
 void write_safetensors(const std::filesystem::path& path, const TensorMap& tensors, const Metadata& metadata = {});
 // Reads and validates a whole file (Note [The safetensors format]).
 SafetensorsFile read_safetensors(const std::filesystem::path& path);
+
+// A tensor as the file stores it, for dtypes booster has no tensor type for (a data set's "U8" images):
+// its safetensors dtype name ("F32", "U8", ...), shape and little-endian bytes.
+struct RawTensor {
+  std::string dtype;
+  Shape shape;
+  std::vector<uint8_t> bytes;
+};
+// Every tensor of a file, validated as read_safetensors does, with any of the format's dtypes (F64 F32
+// F16 BF16 I64 I32 I16 I8 U64 U32 U16 U8 BOOL); the metadata is not returned.
+std::map<std::string, RawTensor> read_safetensors_raw(const std::filesystem::path& path);
 
 inline constexpr const char* kModelFileName = "model.safetensors";
 inline constexpr const char* kModelIndexFileName = "model.safetensors.index.json";

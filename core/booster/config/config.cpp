@@ -232,6 +232,19 @@ json resolve_section(const Section& s, const json& given) {
       variant = v.get<std::string>();
     }
     auto it = std::find_if(s.variants.begin(), s.variants.end(), [&](const auto& p) { return p.first == variant; });
+    if (it == s.variants.end() && s.resolve_other_variant) {
+      // A variant of a run-time registry: the table checks the common fields, the hook the rest.
+      json common_given = json::object(), rest = json::object();
+      for (const auto& [key, value] : given.items()) {
+        if (key == s.discriminator) continue;
+        const bool is_common = std::any_of(s.common.begin(), s.common.end(), [&](const Field& f) { return f.key == key; });
+        (is_common ? common_given : rest)[key] = value;
+      }
+      out[s.discriminator] = variant;
+      check_fields(fields, s.name, common_given, out);
+      out.update(s.resolve_other_variant(variant, rest));
+      return out;
+    }
     if (it == s.variants.end()) {
       std::string msg = "'" + path + "' is \"" + variant + "\"; expected one of " + quoted_list(names);
       if (auto guess = nearest(variant, names)) msg += " (did you mean '" + *guess + "'?)";

@@ -68,6 +68,12 @@ struct Section {
   // given value (an empty object when absent) and returns the resolved one, throwing ConfigError
   // naming the path as every other check does.
   std::function<json(const json& given)> custom_resolve;
+  // Optional, for a section whose variants a registry extends at run time (the model types a program
+  // registers or a model library provides): called for a variant that `variants` does not list, with
+  // the given keys other than the discriminator and the `common` fields (which the table checks as for
+  // any variant). Returns those keys resolved (their owner checks them when it builds the thing), or
+  // throws ConfigError naming the JSON path, the value and what is allowed.
+  std::function<json(const std::string& variant, const json& rest)> resolve_other_variant;
 };
 
 // The schema of a whole training config, one Section per top-level key.

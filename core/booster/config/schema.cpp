@@ -8,6 +8,10 @@
 #include <algorithm>
 
 #include "booster/common/error.h"
+#include "booster/config/training.h"
+#include "booster/data/file_dataset.h"
+#include "booster/nn/model_registry.h"
+#include "booster/plugin/loader.h"
 
 namespace booster::config {
 namespace {
@@ -75,6 +79,16 @@ Field numbers(std::string key, json def, Kind item_kind, std::optional<double> m
   return f;
 }
 
+// A value whose type the table does not fix (an index or a name); its reader checks it.
+Field any(std::string key, json def, std::string help = "") {
+  Field f;
+  f.key = std::move(key);
+  f.kind = Kind::Any;
+  f.default_value = std::move(def);
+  f.help = std::move(help);
+  return f;
+}
+
 // A string that may be null: "not set" (no run directory, no resume).
 Field optional_text(std::string key, json def, std::string help = "") {
   Field f = text(std::move(key), std::nullopt, {}, std::move(help));
@@ -99,6 +113,54 @@ Field optional_integer(std::string key, double min, std::string help = "") {
   return f;
 }
 
+// The keys every file data type shares (Note [File data] in booster/data/file_dataset.h).
+std::vector<Field> with_file_data_fields(std::vector<Field> fields) {
+  fields.push_back(number("test_fraction", 0.0, 0.0, 1.0, false, true,
+                          "without test files: this share of the rows is the test split (a shuffle seeded by train.seed)"));
+  fields.push_back(text("normalize", "none", {"none", "standardize", "scale"},
+                        "standardize: per feature, with the training split's mean and std; scale: x / divide_by"));
+  fields.push_back(number("divide_by", 255.0, 0.0, std::nullopt, true, false, "for normalize \"scale\""));
+  fields.push_back(text("x_dtype", "float32", {"float32", "float64", "int64"}, "what the inputs become"));
+  fields.push_back(text("targets", "classes", {"classes", "values"},
+                        "classes: integer labels; values: float targets (regression, with an mse criterion)"));
+  return fields;
+}
+
+// Note [Models the table does not list]
+// The table checks the built-in models key by key. Any other model type is either one a program
+// registered (nn::register_model) or one of a model library named by "library" (Note [Model libraries]
+// in booster/nn/model_registry.h); their keys belong to their factories, which check them when the
+// model is built, so here they are kept as given. A library is loaded to check that it is a model
+// library of this ABI version (PluginError otherwise) and that it provides `type`.
+json resolve_other_model(const std::string& type, const json& rest) {
+  if (!rest.contains("library")) {
+    if (nn::has_model(type)) return rest;
+    std::vector<std::string> names = nn::registered_models();
+    std::string msg = "'model.type' is \"" + type + "\"; expected one of ";
+    for (size_t i = 0; i < names.size(); ++i) msg += (i ? ", '" : "'") + names[i] + "'";
+    msg += ", or a model of a model library: set 'model.library' to its name or path";
+    if (auto guess = nearest(type, names)) msg += " (did you mean '" + *guess + "'?)";
+    throw ConfigError(msg);
+  }
+  const json& library = rest.at("library");
+  if (!library.is_string() || library.get<std::string>().empty())
+    throw ConfigError("'model.library' is " + show(library) +
+                      "; expected the name of a model library (libbooster_model_<name>.so on the plugin search path) "
+                      "or the path to one");
+  const std::string name = library.get<std::string>();
+  if (!plugin::is_path(name) && plugin::find_or_empty(plugin::kModelKind, name).empty())
+    throw ConfigError("'model.library' is \"" + name + "\", which was not found: " +
+                      plugin::describe_search(plugin::kModelKind, name));
+  const std::vector<std::string> provided = nn::library_models(name);
+  if (std::find(provided.begin(), provided.end(), type) == provided.end()) {
+    std::string msg = "'model.type' is \"" + type + "\" but model library '" + name + "' provides ";
+    for (size_t i = 0; i < provided.size(); ++i) msg += (i ? ", '" : "'") + provided[i] + "'";
+    if (auto guess = nearest(type, provided)) msg += " (did you mean '" + *guess + "'?)";
+    throw ConfigError(msg);
+  }
+  return rest;
+}
+
 std::vector<Section> make_training_schema() {
   std::vector<Section> schema;
 
@@ -106,7 +168,8 @@ std::vector<Section> make_training_schema() {
   // Read by nn::make_model (booster/nn/models.h), with the same key names.
   schema.push_back(Section{
       "model",
-      "the network: {\"type\": \"mlp\" | \"gpt\", ...}",
+      "the network: {\"type\": \"mlp\" | \"linear\" | \"gpt\" | a registered model, ...}, or a model library's: "
+      "{\"type\": NAME, \"library\": LIB, its own keys...}",
       {optional_text("init_from", nullptr,
                      "start from these weights: a .safetensors file, or a directory with model.safetensors or a "
                      "sharded index (a checkpoint's model/); null: random initialisation")},
@@ -118,6 +181,11 @@ std::vector<Section> make_training_schema() {
                numbers("hidden", json::array({1024, 1024}), Kind::Int, 1, std::nullopt, std::nullopt),
                integer("classes", 10, 1),
                text("activation", "relu", {"relu", "gelu", "gelu_tanh", "tanh"}),
+           }},
+          {"linear",
+           {
+               integer("in", 784, 1, std::nullopt, "input features per sample"),
+               integer("classes", 10, 1),
            }},
           {"gpt",
            {
@@ -132,6 +200,7 @@ std::vector<Section> make_training_schema() {
       /*optional=*/false,
       /*default_variant=*/"",
       /*custom_resolve=*/nullptr,
+      /*resolve_other_variant=*/resolve_other_model,
   });
 
   // ------------------------------------------------------------------------------------- optimizer
@@ -167,6 +236,7 @@ std::vector<Section> make_training_schema() {
       /*optional=*/false,
       /*default_variant=*/"",
       /*custom_resolve=*/nullptr,
+      /*resolve_other_variant=*/nullptr,
   });
 
   // ------------------------------------------------------------------------------------- criterion
@@ -186,12 +256,13 @@ std::vector<Section> make_training_schema() {
       /*optional=*/true,
       /*default_variant=*/"cross_entropy",
       /*custom_resolve=*/nullptr,
+      /*resolve_other_variant=*/nullptr,
   });
 
   // ------------------------------------------------------------------------------------- data
   schema.push_back(Section{
       "data",
-      "{\"type\": \"fashion_mnist\" | \"synthetic\" | \"text\", \"batch_size\": ...}",
+      "{\"type\": \"fashion_mnist\" | \"synthetic\" | \"text\" | \"npy\" | \"safetensors\" | \"csv\", \"batch_size\": ...}",
       {
           integer("batch_size", 128, 1),
           integer("eval_batch_size", 1000, 1),
@@ -218,10 +289,39 @@ std::vector<Section> make_training_schema() {
                integer("context", 128, 1),
                number("test_fraction", 0.1, 0.0, 1.0, false, true),
            }},
+          // Note [File data] in booster/data/file_dataset.h; the checks across keys are in
+          // config::file_data_options (training.cpp).
+          {"npy",
+           with_file_data_fields({
+               optional_text("x", nullptr, "the .npy file of the inputs (with y)"),
+               optional_text("y", nullptr, "the .npy file of the labels (with x)"),
+               optional_text("path", nullptr, "a .npz file holding both (instead of x and y)"),
+               text("x_key", "x", {}, "the inputs' array in the .npz"),
+               text("y_key", "y", {}, "the labels' array in the .npz"),
+               optional_text("test_x", nullptr, "the test split's inputs (.npy, with test_y)"),
+               optional_text("test_y", nullptr, "the test split's labels (.npy, with test_x)"),
+               optional_text("test_path", nullptr, "the test split as a .npz"),
+           })},
+          {"safetensors",
+           with_file_data_fields({
+               text("path", std::nullopt, {}, "a .safetensors file holding the inputs and the labels"),
+               text("x_key", "x", {}, "the inputs' tensor"),
+               text("y_key", "y", {}, "the labels' tensor"),
+               optional_text("test_path", nullptr, "the test split, a .safetensors file with the same names"),
+           })},
+          {"csv",
+           with_file_data_fields({
+               text("path", std::nullopt, {}, "a CSV file of numeric features and a label column"),
+               optional_text("test_path", nullptr, "the test split, a CSV file with the same columns"),
+               any("label_column", -1, "the label column's name (with a header) or index (-1: the last)"),
+               any("header", "auto", "true, false, or \"auto\": a first row with a non-numeric cell is a header"),
+               text("delimiter", ",", {}, "one character"),
+           })},
       },
       /*optional=*/false,
       /*default_variant=*/"",
       /*custom_resolve=*/nullptr,
+      /*resolve_other_variant=*/nullptr,
   });
 
   // ------------------------------------------------------------------------------------- lr_scheduler
@@ -248,6 +348,7 @@ std::vector<Section> make_training_schema() {
       /*optional=*/true,
       /*default_variant=*/"none",
       /*custom_resolve=*/nullptr,
+      /*resolve_other_variant=*/nullptr,
   });
 
   // ------------------------------------------------------------------------------------- train
@@ -275,6 +376,7 @@ std::vector<Section> make_training_schema() {
       /*optional=*/true,
       /*default_variant=*/"",
       /*custom_resolve=*/nullptr,
+      /*resolve_other_variant=*/nullptr,
   });
 
   // ------------------------------------------------------------------------------------- mixed_precision
@@ -319,6 +421,29 @@ std::vector<Section> make_training_schema() {
   return schema;
 }
 
+// Note [Checking file data]
+// File data is read while the config is resolved (so `booster check` reports a missing file, a bad
+// header or a label out of range before anything trains), and read again by make_datasets: twice the
+// reading time, never twice the memory. A classifier's input width and classes are checked against
+// what the files hold; a registered or library model's are its own business.
+void check_file_data(const json& c, bool classifier) {
+  const json& model = c.at("model");
+  const json& data = c.at("data");
+  if (data.at("targets") == "values" && c.at("criterion").at("type") != "mse")
+    throw ConfigError("'data.targets' is \"values\" (float targets) but 'criterion.type' is " +
+                      show(c.at("criterion").at("type")) + "; regression needs \"mse\", classes need 'data.targets' \"classes\"");
+  data::FileDataOptions options = file_data_options(data, c.at("train").at("seed").get<uint64_t>());
+  if (classifier && options.integer_labels) options.num_classes = model.at("classes").get<int64_t>();
+  const data::FileData files = data::load_file_data(options);
+  if (!classifier) return;
+  const Tensor& x = files.train->x();
+  const Shape sample(x.shape().begin() + 1, x.shape().end());
+  const int64_t features = numel_of(sample);
+  BOOSTER_CHECK(model.at("in").get<int64_t>() == features, DataError, "'model.in' is ", model.at("in").dump(),
+                " but the samples of ", options.train.x_path, " have shape ", sample, ", ", features,
+                " features each; set 'model.in' to ", features);
+}
+
 }  // namespace
 
 void check_training_config(const json& c) {
@@ -330,22 +455,33 @@ void check_training_config(const json& c) {
   auto fail = [](const std::string& msg) { throw ConfigError(msg); };
   auto num = [](const json& v) { return v.dump(); };
 
+  // A registered or library model's keys are its own: only the built-ins are checked against the data.
+  const std::vector<std::string> builtins = nn::builtin_models();
+  const bool builtin_model = std::find(builtins.begin(), builtins.end(), model_type) != builtins.end();
+  const bool classifier = model_type == "mlp" || model_type == "linear";
   if (data_type == "text") {
-    if (model_type != "gpt") fail("'data.type' \"text\" needs a language model: set 'model.type' to \"gpt\" (it is \"" + model_type + "\")");
+    if (builtin_model && model_type != "gpt") fail("'data.type' \"text\" needs a language model: set 'model.type' to \"gpt\" (it is \"" + model_type + "\")");
     if (criterion != "cross_entropy") fail("'criterion.type' must be \"cross_entropy\" for text data (it is \"" + criterion + "\")");
-    if (model.at("vocab_size").get<int64_t>() < 256)
-      fail("'model.vocab_size' is " + num(model.at("vocab_size")) + "; text data has one token per byte, so it must be >= 256");
-    if (data.at("context").get<int64_t>() > model.at("context").get<int64_t>())
-      fail("'data.context' is " + num(data.at("context")) + " but 'model.context' is " + num(model.at("context")) +
-           "; the model cannot see more tokens than its context");
+    if (model_type == "gpt") {
+      if (model.at("vocab_size").get<int64_t>() < 256)
+        fail("'model.vocab_size' is " + num(model.at("vocab_size")) + "; text data has one token per byte, so it must be >= 256");
+      if (data.at("context").get<int64_t>() > model.at("context").get<int64_t>())
+        fail("'data.context' is " + num(data.at("context")) + " but 'model.context' is " + num(model.at("context")) +
+             "; the model cannot see more tokens than its context");
+    }
   } else {
-    if (model_type != "mlp") fail("'model.type' \"" + model_type + "\" needs token data: set 'data.type' to \"text\", or use \"mlp\" for \"" + data_type + "\"");
-    const int64_t features = data_type == "fashion_mnist" ? 784 : data.at("num_features").get<int64_t>();
-    const int64_t classes = data_type == "fashion_mnist" ? 10 : data.at("num_classes").get<int64_t>();
-    if (model.at("in").get<int64_t>() != features)
-      fail("'model.in' is " + num(model.at("in")) + " but the " + data_type + " data has " + std::to_string(features) + " features per sample");
-    if (model.at("classes").get<int64_t>() != classes)
-      fail("'model.classes' is " + num(model.at("classes")) + " but the " + data_type + " data has " + std::to_string(classes) + " classes");
+    if (builtin_model && !classifier)
+      fail("'model.type' \"" + model_type + "\" needs token data: set 'data.type' to \"text\", or use \"mlp\" for \"" + data_type + "\"");
+    if (is_file_data(data_type)) {
+      check_file_data(c, classifier);
+    } else if (classifier) {
+      const int64_t features = data_type == "fashion_mnist" ? 784 : data.at("num_features").get<int64_t>();
+      const int64_t classes = data_type == "fashion_mnist" ? 10 : data.at("num_classes").get<int64_t>();
+      if (model.at("in").get<int64_t>() != features)
+        fail("'model.in' is " + num(model.at("in")) + " but the " + data_type + " data has " + std::to_string(features) + " features per sample");
+      if (model.at("classes").get<int64_t>() != classes)
+        fail("'model.classes' is " + num(model.at("classes")) + " but the " + data_type + " data has " + std::to_string(classes) + " classes");
+    }
   }
   if (model_type == "gpt" && model.at("width").get<int64_t>() % model.at("heads").get<int64_t>() != 0)
     fail("'model.width' " + num(model.at("width")) + " is not divisible by 'model.heads' " + num(model.at("heads")));

@@ -123,7 +123,92 @@ DataSplits make_datasets(const json& cfg, uint64_t seed) {
                             context);
     return split;
   }
-  BOOSTER_FAIL(ConfigError, "'data.type' is \"", type, "\"; expected one of 'fashion_mnist', 'synthetic', 'text'");
+  if (is_file_data(type)) {
+    data::FileData files = data::load_file_data(file_data_options(cfg, seed));
+    split.train = files.train;
+    split.test = files.test;
+    split.description = files.description;
+    return split;
+  }
+  BOOSTER_FAIL(ConfigError, "'data.type' is \"", type,
+               "\"; expected one of 'fashion_mnist', 'synthetic', 'text', 'npy', 'safetensors', 'csv'");
+}
+
+bool is_file_data(const std::string& type) { return type == "npy" || type == "safetensors" || type == "csv"; }
+
+data::FileDataOptions file_data_options(const json& cfg, uint64_t seed) {
+  const std::string type = cfg.at("type").get<std::string>();
+  BOOSTER_CHECK(is_file_data(type), ConfigError, "'data.type' is \"", type, "\", which is not file data");
+  auto text = [&](const char* key) { return cfg.at(key).is_string() ? cfg.at(key).get<std::string>() : std::string(); };
+  data::FileDataOptions o;
+  o.seed = seed;
+  o.test_fraction = cfg.at("test_fraction").get<double>();
+  const std::string normalize = cfg.at("normalize").get<std::string>();
+  o.normalize = normalize == "standardize" ? data::Normalize::Standardize
+                : normalize == "scale"     ? data::Normalize::Scale
+                                           : data::Normalize::None;
+  o.divide_by = cfg.at("divide_by").get<double>();
+  o.x_dtype = dtype_from_string(cfg.at("x_dtype").get<std::string>());
+  o.integer_labels = cfg.at("targets") == "classes";
+  BOOSTER_CHECK(o.normalize == data::Normalize::None || is_floating(o.x_dtype), ConfigError, "'data.normalize' is \"",
+                normalize, "\" but 'data.x_dtype' is \"", cfg.at("x_dtype").get<std::string>(),
+                "\"; normalizing needs float32 or float64 inputs");
+
+  data::ArrayFiles train, test;
+  bool has_test = false;
+  if (type == "npy") {
+    const std::string x = text("x"), y = text("y"), path = text("path");
+    BOOSTER_CHECK(!path.empty() || (!x.empty() && !y.empty()), ConfigError,
+                  "'data.x' and 'data.y' (two .npy files) or 'data.path' (one .npz) must be set; got ",
+                  x.empty() ? "no x" : "x", y.empty() ? ", no y" : ", y", ", no path");
+    BOOSTER_CHECK(path.empty() || (x.empty() && y.empty()), ConfigError,
+                  "'data.path' (a .npz) and 'data.x'/'data.y' (.npy files) are both set; give one of them");
+    train.format = path.empty() ? data::FileFormat::Npy : data::FileFormat::Npz;
+    train.x_path = path.empty() ? x : path;
+    train.y_path = y;
+    const std::string test_x = text("test_x"), test_y = text("test_y"), test_path = text("test_path");
+    BOOSTER_CHECK(test_x.empty() == test_y.empty(), ConfigError,
+                  "'data.test_x' and 'data.test_y' go together: set both (two .npy files) or neither");
+    BOOSTER_CHECK(test_path.empty() || test_x.empty(), ConfigError,
+                  "'data.test_path' (a .npz) and 'data.test_x'/'data.test_y' (.npy files) are both set; give one");
+    has_test = !test_path.empty() || !test_x.empty();
+    test.format = test_path.empty() ? data::FileFormat::Npy : data::FileFormat::Npz;
+    test.x_path = test_path.empty() ? test_x : test_path;
+    test.y_path = test_y;
+  } else {
+    train.format = type == "csv" ? data::FileFormat::Csv : data::FileFormat::Safetensors;
+    train.x_path = cfg.at("path").get<std::string>();
+    has_test = !text("test_path").empty();
+    test.format = train.format;
+    test.x_path = text("test_path");
+  }
+  if (type != "csv") {
+    train.x_key = test.x_key = cfg.at("x_key").get<std::string>();
+    train.y_key = test.y_key = cfg.at("y_key").get<std::string>();
+  } else {
+    data::CsvOptions csv;
+    const std::string delimiter = cfg.at("delimiter").get<std::string>();
+    BOOSTER_CHECK(delimiter.size() == 1 && delimiter != "\"" && delimiter != "\n", ConfigError,
+                  "'data.delimiter' is ", cfg.at("delimiter").dump(), "; expected one character, such as \",\" or \";\"");
+    csv.delimiter = delimiter[0];
+    const json& header = cfg.at("header");
+    BOOSTER_CHECK(header.is_boolean() || header == "auto", ConfigError, "'data.header' is ", header.dump(),
+                  "; expected true, false or \"auto\"");
+    if (header.is_boolean()) csv.header = header.get<bool>();
+    const json& label = cfg.at("label_column");
+    BOOSTER_CHECK(label.is_number_integer() || (label.is_string() && !label.get<std::string>().empty()), ConfigError,
+                  "'data.label_column' is ", label.dump(), "; expected a column name or an index (-1: the last)");
+    if (label.is_string()) csv.label_name = label.get<std::string>();
+    else csv.label_index = label.get<int64_t>();
+    train.csv = test.csv = csv;
+  }
+  o.train = train;
+  if (has_test) {
+    BOOSTER_CHECK(o.test_fraction == 0.0, ConfigError, "'data.test_fraction' is ", o.test_fraction,
+                  " but a test file is given too; use one of them");
+    o.test = test;
+  }
+  return o;
 }
 
 std::unique_ptr<optim::LRScheduler> make_lr_scheduler(const json& lr_scheduler, optim::Optimizer& optimizer,

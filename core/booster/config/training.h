@@ -12,6 +12,7 @@
 #include <nlohmann/json.hpp>
 
 #include "booster/data/dataset.h"
+#include "booster/data/file_dataset.h"
 #include "booster/nn/loss.h"
 #include "booster/nn/module.h"
 #include "booster/optim/lr_scheduler.h"
@@ -41,9 +42,19 @@ struct DataSplits {
 // From the resolved `data` section:
 //  * fashion_mnist: the train/test splits from `dir` (normalized unless normalize = false);
 //  * synthetic: num_samples + num_test_samples gaussian-blob points (same blobs in both splits);
-//  * text: byte windows of `path`; the last test_fraction of the file is the test split.
+//  * text: byte windows of `path`; the last test_fraction of the file is the test split;
+//  * npy, safetensors, csv: a user's files (Note [File data] in booster/data/file_dataset.h), the
+//    test_fraction split drawn with `seed`.
 // DataError (naming the file) when the data cannot be read.
 DataSplits make_datasets(const nlohmann::json& data, uint64_t seed);
+
+// Whether `data.type` names files a user has ("npy", "safetensors", "csv").
+bool is_file_data(const std::string& type);
+// The loader options of a resolved npy, safetensors or csv `data` section, `seed` picking the
+// test_fraction rows. ConfigError naming the keys for what the schema cannot check alone: x and y
+// without each other or together with path, test files together with test_fraction, a label_column,
+// header or delimiter of the wrong form, normalizing integer inputs.
+data::FileDataOptions file_data_options(const nlohmann::json& data, uint64_t seed);
 
 // From the resolved `lr_scheduler` section: null for "none", else optim::make_scheduler with a null
 // T_max / total_steps replaced by `total_steps` (the run's length).

@@ -1,8 +1,12 @@
-// The data layer: datasets, samplers, the DataLoader (PyTorch's torch.utils.data semantics).
+// The data layer: datasets, samplers, the DataLoader (PyTorch's torch.utils.data semantics), and the
+// readers of data files (Fashion-MNIST's IDX, NumPy's .npy/.npz, CSV) with the data sets built on them.
 #pragma once
 
+#include "booster/data/csv.h"
 #include "booster/data/dataloader.h"
 #include "booster/data/dataset.h"
 #include "booster/data/fashion_mnist.h"
+#include "booster/data/file_dataset.h"
+#include "booster/data/npy.h"
 #include "booster/data/sampler.h"
 #include "booster/data/synthetic.h"

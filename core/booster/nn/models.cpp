@@ -105,53 +105,68 @@ int64_t positive_int(const nlohmann::json& cfg, const std::string& key) {
   return v.get<int64_t>();
 }
 
+ModulePtr make_mlp(const nlohmann::json& cfg, uint64_t seed) {
+  const std::string type = "mlp";
+  check_keys(cfg, type, {"type", "in", "hidden", "classes", "activation"}, {"in", "hidden", "classes"});
+  const auto& hidden_json = cfg["hidden"];
+  BOOSTER_CHECK(hidden_json.is_array(), ConfigError, "make_model: \"hidden\" must be a list of positive integers, got ",
+                hidden_json.dump());
+  std::vector<int64_t> hidden;
+  for (const auto& h : hidden_json) {
+    BOOSTER_CHECK(h.is_number_integer() && h.get<int64_t>() > 0, ConfigError,
+                  "make_model: \"hidden\" must be a list of positive integers, got ", hidden_json.dump());
+    hidden.push_back(h.get<int64_t>());
+  }
+  std::string activation = "relu";
+  if (cfg.contains("activation")) {
+    BOOSTER_CHECK(cfg["activation"].is_string(), ConfigError, "make_model: \"activation\" must be a string, got ",
+                  cfg["activation"].dump());
+    activation = cfg["activation"].get<std::string>();
+  }
+  return std::make_shared<MLPClassifier>(positive_int(cfg, "in"), hidden, positive_int(cfg, "classes"), activation,
+                                         seed);
+}
+
+// A linear classifier (logistic regression under cross-entropy): an MLPClassifier without hidden
+// layers, so its one layer is "layers.0".
+ModulePtr make_linear(const nlohmann::json& cfg, uint64_t seed) {
+  check_keys(cfg, "linear", {"type", "in", "classes"}, {"in", "classes"});
+  return std::make_shared<MLPClassifier>(positive_int(cfg, "in"), std::vector<int64_t>{}, positive_int(cfg, "classes"),
+                                         "relu", seed);
+}
+
+ModulePtr make_gpt(const nlohmann::json& cfg, uint64_t seed) {
+  check_keys(cfg, "gpt", {"type", "vocab_size", "context", "width", "layers", "heads", "dropout"},
+             {"vocab_size", "context", "width", "layers", "heads"});
+  GPTConfig g;
+  g.vocab_size = positive_int(cfg, "vocab_size");
+  g.context = positive_int(cfg, "context");
+  g.width = positive_int(cfg, "width");
+  g.layers = positive_int(cfg, "layers");
+  g.heads = positive_int(cfg, "heads");
+  BOOSTER_CHECK(g.width % g.heads == 0, ConfigError, "make_model: \"width\" ", g.width,
+                " must be divisible by \"heads\" ", g.heads);
+  if (cfg.contains("dropout")) {
+    const auto& d = cfg["dropout"];
+    BOOSTER_CHECK(d.is_number() && d.get<double>() >= 0.0 && d.get<double>() < 1.0, ConfigError,
+                  "make_model: \"dropout\" must be a number in [0, 1), got ", d.dump());
+    g.dropout = d.get<double>();
+  }
+  return std::make_shared<GPT>(g, seed);
+}
+
 }  // namespace
 
-ModulePtr make_model(const nlohmann::json& cfg, uint64_t seed) {
-  BOOSTER_CHECK(cfg.is_object(), ConfigError, "make_model: expected a JSON object, got ", cfg.dump());
-  BOOSTER_CHECK(cfg.contains("type") && cfg["type"].is_string(), ConfigError,
-                "make_model: missing string key \"type\"; allowed types are \"mlp\", \"gpt\"");
-  const std::string type = cfg["type"].get<std::string>();
-  if (type == "mlp") {
-    check_keys(cfg, type, {"type", "in", "hidden", "classes", "activation"}, {"in", "hidden", "classes"});
-    const auto& hidden_json = cfg["hidden"];
-    BOOSTER_CHECK(hidden_json.is_array(), ConfigError, "make_model: \"hidden\" must be a list of positive integers, got ",
-                  hidden_json.dump());
-    std::vector<int64_t> hidden;
-    for (const auto& h : hidden_json) {
-      BOOSTER_CHECK(h.is_number_integer() && h.get<int64_t>() > 0, ConfigError,
-                    "make_model: \"hidden\" must be a list of positive integers, got ", hidden_json.dump());
-      hidden.push_back(h.get<int64_t>());
-    }
-    std::string activation = "relu";
-    if (cfg.contains("activation")) {
-      BOOSTER_CHECK(cfg["activation"].is_string(), ConfigError, "make_model: \"activation\" must be a string, got ",
-                    cfg["activation"].dump());
-      activation = cfg["activation"].get<std::string>();
-    }
-    return std::make_shared<MLPClassifier>(positive_int(cfg, "in"), hidden, positive_int(cfg, "classes"), activation,
-                                           seed);
-  }
-  if (type == "gpt") {
-    check_keys(cfg, type, {"type", "vocab_size", "context", "width", "layers", "heads", "dropout"},
-               {"vocab_size", "context", "width", "layers", "heads"});
-    GPTConfig g;
-    g.vocab_size = positive_int(cfg, "vocab_size");
-    g.context = positive_int(cfg, "context");
-    g.width = positive_int(cfg, "width");
-    g.layers = positive_int(cfg, "layers");
-    g.heads = positive_int(cfg, "heads");
-    BOOSTER_CHECK(g.width % g.heads == 0, ConfigError, "make_model: \"width\" ", g.width,
-                  " must be divisible by \"heads\" ", g.heads);
-    if (cfg.contains("dropout")) {
-      const auto& d = cfg["dropout"];
-      BOOSTER_CHECK(d.is_number() && d.get<double>() >= 0.0 && d.get<double>() < 1.0, ConfigError,
-                    "make_model: \"dropout\" must be a number in [0, 1), got ", d.dump());
-      g.dropout = d.get<double>();
-    }
-    return std::make_shared<GPT>(g, seed);
-  }
-  BOOSTER_FAIL(ConfigError, "make_model: unknown model type \"", type, "\"; allowed types are \"mlp\", \"gpt\"");
+// The built-ins register themselves when the library loads (Note [Model libraries] in model_registry.h
+// for the other ways in).
+namespace detail {
+void register_builtin_model(const std::string& name, ModelFactory factory);
 }
+[[maybe_unused]] static const bool kBuiltinsRegistered = [] {
+  detail::register_builtin_model("mlp", make_mlp);
+  detail::register_builtin_model("linear", make_linear);
+  detail::register_builtin_model("gpt", make_gpt);
+  return true;
+}();
 
 }  // namespace booster::nn

@@ -1,4 +1,5 @@
-// Ready-made models and the factory that builds one from a JSON config.
+// Ready-made models. make_model() (model_registry.h, included here) builds them, and any registered
+// or library model, from a JSON config:
 //
 //   auto model = nn::make_model({{"type", "mlp"}, {"in", 784}, {"hidden", {1024, 1024}}, {"classes", 10}}, seed);
 //   auto gpt = nn::make_model({{"type", "gpt"}, {"vocab_size", 256}, {"context", 128}, {"width", 256},
@@ -10,6 +11,7 @@
 
 #include "booster/nn/container.h"
 #include "booster/nn/embedding.h"
+#include "booster/nn/model_registry.h"  // make_model, register_model
 #include "booster/nn/transformer.h"
 
 namespace booster::nn {
@@ -70,11 +72,5 @@ class MLPClassifier : public Module {
   const int64_t in_features, num_classes;
   std::shared_ptr<Sequential> layers;
 };
-
-// Builds a model from {"type": "mlp" | "gpt", ...} (see the top of this file). Unknown types, unknown
-// or missing keys and bad values throw ConfigError naming the key and what is allowed.
-//   mlp: in, hidden (list), classes, [activation = "relu"]
-//   gpt: vocab_size, context, width, layers, heads, [dropout = 0.0]
-ModulePtr make_model(const nlohmann::json& cfg, uint64_t seed);
 
 }  // namespace booster::nn

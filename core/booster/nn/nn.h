@@ -1,4 +1,4 @@
-// Everything in booster::nn: Module, the layers, the models and make_model.
+// Everything in booster::nn: Module, the layers, the models, make_model and the model registry.
 #pragma once
 
 #include "booster/nn/activation.h"
@@ -11,6 +11,7 @@
 #include "booster/nn/init.h"
 #include "booster/nn/linear.h"
 #include "booster/nn/loss.h"
+#include "booster/nn/model_registry.h"
 #include "booster/nn/models.h"
 #include "booster/nn/module.h"
 #include "booster/nn/normalization.h"

@@ -7,9 +7,11 @@
 // compiler ABI and headers with the same BOOSTER_PLUGIN_ABI_VERSION. It exports four unmangled symbols
 // (Boost.DLL aliases):
 //   booster_plugin_abi_version  int()           the BOOSTER_PLUGIN_ABI_VERSION it was compiled with
-//   booster_plugin_kind         const char*()   "precision" or "parallel"
+//   booster_plugin_kind         const char*()   "precision", "parallel" or "model"
 //   booster_plugin_name         const char*()   the name users select it by
-//   booster_create_<kind>       the factory (PrecisionFactory below; ParallelFactory in parallel_plugin.h)
+//   its entry point             booster_create_precision (PrecisionFactory below), booster_create_parallel
+//                               (ParallelFactory in parallel_plugin.h), or, for a model library,
+//                               booster_register_models (ModelLibraryEntry in nn/model_registry.h)
 // The host reads the version first and calls nothing else in a library whose version differs, so a
 // stale plugin is refused with a PluginError naming both versions and the file instead of crashing on a
 // changed vtable.
@@ -46,12 +48,13 @@ using PrecisionFactory = mixed_precision::MixedPrecision*(const nlohmann::json& 
 
 inline constexpr const char* kPrecisionKind = "precision";
 inline constexpr const char* kParallelKind = "parallel";
+// A model library registers models by name (Note [Model libraries] in booster/nn/model_registry.h).
+inline constexpr const char* kModelKind = "model";
 
 }  // namespace booster::plugin
 
-// The general form: exports the version, kind, name and `Factory` as booster_create_<Kind>. Plugins use
-// the kind-specific macros below; tests use this one to build a plugin with a wrong version.
-#define BOOSTER_EXPORT_PLUGIN_WITH_ABI(Kind, NameString, Factory, AbiVersion)                 \
+// The identity every plugin library exports: its ABI version, kind and name.
+#define BOOSTER_EXPORT_PLUGIN_IDENTITY(Kind, NameString, AbiVersion)                          \
   namespace booster_plugin_exports {                                                          \
   static int abi_version() { return (AbiVersion); }                                           \
   static const char* kind() { return #Kind; }                                                 \
@@ -59,7 +62,12 @@ inline constexpr const char* kParallelKind = "parallel";
   }                                                                                           \
   BOOST_DLL_ALIAS(booster_plugin_exports::abi_version, booster_plugin_abi_version)            \
   BOOST_DLL_ALIAS(booster_plugin_exports::kind, booster_plugin_kind)                          \
-  BOOST_DLL_ALIAS(booster_plugin_exports::name, booster_plugin_name)                          \
+  BOOST_DLL_ALIAS(booster_plugin_exports::name, booster_plugin_name)
+
+// The general form: exports the identity and `Factory` as booster_create_<Kind>. Plugins use the
+// kind-specific macros below; tests use this one to build a plugin with a wrong version.
+#define BOOSTER_EXPORT_PLUGIN_WITH_ABI(Kind, NameString, Factory, AbiVersion) \
+  BOOSTER_EXPORT_PLUGIN_IDENTITY(Kind, NameString, AbiVersion)                \
   BOOST_DLL_ALIAS(Factory, booster_create_##Kind)
 
 // A precision plugin: `MakeStrategy` is any function

@@ -33,16 +33,31 @@ void* Plugin::symbol(const std::string& alias) const {
 
 namespace {
 
-bool known_kind(const std::string& kind) { return kind == kPrecisionKind || kind == kParallelKind; }
+bool known_kind(const std::string& kind) {
+  return kind == kPrecisionKind || kind == kParallelKind || kind == kModelKind;
+}
+
+const char* const kKindChoices = "precision, parallel or model";
 
 std::string prefix_of(const std::string& kind) {
-  return kind == kPrecisionKind ? "libbooster_precision_" : "libbooster_plugin_";
+  if (kind == kPrecisionKind) return "libbooster_precision_";
+  if (kind == kModelKind) return "libbooster_model_";
+  return "libbooster_plugin_";
 }
 
 }  // namespace
 
+std::string entry_point(const std::string& kind) {
+  BOOSTER_CHECK(known_kind(kind), ValueError, "plugin: unknown kind '", kind, "'; expected ", kKindChoices);
+  return kind == kModelKind ? "booster_register_models" : "booster_create_" + kind;
+}
+
+namespace {
+
+}  // namespace
+
 std::string file_name(const std::string& kind, const std::string& name) {
-  BOOSTER_CHECK(known_kind(kind), ValueError, "plugin: unknown kind '", kind, "'; expected precision or parallel");
+  BOOSTER_CHECK(known_kind(kind), ValueError, "plugin: unknown kind '", kind, "'; expected ", kKindChoices);
   return prefix_of(kind) + name + ".so";
 }
 
@@ -121,7 +136,7 @@ std::vector<Found> list(const std::string& kind) {
     if (!fs::is_directory(dir, ec)) continue;
     for (const auto& entry : fs::directory_iterator(dir, ec)) {
       const std::string file = entry.path().filename().string();
-      for (const std::string k : {kPrecisionKind, kParallelKind}) {
+      for (const std::string k : {kPrecisionKind, kParallelKind, kModelKind}) {
         if (!kind.empty() && kind != k) continue;
         const std::string prefix = prefix_of(k);
         if (file.size() > prefix.size() + 3 && file.rfind(prefix, 0) == 0 && file.ends_with(".so")) {
@@ -137,7 +152,7 @@ std::vector<Found> list(const std::string& kind) {
 }
 
 std::shared_ptr<Plugin> load(const std::string& kind, const std::string& name_or_path) {
-  BOOSTER_CHECK(known_kind(kind), ValueError, "plugin: unknown kind '", kind, "'; expected precision or parallel");
+  BOOSTER_CHECK(known_kind(kind), ValueError, "plugin: unknown kind '", kind, "'; expected ", kKindChoices);
   const fs::path file = is_path(name_or_path) ? fs::path(name_or_path) : find(kind, name_or_path);
   std::error_code exists_ec;
   BOOSTER_CHECK(fs::exists(file, exists_ec), PluginError, "plugin: ", file.string(), " does not exist (a name with '/' ",
@@ -157,7 +172,8 @@ std::shared_ptr<Plugin> load(const std::string& kind, const std::string& name_or
   boost::dll::shared_library& lib = plugin->library_->library;
   BOOSTER_CHECK(lib.has("booster_plugin_abi_version"), PluginError, file.string(),
                 " is not a booster plugin: it exports no booster_plugin_abi_version (a plugin is built with one of "
-                "the BOOSTER_EXPORT_*_PLUGIN macros of booster/plugin/abi.h)");
+                "the BOOSTER_EXPORT_*_PLUGIN macros of booster/plugin/abi.h, a model library with "
+                "BOOSTER_MODEL_LIBRARY of booster/nn/model_registry.h)");
   // The version is read before anything else in the library is called (Note [Plugin ABI]).
   const int version = lib.get_alias<int()>("booster_plugin_abi_version")();
   BOOSTER_CHECK(version == BOOSTER_PLUGIN_ABI_VERSION, PluginError, "plugin: ", file.string(),
@@ -168,18 +184,21 @@ std::shared_ptr<Plugin> load(const std::string& kind, const std::string& name_or
                 " is not a complete booster plugin: it must export booster_plugin_kind and booster_plugin_name");
   plugin->kind_ = lib.get_alias<const char*()>("booster_plugin_kind")();
   plugin->name_ = lib.get_alias<const char*()>("booster_plugin_name")();
-  BOOSTER_CHECK(plugin->kind_ == kind, PluginError, "plugin: ", file.string(), " is a ", plugin->kind_,
-                " plugin ('", plugin->name_, "'), not a ", kind, " plugin");
-  BOOSTER_CHECK(lib.has("booster_create_" + kind), PluginError, "plugin: ", file.string(), " ('", plugin->name_,
-                "') exports no booster_create_", kind, " factory");
+  auto noun = [](const std::string& k) { return k == kModelKind ? std::string("model library") : k + " plugin"; };
+  BOOSTER_CHECK(plugin->kind_ == kind, PluginError, "plugin: ", file.string(), " is a ", noun(plugin->kind_),
+                " ('", plugin->name_, "'), not a ", noun(kind));
+  BOOSTER_CHECK(lib.has(entry_point(kind)), PluginError, "plugin: ", file.string(), " ('", plugin->name_,
+                "') exports no ", entry_point(kind), " entry point");
   return plugin;
 }
 
 namespace {
 std::atomic<int64_t> precision_factory_calls{0};
 std::atomic<int64_t> parallel_factory_calls{0};
+std::atomic<int64_t> model_factory_calls{0};
 std::atomic<int64_t>& factory_counter(const std::string& kind) {
-  BOOSTER_CHECK(known_kind(kind), ValueError, "plugin: unknown kind '", kind, "'; expected precision or parallel");
+  BOOSTER_CHECK(known_kind(kind), ValueError, "plugin: unknown kind '", kind, "'; expected ", kKindChoices);
+  if (kind == kModelKind) return model_factory_calls;
   return kind == kPrecisionKind ? precision_factory_calls : parallel_factory_calls;
 }
 }  // namespace

@@ -4,6 +4,7 @@
 // Note [Finding a plugin]
 // A name containing '/' or ending in ".so" is a path, loaded as is. Any other name is a file name
 //   precision: libbooster_precision_<name>.so      parallel: libbooster_plugin_<name>.so
+//   model library: libbooster_model_<name>.so
 // looked for in each directory of BOOSTER_PLUGIN_PATH (colon-separated, in order), then in
 // <dir>/booster and <dir>, where <dir> holds the libbooster_core that is loaded (an install prefix's
 // lib/, or the build tree's lib/). Nothing absolute is compiled in, so a moved prefix or build tree
@@ -53,12 +54,15 @@ class Plugin {
   int abi_version_ = 0;
 };
 
-// Loads a plugin of `kind` ("precision" or "parallel") by name or path (Note [Finding a plugin]).
+// Loads a plugin of `kind` ("precision", "parallel" or "model") by name or path (Note [Finding a plugin]).
 // PluginError: not found (lists the directories searched), not a booster plugin (no
 // booster_plugin_abi_version export), a different ABI version (names both and the file), or a plugin
 // of another kind. Loading the same file twice shares one library (the OS refcounts it).
 std::shared_ptr<Plugin> load(const std::string& kind, const std::string& name_or_path);
 
+// The symbol a library of `kind` must export besides its identity: booster_create_<kind>, or
+// booster_register_models for a model library (Note [Plugin ABI] in abi.h).
+std::string entry_point(const std::string& kind);
 // The directories searched, in order.
 std::vector<std::filesystem::path> search_path();
 // The directory of the loaded libbooster_core (empty if the dynamic loader cannot say).
@@ -84,7 +88,7 @@ struct Found {
   std::string name;
   std::filesystem::path file;
 };
-// Every plugin file of `kind` ("" for both) on the search path, the first of each name only, sorted by
+// Every plugin file of `kind` ("" for every kind) on the search path, the first of each name only, sorted by
 // kind then name.
 std::vector<Found> list(const std::string& kind = "");
 
