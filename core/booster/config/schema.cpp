@@ -168,7 +168,7 @@ std::vector<Section> make_training_schema() {
   // Read by nn::make_model (booster/nn/models.h), with the same key names.
   schema.push_back(Section{
       "model",
-      "the network: {\"type\": \"mlp\" | \"linear\" | \"gpt\" | a registered model, ...}, or a model library's: "
+      "the network: {\"type\": \"mlp\" | \"linear\" | \"gpt\" | \"cnn\" | a registered model, ...}, or a model library's: "
       "{\"type\": NAME, \"library\": LIB, its own keys...}",
       {optional_text("init_from", nullptr,
                      "start from these weights: a .safetensors file, or a directory with model.safetensors or a "
@@ -194,6 +194,19 @@ std::vector<Section> make_training_schema() {
                integer("width", 256, 1),
                integer("layers", 4, 1),
                integer("heads", 4, 1, std::nullopt, "must divide width"),
+               number("dropout", 0.0, 0.0, 1.0, false, true),
+               boolean("activation_checkpointing", false,
+                       "recompute each block's activations in backward: less memory, one more forward"),
+           }},
+          {"cnn",
+           {
+               integer("in_channels", 1, 1),
+               integer("height", 28, 1),
+               integer("width", 28, 1),
+               numbers("channels", json::array({32, 64}), Kind::Int, 1, std::nullopt, std::nullopt),
+               integer("hidden", 128, 1),
+               integer("classes", 10, 1),
+               boolean("batch_norm", true),
                number("dropout", 0.0, 0.0, 1.0, false, true),
            }},
       },
@@ -459,6 +472,7 @@ void check_training_config(const json& c) {
   const std::vector<std::string> builtins = nn::builtin_models();
   const bool builtin_model = std::find(builtins.begin(), builtins.end(), model_type) != builtins.end();
   const bool classifier = model_type == "mlp" || model_type == "linear";
+  const bool image_classifier = model_type == "cnn";
   if (data_type == "text") {
     if (builtin_model && model_type != "gpt") fail("'data.type' \"text\" needs a language model: set 'model.type' to \"gpt\" (it is \"" + model_type + "\")");
     if (criterion != "cross_entropy") fail("'criterion.type' must be \"cross_entropy\" for text data (it is \"" + criterion + "\")");
@@ -470,10 +484,20 @@ void check_training_config(const json& c) {
              "; the model cannot see more tokens than its context");
     }
   } else {
-    if (builtin_model && !classifier)
+    if (builtin_model && !classifier && !image_classifier)
       fail("'model.type' \"" + model_type + "\" needs token data: set 'data.type' to \"text\", or use \"mlp\" for \"" + data_type + "\"");
     if (is_file_data(data_type)) {
       check_file_data(c, classifier);
+    } else if (image_classifier) {
+      const int64_t features = data_type == "fashion_mnist" ? 784 : data.at("num_features").get<int64_t>();
+      const int64_t classes = data_type == "fashion_mnist" ? 10 : data.at("num_classes").get<int64_t>();
+      const int64_t pixels =
+          model.at("in_channels").get<int64_t>() * model.at("height").get<int64_t>() * model.at("width").get<int64_t>();
+      if (pixels != features)
+        fail("'model.in_channels' x 'model.height' x 'model.width' is " + std::to_string(pixels) + " but the " +
+             data_type + " data has " + std::to_string(features) + " features per sample");
+      if (model.at("classes").get<int64_t>() != classes)
+        fail("'model.classes' is " + num(model.at("classes")) + " but the " + data_type + " data has " + std::to_string(classes) + " classes");
     } else if (classifier) {
       const int64_t features = data_type == "fashion_mnist" ? 784 : data.at("num_features").get<int64_t>();
       const int64_t classes = data_type == "fashion_mnist" ? 10 : data.at("num_classes").get<int64_t>();

@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "booster/nn/activation_checkpoint.h"
+#include "booster/nn/cnn.h"
 #include "booster/nn/init.h"
 #include "booster/ops/ops.h"
 
@@ -136,7 +137,8 @@ ModulePtr make_linear(const nlohmann::json& cfg, uint64_t seed) {
 }
 
 ModulePtr make_gpt(const nlohmann::json& cfg, uint64_t seed) {
-  check_keys(cfg, "gpt", {"type", "vocab_size", "context", "width", "layers", "heads", "dropout"},
+  check_keys(cfg, "gpt", {"type", "vocab_size", "context", "width", "layers", "heads", "dropout",
+                          "activation_checkpointing"},
              {"vocab_size", "context", "width", "layers", "heads"});
   GPTConfig g;
   g.vocab_size = positive_int(cfg, "vocab_size");
@@ -152,7 +154,47 @@ ModulePtr make_gpt(const nlohmann::json& cfg, uint64_t seed) {
                   "make_model: \"dropout\" must be a number in [0, 1), got ", d.dump());
     g.dropout = d.get<double>();
   }
+  if (cfg.contains("activation_checkpointing")) {
+    BOOSTER_CHECK(cfg["activation_checkpointing"].is_boolean(), ConfigError,
+                  "make_model: \"activation_checkpointing\" must be true or false, got ",
+                  cfg["activation_checkpointing"].dump());
+    g.activation_checkpointing = cfg["activation_checkpointing"].get<bool>();
+  }
   return std::make_shared<GPT>(g, seed);
+}
+
+ModulePtr make_cnn(const nlohmann::json& cfg, uint64_t seed) {
+  check_keys(cfg, "cnn", {"type", "in_channels", "height", "width", "channels", "hidden", "classes", "batch_norm", "dropout"},
+             {"classes"});
+  CNNConfig c;
+  if (cfg.contains("in_channels")) c.in_channels = positive_int(cfg, "in_channels");
+  if (cfg.contains("height")) c.height = positive_int(cfg, "height");
+  if (cfg.contains("width")) c.width = positive_int(cfg, "width");
+  if (cfg.contains("hidden")) c.hidden = positive_int(cfg, "hidden");
+  c.classes = positive_int(cfg, "classes");
+  if (cfg.contains("channels")) {
+    const auto& ch = cfg["channels"];
+    BOOSTER_CHECK(ch.is_array() && !ch.empty(), ConfigError,
+                  "make_model: \"channels\" must be a non-empty list of positive integers, got ", ch.dump());
+    c.channels.clear();
+    for (const auto& v : ch) {
+      BOOSTER_CHECK(v.is_number_integer() && v.get<int64_t>() > 0, ConfigError,
+                    "make_model: \"channels\" must be a non-empty list of positive integers, got ", ch.dump());
+      c.channels.push_back(v.get<int64_t>());
+    }
+  }
+  if (cfg.contains("batch_norm")) {
+    BOOSTER_CHECK(cfg["batch_norm"].is_boolean(), ConfigError, "make_model: \"batch_norm\" must be true or false, got ",
+                  cfg["batch_norm"].dump());
+    c.batch_norm = cfg["batch_norm"].get<bool>();
+  }
+  if (cfg.contains("dropout")) {
+    const auto& d = cfg["dropout"];
+    BOOSTER_CHECK(d.is_number() && d.get<double>() >= 0.0 && d.get<double>() < 1.0, ConfigError,
+                  "make_model: \"dropout\" must be a number in [0, 1), got ", d.dump());
+    c.dropout = d.get<double>();
+  }
+  return std::make_shared<CNNClassifier>(c, seed);
 }
 
 }  // namespace
@@ -166,6 +208,7 @@ void register_builtin_model(const std::string& name, ModelFactory factory);
   detail::register_builtin_model("mlp", make_mlp);
   detail::register_builtin_model("linear", make_linear);
   detail::register_builtin_model("gpt", make_gpt);
+  detail::register_builtin_model("cnn", make_cnn);
   return true;
 }();
 
