@@ -3,7 +3,8 @@
 # examples/external_project against it with find_package(booster) (and a pkg-config build), train its
 # own module under two strategies, load its own precision plugin by name (BOOSTER_PLUGIN_PATH) and
 # by path (from a config, through the library and through the installed `booster` command), and train
-# its own model library's model with the installed `booster` command.
+# its own model library's model with the installed `booster` command, and train its own module on .npy
+# files through the Trainer, stopped by SIGTERM and resumed to the same bytes.
 # usage: test_install.sh BUILD_DIR SOURCE_DIR
 set -euo pipefail
 build=$(cd "$1" && pwd) source=$(cd "$2" && pwd)
@@ -79,6 +80,26 @@ tail -1 "$work/my_net.txt" | grep -q '"test_accuracy"'
 "$prefix/bin/booster" check --config "$work/my_net.json" --set model.library="$ext/libbooster_model_my_net.so" >/dev/null
 if "$prefix/bin/booster" check --config "$work/my_net.json" 2> "$work/my_net_missing.txt"; then echo "my_net found without BOOSTER_PLUGIN_PATH"; exit 1; fi
 grep -q "libbooster_model_my_net.so" "$work/my_net_missing.txt"
+
+step "its own module on its own .npy files through the Trainer: SIGTERM mid-run, resume, same bytes"
+npy=$source/tests/fixtures/file_data
+"$ext/train_npy" "$npy/blobs_x.npy" "$npy/blobs_y.npy" "$work/npy_whole" --epochs 400 > "$work/npy_whole.txt" 2>/dev/null
+"$ext/train_npy" "$npy/blobs_x.npy" "$npy/blobs_y.npy" "$work/npy_parts" --epochs 400 > /dev/null 2> "$work/npy_stopped.txt" &
+pid=$!
+for _ in $(seq 1 600); do grep -q '^step ' "$work/npy_stopped.txt" 2>/dev/null && break; sleep 0.05; done
+kill -TERM "$pid"
+status=0; wait "$pid" || status=$?
+if [ "$status" != 143 ]; then echo "train_npy exited $status after SIGTERM, not 143:"; cat "$work/npy_stopped.txt"; exit 1; fi
+grep -q "stopped by SIGTERM after step" "$work/npy_stopped.txt"
+test -f "$work/npy_parts/checkpoints/latest"
+"$ext/train_npy" "$npy/blobs_x.npy" "$npy/blobs_y.npy" "$work/npy_parts" --epochs 400 --resume latest > "$work/npy_resumed.txt" 2>/dev/null
+grep -q '"resumed_from":"' "$work/npy_resumed.txt"
+last=$(cat "$work/npy_whole/checkpoints/latest")
+test "$last" = "$(cat "$work/npy_parts/checkpoints/latest")"
+for f in model/model.safetensors optimizer/optimizer.safetensors trainer_state.json; do
+  cmp "$work/npy_whole/checkpoints/$last/$f" "$work/npy_parts/checkpoints/$last/$f" || { echo "differs after resume: $f"; exit 1; }
+done
+test "$(tail -1 "$work/npy_whole/metrics.jsonl" | sed 's/"time":[^,}]*//')" = "$(tail -1 "$work/npy_parts/metrics.jsonl" | sed 's/"time":[^,}]*//')"
 
 step "pkg-config"
 cat > "$work/pc.cpp" <<'CPP'
