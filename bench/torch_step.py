@@ -9,6 +9,8 @@ torch.autocast("cpu", dtype=torch.bfloat16), the only CPU autocast dtype torch 1
 
 Workloads (float32, one step = forward, backward, AdamW step, zero_grad):
   mlp: MLP 784-1024-1024-10 (ReLU), batch 256, cross-entropy on random data and labels.
+  cnn: conv32-bn-relu-pool, conv64-bn-relu-pool, 3136-128-10 on 1x28x28 images, batch 128 (the
+       `cnn` model type's default).
   gpt: GPT-2 style decoder, vocab 256, context 128, width 256, 4 layers, 4 heads, pre-norm blocks,
        GELU (tanh), causal attention written out with matmul/softmax (torch 1.13 has no SDPA),
        no weight tying, lm_head without bias; batch 8 of random tokens, next-token cross-entropy.
@@ -106,12 +108,30 @@ def time_steps(model, make_loss, warmup, steps, precision):
     return statistics.median(times)
 
 
+class CNN(nn.Module):
+    """booster's CNNClassifier: conv3x3(pad 1) -> BatchNorm2d -> ReLU -> MaxPool2d(2) per block, then
+    Flatten -> Linear -> ReLU -> Linear."""
+
+    def __init__(self, channels=(32, 64), hidden=128, classes=10):
+        super().__init__()
+        layers, prev, side = [], 1, 28
+        for c in channels:
+            layers += [nn.Conv2d(prev, c, 3, padding=1), nn.BatchNorm2d(c), nn.ReLU(), nn.MaxPool2d(2)]
+            prev, side = c, side // 2
+        self.features = nn.Sequential(*layers)
+        self.classifier = nn.Sequential(nn.Flatten(), nn.Linear(prev * side * side, hidden), nn.ReLU(),
+                                        nn.Linear(hidden, classes))
+
+    def forward(self, x):
+        return self.classifier(self.features(x.view(x.shape[0], 1, 28, 28)))
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--steps", type=int, default=20, help="timed steps per workload (median reported)")
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--threads", type=int, default=0, help="torch.set_num_threads (0: leave as is)")
-    ap.add_argument("--workload", choices=["mlp", "gpt", "all"], default="all")
+    ap.add_argument("--workload", choices=["mlp", "gpt", "cnn", "all"], default="all")
     ap.add_argument("--precision", choices=["fp32", "bf16"], default="fp32")
     args = ap.parse_args()
     if args.threads > 0:
@@ -141,6 +161,17 @@ def main():
         print(json.dumps({"workload": "gpt", "model": "gpt_v256_t128_w256_l4_h4_b8", "precision": args.precision,
                           "ms_per_step": sec * 1e3,
                           "gflops": 6 * params * batch * context / sec / 1e9, "params": params,
+                          "threads": torch.get_num_threads(), "framework": "pytorch"}), flush=True)
+
+    if args.workload in ("cnn", "all"):
+        batch = 128
+        model = CNN()
+        x = torch.randn(batch, 784)
+        y = torch.randint(0, 10, (batch,))
+        sec = time_steps(model, lambda: F.cross_entropy(model(x), y), args.warmup, args.steps, args.precision)
+        params = sum(p.numel() for p in model.parameters())
+        print(json.dumps({"workload": "cnn", "model": "cnn_c32_c64_h128_b128", "precision": args.precision,
+                          "ms_per_step": sec * 1e3, "params": params,
                           "threads": torch.get_num_threads(), "framework": "pytorch"}), flush=True)
 
 

@@ -1,11 +1,12 @@
 // `booster bench`: the time of one training step (forward, backward, optimizer step, zero_grad) on one
 // of the two benchmark workloads, through the Booster as a user's loop would run it.
 //
-//   booster bench --workload mlp|gpt [--precision NAME] [--plugin NAME] [--steps N] [--warmup N]
+//   booster bench --workload mlp|cnn|gpt [--precision NAME] [--plugin NAME] [--steps N] [--warmup N]
 //                 [--hand-written | --compare-hand-written]
 //
 // Workloads (bench/torch_step.py runs the same ones in PyTorch; bench/run_bench.sh compares):
 //   mlp: MLPClassifier 784-1024-1024-10 (ReLU), batch 256, cross-entropy on random data and labels.
+//   cnn: CNNClassifier (conv32, conv64 with batch norm, 128 hidden), batch 128 of 1x28x28 random images.
 //   gpt: GPT vocab 256, context 128, width 256, 4 layers, 4 heads, batch 8 x 128 random tokens.
 // Both train with AdamW (lr 1e-3). Prints one line of JSON: the median wall time of a step, the median
 // process CPU time of a step (robust to other jobs on a shared machine; with one thread it is the work
@@ -36,6 +37,7 @@
 #include "booster/booster/booster.h"
 #include "booster/common/error.h"
 #include "booster/mixed_precision/mixed_precision.h"
+#include "booster/nn/cnn.h"          // CNNClassifier
 #include "booster/nn/models.h"       // MLPClassifier, GPT
 #include "booster/ops/ops.h"         // randn, randint, cross_entropy
 #include "booster/optim/optimizer.h"  // AdamW
@@ -73,7 +75,17 @@ Workload make_workload(const std::string& name) {
     w.items = batch;
     return w;
   }
-  BOOSTER_CHECK(name == "gpt", ConfigError, "booster bench: unknown workload '", name, "'; expected mlp or gpt");
+  if (name == "cnn") {
+    const int64_t batch = 128;
+    w.detail = "cnn_c32_c64_h128_b128";
+    w.model = std::make_shared<nn::CNNClassifier>(nn::CNNConfig{}, 0);
+    w.x = randn({batch, 784}, &gen);
+    w.y = randint(0, 10, {batch}, &gen);
+    w.criterion = [](const Tensor& out, const Tensor& target) { return cross_entropy(out, target); };
+    w.items = batch;
+    return w;
+  }
+  BOOSTER_CHECK(name == "gpt", ConfigError, "booster bench: unknown workload '", name, "'; expected mlp, cnn or gpt");
   const int64_t batch = 8;
   nn::GPTConfig config;
   config.vocab_size = 256;
@@ -177,7 +189,7 @@ int64_t peak_rss_bytes() {
 }
 
 constexpr const char* kHelp =
-    "usage: booster bench --workload mlp|gpt [--precision NAME] [--plugin NAME] [--steps N] [--warmup N]\n"
+    "usage: booster bench --workload mlp|cnn|gpt [--precision NAME] [--plugin NAME] [--steps N] [--warmup N]\n"
     "                     [--hand-written | --compare-hand-written]\n"
     "\n"
     "Times training steps (forward, backward, AdamW step, zero_grad) after a warm-up and prints one line\n"
@@ -196,7 +208,7 @@ int bench(const std::vector<std::string>& args) {
   int steps = 20, warmup = 3;
   desc.add_options()
       ("help,h", "show this help")
-      ("workload,w", po::value(&workload_name)->value_name("mlp|gpt"), "the workload (required)")
+      ("workload,w", po::value(&workload_name)->value_name("mlp|cnn|gpt"), "the workload (required)")
       ("precision,p", po::value(&precision)->default_value("fp32")->value_name("NAME"),
        "mixed-precision strategy (booster precisions lists them)")
       ("plugin", po::value(&plugin)->default_value("")->value_name("NAME"),
@@ -213,7 +225,7 @@ int bench(const std::vector<std::string>& args) {
     std::cout << desc;
     return kExitOk;
   }
-  BOOSTER_CHECK(vm.count("workload"), ConfigError, "'booster bench' needs --workload mlp|gpt (see booster bench --help)");
+  BOOSTER_CHECK(vm.count("workload"), ConfigError, "'booster bench' needs --workload mlp|cnn|gpt (see booster bench --help)");
   BOOSTER_CHECK(steps >= 1 && warmup >= 0, ConfigError, "booster bench: --steps must be at least 1 and --warmup at "
                 "least 0, got ", steps, " and ", warmup);
   const bool hand_written = vm.count("hand-written") > 0, compare = vm.count("compare-hand-written") > 0;
