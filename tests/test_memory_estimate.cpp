@@ -92,7 +92,7 @@ TEST_CASE("memory estimate: 16-bit models, master weights and ZeRO shards", "[me
   CHECK(e.total_bytes() == 390 + 196 + 392 + 784 + 1472 * 2);
 }
 
-TEST_CASE("memory estimate: GPT parameters and activations; library models are not estimated", "[memory]") {
+TEST_CASE("memory estimate: GPT parameters and activations, and library models not estimated", "[memory]") {
   json c = {{"model", {{"type", "gpt"}, {"vocab_size", 256}, {"context", 16}, {"width", 32}, {"layers", 2}, {"heads", 4}}},
             {"optimizer", {{"type", "adamw"}, {"lr", 0.01}}},
             {"data", {{"type", "text"}, {"path", std::string(BOOSTER_SOURCE_DIR) + "/README.md"}, {"context", 16},
