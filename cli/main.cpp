@@ -1,5 +1,7 @@
 // The `booster` program: parses the command line, dispatches to a subcommand, and turns every error
 // into one readable line on stderr and an exit code (2: usage or config mistake, 1: runtime failure).
+#include <algorithm>
+#include <cstdlib>
 #include <exception>
 #include <iostream>
 #include <string>
@@ -10,6 +12,7 @@
 #include "booster/common/build_info.h"
 #include "booster/common/error.h"
 #include "booster/config/config.h"
+#include "booster/config/memory_estimate.h"
 #include "booster/distributed/mpi_process_group.h"
 #include "booster/trainer/trainer.h"
 #include "commands.h"
@@ -28,7 +31,7 @@ constexpr const char* kUsage =
     "\n"
     "commands:\n"
     "  train       train a model: booster train --config FILE [--set key.path=value ...]\n"
-    "  check       validate a config and print it with every default filled in\n"
+    "  check       validate a config, print it with every default filled in, and estimate its memory\n"
     "  run         start a command as N processes: booster run -n N -- booster train ...\n"
     "  plot        draw the loss curves of runs: booster plot --out FILE.png RUN.jsonl ...\n"
     "  precisions  list the mixed-precision strategies with their options and defaults\n"
@@ -99,12 +102,47 @@ po::options_description config_options(const std::string& command) {
       ("resume,r", po::value<std::string>()->value_name("latest|DIR"),
        "continue from a checkpoint: \"latest\" in train.checkpoint_dir, or a checkpoint directory "
        "(same as --set train.resume=...)");
+  if (command == "check")
+    desc.add_options()("nproc,n", po::value<int>()->value_name("N"),
+                       "estimate the memory per rank for N processes (default: the processes of this run, "
+                       "1 outside booster run)");
   return desc;
+}
+
+// The world size `booster check` estimates for: --nproc, else that of an mpirun that started it.
+int check_world_size(const po::variables_map& vm) {
+  if (vm.count("nproc")) {
+    const int n = vm["nproc"].as<int>();
+    if (n < 1) throw UsageError("--nproc " + std::to_string(n) + ": expected at least 1 process");
+    return n;
+  }
+  for (const char* var : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE"})
+    if (const char* v = std::getenv(var)) return std::max(1, std::atoi(v));
+  return 1;
+}
+
+// Note [Memory estimate] in booster/config/memory_estimate.h: the table on stderr, and a warning when
+// all ranks of this machine would need more than it has available.
+void print_memory_estimate(const nlohmann::json& config, int world_size) {
+  const booster::config::MemoryEstimate estimate = booster::config::estimate_memory(config, world_size);
+  std::cerr << booster::config::format_memory_estimate(estimate);
+  const booster::config::HostMemory host = booster::config::host_memory();
+  if (host.available < 0) return;
+  std::cerr << "  machine: " << booster::config::format_bytes(double(host.available)) << " available of "
+            << booster::config::format_bytes(double(host.total)) << " (/proc/meminfo)\n";
+  const double needed = double(estimate.total_bytes()) * world_size;
+  if (needed > double(host.available)) {
+    std::cerr << "booster: warning: " << world_size << (world_size == 1 ? " rank needs " : " ranks on one machine need ")
+              << booster::config::format_bytes(needed) << ", more than the "
+              << booster::config::format_bytes(double(host.available))
+              << " available; lower data.batch_size or the model's size, use a 16-bit strategy, shard with "
+                 "low_level_zero, or spread the ranks over machines\n";
+  }
 }
 
 // Parses `args` (after the subcommand); returns false when --help was printed.
 bool parse_config_args(const std::string& command, const std::vector<std::string>& args, std::string& config_path,
-                       std::vector<std::string>& overrides) {
+                       std::vector<std::string>& overrides, int* world_size = nullptr) {
   po::options_description desc = config_options(command);
   po::variables_map vm;
   po::store(po::command_line_parser(args).options(desc).run(), vm);
@@ -115,6 +153,7 @@ bool parse_config_args(const std::string& command, const std::vector<std::string
   }
   if (!vm.count("config")) throw UsageError("'booster " + command + "' needs --config FILE (see booster " + command + " --help)");
   config_path = vm["config"].as<std::string>();
+  if (world_size) *world_size = check_world_size(vm);
   // --mixed-precision NAME goes first, so --set mixed_precision.KEY=VALUE can add options to it.
   if (vm.count("mixed-precision")) overrides.push_back("mixed_precision=" + vm["mixed-precision"].as<std::string>());
   if (vm.count("plugin")) overrides.push_back("plugin=" + vm["plugin"].as<std::string>());
@@ -144,7 +183,9 @@ int run(int argc, char** argv) {
   if (command == "train" || command == "check") {
     std::string config_path;
     std::vector<std::string> overrides;
-    if (!parse_config_args(command, rest, config_path, overrides)) return booster::cli::kExitOk;
+    int world_size = 1;
+    if (!parse_config_args(command, rest, config_path, overrides, command == "check" ? &world_size : nullptr))
+      return booster::cli::kExitOk;
     // Resolving builds the strategy and the plugin, once; train hands them to its Booster.
     booster::config::ResolvedRun resolved = booster::config::load_run(config_path, overrides);
     const nlohmann::json& config = resolved.config;
@@ -153,6 +194,7 @@ int run(int argc, char** argv) {
       std::cerr << "booster: compatible: mixed precision '" << config.at("mixed_precision").at("name").get<std::string>()
                 << "' with plugin '" << config.at("plugin").at("name").get<std::string>() << "' on "
                 << config.at("device").get<std::string>() << "\n";
+      print_memory_estimate(config, world_size);
       std::cout << config.dump(2) << "\n";
       return booster::cli::kExitOk;
     }

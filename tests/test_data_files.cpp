@@ -245,7 +245,7 @@ TEST_CASE("csv: the NumPy-written table, the label column by name or index, head
   CHECK(read_csv(write_bytes("semi.csv", "1;2\n3;4\n"), semicolon).features.shape == Shape{1, 1});  // "1;2" taken as names
 }
 
-TEST_CASE("csv: a non-numeric cell names the row and column; ragged rows; a missing label column", "[data][files]") {
+TEST_CASE("csv: a non-numeric cell names the row and column, as do ragged rows and a missing label column", "[data][files]") {
   const fs::path bad = write_bytes("bad.csv", "a,b,label\n1,2,0\n3,oops,1\n");
   REQUIRE_THROWS_AS(read_csv(bad), DataError);
   CHECK_THROWS_WITH(read_csv(bad), Contains("bad.csv") && Contains("row 3") && Contains("column 1") &&
@@ -322,7 +322,7 @@ TEST_CASE("file data: a seeded test_fraction split, test files, and the npz and 
   CHECK(from_npy.train->y().dtype() == DType::Int64);
 }
 
-TEST_CASE("file data: standardize uses the training split's statistics; scale divides", "[data][files]") {
+TEST_CASE("file data: standardize uses the training split's statistics, scale divides", "[data][files]") {
   FileDataOptions o;
   o.train = {FileFormat::Npy, kDir + "blobs_x.npy", kDir + "blobs_y.npy", "x", "y", {}};
   o.test = ArrayFiles{FileFormat::Npy, kDir + "blobs_test_x.npy", kDir + "blobs_test_y.npy", "x", "y", {}};

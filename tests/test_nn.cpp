@@ -573,3 +573,30 @@ TEST_CASE("loss modules compute torch's losses and convert to a Criterion", "[nn
   REQUIRE(nn::MSELoss()(a, b).item() == Approx((0 + 4 + 0 + 9) / 4.0));
   REQUIRE(nn::MSELoss(Reduction::Sum)(a, b).item() == Approx(13.0));
 }
+
+// ------------------------------------------------------------------------------------------ errors
+
+// Note [Error context]: an allocation that fails says which op, in which module of which model, for
+// which shape and dtype, and what to shrink. The input is an expanded view (no memory behind its 2^40
+// rows), so the first real allocation is the output of layers.0's linear: 2^40 x 16 float32 = 64 TiB.
+TEST_CASE("out of memory names the op, the shape and dtype, the module and what to shrink", "[nn][errors]") {
+  using Catch::Matchers::Contains;
+  auto mlp = std::make_shared<nn::MLPClassifier>(8, std::vector<int64_t>{16}, 3, "relu", 0);
+  const int64_t rows = int64_t(1) << 40;
+  const Tensor x = ones({1, 8}).expand({rows, 8});
+  REQUIRE_THROWS_AS((*mlp)(x), OutOfMemoryError);
+  REQUIRE_THROWS_AS((*mlp)(x), Error);  // one of the library's typed errors
+  CHECK_THROWS_WITH((*mlp)(x), Contains("out of host memory") && Contains("64.0 TiB") &&
+                                   Contains("float32 tensor of shape [1099511627776, 16]") &&
+                                   Contains("in op 'linear'") &&
+                                   Contains("in module 'layers.0' (Linear) of MLPClassifier") &&
+                                   Contains("data.batch_size"));
+  // The stack unwound: a later failure outside any module names no module.
+  CHECK(describe_error_context().empty());
+  CHECK_THROWS_WITH(zeros({rows, rows}), Contains("in op 'full'") && !Contains("module") &&
+                                             Contains("shape [1099511627776, 1099511627776]"));
+  // While a model is built: its parameters do not fit.
+  CHECK_THROWS_WITH(nn::make_model({{"type", "linear"}, {"in", int64_t(1) << 22}, {"classes", int64_t(1) << 22}}, 0),
+                    Contains("while building model 'linear'") && Contains("shape [4194304, 4194304]") &&
+                        Contains("shrink the model"));
+}

@@ -7,6 +7,7 @@
 
 #include "booster/autocast/autocast.h"
 #include "booster/autograd/autograd.h"
+#include "booster/common/error_context.h"
 #include "booster/ops/ops.h"
 
 namespace booster::autograd {
@@ -27,6 +28,7 @@ class LambdaNode final : public Node {
     BOOSTER_CHECK(fn_ != nullptr, AutogradError, "backward through ", name_,
                   " a second time: its saved tensors were freed after the first backward; pass "
                   "retain_graph=true to the first backward to keep them");
+    const ErrorContextScope context(ErrorContextFrame::Kind::Backward, name_);  // Note [Error context]
     return fn_(g);
   }
   std::string name() const override { return name_; }

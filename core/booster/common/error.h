@@ -38,6 +38,7 @@ BOOSTER_DEFINE_ERROR(DataError)          // a data set that is missing or malfor
 BOOSTER_DEFINE_ERROR(DistributedError)   // a failed collective or a peer that went away
 BOOSTER_DEFINE_ERROR(NotImplementedError)
 BOOSTER_DEFINE_ERROR(TrainingError)      // training cannot go on (e.g. loss scale below its floor)
+BOOSTER_DEFINE_ERROR(OutOfMemoryError)   // an allocation the host or device could not satisfy
 
 #undef BOOSTER_DEFINE_ERROR
 

@@ -484,7 +484,7 @@ void check_training_config(const json& c) {
              "; the model cannot see more tokens than its context");
     }
   } else {
-    if (builtin_model && !classifier && !image_classifier)
+    if (model_type == "gpt")
       fail("'model.type' \"" + model_type + "\" needs token data: set 'data.type' to \"text\", or use \"mlp\" for \"" + data_type + "\"");
     if (is_file_data(data_type)) {
       check_file_data(c, classifier);

@@ -16,7 +16,7 @@ Sequential& Sequential::push_back(const std::string& name, ModulePtr module) {
 
 Tensor Sequential::forward(const Tensor& x) {
   Tensor h = x;
-  for (const auto& m : modules_) h = m->forward(h);
+  for (const auto& m : modules_) h = (*m)(h);
   return h;
 }
 

@@ -7,6 +7,7 @@
 #include <utility>
 
 #include "booster/common/error.h"
+#include "booster/common/error_context.h"
 #include "booster/plugin/loader.h"
 
 namespace booster::nn {
@@ -138,6 +139,8 @@ ModulePtr make_model(const json& cfg, uint64_t seed) {
                 "make_model: missing string key \"type\"; allowed types are ", quoted(registered_models()),
                 ", or a model of a library (\"library\")");
   const std::string type = cfg["type"].get<std::string>();
+  // Note [Error context]: an allocation that fails while the model is built names it.
+  const ErrorContextScope building(ErrorContextFrame::Kind::Building, type.c_str());
   if (cfg.contains("library")) return make_library_model(cfg, type, seed);
 
   ModelFactory factory;

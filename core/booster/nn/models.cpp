@@ -50,13 +50,13 @@ Tensor GPT::forward(const Tensor& idx) {
   BOOSTER_CHECK(T <= config.context, ShapeError, "GPT: sequence length ", T, " exceeds the context length ",
                 config.context, "; pass at most ", config.context, " tokens");
   const Tensor positions = arange(T, DType::Int64).to(idx.device());
-  Tensor x = drop->forward(wte->forward(idx) + wpe->forward(positions));  // [B, T, C] + [T, C]
+  Tensor x = (*drop)((*wte)(idx) + (*wpe)(positions));  // [B, T, C] + [T, C]
   if (config.activation_checkpointing) {
     for (const ModulePtr& block : blocks->children()) x = checkpoint(*block, x);
   } else {
-    x = blocks->forward(x);
+    x = (*blocks)(x);
   }
-  return lm_head->forward(ln_f->forward(x));
+  return (*lm_head)((*ln_f)(x));
 }
 
 // ------------------------------------------------------------------------------------------ MLPClassifier
@@ -80,7 +80,7 @@ Tensor MLPClassifier::forward(const Tensor& x) {
   BOOSTER_CHECK(x.dim() >= 1 && x.numel() == x.size(0) * in_features, ShapeError,
                 "MLPClassifier: expected input [N, ...] with ", in_features, " features per sample, got shape ",
                 x.shape());
-  return layers->forward(x.reshape({x.size(0), in_features}));
+  return (*layers)(x.reshape({x.size(0), in_features}));
 }
 
 // ------------------------------------------------------------------------------------------ factory

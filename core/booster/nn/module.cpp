@@ -63,6 +63,20 @@ std::string Module::repr() const {
   return out + ")";
 }
 
+// Note [Error context]: a module frame reads "'layers.0' (Linear) of MLPClassifier", the path found
+// below the outermost module being run (only when a message is written).
+namespace {
+std::string describe_module(const void* module_ptr, const void* root_ptr) {
+  const auto* module = static_cast<const Module*>(module_ptr);
+  const auto* root = static_cast<const Module*>(root_ptr);
+  if (!root || root == module) return module->name();
+  for (const auto& [path, m] : root->named_modules())
+    if (m == module) return "'" + path + "' (" + module->name() + ") of " + root->name();
+  return module->name() + " (called from " + root->name() + ")";
+}
+[[maybe_unused]] const bool kModuleDescriberSet = (set_module_describer(&describe_module), true);
+}  // namespace
+
 Tensor Module::forward(const Tensor&) {
   BOOSTER_FAIL(NotImplementedError, name(), ".forward: this module does not take a single tensor input");
 }

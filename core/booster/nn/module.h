@@ -22,6 +22,7 @@
 #include <utility>
 #include <vector>
 
+#include "booster/common/error_context.h"
 #include "booster/tensor/random.h"
 #include "booster/tensor/tensor.h"
 
@@ -44,7 +45,12 @@ class Module {
 
   // Single-input forward. The base throws NotImplementedError naming the module.
   virtual Tensor forward(const Tensor& x);
-  Tensor operator()(const Tensor& x) { return forward(x); }
+  // forward(x), with the module on the error context stack (Note [Error context]), so an error deep
+  // inside names the module: call children as (*child)(x), as in PyTorch.
+  Tensor operator()(const Tensor& x) {
+    const ErrorContextScope context(ErrorContextFrame::Kind::Module, this);
+    return forward(x);
+  }
 
   // The class name, as PyTorch prints it: "Linear", "LayerNorm", "GPT", ...
   virtual std::string name() const { return "Module"; }

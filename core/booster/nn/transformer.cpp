@@ -18,12 +18,12 @@ Tensor CausalSelfAttention::forward(const Tensor& x) {
   BOOSTER_CHECK(x.dim() == 3 && x.size(2) == width, ShapeError, "CausalSelfAttention: expected input [B, T, ",
                 width, "], got shape ", x.shape());
   const int64_t B = x.size(0), T = x.size(1), head_dim = width / heads;
-  const std::vector<Tensor> qkv = split(c_attn->forward(x), width, 2);
+  const std::vector<Tensor> qkv = split((*c_attn)(x), width, 2);
   // [B, T, width] -> [B, H, T, head_dim]: a view (the split pieces are runs of the last dim).
   auto to_heads = [&](const Tensor& t) { return t.view({B, T, heads, head_dim}).transpose(1, 2); };
   Tensor y = scaled_dot_product_attention(to_heads(qkv[0]), to_heads(qkv[1]), to_heads(qkv[2]), true);
   y = y.transpose(1, 2).reshape({B, T, width});
-  return resid_dropout->forward(c_proj->forward(y));
+  return (*resid_dropout)((*c_proj)(y));
 }
 
 MLP::MLP(int64_t width, double p, Generator* init_gen, std::shared_ptr<Generator> dropout_gen) {
@@ -33,7 +33,7 @@ MLP::MLP(int64_t width, double p, Generator* init_gen, std::shared_ptr<Generator
   dropout = register_module("dropout", std::make_shared<Dropout>(p, std::move(dropout_gen)));
 }
 
-Tensor MLP::forward(const Tensor& x) { return dropout->forward(c_proj->forward(gelu->forward(c_fc->forward(x)))); }
+Tensor MLP::forward(const Tensor& x) { return (*dropout)((*c_proj)((*gelu)((*c_fc)(x)))); }
 
 Block::Block(int64_t width, int64_t heads, double p, Generator* init_gen, std::shared_ptr<Generator> dropout_gen) {
   ln_1 = register_module("ln_1", std::make_shared<LayerNorm>(width));
@@ -43,8 +43,8 @@ Block::Block(int64_t width, int64_t heads, double p, Generator* init_gen, std::s
 }
 
 Tensor Block::forward(const Tensor& x) {
-  Tensor h = x + attn->forward(ln_1->forward(x));
-  return h + mlp->forward(ln_2->forward(h));
+  Tensor h = x + (*attn)((*ln_1)(x));
+  return h + (*mlp)((*ln_2)(h));
 }
 
 }  // namespace booster::nn

@@ -1,6 +1,7 @@
 // Tensor creation: constants, ranges, seeded random numbers, host vectors.
 #include <cmath>
 
+#include "booster/common/error_context.h"
 #include "booster/ops/ops.h"
 
 namespace booster {
@@ -9,6 +10,7 @@ Tensor zeros(const Shape& shape, DType dtype, Device device) { return full(shape
 Tensor ones(const Shape& shape, DType dtype, Device device) { return full(shape, 1.0, dtype, device); }
 
 Tensor full(const Shape& shape, double value, DType dtype, Device device) {
+  BOOSTER_OP_CONTEXT("full");  // Note [Error context]
   Tensor t = Tensor::empty(shape, dtype, device);
   t.fill_(value);
   return t;
@@ -37,6 +39,7 @@ Generator& gen_or_default(Generator* g) { return g ? *g : default_generator(); }
 }  // namespace
 
 Tensor arange(double start, double end, double step, DType dtype) {
+  BOOSTER_OP_CONTEXT("arange");
   BOOSTER_CHECK(step != 0, ValueError, "arange: step must be nonzero");
   const double span = (end - start) / step;
   BOOSTER_CHECK(span >= 0, ValueError, "arange: step ", step, " does not move from ", start, " towards ", end);
@@ -47,17 +50,20 @@ Tensor arange(double start, double end, double step, DType dtype) {
 Tensor arange(int64_t end, DType dtype) { return arange(0.0, double(end), 1.0, dtype); }
 
 Tensor rand(const Shape& shape, Generator* gen, DType dtype) {
+  BOOSTER_OP_CONTEXT("rand");
   Generator& g = gen_or_default(gen);
   if (dtype == DType::Float64) return generate(shape, dtype, [&](int64_t) { return g.uniform(); });
   return generate(shape, dtype, [&](int64_t) { return double(g.uniform_float()); });
 }
 
 Tensor randn(const Shape& shape, Generator* gen, DType dtype) {
+  BOOSTER_OP_CONTEXT("randn");
   Generator& g = gen_or_default(gen);
   return generate(shape, dtype, [&](int64_t) { return g.normal(); });
 }
 
 Tensor randint(int64_t low, int64_t high, const Shape& shape, Generator* gen, DType dtype) {
+  BOOSTER_OP_CONTEXT("randint");
   Generator& g = gen_or_default(gen);
   Tensor t = Tensor::empty(shape, DType::Int64);
   int64_t* p = t.data<int64_t>();
@@ -66,6 +72,7 @@ Tensor randint(int64_t low, int64_t high, const Shape& shape, Generator* gen, DT
 }
 
 Tensor randperm(int64_t n, Generator* gen) {
+  BOOSTER_OP_CONTEXT("randperm");
   Generator& g = gen_or_default(gen);
   Tensor t = arange(n);
   int64_t* p = t.data<int64_t>();

@@ -5,6 +5,7 @@
 #include "booster/autocast/autocast.h"
 #include "booster/autograd/autograd.h"
 #include "booster/kernels/elementwise.h"
+#include "booster/common/error_context.h"
 #include "booster/ops/ops.h"
 #include "booster/ops/ops_impl.h"
 
@@ -71,6 +72,7 @@ Tensor unary_backward(UnaryBackwardOp op, const Tensor& g, const Tensor& saved, 
 // --------------------------------------------------------------------------- binary arithmetic
 
 Tensor add(const Tensor& a_in, const Tensor& b_in, double alpha) {
+  BOOSTER_OP_CONTEXT("add");  // Note [Error context]
   Tensor a = a_in, b = b_in;
   autocast::apply(autocast::Op::Add, {&a, &b});
   Tensor out = binary_forward(BinaryOp::Add, "add", a, b, alpha);
@@ -81,6 +83,7 @@ Tensor add(const Tensor& a_in, const Tensor& b_in, double alpha) {
 }
 
 Tensor sub(const Tensor& a_in, const Tensor& b_in, double alpha) {
+  BOOSTER_OP_CONTEXT("sub");
   Tensor a = a_in, b = b_in;
   autocast::apply(autocast::Op::Sub, {&a, &b});
   Tensor out = binary_forward(BinaryOp::Sub, "sub", a, b, alpha);
@@ -91,6 +94,7 @@ Tensor sub(const Tensor& a_in, const Tensor& b_in, double alpha) {
 }
 
 Tensor mul(const Tensor& a_in, const Tensor& b_in) {
+  BOOSTER_OP_CONTEXT("mul");
   Tensor a = a_in, b = b_in;
   autocast::apply(autocast::Op::Mul, {&a, &b});
   Tensor out = binary_forward(BinaryOp::Mul, "mul", a, b, 1.0);
@@ -104,6 +108,7 @@ Tensor mul(const Tensor& a_in, const Tensor& b_in) {
 }
 
 Tensor div(const Tensor& a_in, const Tensor& b_in) {
+  BOOSTER_OP_CONTEXT("div");
   Tensor a = a_in, b = b_in;
   autocast::apply(autocast::Op::Div, {&a, &b});
   if (!is_floating(a.dtype()) && !is_floating(b.dtype())) {  // true division, as torch.div
@@ -122,6 +127,7 @@ Tensor div(const Tensor& a_in, const Tensor& b_in) {
 }
 
 Tensor pow(const Tensor& a_in, const Tensor& e_in) {
+  BOOSTER_OP_CONTEXT("pow");
   Tensor a = as_floating(a_in), e = e_in;
   Tensor out = binary_forward(BinaryOp::Pow, "pow", a, e, 1.0);
   if (autograd::needs_grad({&a, &e})) {
@@ -137,6 +143,7 @@ Tensor pow(const Tensor& a_in, const Tensor& e_in) {
 }
 
 Tensor maximum(const Tensor& a_in, const Tensor& b_in) {
+  BOOSTER_OP_CONTEXT("maximum");
   Tensor a = a_in, b = b_in;
   autocast::apply(autocast::Op::Maximum, {&a, &b});
   Tensor out = binary_forward(BinaryOp::Maximum, "maximum", a, b, 1.0);
@@ -151,6 +158,7 @@ Tensor maximum(const Tensor& a_in, const Tensor& b_in) {
 }
 
 Tensor minimum(const Tensor& a_in, const Tensor& b_in) {
+  BOOSTER_OP_CONTEXT("minimum");
   Tensor a = a_in, b = b_in;
   autocast::apply(autocast::Op::Minimum, {&a, &b});
   Tensor out = binary_forward(BinaryOp::Minimum, "minimum", a, b, 1.0);
@@ -188,6 +196,7 @@ Tensor scalar_operand(const Tensor& a, double s) {
 }  // namespace
 
 Tensor add(const Tensor& a_in, double s) {
+  BOOSTER_OP_CONTEXT("add");
   Tensor a = scalar_operand(a_in, s);
   Tensor out = unary_forward(UnaryOp::AddScalar, a, s);
   autograd::record(out, "AddScalarBackward", {a}, [](const Tensor& g) { return grads{g}; });
@@ -195,6 +204,7 @@ Tensor add(const Tensor& a_in, double s) {
 }
 
 Tensor mul(const Tensor& a_in, double s) {
+  BOOSTER_OP_CONTEXT("mul");
   Tensor a = scalar_operand(a_in, s);
   Tensor out = unary_forward(UnaryOp::MulScalar, a, s);
   autograd::record(out, "MulScalarBackward", {a}, [s](const Tensor& g) { return grads{mul(g, s)}; });
@@ -202,6 +212,7 @@ Tensor mul(const Tensor& a_in, double s) {
 }
 
 Tensor rsub(const Tensor& a_in, double s) {
+  BOOSTER_OP_CONTEXT("rsub");
   Tensor a = scalar_operand(a_in, s);
   Tensor out = unary_forward(UnaryOp::RSubScalar, a, s);
   autograd::record(out, "RSubScalarBackward", {a}, [](const Tensor& g) { return grads{neg(g)}; });
@@ -209,6 +220,7 @@ Tensor rsub(const Tensor& a_in, double s) {
 }
 
 Tensor rdiv(const Tensor& a_in, double s) {
+  BOOSTER_OP_CONTEXT("rdiv");
   Tensor a = as_floating(a_in);
   Tensor out = unary_forward(UnaryOp::RDivScalar, a, s);
   autograd::record(out, "RDivScalarBackward", {a}, [a = a.detach(), o = out.detach()](const Tensor& g) {
@@ -218,6 +230,7 @@ Tensor rdiv(const Tensor& a_in, double s) {
 }
 
 Tensor pow(const Tensor& a_in, double e) {
+  BOOSTER_OP_CONTEXT("pow");
   Tensor a = as_floating(a_in);
   autocast::apply(autocast::Op::Pow, {&a});
   Tensor out = unary_forward(UnaryOp::PowScalar, a, e);
@@ -231,12 +244,14 @@ Tensor pow(const Tensor& a_in, double e) {
 // --------------------------------------------------------------------------- unary math
 
 Tensor neg(const Tensor& a) {
+  BOOSTER_OP_CONTEXT("neg");
   Tensor out = unary_forward(UnaryOp::Neg, a);
   autograd::record(out, "NegBackward", {a}, [](const Tensor& g) { return grads{neg(g)}; });
   return out;
 }
 
 Tensor exp(const Tensor& a_in) {
+  BOOSTER_OP_CONTEXT("exp");
   Tensor a = as_floating(a_in);
   autocast::apply(autocast::Op::Exp, {&a});
   Tensor out = unary_forward(UnaryOp::Exp, a);
@@ -245,6 +260,7 @@ Tensor exp(const Tensor& a_in) {
 }
 
 Tensor log(const Tensor& a_in) {
+  BOOSTER_OP_CONTEXT("log");
   Tensor a = as_floating(a_in);
   autocast::apply(autocast::Op::Log, {&a});
   Tensor out = unary_forward(UnaryOp::Log, a);
@@ -253,6 +269,7 @@ Tensor log(const Tensor& a_in) {
 }
 
 Tensor sqrt(const Tensor& a_in) {
+  BOOSTER_OP_CONTEXT("sqrt");
   Tensor a = as_floating(a_in);
   Tensor out = unary_forward(UnaryOp::Sqrt, a);
   autograd::record(out, "SqrtBackward", {a}, [o = out.detach()](const Tensor& g) {
@@ -262,6 +279,7 @@ Tensor sqrt(const Tensor& a_in) {
 }
 
 Tensor rsqrt(const Tensor& a_in) {
+  BOOSTER_OP_CONTEXT("rsqrt");
   Tensor a = as_floating(a_in);
   Tensor out = unary_forward(UnaryOp::Rsqrt, a);
   autograd::record(out, "RsqrtBackward", {a}, [o = out.detach()](const Tensor& g) {
@@ -271,6 +289,7 @@ Tensor rsqrt(const Tensor& a_in) {
 }
 
 Tensor abs(const Tensor& a) {
+  BOOSTER_OP_CONTEXT("abs");
   Tensor out = unary_forward(UnaryOp::Abs, a);
   autograd::record(out, "AbsBackward", {a}, [a = a.detach()](const Tensor& g) {
     return grads{mul(g, unary_forward(UnaryOp::Sign, a))};
@@ -279,6 +298,7 @@ Tensor abs(const Tensor& a) {
 }
 
 Tensor clamp(const Tensor& a, std::optional<double> lo, std::optional<double> hi) {
+  BOOSTER_OP_CONTEXT("clamp");
   const double p0 = lo ? *lo : NAN, p1 = hi ? *hi : NAN;
   Tensor out = unary_forward(UnaryOp::Clamp, a, p0, p1);
   autograd::record(out, "ClampBackward", {a}, [a = a.detach(), p0, p1](const Tensor& g) {
@@ -288,6 +308,7 @@ Tensor clamp(const Tensor& a, std::optional<double> lo, std::optional<double> hi
 }
 
 Tensor relu(const Tensor& a) {
+  BOOSTER_OP_CONTEXT("relu");
   Tensor out = unary_forward(UnaryOp::Relu, a);
   autograd::record(out, "ReluBackward", {a}, [o = out.detach()](const Tensor& g) {
     return grads{unary_backward(UnaryBackwardOp::Relu, g, o)};
@@ -296,6 +317,7 @@ Tensor relu(const Tensor& a) {
 }
 
 Tensor gelu(const Tensor& a_in, const std::string& approximate) {
+  BOOSTER_OP_CONTEXT("gelu");
   BOOSTER_CHECK(approximate == "none" || approximate == "tanh", ValueError,
                 "gelu: approximate must be 'none' or 'tanh', got '", approximate, "'");
   Tensor a = as_floating(a_in);
@@ -308,6 +330,7 @@ Tensor gelu(const Tensor& a_in, const std::string& approximate) {
 }
 
 Tensor tanh(const Tensor& a_in) {
+  BOOSTER_OP_CONTEXT("tanh");
   Tensor a = as_floating(a_in);
   Tensor out = unary_forward(UnaryOp::Tanh, a);
   autograd::record(out, "TanhBackward", {a}, [o = out.detach()](const Tensor& g) {
@@ -317,6 +340,7 @@ Tensor tanh(const Tensor& a_in) {
 }
 
 Tensor sigmoid(const Tensor& a_in) {
+  BOOSTER_OP_CONTEXT("sigmoid");
   Tensor a = as_floating(a_in);
   Tensor out = unary_forward(UnaryOp::Sigmoid, a);
   autograd::record(out, "SigmoidBackward", {a}, [o = out.detach()](const Tensor& g) {
@@ -328,6 +352,7 @@ Tensor sigmoid(const Tensor& a_in) {
 // --------------------------------------------------------------------------- selection
 
 Tensor where(const Tensor& cond, const Tensor& a_in, const Tensor& b_in) {
+  BOOSTER_OP_CONTEXT("where");
   BOOSTER_CHECK(cond.dtype() == DType::Bool, DTypeError, "where: condition must be bool, got ", cond.dtype());
   Tensor a = a_in, b = b_in;
   autocast::apply(autocast::Op::Where, {&a, &b});
@@ -349,6 +374,7 @@ Tensor where(const Tensor& cond, const Tensor& a_in, const Tensor& b_in) {
 }
 
 Tensor masked_fill(const Tensor& a, const Tensor& mask, double value) {
+  BOOSTER_OP_CONTEXT("masked_fill");
   BOOSTER_CHECK(mask.dtype() == DType::Bool, DTypeError, "masked_fill: mask must be bool, got ", mask.dtype());
   const Shape s = broadcast_shapes(a.shape(), mask.shape(), "masked_fill");
   BOOSTER_CHECK(s == a.shape(), ShapeError, "masked_fill: mask of shape ", mask.shape(),

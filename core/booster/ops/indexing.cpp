@@ -6,6 +6,7 @@
 #include "booster/autograd/autograd.h"
 #include "booster/kernels/elementwise.h"
 #include "booster/kernels/indexing.h"
+#include "booster/common/error_context.h"
 #include "booster/ops/ops.h"
 #include "booster/ops/ops_impl.h"
 
@@ -67,6 +68,7 @@ Tensor index_add_into_zeros(const Shape& shape, DType dtype, int64_t dim, const 
 // --------------------------------------------------------------------------- joining
 
 Tensor cat(const std::vector<Tensor>& tensors_in, int64_t dim_in) {
+  BOOSTER_OP_CONTEXT("cat");  // Note [Error context]
   BOOSTER_CHECK(!tensors_in.empty(), ValueError, "cat: expected a non-empty list of tensors");
   std::vector<Tensor> tensors = tensors_in;
   autocast::apply(autocast::Op::Cat, tensors);
@@ -130,6 +132,7 @@ Tensor cat(const std::vector<Tensor>& tensors_in, int64_t dim_in) {
 }
 
 Tensor stack(const std::vector<Tensor>& tensors_in, int64_t dim_in) {
+  BOOSTER_OP_CONTEXT("stack");
   BOOSTER_CHECK(!tensors_in.empty(), ValueError, "stack: expected a non-empty list of tensors");
   std::vector<Tensor> tensors = tensors_in;
   autocast::apply(autocast::Op::Stack, tensors);
@@ -145,6 +148,7 @@ Tensor stack(const std::vector<Tensor>& tensors_in, int64_t dim_in) {
 }
 
 std::vector<Tensor> split(const Tensor& a, int64_t split_size, int64_t dim_in) {
+  BOOSTER_OP_CONTEXT("split");
   BOOSTER_CHECK(a.dim() > 0, ShapeError, "split: expected a tensor with at least 1 dim, got a scalar");
   const int64_t dim = wrap_dim(dim_in, a.dim(), "split");
   const int64_t n = a.shape()[size_t(dim)];
@@ -160,6 +164,7 @@ std::vector<Tensor> split(const Tensor& a, int64_t split_size, int64_t dim_in) {
 }
 
 std::vector<Tensor> chunk(const Tensor& a, int64_t chunks, int64_t dim_in) {
+  BOOSTER_OP_CONTEXT("chunk");
   BOOSTER_CHECK(chunks > 0, ValueError, "chunk: the number of chunks must be positive, got ", chunks);
   BOOSTER_CHECK(a.dim() > 0, ShapeError, "chunk: expected a tensor with at least 1 dim, got a scalar");
   const int64_t dim = wrap_dim(dim_in, a.dim(), "chunk");
@@ -172,6 +177,7 @@ std::vector<Tensor> chunk(const Tensor& a, int64_t chunks, int64_t dim_in) {
 // --------------------------------------------------------------------------- indexing
 
 Tensor embedding(const Tensor& weight, const Tensor& indices) {
+  BOOSTER_OP_CONTEXT("embedding");
   BOOSTER_CHECK(weight.dim() == 2, ShapeError, "embedding: weight must be 2-D [num_embeddings, dim], got shape ",
                 weight.shape());
   check_index_dtype(indices, "embedding");
@@ -191,6 +197,7 @@ Tensor embedding(const Tensor& weight, const Tensor& indices) {
 }
 
 Tensor index_select(const Tensor& a, int64_t dim_in, const Tensor& index) {
+  BOOSTER_OP_CONTEXT("index_select");
   BOOSTER_CHECK(a.dim() > 0, ShapeError, "index_select: expected a tensor with at least 1 dim, got a scalar");
   const int64_t dim = wrap_dim(dim_in, a.dim(), "index_select");
   check_index_dtype(index, "index_select");
@@ -206,6 +213,7 @@ Tensor index_select(const Tensor& a, int64_t dim_in, const Tensor& index) {
 }
 
 Tensor gather(const Tensor& a, int64_t dim_in, const Tensor& index) {
+  BOOSTER_OP_CONTEXT("gather");
   check_index_dtype(index, "gather");
   check_same_device(a, index, "gather");
   BOOSTER_CHECK(index.dim() == a.dim(), ShapeError, "gather: index shape ", index.shape(),

@@ -10,6 +10,7 @@
 #include "booster/autocast/autocast.h"
 #include "booster/autograd/autograd.h"
 #include "booster/kernels/gemm.h"
+#include "booster/common/error_context.h"
 #include "booster/ops/ops.h"
 #include "booster/ops/ops_impl.h"
 
@@ -134,6 +135,7 @@ Tensor matmul_nd(const Tensor& a, const Tensor& b) {
 }  // namespace
 
 Tensor matmul(const Tensor& a_in, const Tensor& b_in) {
+  BOOSTER_OP_CONTEXT("matmul");  // Note [Error context]
   Tensor a = a_in, b = b_in;
   autocast::apply(autocast::Op::Matmul, {&a, &b});
   BOOSTER_CHECK(a.dim() >= 1 && b.dim() >= 1, ShapeError, "matmul: both operands need at least 1 dim, got shapes ",
@@ -150,6 +152,7 @@ Tensor matmul(const Tensor& a_in, const Tensor& b_in) {
 }
 
 Tensor bmm(const Tensor& a_in, const Tensor& b_in) {
+  BOOSTER_OP_CONTEXT("bmm");
   Tensor a = a_in, b = b_in;
   autocast::apply(autocast::Op::Bmm, {&a, &b});
   BOOSTER_CHECK(a.dim() == 3 && b.dim() == 3, ShapeError, "bmm: expected 3-D operands, got shapes ", a.shape(),
@@ -180,6 +183,7 @@ Tensor bmm(const Tensor& a_in, const Tensor& b_in) {
 }
 
 Tensor linear(const Tensor& x_in, const Tensor& w_in, const Tensor& bias_in) {
+  BOOSTER_OP_CONTEXT("linear");
   Tensor x = x_in, w = w_in, bias = bias_in;
   autocast::apply(autocast::Op::Linear, {&x, &w, &bias});
   BOOSTER_CHECK(w.dim() == 2, ShapeError, "linear: weight must be 2-D [out_features, in_features], got shape ",

@@ -3,6 +3,7 @@
 #include "booster/autocast/autocast.h"
 #include "booster/autograd/autograd.h"
 #include "booster/kernels/nn.h"
+#include "booster/common/error_context.h"
 #include "booster/ops/ops.h"
 #include "booster/ops/ops_impl.h"
 
@@ -62,6 +63,7 @@ Shape loss_shape(Reduction r, const Tensor& target) { return r == Reduction::Non
 
 Tensor cross_entropy(const Tensor& logits_in, const Tensor& target, Reduction reduction, int64_t ignore_index,
                      double label_smoothing) {
+  BOOSTER_OP_CONTEXT("cross_entropy");  // Note [Error context]
   Tensor logits = logits_in;
   autocast::apply(autocast::Op::CrossEntropy, {&logits});
   const ClassGeometry g = check_classification("cross_entropy", logits, target);
@@ -86,6 +88,7 @@ Tensor cross_entropy(const Tensor& logits_in, const Tensor& target, Reduction re
 }
 
 Tensor nll_loss(const Tensor& log_probs_in, const Tensor& target, Reduction reduction, int64_t ignore_index) {
+  BOOSTER_OP_CONTEXT("nll_loss");
   Tensor log_probs = log_probs_in;
   autocast::apply(autocast::Op::NllLoss, {&log_probs});
   const ClassGeometry g = check_classification("nll_loss", log_probs, target);
@@ -107,6 +110,7 @@ Tensor nll_loss(const Tensor& log_probs_in, const Tensor& target, Reduction redu
 }
 
 Tensor mse_loss(const Tensor& input_in, const Tensor& target_in, Reduction reduction) {
+  BOOSTER_OP_CONTEXT("mse_loss");
   Tensor input = input_in, target = target_in;
   autocast::apply(autocast::Op::MseLoss, {&input, &target});
   BOOSTER_CHECK(is_floating(input.dtype()) && is_floating(target.dtype()), DTypeError,

@@ -6,6 +6,7 @@
 #include "booster/autocast/autocast.h"
 #include "booster/autograd/autograd.h"
 #include "booster/kernels/nn.h"
+#include "booster/common/error_context.h"
 #include "booster/ops/ops.h"
 
 namespace booster {
@@ -34,6 +35,7 @@ Tensor param_as(const Tensor& p, DType dtype) { return !p.defined() || p.dtype()
 // ----------------------------------------------------------------------------------------- softmax
 
 Tensor softmax_common(const Tensor& a_in, int64_t dim, bool log) {
+  BOOSTER_OP_CONTEXT(log ? "log_softmax" : "softmax");  // Note [Error context]
   const char* name = log ? "log_softmax" : "softmax";
   Tensor a = a_in;
   autocast::apply(log ? autocast::Op::LogSoftmax : autocast::Op::Softmax, {&a});
@@ -68,6 +70,7 @@ Tensor log_softmax(const Tensor& a, int64_t dim) { return softmax_common(a, dim,
 
 Tensor layer_norm(const Tensor& x_in, const Shape& normalized_shape, const Tensor& weight_in, const Tensor& bias_in,
                   double eps) {
+  BOOSTER_OP_CONTEXT("layer_norm");
   Tensor x = x_in, weight = weight_in, bias = bias_in;
   autocast::apply(autocast::Op::LayerNorm, {&x, &weight, &bias});
   check_floating(x, "layer_norm", "input");
@@ -122,6 +125,7 @@ Tensor layer_norm(const Tensor& x_in, const Shape& normalized_shape, const Tenso
 
 Tensor batch_norm(const Tensor& x_in, const Tensor& running_mean, const Tensor& running_var, const Tensor& weight_in,
                   const Tensor& bias_in, bool training, double momentum, double eps) {
+  BOOSTER_OP_CONTEXT("batch_norm");
   Tensor x = x_in, weight = weight_in, bias = bias_in;
   autocast::apply(autocast::Op::BatchNorm, {&x, &weight, &bias});
   check_floating(x, "batch_norm", "input");
@@ -189,6 +193,7 @@ Tensor batch_norm(const Tensor& x_in, const Tensor& running_mean, const Tensor& 
 // ----------------------------------------------------------------------------------------- dropout
 
 Tensor dropout(const Tensor& a, double p, bool training, Generator* gen) {
+  BOOSTER_OP_CONTEXT("dropout");
   BOOSTER_CHECK(p >= 0.0 && p <= 1.0, ValueError, "dropout: probability p must be in [0, 1], got ", p);
   if (!training || p == 0.0) return a;
   check_floating(a, "dropout", "input");
@@ -223,6 +228,7 @@ Tensor dropout(const Tensor& a, double p, bool training, Generator* gen) {
 
 Tensor scaled_dot_product_attention(const Tensor& q_in, const Tensor& k_in, const Tensor& v_in, bool is_causal,
                                     std::optional<double> scale_opt) {
+  BOOSTER_OP_CONTEXT("scaled_dot_product_attention");
   const char* name = "scaled_dot_product_attention";
   Tensor q = q_in, k = k_in, v = v_in;
   autocast::apply(autocast::Op::Attention, {&q, &k, &v});

@@ -6,6 +6,7 @@
 #include "booster/autocast/autocast.h"
 #include "booster/autograd/autograd.h"
 #include "booster/kernels/elementwise.h"
+#include "booster/common/error_context.h"
 #include "booster/ops/ops.h"
 
 namespace booster {
@@ -75,6 +76,7 @@ DType sum_dtype(DType t) { return is_floating(t) ? t : DType::Int64; }
 }  // namespace
 
 Tensor sum(const Tensor& a_in, const std::vector<int64_t>& dims_in, bool keepdim) {
+  BOOSTER_OP_CONTEXT("sum");  // Note [Error context]
   Tensor a = a_in;
   autocast::apply(autocast::Op::Sum, {&a});
   const std::vector<int64_t> dims = normalize_dims(dims_in, a.dim(), "sum");
@@ -86,6 +88,7 @@ Tensor sum(const Tensor& a_in, const std::vector<int64_t>& dims_in, bool keepdim
 }
 
 Tensor mean(const Tensor& a_in, const std::vector<int64_t>& dims_in, bool keepdim) {
+  BOOSTER_OP_CONTEXT("mean");
   Tensor a = a_in;
   autocast::apply(autocast::Op::Mean, {&a});
   BOOSTER_CHECK(is_floating(a.dtype()), DTypeError, "mean: expected a floating input, got ", a.dtype(),
@@ -108,6 +111,7 @@ Tensor mean(const Tensor& a_in, const std::vector<int64_t>& dims_in, bool keepdi
 }
 
 Tensor max(const Tensor& a, int64_t dim_in, bool keepdim) {
+  BOOSTER_OP_CONTEXT("max");
   const int64_t dim = wrap_dim(dim_in, a.dim(), "max");
   if (a.dim() == 0) return a.clone();
   BOOSTER_CHECK(a.shape()[size_t(dim)] > 0, IndexError, "max: cannot reduce dimension ", dim, " of size 0 (shape ",
@@ -130,6 +134,7 @@ Tensor max(const Tensor& a, int64_t dim_in, bool keepdim) {
 }
 
 Tensor max(const Tensor& a) {
+  BOOSTER_OP_CONTEXT("max");
   BOOSTER_CHECK(a.numel() > 0, IndexError, "max: the input of shape ", a.shape(),
                 " has no elements; the maximum of no elements is undefined");
   std::vector<int64_t> dims = normalize_dims({}, a.dim(), "max");
@@ -145,6 +150,7 @@ Tensor max(const Tensor& a) {
 }
 
 Tensor argmax(const Tensor& a, int64_t dim_in, bool keepdim) {
+  BOOSTER_OP_CONTEXT("argmax");
   const int64_t dim = wrap_dim(dim_in, a.dim(), "argmax");
   if (a.dim() == 0) return zeros({}, DType::Int64, a.device());
   BOOSTER_CHECK(a.shape()[size_t(dim)] > 0, IndexError, "argmax: cannot reduce dimension ", dim,
@@ -153,6 +159,7 @@ Tensor argmax(const Tensor& a, int64_t dim_in, bool keepdim) {
 }
 
 Tensor var(const Tensor& a_in, const std::vector<int64_t>& dims_in, bool unbiased, bool keepdim) {
+  BOOSTER_OP_CONTEXT("var");
   Tensor a = a_in;
   autocast::apply(autocast::Op::Var, {&a});
   BOOSTER_CHECK(is_floating(a.dtype()), DTypeError, "var: expected a floating input, got ", a.dtype());

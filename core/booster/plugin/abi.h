@@ -18,8 +18,9 @@
 //
 // Bump BOOSTER_PLUGIN_ABI_VERSION with any change a plugin compiled before it could not survive: a
 // virtual function added, removed, reordered or re-typed in an interface a plugin implements or calls
-// (MixedPrecision, ParallelPlugin, CheckpointIO, ProcessGroup, Module, Optimizer, ...), a changed
-// factory signature, or a changed layout of a type a plugin shares: a class it derives from or
+// (MixedPrecision, ParallelPlugin, ModelRegistrar, CheckpointIO, ProcessGroup, Module, Optimizer,
+// ...), a changed factory or entry-point signature (ModelFactory, ModelLibraryEntry), or a changed
+// layout of a type a plugin shares: a class it derives from or
 // allocates (MixedPrecision's or DataParallelPlugin's members, ...), a struct it passes or returns
 // (TrainingParts, ParallelLayout, StepStats, ...). Adding non-virtual functions, free functions or
 // classes to the core needs no bump, nor does giving an existing virtual a default (Note [Optional

@@ -230,6 +230,7 @@ void rethrow_as_host_error(const Plugin& plugin, const std::string& what_call) {
   BOOSTER_RETHROW_AS(DistributedError)
   BOOSTER_RETHROW_AS(NotImplementedError)
   BOOSTER_RETHROW_AS(TrainingError)
+  BOOSTER_RETHROW_AS(OutOfMemoryError)
   BOOSTER_RETHROW_AS(Error)
 #undef BOOSTER_RETHROW_AS
   catch (const std::exception& e) {

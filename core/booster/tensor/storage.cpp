@@ -40,7 +40,11 @@ class CpuAllocator final : public Allocator {
       empty_cache();
       p = std::aligned_alloc(kAlign, size);
     }
-    BOOSTER_CHECK(p != nullptr, ValueError, "out of host memory allocating ", size, " bytes");
+    if (p == nullptr) {
+      g_cpu_in_use -= size;  // counted by note_alloc above, never handed out
+      // Tensor::empty adds the shape, dtype and what was running (Note [Error context]).
+      BOOSTER_FAIL(OutOfMemoryError, "out of host memory allocating ", size, " bytes");
+    }
     return p;
   }
 

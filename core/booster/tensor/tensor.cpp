@@ -2,11 +2,13 @@
 
 #include <algorithm>
 #include <cmath>
+#include <fstream>
 #include <iomanip>
 #include <numeric>
 #include <sstream>
 
 #include "booster/autograd/autograd.h"
+#include "booster/common/error_context.h"
 #include "booster/kernels/elementwise.h"
 #include "booster/ops/ops.h"
 
@@ -37,6 +39,10 @@ int64_t wrap_dim(int64_t dim, int64_t ndim, const char* op) {
 
 std::string shape_str(const Shape& s) { return str(s); }
 
+// An OutOfMemoryError for a tensor of `shape` and `dtype`, with what was running (defined below).
+[[noreturn]] void throw_out_of_memory(const std::string& allocator_message, const Shape& shape, DType dtype,
+                                      Device device);
+
 Tensor Tensor::empty(const Shape& shape, DType dtype, Device device) {
   for (int64_t d : shape)
     BOOSTER_CHECK(d >= 0, ShapeError, "empty: negative size in shape ", shape);
@@ -45,8 +51,70 @@ Tensor Tensor::empty(const Shape& shape, DType dtype, Device device) {
   impl->strides = contiguous_strides(shape);
   impl->numel = numel_of(shape);
   impl->dtype = dtype;
-  impl->storage = std::make_shared<Storage>(size_t(impl->numel) * itemsize(dtype), device);
+  size_t nbytes = itemsize(dtype);
+  for (int64_t d : shape)
+    if (__builtin_mul_overflow(nbytes, size_t(d), &nbytes))
+      throw_out_of_memory("its size in bytes overflows 64 bits", shape, dtype, device);
+  try {
+    impl->storage = std::make_shared<Storage>(nbytes, device);
+  } catch (const OutOfMemoryError& e) {
+    throw_out_of_memory(e.what(), shape, dtype, device);
+  }
   return Tensor(std::move(impl));
+}
+
+namespace {
+
+// "37.3 GiB"
+std::string human_bytes(double bytes) {
+  const char* units[] = {"bytes", "KiB", "MiB", "GiB", "TiB", "PiB"};
+  int u = 0;
+  while (bytes >= 1024.0 && u < 5) bytes /= 1024.0, ++u;
+  std::ostringstream os;
+  os.setf(std::ios::fixed);
+  os.precision(u == 0 ? 0 : 1);
+  os << bytes << " " << units[u];
+  return os.str();
+}
+
+// MemAvailable of /proc/meminfo in bytes, or -1.
+double host_memory_available() {
+  std::ifstream in("/proc/meminfo");
+  std::string key;
+  double kib = 0;
+  std::string unit;
+  while (in >> key >> kib >> unit)
+    if (key == "MemAvailable:") return kib * 1024.0;
+  return -1.0;
+}
+
+}  // namespace
+
+// Note [Error context]: the allocator knows only a byte count; the message gets the tensor's shape and
+// dtype, what was running when it was asked for, and what to shrink.
+void throw_out_of_memory(const std::string& allocator_message, const Shape& shape, DType dtype, Device device) {
+  const double bytes = double(numel_of(shape)) * double(itemsize(dtype));
+  std::string msg = "out of " + std::string(device.is_cuda() ? "device" : "host") + " memory: cannot allocate " +
+                    human_bytes(bytes) + " for a " + dtype_name(dtype) + " tensor of shape " + shape_str(shape);
+  const std::string context = describe_error_context();
+  if (!context.empty()) msg += " " + context;
+  msg += " (" + allocator_message;
+  if (!device.is_cuda()) {
+    const double available = host_memory_available();
+    if (available >= 0) msg += "; " + human_bytes(available) + " available";
+  }
+  msg += "); ";
+  if (innermost_error_context(ErrorContextFrame::Kind::Building)) {
+    msg += "the model's parameters do not fit: shrink the model (its width, hidden sizes, layers, vocab_size)";
+  } else if (innermost_error_context(ErrorContextFrame::Kind::Module) ||
+             innermost_error_context(ErrorContextFrame::Kind::Backward)) {
+    msg += "activations grow with the batch: lower data.batch_size (train.grad_accumulation keeps the effective "
+           "batch), the sequence length (data.context) or the model's width, or train in bf16/fp16, which halves them";
+  } else {
+    msg += "shrink what this tensor holds (the batch size, the model's width), or free memory";
+  }
+  msg += "; `booster check` estimates a config's memory per rank";
+  throw OutOfMemoryError(msg);
 }
 
 Tensor make_view(const Tensor& base, Shape shape, Shape strides, int64_t offset) {
@@ -304,6 +372,7 @@ Tensor Tensor::expand(const Shape& target) const {
 Tensor Tensor::contiguous() const { return is_contiguous() ? *this : clone(); }
 
 Tensor Tensor::clone() const {
+  BOOSTER_OP_CONTEXT("clone");  // Note [Error context]
   Tensor out = Tensor::empty(shape(), dtype(), device());
   {
     NoGradGuard ng;
@@ -314,6 +383,7 @@ Tensor Tensor::clone() const {
 }
 
 Tensor Tensor::to(DType dt) const {
+  BOOSTER_OP_CONTEXT("to");  // Note [Error context]
   if (dt == dtype()) return *this;
   Tensor out = Tensor::empty(shape(), dt, device());
   {
@@ -328,6 +398,7 @@ Tensor Tensor::to(DType dt) const {
 }
 
 Tensor Tensor::to(Device dev) const {
+  BOOSTER_OP_CONTEXT("to");  // Note [Error context]
   if (dev == device()) return *this;
   Tensor out = Tensor::empty(shape(), dtype(), dev);
   {

@@ -242,6 +242,11 @@ class CudaAllocator final : public Allocator {
       (void)cudaGetLastError();
       size_t free_b = 0, total_b = 0;
       cudaMemGetInfo(&free_b, &total_b);
+      // Out of device memory is an OutOfMemoryError, which Tensor::empty completes with the shape and
+      // what was running (Note [Error context]); anything else stays a CudaError.
+      if (err == cudaErrorMemoryAllocation)
+        BOOSTER_FAIL(OutOfMemoryError, "out of memory on cuda:", device_, " allocating ", size, " bytes (",
+                     g_in_use.load(), " bytes in use by tensors, ", free_b, " of ", total_b, " free on the device)");
       BOOSTER_FAIL(CudaError, "cannot allocate ", size, " bytes on cuda:", device_, ": cudaMalloc says ",
                    cudaGetErrorName(err), " (", cudaGetErrorString(err), "); ", g_in_use.load(),
                    " bytes in use by tensors, ", free_b, " of ", total_b, " free on the device");

@@ -1,0 +1,195 @@
+// The per-rank memory estimate of a training config (Note [Memory estimate] in memory_estimate.h).
+#include "booster/config/memory_estimate.h"
+
+#include <algorithm>
+#include <cmath>
+#include <fstream>
+#include <iomanip>
+#include <sstream>
+
+#include "booster/autograd/autograd.h"
+#include "booster/common/error.h"
+#include "booster/mixed_precision/master_weight_optimizer.h"
+#include "booster/mixed_precision/mixed_precision.h"
+#include "booster/nn/linear.h"
+#include "booster/nn/model_registry.h"
+#include "booster/ops/ops.h"
+#include "booster/optim/optimizer.h"
+
+namespace booster::config {
+
+using nlohmann::json;
+
+int64_t MemoryEstimate::total_bytes() const {
+  int64_t total = 0;
+  for (const MemoryItem& item : items) total += item.bytes;
+  return total;
+}
+
+std::string format_bytes(double bytes) {
+  const char* units[] = {"bytes", "KiB", "MiB", "GiB", "TiB", "PiB"};
+  int u = 0;
+  while (bytes >= 1024.0 && u < 5) bytes /= 1024.0, ++u;
+  std::ostringstream os;
+  os << std::fixed << std::setprecision(u == 0 ? 0 : 1) << bytes << " " << units[u];
+  return os.str();
+}
+
+HostMemory host_memory() {
+  HostMemory m;
+  std::ifstream in("/proc/meminfo");
+  std::string key, unit;
+  int64_t kib = 0;
+  while (in >> key >> kib >> unit) {
+    if (key == "MemAvailable:") m.available = kib * 1024;
+    if (key == "MemTotal:") m.total = kib * 1024;
+  }
+  return m;
+}
+
+namespace {
+
+// What the strategy does to a model, measured on a probe (Note [Memory estimate]).
+struct Precision {
+  int model_bytes = 4;
+  std::string model_dtype = "float32";
+  bool master_weights = false;
+  int activation_bytes = 4;
+};
+
+Precision probe_strategy(const json& section) {
+  json options = section;
+  const std::string name = options.at("name").get<std::string>();
+  options.erase("name");
+  std::shared_ptr<mixed_precision::MixedPrecision> strategy(mixed_precision::create(name, options));
+  auto model = std::make_shared<nn::Linear>(2, 2);
+  std::shared_ptr<optim::Optimizer> sgd = optim::make_optimizer({{"type", "sgd"}, {"lr", 0.1}}, model->parameters());
+  mixed_precision::Configured c = strategy->configure(model, sgd, nullptr);
+  Precision p;
+  const DType dtype = c.model->parameters().at(0).dtype();
+  p.model_bytes = int(itemsize(dtype));
+  p.model_dtype = dtype_name(dtype);
+  p.master_weights = dynamic_cast<mixed_precision::MasterWeightOptimizer*>(c.optimizer.get()) != nullptr;
+  // The forward's activations: the probe's output dtype (float16 under autocast or a 16-bit model).
+  autograd::NoGradGuard no_grad;
+  const Tensor out = (*c.model)(zeros({1, 2}));
+  p.activation_bytes = p.model_bytes == 2 || is_low_precision(out.dtype()) ? 2 : 4;
+  return p;
+}
+
+int64_t shard(int64_t n, int world) { return (n + world - 1) / world; }
+
+std::string thousands(int64_t n) {
+  std::string s = std::to_string(n);
+  for (int i = int(s.size()) - 3; i > 0; i -= 3) s.insert(size_t(i), ",");
+  return s;
+}
+
+}  // namespace
+
+MemoryEstimate estimate_memory(const json& c, int world_size) {
+  BOOSTER_CHECK(world_size >= 1, ValueError, "estimate_memory: world size ", world_size, " must be at least 1");
+  MemoryEstimate e;
+  e.world_size = world_size;
+  const json& model = c.at("model");
+  const json& data = c.at("data");
+  const std::string type = model.at("type").get<std::string>();
+  const int64_t batch = data.at("batch_size").get<int64_t>();
+
+  // ---- parameters and the activation elements of one micro-batch
+  int64_t activation_elements = -1;
+  std::string activation_detail;
+  if (type == "mlp" || type == "linear") {
+    std::vector<int64_t> widths = {model.at("in").get<int64_t>()};
+    if (type == "mlp")
+      for (const json& h : model.at("hidden")) widths.push_back(h.get<int64_t>());
+    widths.push_back(model.at("classes").get<int64_t>());
+    int64_t per_sample = widths.front() + 2 * widths.back();  // input, logits and their softmax
+    for (size_t i = 0; i + 1 < widths.size(); ++i) {
+      e.parameters += widths[i] * widths[i + 1] + widths[i + 1];
+      if (i + 2 < widths.size()) per_sample += 2 * widths[i + 1];  // a hidden layer before and after its activation
+    }
+    activation_elements = batch * per_sample;
+    activation_detail = type + ", batch " + std::to_string(batch) + " x " + std::to_string(per_sample) + " values";
+  } else if (type == "gpt") {
+    const int64_t v = model.at("vocab_size").get<int64_t>(), ctx = model.at("context").get<int64_t>();
+    const int64_t w = model.at("width").get<int64_t>(), L = model.at("layers").get<int64_t>();
+    const int64_t heads = model.at("heads").get<int64_t>();
+    const int64_t per_block = 2 * 2 * w + (w * 3 * w + 3 * w) + (w * w + w) + (w * 4 * w + 4 * w) + (4 * w * w + w);
+    e.parameters = v * w + ctx * w + L * per_block + 2 * w + w * v;
+    const int64_t T = data.contains("context") ? data.at("context").get<int64_t>() : ctx;
+    const double per_token = double(L) * (17.0 * double(w) + 2.5 * double(heads) * double(T)) + 3.0 * double(w) + 2.0 * double(v);
+    activation_elements = int64_t(std::llround(double(batch * T) * per_token));
+    activation_detail = "gpt, batch " + std::to_string(batch) + " x " + std::to_string(T) + " tokens";
+  } else {
+    json cfg = model;
+    cfg.erase("init_from");
+    e.parameters = nn::make_model(cfg, c.at("train").at("seed").get<uint64_t>())->num_parameters();
+    e.notes.push_back("model '" + type + "' was built once to count its parameters; its activations are not estimated");
+  }
+
+  // ---- strategy and plugin
+  Precision p = probe_strategy(c.at("mixed_precision"));
+  const json& plugin = c.at("plugin");
+  const std::string plugin_name = plugin.at("name").get<std::string>();
+  int zero_stage = 0;
+  if (plugin_name == "low_level_zero") {
+    zero_stage = plugin.value("stage", 1);
+    const std::string precision = plugin.value("precision", std::string("fp16"));
+    const bool half = precision == "fp16" || precision == "bf16";
+    p.model_bytes = p.activation_bytes = half ? 2 : 4;
+    p.model_dtype = precision == "fp16" ? "float16" : precision == "bf16" ? "bfloat16" : "float32";
+    p.master_weights = half;
+  } else if (plugin_name != "single" && plugin_name != "ddp") {
+    e.notes.push_back("plugin '" + plugin_name + "' is assumed to replicate the model, gradients and optimizer on every rank");
+  }
+  const int world = world_size;
+  const std::string shard_text = ", sharded 1/" + std::to_string(world);
+  const int64_t n = e.parameters;
+
+  e.items.push_back({"parameters", thousands(n) + " x " + std::to_string(p.model_bytes) + " bytes (" + p.model_dtype + ")",
+                     n * p.model_bytes});
+  const int64_t grads = zero_stage >= 2 ? shard(n, world) : n;
+  e.items.push_back({"gradients", thousands(grads) + " x " + std::to_string(p.model_bytes) + " bytes" +
+                                      (zero_stage >= 2 ? shard_text + " (ZeRO stage 2)" : ""),
+                     grads * p.model_bytes});
+  const int64_t sharded = zero_stage >= 1 ? shard(n, world) : n;
+  if (p.master_weights)
+    e.items.push_back({"master weights", thousands(sharded) + " x 4 bytes (float32)" + (zero_stage ? shard_text : ""),
+                       sharded * 4});
+
+  const json& optimizer = c.at("optimizer");
+  const std::string opt = optimizer.at("type").get<std::string>();
+  int states = 0;
+  if (opt == "adam" || opt == "adamw") states = optimizer.value("amsgrad", false) ? 3 : 2;
+  else if (opt == "sgd") states = optimizer.value("momentum", 0.0) > 0.0 ? 1 : 0;
+  const int state_bytes = p.master_weights ? 4 : p.model_bytes;
+  e.items.push_back({"optimizer state", opt + ": " + std::to_string(states) + " x " + thousands(sharded) + " x " +
+                                            std::to_string(state_bytes) + " bytes" + (zero_stage ? shard_text : ""),
+                     int64_t(states) * sharded * state_bytes});
+
+  if (activation_elements >= 0) {
+    e.items.push_back({"activations", activation_detail + ", " + std::to_string(p.activation_bytes) + " bytes each",
+                       activation_elements * p.activation_bytes});
+  } else {
+    e.items.push_back({"activations", "not estimated for model '" + type + "'", 0, false});
+  }
+  return e;
+}
+
+std::string format_memory_estimate(const MemoryEstimate& e) {
+  std::ostringstream os;
+  os << "memory per rank (world size " << e.world_size << ", " << thousands(e.parameters) << " parameters):\n";
+  size_t detail_width = 0;
+  for (const MemoryItem& item : e.items) detail_width = std::max(detail_width, item.detail.size());
+  for (const MemoryItem& item : e.items) {
+    os << "  " << std::left << std::setw(17) << item.what << std::setw(int(detail_width) + 2) << item.detail
+       << std::right << std::setw(12) << (item.estimated ? format_bytes(double(item.bytes)) : "?") << "\n";
+  }
+  os << "  " << std::left << std::setw(17 + int(detail_width) + 2) << "total" << std::right << std::setw(12)
+     << format_bytes(double(e.total_bytes())) << "\n";
+  for (const std::string& note : e.notes) os << "  note: " << note << "\n";
+  return os.str();
+}
+
+}  // namespace booster::config
