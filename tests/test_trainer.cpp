@@ -352,4 +352,9 @@ TEST_CASE("Trainer: options out of range and missing parts are named", "[trainer
   CHECK_THROWS_WITH(Trainer(*run.booster, o), Catch::Contains("an epoch has only 6 batches"));
   Booster bare;
   CHECK_THROWS_AS(Trainer(bare, {}), StateError);
+  // A Trainer's state leaves the Booster with it: a later save does not reach a Trainer that is gone,
+  // and a second Trainer may follow the first.
+  { Trainer first(*run.booster, {}); }
+  CHECK_NOTHROW(run.booster->save_state(scratch("after_trainer")));
+  CHECK_NOTHROW(Trainer(*run.booster, {}));
 }

@@ -262,6 +262,8 @@ class Booster {
                       std::function<void(const nlohmann::json&)> load);
   void register_tensors(const std::string& name, std::function<nn::StateDict()> save,
                         std::function<void(const nn::StateDict&)> load);
+  // Forgets a registered state or tensors (no-op for an unknown name).
+  void unregister_state(const std::string& name) { registered_.erase(name); }
   // A random generator to save and restore beside the default one and those the model's dropouts use.
   void register_generator(const std::string& name, Generator& generator);
   // Settings a resume must keep (Note [Settings a resume must keep] in state.cpp): saved with the state

@@ -215,7 +215,8 @@ Trainer::Trainer(Booster& booster, TrainerOptions options) : booster_(booster), 
   booster_.set_resume_settings(o.resume_settings);
 }
 
-Trainer::~Trainer() = default;
+// The registered "trainer" state points at this Trainer: the Booster may outlive it.
+Trainer::~Trainer() { booster_.unregister_state("trainer"); }
 
 void Trainer::set_eval_data(data::DatasetPtr dataset, int64_t stride) {
   BOOSTER_CHECK(stride >= 1, ValueError, "Trainer::set_eval_data: stride is ", stride, "; it must be >= 1");

@@ -117,7 +117,9 @@ struct FitResult {
 class Trainer {
  public:
   // Trains what `booster` boosted (Booster::boosted(): the model, optimizer and dataloader are needed, a
-  // criterion too; the scheduler is optional). ConfigError for options out of range.
+  // criterion too; the scheduler is optional). ConfigError for options out of range. Its position
+  // (skipped steps, samples seen, last loss and evaluation) is registered with the Booster as state
+  // "trainer" while it lives, so one Trainer at a time per Booster.
   Trainer(Booster& booster, TrainerOptions options);
   ~Trainer();
   Trainer(const Trainer&) = delete;
