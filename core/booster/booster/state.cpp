@@ -164,8 +164,12 @@ int64_t Booster::step() const { return parts_.optimizer ? parts_.optimizer->step
 
 // ------------------------------------------------------------------------------------------ save
 void Booster::lock_state_root(const fs::path& root) {
-  if (process_group().rank() == 0 && !root_locks_.count(root))
-    root_locks_[root] = std::make_shared<checkpoint::RootLock>(root);
+  if (process_group().rank() != 0) return;
+  // One lock per directory however it is spelled ("runs/a", "./runs/a/"): a second flock of the same
+  // root from this process would look like another program's.
+  fs::path key = fs::absolute(root).lexically_normal();
+  if (!key.has_filename()) key = key.parent_path();
+  if (!root_locks_.count(key)) root_locks_[key] = std::make_shared<checkpoint::RootLock>(root);
 }
 
 fs::path Booster::save_state(const fs::path& root, const SaveStateOptions& options) {
