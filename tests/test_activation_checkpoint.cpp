@@ -73,7 +73,7 @@ TEST_CASE("checkpoint: an MLP block with dropout gets the plain run's gradients,
   }
 }
 
-TEST_CASE("checkpoint: outside grad mode it is a plain forward; the wrapper keeps parameters under module.",
+TEST_CASE("checkpoint: outside grad mode it is a plain forward, and the wrapper keeps parameters under module.",
           "[checkpoint_activations]") {
   auto a = block(1);
   Generator g(3);

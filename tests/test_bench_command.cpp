@@ -79,10 +79,10 @@ TEST_CASE("booster bench: the hand-written loop and the comparison with it", "[c
 TEST_CASE("booster bench: usage mistakes are one line and exit code 2", "[cli][bench]") {
   RunResult r = run_bench("--workload foo");
   CHECK(r.exit_code == 2);
-  CHECK(r.err == "booster: error: booster bench: unknown workload 'foo'; expected mlp or gpt\n");
+  CHECK(r.err == "booster: error: booster bench: unknown workload 'foo'; expected mlp, cnn or gpt\n");
   r = run_bench("--steps 3");
   CHECK(r.exit_code == 2);
-  CHECK(r.err.find("needs --workload mlp|gpt") != std::string::npos);
+  CHECK(r.err.find("needs --workload mlp|cnn|gpt") != std::string::npos);
   r = run_bench("--workload mlp --hand-written --plugin single");
   CHECK(r.exit_code == 2);
   CHECK(r.err.find("takes no --plugin") != std::string::npos);
