@@ -3,7 +3,7 @@
 //   Booster booster(BoosterConfig{.mixed_precision = "bf16"});
 //   booster.boost(model, optimizer, criterion, booster.prepare_dataloader(train_set, {.batch_size = 64,
 //                 .shuffle = true}), scheduler);
-//   Trainer trainer(booster, {.epochs = 3, .checkpoint_every = 500, .run_dir = "runs/mnist",
+//   Trainer trainer(booster, {.epochs = 3, .run_dir = "runs/mnist", .checkpoint_every = 500,
 //                             .resume = "latest"});
 //   trainer.set_eval_data(test_set);
 //   FitResult result = trainer.fit();   // progress, metrics.jsonl, checkpoints, resume, Ctrl-C saves
