@@ -11,6 +11,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "plugin_path_guard.h"
 #include "booster/autograd/autograd.h"
 #include "booster/common/error.h"
 #include "booster/config/config.h"
@@ -39,22 +40,7 @@ bool is_mapped(const std::string& file) {
   return false;
 }
 
-class PluginPathGuard {
- public:
-  explicit PluginPathGuard(const char* value) {
-    if (const char* old = std::getenv("BOOSTER_PLUGIN_PATH")) old_ = old, had_ = true;
-    if (value) setenv("BOOSTER_PLUGIN_PATH", value, 1);
-    else unsetenv("BOOSTER_PLUGIN_PATH");
-  }
-  ~PluginPathGuard() {
-    if (had_) setenv("BOOSTER_PLUGIN_PATH", old_.c_str(), 1);
-    else unsetenv("BOOSTER_PLUGIN_PATH");
-  }
-
- private:
-  std::string old_;
-  bool had_ = false;
-};
+using testing::PluginPathGuard;
 
 json toy(const std::string& library = kToy) {
   return {{"type", "toy_mlp"}, {"library", library}, {"in", 6}, {"hidden", 5}, {"classes", 3}};

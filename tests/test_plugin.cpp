@@ -15,6 +15,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "plugin_path_guard.h"
 #include "booster/autograd/autograd.h"
 #include "booster/data/synthetic.h"
 #include "booster/mixed_precision/mixed_precision.h"
@@ -37,23 +38,7 @@ std::string test_plugin(const std::string& dir) {
   return std::string(BOOSTER_TEST_PLUGIN_DIR) + "/libbooster_precision_" + dir + ".so";
 }
 
-// Sets or unsets BOOSTER_PLUGIN_PATH for one scope.
-class PluginPathGuard {
- public:
-  explicit PluginPathGuard(const char* value) {
-    if (const char* old = std::getenv("BOOSTER_PLUGIN_PATH")) old_ = old, had_ = true;
-    if (value) setenv("BOOSTER_PLUGIN_PATH", value, 1);
-    else unsetenv("BOOSTER_PLUGIN_PATH");
-  }
-  ~PluginPathGuard() {
-    if (had_) setenv("BOOSTER_PLUGIN_PATH", old_.c_str(), 1);
-    else unsetenv("BOOSTER_PLUGIN_PATH");
-  }
-
- private:
-  std::string old_;
-  bool had_ = false;
-};
+using testing::PluginPathGuard;
 
 // Whether a file is mapped into this process (a loaded shared library is).
 bool is_mapped(const std::string& file) {
