@@ -1,9 +1,11 @@
 // Validation and defaults for JSON configs (Note [Config errors] in config.h).
 #include "booster/config/config.h"
+#include "booster/config/json_text.h"
 
 #include <algorithm>
 #include <cmath>
 #include <fstream>
+#include <limits>
 #include <sstream>
 
 #include "booster/common/error.h"
@@ -94,6 +96,8 @@ bool kind_matches(Kind kind, const json& v) {
   switch (kind) {
     case Kind::Bool: return v.is_boolean();
     case Kind::Int:
+      // Past INT64_MAX nlohmann keeps the number unsigned; every integer option is read as an int64.
+      if (v.is_number_unsigned()) return v.get<uint64_t>() <= uint64_t(std::numeric_limits<int64_t>::max());
       if (v.is_number_integer()) return true;
       // 3.0 is an integer; 3.5 and 1e30 are not.
       return v.is_number_float() && std::isfinite(v.get<double>()) &&
@@ -303,19 +307,7 @@ ResolvedRun resolve_run(const json& config) {
 
 json resolve(const json& config) { return resolve_run(config).config; }
 
-json load_file(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) throw ConfigError("cannot open config file '" + path + "'");
-  try {
-    return json::parse(in, nullptr, /*allow_exceptions=*/true, /*ignore_comments=*/true);
-  } catch (const json::parse_error& e) {
-    // e.what() is "[json.exception.parse_error.101] parse error at line 3, column 5: ..."
-    std::string what = e.what();
-    auto pos = what.find("] ");
-    throw ConfigError("config file '" + path + "' is not valid JSON: " +
-                      (pos == std::string::npos ? what : what.substr(pos + 2)));
-  }
-}
+json load_file(const std::string& path) { return read_json_file(path); }
 
 void apply_override(json& config, const std::string& assignment) {
   auto eq = assignment.find('=');
@@ -324,8 +316,12 @@ void apply_override(json& config, const std::string& assignment) {
   }
   std::string path = assignment.substr(0, eq);
   std::string text = assignment.substr(eq + 1);
-  json value = json::parse(text, nullptr, /*allow_exceptions=*/false);
-  if (value.is_discarded()) value = text;  // `adamw`, `/data/dir`: a plain string
+  json value;
+  try {
+    value = parse_json_text(text, "--set '" + path + "=" + (text.size() > 40 ? text.substr(0, 40) + "...'" : text + "'"));
+  } catch (const JsonSyntaxError&) {
+    value = text;  // `adamw`, `/data/dir`: a plain string
+  }
 
   std::vector<std::string> keys;
   std::stringstream ss(path);

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 
 #include "booster/common/error.h"
 
@@ -45,8 +46,13 @@ int64_t OptionReader::integer(const std::string& key, int64_t fallback, int64_t 
   valid_.push_back(key);
   if (!options_.contains(key)) return fallback;
   const json& v = options_.at(key);
-  const bool integral = v.is_number_integer() || (v.is_number_float() && std::floor(v.get<double>()) == v.get<double>());
-  BOOSTER_CHECK(integral, ConfigError, prefix(), "option '", key, "' must be an integer, got ", v.dump());
+  // An int64: not an unsigned past INT64_MAX, not a float that no int64 holds exactly.
+  const bool integral =
+      (v.is_number_unsigned() && v.get<uint64_t>() <= uint64_t(std::numeric_limits<int64_t>::max())) ||
+      (v.is_number_integer() && !v.is_number_unsigned()) ||
+      (v.is_number_float() && std::floor(v.get<double>()) == v.get<double>() && std::abs(v.get<double>()) < 9.0e15);
+  BOOSTER_CHECK(integral, ConfigError, prefix(), "option '", key, "' must be an integer in [", min, ", ", max,
+                "], got ", v.dump().substr(0, 60));
   const int64_t x = v.get<int64_t>();
   BOOSTER_CHECK(x >= min && x <= max, ConfigError, prefix(), "option '", key, "' = ", x,
                 " is out of range; it must be in [", min, ", ", max, "]");
