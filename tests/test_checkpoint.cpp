@@ -19,6 +19,7 @@
 
 #include "booster/checkpoint/atomic_file.h"
 #include "booster/checkpoint/checkpoint.h"
+#include "booster/checkpoint/checksums.h"
 #include "booster/checkpoint/safetensors.h"
 #include "booster/nn/models.h"
 #include "booster/ops/ops.h"
@@ -818,28 +819,50 @@ TEST_CASE("checkpoint: missing files, corrupt files, another version or strategy
     fs::remove(ckpt / "optimizer.safetensors");
     REQUIRE_THROWS_WITH(load_checkpoint(dir.path), Catch::Contains("optimizer.safetensors is missing"));
   }
+  // The checksums catch each damage below first (Note [Checkpoint checksums]); unverified, the
+  // structural checks behind them still name it.
+  const LoadOptions unverified{.verify = false};
   SECTION("model file missing") {
     fs::remove(ckpt / "model.safetensors");
-    REQUIRE_THROWS_WITH(load_checkpoint(dir.path), Catch::Contains("holds neither model.safetensors"));
+    REQUIRE_THROWS_WITH(load_checkpoint(dir.path), Catch::Contains("model.safetensors is missing"));
+    REQUIRE_THROWS_WITH(load_checkpoint(dir.path, unverified), Catch::Contains("holds neither model.safetensors"));
   }
   SECTION("model file truncated") {
     const std::string bytes = read_bytes(ckpt / "model.safetensors");
     write_bytes(ckpt / "model.safetensors", bytes.substr(0, bytes.size() / 2));
-    REQUIRE_THROWS_WITH(load_checkpoint(dir.path),
+    REQUIRE_THROWS_WITH(load_checkpoint(dir.path), Catch::Contains("model.safetensors has ") &&
+                                                       Catch::Contains(" bytes, not the ") && Catch::Contains("--no-verify"));
+    REQUIRE_THROWS_WITH(load_checkpoint(dir.path, unverified),
                         Catch::Contains("model.safetensors") && Catch::Contains("truncated"));
   }
   SECTION("another format version") {
     json state = json::parse(read_bytes(ckpt / "trainer_state.json"));
     state["version"] = 99;
     write_bytes(ckpt / "trainer_state.json", state.dump());
-    REQUIRE_THROWS_WITH(load_checkpoint(dir.path),
-                        Catch::Contains("format version 99; this build reads version 1"));
+    REQUIRE_THROWS_WITH(load_checkpoint(dir.path), Catch::Contains("trainer_state.json has "));
+    REQUIRE_THROWS_WITH(load_checkpoint(dir.path, unverified),
+                        Catch::Contains("format version 99; this build reads versions 1 to 2"));
   }
   SECTION("trainer_state.json corrupt or missing") {
     write_bytes(ckpt / "trainer_state.json", "{\"format\": ");
-    REQUIRE_THROWS_WITH(load_checkpoint(ckpt), Catch::Contains("trainer_state.json: not valid JSON"));
+    REQUIRE_THROWS_WITH(load_checkpoint(ckpt, unverified), Catch::Contains("trainer_state.json: not valid JSON"));
     fs::remove(ckpt / "trainer_state.json");
     REQUIRE_THROWS_WITH(load_checkpoint(ckpt), Catch::Contains("trainer_state.json"));
+    REQUIRE_THROWS_WITH(load_checkpoint(ckpt, unverified), Catch::Contains("trainer_state.json"));
+  }
+  SECTION("a flipped bit in a tensor, and a checkpoint without checksums") {
+    std::string bytes = read_bytes(ckpt / "model.safetensors");
+    bytes[bytes.size() - 3] ^= 0x01;  // inside the last tensor's data (names sort; offsets follow)
+    write_bytes(ckpt / "model.safetensors", bytes);
+    REQUIRE_THROWS_WITH(load_checkpoint(dir.path), Catch::Contains("model.safetensors fails the checksum of tensor '"));
+    CHECK_NOTHROW(load_checkpoint(dir.path, unverified));
+    fs::remove(ckpt / "checksums.json");
+    REQUIRE_THROWS_WITH(load_checkpoint(dir.path), Catch::Contains("has no checksums.json"));
+    // A version 1 checkpoint (before checksums) loads unverified.
+    json state = json::parse(read_bytes(ckpt / "trainer_state.json"));
+    state["version"] = 1;
+    write_bytes(ckpt / "trainer_state.json", state.dump());
+    CHECK_NOTHROW(load_checkpoint(dir.path));
   }
   SECTION("latest names a checkpoint that is gone") {
     fs::remove_all(ckpt);
@@ -864,4 +887,14 @@ TEST_CASE("atomic writes: a failed write leaves the old file and no temporary", 
   CHECK(std::distance(fs::directory_iterator(dir.path), fs::directory_iterator()) == 1);
   REQUIRE_THROWS_WITH(write_text_file_atomically(dir / "no" / "such" / "dir.txt", "x"),
                       Catch::Contains("cannot create") && Catch::Contains("dir.txt.tmp-"));
+}
+
+TEST_CASE("checkpoint checksums: CRC-32 has its published check value", "[checkpoint]") {
+  // The check value of CRC-32 (ISO-HDLC, as zlib, gzip and PNG) over the ASCII digits 1..9.
+  const std::string digits = "123456789";
+  CHECK(booster::checkpoint::crc32(digits.data(), digits.size()) == 0xCBF43926u);
+  CHECK(booster::checkpoint::crc32(digits.data(), 4, booster::checkpoint::crc32(nullptr, 0)) ==
+        booster::checkpoint::crc32("1234", 4));
+  // Continuing over pieces gives the CRC of the whole.
+  CHECK(booster::checkpoint::crc32(digits.data() + 4, 5, booster::checkpoint::crc32(digits.data(), 4)) == 0xCBF43926u);
 }

@@ -168,6 +168,9 @@ struct LoadStateOptions {
   // A setting holding the run's length in steps (the Trainer's "train.max_steps"): a resume may make
   // it smaller (an exact prefix of the saved run) but not larger. Empty: none.
   std::string run_length_setting;
+  // Check every file against the checkpoint's checksums.json before reading it (Note [Checkpoint
+  // checksums]); false loads a damaged checkpoint as it is.
+  bool verify = true;
 };
 struct LoadedState {
   std::filesystem::path dir;            // the step directory read

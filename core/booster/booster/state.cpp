@@ -40,6 +40,7 @@
 #include "booster/booster/booster.h"
 #include "booster/checkpoint/atomic_file.h"
 #include "booster/checkpoint/checkpoint.h"
+#include "booster/checkpoint/checksums.h"
 #include "booster/checkpoint/safetensors.h"
 #include "booster/common/error.h"
 #include "booster/data/dataloader.h"
@@ -52,7 +53,9 @@ using nlohmann::json;
 namespace {
 
 constexpr const char* kStateFormat = "booster-state";
-constexpr int kStateFormatVersion = 2;
+// Version 3 added checksums.json (Note [Checkpoint checksums]); version 2 still loads, unverified.
+constexpr int kStateFormatVersion = 3;
+constexpr int kOldestStateFormatVersion = 2;
 constexpr const char* kExtraTensorsFile = "extra.safetensors";
 
 std::string show(const json& value) { return value.is_null() ? "null" : value.dump(); }
@@ -109,9 +112,11 @@ json read_state_file(const fs::path& dir, const std::string& context) {
                 file.string(), " is not a checkpoint of Booster::save_state (no \"format\": \"", kStateFormat,
                 "\"); a checkpoint of an earlier version can still give its weights (model.init_from=",
                 (dir / "model").string(), ")");
-  BOOSTER_CHECK(state.value("version", 0) == kStateFormatVersion, CheckpointError, context, ": ", file.string(),
-                " has format version ", show(state.value("version", json())), "; this build reads version ",
-                kStateFormatVersion);
+  const json version = state.value("version", json());
+  BOOSTER_CHECK(version.is_number_integer() && version.get<int64_t>() >= kOldestStateFormatVersion &&
+                    version.get<int64_t>() <= kStateFormatVersion,
+                CheckpointError, context, ": ", file.string(), " has format version ", show(version),
+                "; this build reads versions ", kOldestStateFormatVersion, " to ", kStateFormatVersion);
   for (const char* key : {"step", "dataloader", "rng", "mixed_precision", "plugin", "world_size", "state"})
     BOOSTER_CHECK(state.contains(key), CheckpointError, context, ": ", file.string(), " lacks \"", key,
                   "\"; the checkpoint is truncated or corrupt");
@@ -242,7 +247,16 @@ LoadedState Booster::load_state(const fs::path& path, const LoadStateOptions& op
                 " does not exist; expected a checkpoint directory or a root of them");
   BOOSTER_CHECK(found.has_value(), CheckpointError, context, ": ", path.string(), " holds no committed checkpoint");
   const fs::path dir = *found;
+  // Note [Checkpoint checksums]: every file is checked before any is parsed.
+  const bool verified = options.verify && checkpoint::verify_checksums(dir) == checkpoint::ChecksumStatus::Verified;
   const json state = read_state_file(dir, context);
+  if (options.verify && !verified) {
+    BOOSTER_CHECK(state.at("version") != kStateFormatVersion, CheckpointError, context, ": ", dir.string(),
+                  " has no ", checkpoint::kChecksumsFileName, " though its format version records one: it was "
+                  "removed after the save; pass --no-verify (LoadStateOptions::verify = false) to load it unverified");
+    if (process_group().rank() == 0)
+      std::fprintf(stderr, "booster: warning: %s predates checksums; its files are not verified\n", dir.c_str());
+  }
 
   auto restore_hint = [&](const std::string& where, const json& saved) {
     return options.restore_hint ? options.restore_hint(where, saved)

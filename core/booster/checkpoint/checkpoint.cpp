@@ -13,6 +13,7 @@
 #include <system_error>
 
 #include "booster/checkpoint/atomic_file.h"
+#include "booster/checkpoint/checksums.h"
 #include "booster/common/error.h"
 
 namespace booster::checkpoint {
@@ -104,6 +105,33 @@ std::vector<std::pair<int64_t, fs::path>> list_checkpoints(const fs::path& root)
   return out;
 }
 
+namespace {
+
+// The committed steps of a root, for a message that must point somewhere.
+std::string existing_steps(const fs::path& root) {
+  const auto committed = list_checkpoints(root);
+  if (committed.empty()) return "the directory holds no committed checkpoint";
+  std::string names;
+  for (const auto& [step, dir] : committed) names += (names.empty() ? "" : ", ") + dir.filename().string();
+  return "the committed checkpoints there are " + names + "; resume one of them by its path, or remove " +
+         (root / kLatestFileName).string() + " to resume the newest";
+}
+
+}  // namespace
+
+bool holds_no_checkpoint(const fs::path& root) {
+  std::error_code ec;
+  if (!fs::exists(fs::symlink_status(root, ec))) return true;
+  if (!fs::is_directory(root, ec)) return false;
+  for (const auto& entry : fs::directory_iterator(root, ec)) {
+    const std::string name = entry.path().filename().string();
+    if (name == kLockFileName) continue;
+    if (std::regex_match(name, kTmpDirName) && entry.is_directory(ec)) continue;  // an interrupted first save
+    return false;
+  }
+  return !ec;
+}
+
 fs::path begin_checkpoint(const fs::path& root, int64_t step) {
   BOOSTER_CHECK(step >= 0 && step <= 99'999'999, ValueError, "save_checkpoint: step ", step,
                 " is outside [0, 99999999]");
@@ -148,6 +176,9 @@ fs::path commit_checkpoint(const fs::path& root, int64_t step, int keep_last) {
   const std::string name = step_dir_name(step);
   const fs::path final_dir = root / name;
   const fs::path tmp_dir = root / (name + ".tmp");
+  // Note [Checkpoint checksums]: written last, so they cover every file of the checkpoint.
+  write_checksums(tmp_dir);
+  sync_directory(tmp_dir);
   crash_here_if_testing("before_commit");
 
   // The commit (Note [Replacing a checkpoint] when the step exists): `step-N/` always names a whole
@@ -302,16 +333,24 @@ fs::path resolve_checkpoint(const fs::path& given) {
   BOOSTER_CHECK(fs::is_directory(path), CheckpointError, "load_checkpoint: ", path.string(),
                 " is not a directory");
   if (fs::exists(path / kTrainerStateFileName)) return path;
-  if (fs::exists(path / kLatestFileName)) {
-    std::string name = read_text_file(path / kLatestFileName, 4096);
-    while (!name.empty() && (name.back() == '\n' || name.back() == ' ')) name.pop_back();
-    BOOSTER_CHECK(std::regex_match(name, kStepDirName), CheckpointError, "load_checkpoint: ",
-                  (path / kLatestFileName).string(), " names '", name, "', not a step-XXXXXXXX directory");
+  std::error_code ec;
+  const fs::path latest_file = path / kLatestFileName;
+  if (fs::exists(fs::symlink_status(latest_file, ec))) {
+    // Either our text file naming the step, or a symlink to a step directory (as some tools make it).
+    std::string name;
+    if (fs::is_symlink(fs::symlink_status(latest_file, ec))) {
+      name = fs::read_symlink(latest_file, ec).lexically_normal().filename().string();
+    } else {
+      name = read_text_file(latest_file, 4096);
+      while (!name.empty() && (name.back() == '\n' || name.back() == ' ')) name.pop_back();
+    }
+    BOOSTER_CHECK(std::regex_match(name, kStepDirName), CheckpointError, "load_checkpoint: ", latest_file.string(),
+                  " names '", name, "', not a step-XXXXXXXX directory; ", existing_steps(path));
     fs::path dir = path / name;
     // Caught between the renames of a replace (Note [Replacing a checkpoint]).
     if (!fs::exists(dir) && fs::is_directory(path / (name + kReplacedSuffix))) dir = path / (name + kReplacedSuffix);
-    BOOSTER_CHECK(fs::is_directory(dir), CheckpointError, "load_checkpoint: ", (path / kLatestFileName).string(),
-                  " names ", name, ", which does not exist in ", path.string());
+    BOOSTER_CHECK(fs::is_directory(dir), CheckpointError, "load_checkpoint: ", latest_file.string(), " names ", name,
+                  ", which does not exist in ", path.string(), "; ", existing_steps(path));
     return dir;
   }
   const auto committed = list_checkpoints(path);
@@ -322,6 +361,7 @@ fs::path resolve_checkpoint(const fs::path& given) {
 
 TrainingState load_checkpoint(const fs::path& path, const LoadOptions& options) {
   const fs::path dir = resolve_checkpoint(path);
+  const bool verified = options.verify && verify_checksums(dir) == ChecksumStatus::Verified;
   const fs::path state_file = dir / kTrainerStateFileName;
   BOOSTER_CHECK(fs::exists(state_file), CheckpointError, "load_checkpoint: ", dir.string(), " has no ",
                 kTrainerStateFileName, "; it is not a complete checkpoint");
@@ -335,9 +375,15 @@ TrainingState load_checkpoint(const fs::path& path, const LoadOptions& options) 
                 "load_checkpoint: ", state_file.string(), " is not a booster checkpoint (no \"format\": \"",
                 kFormatName, "\")");
   const json& version = field(saved, state_file, "version");
-  BOOSTER_CHECK(version == kCheckpointFormatVersion, CheckpointError, "load_checkpoint: ", dir.string(),
-                " has checkpoint format version ", version.dump(), "; this build reads version ",
+  BOOSTER_CHECK(version == 1 || version == kCheckpointFormatVersion, CheckpointError, "load_checkpoint: ",
+                dir.string(), " has checkpoint format version ", version.dump(), "; this build reads versions 1 to ",
                 kCheckpointFormatVersion);
+  if (options.verify && !verified) {
+    BOOSTER_CHECK(version == 1, CheckpointError, "load_checkpoint: ", dir.string(), " has no ", kChecksumsFileName,
+                  " though its version records one: it was removed or the save was tampered with; pass "
+                  "--no-verify (LoadOptions::verify = false) to load it unverified");
+    std::fprintf(stderr, "booster: warning: %s predates checksums; its files are not verified\n", dir.c_str());
+  }
 
   TrainingState state;
   try {

@@ -89,8 +89,9 @@
 
 namespace booster::checkpoint {
 
-// Bumped whenever trainer_state.json or the file set changes incompatibly.
-inline constexpr int kCheckpointFormatVersion = 1;
+// Bumped whenever trainer_state.json or the file set changes. Version 2 added checksums.json (Note
+// [Checkpoint checksums]); version 1 still loads, unverified.
+inline constexpr int kCheckpointFormatVersion = 2;
 inline constexpr const char* kTrainerStateFileName = "trainer_state.json";
 inline constexpr const char* kOptimizerFileName = "optimizer.safetensors";
 inline constexpr const char* kLatestFileName = "latest";
@@ -135,6 +136,8 @@ struct LoadOptions {
   // Every key here must be in the checkpoint's `extra` with an equal value, e.g. {"strategy": "bf16"}:
   // resuming with another strategy is a CheckpointError naming the key and both values.
   nlohmann::json expect_extra = nlohmann::json::object();
+  // Check every file against checksums.json before reading it (Note [Checkpoint checksums]).
+  bool verify = true;
 };
 
 // Loads a checkpoint: `path` is one checkpoint directory (it holds trainer_state.json) or a root, in
@@ -165,5 +168,10 @@ std::vector<std::pair<int64_t, std::filesystem::path>> list_checkpoints(const st
 // The checkpoint directory load_checkpoint(path) would read. A `<root>/step-N` that does not exist
 // while `<root>/step-N.replaced/` does resolves to the latter (Note [Replacing a checkpoint]).
 std::filesystem::path resolve_checkpoint(const std::filesystem::path& path);
+
+// True when `root` does not exist, or holds nothing but the lock file and the `.tmp` leftovers of
+// saves interrupted before their commit: where `resume: "latest"` starts afresh. A `latest` file (even
+// one naming a missing step) or anything else makes it false, so the resume reports it instead.
+bool holds_no_checkpoint(const std::filesystem::path& root);
 
 }  // namespace booster::checkpoint

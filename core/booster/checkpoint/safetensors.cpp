@@ -308,6 +308,16 @@ SafetensorsFile read_safetensors(const fs::path& path) {
   return result;
 }
 
+std::vector<TensorSpan> safetensors_spans(const fs::path& path) {
+  FileReader file(path);
+  const Header header = read_header(file, path, /*raw=*/true);
+  std::vector<TensorSpan> spans;
+  spans.reserve(header.entries.size());
+  for (const Entry& e : header.entries)
+    spans.push_back({e.name, header.data_start + e.begin, header.data_start + e.end});
+  return spans;
+}
+
 std::map<std::string, RawTensor> read_safetensors_raw(const fs::path& path) {
   FileReader file(path);
   const Header header = read_header(file, path, /*raw=*/true);

@@ -68,6 +68,14 @@ struct RawTensor {
 // F16 BF16 I64 I32 I16 I8 U64 U32 U16 U8 BOOL); the metadata is not returned.
 std::map<std::string, RawTensor> read_safetensors_raw(const std::filesystem::path& path);
 
+// Where each tensor's bytes lie in a file, as absolute offsets sorted by position, after the checks of
+// read_safetensors (any of the format's dtypes): what checksums cover (Note [Checkpoint checksums]).
+struct TensorSpan {
+  std::string name;
+  uint64_t begin = 0, end = 0;
+};
+std::vector<TensorSpan> safetensors_spans(const std::filesystem::path& path);
+
 inline constexpr const char* kModelFileName = "model.safetensors";
 inline constexpr const char* kModelIndexFileName = "model.safetensors.index.json";
 // transformers' default shard size ("5GB").

@@ -1,0 +1,187 @@
+// Note [Checkpoint checksums] (checksums.h).
+#include "booster/checkpoint/checksums.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include <zlib.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "booster/checkpoint/atomic_file.h"
+#include "booster/checkpoint/safetensors.h"
+#include "booster/common/error.h"
+
+namespace booster::checkpoint {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+namespace {
+
+constexpr const char* kFormat = "booster-checksums";
+constexpr int kVersion = 1;
+constexpr const char* kEscape =
+    "resume from another checkpoint of the directory, or pass --no-verify (LoadStateOptions::verify = false) to "
+    "load it unverified";
+
+// A whole file mapped read-only.
+class MappedFile {
+ public:
+  explicit MappedFile(const fs::path& path) {
+    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    BOOSTER_CHECK(fd >= 0, CheckpointError, "cannot open ", path.string(), ": ", std::strerror(errno));
+    struct stat st {};
+    if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+      ::close(fd);
+      BOOSTER_FAIL(CheckpointError, "cannot read ", path.string(), ": not a regular file");
+    }
+    size_ = size_t(st.st_size);
+    if (size_ > 0) {
+      void* p = ::mmap(nullptr, size_, PROT_READ, MAP_PRIVATE, fd, 0);
+      const int err = errno;
+      ::close(fd);
+      BOOSTER_CHECK(p != MAP_FAILED, CheckpointError, "cannot read ", path.string(), ": ", std::strerror(err));
+      data_ = static_cast<const unsigned char*>(p);
+    } else {
+      ::close(fd);
+    }
+  }
+  ~MappedFile() {
+    if (data_) ::munmap(const_cast<unsigned char*>(data_), size_);
+  }
+  MappedFile(const MappedFile&) = delete;
+  MappedFile& operator=(const MappedFile&) = delete;
+
+  size_t size() const { return size_; }
+  uint32_t crc(uint64_t begin, uint64_t end) const { return crc32(data_ + begin, size_t(end - begin)); }
+
+ private:
+  const unsigned char* data_ = nullptr;
+  size_t size_ = 0;
+};
+
+std::string hex(uint32_t crc) {
+  char buf[9];
+  std::snprintf(buf, sizeof buf, "%08x", crc);
+  return buf;
+}
+
+bool is_safetensors(const fs::path& p) { return p.extension() == ".safetensors"; }
+
+json file_entry(const fs::path& path) {
+  const MappedFile file(path);
+  json entry = {{"bytes", file.size()}};
+  if (!is_safetensors(path)) {
+    entry["crc32"] = hex(file.crc(0, file.size()));
+    return entry;
+  }
+  const std::vector<TensorSpan> spans = safetensors_spans(path);
+  const uint64_t header_bytes = spans.empty() ? file.size() : spans.front().begin;
+  entry["header_bytes"] = header_bytes;
+  entry["header_crc32"] = hex(file.crc(0, header_bytes));
+  json tensors = json::object();
+  for (const TensorSpan& span : spans) tensors[span.name] = hex(file.crc(span.begin, span.end));
+  entry["tensors"] = std::move(tensors);
+  return entry;
+}
+
+// The regular files below `dir`, relative, in a fixed order; the checksums file itself left out.
+std::vector<fs::path> files_below(const fs::path& dir) {
+  std::vector<fs::path> out;
+  for (const auto& entry : fs::recursive_directory_iterator(dir)) {
+    if (!entry.is_regular_file()) continue;
+    const fs::path relative = entry.path().lexically_relative(dir);
+    if (relative == kChecksumsFileName) continue;
+    out.push_back(relative);
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+[[noreturn]] void fail_file(const fs::path& file, const std::string& what) {
+  BOOSTER_FAIL(CheckpointError, "checkpoint file ", file.string(), " ", what,
+               ": it changed or was damaged after it was saved; ", kEscape);
+}
+
+void verify_file(const fs::path& dir, const std::string& name, const json& expected) {
+  const fs::path path = dir / name;
+  std::error_code ec;
+  if (!fs::is_regular_file(path, ec)) fail_file(path, "is missing (" + std::string(kChecksumsFileName) + " lists it)");
+  const MappedFile file(path);
+  const uint64_t bytes = expected.at("bytes").get<uint64_t>();
+  if (file.size() != bytes)
+    fail_file(path, "has " + std::to_string(file.size()) + " bytes, not the " + std::to_string(bytes) + " saved");
+  if (!expected.contains("tensors")) {
+    const std::string got = hex(file.crc(0, file.size()));
+    if (got != expected.at("crc32").get<std::string>())
+      fail_file(path, "fails its checksum (crc32 " + got + ", saved " + expected.at("crc32").get<std::string>() + ")");
+    return;
+  }
+  const uint64_t header_bytes = expected.at("header_bytes").get<uint64_t>();
+  const std::string header_crc = hex(file.crc(0, std::min<uint64_t>(header_bytes, file.size())));
+  if (header_crc != expected.at("header_crc32").get<std::string>())
+    fail_file(path, "fails the checksum of its header (crc32 " + header_crc + ", saved " +
+                        expected.at("header_crc32").get<std::string>() + ")");
+  // The header is the one saved, so its spans are the saved ones.
+  const json& tensors = expected.at("tensors");
+  const std::vector<TensorSpan> spans = safetensors_spans(path);
+  if (spans.size() != tensors.size())
+    fail_file(path, "holds " + std::to_string(spans.size()) + " tensors, not the " + std::to_string(tensors.size()) + " saved");
+  for (const TensorSpan& span : spans) {
+    const auto it = tensors.find(span.name);
+    if (it == tensors.end()) fail_file(path, "holds tensor '" + span.name + "', which was not saved");
+    const std::string got = hex(file.crc(span.begin, span.end));
+    if (got != it->get<std::string>())
+      fail_file(path, "fails the checksum of tensor '" + span.name + "' (crc32 " + got + ", saved " +
+                          it->get<std::string>() + ")");
+  }
+}
+
+}  // namespace
+
+uint32_t crc32(const void* data, size_t size, uint32_t crc) {
+  return uint32_t(::crc32_z(crc, static_cast<const Bytef*>(data), z_size_t(size)));
+}
+
+void write_checksums(const fs::path& dir) {
+  json files = json::object();
+  for (const fs::path& file : files_below(dir)) files[file.generic_string()] = file_entry(dir / file);
+  const json manifest = {{"format", kFormat}, {"version", kVersion}, {"algorithm", "crc32"}, {"files", files}};
+  write_text_file_atomically(dir / kChecksumsFileName, manifest.dump(1) + "\n");
+}
+
+ChecksumStatus verify_checksums(const fs::path& dir) {
+  const fs::path manifest_file = dir / kChecksumsFileName;
+  std::error_code ec;
+  if (!fs::exists(fs::symlink_status(manifest_file, ec))) return ChecksumStatus::Absent;
+  json manifest;
+  try {
+    manifest = json::parse(read_text_file(manifest_file, size_t(256) << 20));
+  } catch (const json::exception& e) {
+    BOOSTER_FAIL(CheckpointError, "checkpoint file ", manifest_file.string(), " is not valid JSON (", e.what(),
+                 "); it was damaged after it was saved; ", kEscape);
+  }
+  BOOSTER_CHECK(manifest.is_object() && manifest.value("format", json()) == kFormat &&
+                    manifest.value("version", json()) == kVersion && manifest.value("algorithm", json()) == "crc32" &&
+                    manifest.contains("files") && manifest.at("files").is_object(),
+                CheckpointError, "checkpoint file ", manifest_file.string(), " is not a booster-checksums version ",
+                kVersion, " file with crc32; ", kEscape);
+  try {
+    for (const auto& [name, expected] : manifest.at("files").items()) verify_file(dir, name, expected);
+  } catch (const json::exception& e) {
+    BOOSTER_FAIL(CheckpointError, "checkpoint file ", manifest_file.string(), " is malformed (", e.what(),
+                 "); it was damaged after it was saved; ", kEscape);
+  }
+  return ChecksumStatus::Verified;
+}
+
+}  // namespace booster::checkpoint
