@@ -1,6 +1,7 @@
 // The `booster` program: parses the command line, dispatches to a subcommand, and turns every error
 // into one readable line on stderr and an exit code (2: usage or config mistake, 1: runtime failure).
 #include <algorithm>
+#include <cstdio>
 #include <cstdlib>
 #include <exception>
 #include <iostream>
@@ -47,6 +48,37 @@ constexpr const char* kUsage =
     "  booster train --config examples/configs/fashion_mnist_mlp.json --set train.epochs=1\n"
     "  booster train --config examples/configs/fashion_mnist_mlp.json --mixed-precision bf16\n"
     "  booster plot --out loss.png runs/*/metrics.jsonl\n";
+
+// A message as one readable line: control characters escaped, and any run of more than 200 characters
+// without a space (a 10 MB value echoed back) cut to its ends, so the line stays short whatever the input.
+std::string one_line(const std::string& message) {
+  std::string escaped;
+  for (const char c : message) {
+    if (static_cast<unsigned char>(c) < 0x20 && c != '\n') {
+      char buf[8];
+      std::snprintf(buf, sizeof buf, "\\u%04x", unsigned(static_cast<unsigned char>(c)));
+      escaped += buf;
+    } else {
+      escaped += c;
+    }
+  }
+  std::string out;
+  size_t i = 0;
+  while (i < escaped.size()) {
+    size_t end = escaped.find(' ', i);
+    if (end == std::string::npos) end = escaped.size();
+    const size_t length = end - i;
+    if (length > 200) {
+      out += escaped.substr(i, 80) + "...[" + std::to_string(length - 120) + " characters]..." +
+             escaped.substr(end - 40, 40);
+    } else {
+      out += escaped.substr(i, length);
+    }
+    if (end < escaped.size()) out += ' ';
+    i = end + 1;
+  }
+  return out;
+}
 
 // A mistake on the command line: exit code 2 like a config mistake.
 struct UsageError : booster::Error {
@@ -101,7 +133,9 @@ po::options_description config_options(const std::string& command) {
        "train on this device: cpu, cuda or cuda:N (same as --set device=...)")
       ("resume,r", po::value<std::string>()->value_name("latest|DIR"),
        "continue from a checkpoint: \"latest\" in train.checkpoint_dir, or a checkpoint directory "
-       "(same as --set train.resume=...)");
+       "(same as --set train.resume=...)")
+      ("no-verify", "resume without checking the checkpoint's files against its checksums (same as --set "
+       "train.verify_checkpoints=false)");
   if (command == "check")
     desc.add_options()("nproc,n", po::value<int>()->value_name("N"),
                        "estimate the memory per rank for N processes (default: the processes of this run, "
@@ -159,6 +193,7 @@ bool parse_config_args(const std::string& command, const std::vector<std::string
   if (vm.count("plugin")) overrides.push_back("plugin=" + vm["plugin"].as<std::string>());
   if (vm.count("device")) overrides.push_back("device=" + nlohmann::json(vm["device"].as<std::string>()).dump());
   if (vm.count("resume")) overrides.push_back("train.resume=" + nlohmann::json(vm["resume"].as<std::string>()).dump());
+  if (vm.count("no-verify")) overrides.push_back("train.verify_checkpoints=false");
   if (vm.count("set"))
     for (const std::string& s : vm["set"].as<std::vector<std::string>>()) overrides.push_back(s);
   return true;
@@ -250,24 +285,24 @@ int main(int argc, char** argv) {
   try {
     return run(argc, argv);
   } catch (const UsageError& e) {
-    std::cerr << "booster: error: " << e.what() << "\n";
+    std::cerr << "booster: error: " << one_line(e.what()) << "\n";
     return booster::cli::kExitUsageError;
   } catch (const po::error& e) {
-    std::cerr << "booster: error: " << e.what() << " (see booster --help)\n";
+    std::cerr << "booster: error: " << one_line(e.what()) << " (see booster --help)\n";
     return booster::cli::kExitUsageError;
   } catch (const booster::InterruptedError& e) {
     // Stopped by SIGINT/SIGTERM after saving: the status a shell gives a process the signal ended.
-    if (booster::trainer::process_rank() == 0) std::cerr << "booster: " << e.what() << "\n";
+    if (booster::trainer::process_rank() == 0) std::cerr << "booster: " << one_line(e.what()) << "\n";
     booster::distributed::finalize_mpi_for_agreed_exit();  // every rank stops here, by agreement
     return e.exit_code();
   } catch (const booster::IncompatibleError& e) {
-    std::cerr << "booster: error: " << e.what() << "\n";
+    std::cerr << "booster: error: " << one_line(e.what()) << "\n";
     return booster::cli::kExitUsageError;
   } catch (const booster::ConfigError& e) {
-    std::cerr << "booster: error: " << e.what() << "\n";
+    std::cerr << "booster: error: " << one_line(e.what()) << "\n";
     return booster::cli::kExitUsageError;
   } catch (const std::exception& e) {
-    std::cerr << "booster: error: " << e.what() << "\n";
+    std::cerr << "booster: error: " << one_line(e.what()) << "\n";
     return booster::cli::kExitRuntimeError;
   } catch (...) {
     std::cerr << "booster: error: unknown failure\n";

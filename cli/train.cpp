@@ -4,6 +4,8 @@
 // Progress goes to stderr, metrics to <run_dir>/metrics.jsonl; the last line on stdout is the run's
 // summary as one JSON object, so scripts can read it with `tail -n 1` (Note [What booster train prints]
 // in booster/trainer/progress.h).
+#include <cerrno>
+#include <cstring>
 #include <filesystem>
 #include <iostream>
 #include <memory>
@@ -97,12 +99,14 @@ int train(const json& config, BoosterComponents components) {
   options.checkpoint_dir = optional_path(train_cfg.at("checkpoint_dir"));
   options.checkpoint_every = train_cfg.at("checkpoint_every").get<int64_t>();
   options.keep_last = train_cfg.at("keep_last").get<int>();
+  options.stop_on_write_error = train_cfg.at("on_write_error") == "stop";
   if (train_cfg.at("resume").is_string()) options.resume = train_cfg.at("resume").get<std::string>();
   options.config = config;
   options.data_description = split.description;
   options.tokens_per_sample = split.tokens_per_sample;
   options.load_options = {.context = "train.resume", .restore_hint = restore_with_set,
-                          .run_length_setting = "train.max_steps"};
+                          .run_length_setting = "train.max_steps",
+                          .verify = train_cfg.at("verify_checkpoints").get<bool>()};
   options.resume_hint = [](const fs::path& checkpoint) {
     return "resume with --resume " + checkpoint.string() + " (or --resume latest with the same checkpoint directory)";
   };
@@ -130,7 +134,12 @@ int train(const json& config, BoosterComponents components) {
   summary["processes"] = booster.process_group().size();
   const bool is_rank0 = booster.process_group().size() > 1 ? booster.process_group().rank() == 0
                                                              : trainer::process_rank() == 0;
-  if (is_rank0) std::cout << summary.dump() << std::endl;
+  if (is_rank0) {
+    std::cout << summary.dump() << std::endl;
+    BOOSTER_CHECK(std::cout.good(), IOError, "cannot write the summary to stdout (", std::strerror(errno),
+                  "); the run itself finished", result.last_checkpoint ? " and saved " + result.last_checkpoint->string()
+                                                                       : std::string());
+  }
   return kExitOk;
 }
 

@@ -39,6 +39,7 @@ BOOSTER_DEFINE_ERROR(DistributedError)   // a failed collective or a peer that w
 BOOSTER_DEFINE_ERROR(NotImplementedError)
 BOOSTER_DEFINE_ERROR(TrainingError)      // training cannot go on (e.g. loss scale below its floor)
 BOOSTER_DEFINE_ERROR(OutOfMemoryError)   // an allocation the host or device could not satisfy
+BOOSTER_DEFINE_ERROR(IOError)            // a file the run promised to write could not be written
 
 #undef BOOSTER_DEFINE_ERROR
 

@@ -383,6 +383,11 @@ std::vector<Section> make_training_schema() {
           integer("checkpoint_every", 0, 0, std::nullopt, "save every N steps and at the end; 0: never"),
           integer("keep_last", 3, 0, std::nullopt, "checkpoints to keep; 0: all"),
           optional_text("resume", nullptr, "\"latest\" (the newest in checkpoint_dir, if any), a checkpoint path, or null"),
+          text("on_write_error", "stop", {"stop", "warn"},
+               "a failed write of metrics.jsonl: stop (resume rewrites the lost records) or warn and go on"),
+          boolean("verify_checkpoints", true,
+                  "check a checkpoint's files against its checksums before resuming; false (--no-verify) loads a "
+                  "damaged one as it is"),
       },
       "",
       {},

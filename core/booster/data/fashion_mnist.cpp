@@ -67,6 +67,15 @@ class GzReader {
       if (got == 0) break;
       done += size_t(got);
     }
+    if (done < n) {
+      // gzread treats a stream that stops early as the end of a file still being written (Z_BUF_ERROR),
+      // not as an error: a gzip file cut inside its data or its CRC/length trailer would read as shorter.
+      int code = 0;
+      const char* msg = gzerror(file_, &code);
+      BOOSTER_CHECK(code == Z_OK, DataError, "load_fashion_mnist: ", path_, " is truncated or corrupt (zlib: ", msg,
+                    "; the gzip stream or its CRC/length trailer is cut short); replace it with a good copy "
+                    "(apt-get install --reinstall dataset-fashion-mnist)");
+    }
     return done;
   }
 

@@ -160,6 +160,11 @@ std::shared_ptr<Plugin> load(const std::string& kind, const std::string& name_or
                 file_name(kind, "<name>"), " in ", describe_search_path(),
                 ", the directories of BOOSTER_PLUGIN_PATH first)");
 
+  // dlopen() of a FIFO blocks until something writes to it, and of a device reads it: only regular
+  // files (or symlinks to them) are opened.
+  BOOSTER_CHECK(fs::is_regular_file(file, exists_ec), PluginError, "plugin: ", file.string(),
+                " is not a regular file (a directory, a FIFO or a device); give the path of a plugin's .so");
+
   std::shared_ptr<Plugin> plugin(new Plugin());
   plugin->library_ = std::make_unique<Plugin::Library>();
   plugin->file_ = file;

@@ -1,7 +1,9 @@
 // The progress display and the metrics file of the Trainer (Note [What booster train prints]).
 #include "booster/trainer/progress.h"
 
+#include <fcntl.h>
 #include <sys/ioctl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -150,27 +152,51 @@ void Progress::finish() {
 
 // ------------------------------------------------------------------------------------------ MetricsLog
 void MetricsLog::open(const std::filesystem::path& file, bool append) {
-  if (file_) std::fclose(file_);
+  close();
   path_ = file;
+  error_.clear();
+  lost_ = 0;
   std::error_code ec;
   if (file.has_parent_path()) std::filesystem::create_directories(file.parent_path(), ec);
-  file_ = std::fopen(file.c_str(), append ? "a" : "w");
-  BOOSTER_CHECK(file_ != nullptr, ConfigError, "cannot write the metrics file '", file.string(), "': ",
-                std::strerror(errno), "; set train.run_dir to a writable directory, or to null for no files");
+  fd_ = ::open(file.c_str(), O_WRONLY | O_CREAT | O_CLOEXEC | (append ? O_APPEND : O_TRUNC), 0644);
+  BOOSTER_CHECK(fd_ >= 0, ConfigError, "cannot write the metrics file '", file.string(), "': ", std::strerror(errno),
+                "; set train.run_dir to a writable directory, or to null for no files");
+  struct stat st {};
+  good_bytes_ = ::fstat(fd_, &st) == 0 ? int64_t(st.st_size) : 0;
 }
 
 MetricsLog::~MetricsLog() { close(); }
 
 void MetricsLog::close() {
-  if (file_) std::fclose(file_);
-  file_ = nullptr;
+  if (fd_ >= 0 && ::close(fd_) != 0 && error_.empty()) error_ = std::strerror(errno);
+  fd_ = -1;
 }
 
 void MetricsLog::write(const nlohmann::json& record) {
-  if (!file_) return;
+  if (fd_ < 0) return;
+  if (failed()) {
+    ++lost_;
+    return;
+  }
   const std::string line = record.dump() + "\n";
-  std::fwrite(line.data(), 1, line.size(), file_);
-  std::fflush(file_);
+  size_t done = 0;
+  while (done < line.size()) {
+    const ssize_t n = ::write(fd_, line.data() + done, line.size() - done);
+    if (n > 0) {
+      done += size_t(n);
+    } else if (n < 0 && errno == EINTR) {
+      continue;
+    } else {
+      error_ = n < 0 ? std::strerror(errno) : "the write made no progress";
+      // Cut a partial record off, so the file stays whole lines (a resumed run appends to it).
+      if (done > 0) {
+        [[maybe_unused]] const int cut = ::ftruncate(fd_, good_bytes_);  // best effort
+      }
+      ++lost_;
+      return;
+    }
+  }
+  good_bytes_ += int64_t(line.size());
 }
 
 }  // namespace booster::trainer

@@ -91,8 +91,11 @@ class Progress {
   std::chrono::steady_clock::time_point last_draw_{};
 };
 
-// metrics.jsonl in the run directory: one JSON object per line, flushed per line so a crashed or
-// running run can still be read (and plotted). A default-constructed log writes nothing.
+// metrics.jsonl in the run directory: one JSON object per line, written through per line so a crashed
+// or running run can still be read (and plotted). A default-constructed log writes nothing. A write
+// that fails (a full disk) is never torn into the file: the partial line is cut off again, the failure
+// is kept (failed(), error()) and later records are counted as lost, for the caller to report (Note
+// [Failed writes] in trainer.cpp).
 class MetricsLog {
  public:
   MetricsLog() = default;
@@ -105,12 +108,18 @@ class MetricsLog {
 
   void write(const nlohmann::json& record);
   void close();
-  bool enabled() const { return file_ != nullptr; }
+  bool enabled() const { return fd_ >= 0; }
   const std::filesystem::path& path() const { return path_; }
+  bool failed() const { return !error_.empty(); }
+  const std::string& error() const { return error_; }  // the first failure: the system's reason
+  int64_t lost_records() const { return lost_; }
 
  private:
   std::filesystem::path path_;
-  FILE* file_ = nullptr;
+  int fd_ = -1;
+  int64_t good_bytes_ = 0;  // the file's length after the last whole record
+  std::string error_;
+  int64_t lost_ = 0;
 };
 
 inline constexpr const char* kMetricsFileName = "metrics.jsonl";

@@ -72,17 +72,36 @@ fs::path resolve_run_dir(std::string dir, distributed::ProcessGroup& group) {
 
 // A resumed run continues its metrics file: the records after the checkpoint's step (written by the
 // interrupted run after its last checkpoint) are dropped, so each step appears once (Note [What a
-// step's checkpoint holds]), and so is a line that does not parse: the torn last write of a crash.
-void truncate_metrics_after(const fs::path& file, int64_t step) {
+// step's checkpoint holds]), and so is a torn last line (a crash mid-write). Other lines that are not
+// records mean the file is not what this run wrote: it is kept aside, with a warning, not discarded.
+void truncate_metrics_after(const fs::path& file, int64_t step, trainer::Progress& progress) {
   if (!fs::exists(file)) return;
   std::ifstream in(file);
   std::string kept, line;
-  while (std::getline(in, line)) {
-    const json record = json::parse(line, nullptr, /*allow_exceptions=*/false);
-    if (!record.is_object() || record.value("step", int64_t(0)) > step) continue;
-    kept += line + "\n";
-  }
+  std::vector<std::string> lines;
+  while (std::getline(in, line)) lines.push_back(std::move(line));
   in.close();
+  int64_t unreadable = 0;
+  for (size_t i = 0; i < lines.size(); ++i) {
+    const json record = json::parse(lines[i], nullptr, /*allow_exceptions=*/false);
+    if (!record.is_object() || !record.contains("step")) {
+      if (i + 1 < lines.size() || lines[i].empty() || lines[i].front() != '{') ++unreadable;
+      continue;
+    }
+    if (record.value("step", int64_t(0)) > step) continue;
+    kept += lines[i] + "\n";
+  }
+  if (unreadable > 0) {
+    const fs::path aside = file.string() + ".unreadable";
+    std::error_code ec;
+    fs::copy_file(file, aside, fs::copy_options::overwrite_existing, ec);
+    progress.print("booster: warning: " + std::to_string(unreadable) + " line(s) of " + file.string() +
+                   " are not metrics records; the file is kept as " + aside.string() +
+                   (ec ? " (the copy failed: " + ec.message() + ")" : std::string()) +
+                   " and the run continues the records it can read");
+    BOOSTER_CHECK(!ec, IOError, "cannot keep the unreadable ", file.string(), " aside as ", aside.string(), ": ",
+                  ec.message(), "; move it away yourself and resume again");
+  }
   checkpoint::write_text_file_atomically(file, kept);
 }
 
@@ -246,6 +265,33 @@ void Trainer::run_evaluation(int64_t step) {
     for (const auto& hook : eval_hooks_) hook(step, result);
 }
 
+// Note [Failed writes]
+// ~~~~~~~~~~~~~~~~~~~~
+// A record of metrics.jsonl that cannot be written (ENOSPC, EIO, a quota) is data the run promised and
+// lost. By default the run stops at the end of that step with an IOError naming the file, the reason
+// and the last checkpoint, and does not save: resuming from the last checkpoint trains the steps after
+// it again and rewrites their records (a resume drops the records after the checkpoint's step), so
+// nothing is lost once space is freed. Saving now instead would put the checkpoint past the lost
+// records for good. TrainerOptions::stop_on_write_error = false (train.on_write_error "warn") prints
+// one warning and goes on, counting the lost records in the final line.
+void Trainer::check_writes(int64_t step, const std::optional<fs::path>& last_checkpoint) {
+  if (!metrics_.failed() || write_failure_reported_) return;
+  write_failure_reported_ = true;
+  const std::string what = "cannot write " + metrics_.path().string() + " at step " + std::to_string(step) + " (" +
+                           metrics_.error() + ")";
+  if (!options_.stop_on_write_error) {
+    progress_->print("booster: warning: " + what + "; going on without metrics records (train.on_write_error is "
+                     "\"warn\")");
+    return;
+  }
+  const std::string resume =
+      last_checkpoint ? "the last checkpoint, " + last_checkpoint->string() + ", resumes the run and rewrites them" +
+                            (options_.resume_hint ? " (" + options_.resume_hint(*last_checkpoint) + ")" : std::string())
+                      : std::string("no checkpoint was saved in this run");
+  throw IOError(what + "; the run stops without saving so no record is lost: " + resume +
+                " once there is space; or set train.on_write_error to \"warn\" to go on without the records");
+}
+
 fs::path Trainer::save(int64_t step) {
   const double t0 = now_seconds();
   // N copies of a one-process run started by mpirun train the same thing: only the launcher's rank 0
@@ -295,8 +341,10 @@ FitResult Trainer::fit() {
     const bool latest = o.resume == "latest";
     const fs::path where = latest ? *checkpoint_root_ : fs::path(o.resume);
     // "latest" with nothing saved yet starts afresh, so the same command serves the first run and
-    // every restart after a crash.
-    if (!latest || (fs::is_directory(where) && !checkpoint::list_checkpoints(where).empty())) {
+    // every restart after a crash; a directory holding anything else is resumed from or refused.
+    if (latest && checkpoint::holds_no_checkpoint(where)) {
+      progress.print("booster: no checkpoint in " + where.string() + " yet; starting from step 0");
+    } else {
       const LoadedState loaded = booster_.load_state(where, o.load_options);
       result.resumed_from = loaded.dir;
       for (const std::string& key : loaded.unchecked) unchecked += (unchecked.empty() ? "" : ", ") + key;
@@ -313,8 +361,9 @@ FitResult Trainer::fit() {
                   "; choose a writable run directory, or none for no files");
     if (!o.config.is_null()) checkpoint::write_text_file_atomically(*run_dir_ / "config.json", o.config.dump(2) + "\n");
     const fs::path metrics_file = *run_dir_ / trainer::kMetricsFileName;
-    if (step > 0) truncate_metrics_after(metrics_file, step);
+    if (step > 0) truncate_metrics_after(metrics_file, step, progress);
     metrics_.open(metrics_file, /*append=*/step > 0);
+    write_failure_reported_ = false;
   }
 
   if (!o.data_description.empty()) progress.print("booster: " + o.data_description);
@@ -363,6 +412,7 @@ FitResult Trainer::fit() {
   auto steps_left_in_epoch = [&] { return (loader.size() - loader.batches_consumed()) / accumulation; };
   // After a step's work: a due checkpoint, and a signal's save and stop.
   auto after_step = [&] {
+    check_writes(step, result.last_checkpoint);
     const int signal = stop_signal();
     if (checkpoint_due() || (signal && checkpoint_root_)) result.last_checkpoint = save(step);
     if (!signal) return;
@@ -466,6 +516,7 @@ FitResult Trainer::fit() {
   }
   progress.finish();
   metrics_.close();
+  check_writes(step, result.last_checkpoint);
 
   result.steps = step;
   result.final_loss = last_loss;

@@ -80,6 +80,10 @@ struct TrainerOptions {
   // none, so one command serves the first run and every restart); else a checkpoint directory.
   std::string resume;
   bool handle_signals = true;  // SIGINT/SIGTERM save and stop (Note [Stopping on a signal])
+  // A failed write of metrics.jsonl (a full disk) stops the run with an IOError, before the next
+  // checkpoint, so a resume rewrites the lost records (Note [Failed writes]); false: one warning, and
+  // the run goes on without them.
+  bool stop_on_write_error = true;
   // Settings a resume must keep (Note [Settings a resume must keep] in booster/booster/state.cpp) and
   // how a refused resume is told to restore one.
   nlohmann::json resume_settings = nlohmann::json::object();
@@ -153,6 +157,8 @@ class Trainer {
   };
   void run_evaluation(int64_t step);
   std::filesystem::path save(int64_t step);
+  // Note [Failed writes] in trainer.cpp.
+  void check_writes(int64_t step, const std::optional<std::filesystem::path>& last_checkpoint);
 
   Booster& booster_;
   TrainerOptions options_;
@@ -167,6 +173,7 @@ class Trainer {
   // While fit() runs.
   trainer::Progress* progress_ = nullptr;
   trainer::MetricsLog metrics_;
+  bool write_failure_reported_ = false;
   double run_start_ = 0.0;
   bool is_rank0_ = true;
 };

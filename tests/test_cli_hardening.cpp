@@ -1,0 +1,411 @@
+// Faults an operator meets, through the real `booster` binary: damaged checkpoints, a `latest` that
+// names nothing, hostile configs, a full disk, a FIFO where a plugin should be. Each must end in one
+// clear line and a non-zero exit, never a crash, a hang or a silently wrong run.
+#include <catch2/catch.hpp>
+
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "booster/checkpoint/safetensors.h"
+#include "booster/common/error.h"
+#include "booster/data/fashion_mnist.h"
+#include "run_booster.h"
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+using testing::read_text;
+using testing::RunResult;
+
+namespace {
+
+fs::path scratch_dir() {
+  fs::path dir = fs::temp_directory_path() / ("booster_test_cli_hardening_" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  return dir;
+}
+
+RunResult run_booster(const std::string& args, const std::string& env = "") {
+  return testing::run_booster_in(scratch_dir(), args, env);
+}
+
+fs::path write_text(const std::string& name, const std::string& text) {
+  const fs::path p = scratch_dir() / name;
+  std::ofstream(p, std::ios::binary | std::ios::trunc) << text;
+  return p;
+}
+
+json small_config() {
+  return json::parse(R"({
+    "model": {"type": "mlp", "in": 8, "hidden": [16], "classes": 3},
+    "optimizer": {"type": "adamw", "lr": 0.01},
+    "data": {"type": "synthetic", "num_samples": 256, "num_test_samples": 64, "num_features": 8,
+             "num_classes": 3, "batch_size": 32},
+    "train": {"epochs": 2, "max_steps": 12, "log_every": 4, "seed": 3, "run_dir": null, "keep_last": 0}
+  })");
+}
+
+fs::path step_dir(const fs::path& root, int step) {
+  char name[32];
+  std::snprintf(name, sizeof name, "step-%08d", step);
+  return root / name;
+}
+
+// Trains the small config into a fresh checkpoint root, saving at steps 4, 8 and 12.
+fs::path train_with_checkpoints(const std::string& name) {
+  const fs::path root = scratch_dir() / name;
+  fs::remove_all(root);
+  const fs::path cfg = write_text(name + ".json", small_config().dump());
+  const RunResult r = run_booster("train --config " + cfg.string() + " --set train.checkpoint_every=4 " +
+                                  "--set train.checkpoint_dir=" + root.string());
+  INFO(r.err);
+  REQUIRE(r.exit_code == 0);
+  return root;
+}
+
+std::string resume_args(const fs::path& root, const std::string& resume = "latest") {
+  const fs::path cfg = scratch_dir() / "resume.json";
+  std::ofstream(cfg, std::ios::trunc) << small_config().dump();
+  return "train --config " + cfg.string() + " --set train.checkpoint_every=4 --set train.checkpoint_dir=" +
+         root.string() + " --resume " + resume;
+}
+
+// Flips one bit of the byte at `offset` of `file`.
+void flip_bit(const fs::path& file, uint64_t offset) {
+  std::fstream f(file, std::ios::in | std::ios::out | std::ios::binary);
+  f.seekg(std::streamoff(offset));
+  char c = 0;
+  f.read(&c, 1);
+  c = char(c ^ 0x10);
+  f.seekp(std::streamoff(offset));
+  f.write(&c, 1);
+}
+
+// The first line of a message, and that there is only one.
+std::string one_line(const std::string& err) {
+  const std::string line = err.substr(0, err.find('\n'));
+  return line;
+}
+
+}  // namespace
+
+TEST_CASE("a flipped bit in a checkpoint's tensor data is refused, naming the file and the tensor", "[cli][hardening]") {
+  const fs::path root = train_with_checkpoints("flip");
+  for (const char* file : {"model/model.safetensors", "optimizer/optimizer.safetensors"}) {
+    INFO(file);
+    // A damaged copy of step 12 in a root of its own, so each file is tried alone.
+    const fs::path damaged = scratch_dir() / "flip_damaged";
+    fs::remove_all(damaged);
+    fs::create_directories(damaged);
+    fs::copy(step_dir(root, 12), step_dir(damaged, 12), fs::copy_options::recursive);
+    std::ofstream(damaged / "latest") << "step-00000012\n";
+    const fs::path target = step_dir(damaged, 12) / file;
+    const auto spans = booster::checkpoint::safetensors_spans(target);
+    REQUIRE(!spans.empty());
+    const auto& victim = spans[spans.size() / 2];  // a tensor in the middle of the data: its middle byte
+    flip_bit(target, (victim.begin + victim.end) / 2);
+
+    const RunResult refused = run_booster(resume_args(damaged));
+    INFO(refused.err);
+    CHECK(refused.exit_code == 1);
+    CHECK_THAT(refused.err, Catch::Contains(target.string()) && Catch::Contains("'" + victim.name + "'") &&
+                                Catch::Contains("checksum") && Catch::Contains("--no-verify"));
+    CHECK(refused.out.empty());  // no summary: nothing was trained
+
+    // The escape hatch loads it as it is (a run that is already at its last step trains no more).
+    const RunResult forced = run_booster(resume_args(damaged) + " --no-verify");
+    INFO(forced.err);
+    CHECK(forced.exit_code == 0);
+  }
+}
+
+TEST_CASE("damage to a checkpoint's other files is refused too", "[cli][hardening]") {
+  const fs::path root = train_with_checkpoints("damage");
+  const fs::path dir = step_dir(root, 12);
+  SECTION("a digit of trainer_state.json") {
+    std::string text = read_text(dir / "trainer_state.json");
+    const size_t at = text.find("\"step\": 12");
+    REQUIRE(at != std::string::npos);
+    text[at + 9] = '3';  // a still valid JSON that claims step 13
+    std::ofstream(dir / "trainer_state.json", std::ios::trunc | std::ios::binary) << text;
+    const RunResult r = run_booster(resume_args(root));
+    CHECK(r.exit_code == 1);
+    CHECK_THAT(r.err, Catch::Contains("trainer_state.json") && Catch::Contains("checksum"));
+  }
+  SECTION("a safetensors header") {
+    flip_bit(dir / "model" / "model.safetensors", 20);
+    const RunResult r = run_booster(resume_args(root));
+    CHECK(r.exit_code == 1);
+    CHECK_THAT(r.err, Catch::Contains("model.safetensors") && Catch::Contains("header"));
+  }
+  SECTION("a file cut short") {
+    fs::resize_file(dir / "optimizer" / "optimizer.safetensors", fs::file_size(dir / "optimizer" / "optimizer.safetensors") - 4);
+    const RunResult r = run_booster(resume_args(root));
+    CHECK(r.exit_code == 1);
+    CHECK_THAT(r.err, Catch::Contains("optimizer.safetensors") && Catch::Contains("bytes"));
+  }
+  SECTION("the checksums removed") {
+    fs::remove(dir / "checksums.json");
+    const RunResult r = run_booster(resume_args(root));
+    CHECK(r.exit_code == 1);
+    CHECK_THAT(r.err, Catch::Contains("checksums.json") && Catch::Contains("--no-verify"));
+  }
+  SECTION("an undamaged checkpoint resumes") {
+    const RunResult r = run_booster(resume_args(root));
+    INFO(r.err);
+    CHECK(r.exit_code == 0);
+    CHECK(json::parse(r.out)["resumed_from"] == dir.string());
+  }
+}
+
+TEST_CASE("resume latest: a latest that names a missing step is an error listing the steps there", "[cli][hardening]") {
+  const fs::path root = train_with_checkpoints("dangling");
+  SECTION("the step directory is gone") {
+    fs::remove_all(step_dir(root, 12));
+    const RunResult r = run_booster(resume_args(root));
+    INFO(r.err);
+    CHECK(r.exit_code == 1);
+    CHECK_THAT(one_line(r.err), Catch::Contains("step-00000012") && Catch::Contains("does not exist") &&
+                                    Catch::Contains("step-00000004, step-00000008"));
+    CHECK(r.out.empty());
+  }
+  SECTION("latest is a dangling symlink") {
+    fs::remove(root / "latest");
+    fs::create_directory_symlink(step_dir(root, 16), root / "latest");
+    const RunResult r = run_booster(resume_args(root));
+    INFO(r.err);
+    CHECK(r.exit_code == 1);
+    CHECK_THAT(one_line(r.err), Catch::Contains("step-00000016") && Catch::Contains("does not exist"));
+  }
+  SECTION("latest is a symlink to a step") {
+    fs::remove(root / "latest");
+    fs::create_directory_symlink(step_dir(root, 8), root / "latest");
+    const RunResult r = run_booster(resume_args(root));
+    INFO(r.err);
+    CHECK(r.exit_code == 0);
+    CHECK(json::parse(r.out)["resumed_from"] == step_dir(root, 8).string());
+  }
+  SECTION("only leftovers that are not checkpoints") {
+    fs::remove_all(root);
+    fs::create_directories(root / "step-00000004.tmp");  // a first save killed before its commit
+    const RunResult r = run_booster(resume_args(root));
+    INFO(r.err);
+    CHECK(r.exit_code == 0);
+    CHECK_THAT(r.err, Catch::Contains("no checkpoint in " + root.string() + " yet; starting from step 0"));
+    CHECK(json::parse(r.out)["resumed_from"].is_null());
+  }
+  SECTION("a directory holding something else") {
+    fs::remove_all(root);
+    fs::create_directories(root);
+    std::ofstream(root / "notes.txt") << "not a checkpoint";
+    const RunResult r = run_booster(resume_args(root));
+    CHECK(r.exit_code == 1);
+    CHECK_THAT(r.err, Catch::Contains("no committed checkpoint"));
+  }
+}
+
+TEST_CASE("deeply nested JSON is a config error with its path, not a crash", "[cli][hardening][config]") {
+  const std::string deep = std::string(100000, '[') + std::string(100000, ']');
+  json config = small_config();
+  SECTION("at the top of the file") {
+    const fs::path cfg = write_text("deep_top.json", deep);
+    const RunResult r = run_booster("check --config " + cfg.string());
+    CHECK(r.exit_code == 2);
+    CHECK_THAT(r.err, Catch::Contains("nested more than 64 deep"));
+  }
+  SECTION("inside model.hidden") {
+    std::string text = config.dump();
+    const std::string hidden = "\"hidden\":[16]";
+    REQUIRE(text.find(hidden) != std::string::npos);
+    text.replace(text.find(hidden), hidden.size(), "\"hidden\":" + deep);
+    const fs::path cfg = write_text("deep_hidden.json", text);
+    const RunResult r = run_booster("check --config " + cfg.string());
+    CHECK(r.exit_code == 2);
+    CHECK_THAT(one_line(r.err), Catch::Contains("'model.hidden[0][0]") && Catch::Contains("nested more than 64"));
+    CHECK(r.err.size() < 1000);
+  }
+  SECTION("in a --set value") {
+    const fs::path cfg = write_text("deep_set.json", config.dump());
+    const RunResult r = run_booster("check --config " + cfg.string() + " --set 'model.hidden=" + std::string(5000, '[') + "'");
+    CHECK(r.exit_code == 2);
+    CHECK_THAT(r.err, Catch::Contains("--set") && Catch::Contains("nested more than 64"));
+  }
+}
+
+TEST_CASE("a key given twice is refused with both positions", "[cli][hardening][config]") {
+  const fs::path cfg = write_text("duplicate.json", "{\n  \"model\": {\"type\": \"mlp\"},\n  \"data\": {},\n  \"model\": {}\n}\n");
+  const RunResult r = run_booster("check --config " + cfg.string());
+  CHECK(r.exit_code == 2);
+  CHECK_THAT(r.err, Catch::Contains("\"model\" is given twice") && Catch::Contains("line 4") &&
+                        Catch::Contains("first at line 2, column 3"));
+  // Inside a section too.
+  const fs::path inner = write_text("duplicate_inner.json", R"({"optimizer": {"lr": 0.1, "type": "sgd", "lr": 0.2}})");
+  const RunResult r2 = run_booster("check --config " + inner.string());
+  CHECK(r2.exit_code == 2);
+  CHECK_THAT(r2.err, Catch::Contains("'optimizer.lr'") && Catch::Contains("given twice"));
+}
+
+TEST_CASE("values a config cannot hold are one short line naming the key, exit 2", "[cli][hardening][config]") {
+  json config = small_config();
+  SECTION("a batch size past what an int64 holds") {
+    std::string text = config.dump();
+    text.replace(text.find("\"batch_size\":32"), 15, "\"batch_size\":9223372036854775808");
+    const RunResult r = run_booster("check --config " + write_text("big_batch.json", text).string());
+    CHECK(r.exit_code == 2);
+    CHECK_THAT(r.err, Catch::Contains("data.batch_size"));
+  }
+  SECTION("a number out of the range of a double") {
+    std::string text = config.dump();
+    text.replace(text.find("\"lr\":0.01"), 9, "\"lr\":1e400");
+    const fs::path cfg = write_text("overflow.json", text);
+    const RunResult r = run_booster("check --config " + cfg.string());
+    CHECK(r.exit_code == 2);
+    CHECK_THAT(r.err, Catch::Contains(cfg.string()) && Catch::Contains("'optimizer.lr'") && Catch::Contains("1e400"));
+  }
+  SECTION("a 10 MB value is not echoed back") {
+    config["data"]["type"] = std::string(10'000'000, 'x');
+    const RunResult r = run_booster("check --config " + write_text("long_value.json", config.dump()).string());
+    CHECK(r.exit_code == 2);
+    CHECK_THAT(r.err, Catch::Contains("data.type"));
+    CHECK(r.err.size() < 2000);
+  }
+  SECTION("a NUL inside a key") {
+    const fs::path cfg = write_text("nul_key.json", R"({"mo\u0000del": {}})");
+    const RunResult r = run_booster("check --config " + cfg.string());
+    CHECK(r.exit_code == 2);
+    CHECK_THAT(r.err, Catch::Contains("mo\\u0000del") && Catch::Contains("control character"));
+  }
+  SECTION("a config file larger than any config") {
+    config["padding"] = std::string(75'000'000, ' ');
+    const RunResult r = run_booster("check --config " + write_text("huge.json", config.dump()).string());
+    CHECK(r.exit_code == 2);
+    CHECK_THAT(r.err, Catch::Contains("75.0 MB") && Catch::Contains("limited to"));
+  }
+  fs::remove(scratch_dir() / "long_value.json");
+  fs::remove(scratch_dir() / "huge.json");
+}
+
+TEST_CASE("a plugin or config path that is a FIFO is refused, not opened", "[cli][hardening]") {
+  const fs::path fifo = scratch_dir() / "plugin_fifo.so";
+  fs::remove(fifo);
+  REQUIRE(::mkfifo(fifo.c_str(), 0600) == 0);
+  const fs::path cfg = write_text("fifo.json", small_config().dump());
+  // `timeout` turns a hang into exit 124.
+  RunResult r = run_booster("check --config " + cfg.string() + " --plugin " + fifo.string(), "timeout 60");
+  CHECK(r.exit_code == 1);  // as for a plugin path that does not exist
+  CHECK_THAT(r.err, Catch::Contains(fifo.string()) && Catch::Contains("not a regular file"));
+  r = run_booster("check --config " + fifo.string(), "timeout 60");
+  CHECK(r.exit_code == 2);
+  CHECK_THAT(r.err, Catch::Contains("not a regular file"));
+  fs::remove(fifo);
+}
+
+TEST_CASE("a metrics record that cannot be written stops the run, and a resume rewrites it", "[cli][hardening]") {
+  // /dev/full fails every write with ENOSPC, as a full disk does.
+  if (!fs::exists("/dev/full")) {
+    WARN("skipped: this system has no /dev/full to stand for a full disk");
+    return;
+  }
+  const fs::path run_dir = scratch_dir() / "full_run", root = scratch_dir() / "full_ckpt";
+  fs::remove_all(run_dir);
+  fs::remove_all(root);
+  fs::create_directories(run_dir);
+  fs::create_symlink("/dev/full", run_dir / "metrics.jsonl");
+  json config = small_config();
+  config["train"]["log_every"] = 6;
+  const fs::path cfg = write_text("full.json", config.dump());
+  const std::string args = "train --config " + cfg.string() + " --set train.checkpoint_every=4 --set train.run_dir=" +
+                           run_dir.string() + " --set train.checkpoint_dir=" + root.string();
+  const RunResult stopped = run_booster(args);
+  INFO(stopped.err);
+  CHECK(stopped.exit_code == 1);
+  CHECK_THAT(stopped.err, Catch::Contains("metrics.jsonl") && Catch::Contains("No space left on device") &&
+                              Catch::Contains("at step 6") && Catch::Contains(step_dir(root, 4).string()));
+  // It stopped without saving past the lost record.
+  CHECK(fs::exists(step_dir(root, 4)));
+  CHECK_FALSE(fs::exists(step_dir(root, 8)));
+
+  // With space again, the resume writes the records of steps 6 and 12.
+  fs::remove(run_dir / "metrics.jsonl");
+  const RunResult resumed = run_booster(args + " --resume latest");
+  INFO(resumed.err);
+  REQUIRE(resumed.exit_code == 0);
+  std::vector<int64_t> steps;
+  std::ifstream in(run_dir / "metrics.jsonl");
+  for (std::string line; std::getline(in, line);) {
+    const json record = json::parse(line);
+    if (record["kind"] == "train") steps.push_back(record["step"].get<int64_t>());
+  }
+  CHECK(steps == std::vector<int64_t>{6, 12});
+
+  // Chosen: going on without the records.
+  fs::remove_all(run_dir);
+  fs::remove_all(root);
+  fs::create_directories(run_dir);
+  fs::create_symlink("/dev/full", run_dir / "metrics.jsonl");
+  const RunResult warned = run_booster(args + " --set train.on_write_error=warn");
+  INFO(warned.err);
+  CHECK(warned.exit_code == 0);
+  CHECK_THAT(warned.err, Catch::Contains("warning: cannot write") && Catch::Contains("going on"));
+}
+
+TEST_CASE("the summary line that cannot be written is an error", "[cli][hardening]") {
+  if (!fs::exists("/dev/full")) {
+    WARN("skipped: this system has no /dev/full to stand for a full disk");
+    return;
+  }
+  const fs::path cfg = write_text("summary.json", small_config().dump());
+  const std::string cmd = std::string(BOOSTER_BIN_DIR) + "/booster train --config " + cfg.string() +
+                          " > /dev/full 2> " + (scratch_dir() / "summary_err.txt").string();
+  const int status = std::system(cmd.c_str());
+  CHECK(WEXITSTATUS(status) == 1);
+  CHECK_THAT(read_text(scratch_dir() / "summary_err.txt"), Catch::Contains("cannot write the summary"));
+}
+
+TEST_CASE("unreadable lines in metrics.jsonl at resume are kept aside with a warning", "[cli][hardening]") {
+  const fs::path run_dir = scratch_dir() / "garbage_run", root = scratch_dir() / "garbage_ckpt";
+  fs::remove_all(run_dir);
+  fs::remove_all(root);
+  const fs::path cfg = write_text("garbage.json", small_config().dump());
+  const std::string args = "train --config " + cfg.string() + " --set train.checkpoint_every=4 --set train.run_dir=" +
+                           run_dir.string() + " --set train.checkpoint_dir=" + root.string();
+  REQUIRE(run_booster(args).exit_code == 0);
+  std::ofstream(run_dir / "metrics.jsonl", std::ios::app) << "this is not JSON\n{\"kind\": \"train\", \"step\": 3}\n";
+  const RunResult r = run_booster(args + " --resume latest");
+  INFO(r.err);
+  CHECK(r.exit_code == 0);
+  CHECK_THAT(r.err, Catch::Contains("warning: 1 line(s)") && Catch::Contains("metrics.jsonl.unreadable"));
+  CHECK_THAT(read_text(run_dir / "metrics.jsonl.unreadable"), Catch::Contains("this is not JSON"));
+}
+
+TEST_CASE("a gzip file whose end is cut is refused, whatever the cut", "[hardening][data]") {
+  const fs::path source = fs::path(booster::data::kFashionMnistDir);
+  if (!fs::exists(source / "t10k-labels-idx1-ubyte.gz")) {
+    WARN("skipped: Fashion-MNIST is not installed (apt-get install dataset-fashion-mnist)");
+    return;
+  }
+  const fs::path dir = scratch_dir() / "cut_gzip";
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  fs::create_symlink(source / "t10k-images-idx3-ubyte.gz", dir / "t10k-images-idx3-ubyte.gz");
+  const std::string whole = read_text(source / "t10k-labels-idx1-ubyte.gz");
+  // 1-8 bytes cut the CRC/length trailer only (the data is whole), more cut the deflate stream too.
+  for (size_t cut = 1; cut <= 12; ++cut) {
+    INFO("cut " << cut << " bytes");
+    std::ofstream(dir / "t10k-labels-idx1-ubyte.gz", std::ios::binary | std::ios::trunc)
+        << whole.substr(0, whole.size() - cut);
+    CHECK_THROWS_AS(booster::data::load_fashion_mnist(dir.string(), /*train=*/false), booster::DataError);
+    CHECK_THROWS_WITH(booster::data::load_fashion_mnist(dir.string(), /*train=*/false),
+                      Catch::Contains("t10k-labels-idx1-ubyte.gz") &&
+                          (Catch::Contains("truncated") || Catch::Contains("corrupt")));
+  }
+  std::ofstream(dir / "t10k-labels-idx1-ubyte.gz", std::ios::binary | std::ios::trunc) << whole;
+  CHECK(booster::data::load_fashion_mnist(dir.string(), /*train=*/false)->size() == 10000);
+}
