@@ -889,12 +889,54 @@ TEST_CASE("atomic writes: a failed write leaves the old file and no temporary", 
                       Catch::Contains("cannot create") && Catch::Contains("dir.txt.tmp-"));
 }
 
-TEST_CASE("checkpoint checksums: CRC-32 has its published check value", "[checkpoint]") {
-  // The check value of CRC-32 (ISO-HDLC, as zlib, gzip and PNG) over the ASCII digits 1..9.
+TEST_CASE("checkpoint checksums: CRC-32C has its published check value and matches a bitwise CRC", "[checkpoint]") {
+  using booster::checkpoint::crc32c;
+  // The check value of CRC-32C (Castagnoli; RFC 3720, appendix B.4) over the ASCII digits 1..9.
   const std::string digits = "123456789";
-  CHECK(booster::checkpoint::crc32(digits.data(), digits.size()) == 0xCBF43926u);
-  CHECK(booster::checkpoint::crc32(digits.data(), 4, booster::checkpoint::crc32(nullptr, 0)) ==
-        booster::checkpoint::crc32("1234", 4));
+  CHECK(crc32c(digits.data(), digits.size()) == 0xE3069283u);
   // Continuing over pieces gives the CRC of the whole.
-  CHECK(booster::checkpoint::crc32(digits.data() + 4, 5, booster::checkpoint::crc32(digits.data(), 4)) == 0xCBF43926u);
+  CHECK(crc32c(digits.data() + 4, 5, crc32c(digits.data(), 4)) == 0xE3069283u);
+  // 32 zero bytes and 32 bytes of 0xFF: RFC 3720, B.4.
+  const std::string zeros(32, '\0'), ones(32, char(0xFF));
+  CHECK(crc32c(zeros.data(), zeros.size()) == 0x8A9136AAu);
+  CHECK(crc32c(ones.data(), ones.size()) == 0x62A8AB43u);
+  // Against the definition, one bit at a time, for every length and alignment up to 40 bytes (the
+  // 8-byte words of the fast paths and their tails).
+  auto bitwise = [](const unsigned char* p, size_t n) {
+    uint32_t c = 0xFFFFFFFFu;
+    for (size_t i = 0; i < n; ++i) {
+      c ^= p[i];
+      for (int k = 0; k < 8; ++k) c = (c >> 1) ^ ((c & 1u) ? 0x82F63B78u : 0u);
+    }
+    return ~c;
+  };
+  unsigned char buffer[64];
+  for (int i = 0; i < 64; ++i) buffer[i] = static_cast<unsigned char>(i * 37 + 11);
+  for (size_t offset = 0; offset < 8; ++offset)
+    for (size_t n = 0; n <= 40; ++n) {
+      INFO("offset " << offset << ", length " << n);
+      CHECK(crc32c(buffer + offset, n) == bitwise(buffer + offset, n));
+    }
+}
+
+TEST_CASE("checkpoint checksums: a large file is summed whole and a flipped bit in it is found", "[checkpoint]") {
+  // 21 MB + 5 bytes, checked against one pass over the whole; then a flipped bit is found.
+  TempDir dir;
+  std::string bytes(21'000'005, '\0');
+  uint64_t x = 88172645463325252ull;
+  for (char& c : bytes) {
+    x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+    c = char(x);
+  }
+  write_bytes(dir.path / "blob.bin", bytes);
+  booster::checkpoint::write_checksums(dir.path);
+  const json manifest = json::parse(read_bytes(dir.path / "checksums.json"));
+  char want[9];
+  std::snprintf(want, sizeof want, "%08x", booster::checkpoint::crc32c(bytes.data(), bytes.size()));
+  CHECK(manifest["files"]["blob.bin"]["crc32c"] == want);
+  CHECK(manifest["files"]["blob.bin"]["bytes"] == bytes.size());
+  CHECK(booster::checkpoint::verify_checksums(dir.path) == booster::checkpoint::ChecksumStatus::Verified);
+  bytes[12'345'678] ^= 0x40;
+  write_bytes(dir.path / "blob.bin", bytes);
+  CHECK_THROWS_WITH(booster::checkpoint::verify_checksums(dir.path), Catch::Contains("blob.bin fails its checksum"));
 }

@@ -3,13 +3,13 @@
 // Note [Checkpoint checksums]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~
 // Before a step directory is committed, `checksums.json` is written into it, covering every other file:
-//   {"format": "booster-checksums", "version": 1, "algorithm": "crc32",
-//    "files": {"trainer_state.json": {"bytes": N, "crc32": "1a2b3c4d"},
-//              "model/model.safetensors": {"bytes": N, "header_bytes": H, "header_crc32": "...",
+//   {"format": "booster-checksums", "version": 1, "algorithm": "crc32c",
+//    "files": {"trainer_state.json": {"bytes": N, "crc32c": "1a2b3c4d"},
+//              "model/model.safetensors": {"bytes": N, "header_bytes": H, "header_crc32c": "...",
 //                                          "tensors": {"fc1.weight": "...", ...}}, ...}}
 // A safetensors file is covered by its header (the 8 length bytes and the JSON) and one CRC per
 // tensor, which tile the file, so a mismatch names the tensor; the files themselves stay plain
-// safetensors that PyTorch reads. CRC-32 (zlib's polynomial, as gzip and PNG) catches every single
+// safetensors that PyTorch reads. CRC-32C (Note [CRC-32C] in checksums.cpp) catches every single
 // flipped bit and every burst of up to 32 bits; it guards against damage, not against tampering.
 // Loading verifies the whole directory before anything is parsed: a missing file, another size, a
 // header or a tensor that differs is a CheckpointError naming the file (and tensor) and the way out.
@@ -24,8 +24,9 @@ namespace booster::checkpoint {
 
 inline constexpr const char* kChecksumsFileName = "checksums.json";
 
-// CRC-32 of `size` bytes, continuing from `crc` (0 to start).
-uint32_t crc32(const void* data, size_t size, uint32_t crc = 0);
+// CRC-32C of `size` bytes, continuing from `crc` (0 to start): crc32c(b, m, crc32c(a, n)) is the CRC of
+// a followed by b.
+uint32_t crc32c(const void* data, size_t size, uint32_t crc = 0);
 
 // Writes `dir`/checksums.json over every regular file below `dir` (atomically, fsynced).
 void write_checksums(const std::filesystem::path& dir);
