@@ -253,7 +253,8 @@ class Booster {
   // files that are missing, truncated or corrupt are CheckpointErrors naming the file. Collective.
   LoadedState load_state(const std::filesystem::path& path, const LoadStateOptions& options = {});
   // The step directory load_state(path) would read; nullopt when `path` does not exist or is a root
-  // with nothing committed yet.
+  // that holds nothing yet (checkpoint::holds_no_checkpoint). A root whose `latest` names a missing
+  // step, or that holds something but no checkpoint, is a CheckpointError naming it.
   static std::optional<std::filesystem::path> find_state(const std::filesystem::path& path);
 
   // Optimizer steps taken so far (BoostedOptimizer::steps of the boosted optimizer; 0 without one).

@@ -234,7 +234,7 @@ std::optional<fs::path> Booster::find_state(const fs::path& path) {
                                                                 : path.lexically_normal().parent_path();
   if (!fs::exists(path) && !fs::is_directory(named.string() + checkpoint::kReplacedSuffix)) return std::nullopt;
   if (fs::is_directory(path) && !fs::exists(path / checkpoint::kTrainerStateFileName) &&
-      checkpoint::list_checkpoints(path).empty())
+      checkpoint::holds_no_checkpoint(path))
     return std::nullopt;
   return checkpoint::resolve_checkpoint(path);
 }
