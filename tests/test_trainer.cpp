@@ -360,3 +360,16 @@ TEST_CASE("Trainer: options out of range and missing parts are named", "[trainer
   CHECK_NOTHROW(run.booster->save_state(scratch("after_trainer")));
   CHECK_NOTHROW(Trainer(*run.booster, {}));
 }
+
+TEST_CASE("find_state: afresh only for a root holding nothing; a dangling latest is an error", "[trainer][checkpoint]") {
+  namespace fs = std::filesystem;
+  const fs::path root = fs::temp_directory_path() / ("booster_test_find_state_" + std::to_string(::getpid()));
+  fs::remove_all(root);
+  CHECK_FALSE(Booster::find_state(root).has_value());  // no directory
+  fs::create_directories(root / "step-00000003.tmp");  // a first save that never committed
+  std::ofstream(root / "lock") << "host:1\n";
+  CHECK_FALSE(Booster::find_state(root).has_value());
+  std::ofstream(root / "latest") << "step-00000003\n";  // names a step that is not there
+  CHECK_THROWS_WITH(Booster::find_state(root), Catch::Contains("names step-00000003, which does not exist"));
+  fs::remove_all(root);
+}
