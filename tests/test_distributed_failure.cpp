@@ -209,3 +209,30 @@ TEST_CASE("distributed: collective timeouts come from the group, the process def
                     Catch::Contains("expected a positive number of seconds"));
   set_default_collective_timeout(before);
 }
+
+// `booster train` applies train.collective_timeout_s before the first collective: with it set, a bad
+// BOOSTER_COLLECTIVE_TIMEOUT_S is never read; without it, the first collective refuses the variable.
+TEST_CASE("distributed: booster train applies train.collective_timeout_s to the process group",
+          "[distributed][mpi][cli]") {
+  if (!mpi_built() || !have_mpirun()) return;
+  const std::string base = std::string(BOOSTER_SOURCE_DIR) + "/tests/bad_configs/base.json";
+  auto train = [&](const std::string& set) {
+    const std::string log = std::string(BOOSTER_BIN_DIR) + "/test_distributed_failure.train.log";
+    const std::string command =
+        "BOOSTER_COLLECTIVE_TIMEOUT_S=soon OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 "
+        "OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 timeout -k 5 120 mpirun -np 2 --oversubscribe " BOOSTER_BIN_DIR
+        "/booster train --config " + base + " --plugin ddp " + set + " > " + log + " 2>&1";
+    const int raw = std::system(command.c_str());
+    std::ifstream in(log);
+    std::stringstream text;
+    text << in.rdbuf();
+    return std::pair{WIFEXITED(raw) ? WEXITSTATUS(raw) : 128 + WTERMSIG(raw), text.str()};
+  };
+  const auto [bad_status, bad_output] = train("");
+  INFO(bad_output);
+  CHECK(bad_status != 0);
+  CHECK_THAT(bad_output, Catch::Contains("BOOSTER_COLLECTIVE_TIMEOUT_S is \"soon\""));
+  const auto [status, output] = train("--set train.collective_timeout_s=90");
+  INFO(output);
+  CHECK(status == 0);
+}

@@ -383,6 +383,10 @@ std::vector<Section> make_training_schema() {
           integer("checkpoint_every", 0, 0, std::nullopt, "save every N steps and at the end; 0: never"),
           integer("keep_last", 3, 0, std::nullopt, "checkpoints to keep; 0: all"),
           optional_text("resume", nullptr, "\"latest\" (the newest in checkpoint_dir, if any), a checkpoint path, or null"),
+          // Note [Collective timeouts] in booster/distributed/mpi_process_group.h.
+          optional_number("collective_timeout_s", 0.0,
+                          "seconds a collective waits for every rank before the job fails naming the missing ones; "
+                          "null: BOOSTER_COLLECTIVE_TIMEOUT_S, else 1800"),
       },
       "",
       {},
