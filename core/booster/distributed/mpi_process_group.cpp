@@ -7,6 +7,8 @@
 #include <mpi.h>
 #include <stdlib.h>  // on_exit (glibc)
 
+#include "booster/distributed/collective_timeout_impl.h"
+
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -55,12 +57,16 @@ std::string mpi_error_string(int code) {
   return std::string(text, size_t(length));
 }
 
-void check_mpi(int code, const char* op, const char* call) {
-  if (code == MPI_SUCCESS) [[likely]]
-    return;
-  BOOSTER_FAIL(DistributedError, op, ": ", call, " failed on rank ", g_mpi.world_rank, " of ",
-               g_mpi.world_size, ": ", mpi_error_string(code));
-}
+using detail::Backoff;
+using detail::Census;
+using detail::check_mpi;
+using detail::Clock;
+using detail::Collective;
+using detail::collective_name;
+using detail::CollectiveOp;
+using detail::note_collective_timeout;
+using detail::Seconds;
+using detail::timeout_message;
 
 // See Note [Failing ranks]: an uncaught exception ends the whole job, not only this rank.
 [[noreturn]] void abort_job_on_terminate() {
@@ -251,110 +257,22 @@ std::string thread_level_name(int level) {
 
 // ---------------------------------------------------------------------------------------- waiting
 
-using Clock = std::chrono::steady_clock;
-using Seconds = std::chrono::duration<double>;
-
-// The collectives a census record names, by index so that a record is plain bytes.
-enum class CollectiveOp : int32_t { AllReduce, Broadcast, AllGather, ReduceScatter, Barrier };
-
-const char* collective_name(int32_t op) {
-  switch (static_cast<CollectiveOp>(op)) {
-    case CollectiveOp::AllReduce: return "all_reduce";
-    case CollectiveOp::Broadcast: return "broadcast";
-    case CollectiveOp::AllGather: return "all_gather";
-    case CollectiveOp::ReduceScatter: return "reduce_scatter";
-    case CollectiveOp::Barrier: return "barrier";
-  }
-  return "a collective";
-}
-
-// One started collective, as its timeout names it (Note [Collective timeouts]).
-struct Collective {
-  CollectiveOp op = CollectiveOp::AllReduce;
-  uint64_t seq = 0;  // 1, 2, ... in start order on the group: the same collective on every rank
-  Clock::time_point start;
-  Seconds timeout{0};
-  size_t bytes = 0;  // this rank's share of the data it moves, which sets how long waiting may spin
-  Clock::time_point deadline() const { return start + std::chrono::duration_cast<Clock::duration>(timeout); }
-};
-
-// What one rank tells another in a census (Note [Collective timeouts]).
-struct CensusRecord {
-  uint64_t started = 0;      // collectives this rank has started on the group
-  uint64_t waiting_seq = 0;  // the one it waits for (0: none)
-  int32_t waiting_op = 0;
-  int32_t is_query = 0;      // 1: from a rank that timed out, which sent it to everyone
-};
-
-constexpr int kCensusTag = 1;
-// How long a timed-out rank listens for the others' records, at most (and at most the timeout).
-constexpr Seconds kCensusGrace{2.0};
-
-// Note [Collective timeouts], "Waiting": polls back to back while the collective's data could still be
-// moving (kSpinBase plus a nanosecond per byte, 1 GB/s), then sleeps between polls, each sleep twice
-// the last, from kFirstSleep up to kMaxSleep.
-class Backoff {
- public:
-  static constexpr std::chrono::nanoseconds kSpinBase{100'000};
-  static constexpr std::chrono::microseconds kFirstSleep{10};
-  static constexpr std::chrono::microseconds kMaxSleep{250};
-
-  explicit Backoff(size_t bytes = 0)
-      : spin_until_(Clock::now() + std::chrono::duration_cast<Clock::duration>(kSpinBase + std::chrono::nanoseconds(bytes))) {}
-  // True once the loop sleeps between polls (then it also answers census queries).
-  bool sleeping(Clock::time_point now) const { return now >= spin_until_; }
-  void pause(Clock::time_point now) {
-    if (!sleeping(now)) return;
-    std::this_thread::sleep_for(sleep_);
-    sleep_ = std::min(sleep_ * 2, kMaxSleep);
-  }
-
- private:
-  Clock::time_point spin_until_;
-  std::chrono::microseconds sleep_ = kFirstSleep;
-};
-
-// "rank 1", "ranks 0, 2-4".
-std::string rank_list(const std::vector<int>& ranks) {
-  std::string out = ranks.size() == 1 ? "rank " : "ranks ";
-  for (size_t i = 0; i < ranks.size();) {
-    size_t j = i;
-    while (j + 1 < ranks.size() && ranks[j + 1] == ranks[j] + 1) ++j;
-    if (i > 0) out += ", ";
-    out += std::to_string(ranks[i]);
-    if (j > i) out += (j == i + 1 ? ", " : "-") + std::to_string(ranks[j]);
-    i = j + 1;
-  }
-  return out;
-}
-
-std::string format_seconds(double s) {
-  char text[32];
-  std::snprintf(text, sizeof text, s < 10 ? "%.1f" : "%.0f", s);
-  return text;
-}
-
 // The MPI side of a group: its communicators, the sequence of its collectives and the wait loop.
 // Shared by the group and its Works, since a Work may outlive its group.
 class MpiComm {
  public:
   explicit MpiComm(std::string name) : name_(std::move(name)) {
     if (g_mpi.thread_provided < MPI_THREAD_MULTIPLE) mpi_mutex_.emplace();
-    // Communicators of our own: collectives of the application's MPI code cannot match ours, nor can
-    // census messages match a collective.
-    for (MPI_Comm* c : {&comm_, &census_}) {
-      check_mpi(MPI_Comm_dup(MPI_COMM_WORLD, c), "init_process_group", "MPI_Comm_dup");
-      check_mpi(MPI_Comm_set_errhandler(*c, MPI_ERRORS_RETURN), "init_process_group", "MPI_Comm_set_errhandler");
-    }
+    // A communicator of our own: collectives of the application's MPI code cannot match ours.
+    check_mpi(MPI_Comm_dup(MPI_COMM_WORLD, &comm_), "init_process_group", "MPI_Comm_dup");
+    check_mpi(MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN), "init_process_group", "MPI_Comm_set_errhandler");
     check_mpi(MPI_Comm_rank(comm_, &rank_), "init_process_group", "MPI_Comm_rank");
     check_mpi(MPI_Comm_size(comm_, &size_), "init_process_group", "MPI_Comm_size");
+    census_.emplace(comm_, mpi_mutex_ ? &*mpi_mutex_ : nullptr);
   }
   ~MpiComm() {
-    if (mpi_finalized()) return;
-    for (auto& [record, request] : sends_)
-      if (request != MPI_REQUEST_NULL) MPI_Request_free(&request);
-    MPI_Comm_free(&census_);
-    MPI_Comm_free(&comm_);
+    census_.reset();
+    if (!mpi_finalized()) MPI_Comm_free(&comm_);
   }
 
   MPI_Comm comm() const { return comm_; }
@@ -371,7 +289,7 @@ class MpiComm {
   // Numbers a collective about to start; DistributedError once the group has timed out.
   Collective begin(CollectiveOp op, Seconds timeout, size_t bytes) {
     if (broken()) [[unlikely]]
-      refuse(collective_name(int32_t(op)));
+      refuse(op);
     return Collective{op, started_.fetch_add(1) + 1, Clock::now(), timeout, bytes};
   }
 
@@ -380,7 +298,7 @@ class MpiComm {
     int flag = 0;
     auto lock = maybe_lock();
     check_mpi(MPI_Testall(int(requests.size()), requests.data(), &flag, MPI_STATUSES_IGNORE),
-              collective_name(int32_t(what.op)), "MPI_Testall");
+              collective_name(what.op), "MPI_Testall");
     return flag != 0;
   }
 
@@ -388,134 +306,46 @@ class MpiComm {
   // [Collective timeouts]).
   void wait(std::vector<MPI_Request>& requests, const Collective& what) {
     if (broken()) [[unlikely]]
-      refuse(collective_name(int32_t(what.op)));
+      refuse(what.op);
     Backoff backoff(what.bytes);
     const Clock::time_point deadline = what.deadline();
     while (!test(requests, what)) {
       const Clock::time_point now = Clock::now();
       if (now >= deadline) [[unlikely]]
         time_out(what, now);
-      if (backoff.sleeping(now)) answer_census(what);
+      if (backoff.sleeping(now)) census_->answer(started_.load(), &what);
       backoff.pause(now);
     }
   }
 
  private:
-  [[noreturn]] void refuse(const char* op) {
+  [[noreturn]] void refuse(CollectiveOp op) {
     std::lock_guard<std::mutex> guard(broken_mutex_);
-    BOOSTER_FAIL(DistributedError, op, ": group \"", name_, "\" is unusable since ", broken_why_,
+    BOOSTER_FAIL(DistributedError, collective_name(op), ": group \"", name_, "\" is unusable since ", broken_why_,
                  " timed out on rank ", rank_);
   }
 
-  CensusRecord own_record(const Collective& what, bool is_query) const {
-    return CensusRecord{started_.load(), what.seq, int32_t(what.op), is_query ? 1 : 0};
-  }
-
-  // Sends `record` to `to` without waiting for it to arrive (a stopped rank never takes it).
-  void send_record(const CensusRecord& record, int to) {
-    std::lock_guard<std::mutex> guard(sends_mutex_);
-    // Forget the records that have left.
-    std::erase_if(sends_, [&](auto& entry) {
-      int done = 0;
-      auto lock = maybe_lock();
-      MPI_Test(&entry.second, &done, MPI_STATUS_IGNORE);
-      return done != 0;
-    });
-    sends_.emplace_back(std::make_unique<CensusRecord>(record), MPI_REQUEST_NULL);
-    auto lock = maybe_lock();
-    check_mpi(MPI_Isend(sends_.back().first.get(), int(sizeof(CensusRecord)), MPI_BYTE, to, kCensusTag, census_,
-                        &sends_.back().second),
-              collective_name(int32_t(record.waiting_op)), "MPI_Isend");
-  }
-
-  // The next census record sent to this rank, if one is there (matched probe: safe from any thread).
-  std::optional<std::pair<int, CensusRecord>> receive_record(const char* op) {
-    int flag = 0;
-    MPI_Message message;
-    MPI_Status status;
-    CensusRecord record;
-    auto lock = maybe_lock();
-    check_mpi(MPI_Improbe(MPI_ANY_SOURCE, kCensusTag, census_, &flag, &message, &status), op, "MPI_Improbe");
-    if (!flag) return std::nullopt;
-    check_mpi(MPI_Mrecv(&record, int(sizeof record), MPI_BYTE, &message, MPI_STATUS_IGNORE), op, "MPI_Mrecv");
-    return std::pair{status.MPI_SOURCE, record};
-  }
-
-  // A rank waiting in this group answers the queries of ranks that timed out.
-  void answer_census(const Collective& what) {
-    while (auto got = receive_record(collective_name(int32_t(what.op))))
-      if (got->second.is_query) send_record(own_record(what, false), got->first);
-  }
-
   [[noreturn]] void time_out(const Collective& what, Clock::time_point now) {
-    const double waited = Seconds(now - what.start).count();
-    const char* op = collective_name(int32_t(what.op));
     {
       std::lock_guard<std::mutex> guard(broken_mutex_);
-      broken_why_ = str(op, " #", what.seq);
+      broken_why_ = str(collective_name(what.op), " #", what.seq);
       broken_.store(true, std::memory_order_release);
     }
-    g_mpi.timed_out.store(true);
-
-    // The census: tell everyone where this rank is, and listen.
-    for (int r = 0; r < size_; ++r)
-      if (r != rank_) send_record(own_record(what, true), r);
-    std::vector<std::optional<CensusRecord>> heard(size_);
-    int answers = 0;
-    const Clock::time_point listen_until =
-        Clock::now() + std::chrono::duration_cast<Clock::duration>(std::min(kCensusGrace, what.timeout));
-    for (Backoff backoff; answers < size_ - 1 && Clock::now() < listen_until; backoff.pause(Clock::now())) {
-      while (auto got = receive_record(op)) {
-        if (!heard[got->first]) ++answers;
-        heard[got->first] = got->second;
-      }
-    }
-
-    std::vector<int> arrived{rank_}, silent, behind;
-    std::string where;  // what the ranks that are behind wait for
-    for (int r = 0; r < size_; ++r) {
-      if (r == rank_) continue;
-      if (!heard[r]) silent.push_back(r);
-      else if (heard[r]->started >= what.seq) arrived.push_back(r);
-      else {
-        behind.push_back(r);
-        where += str(where.empty() ? "" : "; ", "rank ", r, " still waits in ", collective_name(heard[r]->waiting_op),
-                     " #", heard[r]->waiting_seq);
-      }
-    }
-    std::sort(arrived.begin(), arrived.end());
-    std::string who;
-    if (silent.empty() && behind.empty()) {
-      who = str("every rank started it, but it did not complete (a rank stopped making progress inside it, or the "
-                "network failed)");
-    } else {
-      if (!silent.empty())
-        who = str(rank_list(silent), " did not arrive (no answer within ", format_seconds(Seconds(listen_until - now).count()),
-                  " s: stopped, hung, or busy outside collectives)");
-      if (!behind.empty())
-        who += str(who.empty() ? "" : "; ", rank_list(behind), " did not arrive (", where,
-                   "; do all ranks run the same collectives in the same order?)");
-      who += str("; ", rank_list(arrived), " waited");
-    }
-    BOOSTER_FAIL(DistributedError, op, " on group \"", name_, "\" (", size_, " ranks) timed out after ",
-                 format_seconds(waited), " s on rank ", rank_, ": ", who, ". It was collective #", what.seq,
-                 " of the group, which is unusable now. Raise train.collective_timeout_s or "
-                 "BOOSTER_COLLECTIVE_TIMEOUT_S (now ", format_seconds(what.timeout.count()),
-                 " s) if a step legitimately takes longer");
+    note_collective_timeout();
+    const std::string who = census_->take(started_.load(), what);
+    BOOSTER_FAIL(DistributedError, timeout_message(what, name_, size_, rank_, now - what.start, who));
   }
 
   std::string name_;
   MPI_Comm comm_ = MPI_COMM_NULL;
-  MPI_Comm census_ = MPI_COMM_NULL;  // census records only (Note [Collective timeouts])
   int rank_ = 0;
   int size_ = 1;
   std::optional<std::mutex> mpi_mutex_;  // set when MPI is not MPI_THREAD_MULTIPLE
+  std::optional<Census> census_;         // Note [Collective timeouts]
   std::atomic<uint64_t> started_{0};
   std::atomic<bool> broken_{false};
   std::mutex broken_mutex_;
   std::string broken_why_;  // the collective that timed out
-  std::mutex sends_mutex_;
-  std::vector<std::pair<std::unique_ptr<CensusRecord>, MPI_Request>> sends_;  // census records in flight
 };
 
 // ---------------------------------------------------------------------------------------- group
@@ -556,7 +386,7 @@ MpiWork::~MpiWork() {
   try {
     wait();
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "booster: %s dropped without wait() and failed: %s\n", collective_name(int32_t(what_.op)),
+    std::fprintf(stderr, "booster: %s dropped without wait() and failed: %s\n", collective_name(what_.op),
                  e.what());
   }
 }
@@ -699,6 +529,15 @@ class MpiProcessGroup final : public ProcessGroup {
 };
 
 }  // namespace
+
+void detail::check_mpi(int code, const char* op, const char* call) {
+  if (code == MPI_SUCCESS) [[likely]]
+    return;
+  BOOSTER_FAIL(DistributedError, op, ": ", call, " failed on rank ", g_mpi.world_rank, " of ",
+               g_mpi.world_size, ": ", mpi_error_string(code));
+}
+
+void detail::note_collective_timeout() { g_mpi.timed_out.store(true); }
 
 bool mpi_built() { return true; }
 
