@@ -66,7 +66,10 @@ struct Census::Record {
 
 namespace {
 
-constexpr int kCensusTag = 1;
+// Queries and answers travel apart, so a thread answering queries never takes an answer that the
+// census of another thread of this rank waits for.
+constexpr int kQueryTag = 1;
+constexpr int kAnswerTag = 2;
 
 std::unique_lock<std::mutex> maybe_lock(std::mutex* m) {
   return m ? std::unique_lock<std::mutex>(*m) : std::unique_lock<std::mutex>();
@@ -102,18 +105,19 @@ void Census::send(const Record& record, int to) {
   });
   sends_.emplace_back(std::make_unique<Record>(record), MPI_REQUEST_NULL);
   auto lock = maybe_lock(mpi_mutex_);
-  check_mpi(MPI_Isend(sends_.back().first.get(), int(sizeof(Record)), MPI_BYTE, to, kCensusTag, comm_,
-                      &sends_.back().second),
+  check_mpi(MPI_Isend(sends_.back().first.get(), int(sizeof(Record)), MPI_BYTE, to,
+                      record.is_query ? kQueryTag : kAnswerTag, comm_, &sends_.back().second),
             collective_name(CollectiveOp(record.waiting_op)), "MPI_Isend");
 }
 
-// The next record sent to this rank, if one is there (a matched probe, so any thread may call it).
-bool Census::receive(int* from, Record* record, const char* op) {
+// The next record with `tag` sent to this rank, if one is there (a matched probe, so any thread may
+// call it).
+bool Census::receive(int tag, int* from, Record* record, const char* op) {
   int flag = 0;
   MPI_Message message;
   MPI_Status status;
   auto lock = maybe_lock(mpi_mutex_);
-  check_mpi(MPI_Improbe(MPI_ANY_SOURCE, kCensusTag, comm_, &flag, &message, &status), op, "MPI_Improbe");
+  check_mpi(MPI_Improbe(MPI_ANY_SOURCE, tag, comm_, &flag, &message, &status), op, "MPI_Improbe");
   if (!flag) return false;
   check_mpi(MPI_Mrecv(record, int(sizeof(Record)), MPI_BYTE, &message, MPI_STATUS_IGNORE), op, "MPI_Mrecv");
   *from = status.MPI_SOURCE;
@@ -124,9 +128,8 @@ void Census::answer(uint64_t started, const Collective* waiting) {
   const char* op = waiting ? collective_name(waiting->op) : "census";
   int from = 0;
   Record query;
-  while (receive(&from, &query, op))
-    if (query.is_query)
-      send(Record{started, waiting ? waiting->seq : 0, waiting ? int32_t(waiting->op) : 0, 0}, from);
+  while (receive(kQueryTag, &from, &query, op))
+    send(Record{started, waiting ? waiting->seq : 0, waiting ? int32_t(waiting->op) : 0, 0}, from);
 }
 
 std::string Census::take(uint64_t started, const Collective& what) {
@@ -141,7 +144,7 @@ std::string Census::take(uint64_t started, const Collective& what) {
   for (Backoff backoff; answers < size_ - 1 && Clock::now() < listen_until; backoff.pause(Clock::now())) {
     int from = 0;
     Record record;
-    while (receive(&from, &record, op)) {
+    while (receive(MPI_ANY_TAG, &from, &record, op)) {
       if (!heard[from]) ++answers;
       heard[from] = record;
     }

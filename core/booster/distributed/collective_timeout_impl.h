@@ -96,7 +96,7 @@ class Census {
  private:
   struct Record;
   void send(const Record& record, int to);
-  bool receive(int* from, Record* record, const char* op);
+  bool receive(int tag, int* from, Record* record, const char* op);
 
   MPI_Comm comm_ = MPI_COMM_NULL;
   int rank_ = 0;

@@ -56,6 +56,17 @@
 //   0, since MPI_Finalize would wait for the missing rank.
 // * Every rank still waiting times out by itself at its own deadline; it does not wait for the one that
 //   reported first. Ranks that are not in a collective learn of it when mpirun ends the job.
+// * "nccl" (nccl_process_group.cpp): a collective is queued on the GPU and the host rarely waits for it
+//   in the group (Note [When a collective's result is there]); it blocks later, in whatever CUDA call
+//   synchronizes, which cannot time out. So, as torch's NCCL watchdog, a thread of the group records an
+//   event after each collective and looks every 100 ms at the oldest unfinished one: past its deadline,
+//   it takes the census (on MPI_COMM_WORLD's ranks, when an MPI launcher started the job and MPI gives
+//   MPI_THREAD_MULTIPLE; else the message says the missing ranks are unknown), prints the same message,
+//   calls ncclCommAbort and ends the job (MPI_Abort, or exit 1 without MPI): a thread blocked in a
+//   synchronization cannot be handed an exception. The watchdog also answers other ranks' census
+//   queries, with the number of collectives this rank queued. barrier(), which blocks the host, polls
+//   the stream with the back-off above and throws the DistributedError itself at its deadline. This
+//   path is compiled in CI but has not run on GPUs yet.
 //
 // Note [MPI progress]
 // Collectives are MPI_Iallreduce / MPI_Ibcast / MPI_Iallgather / MPI_Ireduce_scatter_block / MPI_Ibarrier,

@@ -55,7 +55,8 @@
 // * Errors: a collective that cannot be queued throws DistributedError at the call. One that fails
 //   while it runs (a peer gone, a network error) is reported later: by Work::wait() and barrier(),
 //   which ask NCCL for the communicator's asynchronous error, or as a CudaError at the next call that
-//   synchronizes; a peer that never arrives leaves the stream hanging (there is no watchdog).
+//   synchronizes. A peer that never arrives would leave the stream hanging; the group's watchdog
+//   thread ends the job once the collective is past its timeout (Note [Collective timeouts], "nccl").
 // * barrier() blocks the host until every rank has reached it and everything this rank queued before
 //   it on the stream has run (it guards file writes).
 //
