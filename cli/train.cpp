@@ -5,6 +5,7 @@
 // summary as one JSON object, so scripts can read it with `tail -n 1` (Note [What booster train prints]
 // in booster/trainer/progress.h).
 #include <cerrno>
+#include <chrono>
 #include <cstring>
 #include <filesystem>
 #include <iostream>
@@ -17,6 +18,7 @@
 #include "booster/config/config.h"
 #include "booster/config/training.h"
 #include "booster/data/dataloader.h"
+#include "booster/distributed/process_group.h"
 #include "booster/nn/models.h"
 #include "booster/optim/lr_scheduler.h"
 #include "booster/optim/optimizer.h"
@@ -69,6 +71,9 @@ int train(const json& config, BoosterComponents components) {
   const json& data_cfg = config.at("data");
   const uint64_t seed = train_cfg.at("seed").get<uint64_t>();
   manual_seed(seed);
+  // Before the first collective (the Booster broadcasts the weights): Note [Collective timeouts].
+  if (const json& timeout = train_cfg.at("collective_timeout_s"); timeout.is_number())
+    distributed::set_default_collective_timeout(std::chrono::duration<double>(timeout.get<double>()));
 
   // The Booster, with the plugin and strategy that resolving the config built and checked.
   Booster booster(std::move(components));

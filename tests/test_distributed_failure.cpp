@@ -1,11 +1,17 @@
 // A rank that fails brings the whole MPI job down with a non-zero exit instead of leaving the other
-// ranks blocked in a collective (Note [Failing ranks]). The test runs `mpirun -np 2` on this same
-// binary, selecting a hidden helper test case; rank 1 fails while rank 0 waits in all_reduce. A
-// `timeout` around mpirun turns a hang into exit status 124/137, which the test reports as a hang.
+// ranks blocked in a collective (Note [Failing ranks]), and so does a rank that stalls, once the
+// collective's timeout has passed (Note [Collective timeouts]). The test runs `mpirun -np 2` on this
+// same binary, selecting a hidden helper test case; rank 1 fails or stalls while rank 0 waits in
+// all_reduce. A `timeout` around mpirun turns a hang into exit status 124/137, which the test reports
+// as a hang.
 #include <catch2/catch.hpp>
 
+#include <signal.h>
 #include <sys/wait.h>
+#include <time.h>
 
+#include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <fstream>
 #include <sstream>
@@ -23,19 +29,23 @@ namespace {
 
 struct JobResult {
   int status = -1;  // exit status of `timeout mpirun ...`
+  double seconds = 0;  // how long it ran
   std::string output;
 };
 
-// Runs the helper test case under mpirun with 2 ranks; BOOSTER_FAILURE_MODE tells rank 1 how to fail.
-JobResult run_job(const std::string& mode) {
+// Runs the helper test case under mpirun with `ranks` ranks; BOOSTER_FAILURE_MODE tells rank 1 how to
+// fail. `env` is more VAR=value settings for every rank.
+JobResult run_job(const std::string& mode, const std::string& env = "", int ranks = 2) {
   const std::string log = std::string(BOOSTER_BIN_DIR) + "/test_distributed_failure." + mode + ".log";
   const std::string command =
-      "BOOSTER_FAILURE_MODE=" + mode +
+      "BOOSTER_FAILURE_MODE=" + mode + " " + env +
       " OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS=1"
-      " timeout -k 5 60 mpirun -np 2 --oversubscribe " BOOSTER_BIN_DIR
+      " timeout -k 5 60 mpirun -np " + std::to_string(ranks) + " --oversubscribe " BOOSTER_BIN_DIR
       "/test_distributed_failure '[.failure_helper]' > " + log + " 2>&1";
+  const auto start = std::chrono::steady_clock::now();
   const int raw = std::system(command.c_str());
   JobResult result;
+  result.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   result.status = WIFEXITED(raw) ? WEXITSTATUS(raw) : 128 + WTERMSIG(raw);
   std::ifstream in(log);
   std::stringstream text;
@@ -46,6 +56,12 @@ JobResult run_job(const std::string& mode) {
 
 bool have_mpirun() { return std::system("command -v mpirun > /dev/null 2>&1") == 0; }
 
+double process_cpu_seconds() {
+  timespec t{};
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t);
+  return double(t.tv_sec) + 1e-9 * double(t.tv_nsec);
+}
+
 }  // namespace
 
 // Not run by itself (hidden tag): the program each rank of run_job executes.
@@ -55,16 +71,38 @@ TEST_CASE("failure helper: rank 1 fails while rank 0 waits in all_reduce", "[.fa
   const std::string mode = env ? env : "ok";
   Tensor t = full({1024}, 1.0);
   pg.all_reduce(t);  // both ranks are up and talking
+  if (mode == "stall_one_of_three") {
+    // Rank 2 stops. Rank 1 comes 2.5 s late: inside its wait when rank 0 times out (3 s), and its own
+    // deadline (5.5 s) comes after rank 0's census (3 to 5 s), so rank 0 hears of it only by its answer.
+    if (pg.rank() == 2) raise(SIGSTOP);
+    if (pg.rank() == 1) std::this_thread::sleep_for(std::chrono::milliseconds(2500));
+  }
   if (pg.rank() == 1) {
     if (mode == "throw") {
       // An exception nobody catches: std::terminate, as when it escapes main.
       std::thread([] { throw DistributedError("rank 1 lost its training data"); }).join();
     } else if (mode == "exit") {
       std::exit(3);  // a main that caught its error and returns non-zero
+    } else if (mode == "stall") {
+      raise(SIGSTOP);  // alive but stopped: mpirun sees nothing wrong
+    } else if (mode == "late") {
+      std::this_thread::sleep_for(std::chrono::seconds(2));  // a slow rank, well within the timeout
     }
   }
-  pg.all_reduce(t);  // with a failed rank 1, rank 0 would wait here forever
-  REQUIRE(t.tolist()[0] == 4.0);
+  const double wall_start = std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+  const double cpu_start = process_cpu_seconds();
+  try {
+    pg.all_reduce(t);  // with a failed rank 1, rank 0 would wait here forever
+  } catch (const DistributedError& e) {
+    std::fprintf(stderr, "rank %d: %s\n", pg.rank(), e.what());  // one line (Catch wraps what it prints)
+    throw;
+  }
+  const double cpu = process_cpu_seconds() - cpu_start;
+  const double wall =
+      std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count() - wall_start;
+  if (mode == "late" && pg.rank() == 0)
+    std::printf("rank 0 waited %.2f s in all_reduce and used %.3f s of CPU\n", wall, cpu);
+  REQUIRE(t.tolist()[0] == double(pg.size() * pg.size()));
 }
 
 TEST_CASE("distributed: an uncaught exception on one rank ends the job with an error, not a hang",
@@ -96,4 +134,105 @@ TEST_CASE("distributed: the same job without a failure exits 0", "[distributed][
   INFO(job.output);
   REQUIRE(job.status == 0);
   REQUIRE_THAT(job.output, !Catch::Contains("aborting"));
+}
+
+// Note [Collective timeouts]: rank 1 is stopped (SIGSTOP) before the second all_reduce; mpirun sees no
+// failure, so without a timeout rank 0 waits for ever (the `timeout 60` around mpirun reports 124).
+TEST_CASE("distributed: a stalled rank ends the job after the collective timeout, naming the rank",
+          "[distributed][mpi]") {
+  if (!mpi_built() || !have_mpirun()) return;
+  const double timeout_s = 3;
+  const JobResult job = run_job("stall", "BOOSTER_COLLECTIVE_TIMEOUT_S=3");
+  INFO(job.output);
+  INFO("the job ran " << job.seconds << " s");
+  REQUIRE(job.status != 0);
+  REQUIRE(job.status != 124);  // timeout: the job hung
+  REQUIRE(job.status != 137);
+  // The timeout, the 2 s census and the teardown; mpirun's start takes a second or two.
+  CHECK(job.seconds < timeout_s + 15);
+  CHECK(job.seconds >= timeout_s);
+  REQUIRE_THAT(job.output, Catch::Contains("all_reduce on group \"world\" (2 ranks) timed out after 3."));
+  REQUIRE_THAT(job.output, Catch::Contains(" s on rank 0: rank 1 did not arrive"));
+  REQUIRE_THAT(job.output, Catch::Contains("rank 0 waited"));
+  REQUIRE_THAT(job.output, Catch::Contains("BOOSTER_COLLECTIVE_TIMEOUT_S (now 3.0 s)"));
+}
+
+// Note [Collective timeouts], the census: rank 0 times out first; rank 1, which arrived late, is still
+// waiting and answers; rank 2 is stopped and does not.
+TEST_CASE("distributed: the timeout names the stalled rank among three, and the ranks that waited",
+          "[distributed][mpi]") {
+  if (!mpi_built() || !have_mpirun()) return;
+  const JobResult job = run_job("stall_one_of_three", "BOOSTER_COLLECTIVE_TIMEOUT_S=3", 3);
+  INFO(job.output);
+  INFO("the job ran " << job.seconds << " s");
+  REQUIRE(job.status != 0);
+  REQUIRE(job.status != 124);
+  REQUIRE(job.status != 137);
+  CHECK(job.seconds < 3 + 15);
+  REQUIRE_THAT(job.output, Catch::Contains("all_reduce on group \"world\" (3 ranks) timed out after 3."));
+  REQUIRE_THAT(job.output, Catch::Contains(" s on rank 0: rank 2 did not arrive"));
+  REQUIRE_THAT(job.output, Catch::Contains("ranks 0, 1 waited"));
+}
+
+// Note [Collective timeouts], "Waiting": a rank waiting for a late one sleeps between polls instead of
+// spinning a core (MPI_Waitall spins at 100%). A resource check, not a speed check: rank 0 waits about
+// 2 s and must use well under a third of that in CPU time.
+TEST_CASE("distributed: a rank waiting for a late one does not burn a core", "[distributed][mpi]") {
+  if (!mpi_built() || !have_mpirun()) return;
+  const JobResult job = run_job("late");
+  INFO(job.output);
+  REQUIRE(job.status == 0);
+  double wall = 0, cpu = 0;
+  const size_t at = job.output.find("rank 0 waited ");
+  REQUIRE(at != std::string::npos);
+  REQUIRE(std::sscanf(job.output.c_str() + at, "rank 0 waited %lf s in all_reduce and used %lf s of CPU", &wall,
+                      &cpu) == 2);
+  CHECK(wall > 1.5);
+  CHECK(cpu < 0.3 * wall);
+}
+
+TEST_CASE("distributed: collective timeouts come from the group, the process default or the environment",
+          "[distributed]") {
+  ProcessGroup& pg = init_process_group("local");
+  const auto before = default_collective_timeout();
+  // Without BOOSTER_COLLECTIVE_TIMEOUT_S in the test's environment this is torch's 30 minutes.
+  if (std::getenv("BOOSTER_COLLECTIVE_TIMEOUT_S") == nullptr) CHECK(before.count() == 1800.0);
+  CHECK(pg.timeout() == before);
+  set_default_collective_timeout(std::chrono::milliseconds(2500));
+  CHECK(default_collective_timeout().count() == 2.5);
+  CHECK(pg.timeout().count() == 2.5);
+  pg.set_timeout(std::chrono::seconds(7));
+  CHECK(pg.timeout().count() == 7.0);
+  CHECK(default_collective_timeout().count() == 2.5);
+  CHECK_THROWS_AS(pg.set_timeout(std::chrono::seconds(0)), ValueError);
+  CHECK_THROWS_WITH(set_default_collective_timeout(std::chrono::duration<double>(-1)),
+                    Catch::Contains("expected a positive number of seconds"));
+  set_default_collective_timeout(before);
+}
+
+// `booster train` applies train.collective_timeout_s before the first collective: with it set, a bad
+// BOOSTER_COLLECTIVE_TIMEOUT_S is never read; without it, the first collective refuses the variable.
+TEST_CASE("distributed: booster train applies train.collective_timeout_s to the process group",
+          "[distributed][mpi][cli]") {
+  if (!mpi_built() || !have_mpirun()) return;
+  const std::string base = std::string(BOOSTER_SOURCE_DIR) + "/tests/bad_configs/base.json";
+  auto train = [&](const std::string& set) {
+    const std::string log = std::string(BOOSTER_BIN_DIR) + "/test_distributed_failure.train.log";
+    const std::string command =
+        "BOOSTER_COLLECTIVE_TIMEOUT_S=soon OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 "
+        "OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 timeout -k 5 120 mpirun -np 2 --oversubscribe " BOOSTER_BIN_DIR
+        "/booster train --config " + base + " --plugin ddp " + set + " > " + log + " 2>&1";
+    const int raw = std::system(command.c_str());
+    std::ifstream in(log);
+    std::stringstream text;
+    text << in.rdbuf();
+    return std::pair{WIFEXITED(raw) ? WEXITSTATUS(raw) : 128 + WTERMSIG(raw), text.str()};
+  };
+  const auto [bad_status, bad_output] = train("");
+  INFO(bad_output);
+  CHECK(bad_status != 0);
+  CHECK_THAT(bad_output, Catch::Contains("BOOSTER_COLLECTIVE_TIMEOUT_S is \"soon\""));
+  const auto [status, output] = train("--set train.collective_timeout_s=90");
+  INFO(output);
+  CHECK(status == 0);
 }

@@ -7,14 +7,20 @@
 #include <mpi.h>
 #include <stdlib.h>  // on_exit (glibc)
 
+#include "booster/distributed/collective_timeout_impl.h"
+
 #include <algorithm>
+#include <atomic>
+#include <chrono>
 #include <climits>
 #include <cstdio>
 #include <exception>
 #include <functional>
 #include <mutex>
+#include <optional>
 #include <thread>
 #include <type_traits>
+#include <utility>
 
 namespace booster::distributed {
 
@@ -31,6 +37,8 @@ struct MpiRuntime {
   // User-defined reductions for float16 / bfloat16, indexed by reduce_slot().
   MPI_Op half_ops[3] = {MPI_OP_NULL, MPI_OP_NULL, MPI_OP_NULL};
   MPI_Op bf16_ops[3] = {MPI_OP_NULL, MPI_OP_NULL, MPI_OP_NULL};
+  // A collective timed out (Note [Collective timeouts]): a rank may be missing, so exit aborts.
+  std::atomic<bool> timed_out{false};
 };
 
 MpiRuntime g_mpi;
@@ -49,12 +57,16 @@ std::string mpi_error_string(int code) {
   return std::string(text, size_t(length));
 }
 
-void check_mpi(int code, const char* op, const char* call) {
-  if (code == MPI_SUCCESS) [[likely]]
-    return;
-  BOOSTER_FAIL(DistributedError, op, ": ", call, " failed on rank ", g_mpi.world_rank, " of ",
-               g_mpi.world_size, ": ", mpi_error_string(code));
-}
+using detail::Backoff;
+using detail::Census;
+using detail::check_mpi;
+using detail::Clock;
+using detail::Collective;
+using detail::collective_name;
+using detail::CollectiveOp;
+using detail::note_collective_timeout;
+using detail::Seconds;
+using detail::timeout_message;
 
 // See Note [Failing ranks]: an uncaught exception ends the whole job, not only this rank.
 [[noreturn]] void abort_job_on_terminate() {
@@ -80,6 +92,13 @@ void check_mpi(int code, const char* op, const char* call) {
 // See Note [Failing ranks]: a non-zero exit aborts the job; a zero exit finalizes.
 void finalize_at_exit(int status, void*) {
   if (mpi_finalized()) return;
+  if (status == 0 && g_mpi.timed_out.load()) {
+    // Note [Collective timeouts]: MPI_Finalize would wait for the rank that never arrived.
+    std::fprintf(stderr, "booster: rank %d of %d exits after a collective timed out; aborting the MPI job\n",
+                 g_mpi.world_rank, g_mpi.world_size);
+    std::fflush(stderr);
+    MPI_Abort(MPI_COMM_WORLD, 1);
+  }
   if (status != 0 && g_mpi.world_size > 1) {
     std::fprintf(stderr,
                  "booster: rank %d of %d exits with status %d; aborting the MPI job so no rank waits "
@@ -236,22 +255,117 @@ std::string thread_level_name(int level) {
   return "none";
 }
 
+// ---------------------------------------------------------------------------------------- waiting
+
+// The MPI side of a group: its communicators, the sequence of its collectives and the wait loop.
+// Shared by the group and its Works, since a Work may outlive its group.
+class MpiComm {
+ public:
+  explicit MpiComm(std::string name) : name_(std::move(name)) {
+    if (g_mpi.thread_provided < MPI_THREAD_MULTIPLE) mpi_mutex_.emplace();
+    // A communicator of our own: collectives of the application's MPI code cannot match ours.
+    check_mpi(MPI_Comm_dup(MPI_COMM_WORLD, &comm_), "init_process_group", "MPI_Comm_dup");
+    check_mpi(MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN), "init_process_group", "MPI_Comm_set_errhandler");
+    check_mpi(MPI_Comm_rank(comm_, &rank_), "init_process_group", "MPI_Comm_rank");
+    check_mpi(MPI_Comm_size(comm_, &size_), "init_process_group", "MPI_Comm_size");
+    census_.emplace(comm_, mpi_mutex_ ? &*mpi_mutex_ : nullptr);
+  }
+  ~MpiComm() {
+    census_.reset();
+    if (!mpi_finalized()) MPI_Comm_free(&comm_);
+  }
+
+  MPI_Comm comm() const { return comm_; }
+  int rank() const { return rank_; }
+  int size() const { return size_; }
+
+  // Locks the MPI mutex when MPI does not support concurrent calls from several threads.
+  std::unique_lock<std::mutex> maybe_lock() {
+    return mpi_mutex_ ? std::unique_lock<std::mutex>(*mpi_mutex_) : std::unique_lock<std::mutex>();
+  }
+  // True once a collective of the group timed out (Note [Collective timeouts]).
+  bool broken() const { return broken_.load(std::memory_order_acquire); }
+
+  // Numbers a collective about to start; DistributedError once the group has timed out.
+  Collective begin(CollectiveOp op, Seconds timeout, size_t bytes) {
+    if (broken()) [[unlikely]]
+      refuse(op);
+    return Collective{op, started_.fetch_add(1) + 1, Clock::now(), timeout, bytes};
+  }
+
+  // True when every request has completed. `what` names the collective in errors.
+  bool test(std::vector<MPI_Request>& requests, const Collective& what) {
+    int flag = 0;
+    auto lock = maybe_lock();
+    check_mpi(MPI_Testall(int(requests.size()), requests.data(), &flag, MPI_STATUSES_IGNORE),
+              collective_name(what.op), "MPI_Testall");
+    return flag != 0;
+  }
+
+  // Returns when every request has completed; DistributedError at the collective's deadline (Note
+  // [Collective timeouts]).
+  void wait(std::vector<MPI_Request>& requests, const Collective& what) {
+    if (broken()) [[unlikely]]
+      refuse(what.op);
+    Backoff backoff(what.bytes);
+    const Clock::time_point deadline = what.deadline();
+    while (!test(requests, what)) {
+      const Clock::time_point now = Clock::now();
+      if (now >= deadline) [[unlikely]]
+        time_out(what, now);
+      if (backoff.sleeping(now)) census_->answer(started_.load(), &what);
+      backoff.pause(now);
+    }
+  }
+
+ private:
+  [[noreturn]] void refuse(CollectiveOp op) {
+    std::lock_guard<std::mutex> guard(broken_mutex_);
+    BOOSTER_FAIL(DistributedError, collective_name(op), ": group \"", name_, "\" is unusable since ", broken_why_,
+                 " timed out on rank ", rank_);
+  }
+
+  [[noreturn]] void time_out(const Collective& what, Clock::time_point now) {
+    {
+      std::lock_guard<std::mutex> guard(broken_mutex_);
+      broken_why_ = str(collective_name(what.op), " #", what.seq);
+      broken_.store(true, std::memory_order_release);
+    }
+    note_collective_timeout();
+    const std::string who = census_->take(started_.load(), what);
+    BOOSTER_FAIL(DistributedError, timeout_message(what, name_, size_, rank_, now - what.start, who));
+  }
+
+  std::string name_;
+  MPI_Comm comm_ = MPI_COMM_NULL;
+  int rank_ = 0;
+  int size_ = 1;
+  std::optional<std::mutex> mpi_mutex_;  // set when MPI is not MPI_THREAD_MULTIPLE
+  std::optional<Census> census_;         // Note [Collective timeouts]
+  std::atomic<uint64_t> started_{0};
+  std::atomic<bool> broken_{false};
+  std::mutex broken_mutex_;
+  std::string broken_why_;  // the collective that timed out
+};
+
 // ---------------------------------------------------------------------------------------- group
 
 // A started non-blocking collective: its requests and the step that finishes the result (Avg).
 class MpiWork final : public Work {
  public:
-  // `mpi_mutex` is the group's MPI mutex when calls must be serialized, else null; shared so that a
-  // Work may outlive its group.
-  MpiWork(std::shared_ptr<std::mutex> mpi_mutex, const char* op, std::vector<MPI_Request> requests,
+  MpiWork(std::shared_ptr<MpiComm> comm, Collective what, std::vector<MPI_Request> requests,
           std::function<void()> finish)
-      : mpi_mutex_(std::move(mpi_mutex)),
-        op_(op),
-        requests_(std::move(requests)),
-        finish_(std::move(finish)) {}
+      : comm_(std::move(comm)), what_(what), requests_(std::move(requests)), finish_(std::move(finish)) {}
   ~MpiWork() override;
-  void wait() override;
-  bool is_completed() override;
+  void wait() override {
+    if (done_) return;
+    comm_->wait(requests_, what_);
+    complete();
+  }
+  bool is_completed() override {
+    if (!done_ && comm_->test(requests_, what_)) complete();
+    return done_;
+  }
 
  private:
   void complete() {
@@ -259,53 +373,51 @@ class MpiWork final : public Work {
     if (finish_) finish_();
   }
 
-  std::unique_lock<std::mutex> maybe_lock() {
-    return mpi_mutex_ ? std::unique_lock<std::mutex>(*mpi_mutex_) : std::unique_lock<std::mutex>();
-  }
-
-  std::shared_ptr<std::mutex> mpi_mutex_;
-  const char* op_;
+  std::shared_ptr<MpiComm> comm_;
+  Collective what_;
   std::vector<MPI_Request> requests_;
   std::function<void()> finish_;
   bool done_ = false;
 };
 
+MpiWork::~MpiWork() {
+  // After a timeout the group's error has been thrown already (Note [Collective timeouts]).
+  if (done_ || mpi_finalized() || comm_->broken()) return;
+  try {
+    wait();
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "booster: %s dropped without wait() and failed: %s\n", collective_name(what_.op),
+                 e.what());
+  }
+}
+
+// Every collective is started non-blocking; a blocking form waits for it at once (Note [Collective
+// timeouts]).
 class MpiProcessGroup final : public ProcessGroup {
  public:
-  MpiProcessGroup() {
-    ensure_mpi_initialized();
-    if (g_mpi.thread_provided < MPI_THREAD_MULTIPLE) mpi_mutex_ = std::make_shared<std::mutex>();
-    // A communicator of our own: collectives of the application's MPI code cannot match ours.
-    check_mpi(MPI_Comm_dup(MPI_COMM_WORLD, &comm_), "init_process_group", "MPI_Comm_dup");
-    check_mpi(MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN), "init_process_group",
-              "MPI_Comm_set_errhandler");
-    check_mpi(MPI_Comm_rank(comm_, &rank_), "init_process_group", "MPI_Comm_rank");
-    check_mpi(MPI_Comm_size(comm_, &size_), "init_process_group", "MPI_Comm_size");
-  }
-  ~MpiProcessGroup() override {
-    if (!mpi_finalized()) MPI_Comm_free(&comm_);
-  }
+  // The timeout is read when each collective starts, so it may be set after the group exists.
+  MpiProcessGroup() : comm_((ensure_mpi_initialized(), std::make_shared<MpiComm>("world"))) {}
 
-  int rank() const override { return rank_; }
-  int size() const override { return size_; }
+  int rank() const override { return comm_->rank(); }
+  int size() const override { return comm_->size(); }
   std::string backend() const override { return "mpi"; }
   Device device() const override { return Device::cpu(); }
 
   void barrier() override {
-    auto lock = maybe_lock();
-    check_mpi(MPI_Barrier(comm_), "barrier", "MPI_Barrier");
+    const Collective what = comm_->begin(CollectiveOp::Barrier, timeout(), 0);
+    std::vector<MPI_Request> requests(1);
+    {
+      auto lock = comm_->maybe_lock();
+      check_mpi(MPI_Ibarrier(comm_->comm(), &requests.back()), "barrier", "MPI_Ibarrier");
+    }
+    comm_->wait(requests, what);
   }
 
   [[noreturn]] void abort(int exit_code, const std::string& why) override {
-    std::fprintf(stderr, "booster: rank %d of %d aborts the MPI job: %s\n", rank_, size_, why.c_str());
+    std::fprintf(stderr, "booster: rank %d of %d aborts the MPI job: %s\n", rank(), size(), why.c_str());
     std::fflush(stderr);
     MPI_Abort(MPI_COMM_WORLD, exit_code == 0 ? 1 : exit_code);
     std::abort();
-  }
-
-  // Locks the MPI mutex when MPI does not support concurrent calls from several threads.
-  std::unique_lock<std::mutex> maybe_lock() {
-    return mpi_mutex_ ? std::unique_lock<std::mutex>(*mpi_mutex_) : std::unique_lock<std::mutex>();
   }
 
  protected:
@@ -314,47 +426,41 @@ class MpiProcessGroup final : public ProcessGroup {
     if (buf.numel == 0) return completed_work();
     const MPI_Datatype type = mpi_type(buf.dtype);
     const MPI_Op mop = mpi_op(op, buf.dtype);
+    const char* name = async ? "all_reduce_async" : "all_reduce";
     // Note [Averages divide first]: the buffer is ours to overwrite, so Avg sums values divided first.
-    if (op == ReduceOp::Avg && size_ > 1) divide_by(buf, size_);
+    if (op == ReduceOp::Avg && size() > 1) divide_by(buf, size());
+    const Collective what = comm_->begin(CollectiveOp::AllReduce, timeout(), buf.nbytes());
     std::vector<MPI_Request> requests;
     {
-      auto lock = maybe_lock();
+      auto lock = comm_->maybe_lock();
       for (int64_t start = 0; start < buf.numel; start += kMaxChunk) {
         const BufferSpan piece = buf.slice(start, std::min(kMaxChunk, buf.numel - start));
-        if (async) {
-          requests.emplace_back();
-          check_mpi(MPI_Iallreduce(MPI_IN_PLACE, piece.data, int(piece.numel), type, mop, comm_,
-                                   &requests.back()),
-                    "all_reduce_async", "MPI_Iallreduce");
-        } else {
-          check_mpi(MPI_Allreduce(MPI_IN_PLACE, piece.data, int(piece.numel), type, mop, comm_),
-                    "all_reduce", "MPI_Allreduce");
-        }
+        requests.emplace_back();
+        check_mpi(MPI_Iallreduce(MPI_IN_PLACE, piece.data, int(piece.numel), type, mop, comm_->comm(),
+                                 &requests.back()),
+                  name, "MPI_Iallreduce");
       }
     }
-    return finish_or_work(async, "all_reduce_async", std::move(requests), nullptr);
+    return finish_or_work(async, what, std::move(requests), nullptr);
   }
 
   WorkPtr broadcast_impl(const BufferSpan& buf, int root, bool async) override {
     check_cpu(buf, "broadcast");
     if (buf.numel == 0) return completed_work();
     const MPI_Datatype type = mpi_type(buf.dtype);
+    const char* name = async ? "broadcast_async" : "broadcast";
+    const Collective what = comm_->begin(CollectiveOp::Broadcast, timeout(), buf.nbytes());
     std::vector<MPI_Request> requests;
     {
-      auto lock = maybe_lock();
+      auto lock = comm_->maybe_lock();
       for (int64_t start = 0; start < buf.numel; start += kMaxChunk) {
         const BufferSpan piece = buf.slice(start, std::min(kMaxChunk, buf.numel - start));
-        if (async) {
-          requests.emplace_back();
-          check_mpi(MPI_Ibcast(piece.data, int(piece.numel), type, root, comm_, &requests.back()),
-                    "broadcast_async", "MPI_Ibcast");
-        } else {
-          check_mpi(MPI_Bcast(piece.data, int(piece.numel), type, root, comm_), "broadcast",
-                    "MPI_Bcast");
-        }
+        requests.emplace_back();
+        check_mpi(MPI_Ibcast(piece.data, int(piece.numel), type, root, comm_->comm(), &requests.back()), name,
+                  "MPI_Ibcast");
       }
     }
-    return finish_or_work(async, "broadcast_async", std::move(requests), nullptr);
+    return finish_or_work(async, what, std::move(requests), nullptr);
   }
 
   WorkPtr all_gather_impl(const BufferSpan& out, const BufferSpan& in, bool async) override {
@@ -363,21 +469,16 @@ class MpiProcessGroup final : public ProcessGroup {
     const int count = checked_count(in.numel, "all_gather");
     const MPI_Datatype type = mpi_type(in.dtype);
     // `in` as this rank's slice of `out` is MPI's in-place all-gather.
-    const bool in_place = in.data == out.slice(int64_t(rank_) * in.numel, in.numel).data;
+    const bool in_place = in.data == out.slice(int64_t(rank()) * in.numel, in.numel).data;
     const void* send = in_place ? MPI_IN_PLACE : in.data;
-    std::vector<MPI_Request> requests;
+    const Collective what = comm_->begin(CollectiveOp::AllGather, timeout(), out.nbytes());
+    std::vector<MPI_Request> requests(1);
     {
-      auto lock = maybe_lock();
-      if (async) {
-        requests.emplace_back();
-        check_mpi(MPI_Iallgather(send, count, type, out.data, count, type, comm_, &requests.back()),
-                  "all_gather_async", "MPI_Iallgather");
-      } else {
-        check_mpi(MPI_Allgather(send, count, type, out.data, count, type, comm_), "all_gather",
-                  "MPI_Allgather");
-      }
+      auto lock = comm_->maybe_lock();
+      check_mpi(MPI_Iallgather(send, count, type, out.data, count, type, comm_->comm(), &requests.back()),
+                async ? "all_gather_async" : "all_gather", "MPI_Iallgather");
     }
-    return finish_or_work(async, "all_gather_async", std::move(requests), nullptr);
+    return finish_or_work(async, what, std::move(requests), nullptr);
   }
 
   WorkPtr reduce_scatter_impl(const BufferSpan& out, const BufferSpan& in, ReduceOp op,
@@ -388,28 +489,22 @@ class MpiProcessGroup final : public ProcessGroup {
     const MPI_Datatype type = mpi_type(in.dtype);
     const MPI_Op mop = mpi_op(op, in.dtype);
     std::function<void()> finish;  // `in` must stay unchanged: Avg divides the sum
-    if (op == ReduceOp::Avg) finish = [out, n = size_] { divide_by(out, n); };
-    std::vector<MPI_Request> requests;
+    if (op == ReduceOp::Avg) finish = [out, n = size()] { divide_by(out, n); };
+    const Collective what = comm_->begin(CollectiveOp::ReduceScatter, timeout(), in.nbytes());
+    std::vector<MPI_Request> requests(1);
     {
-      auto lock = maybe_lock();
-      if (async) {
-        requests.emplace_back();
-        check_mpi(MPI_Ireduce_scatter_block(in.data, out.data, count, type, mop, comm_,
-                                            &requests.back()),
-                  "reduce_scatter_async", "MPI_Ireduce_scatter_block");
-      } else {
-        check_mpi(MPI_Reduce_scatter_block(in.data, out.data, count, type, mop, comm_),
-                  "reduce_scatter", "MPI_Reduce_scatter_block");
-      }
+      auto lock = comm_->maybe_lock();
+      check_mpi(MPI_Ireduce_scatter_block(in.data, out.data, count, type, mop, comm_->comm(), &requests.back()),
+                async ? "reduce_scatter_async" : "reduce_scatter", "MPI_Ireduce_scatter_block");
     }
-    return finish_or_work(async, "reduce_scatter_async", std::move(requests), std::move(finish));
+    return finish_or_work(async, what, std::move(requests), std::move(finish));
   }
 
   // Note [Averages divide first]: `in` is scratch, so Avg divides it and sums.
   WorkPtr reduce_scatter_consuming_impl(const BufferSpan& out, const BufferSpan& in, ReduceOp op) override {
-    if (op != ReduceOp::Avg || size_ == 1 || out.numel == 0) return reduce_scatter_impl(out, in, op, false);
+    if (op != ReduceOp::Avg || size() == 1 || out.numel == 0) return reduce_scatter_impl(out, in, op, false);
     check_cpu(in, "reduce_scatter_consuming");
-    divide_by(in, size_);
+    divide_by(in, size());
     return reduce_scatter_impl(out, in, ReduceOp::Sum, false);
   }
 
@@ -419,55 +514,30 @@ class MpiProcessGroup final : public ProcessGroup {
                   buf.device, "; CUDA tensors need the nccl backend");
   }
 
-  WorkPtr finish_or_work(bool async, const char* op, std::vector<MPI_Request> requests,
+  // A blocking form waits here (Note [Collective timeouts]); a non-blocking one hands out its Work.
+  WorkPtr finish_or_work(bool async, const Collective& what, std::vector<MPI_Request> requests,
                          std::function<void()> finish) {
     if (!async) {
+      comm_->wait(requests, what);
       if (finish) finish();
       return nullptr;
     }
-    return std::make_shared<MpiWork>(mpi_mutex_, op, std::move(requests), std::move(finish));
+    return std::make_shared<MpiWork>(comm_, what, std::move(requests), std::move(finish));
   }
 
-  MPI_Comm comm_ = MPI_COMM_NULL;
-  int rank_ = 0;
-  int size_ = 1;
-  std::shared_ptr<std::mutex> mpi_mutex_;  // set when MPI is not MPI_THREAD_MULTIPLE
+  std::shared_ptr<MpiComm> comm_;
 };
 
-void MpiWork::wait() {
-  if (done_) return;
-  if (mpi_mutex_) {
-    // MPI_Waitall would hold the MPI mutex for the whole collective; poll instead.
-    while (!is_completed()) std::this_thread::yield();
-    return;
-  }
-  check_mpi(MPI_Waitall(int(requests_.size()), requests_.data(), MPI_STATUSES_IGNORE), op_,
-            "MPI_Waitall");
-  complete();
-}
-
-bool MpiWork::is_completed() {
-  if (done_) return true;
-  int flag = 0;
-  {
-    auto lock = maybe_lock();
-    check_mpi(MPI_Testall(int(requests_.size()), requests_.data(), &flag, MPI_STATUSES_IGNORE), op_,
-              "MPI_Testall");
-  }
-  if (flag) complete();
-  return done_;
-}
-
-MpiWork::~MpiWork() {
-  if (done_ || mpi_finalized()) return;
-  try {
-    wait();
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "booster: %s dropped without wait() and failed: %s\n", op_, e.what());
-  }
-}
-
 }  // namespace
+
+void detail::check_mpi(int code, const char* op, const char* call) {
+  if (code == MPI_SUCCESS) [[likely]]
+    return;
+  BOOSTER_FAIL(DistributedError, op, ": ", call, " failed on rank ", g_mpi.world_rank, " of ",
+               g_mpi.world_size, ": ", mpi_error_string(code));
+}
+
+void detail::note_collective_timeout() { g_mpi.timed_out.store(true); }
 
 bool mpi_built() { return true; }
 

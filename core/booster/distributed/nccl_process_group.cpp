@@ -6,9 +6,15 @@
 #include <cuda_runtime.h>
 #include <nccl.h>
 
+#include <atomic>
+#include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
+#include <deque>
+#include <optional>
+#include <thread>
 
+#include "booster/distributed/collective_timeout_impl.h"
 #include "booster/distributed/mpi_process_group.h"
 #if defined(BOOSTER_WITH_MPI)
 #define OMPI_SKIP_MPICXX 1
@@ -32,6 +38,12 @@ std::shared_ptr<ProcessGroup> make_nccl_process_group() {
 #else
 
 namespace {
+
+using detail::Backoff;
+using detail::Clock;
+using detail::Collective;
+using detail::CollectiveOp;
+using detail::Seconds;
 
 #define BOOSTER_NCCL_CHECK(call)                                                                       \
   do {                                                                                                 \
@@ -131,9 +143,23 @@ class NcclProcessGroup final : public ProcessGroup {
     stream_ = static_cast<cudaStream_t>(cuda::stream_handle(device_));
     BOOSTER_NCCL_CHECK(ncclCommInitRank(&comm_, size_, id, rank_));
     BOOSTER_NCCL_CUDA_CHECK(cudaMalloc(&barrier_buf_, sizeof(float)));
+#if defined(BOOSTER_WITH_MPI)
+    // Note [Collective timeouts], "nccl": the watchdog thread takes and answers the census, so MPI must
+    // take calls from any thread. Every rank decides alike (same launcher, same MPI library).
+    if (launched_by_mpi_launcher() && mpi_thread_support() == "multiple") census_.emplace(MPI_COMM_WORLD, nullptr);
+#endif
+    watchdog_ = std::thread([this] { watch(); });
   }
   ~NcclProcessGroup() override {
-    if (comm_) ncclCommDestroy(comm_);
+    {
+      std::lock_guard<std::mutex> lock(watch_mutex_);
+      stop_ = true;
+    }
+    watch_cv_.notify_all();
+    if (watchdog_.joinable()) watchdog_.join();
+    for (Pending& p : pending_) cudaEventDestroy(p.event);
+    for (cudaEvent_t e : spare_events_) cudaEventDestroy(e);
+    if (comm_ && !timed_out_.load()) ncclCommDestroy(comm_);
     if (barrier_buf_) cudaFree(barrier_buf_);
   }
 
@@ -142,10 +168,26 @@ class NcclProcessGroup final : public ProcessGroup {
   std::string backend() const override { return "nccl"; }
   Device device() const override { return Device::cuda(device_); }
 
+  // Blocks the host until the stream has run the barrier, polling with back-off rather than in
+  // cudaStreamSynchronize, which cannot time out (Note [Collective timeouts], "nccl").
   void barrier() override {
     enter();
     BOOSTER_NCCL_CHECK(ncclAllReduce(barrier_buf_, barrier_buf_, 1, ncclFloat32, ncclSum, comm_, stream_));
-    BOOSTER_NCCL_CUDA_CHECK(cudaStreamSynchronize(stream_));
+    const Collective what = track(CollectiveOp::Barrier, 0);
+    Backoff backoff;
+    for (;;) {
+      const cudaError_t state = cudaStreamQuery(stream_);
+      if (state == cudaSuccess) break;
+      if (state != cudaErrorNotReady) BOOSTER_NCCL_CUDA_CHECK(state);
+      check_async_error(comm_, "barrier");
+      const Clock::time_point now = Clock::now();
+      if (now >= what.deadline() && !timed_out_.exchange(true)) {
+        // This thread reports it; the watchdog stays quiet (timed_out_ is set).
+        ncclCommAbort(comm_);
+        BOOSTER_FAIL(DistributedError, timeout_message(what, now));
+      }
+      backoff.pause(now);
+    }
     check_async_error(comm_, "barrier");
   }
 
@@ -168,6 +210,7 @@ class NcclProcessGroup final : public ProcessGroup {
     enter();
     BOOSTER_NCCL_CHECK(ncclAllReduce(buf.data, buf.data, size_t(buf.numel), nccl_type(buf.dtype), nccl_op(op),
                                      comm_, stream_));
+    track(CollectiveOp::AllReduce, buf.nbytes());
     return finish(async);
   }
   WorkPtr broadcast_impl(const BufferSpan& buf, int root, bool async) override {
@@ -176,6 +219,7 @@ class NcclProcessGroup final : public ProcessGroup {
     enter();
     BOOSTER_NCCL_CHECK(ncclBroadcast(buf.data, buf.data, size_t(buf.numel), nccl_type(buf.dtype), root, comm_,
                                      stream_));
+    track(CollectiveOp::Broadcast, buf.nbytes());
     return finish(async);
   }
   WorkPtr all_gather_impl(const BufferSpan& out, const BufferSpan& in, bool async) override {
@@ -185,6 +229,7 @@ class NcclProcessGroup final : public ProcessGroup {
     enter();
     BOOSTER_NCCL_CHECK(
         ncclAllGather(in.data, out.data, size_t(in.numel), nccl_type(in.dtype), comm_, stream_));
+    track(CollectiveOp::AllGather, out.nbytes());
     return finish(async);
   }
   WorkPtr reduce_scatter_impl(const BufferSpan& out, const BufferSpan& in, ReduceOp op, bool async) override {
@@ -194,11 +239,15 @@ class NcclProcessGroup final : public ProcessGroup {
     enter();
     BOOSTER_NCCL_CHECK(ncclReduceScatter(in.data, out.data, size_t(out.numel), nccl_type(in.dtype), nccl_op(op),
                                          comm_, stream_));
+    track(CollectiveOp::ReduceScatter, in.nbytes());
     return finish(async);
   }
 
  private:
-  void enter() const { cuda::stream_handle(device_); }  // makes this rank's GPU current
+  void enter() const {
+    BOOSTER_CHECK(!timed_out_.load(), DistributedError, "the nccl group is unusable since a collective timed out");
+    cuda::stream_handle(device_);  // makes this rank's GPU current
+  }
   void check_device(const BufferSpan& b, const char* op) const {
     BOOSTER_CHECK(b.device == Device::cuda(device_), DeviceError, op, ": the nccl backend takes buffers on cuda:",
                   device_, ", got one on ", b.device, "; use the \"mpi\" backend for CPU tensors");
@@ -206,10 +255,89 @@ class NcclProcessGroup final : public ProcessGroup {
   // Note [NCCL process group], "Stream order": a blocking form is done once it is queued.
   WorkPtr finish(bool async) { return async ? std::make_shared<EventWork>(stream_, comm_) : nullptr; }
 
+  // ------------------------------------------------------------ Note [Collective timeouts], "nccl"
+  struct Pending {
+    cudaEvent_t event;  // recorded on the stream right after the collective
+    Collective what;
+  };
+
+  // Numbers the collective just queued and hands it to the watchdog.
+  Collective track(CollectiveOp op, size_t bytes) {
+    const Collective what{op, started_.fetch_add(1) + 1, Clock::now(), timeout(), bytes};
+    std::lock_guard<std::mutex> lock(pending_mutex_);
+    cudaEvent_t event = nullptr;
+    if (spare_events_.empty()) {
+      BOOSTER_NCCL_CUDA_CHECK(cudaEventCreateWithFlags(&event, cudaEventDisableTiming));
+    } else {
+      event = spare_events_.back();
+      spare_events_.pop_back();
+    }
+    BOOSTER_NCCL_CUDA_CHECK(cudaEventRecord(event, stream_));
+    pending_.push_back(Pending{event, what});
+    return what;
+  }
+
+  std::string timeout_message(const Collective& what, Clock::time_point now) {
+    std::string who = "which ranks did not arrive is unknown (the census needs an MPI launcher and MPI_THREAD_MULTIPLE)";
+#if defined(BOOSTER_WITH_MPI)
+    if (launched_by_mpi_launcher()) detail::note_collective_timeout();
+    if (census_) who = census_->take(started_.load(), what);
+#endif
+    if (size_ == 1) who = "the GPU did not finish it (this is the only rank)";
+    return detail::timeout_message(what, "world", size_, rank_, now - what.start, who);
+  }
+
+  // The watchdog thread: every 100 ms, forgets the collectives the GPU has finished (they finish in
+  // stream order), answers census queries, and ends the job when the oldest unfinished one is past its
+  // deadline: a host thread may be blocked in a CUDA synchronization that only ncclCommAbort releases,
+  // so it cannot be told by an exception (torch's watchdog tears the process down likewise).
+  void watch() {
+    cudaSetDevice(device_);
+    std::unique_lock<std::mutex> stop_lock(watch_mutex_);
+    while (!watch_cv_.wait_for(stop_lock, std::chrono::milliseconds(100), [this] { return stop_; })) {
+      if (timed_out_.load()) continue;  // a barrier reported it
+      std::optional<Collective> oldest;
+      {
+        std::lock_guard<std::mutex> lock(pending_mutex_);
+        while (!pending_.empty() && cudaEventQuery(pending_.front().event) == cudaSuccess) {
+          spare_events_.push_back(pending_.front().event);
+          pending_.pop_front();
+        }
+        if (!pending_.empty()) oldest = pending_.front().what;
+      }
+#if defined(BOOSTER_WITH_MPI)
+      if (census_) {
+        try {
+          census_->answer(started_.load(), oldest ? &*oldest : nullptr);
+        } catch (const std::exception& e) {
+          std::fprintf(stderr, "booster: rank %d: the nccl watchdog could not answer a census: %s\n", rank_, e.what());
+        }
+      }
+#endif
+      const Clock::time_point now = Clock::now();
+      if (oldest && now >= oldest->deadline() && !timed_out_.exchange(true)) {
+        stop_lock.unlock();
+        abort(1, timeout_message(*oldest, now));  // ncclCommAbort, then MPI_Abort or exit
+      }
+    }
+  }
+
   int rank_ = 0, size_ = 1, device_ = 0;
   cudaStream_t stream_ = nullptr;
   ncclComm_t comm_ = nullptr;
   void* barrier_buf_ = nullptr;
+  std::atomic<uint64_t> started_{0};
+  std::atomic<bool> timed_out_{false};
+  std::mutex pending_mutex_;
+  std::deque<Pending> pending_;             // collectives the GPU may not have finished, oldest first
+  std::vector<cudaEvent_t> spare_events_;   // finished ones' events, for reuse
+#if defined(BOOSTER_WITH_MPI)
+  std::optional<detail::Census> census_;
+#endif
+  std::mutex watch_mutex_;
+  std::condition_variable watch_cv_;
+  bool stop_ = false;
+  std::thread watchdog_;
 };
 
 }  // namespace

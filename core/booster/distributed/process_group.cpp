@@ -1,5 +1,6 @@
 #include "booster/distributed/process_group.h"
 
+#include <cmath>
 #include <cstdlib>
 #include <mutex>
 
@@ -337,6 +338,52 @@ ProcessGroup& process_group_for(const std::vector<Tensor>& tensors, const std::s
 bool is_initialized() {
   std::lock_guard<std::mutex> lock(g_default_mutex);
   return g_default_group != nullptr;
+}
+
+// ---------------------------------------------------------------------------------------- timeouts
+
+namespace {
+
+std::atomic<double> g_default_timeout_s{0.0};  // 0: not set by set_default_collective_timeout
+
+double checked_timeout(std::chrono::duration<double> timeout, const char* who) {
+  const double s = timeout.count();
+  BOOSTER_CHECK(std::isfinite(s) && s > 0, ValueError, who, ": the timeout is ", s,
+                " s; expected a positive number of seconds");
+  return s;
+}
+
+// BOOSTER_COLLECTIVE_TIMEOUT_S, or kDefaultCollectiveTimeout when it is not set.
+double timeout_from_environment() {
+  const char* text = std::getenv("BOOSTER_COLLECTIVE_TIMEOUT_S");
+  if (text == nullptr || *text == '\0') return kDefaultCollectiveTimeout.count();
+  char* end = nullptr;
+  const double s = std::strtod(text, &end);
+  BOOSTER_CHECK(end != text && *end == '\0' && std::isfinite(s) && s > 0, ConfigError,
+                "BOOSTER_COLLECTIVE_TIMEOUT_S is \"", text,
+                "\"; expected the collective timeout as a positive number of seconds (e.g. 1800)");
+  return s;
+}
+
+}  // namespace
+
+std::chrono::duration<double> default_collective_timeout() {
+  if (const double s = g_default_timeout_s.load(); s > 0) return std::chrono::duration<double>(s);
+  static const double from_environment = timeout_from_environment();  // a ConfigError retries next call
+  return std::chrono::duration<double>(from_environment);
+}
+
+void set_default_collective_timeout(std::chrono::duration<double> timeout) {
+  g_default_timeout_s.store(checked_timeout(timeout, "set_default_collective_timeout"));
+}
+
+std::chrono::duration<double> ProcessGroup::timeout() const {
+  if (const double s = timeout_s_.load(); s > 0) return std::chrono::duration<double>(s);
+  return default_collective_timeout();
+}
+
+void ProcessGroup::set_timeout(std::chrono::duration<double> timeout) {
+  timeout_s_.store(checked_timeout(timeout, "ProcessGroup::set_timeout"));
 }
 
 }  // namespace booster::distributed

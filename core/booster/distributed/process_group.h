@@ -30,7 +30,9 @@
 //   default group for the CPU, one NCCL group per process for CUDA (Note [A group per device]).
 // * Failures: a failed MPI call throws DistributedError naming the collective, the MPI call and MPI's
 //   error string. A rank that dies must not leave the others hanging; see Note [Failing ranks] in
-//   mpi_process_group.h.
+//   mpi_process_group.h. A rank that stalls (stopped, deadlocked, in an endless loop) must not either:
+//   a collective that has not completed within the group's timeout() fails on every rank still waiting
+//   for it, naming the ranks that did not arrive (Note [Collective timeouts] in mpi_process_group.h).
 //
 // Note [When a collective's result is there]
 // "mpi" and "local" run on the host: when a blocking form returns, or Work::wait() returns, the
@@ -53,7 +55,8 @@
 // * Errors: a collective that cannot be queued throws DistributedError at the call. One that fails
 //   while it runs (a peer gone, a network error) is reported later: by Work::wait() and barrier(),
 //   which ask NCCL for the communicator's asynchronous error, or as a CudaError at the next call that
-//   synchronizes; a peer that never arrives leaves the stream hanging (there is no watchdog).
+//   synchronizes. A peer that never arrives would leave the stream hanging; the group's watchdog
+//   thread ends the job once the collective is past its timeout (Note [Collective timeouts], "nccl").
 // * barrier() blocks the host until every rank has reached it and everything this rank queued before
 //   it on the stream has run (it guards file writes).
 //
@@ -74,6 +77,8 @@
 // unless it underflows.
 #pragma once
 
+#include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -187,6 +192,13 @@ class ProcessGroup {
   // out for a rank that cannot go on while others may be waiting in a collective.
   [[noreturn]] virtual void abort(int exit_code, const std::string& why) = 0;
 
+  // How long a collective of this group may take, from its start, before it fails with
+  // DistributedError (Note [Collective timeouts]): this group's own when set_timeout was called, else
+  // the process's default_collective_timeout(). A collective uses the timeout of the moment it starts.
+  std::chrono::duration<double> timeout() const;
+  // ValueError unless `timeout` is positive and finite.
+  void set_timeout(std::chrono::duration<double> timeout);
+
  protected:
   // Backend slots, called with validated arguments: spans are well formed (possibly empty),
   // dtypes match, sizes fit, root is in range. With async == false they return when done (and may
@@ -207,6 +219,8 @@ class ProcessGroup {
   void check_all_gather(const BufferSpan& out, const BufferSpan& in, const char* name) const;
   void check_reduce_scatter(const BufferSpan& out, const BufferSpan& in, ReduceOp op,
                             const char* name) const;
+
+  std::atomic<double> timeout_s_{0.0};  // 0: the process default
 };
 
 // A Work that is already complete (what the local backend and empty collectives return).
@@ -222,6 +236,19 @@ ProcessGroup& init_process_group(const std::string& backend = "auto");
 // The default group, created with "auto" on first use.
 ProcessGroup& default_process_group();
 bool is_initialized();
+
+// ---------------------------------------------------------------- collective timeouts
+// The timeout of every group without its own (ProcessGroup::set_timeout), as torch's
+// init_process_group(timeout=...): set_default_collective_timeout's value when it was called (the
+// `booster train` command applies train.collective_timeout_s with it), else the environment variable
+// BOOSTER_COLLECTIVE_TIMEOUT_S (seconds, read once), else kDefaultCollectiveTimeout. Read as each
+// collective starts, so it may be set after the group exists; ConfigError (from the first collective)
+// when the variable is needed and is not a positive number. Note [Collective timeouts] in
+// mpi_process_group.h.
+inline constexpr std::chrono::duration<double> kDefaultCollectiveTimeout{1800.0};
+std::chrono::duration<double> default_collective_timeout();
+// ValueError unless `timeout` is positive and finite.
+void set_default_collective_timeout(std::chrono::duration<double> timeout);
 
 // Note [A group per device]
 // A plugin takes the group of its model's device: the CPU's is the default group (mpi under mpirun,

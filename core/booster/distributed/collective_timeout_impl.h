@@ -1,0 +1,111 @@
+// What the mpi and nccl groups share to time collectives out (Note [Collective timeouts] in
+// mpi_process_group.h): the numbering of collectives, the back-off of a wait, the census that finds the
+// ranks that did not arrive, and the message. Internal: not installed (an -impl header).
+#pragma once
+
+#include <algorithm>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#if defined(BOOSTER_WITH_MPI)
+#define OMPI_SKIP_MPICXX 1
+#include <mpi.h>
+#endif
+
+namespace booster::distributed::detail {
+
+using Clock = std::chrono::steady_clock;
+using Seconds = std::chrono::duration<double>;
+
+// The collectives a census record names, by index so that a record is plain bytes.
+enum class CollectiveOp : int32_t { AllReduce, Broadcast, AllGather, ReduceScatter, Barrier };
+const char* collective_name(CollectiveOp op);
+
+// One started collective, as its timeout names it.
+struct Collective {
+  CollectiveOp op = CollectiveOp::AllReduce;
+  uint64_t seq = 0;  // 1, 2, ... in start order on the group: the same collective on every rank
+  Clock::time_point start;
+  Seconds timeout{0};
+  size_t bytes = 0;  // this rank's share of the data it moves, which sets how long waiting may spin
+  Clock::time_point deadline() const { return start + std::chrono::duration_cast<Clock::duration>(timeout); }
+};
+
+// Note [Collective timeouts], "Waiting": polls back to back while the collective's data could still be
+// moving (kSpinBase plus a nanosecond per byte, 1 GB/s), then sleeps between polls, each sleep twice
+// the last, from kFirstSleep up to kMaxSleep.
+class Backoff {
+ public:
+  static constexpr std::chrono::nanoseconds kSpinBase{100'000};
+  static constexpr std::chrono::microseconds kFirstSleep{10};
+  static constexpr std::chrono::microseconds kMaxSleep{250};
+
+  explicit Backoff(size_t bytes = 0)
+      : spin_until_(Clock::now() +
+                    std::chrono::duration_cast<Clock::duration>(kSpinBase + std::chrono::nanoseconds(bytes))) {}
+  // True once the loop sleeps between polls (then it also answers census queries).
+  bool sleeping(Clock::time_point now) const { return now >= spin_until_; }
+  void pause(Clock::time_point now) {
+    if (!sleeping(now)) return;
+    std::this_thread::sleep_for(sleep_);
+    sleep_ = std::min(sleep_ * 2, kMaxSleep);
+  }
+
+ private:
+  Clock::time_point spin_until_;
+  std::chrono::microseconds sleep_ = kFirstSleep;
+};
+
+// The DistributedError message of `what`, which timed out on `rank` of the `size` ranks of `group`
+// after `waited`; `who` is what the census found (Census::take), or why there was none.
+std::string timeout_message(const Collective& what, const std::string& group, int size, int rank, Seconds waited,
+                            const std::string& who);
+
+#if defined(BOOSTER_WITH_MPI)
+
+// MPI_SUCCESS, or DistributedError naming `op`, the MPI `call`, this rank and MPI's error string.
+void check_mpi(int code, const char* op, const char* call);
+// Records that a collective timed out in this process: exit then aborts the job (Note [Failing ranks]).
+void note_collective_timeout();
+
+// Note [Collective timeouts], the census, on a communicator of its own.
+class Census {
+ public:
+  // Duplicates `parent` (collective over its ranks). `mpi_mutex`, when not null, serializes every MPI
+  // call (MPI without MPI_THREAD_MULTIPLE); it must outlive the census.
+  Census(MPI_Comm parent, std::mutex* mpi_mutex);
+  ~Census();
+  Census(const Census&) = delete;
+  Census& operator=(const Census&) = delete;
+
+  // Between two polls of a wait: answers every query of a rank that timed out with this rank's state,
+  // `started` collectives and the one it waits for (null: none).
+  void answer(uint64_t started, const Collective* waiting);
+  // For `what`, which timed out here after this rank started `started` collectives: queries every
+  // other rank and listens for min(2 s, the timeout) or until all answered. Returns what it found:
+  // "rank 1 did not arrive (...); rank 0 waited", or that every rank arrived.
+  std::string take(uint64_t started, const Collective& what);
+
+ private:
+  struct Record;
+  void send(const Record& record, int to);
+  bool receive(int tag, int* from, Record* record, const char* op);
+
+  MPI_Comm comm_ = MPI_COMM_NULL;
+  int rank_ = 0;
+  int size_ = 1;
+  std::mutex* mpi_mutex_;
+  std::mutex sends_mutex_;
+  std::vector<std::pair<std::unique_ptr<Record>, MPI_Request>> sends_;  // records in flight
+};
+
+#endif
+
+}  // namespace booster::distributed::detail
