@@ -2,6 +2,8 @@
 // early exit and resuming, Fashion-MNIST reading and its errors, the synthetic and character data sets.
 #include <catch2/catch.hpp>
 
+#include "skip.h"
+
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -66,7 +68,7 @@ struct TempDir {
 
 bool fashion_mnist_present() {
   if (fs::exists(fs::path(kFashionMnistDir) / "train-images-idx3-ubyte.gz")) return true;
-  WARN("skipped: " << kFashionMnistDir << " is absent (apt-get install dataset-fashion-mnist)");
+  skip_test(std::string(kFashionMnistDir) + " is absent (apt-get install dataset-fashion-mnist)");
   return false;
 }
 

@@ -4,6 +4,8 @@
 // `timeout` around mpirun turns a hang into exit status 124/137, which the test reports as a hang.
 #include <catch2/catch.hpp>
 
+#include "skip.h"
+
 #include <sys/wait.h>
 
 #include <cstdlib>
@@ -46,6 +48,13 @@ JobResult run_job(const std::string& mode) {
 
 bool have_mpirun() { return std::system("command -v mpirun > /dev/null 2>&1") == 0; }
 
+// These tests start an MPI job: without MPI in the build or mpirun on the PATH they are skipped.
+bool skip_without_mpi() {
+  if (mpi_built() && have_mpirun()) return false;
+  skip_test(!mpi_built() ? "this build has no MPI" : "no mpirun (apt-get install openmpi-bin)");
+  return true;
+}
+
 }  // namespace
 
 // Not run by itself (hidden tag): the program each rank of run_job executes.
@@ -69,7 +78,7 @@ TEST_CASE("failure helper: rank 1 fails while rank 0 waits in all_reduce", "[.fa
 
 TEST_CASE("distributed: an uncaught exception on one rank ends the job with an error, not a hang",
           "[distributed][mpi]") {
-  if (!mpi_built() || !have_mpirun()) return;
+  if (skip_without_mpi()) return;
   const JobResult job = run_job("throw");
   INFO(job.output);
   REQUIRE(job.status != 0);
@@ -81,7 +90,7 @@ TEST_CASE("distributed: an uncaught exception on one rank ends the job with an e
 
 TEST_CASE("distributed: a non-zero exit on one rank ends the job with an error, not a hang",
           "[distributed][mpi]") {
-  if (!mpi_built() || !have_mpirun()) return;
+  if (skip_without_mpi()) return;
   const JobResult job = run_job("exit");
   INFO(job.output);
   REQUIRE(job.status != 0);
@@ -91,7 +100,7 @@ TEST_CASE("distributed: a non-zero exit on one rank ends the job with an error, 
 }
 
 TEST_CASE("distributed: the same job without a failure exits 0", "[distributed][mpi]") {
-  if (!mpi_built() || !have_mpirun()) return;
+  if (skip_without_mpi()) return;
   const JobResult job = run_job("ok");
   INFO(job.output);
   REQUIRE(job.status == 0);
