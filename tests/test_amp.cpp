@@ -10,7 +10,6 @@
 // Megatron-LM's DynamicGradScaler.update), independently of the code under test.
 #include <catch2/catch.hpp>
 
-#include <chrono>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -557,7 +556,6 @@ TEST_CASE("every strategy trains an MLP to within 1 point of float32 accuracy", 
   double fp32_accuracy = -1;
   for (const StrategyCase& sc : all_strategies()) {
     INFO(sc.name << " " << sc.options.dump());
-    const auto t0 = std::chrono::steady_clock::now();
     Setup s = make_setup(sc.name, sc.options, 21, 4, 8);
     int64_t skipped = 0;
     for (int64_t e = 0; e < epochs; ++e)
@@ -567,7 +565,6 @@ TEST_CASE("every strategy trains an MLP to within 1 point of float32 accuracy", 
         CHECK(std::isfinite(s.mp->last_step_stats().grad_norm));
       }
     const double acc = accuracy(s, x, y);
-    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     if (fp32_accuracy < 0) {
       fp32_accuracy = acc;
       // Learnable but not saturated; otherwise the comparison says nothing.
@@ -577,7 +574,6 @@ TEST_CASE("every strategy trains an MLP to within 1 point of float32 accuracy", 
     CHECK(std::abs(acc - fp32_accuracy) <= 0.01);
     UNSCOPED_INFO(sc.name << sc.options.dump() << ": accuracy " << acc << " (fp32 " << fp32_accuracy << ")");
     CHECK(skipped == 0);  // the default scales (65536) do not overflow on this problem
-    CHECK(seconds < 10.0);
   }
 }
 
