@@ -536,6 +536,19 @@ TEST_CASE("a GPT converted to float16 or bfloat16 runs forward and backward with
     const double logit_err = max_abs_diff(logits.to(DType::Float32), expected);
     INFO("logits: max error " << logit_err << " of max " << logit_scale);
     CHECK(logit_err <= forward_bound * u * logit_scale + 27 * floor);
+    // Round to nearest even is unbiased: the signed error towards zero, summed over the logits, is
+    // noise around 0 (measured under 0.1 u of their total magnitude), while rounding that truncates
+    // loses between u/2 and u of every value it rounds, the last rounding alone giving -0.5 u or less.
+    {
+      const auto got_v = logits.to(DType::Float64).tolist(), want_v = expected.to(DType::Float64).tolist();
+      double signed_err = 0, magnitude = 0;
+      for (size_t i = 0; i < got_v.size(); ++i) {
+        signed_err += (got_v[i] - want_v[i]) * (want_v[i] < 0 ? -1.0 : 1.0);
+        magnitude += std::abs(want_v[i]);
+      }
+      INFO("bias " << signed_err / (u * magnitude) << " u");
+      CHECK(std::abs(signed_err) <= 0.25 * u * magnitude);
+    }
     cross_entropy(logits.reshape({-1, 11}), target).backward();
     cross_entropy(expected.reshape({-1, 11}), target).backward();
     const auto got = gpt->named_parameters(), want = reference->named_parameters();
