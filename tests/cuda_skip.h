@@ -1,19 +1,18 @@
-// How a CUDA test stands down on a machine without a usable GPU: it says why (Catch2 WARN, shown in
-// the test's output) and passes, so CI without a GPU stays green and the reason stays visible.
+// How a CUDA test stands down on a machine without a usable GPU: it records why (skip_test, so
+// CTest reports it as Skipped with the reason) and returns.
 #pragma once
 
 #include <catch2/catch.hpp>
 
 #include "booster/backends/cuda/cuda.h"
-#include "booster/common/build_info.h"
+#include "skip.h"
 
 namespace testing {
 
 inline bool skip_without_gpu() {
   namespace cuda = booster::cuda;
   if (cuda::is_available()) return false;
-  WARN("CUDA tests skipped: " << (cuda::is_compiled() ? cuda::unavailable_reason() : "no CUDA backend in this build")
-                              << " [" << booster::build_info_line() << "]");
+  skip_test(cuda::is_compiled() ? cuda::unavailable_reason() : "no CUDA backend in this build");
   return true;
 }
 

@@ -10,7 +10,6 @@
 // Megatron-LM's DynamicGradScaler.update), independently of the code under test.
 #include <catch2/catch.hpp>
 
-#include <chrono>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -166,6 +165,18 @@ TEST_CASE("fused unscale and inf/NaN check: one pass over float32, float16 and b
         if (bad_at < 0) break;
       }
     }
+    // Every element of every thread's chunk, the tail included, against a serial loop: integer
+    // gradients times a power of two are exact in every dtype, so the comparison is exact.
+    std::vector<double> values(static_cast<size_t>(n));
+    for (int64_t i = 0; i < n; ++i) values[size_t(i)] = double((i * 37) % 61 - 30);
+    Tensor src = from_vector(values, {n}, dt);
+    Tensor dst = zeros({n}, DType::Float32);
+    CHECK_FALSE(fused_unscale_and_check({{src, dst}}, 0.25f));
+    std::vector<double> want(static_cast<size_t>(n));
+    for (int64_t i = 0; i < n; ++i) want[size_t(i)] = values[size_t(i)] * 0.25;
+    CHECK(dst.tolist() == want);
+    CHECK_FALSE(fused_unscale_and_check({{src, src}}, 0.25f));  // in place
+    CHECK(src.tolist() == want);
     // In place, several spans: found_inf from the second span only.
     Tensor a = full({100}, 8.0, dt), b = full({50}, 2.0, dt);
     CHECK_FALSE(fused_unscale_and_check({{a, a}, {b, b}}, 0.5f));
@@ -185,13 +196,23 @@ TEST_CASE("fused unscale and inf/NaN check: one pass over float32, float16 and b
 }
 
 TEST_CASE("gradient L2 norm, scaling and zero count over flat buffers", "[amp]") {
+  // Closed form: n ones and m twos have norm sqrt(n + 4m), exactly representable sums; n spans several
+  // 16384-element norm chunks with a large last one, so a dropped chunk or thread partial shows.
+  const int64_t n = 3 * 16384 + 10001, m = 1001;
+  const double exact = std::sqrt(double(n) + 4.0 * double(m));
+  CHECK(grad_norm_l2({ones({n}), full({m}, 2.0, DType::BFloat16)}) == Approx(exact).epsilon(1e-15));
+  CHECK(grad_norm_l2({full({m}, 2.0, DType::Float16), ones({n})}) == Approx(exact).epsilon(1e-15));
+
   Generator gen(3);
   Tensor a = randn({2 * 32768 + 5}, &gen), b = randn({33}, &gen).to(DType::Float16);
-  double ref = 0;
+  double ref = 0;  // a serial loop in double
   for (double v : a.tolist()) ref += v * v;
   for (double v : b.tolist()) ref += v * v;
   ref = std::sqrt(ref);
-  CHECK(grad_norm_l2({a, b}) == Approx(ref).epsilon(1e-6));
+  // Squares round once in float32 and are summed in 16 float32 lanes over chunks of 16384, so each lane
+  // adds 1024 non-negative terms: the sum of squares is within 1025 * u32 (u32 = 2^-24) relative, its
+  // square root within half that.
+  CHECK(grad_norm_l2({a, b}) == Approx(ref).epsilon(1025 * 0x1p-24 / 2));
   scale_grads({a, b}, 0.5f);
   CHECK(grad_norm_l2({a, b}) == Approx(ref / 2).epsilon(1e-3));
   Tensor z = zeros({10});
@@ -557,7 +578,6 @@ TEST_CASE("every strategy trains an MLP to within 1 point of float32 accuracy", 
   double fp32_accuracy = -1;
   for (const StrategyCase& sc : all_strategies()) {
     INFO(sc.name << " " << sc.options.dump());
-    const auto t0 = std::chrono::steady_clock::now();
     Setup s = make_setup(sc.name, sc.options, 21, 4, 8);
     int64_t skipped = 0;
     for (int64_t e = 0; e < epochs; ++e)
@@ -567,7 +587,6 @@ TEST_CASE("every strategy trains an MLP to within 1 point of float32 accuracy", 
         CHECK(std::isfinite(s.mp->last_step_stats().grad_norm));
       }
     const double acc = accuracy(s, x, y);
-    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     if (fp32_accuracy < 0) {
       fp32_accuracy = acc;
       // Learnable but not saturated; otherwise the comparison says nothing.
@@ -577,7 +596,6 @@ TEST_CASE("every strategy trains an MLP to within 1 point of float32 accuracy", 
     CHECK(std::abs(acc - fp32_accuracy) <= 0.01);
     UNSCOPED_INFO(sc.name << sc.options.dump() << ": accuracy " << acc << " (fp32 " << fp32_accuracy << ")");
     CHECK(skipped == 0);  // the default scales (65536) do not overflow on this problem
-    CHECK(seconds < 10.0);
   }
 }
 

@@ -4,6 +4,8 @@
 // these tests check exit codes and the one-line messages, not internals.
 #include <catch2/catch.hpp>
 
+#include "skip.h"
+
 #include <sched.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -436,6 +438,9 @@ TEST_CASE("a runtime failure exits 1 with one line naming the cause", "[cli]") {
   CHECK(std::count(r.err.begin(), r.err.end(), '\n') == 1);
 }
 
+const char* const kNoFashionMnist =
+    "/usr/share/datasets/fashion-mnist is absent (apt-get install dataset-fashion-mnist)";
+
 bool have_fashion_mnist() { return fs::exists("/usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz"); }
 
 TEST_CASE("every shipped example config is valid and trains for a few steps", "[cli]") {
@@ -452,7 +457,7 @@ TEST_CASE("every shipped example config is valid and trains for a few steps", "[
     const json resolved = json::parse(check.out);
     CHECK(resolved.at("mixed_precision").contains("name"));  // check prints the resolved section
     if (resolved.at("data").at("type") == "fashion_mnist" && !have_fashion_mnist()) {
-      WARN("skipped training " << cfg.filename().string() << ": /usr/share/datasets/fashion-mnist is absent");
+      skip_test("training " + cfg.filename().string() + ": " + kNoFashionMnist);
       continue;
     }
     RunResult r = run_booster("train --config " + cfg.string() + " --set train.max_steps=3 --set train.log_every=1");
@@ -527,7 +532,7 @@ TEST_CASE("a tiny character GPT trains on a text file", "[cli]") {
 
 TEST_CASE("the default Fashion-MNIST config reaches 85% test accuracy", "[cli][e2e]") {
   if (!fs::exists("/usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz")) {
-    WARN("skipped: /usr/share/datasets/fashion-mnist is absent");
+    skip_test(kNoFashionMnist);
     return;
   }
   RunResult r = run_booster("train --config " + source_path("examples/configs/fashion_mnist_mlp.json"));
@@ -543,7 +548,7 @@ TEST_CASE("the default Fashion-MNIST config reaches 85% test accuracy", "[cli][e
 // already put it well past the MLP's one-epoch accuracy, under float32 and bf16 autocast.
 TEST_CASE("the CNN config trains Fashion-MNIST past 80% in 150 steps, fp32 and bf16", "[cli][e2e][conv]") {
   if (!have_fashion_mnist()) {
-    WARN("skipped: /usr/share/datasets/fashion-mnist is absent");
+    skip_test(kNoFashionMnist);
     return;
   }
   for (const char* precision : {"fp32", "bf16"}) {
@@ -572,7 +577,7 @@ TEST_CASE("the CNN config trains Fashion-MNIST past 80% in 150 steps, fp32 and b
 // and refreshed from float32 masters), produce the same 16-bit gradients, and the same float32 update.
 TEST_CASE("every mixed-precision strategy trains Fashion-MNIST to within 1 point of float32", "[cli][e2e][amp]") {
   if (!have_fashion_mnist()) {
-    WARN("skipped: /usr/share/datasets/fashion-mnist is absent");
+    skip_test(kNoFashionMnist);
     return;
   }
   const std::string shrink = " --set 'model.hidden=[256]' --set train.epochs=1 --set train.log_every=1000";
@@ -717,7 +722,7 @@ bool have_mpirun() { return std::system("command -v mpirun >/dev/null 2>&1") == 
 
 TEST_CASE("under booster run -n 2 only rank 0 prints and writes the run directory", "[cli][progress][mpi]") {
   if (!have_mpirun()) {
-    WARN("skipped: no mpirun");
+    skip_test("no mpirun (apt-get install openmpi-bin)");
     return;
   }
   const fs::path base = scratch_dir() / "two_ranks";
@@ -802,7 +807,7 @@ TEST_CASE("every subcommand has --help", "[cli]") {
 // The ddp and low_level_zero example configs train under two processes, as a user would start them.
 TEST_CASE("the parallel example configs train 3 steps under booster run -n 2", "[cli][mpi]") {
   if (!have_mpirun() || !have_fashion_mnist()) {
-    WARN("skipped: needs mpirun and /usr/share/datasets/fashion-mnist");
+    skip_test(!have_mpirun() ? "no mpirun (apt-get install openmpi-bin)" : kNoFashionMnist);
     return;
   }
   for (const char* name : {"fashion_mnist_ddp_fp16.json", "fashion_mnist_zero2_bf16.json"}) {

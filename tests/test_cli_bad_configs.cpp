@@ -2,6 +2,8 @@
 // each with a non-zero exit and one line naming the mistake (Note [Config errors]).
 #include <catch2/catch.hpp>
 
+#include "skip.h"
+
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -54,7 +56,7 @@ TEST_CASE("every bad config and flag exits non-zero with its one-line message", 
     command += " " + c.at("args").get<std::string>();
     INFO(command);
     if (c.contains("requires_plugin") && !plugins.count(c.at("requires_plugin").get<std::string>())) {
-      WARN("skipped (plugin " << c.at("requires_plugin") << " not built): " << command);
+      skip_test("plugin " + c.at("requires_plugin").get<std::string>() + " is not built: " + command);
       continue;
     }
     const fs::path out = scratch / "stdout.txt", err = scratch / "stderr.txt";

@@ -4,6 +4,8 @@
 // line naming the problem; a save that dies before its commit leaves the previous checkpoint usable.
 #include <catch2/catch.hpp>
 
+#include "skip.h"
+
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -499,7 +501,7 @@ TEST_CASE("a resume refuses plugin options that change the numbers and accepts t
           "[cli][checkpoint]") {
   // Note [Settings a resume must keep]: one process of ddp trains as its plugin options say.
   if (!have_plugin("ddp")) {
-    WARN("skipped: the ddp plugin is not built");
+    skip_test("the ddp plugin is not built");
     return;
   }
   const fs::path root = scratch_dir() / "plugin_options";
@@ -523,7 +525,7 @@ TEST_CASE("a resume refuses plugin options that change the numbers and accepts t
   CHECK(json::parse(accepted.out)["resumed_from"] == step_dir(root, 5).string());
 
   if (!have_plugin("low_level_zero")) {
-    WARN("skipped low_level_zero: the plugin is not built");
+    skip_test("low_level_zero half: the plugin is not built");
     return;
   }
   const fs::path zero_root = scratch_dir() / "plugin_options_zero";
@@ -549,7 +551,7 @@ TEST_CASE("a resume refuses plugin options that change the numbers and accepts t
 // Two ranks (each 128 of the 256 samples, 4 batches per epoch): step 5 is inside the second epoch.
 TEST_CASE("resuming ddp and low_level_zero on 2 ranks gives the same bytes", "[cli][checkpoint][mpi]") {
   if (!have_mpirun()) {
-    WARN("skipped: no mpirun");
+    skip_test("no mpirun (apt-get install openmpi-bin)");
     return;
   }
   const std::string two_ranks = "run -n 2 -- booster ";
@@ -561,7 +563,7 @@ TEST_CASE("resuming ddp and low_level_zero on 2 ranks gives the same bytes", "[c
            {"zero2_bf16", "fp32", {{"name", "low_level_zero"}, {"stage", 2}, {"precision", "bf16"}}}}) {
     const std::string plugin_name = plugin.is_string() ? plugin.get<std::string>() : plugin.at("name").get<std::string>();
     if (!have_plugin(plugin_name)) {
-      WARN("skipped " << name << ": plugin " << plugin_name << " is not built");
+      skip_test(name + ": plugin " + plugin_name + " is not built");
       continue;
     }
     json c = mlp_config(mixed_precision);
@@ -731,7 +733,7 @@ TEST_CASE("Ctrl-C mid-run saves and exits 130, and resuming ends with the same b
 TEST_CASE("Ctrl-C under booster run -n 2 stops every rank after the same step and the resume is exact",
           "[cli][checkpoint][signal][mpi]") {
   if (!have_mpirun() || !have_plugin("ddp")) {
-    WARN("skipped: no mpirun or no ddp plugin");
+    skip_test(!have_mpirun() ? "no mpirun (apt-get install openmpi-bin)" : "the ddp plugin is not built");
     return;
   }
   json c = long_config();

@@ -8,6 +8,7 @@
 #include "booster/common/build_info.h"
 #include "booster/distributed/nccl_process_group.h"
 #include "booster/ops/ops.h"
+#include "skip.h"
 
 using namespace booster;
 using namespace booster::distributed;
@@ -16,8 +17,7 @@ namespace {
 
 bool skip_without_nccl() {
   if (cuda::is_available() && nccl_built()) return false;
-  WARN("NCCL tests skipped: " << (!nccl_built() ? "no NCCL in this build" : cuda::unavailable_reason()) << " ["
-                              << build_info_line() << "]");
+  skip_test(!nccl_built() ? "no NCCL in this build" : cuda::unavailable_reason());
   return true;
 }
 

@@ -2,7 +2,7 @@
 // implements runs on the GPU in float32, float16 and bfloat16, and its value and its input gradients
 // are compared with the same op on the CPU in float64, fed the same (rounded) inputs. The error is
 // ||cuda - ref|| / ||ref||, held to a per-dtype bound; NaN never passes. Without a GPU every test here
-// prints why it was skipped and passes.
+// is reported as skipped, with the reason (cuda_skip.h).
 #include <catch2/catch.hpp>
 
 #include "cuda_skip.h"
@@ -535,7 +535,7 @@ TEST_CASE("SGD on CUDA follows CPU SGD over several steps for every option combi
 TEST_CASE("ops, copies and SGD on a second CUDA device follow the CPU while the first is current", "[cuda]") {
   if (skip_without_gpu()) return;
   if (cuda::device_count() < 2) {
-    WARN("multi-GPU CUDA test skipped: " << cuda::device_count() << " CUDA device visible, it needs 2");
+    skip_test("needs 2 CUDA devices, " + std::to_string(cuda::device_count()) + " visible");
     return;
   }
   const Device first = Device::cuda(0), second = Device::cuda(1);

@@ -2,9 +2,10 @@
 // early exit and resuming, Fashion-MNIST reading and its errors, the synthetic and character data sets.
 #include <catch2/catch.hpp>
 
+#include "skip.h"
+
 #include <algorithm>
 #include <atomic>
-#include <chrono>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -66,7 +67,7 @@ struct TempDir {
 
 bool fashion_mnist_present() {
   if (fs::exists(fs::path(kFashionMnistDir) / "train-images-idx3-ubyte.gz")) return true;
-  WARN("skipped: " << kFashionMnistDir << " is absent (apt-get install dataset-fashion-mnist)");
+  skip_test(std::string(kFashionMnistDir) + " is absent (apt-get install dataset-fashion-mnist)");
   return false;
 }
 
@@ -405,7 +406,6 @@ TEST_CASE("DataLoader rejects bad options", "[data]") {
 TEST_CASE("DataLoader: leaving a pass early stops the worker, the next pass starts over", "[data]") {
   // Large batches so the worker is busy (or blocked on a full queue) when the consumer leaves.
   auto ds = std::make_shared<TensorDataset>(zeros({20000, 256}), zeros({20000}, DType::Int64));
-  const auto start = std::chrono::steady_clock::now();
   for (int round = 0; round < 20; ++round) {
     DataLoader loader(ds, {.batch_size = 500, .shuffle = true, .prefetch = 4});
     int seen = 0;
@@ -420,7 +420,8 @@ TEST_CASE("DataLoader: leaving a pass early stops the worker, the next pass star
       for (auto& batch : loader) count += batch.x.size(0) == 500;
       REQUIRE(count == 40);
     }
-    // Destroying the loader (and, in odd rounds, an abandoned pass) must not hang.
+    // Destroying the loader (and, in odd rounds, an abandoned pass) must not hang: a hang is caught
+    // by CTest's timeout, not by a clock in the test.
   }
   // An iterator abandoned outside a loop is stopped when destroyed too.
   {
@@ -428,39 +429,46 @@ TEST_CASE("DataLoader: leaving a pass early stops the worker, the next pass star
     auto it = loader.begin();
     REQUIRE(it != loader.end());
   }
-  REQUIRE(std::chrono::steady_clock::now() - start < std::chrono::seconds(60));
 }
 
 namespace {
-// Counts the batches asked of it, to see how far the worker runs ahead.
+// Counts the batches asked of it and records, as each is asked for, how far the worker is ahead of the
+// consumer: `released` is the batch the consumer is about to move to (set before it advances).
 class CountingDataset : public Dataset {
  public:
   int64_t size() const override { return 100; }
   Batch get(int64_t i) const override { return {full({1}, double(i)), full({}, double(i), DType::Int64)}; }
   Batch get_batch(const std::vector<int64_t>& indices) const override {
-    ++batches_made;
+    const int lead = ++batches_made - released.load();
+    for (int seen = max_lead.load(); lead > seen && !max_lead.compare_exchange_weak(seen, lead);) {
+    }
     return Dataset::get_batch(indices);
   }
-  mutable std::atomic<int> batches_made{0};
+  mutable std::atomic<int> batches_made{0}, max_lead{0};
+  std::atomic<int> released{0};
 };
 }  // namespace
 
 TEST_CASE("DataLoader's worker runs at most `prefetch` batches ahead of the consumer", "[data]") {
+  // No clock: the dataset records the worker's lead each time it makes a batch. Holding batch k, the
+  // consumer waits until the worker has made every batch it may (k + 1 + prefetch; an unbounded wait,
+  // CTest's timeout catches a hang), so at every batch a worker that overruns its queue gets the chance
+  // to, and the lead it reached must be exactly 1 + prefetch: the held batch plus a full queue.
   for (int prefetch : {1, 3}) {
+    INFO("prefetch " << prefetch);
     auto ds = std::make_shared<CountingDataset>();
     DataLoader loader(ds, {.batch_size = 2, .prefetch = prefetch});
-    auto it = loader.begin();  // the consumer holds batch 0
-    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
-    while (ds->batches_made < 1 + prefetch && std::chrono::steady_clock::now() < deadline)
-      std::this_thread::sleep_for(std::chrono::milliseconds(1));
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
-    REQUIRE(ds->batches_made == 1 + prefetch);  // then it waits for room
-    ++it;
-    while (ds->batches_made < 2 + prefetch && std::chrono::steady_clock::now() < deadline)
-      std::this_thread::sleep_for(std::chrono::milliseconds(1));
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
-    REQUIRE(ds->batches_made == 2 + prefetch);
-    REQUIRE(it->y.to_vector<int64_t>() == std::vector<int64_t>{2, 3});
+    const int batches = 50;
+    int k = 0;
+    for (auto it = loader.begin(); it != loader.end(); ++k) {
+      REQUIRE(it->y.to_vector<int64_t>() == std::vector<int64_t>{2 * k, 2 * k + 1});
+      while (ds->batches_made.load() < std::min(batches, k + 1 + prefetch)) std::this_thread::yield();
+      ds->released.store(k + 1);
+      ++it;
+    }
+    CHECK(k == batches);
+    CHECK(ds->batches_made.load() == batches);
+    CHECK(ds->max_lead.load() == 1 + prefetch);
   }
 }
 

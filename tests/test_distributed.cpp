@@ -2,6 +2,8 @@
 // argument checks shared by every backend, and MPI's singleton mode.
 #include <catch2/catch.hpp>
 
+#include "skip.h"
+
 #include "booster/backends/cuda/cuda.h"
 #include "booster/distributed/local_process_group.h"
 #include "booster/distributed/mpi_process_group.h"
@@ -124,6 +126,7 @@ TEST_CASE("distributed: argument checks are the same on every backend", "[distri
 TEST_CASE("distributed: mpi backend outside mpirun is a singleton world", "[distributed]") {
   if (!mpi_built()) {
     REQUIRE_THROWS_AS(make_mpi_process_group(), ConfigError);
+    skip_test("this build has no MPI");
     return;
   }
   std::shared_ptr<ProcessGroup> pg = make_mpi_process_group();
@@ -163,6 +166,7 @@ TEST_CASE("distributed: a group's device, and the group for a model's device (No
     CHECK_THROWS_WITH(process_group_for(Device::cuda()),
                       Catch::Contains("cuda:0") && Catch::Contains("nccl") &&
                           Catch::Contains(nccl_built() ? "GPU" : "NCCL"));
+    skip_test(std::string("the CUDA group needs ") + (nccl_built() ? "a GPU" : "NCCL in the build"));
     return;
   }
   ProcessGroup& gpu_group = process_group_for(Device::cuda());

@@ -21,6 +21,7 @@
 #include "booster/distributed/mpi_process_group.h"
 #include "booster/distributed/process_group.h"
 #include "booster/ops/ops.h"
+#include "skip.h"
 
 using namespace booster;
 using namespace booster::distributed;
@@ -60,6 +61,13 @@ double process_cpu_seconds() {
   timespec t{};
   clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t);
   return double(t.tv_sec) + 1e-9 * double(t.tv_nsec);
+}
+
+// These tests start an MPI job: without MPI in the build or mpirun on the PATH they are skipped.
+bool skip_without_mpi() {
+  if (mpi_built() && have_mpirun()) return false;
+  skip_test(!mpi_built() ? "this build has no MPI" : "no mpirun (apt-get install openmpi-bin)");
+  return true;
 }
 
 }  // namespace
@@ -107,7 +115,7 @@ TEST_CASE("failure helper: rank 1 fails while rank 0 waits in all_reduce", "[.fa
 
 TEST_CASE("distributed: an uncaught exception on one rank ends the job with an error, not a hang",
           "[distributed][mpi]") {
-  if (!mpi_built() || !have_mpirun()) return;
+  if (skip_without_mpi()) return;
   const JobResult job = run_job("throw");
   INFO(job.output);
   REQUIRE(job.status != 0);
@@ -119,7 +127,7 @@ TEST_CASE("distributed: an uncaught exception on one rank ends the job with an e
 
 TEST_CASE("distributed: a non-zero exit on one rank ends the job with an error, not a hang",
           "[distributed][mpi]") {
-  if (!mpi_built() || !have_mpirun()) return;
+  if (skip_without_mpi()) return;
   const JobResult job = run_job("exit");
   INFO(job.output);
   REQUIRE(job.status != 0);
@@ -129,7 +137,7 @@ TEST_CASE("distributed: a non-zero exit on one rank ends the job with an error, 
 }
 
 TEST_CASE("distributed: the same job without a failure exits 0", "[distributed][mpi]") {
-  if (!mpi_built() || !have_mpirun()) return;
+  if (skip_without_mpi()) return;
   const JobResult job = run_job("ok");
   INFO(job.output);
   REQUIRE(job.status == 0);
@@ -140,7 +148,7 @@ TEST_CASE("distributed: the same job without a failure exits 0", "[distributed][
 // failure, so without a timeout rank 0 waits for ever (the `timeout 60` around mpirun reports 124).
 TEST_CASE("distributed: a stalled rank ends the job after the collective timeout, naming the rank",
           "[distributed][mpi]") {
-  if (!mpi_built() || !have_mpirun()) return;
+  if (skip_without_mpi()) return;
   const double timeout_s = 3;
   const JobResult job = run_job("stall", "BOOSTER_COLLECTIVE_TIMEOUT_S=3");
   INFO(job.output);
@@ -161,7 +169,7 @@ TEST_CASE("distributed: a stalled rank ends the job after the collective timeout
 // waiting and answers; rank 2 is stopped and does not.
 TEST_CASE("distributed: the timeout names the stalled rank among three, and the ranks that waited",
           "[distributed][mpi]") {
-  if (!mpi_built() || !have_mpirun()) return;
+  if (skip_without_mpi()) return;
   const JobResult job = run_job("stall_one_of_three", "BOOSTER_COLLECTIVE_TIMEOUT_S=3", 3);
   INFO(job.output);
   INFO("the job ran " << job.seconds << " s");
@@ -178,7 +186,7 @@ TEST_CASE("distributed: the timeout names the stalled rank among three, and the 
 // spinning a core (MPI_Waitall spins at 100%). A resource check, not a speed check: rank 0 waits about
 // 2 s and must use well under a third of that in CPU time.
 TEST_CASE("distributed: a rank waiting for a late one does not burn a core", "[distributed][mpi]") {
-  if (!mpi_built() || !have_mpirun()) return;
+  if (skip_without_mpi()) return;
   const JobResult job = run_job("late");
   INFO(job.output);
   REQUIRE(job.status == 0);
@@ -214,7 +222,7 @@ TEST_CASE("distributed: collective timeouts come from the group, the process def
 // BOOSTER_COLLECTIVE_TIMEOUT_S is never read; without it, the first collective refuses the variable.
 TEST_CASE("distributed: booster train applies train.collective_timeout_s to the process group",
           "[distributed][mpi][cli]") {
-  if (!mpi_built() || !have_mpirun()) return;
+  if (skip_without_mpi()) return;
   const std::string base = std::string(BOOSTER_SOURCE_DIR) + "/tests/bad_configs/base.json";
   auto train = [&](const std::string& set) {
     const std::string log = std::string(BOOSTER_BIN_DIR) + "/test_distributed_failure.train.log";

@@ -2,9 +2,12 @@
 // Values depend on the rank so that a collective that drops, repeats or misorders a rank's data fails.
 #include <catch2/catch.hpp>
 
-#include <chrono>
+#include <unistd.h>
+
 #include <cmath>
 #include <cstdlib>
+#include <filesystem>
+#include <fstream>
 #include <thread>
 
 #include "booster/distributed/mpi_process_group.h"
@@ -236,14 +239,29 @@ TEST_CASE("mpi span overloads reduce a bucket of a flat buffer and nothing else"
 }
 
 TEST_CASE("mpi barrier waits for the slowest rank", "[mpi]") {
+  // No clock: rank 0 enters the barrier only after it has seen every other rank arrive at it (a file
+  // each) and has left a file of its own; the others look for that file once the barrier lets them
+  // go. A barrier that released them before rank 0 arrived would let them look too early.
   ProcessGroup& pg = group();
-  pg.barrier();  // line up
-  const auto start = std::chrono::steady_clock::now();
-  if (pg.rank() == 0) std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  Tensor job = full({1}, pg.rank() == 0 ? double(::getpid()) : 0.0, DType::Float64);
+  pg.broadcast(job, 0);
+  const std::filesystem::path dir =
+      std::filesystem::temp_directory_path() / ("booster_barrier_" + std::to_string(int64_t(job.item())));
+  const auto arrived = [&](int rank) { return dir / ("arrived_" + std::to_string(rank)); };
+  if (pg.rank() == 0) std::filesystem::create_directories(dir);
+  pg.barrier();  // line up: the directory exists
+  if (pg.rank() == 0) {
+    for (int r = 1; r < pg.size(); ++r)
+      while (!std::filesystem::exists(arrived(r))) std::this_thread::yield();  // CTest's timeout ends a hang
+    std::ofstream(dir / "rank0_entered") << "";
+  } else {
+    std::ofstream(arrived(pg.rank())) << "";
+  }
   pg.barrier();
-  const double waited =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  REQUIRE(waited >= 0.25);
+  const bool rank0_was_there = std::filesystem::exists(dir / "rank0_entered");
+  pg.barrier();  // everyone has looked
+  if (pg.rank() == 0) std::filesystem::remove_all(dir);
+  REQUIRE(rank0_was_there);
 }
 
 TEST_CASE("mpi collectives reject bad arguments with typed errors naming op and shapes", "[mpi]") {

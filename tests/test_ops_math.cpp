@@ -99,21 +99,154 @@ TEST_CASE("sums of integers and bools are int64", "[ops]") {
   REQUIRE(sum(b, {0}).tolist() == std::vector<double>{2, 1});
 }
 
-TEST_CASE("large reductions take the parallel paths and agree with float64", "[ops]") {
-  // Sizes past the parallel grain: full, row (last dim), column (first dim) and strided cases.
-  Tensor x64 = rn({300, 517}, 5);
-  Tensor x = x64.to(DType::Float32);
-  auto ref = [&](const std::vector<int64_t>& d) { return sum(x64, d).to(DType::Float32); };
-  REQUIRE(allclose(sum(x), ref({}), 1e-4, 1e-3));
-  REQUIRE(allclose(sum(x, {1}), ref({1}), 1e-4, 1e-4));
-  REQUIRE(allclose(sum(x, {0}), ref({0}), 1e-4, 1e-4));
-  REQUIRE(allclose(sum(x.t(), {0}), ref({1}), 1e-4, 1e-4));
-  REQUIRE(allclose(sum(x.t(), {1}), ref({0}), 1e-4, 1e-4));
-  REQUIRE(max(x).item() == max(x64).item<float>());
-  REQUIRE(allclose(max(x, 0), max(x64, 0).to(DType::Float32), 0, 0));
-  Tensor x3 = rn({40, 30, 50}, 6);
-  REQUIRE(allclose(sum(x3, {0, 2}), sum(sum(x3, {2}), {0}), 1e-12, 1e-12));
-  REQUIRE(allclose(sum(x3.permute({2, 0, 1}), {0, 2}), sum(sum(x3, {1}), {1}), 1e-12, 1e-12));
+namespace {
+
+// Note [Reductions against a serial loop]
+// The parallel reductions are checked against plain loops written here and closed forms, never against
+// the library's own kernels (which would hide a bug shared by both). The data are integers in
+// [-7, -1] and [1, 7] from a hash of the index: every partial sum of fewer than 2^21 of them is an
+// integer of magnitude below 2^24, so float32 adds them exactly in any order, the serial loop in double
+// is the exact answer, and, with no zeros, dropping any element or any thread's partial changes it.
+std::vector<double> hashed_integers(int64_t n, uint32_t salt) {
+  std::vector<double> v(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) {
+    uint32_t h = uint32_t(i) * 2654435761u ^ salt;
+    h ^= h >> 15;
+    h *= 2246822519u;
+    h ^= h >> 13;
+    v[size_t(i)] = double(int(h % 7) + 1) * ((h >> 8) & 1 ? 1.0 : -1.0);
+  }
+  return v;
+}
+
+// 301 x 517 = 155617 elements: past cpu::kParallelGrain (32768) on every path, and odd, so two
+// threads' chunks (77809 + 77808) differ and neither is a multiple of the 16 accumulator lanes.
+constexpr int64_t kRows = 301, kCols = 517, kN = kRows * kCols;
+
+}  // namespace
+
+TEST_CASE("large sums, means and maxima over threads agree with a serial loop and closed forms", "[ops]") {
+  // Closed forms: float32 holds every count here exactly.
+  CHECK(sum(ones({kRows, kCols})).item() == double(kN));
+  CHECK(sum(ones({kRows, kCols}), {1}).tolist() == std::vector<double>(size_t(kRows), double(kCols)));
+  CHECK(sum(ones({kRows, kCols}), {0}).tolist() == std::vector<double>(size_t(kCols), double(kRows)));
+  CHECK(sum(ones({kRows, kCols}).t(), {1}).tolist() == std::vector<double>(size_t(kCols), double(kRows)));
+  // The arithmetic series 0 + 1 + ... + (n-1) = n(n-1)/2 in float64 (exact below 2^53), its mean
+  // (n-1)/2 (an exact quotient), its maximum n-1 at the last element and its variance n(n+1)/12.
+  const Tensor ramp = arange(0.0, double(kN), 1.0, DType::Float64);
+  CHECK(sum(ramp).item() == double(kN) * double(kN - 1) / 2);
+  CHECK(mean(ramp).item() == double(kN - 1) / 2);
+  CHECK(max(ramp).item() == double(kN - 1));
+  CHECK(argmax(ramp, 0).item() == double(kN - 1));
+  // float64 two-pass variance: each of the n squared deviations and their running sum carries at most
+  // n * u64 (u64 = 2^-53) relative error, about 2e-11 here.
+  CHECK(var(ramp, {0}).item() == Approx(double(kN) * double(kN + 1) / 12).epsilon(double(kN) * 0x1p-53));
+
+  const std::vector<double> v = hashed_integers(kN, 17);
+  const Tensor x = from_vector(v, {kRows, kCols}, DType::Float32);
+  double total = 0;
+  std::vector<double> rows(size_t(kRows), 0.0), cols(size_t(kCols), 0.0);
+  for (int64_t r = 0; r < kRows; ++r)
+    for (int64_t c = 0; c < kCols; ++c) {
+      const double e = v[size_t(r * kCols + c)];
+      total += e;
+      rows[size_t(r)] += e;
+      cols[size_t(c)] += e;
+    }
+  // Exact, whatever the order (Note [Reductions against a serial loop]): full, row, column, strided.
+  CHECK(sum(x).item() == total);
+  CHECK(sum(x, {1}).tolist() == rows);
+  CHECK(sum(x, {0}).tolist() == cols);
+  CHECK(sum(x.t(), {0}).tolist() == rows);
+  CHECK(sum(x.t(), {1}).tolist() == cols);
+  CHECK(sum(x, {0, 1}, true).reshape({1}).tolist() == std::vector<double>{total});
+  // float16/bfloat16 inputs (the integers are exact there) accumulate in float32 and round once: the
+  // result is within u = 2^-11 (float16) or 2^-8 (bfloat16) of the exact sum, relative.
+  for (auto [dt, u] : {std::pair{DType::Float16, 0x1p-11}, std::pair{DType::BFloat16, 0x1p-8}}) {
+    INFO(dtype_name(dt));
+    const Tensor h = x.to(dt);
+    CHECK(std::abs(sum(h).item() - total) <= u * std::abs(total));
+    const auto got_rows = sum(h, {1}).tolist(), got_cols = sum(h, {0}).tolist();
+    for (int64_t r = 0; r < kRows; ++r) CHECK(std::abs(got_rows[size_t(r)] - rows[size_t(r)]) <= u * std::abs(rows[size_t(r)]));
+    for (int64_t c = 0; c < kCols; ++c) CHECK(std::abs(got_cols[size_t(c)] - cols[size_t(c)]) <= u * std::abs(cols[size_t(c)]));
+  }
+  // Means: the exact sum divided once in float32, so within u32 = 2^-24 of the exact quotient.
+  const double u32 = 0x1p-24;
+  CHECK(std::abs(mean(x).item() - total / double(kN)) <= u32 * std::abs(total / double(kN)));
+  const auto mean_rows = mean(x, {1}).tolist(), mean_cols = mean(x, {0}).tolist();
+  for (int64_t r = 0; r < kRows; ++r) {
+    const double want = rows[size_t(r)] / double(kCols);
+    CHECK(std::abs(mean_rows[size_t(r)] - want) <= u32 * std::abs(want));
+  }
+  for (int64_t c = 0; c < kCols; ++c) {
+    const double want = cols[size_t(c)] / double(kRows);
+    CHECK(std::abs(mean_cols[size_t(c)] - want) <= u32 * std::abs(want));
+  }
+
+  // Maxima and first argmax by a serial scan, with the overall maximum placed in the last thread's
+  // tail (the last element) and, in a second tensor, at the very first element.
+  for (int64_t at : {kN - 1, int64_t(0)}) {
+    INFO("maximum at " << at);
+    std::vector<double> w = v;
+    w[size_t(at)] = 100;
+    const Tensor y = from_vector(w, {kRows, kCols}, DType::Float32);
+    CHECK(max(y).item() == 100);
+    CHECK(max(y.reshape({kN})).item() == 100);
+    CHECK(argmax(y.reshape({kN}), 0).item() == double(at));
+    std::vector<double> row_max(size_t(kRows), -1e300), col_max(size_t(kCols), -1e300);
+    std::vector<double> row_arg(size_t(kRows), 0), col_arg(size_t(kCols), 0);
+    for (int64_t r = 0; r < kRows; ++r)
+      for (int64_t c = 0; c < kCols; ++c) {
+        const double e = w[size_t(r * kCols + c)];
+        if (e > row_max[size_t(r)]) row_max[size_t(r)] = e, row_arg[size_t(r)] = double(c);
+        if (e > col_max[size_t(c)]) col_max[size_t(c)] = e, col_arg[size_t(c)] = double(r);
+      }
+    CHECK(max(y, 1).tolist() == row_max);
+    CHECK(max(y, 0).tolist() == col_max);
+    CHECK(max(y.t(), 1).tolist() == col_max);
+    CHECK(argmax(y, 1).tolist() == row_arg);
+    CHECK(argmax(y, 0).tolist() == col_arg);
+  }
+  // A NaN anywhere, here in the last thread's tail, is the maximum.
+  std::vector<double> w = v;
+  w.back() = NAN;
+  CHECK(std::isnan(max(from_vector(w, {kN}, DType::Float32)).item()));
+}
+
+TEST_CASE("large variances over threads agree with a two-pass serial loop", "[ops]") {
+  const std::vector<double> v = hashed_integers(kN, 29);
+  const Tensor x = from_vector(v, {kRows, kCols}, DType::Float32);
+  // Reference: the two-pass formula in double over the same values.
+  auto two_pass = [&](int64_t count, auto&& at) {
+    double m = 0;
+    for (int64_t i = 0; i < count; ++i) m += at(i);
+    m /= double(count);
+    double ss = 0;
+    for (int64_t i = 0; i < count; ++i) ss += (at(i) - m) * (at(i) - m);
+    return ss / double(count - 1);
+  };
+  // float32 two-pass over m elements: the mean (exact sum, one division), each deviation and its
+  // square round once (3 u32), and a running sum of m non-negative terms adds at most m * u32
+  // (the worst-case bound, whatever order the kernel adds in): (m + 3) * u32 relative.
+  const double u32 = 0x1p-24;
+  auto tol = [&](int64_t m) { return double(m + 3) * u32; };
+  const double all = two_pass(kN, [&](int64_t i) { return v[size_t(i)]; });
+  CHECK(var(x, {0, 1}).item() == Approx(all).epsilon(tol(kN)));
+  const auto got_rows = var(x, {1}).tolist();
+  for (int64_t r = 0; r < kRows; ++r)
+    CHECK(got_rows[size_t(r)] ==
+          Approx(two_pass(kCols, [&](int64_t i) { return v[size_t(r * kCols + i)]; })).epsilon(tol(kCols)));
+  const auto got_cols = var(x, {0}).tolist();
+  for (int64_t c = 0; c < kCols; ++c)
+    CHECK(got_cols[size_t(c)] ==
+          Approx(two_pass(kRows, [&](int64_t i) { return v[size_t(i * kCols + c)]; })).epsilon(tol(kRows)));
+  // Over a 3-d tensor's first and last dims (a strided reduction), against the same loop.
+  const Tensor x3 = x.reshape({7, 43, kCols});
+  const auto got_mid = var(x3, {0, 2}).tolist();
+  for (int64_t j = 0; j < 43; ++j)
+    CHECK(got_mid[size_t(j)] == Approx(two_pass(7 * kCols, [&](int64_t i) {
+                                   return v[size_t((i / kCols) * 43 * kCols + j * kCols + i % kCols)];
+                                 })).epsilon(tol(7 * kCols)));
 }
 
 TEST_CASE("max and argmax pick the first maximum, NaN wins", "[ops]") {
@@ -124,6 +257,10 @@ TEST_CASE("max and argmax pick the first maximum, NaN wins", "[ops]") {
   REQUIRE(std::isnan(max(n).item()));
   REQUIRE(std::isnan(max(n, 0).item()));
   REQUIRE(argmax(n, 0).item() == 1);
+  // The first NaN is the argmax (torch.argmax); a later NaN does not move it.
+  Tensor two_nans = from_vector(std::vector<double>{1, NAN, 3, NAN, 2}, {5});
+  REQUIRE(argmax(two_nans, 0).item() == 1);
+  REQUIRE(argmax(two_nans.to(DType::Float32), 0).item() == 1);
 }
 
 TEST_CASE("reduction gradients match finite differences", "[ops][autograd]") {

@@ -467,3 +467,57 @@ TEST_CASE("cross_entropy takes a single unbatched row", "[ops][nn_functional]") 
   REQUIRE(one.dim() == 0);
   CHECK(one.item() == Approx(fx("cross_entropy", "none").tolist()[3]).epsilon(1e-12));
 }
+
+// ================================================================== large losses and norms, by hand
+
+// Note [Reductions against a serial loop] (test_ops_math.cpp) for the losses' and layer_norm's
+// per-thread partial sums: sizes past the parallel grain and odd, so the threads' shares differ, and
+// references that are closed forms or loops written here.
+TEST_CASE("large losses and layer_norm parameter gradients sum every thread's partial", "[ops][nn_functional]") {
+  const double u32 = 0x1p-24;
+  // Cross entropy of all-zero logits is log(C) on every row. Each row's loss rounds once in float32
+  // and the rows are summed in double: the mean is within 2 * u32 of log(C), relative.
+  const int64_t rows = 30001, classes = 10;
+  std::vector<int64_t> labels(static_cast<size_t>(rows));
+  for (int64_t i = 0; i < rows; ++i) labels[size_t(i)] = i % classes;
+  const Tensor target = from_vector(labels, {rows});
+  CHECK(cross_entropy(zeros({rows, classes}), target).item() ==
+        Approx(std::log(double(classes))).epsilon(2 * u32));
+  CHECK(cross_entropy(zeros({rows, classes}), target, Reduction::Sum).item() ==
+        Approx(double(rows) * std::log(double(classes))).epsilon(2 * u32));
+
+  // MSE of differences that are small integers: every square and every partial sum is an exact float32
+  // integer (below 2^24), so the sum is exact and the mean one division away (u32).
+  const int64_t n = 155617;
+  std::vector<float> a(static_cast<size_t>(n)), b(size_t(n), 0.0f);
+  double ss = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    a[size_t(i)] = float((i * 7919) % 13 - 6);
+    ss += double(a[size_t(i)]) * a[size_t(i)];
+  }
+  const Tensor ta = from_vector(a, {n}), tb = from_vector(b, {n});
+  CHECK(mse_loss(ta, tb, Reduction::Sum).item() == ss);
+  CHECK(mse_loss(ta, tb).item() == Approx(ss / double(n)).epsilon(u32));
+
+  // layer_norm backward sums dweight and dbias over rows in per-thread partials. With every row the
+  // same ramp 0..cols-1 and an upstream gradient of ones, dbias = rows (exact in float32) and
+  // dweight[i] = rows * xhat[i], xhat computed here in double. xhat rounds once or twice in float32
+  // (a few u32) and is added rows times: within (rows + 4) * u32 relative, the worst-case bound.
+  const int64_t lrows = 20001, lcols = 37;
+  std::vector<float> ramp;
+  for (int64_t r = 0; r < lrows; ++r)
+    for (int64_t i = 0; i < lcols; ++i) ramp.push_back(float(i));
+  const Tensor x = from_vector(ramp, {lrows, lcols});
+  Tensor w = ones({lcols}).requires_grad_(), bias = zeros({lcols}).requires_grad_();
+  sum(layer_norm(x, {lcols}, w, bias)).backward();
+  CHECK(bias.grad().tolist() == std::vector<double>(size_t(lcols), double(lrows)));
+  const double mu = double(lcols - 1) / 2;
+  double var = 0;
+  for (int64_t i = 0; i < lcols; ++i) var += (double(i) - mu) * (double(i) - mu) / double(lcols);
+  const auto dw = w.grad().tolist();
+  for (int64_t i = 0; i < lcols; ++i) {
+    const double xhat = (double(i) - mu) / std::sqrt(var + 1e-5);
+    INFO("column " << i);
+    CHECK(dw[size_t(i)] == Approx(double(lrows) * xhat).epsilon(double(lrows + 4) * u32));
+  }
+}

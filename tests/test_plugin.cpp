@@ -4,6 +4,8 @@
 // build/test_plugins/, off the search path, and loaded by path.
 #include <catch2/catch.hpp>
 
+#include "skip.h"
+
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -273,7 +275,7 @@ TEST_CASE("plugin: load/create/destroy cycle (run under valgrind by the [valgrin
 
 TEST_CASE("plugin: loading and unloading leaks nothing (valgrind)", "[plugin][valgrind]") {
   if (std::system("valgrind --version >/dev/null 2>&1") != 0) {
-    WARN("valgrind is not installed; the leak check is skipped");
+    skip_test("valgrind is not installed (apt-get install valgrind)");
     return;
   }
   const fs::path self = fs::read_symlink("/proc/self/exe");

@@ -80,6 +80,19 @@ TEST_CASE("TorchLossScaler: torch's rule (backoff, growth at the interval, finit
   CHECK(b.scale() == std::ldexp(1.0, 127));
   CHECK(b.growth_tracker() == 0);
 
+  // Factors other than the defaults are the ones used: x3 at each interval, x0.25 on overflow.
+  GradScalerOptions odd;
+  odd.init_scale = 16.0;
+  odd.growth_factor = 3.0;
+  odd.backoff_factor = 0.25;
+  odd.growth_interval = 2;
+  TorchLossScaler f(odd);
+  f.update(false);
+  f.update(false);
+  CHECK(f.scale() == 48.0);
+  f.update(true);
+  CHECK(f.scale() == 12.0);
+
   // Defaults are torch's: 2^16, x2, x0.5, 2000.
   TorchLossScaler d;
   CHECK(d.scale() == 65536.0);
