@@ -18,6 +18,7 @@
 #include "booster/common/error.h"
 #include "booster/data/fashion_mnist.h"
 #include "run_booster.h"
+#include "skip.h"
 
 namespace fs = std::filesystem;
 using nlohmann::json;
@@ -310,7 +311,7 @@ TEST_CASE("a plugin or config path that is a FIFO is refused, not opened", "[cli
 TEST_CASE("a metrics record that cannot be written stops the run, and a resume rewrites it", "[cli][hardening]") {
   // /dev/full fails every write with ENOSPC, as a full disk does.
   if (!fs::exists("/dev/full")) {
-    WARN("skipped: this system has no /dev/full to stand for a full disk");
+    skip_test("this system has no /dev/full to stand for a full disk");
     return;
   }
   const fs::path run_dir = scratch_dir() / "full_run", root = scratch_dir() / "full_ckpt";
@@ -358,7 +359,7 @@ TEST_CASE("a metrics record that cannot be written stops the run, and a resume r
 
 TEST_CASE("the summary line that cannot be written is an error", "[cli][hardening]") {
   if (!fs::exists("/dev/full")) {
-    WARN("skipped: this system has no /dev/full to stand for a full disk");
+    skip_test("this system has no /dev/full to stand for a full disk");
     return;
   }
   const fs::path cfg = write_text("summary.json", small_config().dump());
@@ -388,7 +389,7 @@ TEST_CASE("unreadable lines in metrics.jsonl at resume are kept aside with a war
 TEST_CASE("a gzip file whose end is cut is refused, whatever the cut", "[hardening][data]") {
   const fs::path source = fs::path(booster::data::kFashionMnistDir);
   if (!fs::exists(source / "t10k-labels-idx1-ubyte.gz")) {
-    WARN("skipped: Fashion-MNIST is not installed (apt-get install dataset-fashion-mnist)");
+    skip_test("Fashion-MNIST is not installed (apt-get install dataset-fashion-mnist)");
     return;
   }
   const fs::path dir = scratch_dir() / "cut_gzip";
