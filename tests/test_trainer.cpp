@@ -361,7 +361,7 @@ TEST_CASE("Trainer: options out of range and missing parts are named", "[trainer
   CHECK_NOTHROW(Trainer(*run.booster, {}));
 }
 
-TEST_CASE("find_state: afresh only for a root holding nothing; a dangling latest is an error", "[trainer][checkpoint]") {
+TEST_CASE("find_state: afresh only for a root holding nothing, and a dangling latest is an error", "[trainer][checkpoint]") {
   namespace fs = std::filesystem;
   const fs::path root = fs::temp_directory_path() / ("booster_test_find_state_" + std::to_string(::getpid()));
   fs::remove_all(root);
