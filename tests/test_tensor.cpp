@@ -97,3 +97,10 @@ TEST_CASE("0-d tensors view and reshape to any one-element shape", "[tensor]") {
   REQUIRE(s.view({1, 1}).item() == 3.5);
   REQUIRE_THROWS_AS(s.view({2}), ShapeError);
 }
+
+TEST_CASE("a shape with more elements than int64 counts is a ShapeError, not an overflow", "[tensor]") {
+  const int64_t big = int64_t(1) << 40;
+  CHECK_THROWS_AS(booster::ones({1, 1}).expand({big, big}), booster::ShapeError);
+  CHECK_THROWS_WITH(booster::ones({1, 1}).expand({big, big}), Catch::Contains("more elements than a 64-bit"));
+  CHECK(booster::ones({1, 1}).expand({big, 4}).numel() == 4 * big);  // large but countable: a view is fine
+}

@@ -14,9 +14,13 @@
 
 namespace booster {
 
+// Note: a shape such as [2^40, 2^40] has more elements than int64 counts; multiplying them out would
+// be undefined behaviour and a silently wrong size, so both are checked.
 int64_t numel_of(const Shape& s) {
   int64_t n = 1;
-  for (int64_t d : s) n *= d;
+  for (int64_t d : s)
+    if (__builtin_mul_overflow(n, d, &n))
+      BOOSTER_FAIL(ShapeError, "shape ", s, " has more elements than a 64-bit count holds");
   return n;
 }
 
@@ -25,7 +29,8 @@ Shape contiguous_strides(const Shape& s) {
   int64_t acc = 1;
   for (size_t i = s.size(); i-- > 0;) {
     st[i] = acc;
-    acc *= std::max<int64_t>(s[i], 1);
+    if (i > 0 && __builtin_mul_overflow(acc, std::max<int64_t>(s[i], 1), &acc))
+      BOOSTER_FAIL(ShapeError, "shape ", s, " has more elements than a 64-bit stride addresses");
   }
   return st;
 }
@@ -46,15 +51,15 @@ std::string shape_str(const Shape& s) { return str(s); }
 Tensor Tensor::empty(const Shape& shape, DType dtype, Device device) {
   for (int64_t d : shape)
     BOOSTER_CHECK(d >= 0, ShapeError, "empty: negative size in shape ", shape);
+  size_t nbytes = itemsize(dtype);
+  for (int64_t d : shape)
+    if (__builtin_mul_overflow(nbytes, size_t(d), &nbytes))
+      throw_out_of_memory("its size in bytes overflows 64 bits", shape, dtype, device);
   auto impl = std::make_shared<TensorImpl>();
   impl->shape = shape;
   impl->strides = contiguous_strides(shape);
   impl->numel = numel_of(shape);
   impl->dtype = dtype;
-  size_t nbytes = itemsize(dtype);
-  for (int64_t d : shape)
-    if (__builtin_mul_overflow(nbytes, size_t(d), &nbytes))
-      throw_out_of_memory("its size in bytes overflows 64 bits", shape, dtype, device);
   try {
     impl->storage = std::make_shared<Storage>(nbytes, device);
   } catch (const OutOfMemoryError& e) {
@@ -93,7 +98,8 @@ double host_memory_available() {
 // Note [Error context]: the allocator knows only a byte count; the message gets the tensor's shape and
 // dtype, what was running when it was asked for, and what to shrink.
 void throw_out_of_memory(const std::string& allocator_message, const Shape& shape, DType dtype, Device device) {
-  const double bytes = double(numel_of(shape)) * double(itemsize(dtype));
+  double bytes = double(itemsize(dtype));  // in double: the element count may not fit an int64
+  for (int64_t d : shape) bytes *= double(d);
   std::string msg = "out of " + std::string(device.is_cuda() ? "device" : "host") + " memory: cannot allocate " +
                     human_bytes(bytes) + " for a " + dtype_name(dtype) + " tensor of shape " + shape_str(shape);
   const std::string context = describe_error_context();
