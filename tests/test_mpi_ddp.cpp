@@ -691,7 +691,9 @@ TEST_CASE("data-parallel plugins: ddp and low_level_zero give each rank the same
       options.drop_last = drop_last;
       auto batches = [&](ParallelPlugin& plugin) {
         std::vector<std::vector<double>> out;
-        for (const data::Batch& batch : *plugin.prepare_dataloader(dataset, options)) out.push_back(batch.y.tolist());
+        // Held in a variable: a range-for over *temporary would destroy the loader before the loop runs.
+        const auto loader = plugin.prepare_dataloader(dataset, options);
+        for (const data::Batch& batch : *loader) out.push_back(batch.y.tolist());
         return out;
       };
       const std::vector<std::vector<double>> from_ddp = batches(*ddp), from_zero = batches(*zero);
