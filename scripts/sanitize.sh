@@ -25,6 +25,7 @@ cmake --build build-asan --parallel "$(nproc)"
 export ASAN_OPTIONS="detect_leaks=1:fast_unwind_on_malloc=0:abort_on_error=1:halt_on_error=1:strict_string_checks=1:detect_stack_use_after_return=0:allocator_may_return_null=1:verify_asan_link_order=0"
 export LSAN_OPTIONS="suppressions=$root/scripts/sanitizers/lsan.supp:print_suppressions=0"
 export UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1:suppressions=$root/scripts/sanitizers/ubsan.supp"
-# Valgrind cannot run an ASan binary, and the ASan runtime must come first for mpirun'd programs.
+# Left out: the valgrind leak checks (valgrind cannot run an ASan binary), and the CNN accuracy run
+# (150 steps of convolutions pass its 900 s limit under ASan on 2 cores; test_conv covers its kernels).
 cd build-asan
-ctest --output-on-failure --timeout 3000 -j "$(nproc)" -E "valgrind" "$@"
+ctest --output-on-failure --timeout 3000 -j "$(nproc)" -E "valgrind|the CNN config trains Fashion-MNIST" "$@"
