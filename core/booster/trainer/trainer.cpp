@@ -273,7 +273,7 @@ void Trainer::run_evaluation(int64_t step) {
 // it again and rewrites their records (a resume drops the records after the checkpoint's step), so
 // nothing is lost once space is freed. Saving now instead would put the checkpoint past the lost
 // records for good. TrainerOptions::stop_on_write_error = false (train.on_write_error "warn") prints
-// one warning and goes on, counting the lost records in the final line.
+// one warning and goes on without the records.
 void Trainer::check_writes(int64_t step, const std::optional<fs::path>& last_checkpoint) {
   if (!metrics_.failed() || write_failure_reported_) return;
   write_failure_reported_ = true;
@@ -412,7 +412,7 @@ FitResult Trainer::fit() {
   auto steps_left_in_epoch = [&] { return (loader.size() - loader.batches_consumed()) / accumulation; };
   // After a step's work: a due checkpoint, and a signal's save and stop.
   auto after_step = [&] {
-    check_writes(step, result.last_checkpoint);
+    check_writes(step, result.last_checkpoint ? result.last_checkpoint : result.resumed_from);
     const int signal = stop_signal();
     if (checkpoint_due() || (signal && checkpoint_root_)) result.last_checkpoint = save(step);
     if (!signal) return;
@@ -516,7 +516,7 @@ FitResult Trainer::fit() {
   }
   progress.finish();
   metrics_.close();
-  check_writes(step, result.last_checkpoint);
+  check_writes(step, result.last_checkpoint ? result.last_checkpoint : result.resumed_from);
 
   result.steps = step;
   result.final_loss = last_loss;
