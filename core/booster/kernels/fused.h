@@ -1,7 +1,7 @@
-// Fused multi-tensor kernels of the mixed-precision step and the optimizers, for backends other than
-// the CPU (whose loops live in mixed_precision/grad_kernels.cpp and optim/fused_kernels.h). Every
-// kernel takes whole flat spans, one launch each (apex's multi_tensor_apply idea: a flat buffer is the
-// list of tensors already laid end to end).
+// Fused multi-tensor kernels of the mixed-precision step and the optimizers, registered per device
+// (backends/cpu/grad_passes.cpp and optimizers.cpp, backends/cuda/fused.cu). Every kernel takes whole
+// flat spans, one call each (apex's multi_tensor_apply idea: a flat buffer is the list of tensors
+// already laid end to end); results the host needs accumulate in a scalar on the span's device.
 #pragma once
 
 #include <cstdint>
@@ -25,7 +25,7 @@ BOOSTER_DECLARE_KERNEL(count_zeros_kernel, void(const Tensor& t, Tensor& acc));
 
 // One Adam/AdamW update over a run of a flat buffer: param, grad (param's dtype), exp_avg, exp_avg_sq
 // and max_exp_avg_sq (undefined without amsgrad) in the compute type; all 1-D contiguous, same numel.
-// Scalars as torch computes them (optim/fused_kernels.h AdamCoeffs), passed in double.
+// Scalars as torch computes them, in double; each backend rounds them to the compute type.
 struct AdamStep {
   double beta1, beta2, one_minus_beta1, one_minus_beta2;
   double weight_decay;   // L2 (Adam), applied when weight_decay != 0 and !decoupled
@@ -40,8 +40,8 @@ BOOSTER_DECLARE_KERNEL(adam_kernel, void(const AdamStep& s, Tensor& param, const
                                          Tensor& exp_avg_sq, Tensor& max_exp_avg_sq));
 
 // One SGD update over a run of a flat buffer: param, grad (param's dtype) and momentum_buffer (the
-// compute type; undefined without momentum), all 1-D contiguous, same numel. As optim/fused_kernels.h
-// sgd_update: d = g + weight_decay p; with momentum, buf = d on the first step (`first`), else
+// compute type; undefined without momentum), all 1-D contiguous, same numel. As torch:
+// d = g + weight_decay p; with momentum, buf = d on the first step (`first`), else
 // buf = momentum buf + (1 - dampening) d, and d = nesterov ? d + momentum buf : buf; p += neg_lr d.
 struct SGDStep {
   double neg_lr, weight_decay, momentum, one_minus_dampening;

@@ -1,6 +1,4 @@
 // The one definition of each fused multi-tensor kernel's dispatch stub (declared in kernels/fused.h).
-// Only non-CPU backends register these; the CPU keeps its loops in mixed_precision/grad_kernels.cpp
-// and optim/fused_kernels.h.
 #include "booster/kernels/fused.h"
 
 namespace booster::kernels {

@@ -1,9 +1,8 @@
-// torch.optim.Adam and AdamW (1.13) as one fused pass per run of parameters (see fused_kernels.h).
+// torch.optim.Adam and AdamW (1.13) as one fused kernel per run of parameters (kernels/fused.h).
 #include <cmath>
 
 #include "booster/autograd/autograd.h"
 #include "booster/kernels/fused.h"
-#include "booster/optim/fused_kernels.h"
 #include "booster/optim/optimizer.h"
 
 namespace booster::optim {
@@ -85,42 +84,13 @@ void Adam::step() {
       const double step = double(run.step);
       const double bias_correction1 = 1.0 - std::pow(beta1, step);
       const double bias_correction2 = 1.0 - std::pow(beta2, step);
-      if (!seg.flat.device().is_cpu()) {  // one fused kernel over the run (kernels/fused.h)
-        const kernels::AdamStep s{beta1, beta2, 1.0 - beta1, 1.0 - beta2, wd, 1.0 - lr * wd, -(lr / bias_correction1),
-                                  std::sqrt(bias_correction2), eps, decoupled_, amsgrad};
-        const int64_t len = run.end - run.begin;
-        Tensor p = seg.flat.data().narrow(0, run.begin, len), m_run = m.narrow(0, run.begin, len);
-        Tensor v_run = v.narrow(0, run.begin, len);
-        Tensor vmax_run = vmax ? vmax->narrow(0, run.begin, len) : Tensor();
-        kernels::adam_kernel(seg.flat.device())(s, p, seg.flat.grad().narrow(0, run.begin, len), m_run, v_run,
-                                                vmax_run);
-        return;
-      }
-      BOOSTER_DISPATCH_FLOATING(seg.flat.dtype(), "Adam.step", [&] {
-        using S = acc_t<scalar_t>;
-        const detail::AdamCoeffs<S> c{S(beta1),
-                                      S(beta2),
-                                      S(1.0 - beta1),
-                                      S(1.0 - beta2),
-                                      S(wd),
-                                      S(1.0 - lr * wd),
-                                      S(-(lr / bias_correction1)),
-                                      S(std::sqrt(bias_correction2)),
-                                      S(eps)};
-        scalar_t* p = seg.flat.data().data<scalar_t>() + run.begin;
-        const scalar_t* gr = seg.flat.grad().data<scalar_t>() + run.begin;
-        S* mp = m.data<S>() + run.begin;
-        S* vp = v.data<S>() + run.begin;
-        S* vmaxp = vmax ? vmax->data<S>() + run.begin : nullptr;
-        detail::with_flags(decoupled_, wd != 0.0, amsgrad, [&]<bool kDecoupled, bool kWD, bool kAms>() {
-          cpu::parallel_for(run.end - run.begin, detail::kOptimizerCostPerElement, [&](int64_t lo, int64_t hi) {
-            detail::in_compute_precision(p + lo, gr + lo, hi - lo, [&](auto* pc, const auto* gc, int64_t at, int64_t len) {
-              const int64_t o = lo + at;
-              detail::adam_update<kDecoupled, kWD, kAms>(pc, gc, mp + o, vp + o, vmaxp ? vmaxp + o : nullptr, len, c);
-            });
-          });
-        });
-      });
+      const kernels::AdamStep s{beta1, beta2, 1.0 - beta1, 1.0 - beta2, wd, 1.0 - lr * wd, -(lr / bias_correction1),
+                                std::sqrt(bias_correction2), eps, decoupled_, amsgrad};
+      const int64_t len = run.end - run.begin;
+      Tensor p = seg.flat.data().narrow(0, run.begin, len), m_run = m.narrow(0, run.begin, len);
+      Tensor v_run = v.narrow(0, run.begin, len);
+      Tensor vmax_run = vmax ? vmax->narrow(0, run.begin, len) : Tensor();
+      kernels::adam_kernel(seg.flat.device())(s, p, seg.flat.grad().narrow(0, run.begin, len), m_run, v_run, vmax_run);
     });
   }
 }

@@ -1,8 +1,6 @@
-// torch.optim.SGD (1.13) as one fused pass per run of parameters (see fused_kernels.h; on a GPU,
-// kernels/fused.h sgd_kernel).
+// torch.optim.SGD (1.13) as one fused kernel per run of parameters (kernels/fused.h).
 #include "booster/autograd/autograd.h"
 #include "booster/kernels/fused.h"
-#include "booster/optim/fused_kernels.h"
 #include "booster/optim/optimizer.h"
 
 namespace booster::optim {
@@ -75,34 +73,13 @@ void SGD::step() {
       Tensor* buf = momentum != 0.0 ? &state_buffer(seg, "momentum_buffer") : nullptr;
       // Runs break where has_buffer_ changes (run_key), so the run's first parameter speaks for all.
       const bool first = !has_buffer_[seg.index[run.first_param]];
-      const auto mark_buffers_made = [&] {
-        if (buf)
-          for (size_t k = run.first_param; k < run.end_param; ++k) has_buffer_[seg.index[k]] = 1;
-      };
-      if (!seg.flat.device().is_cpu()) {  // one fused kernel over the run (kernels/fused.h)
-        const kernels::SGDStep s{-lr, wd, momentum, 1.0 - dampening, nesterov, first};
-        const int64_t len = run.end - run.begin;
-        Tensor p = seg.flat.data().narrow(0, run.begin, len);
-        Tensor b_run = buf ? buf->narrow(0, run.begin, len) : Tensor();
-        kernels::sgd_kernel(seg.flat.device())(s, p, seg.flat.grad().narrow(0, run.begin, len), b_run);
-        mark_buffers_made();
-        return;
-      }
-      BOOSTER_DISPATCH_FLOATING(seg.flat.dtype(), "SGD.step", [&] {
-        using S = acc_t<scalar_t>;
-        const detail::SGDCoeffs<S> c{S(-lr), S(wd), S(momentum), S(1.0 - dampening)};
-        scalar_t* p = seg.flat.data().data<scalar_t>() + run.begin;
-        const scalar_t* gr = seg.flat.grad().data<scalar_t>() + run.begin;
-        S* b = buf ? buf->data<S>() + run.begin : nullptr;
-        detail::with_flags(wd != 0.0, momentum != 0.0, nesterov, [&]<bool kWD, bool kMom, bool kNest>() {
-          cpu::parallel_for(run.end - run.begin, detail::kOptimizerCostPerElement, [&](int64_t lo, int64_t hi) {
-            detail::in_compute_precision(p + lo, gr + lo, hi - lo, [&](auto* pc, const auto* gc, int64_t at, int64_t len) {
-              detail::sgd_update<kWD, kMom, kNest>(pc, gc, b ? b + lo + at : nullptr, len, c, first);
-            });
-          });
-        });
-      });
-      mark_buffers_made();
+      const kernels::SGDStep s{-lr, wd, momentum, 1.0 - dampening, nesterov, first};
+      const int64_t len = run.end - run.begin;
+      Tensor p = seg.flat.data().narrow(0, run.begin, len);
+      Tensor b_run = buf ? buf->narrow(0, run.begin, len) : Tensor();
+      kernels::sgd_kernel(seg.flat.device())(s, p, seg.flat.grad().narrow(0, run.begin, len), b_run);
+      if (buf)
+        for (size_t k = run.first_param; k < run.end_param; ++k) has_buffer_[seg.index[k]] = 1;
     });
   }
 }

@@ -104,7 +104,7 @@ void cuda_count_zeros(const Tensor& t, Tensor& acc) {
   });
 }
 
-// The CPU's adam_update (optim/fused_kernels.h) element by element, same order of operations.
+// The CPU's adam_update (backends/cpu/optimizers.cpp) element by element, same order of operations.
 template <class P, class S>
 __global__ void adam_kernel(P* p, const P* g, S* m, S* v, S* vmax, int64_t n, S beta1, S beta2, S omb1, S omb2,
                             S wd, S decay, S neg_step, S bc2_sqrt, S eps, bool decoupled, bool use_wd) {
@@ -144,7 +144,7 @@ void cuda_adam(const kernels::AdamStep& s, Tensor& param, const Tensor& grad, Te
   });
 }
 
-// The CPU's sgd_update (optim/fused_kernels.h) element by element, same order of operations. buf is
+// The CPU's sgd_update (backends/cpu/optimizers.cpp) element by element, same order of operations. buf is
 // null without momentum; `first` sets buf = d (torch clones the first direction, without dampening).
 template <class P, class S>
 __global__ void sgd_kernel(P* p, const P* g, S* buf, int64_t n, S neg_lr, S wd, S momentum, S omd, bool use_wd,

@@ -1,14 +1,14 @@
-// Fused CPU update loops of the optimizers (private to core/booster/optim).
+// CPU fused optimizer updates (kernels/fused.h): torch.optim.Adam/AdamW and SGD (1.13), one pass
+// per run of a flat buffer.
 //
-// Each kernel updates elements [0, n) of flat spans in one pass: parameter P (float, double, Half,
-// BFloat16), gradient P, state S = acc_t<P>. Every scalar arrives already rounded to S, as torch
-// rounds its Python-double hyperparameters to the tensor's dtype, and each formula keeps torch's
-// order of operations (mul_ then add_, addcmul_, addcdiv_), so float32 results agree with torch to
-// rounding. Option switches are template parameters, so the loop body has no branches and the
-// compiler vectorizes it for float and double (`omp simd`: element-wise, no reassociation, so
-// vector and scalar code give the same bits).
-#pragma once
-
+// Each update covers elements [0, n) of flat spans: parameter P (float, double, Half, BFloat16),
+// gradient P, state S = acc_t<P>. Every scalar arrives already rounded to S, as torch rounds its
+// Python-double hyperparameters to the tensor's dtype, and each formula keeps torch's order of
+// operations (mul_ then add_, addcmul_, addcdiv_), so float32 results agree with torch to rounding
+// (this file is built with -ffp-contract=off: no fused multiply-adds in any ISA build). Option
+// switches are template parameters, so the loop body has no branches and the compiler vectorizes it
+// for float and double (`omp simd`: element-wise, no reassociation, so vector and scalar code give
+// the same bits).
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -18,10 +18,13 @@
 #include <immintrin.h>
 #endif
 
+#include "booster/backends/cpu/isa.h"
 #include "booster/backends/cpu/loops.h"
+#include "booster/kernels/fused.h"
 #include "booster/tensor/half.h"
 
-namespace booster::optim::detail {
+namespace booster::cpu {
+namespace {
 
 // Runs f.template operator()<B0, B1, B2>() with the runtime flags as compile-time constants.
 template <class F>
@@ -167,4 +170,52 @@ void adam_update(P* __restrict p, const P* __restrict g, S* __restrict m, S* __r
   }
 }
 
-}  // namespace booster::optim::detail
+void cpu_adam(const kernels::AdamStep& s, Tensor& param, const Tensor& grad, Tensor& exp_avg, Tensor& exp_avg_sq,
+              Tensor& max_exp_avg_sq) {
+  BOOSTER_DISPATCH_FLOATING(param.dtype(), "Adam.step", [&] {
+    using P = scalar_t;
+    using S = acc_t<P>;
+    const AdamCoeffs<S> c{S(s.beta1), S(s.beta2),         S(s.one_minus_beta1),         S(s.one_minus_beta2),
+                          S(s.weight_decay), S(s.decay), S(s.neg_step_size), S(s.bias_correction2_sqrt),
+                          S(s.eps)};
+    P* p = param.data<P>();
+    const P* g = grad.data<P>();
+    S* m = exp_avg.data<S>();
+    S* v = exp_avg_sq.data<S>();
+    S* vmax = s.amsgrad ? max_exp_avg_sq.data<S>() : nullptr;
+    with_flags(s.decoupled, s.weight_decay != 0.0, s.amsgrad, [&]<bool kDecoupled, bool kWD, bool kAms>() {
+      parallel_for(param.numel(), kOptimizerCostPerElement, [&](int64_t lo, int64_t hi) {
+        in_compute_precision(p + lo, g + lo, hi - lo, [&](auto* pc, const auto* gc, int64_t at, int64_t len) {
+          const int64_t o = lo + at;
+          adam_update<kDecoupled, kWD, kAms>(pc, gc, m + o, v + o, vmax ? vmax + o : nullptr, len, c);
+        });
+      });
+    });
+  });
+}
+
+void cpu_sgd(const kernels::SGDStep& s, Tensor& param, const Tensor& grad, Tensor& momentum_buffer) {
+  BOOSTER_DISPATCH_FLOATING(param.dtype(), "SGD.step", [&] {
+    using P = scalar_t;
+    using S = acc_t<P>;
+    const SGDCoeffs<S> c{S(s.neg_lr), S(s.weight_decay), S(s.momentum), S(s.one_minus_dampening)};
+    P* p = param.data<P>();
+    const P* g = grad.data<P>();
+    S* b = s.momentum != 0.0 ? momentum_buffer.data<S>() : nullptr;
+    with_flags(s.weight_decay != 0.0, s.momentum != 0.0, s.nesterov, [&]<bool kWD, bool kMom, bool kNest>() {
+      parallel_for(param.numel(), kOptimizerCostPerElement, [&](int64_t lo, int64_t hi) {
+        in_compute_precision(p + lo, g + lo, hi - lo, [&](auto* pc, const auto* gc, int64_t at, int64_t len) {
+          sgd_update<kWD, kMom, kNest>(pc, gc, b ? b + lo + at : nullptr, len, c, s.first);
+        });
+      });
+    });
+  });
+}
+
+}  // namespace
+}  // namespace booster::cpu
+
+namespace booster::kernels {
+BOOSTER_REGISTER_CPU_KERNEL(adam_kernel, &cpu::cpu_adam);
+BOOSTER_REGISTER_CPU_KERNEL(sgd_kernel, &cpu::cpu_sgd);
+}  // namespace booster::kernels
