@@ -2,7 +2,7 @@
 
 #include <unordered_map>
 
-#include "booster/autograd/autograd.h"
+#include "booster/tensor/grad_mode.h"
 
 namespace booster::autocast {
 

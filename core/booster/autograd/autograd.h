@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "booster/tensor/grad_mode.h"  // NoGradGuard, grad_mode_enabled
 #include "booster/tensor/tensor.h"
 
 namespace booster::autograd {
@@ -47,21 +48,6 @@ class AccumulateGrad final : public Node {
   std::weak_ptr<TensorImpl> leaf_;
 };
 
-// Is gradient recording on for this thread? (off inside NoGradGuard and during backward)
-bool grad_mode_enabled();
-void set_grad_mode(bool enabled);
-
-class NoGradGuard {
- public:
-  NoGradGuard() : prev_(grad_mode_enabled()) { set_grad_mode(false); }
-  ~NoGradGuard() { set_grad_mode(prev_); }
-  NoGradGuard(const NoGradGuard&) = delete;
-  NoGradGuard& operator=(const NoGradGuard&) = delete;
-
- private:
-  bool prev_;
-};
-
 // True when grad mode is on and any input requires a gradient.
 bool needs_grad(std::initializer_list<const Tensor*> inputs);
 bool needs_grad(const std::vector<Tensor>& inputs);
@@ -82,7 +68,3 @@ void backward(const Tensor& root, const Tensor& grad, bool retain_graph);
 Tensor sum_to(const Tensor& grad, const Shape& shape);
 
 }  // namespace booster::autograd
-
-namespace booster {
-using autograd::NoGradGuard;
-}

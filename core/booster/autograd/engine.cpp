@@ -19,8 +19,6 @@ uint64_t Node::next_sequence() {
 
 namespace {
 
-thread_local bool t_grad_mode = true;
-
 class LambdaNode final : public Node {
  public:
   LambdaNode(const char* name, BackwardFn fn) : name_(name), fn_(std::move(fn)) {}
@@ -41,18 +39,15 @@ class LambdaNode final : public Node {
 
 }  // namespace
 
-bool grad_mode_enabled() { return t_grad_mode; }
-void set_grad_mode(bool enabled) { t_grad_mode = enabled; }
-
 bool needs_grad(std::initializer_list<const Tensor*> inputs) {
-  if (!t_grad_mode) return false;
+  if (!grad_mode_enabled()) return false;
   for (const Tensor* t : inputs)
     if (t->defined() && t->requires_grad()) return true;
   return false;
 }
 
 bool needs_grad(const std::vector<Tensor>& inputs) {
-  if (!t_grad_mode) return false;
+  if (!grad_mode_enabled()) return false;
   for (const Tensor& t : inputs)
     if (t.defined() && t.requires_grad()) return true;
   return false;
