@@ -271,7 +271,7 @@ fs::path save_checkpoint(const fs::path& root, const TrainingState& state, const
 // warning line: nothing then stops a second run on the same root, and the user must not start one.
 // The lock file holds `hostname:pid` of its holder, only to name it in the refusal (a root on a shared
 // file system may be held from another node). BOOSTER_TEST_FLOCK_ERRNO=<errno> makes flock() fail with
-// that errno, as on such a file system (tests/test_checkpoint.cpp, tests/test_cli_resume.cpp).
+// that errno, as on such a file system (tests/checkpoint/test_checkpoint.cpp, tests/cli/test_cli_resume.cpp).
 RootLock::RootLock(const fs::path& root) {
   std::error_code ec;
   fs::create_directories(root, ec);

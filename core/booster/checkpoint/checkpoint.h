@@ -63,7 +63,7 @@
 // removal that stops half way must not leave a half checkpoint under a committed name.
 // BOOSTER_TEST_CLEANUP_FAILS=1 makes every such removal fail with ENOTEMPTY.
 //
-// Test hooks (tests/test_checkpoint.cpp, tests/test_cli_resume.cpp): with BOOSTER_TEST_CRASH_AT set to
+// Test hooks (tests/checkpoint/test_checkpoint.cpp, tests/cli/test_cli_resume.cpp): with BOOSTER_TEST_CRASH_AT set to
 // one of the points below, the saving process calls std::abort(), as a crash would, at that point:
 //   before_commit         everything is written and synced into `step-N.tmp/`, nothing is committed
 //   between_renames       (portable replace only) the old `step-N/` is `step-N.replaced/`, the new one

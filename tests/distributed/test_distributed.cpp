@@ -39,7 +39,7 @@ TEST_CASE("distributed: init_process_group names the backends it knows", "[distr
     REQUIRE_THROWS_WITH(init_process_group("gloo"), Catch::Contains("\"mpi\"") &&
                                                         Catch::Contains("\"local\""));
     // Without a GPU (or NCCL in the build) the nccl backend is a configuration error that says why;
-    // tests/test_cuda_nccl.cpp runs it where a GPU is present.
+    // tests/cuda/test_cuda_nccl.cpp runs it where a GPU is present.
     if (!cuda::is_available()) REQUIRE_THROWS_AS(init_process_group("nccl"), ConfigError);
     REQUIRE_FALSE(is_initialized());
   }
@@ -161,7 +161,7 @@ TEST_CASE("distributed: a group's device, and the group for a model's device (No
 
   if (!cuda::is_available() || !nccl_built()) {
     // A CUDA model with no usable NCCL (no GPU here, or none in the build) is a configuration error
-    // that says what is missing; test_cuda_plugins.cpp checks the plugins' side where a GPU is present.
+    // that says what is missing; tests/cuda/test_cuda_plugins.cpp checks the plugins' side where a GPU is present.
     CHECK_THROWS_AS(process_group_for(Device::cuda()), ConfigError);
     CHECK_THROWS_WITH(process_group_for(Device::cuda()),
                       Catch::Contains("cuda:0") && Catch::Contains("nccl") &&

@@ -191,7 +191,7 @@ TEST_CASE("cuda plugins: a CUDA model in a build without NCCL is a ConfigError n
 
 // At world size 1 ddp's average is an identity, so ddp must train as single does, step for step. Bounds:
 // fp32 1e-6 of the largest parameter (a bucket or an ordering bug is far larger); 16-bit 2 steps x lr
-// per element (Note [ddp against one process: tolerances] in test_mpi_ddp.cpp: anything further is not
+// per element (Note [ddp against one process: tolerances] in tests/mpi/test_mpi_ddp.cpp: anything further is not
 // rounding) and an rms drift under 10% of the distance trained (a gradient that is dropped or counted
 // twice moves the result by a large part of it), with no skipped step.
 TEST_CASE("cuda plugins: ddp on one GPU trains like the single plugin on it (fp32, fp16, bf16, fp16_naive)",
@@ -230,7 +230,7 @@ TEST_CASE("cuda plugins: ddp on one GPU trains like the single plugin on it (fp3
 
 // low_level_zero at world size 1 holds the whole shard, so it must step as the unsharded strategy it
 // mirrors: fp32 as single fp32; fp16 as fp16_naive (float32 masters, the same dynamic scaler); bf16 as
-// pure bf16 with masters. Bounds: as test_mpi_zero.cpp's for 16 bits (2 x steps x 6 roundings x lr per
+// pure bf16 with masters. Bounds: as tests/mpi/test_mpi_zero.cpp's for 16 bits (2 x steps x 6 roundings x lr per
 // element) and an rms drift under 10% of the distance trained, as for ddp above; fp32 within 1e-5 of
 // the largest parameter.
 TEST_CASE("cuda plugins: low_level_zero stages 1 and 2 on one GPU match the single plugin on it",

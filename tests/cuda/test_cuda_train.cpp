@@ -190,7 +190,7 @@ TEST_CASE("the GPT trains on CUDA as on the CPU under every mixed-precision stra
   auto make = [config] { return nn::ModulePtr(std::make_shared<nn::GPT>(config, 0)); };
   const int64_t vocab = config.vocab_size;
   auto crit = [vocab](const Tensor& logits, const Tensor& t) { return cross_entropy(logits.reshape({-1, vocab}), t); };
-  // 27 forward roundings and twice as many backward (Note [16-bit GPT tolerance] in test_nn.cpp).
+  // 27 forward roundings and twice as many backward (Note [16-bit GPT tolerance] in tests/nn/test_nn.cpp).
   compare("gpt", make, idx, target, crit, 6, 81);
 }
 
