@@ -10,7 +10,7 @@
 
 #include <boost/program_options.hpp>
 
-#include "booster/common/build_info.h"
+#include "booster/booster/build_info.h"
 #include "booster/common/error.h"
 #include "booster/config/config.h"
 #include "booster/config/memory_estimate.h"

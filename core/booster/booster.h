@@ -7,7 +7,7 @@
 // Tensors, ops, autograd, autocast.
 #include "booster/autocast/autocast.h"
 #include "booster/autograd/autograd.h"
-#include "booster/common/build_info.h"
+#include "booster/booster/build_info.h"
 #include "booster/common/error.h"
 #include "booster/common/error_context.h"
 #include "booster/ops/ops.h"

@@ -5,7 +5,7 @@
 #include <catch2/catch.hpp>
 
 #include "booster/backends/cuda/cuda.h"
-#include "booster/common/build_info.h"
+#include "booster/booster/build_info.h"
 #include "booster/distributed/nccl_process_group.h"
 #include "booster/ops/ops.h"
 #include "skip.h"

@@ -15,7 +15,7 @@
 
 #include "booster/autograd/autograd.h"
 #include "booster/backends/cuda/cuda.h"
-#include "booster/common/build_info.h"
+#include "booster/booster/build_info.h"
 #include "booster/ops/ops.h"
 #include "booster/optim/optimizer.h"
 #include "booster/tensor/random.h"

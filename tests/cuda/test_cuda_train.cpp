@@ -19,7 +19,7 @@
 #include "booster/booster/booster.h"
 #include "booster/data/data.h"
 #include "booster/trainer/trainer.h"
-#include "booster/common/build_info.h"
+#include "booster/booster/build_info.h"
 #include "booster/mixed_precision/mixed_precision.h"
 #include "booster/nn/nn.h"
 #include "booster/ops/ops.h"

@@ -1,5 +1,6 @@
 // What this build of the library contains and what it finds on this machine, for `booster --version`
-// and for tests that print why they were skipped.
+// and for tests that print why they were skipped. It asks every backend (CUDA, NCCL, MPI, the CPU
+// kernels), so it sits at the top, beside the Booster.
 //
 //   {"cuda": {"compiled": true, "device_count": 1, "devices": ["NVIDIA H100 80GB HBM3"], "reason": ""},
 //    "nccl": true, "mpi": true}

@@ -1,4 +1,4 @@
-#include "booster/common/build_info.h"
+#include "booster/booster/build_info.h"
 
 #include "booster/backends/cuda/cuda.h"
 #include "booster/common/cpu_features.h"
