@@ -37,6 +37,7 @@ struct DTypeName {
 constexpr DTypeName kDTypeNames[] = {
     {DType::Float64, "F64"}, {DType::Float32, "F32"}, {DType::Float16, "F16"}, {DType::BFloat16, "BF16"},
     {DType::Int64, "I64"},   {DType::Int32, "I32"},   {DType::Bool, "BOOL"},
+    {DType::Float8E4M3FN, "F8_E4M3"}, {DType::Float8E5M2, "F8_E5M2"},
 };
 
 // Every dtype name the format has that read_safetensors_raw passes through, with its item size.
@@ -47,6 +48,7 @@ struct RawDTypeName {
 constexpr RawDTypeName kRawDTypeNames[] = {
     {"F64", 8}, {"F32", 4}, {"F16", 2}, {"BF16", 2}, {"I64", 8}, {"I32", 4},
     {"I16", 2}, {"I8", 1},  {"U8", 1},  {"U16", 2},  {"U32", 4}, {"U64", 8}, {"BOOL", 1},
+    {"F8_E4M3", 1}, {"F8_E5M2", 1},
 };
 
 std::string supported_dtype_names() {

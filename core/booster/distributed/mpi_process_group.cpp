@@ -189,7 +189,9 @@ MPI_Datatype mpi_type(DType dtype) {
     case DType::Int32: return MPI_INT32_T;
     case DType::Float16:
     case DType::BFloat16: return MPI_UINT16_T;  // moved as bits; reduced by our own ops
-    case DType::Bool: return MPI_UINT8_T;
+    case DType::Bool:
+    case DType::Float8E4M3FN:
+    case DType::Float8E5M2: return MPI_UINT8_T;  // moved as bytes; reductions refused (mpi_op)
   }
   return MPI_DATATYPE_NULL;
 }

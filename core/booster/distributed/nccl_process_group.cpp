@@ -68,7 +68,9 @@ ncclDataType_t nccl_type(DType t) {
     case DType::BFloat16: return ncclBfloat16;
     case DType::Int64: return ncclInt64;
     case DType::Int32: return ncclInt32;
-    case DType::Bool: return ncclUint8;
+    case DType::Bool:
+    case DType::Float8E4M3FN:
+    case DType::Float8E5M2: return ncclUint8;  // moved as bytes; reductions refused
   }
   return ncclFloat32;
 }

@@ -56,6 +56,8 @@ bool overlaps(const BufferSpan& a, const BufferSpan& b) {
 void check_reducible(DType dtype, ReduceOp op, const char* name) {
   BOOSTER_CHECK(dtype != DType::Bool, DTypeError, name,
                 ": cannot reduce bool buffers; use an integer or floating dtype");
+  BOOSTER_CHECK(!is_float8(dtype), DTypeError, name, ": cannot reduce ", dtype,
+                " buffers (float8 holds data only); reduce in bfloat16 or float32 and convert after");
   BOOSTER_CHECK(op != ReduceOp::Avg || is_floating(dtype), DTypeError, name,
                 ": ReduceOp avg needs a floating dtype (an integer average would truncate), got ",
                 dtype, "; use sum and divide");

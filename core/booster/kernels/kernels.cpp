@@ -1,5 +1,6 @@
 // The one definition of every kernel family's dispatch stub; backends register into them.
 #include "booster/kernels/elementwise.h"
+#include "booster/kernels/float8.h"
 #include "booster/kernels/gemm.h"
 
 namespace booster::kernels {
@@ -12,5 +13,7 @@ BOOSTER_DEFINE_KERNEL(unary_backward_kernel);
 BOOSTER_DEFINE_KERNEL(where_kernel);
 BOOSTER_DEFINE_KERNEL(reduce_kernel);
 BOOSTER_DEFINE_KERNEL(gemm_kernel);
+BOOSTER_DEFINE_KERNEL(float8_quantize_kernel);
+BOOSTER_DEFINE_KERNEL(float8_dequantize_kernel);
 
 }  // namespace booster::kernels

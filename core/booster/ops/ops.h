@@ -91,6 +91,14 @@ Tensor operator*(double s, const Tensor& a);
 Tensor operator/(const Tensor& a, double s);
 Tensor operator/(double s, const Tensor& a);
 
+// ---------------------------------------------------------------- float8 (Note [Float8 formats])
+// x * scale rounded to `dtype` (DType::Float8E4M3FN or Float8E5M2); with `saturate`, values beyond
+// the format's largest finite value (infinities too) become that value instead of NaN/infinity.
+// x is float32, float16 or bfloat16; no gradient (a cast for storage and GEMM inputs).
+Tensor to_float8(const Tensor& x, DType dtype, float scale = 1.0f, bool saturate = false);
+// float(q) * scale_inv as `out_dtype` (float32, float16 or bfloat16).
+Tensor from_float8(const Tensor& q, float scale_inv = 1.0f, DType out_dtype = DType::Float32);
+
 // ---------------------------------------------------------------- reductions
 // Empty dims means all. Sums of float16/bfloat16 accumulate in float32 and return the input dtype.
 Tensor sum(const Tensor& a, const std::vector<int64_t>& dims = {}, bool keepdim = false);

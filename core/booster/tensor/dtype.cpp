@@ -15,12 +15,26 @@ DType dtype_from_string(const std::string& raw) {
   if (s == "int64" || s == "long") return DType::Int64;
   if (s == "int32" || s == "int") return DType::Int32;
   if (s == "bool") return DType::Bool;
+  if (s == "float8_e4m3fn" || s == "e4m3fn" || s == "e4m3" || s == "fp8_e4m3") return DType::Float8E4M3FN;
+  if (s == "float8_e5m2" || s == "e5m2" || s == "fp8_e5m2") return DType::Float8E5M2;
   BOOSTER_FAIL(DTypeError, "unknown dtype '", raw,
-               "'; expected one of float64, float32, float16, bfloat16, int64, int32, bool");
+               "'; expected one of float64, float32, float16, bfloat16, int64, int32, bool, float8_e4m3fn, "
+               "float8_e5m2");
 }
+
+namespace detail {
+void fail_dtype(const char* op, DType t) {
+  if (is_float8(t))
+    BOOSTER_FAIL(DTypeError, op, ": not supported for ", t,
+                 " (float8 tensors hold data only: convert with .to(DType::Float32) or to bfloat16 first)");
+  BOOSTER_FAIL(DTypeError, op, ": not supported for ", t);
+}
+}  // namespace detail
 
 DType promote_types(DType a, DType b) {
   if (a == b) return a;
+  BOOSTER_CHECK(!is_float8(a) && !is_float8(b), DTypeError, "no type promotion between ", a, " and ", b,
+                ": convert the float8 tensor with .to() first");
   auto rank = [](DType t) {
     switch (t) {
       case DType::Bool: return 0;
@@ -30,6 +44,8 @@ DType promote_types(DType a, DType b) {
       case DType::BFloat16: return 3;
       case DType::Float32: return 4;
       case DType::Float64: return 5;
+      case DType::Float8E4M3FN:
+      case DType::Float8E5M2: return -1;  // refused above
     }
     return 0;
   };

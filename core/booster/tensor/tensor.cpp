@@ -489,7 +489,7 @@ double Tensor::item() const {
   BOOSTER_CHECK(numel() == 1, ShapeError, "item: expected a tensor with one element, got shape ", shape(),
                 " (", numel(), " elements)");
   Tensor h = device().is_cpu() ? *this : to(Device::cpu());
-  return BOOSTER_DISPATCH_ALL(h.dtype(), "item", [&] { return double(*static_cast<const scalar_t*>(h.data_ptr())); });
+  return BOOSTER_DISPATCH_STORAGE(h.dtype(), "item", [&] { return double(*static_cast<const scalar_t*>(h.data_ptr())); });
 }
 
 std::vector<double> Tensor::tolist() const { return to_vector<double>(); }

@@ -1,4 +1,4 @@
-// CPU copy (with dtype conversion) and fill.
+// CPU copy (with dtype conversion, float8 included) and fill.
 #include <cstring>
 
 #include "booster/backends/cpu/loops.h"
@@ -45,17 +45,17 @@ void copy_to_bool(const Tensor& src, Tensor& dst) {
 }
 
 void cpu_copy(const Tensor& src, Tensor& dst) {
-  BOOSTER_DISPATCH_ALL(src.dtype(), "copy", [&] {
+  BOOSTER_DISPATCH_STORAGE(src.dtype(), "copy", [&] {
     using S = scalar_t;
     if (dst.dtype() == DType::Bool) return copy_to_bool<S>(src, dst);
-    BOOSTER_DISPATCH_ALL(dst.dtype(), "copy", [&] {
+    BOOSTER_DISPATCH_STORAGE(dst.dtype(), "copy", [&] {
       if constexpr (!std::is_same_v<scalar_t, bool>) copy_typed<S, scalar_t>(src, dst);
     });
   });
 }
 
 void cpu_fill(Tensor& dst, double value) {
-  BOOSTER_DISPATCH_ALL(dst.dtype(), "fill", [&] {
+  BOOSTER_DISPATCH_STORAGE(dst.dtype(), "fill", [&] {
     const scalar_t v = static_cast<scalar_t>(static_cast<acc_t<scalar_t>>(value));
     scalar_t* d = static_cast<scalar_t*>(dst.data_ptr());
     strided_loop<1>(dst.shape(), {&dst.strides()}, [&](int64_t n, const int64_t* off, const int64_t* st) {
