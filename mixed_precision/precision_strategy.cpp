@@ -50,6 +50,7 @@ Configured PrecisionStrategy::configure(nn::ModulePtr model, std::shared_ptr<opt
   mo.input_dtype = r.model_dtype.value_or(DType::Float32);
   mo.autocast = r.autocast_dtype.has_value();
   mo.autocast_dtype = r.autocast_dtype.value_or(DType::Float16);
+  mo.linear_override = r.linear_override;
   c.model = std::make_shared<PrecisionModule>(model, mo);
   if (r.autocast_dtype) c.criterion = autocast_criterion(std::move(c.criterion), *r.autocast_dtype);
   return c;

@@ -488,6 +488,22 @@ TEST_CASE("compat: apex-style with tensor parallel, and anything but naive with 
   CHECK(compat::check("fp32", pp, "cpu").compatible);
 }
 
+TEST_CASE("compat: fp8 runs single and data parallel; with ZeRO, tp or pp it says what to use", "[booster][compat]") {
+  CHECK(compat::check("fp8", compat::PluginTraits::of(SingleProcessPlugin()), "cpu").compatible);
+  CHECK(compat::check("fp8", {"ddp", {"cpu", "cuda"}, {"*"}, false, {2, 1, 1}}, "cpu").compatible);
+  const compat::Verdict zero = compat::check("fp8", zero_like(), "cpu");
+  CHECK_FALSE(zero.compatible);
+  CHECK_THAT(zero.message("fp8", "low_level_zero", "cpu"),
+             Catch::Contains("manages precision itself") && Catch::Contains("\"precision\": \"bf16\""));
+  const compat::Verdict tp = compat::check("fp8", any_plugin({1, 2, 1}), "cpu");
+  CHECK_FALSE(tp.compatible);
+  CHECK_THAT(tp.reason, Catch::Contains("amax of every shard"));
+  CHECK(tp.instead == "use bf16");
+  const compat::Verdict pp = compat::check("fp8", any_plugin({1, 1, 2}), "cpu");
+  CHECK_FALSE(pp.compatible);
+  CHECK_THAT(pp.instead, Catch::Contains("fp16_naive"));
+}
+
 TEST_CASE("compat: the matrix table has a row per strategy, a column per plugin plus tp and pp", "[booster][compat]") {
   const compat::Matrix m = compat::build_matrix({"fp32", "fp16", "fp16_apex"}, {compat::PluginTraits::of(SingleProcessPlugin()), zero_like()});
   REQUIRE(m.columns == std::vector<std::string>{"single", "low_level_zero", "tensor parallel", "pipeline parallel"});

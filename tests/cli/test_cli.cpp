@@ -544,6 +544,25 @@ TEST_CASE("the default Fashion-MNIST config reaches 85% test accuracy", "[cli][e
   WARN("Fashion-MNIST: test accuracy " << summary["test_accuracy"] << " in " << summary["seconds"] << " s");
 }
 
+TEST_CASE("fp8 trains the Fashion-MNIST MLP to within 1 point of float32 in one epoch", "[cli][e2e][fp8]") {
+  if (!have_fashion_mnist()) {
+    skip_test(kNoFashionMnist);
+    return;
+  }
+  double accuracy[2];
+  for (int i = 0; i < 2; ++i) {
+    const char* precision = i == 0 ? "fp32" : "fp8";
+    RunResult r = run_booster("train --config " + source_path("examples/configs/fashion_mnist_mlp.json") +
+                              " --set train.epochs=1 --set train.run_dir=null --mixed-precision " + precision);
+    INFO(precision << ": " << r.err);
+    REQUIRE(r.exit_code == 0);
+    accuracy[i] = summary_line(r.out)["test_accuracy"].get<double>();
+  }
+  INFO("fp32 " << accuracy[0] << ", fp8 " << accuracy[1]);
+  CHECK(accuracy[0] > 0.8);
+  CHECK(std::abs(accuracy[1] - accuracy[0]) <= 0.01);
+}
+
 // The full CNN config (2 epochs) reaches 91.2% (bench/README.md); CI trains its first 150 steps, which
 // already put it well past the MLP's one-epoch accuracy, under float32 and bf16 autocast.
 TEST_CASE("the CNN config trains Fashion-MNIST past 80% in 150 steps, fp32 and bf16", "[cli][e2e][conv]") {

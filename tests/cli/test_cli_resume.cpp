@@ -160,6 +160,9 @@ TEST_CASE("resuming from step 5 gives the same bytes at step 12 for every strate
   check_resume_is_exact("apex_O1", mlp_config({{"name", "fp16_apex"}, {"opt_level", "O1"}}));
   check_resume_is_exact("apex_O2", mlp_config({{"name", "fp16_apex"}, {"opt_level", "O2"}}));
   check_resume_is_exact("apex_O3", mlp_config({{"name", "fp16_apex"}, {"opt_level", "O3"}}));
+  // A short amax history, so that the scales at step 12 depend on what the checkpoint carried.
+  check_resume_is_exact("fp8_delayed", mlp_config({{"name", "fp8"}, {"amax_history_len", 3}, {"lm_head", true}}));
+  check_resume_is_exact("fp8_current", mlp_config({{"name", "fp8"}, {"scaling", "current"}}));
 }
 
 TEST_CASE("resuming at an epoch's last step repeats no evaluation and drops no metrics record", "[cli][checkpoint]") {
@@ -559,6 +562,8 @@ TEST_CASE("resuming ddp and low_level_zero on 2 ranks gives the same bytes", "[c
            {"ddp_fp32", "fp32", "ddp"},
            {"ddp_fp16", "fp16", "ddp"},
            {"ddp_apex_O2", {{"name", "fp16_apex"}, {"opt_level", "O2"}}, "ddp"},
+           // Every rank keeps the scales of the largest amax any rank saw (Note [Agreeing on amax]).
+           {"ddp_fp8", {{"name", "fp8"}, {"amax_history_len", 2}}, "ddp"},
            {"zero1_fp16", "fp32", {{"name", "low_level_zero"}, {"stage", 1}, {"precision", "fp16"}}},
            {"zero2_bf16", "fp32", {{"name", "low_level_zero"}, {"stage", 2}, {"precision", "bf16"}}}}) {
     const std::string plugin_name = plugin.is_string() ? plugin.get<std::string>() : plugin.at("name").get<std::string>();

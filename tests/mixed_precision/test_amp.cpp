@@ -562,6 +562,7 @@ const std::vector<StrategyCase>& all_strategies() {
       {"bf16", json::object()},       {"bf16", {{"pure", true}}},      {"fp16_naive", json::object()},
       {"fp16_apex", {{"opt_level", "O0"}}}, {"fp16_apex", {{"opt_level", "O1"}}},
       {"fp16_apex", {{"opt_level", "O2"}}}, {"fp16_apex", {{"opt_level", "O3"}}},
+      {"fp8", {{"lm_head", true}, {"amax_history_len", 4}}},
   };
   return cases;
 }

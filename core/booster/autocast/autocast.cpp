@@ -66,14 +66,17 @@ PolicyTable default_policy_table() {
 }
 
 const State& state() { return t_state.state; }
+LinearOverride* linear_override() { return t_state.state.enabled ? t_state.state.linear_override.get() : nullptr; }
 bool is_enabled() { return t_state.state.enabled; }
 DType autocast_dtype() { return t_state.state.dtype; }
 
-AutocastGuard::AutocastGuard(bool enabled, DType dtype, std::shared_ptr<const PolicyTable> table)
+AutocastGuard::AutocastGuard(bool enabled, DType dtype, std::shared_ptr<const PolicyTable> table,
+                             std::shared_ptr<LinearOverride> linear_override)
     : prev_(t_state.state) {
   BOOSTER_CHECK(!enabled || is_low_precision(dtype), DTypeError,
                 "autocast: dtype must be float16 or bfloat16, got ", dtype);
-  t_state.state = State{enabled, dtype, table ? std::move(table) : default_table()};
+  t_state.state = State{enabled, dtype, table ? std::move(table) : default_table(),
+                        enabled ? std::move(linear_override) : nullptr};
   if (enabled) ++t_state.depth;
 }
 

@@ -38,6 +38,16 @@ const char* op_name(Op op);
 
 using PolicyTable = std::array<CastPolicy, size_t(Op::Count)>;
 
+// A strategy's own computation of chosen linear layers (fp8 GEMMs), consulted by linear() at entry
+// while autocast is on, before the cast policy. It receives the inputs as the caller passed them.
+class LinearOverride {
+ public:
+  virtual ~LinearOverride() = default;
+  // The output of linear(x, weight, bias) computed the strategy's way, or an undefined Tensor for the
+  // usual path (a layer the strategy did not choose).
+  virtual Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) = 0;
+};
+
 // PyTorch's lists for CUDA autocast: Lower for GEMMs, Float32 for the numerically sensitive ops,
 // Promote for the multi-input elementwise ops.
 PolicyTable default_policy_table();
@@ -46,6 +56,7 @@ struct State {
   bool enabled = false;
   DType dtype = DType::Float16;
   std::shared_ptr<const PolicyTable> table;  // null: default table
+  std::shared_ptr<LinearOverride> linear_override;  // null: none
 };
 
 const State& state();
@@ -57,7 +68,8 @@ DType autocast_dtype();
 class AutocastGuard {
  public:
   explicit AutocastGuard(bool enabled, DType dtype = DType::Float16,
-                         std::shared_ptr<const PolicyTable> table = nullptr);
+                         std::shared_ptr<const PolicyTable> table = nullptr,
+                         std::shared_ptr<LinearOverride> linear_override = nullptr);
   ~AutocastGuard();
   AutocastGuard(const AutocastGuard&) = delete;
   AutocastGuard& operator=(const AutocastGuard&) = delete;
@@ -70,6 +82,9 @@ class AutocastGuard {
 // alone). Called by ops at entry; a no-op when autocast is off.
 void apply(Op op, std::initializer_list<Tensor*> inputs);
 void apply(Op op, std::vector<Tensor>& inputs);
+
+// The linear override of the innermost enabled guard, or null.
+LinearOverride* linear_override();
 
 // Number of cast-cache hits and entries since the outermost guard opened (tests).
 size_t cache_size();

@@ -34,6 +34,9 @@ PrecisionTraits precision_traits(const std::string& name) {
       {"bf16", {"bf16", true, true, false}},
       {"fp16_naive", {"fp16_naive", true, true, true}},
       {"fp16_apex", {"fp16_apex", true, false, false}},
+      // Per-tensor scales of sharded layers or of a pipeline's stages would need their amax agreed
+      // across the shards and stages, which nothing does yet.
+      {"fp8", {"fp8", true, false, false}},
   };
   auto it = kBuiltIn.find(name);
   if (it != kBuiltIn.end()) return it->second;
@@ -61,12 +64,16 @@ Verdict check(const std::string& precision, const PluginTraits& plugin, const st
     return reject(precision + " is not compatible with " + plugin.name + ": " + plugin.name +
                       " manages precision itself (its own float32 master weights and loss scaler)",
                   "set its precision option instead, e.g. \"plugin\": {\"name\": \"" + plugin.name +
-                      "\", \"precision\": \"" + (precision == "bf16" ? "bf16" : "fp16") +
+                      "\", \"precision\": \"" + (precision == "bf16" || precision == "fp8" ? "bf16" : "fp16") +
                       "\"}, and leave mixed_precision at fp32");
   if (!contains(plugin.precisions, "*") && !contains(plugin.precisions, precision) &&
       !(precision == "no" && contains(plugin.precisions, "fp32")))
     return reject(plugin.name + " does not support it (it supports " + join(plugin.precisions) + ")",
                   "use one of those");
+  if (plugin.layout.tensor > 1 && !traits.tensor_parallel && precision == "fp8")
+    return reject("not usable with tensor parallelism: fp8's per-tensor scales would need the amax of every "
+                  "shard of a layer agreed across the tensor-parallel group",
+                  "use bf16");
   if (plugin.layout.tensor > 1 && !traits.tensor_parallel)
     return reject("not usable with tensor parallelism: whole-model casts and master copies assume each rank "
                   "holds whole layers",

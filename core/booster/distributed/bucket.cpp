@@ -359,4 +359,17 @@ std::function<bool(bool)> found_inf_on_any_rank(ProcessGroup& group) {
   };
 }
 
+std::function<void(std::vector<float>&)> max_on_all_ranks(ProcessGroup& group) {
+  return [&group](std::vector<float>& values) {
+    if (group.size() == 1 || values.empty()) return;
+    // MPI's and NCCL's Max may drop NaN; an amax that was NaN on any rank must stay NaN (it keeps the
+    // scale), so NaN travels as +inf, which from_amax treats the same way.
+    for (float& v : values)
+      if (std::isnan(v)) v = INFINITY;
+    Tensor t = from_vector(values, {int64_t(values.size())}).to(group.device());
+    group.all_reduce(t, ReduceOp::Max);
+    values = t.to_vector<float>();
+  };
+}
+
 }  // namespace booster::distributed

@@ -127,5 +127,8 @@ class BOOST_SYMBOL_VISIBLE GradientBucketerOwner {
 // rank of `group` when any rank saw inf/NaN (a one-element all-reduce with Max, on the group's device). Its code lives in the
 // core library, so it stays valid after the plugin that installed it is unloaded.
 std::function<bool(bool)> found_inf_on_any_rank(ProcessGroup& group);
+// A reducer for MixedPrecision::set_amax_reducer (Note [Agreeing on amax]): each value becomes its
+// maximum over the ranks of `group` (one all-reduce with Max; NaN wins as the flag of a bad amax).
+std::function<void(std::vector<float>&)> max_on_all_ranks(ProcessGroup& group);
 
 }  // namespace booster::distributed

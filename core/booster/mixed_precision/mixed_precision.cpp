@@ -125,7 +125,8 @@ Tensor PrecisionModule::forward(const Tensor& x) {
   if (options_.cast_io && is_floating(x.dtype())) input = x.to(options_.input_dtype);
   Tensor out;
   {
-    autocast::AutocastGuard guard(options_.autocast, options_.autocast_dtype, options_.table);
+    autocast::AutocastGuard guard(options_.autocast, options_.autocast_dtype, options_.table,
+                                  options_.linear_override);
     out = inner_->forward(input);
   }
   if (options_.cast_io && is_floating(out.dtype())) out = out.to(DType::Float32);

@@ -113,12 +113,23 @@ class MixedPrecision {
   // for every strategy built on it, so a recipe cannot forget it.
   using FoundInfReducer = std::function<bool(bool local_found_inf)>;
   virtual void set_found_inf_reducer(FoundInfReducer reducer) { found_inf_reducer_ = std::move(reducer); }
+  // Note [Agreeing on amax]
+  // fp8 scaling under data parallelism: the same plugin installs a reducer that replaces each value by
+  // its maximum over the ranks (in place), and the fp8 strategy passes every scale's amax of the step
+  // through it once per step, so all ranks keep one set of scales (Transformer Engine reduces amax over
+  // the data-parallel group the same way) and a checkpoint's scales are every rank's.
+  using AmaxReducer = std::function<void(std::vector<float>& values)>;
+  virtual void set_amax_reducer(AmaxReducer reducer) { amax_reducer_ = std::move(reducer); }
 
  protected:
   bool agree_on_found_inf(bool local_found_inf) const {
     return found_inf_reducer_ ? found_inf_reducer_(local_found_inf) : local_found_inf;
   }
   FoundInfReducer found_inf_reducer_;
+  void agree_on_amax(std::vector<float>& values) const {
+    if (amax_reducer_) amax_reducer_(values);
+  }
+  AmaxReducer amax_reducer_;
 
   // Per-step bookkeeping shared by the strategies: unscaled/clipped already this step?
   StepStats stats_;
@@ -148,6 +159,7 @@ class PrecisionDecorator : public MixedPrecision {
   MixedPrecisionState state_dict() const override { return inner_->state_dict(); }
   void load_state_dict(const MixedPrecisionState& state) override { inner_->load_state_dict(state); }
   void set_found_inf_reducer(FoundInfReducer reducer) override { inner_->set_found_inf_reducer(std::move(reducer)); }
+  void set_amax_reducer(AmaxReducer reducer) override { inner_->set_amax_reducer(std::move(reducer)); }
 
   const std::shared_ptr<MixedPrecision>& inner() const { return inner_; }
 
@@ -212,6 +224,7 @@ class PrecisionModule : public nn::Module {
     bool autocast = false;
     DType autocast_dtype = DType::Float16;
     std::shared_ptr<const autocast::PolicyTable> table;  // null: default table
+    std::shared_ptr<autocast::LinearOverride> linear_override;  // null: none (autocast only)
     bool cast_io = false;
     DType input_dtype = DType::Float32;
   };

@@ -44,6 +44,8 @@ struct PrecisionRecipe {
   std::shared_ptr<LossScaler> scaler;
   // Count the zero elements of the unscaled gradients into StepStats::num_zeros each step.
   bool count_zeros = false;
+  // With autocast_dtype: computes the linear layers it chooses its own way (the fp8 GEMMs).
+  std::shared_ptr<autocast::LinearOverride> linear_override;
 };
 
 class PrecisionStrategy : public MixedPrecision {

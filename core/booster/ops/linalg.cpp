@@ -184,6 +184,10 @@ Tensor bmm(const Tensor& a_in, const Tensor& b_in) {
 
 Tensor linear(const Tensor& x_in, const Tensor& w_in, const Tensor& bias_in) {
   BOOSTER_OP_CONTEXT("linear");
+  if (autocast::LinearOverride* o = autocast::linear_override()) {
+    Tensor y = o->linear(x_in, w_in, bias_in);
+    if (y.defined()) return y;
+  }
   Tensor x = x_in, w = w_in, bias = bias_in;
   autocast::apply(autocast::Op::Linear, {&x, &w, &bias});
   BOOSTER_CHECK(w.dim() == 2, ShapeError, "linear: weight must be 2-D [out_features, in_features], got shape ",

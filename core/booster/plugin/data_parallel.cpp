@@ -49,6 +49,7 @@ distributed::ProcessGroup& DataParallelPlugin::bind_process_group(const nn::Modu
 
 void DataParallelPlugin::install_found_inf_reducer(mixed_precision::MixedPrecision& precision) const {
   precision.set_found_inf_reducer(distributed::found_inf_on_any_rank(group()));
+  precision.set_amax_reducer(distributed::max_on_all_ranks(group()));
 }
 
 void DataParallelPlugin::broadcast_from_rank0(nn::Module& model) const {

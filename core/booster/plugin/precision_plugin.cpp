@@ -54,6 +54,9 @@ class PluginStrategy final : public MixedPrecision {
     call_into(*library_, "step()", [&] { strategy_->step(optimizer); });
     stats_ = strategy_->last_step_stats();  // step_was_skipped() reads this object's stats
   }
+  void set_amax_reducer(AmaxReducer reducer) override {
+    call_into(*library_, "set_amax_reducer()", [&] { strategy_->set_amax_reducer(std::move(reducer)); });
+  }
   void set_found_inf_reducer(FoundInfReducer reducer) override {
     call_into(*library_, "set_found_inf_reducer()", [&] { strategy_->set_found_inf_reducer(std::move(reducer)); });
   }
