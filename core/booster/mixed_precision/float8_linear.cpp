@@ -107,10 +107,10 @@ bool matches_any(const std::vector<std::string>& patterns, const std::string& na
 
 float amax_of(const Tensor& t) { return float(max(abs(t)).item()); }
 
-// The float32 product of two float8 operands, times 1 / (scale_a * scale_b): a [m, k] x b [k, n].
-Tensor scaled_mm(const Tensor& a8, const Tensor& b8, float scale_a, float scale_b) {
-  const Tensor c = matmul(from_float8(a8), from_float8(b8));
-  return c * (1.0 / (double(scale_a) * double(scale_b)));
+// The float32 product of two float8 operands (dequantized with scale 1: exact; transposed as float32
+// views, which the GEMM takes as flags), times 1 / (scale_a * scale_b).
+Tensor scaled_mm(const Tensor& a, const Tensor& b, float scale_a, float scale_b) {
+  return matmul(a, b) * (1.0 / (double(scale_a) * double(scale_b)));
 }
 
 }  // namespace
@@ -157,7 +157,7 @@ Tensor Float8Linears::linear(const Tensor& x, const Tensor& weight, const Tensor
     sw = layer->weight.scale_for(amax_of(weight.detach()));
     x8 = to_float8(x2, DType::Float8E4M3FN, sx, /*saturate=*/true);
     w8 = to_float8(weight.detach(), DType::Float8E4M3FN, sw, /*saturate=*/true);
-    y = scaled_mm(x8, w8.t(), sx, sw);  // [rows, out] float32
+    y = scaled_mm(from_float8(x8), from_float8(w8).t(), sx, sw);  // [rows, out] float32
     if (bias.defined()) y = y + bias.detach().to(DType::Float32);
     Shape s(x.shape().begin(), x.shape().end() - 1);
     s.push_back(out_features);
@@ -171,13 +171,15 @@ Tensor Float8Linears::linear(const Tensor& x, const Tensor& weight, const Tensor
     autograd::record(y, "Float8LinearBackward", inputs,
                      [layer, x8, w8, sx, sw, x_shape = x.shape(), x_dtype, w_dtype, b_dtype, gx, gw, gb, out_features,
                       has_bias = bias.defined()](const Tensor& g) {
+                       const autocast::AutocastGuard no_autocast(false);  // float32 GEMMs, as forward
                        const Tensor g2 = g.reshape({-1, out_features});
                        const float sg = layer->grad_output.scale_for(amax_of(g2));
                        const Tensor g8 = to_float8(g2.dtype() == DType::Float64 ? g2.to(DType::Float32) : g2,
                                                    DType::Float8E5M2, sg, /*saturate=*/true);
                        autograd::grads r(has_bias ? 3 : 2);
-                       if (gx) r[0] = scaled_mm(g8, w8, sg, sw).reshape(x_shape).to(x_dtype);  // dX = dY W
-                       if (gw) r[1] = scaled_mm(g8.t(), x8, sg, sx).to(w_dtype);               // dW = dY^T X
+                       const Tensor g32 = from_float8(g8);
+                       if (gx) r[0] = scaled_mm(g32, from_float8(w8), sg, sw).reshape(x_shape).to(x_dtype);  // dY W
+                       if (gw) r[1] = scaled_mm(g32.t(), from_float8(x8), sg, sx).to(w_dtype);  // dW = dY^T X
                        if (gb) r[2] = sum(g2.to(DType::Float32), {0}).to(b_dtype);            // db = sum dY
                        return r;
                      });

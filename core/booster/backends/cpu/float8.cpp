@@ -8,13 +8,21 @@
 namespace booster::cpu {
 namespace {
 
+// Decoding is a lookup: 256 values per format, built once from the exact conversions.
+struct DecodeTable {
+  float value[256];
+  explicit DecodeTable(float (*decode)(uint8_t)) {
+    for (int b = 0; b < 256; ++b) value[b] = decode(uint8_t(b));
+  }
+};
+
 template <class F>
 void dispatch_float8(DType t, const char* op, F&& f) {
+  static const DecodeTable e4m3(&fp8::e4m3fn_to_float), e5m2(&fp8::e5m2_to_float);
   switch (t) {
-    case DType::Float8E4M3FN: return f([](float v, bool sat) { return fp8::float_to_e4m3fn(v, sat); },
-                                       [](uint8_t b) { return fp8::e4m3fn_to_float(b); });
-    case DType::Float8E5M2: return f([](float v, bool sat) { return fp8::float_to_e5m2(v, sat); },
-                                     [](uint8_t b) { return fp8::e5m2_to_float(b); });
+    case DType::Float8E4M3FN:
+      return f([](float v, bool sat) { return fp8::float_to_e4m3fn(v, sat); }, e4m3.value);
+    case DType::Float8E5M2: return f([](float v, bool sat) { return fp8::float_to_e5m2(v, sat); }, e5m2.value);
     default: BOOSTER_FAIL(DTypeError, op, ": expected float8_e4m3fn or float8_e5m2, got ", t);
   }
 }
@@ -45,7 +53,7 @@ void cpu_float8_dequantize(const Tensor& src, Tensor& dst, float scale_inv) {
         float block[kConvertBlock];
         for (int64_t i0 = b; i0 < e; i0 += kConvertBlock) {
           const int64_t m = std::min(kConvertBlock, e - i0);
-          for (int64_t i = 0; i < m; ++i) block[i] = decode(s[i0 + i]) * scale_inv;
+          for (int64_t i = 0; i < m; ++i) block[i] = decode[s[i0 + i]] * scale_inv;
           store_block(block, d + i0, m);
         }
       });
