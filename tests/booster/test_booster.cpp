@@ -488,7 +488,7 @@ TEST_CASE("compat: apex-style with tensor parallel, and anything but naive with 
   CHECK(compat::check("fp32", pp, "cpu").compatible);
 }
 
-TEST_CASE("compat: fp8 runs single and data parallel; with ZeRO, tp or pp it says what to use", "[booster][compat]") {
+TEST_CASE("compat: fp8 runs single and data parallel, and with ZeRO, tp or pp it says what to use", "[booster][compat]") {
   CHECK(compat::check("fp8", compat::PluginTraits::of(SingleProcessPlugin()), "cpu").compatible);
   CHECK(compat::check("fp8", {"ddp", {"cpu", "cuda"}, {"*"}, false, {2, 1, 1}}, "cpu").compatible);
   const compat::Verdict zero = compat::check("fp8", zero_like(), "cpu");

@@ -115,12 +115,12 @@ void poison_first_grad(const Configured& c, float value) {
 
 TEST_CASE("registry: every strategy is registered, unknown names and options are ConfigErrors", "[amp]") {
   const auto names = registered_strategies();
-  for (const char* n : {"fp32", "no", "fp16", "bf16", "fp16_naive", "fp16_apex"})
+  for (const char* n : {"fp32", "no", "fp16", "bf16", "fp16_naive", "fp16_apex", "fp8"})
     CHECK(std::find(names.begin(), names.end(), n) != names.end());
 
-  REQUIRE_THROWS_AS(create("fp8"), ConfigError);
-  REQUIRE_THROWS_WITH(create("fp8"), Contains("unknown strategy 'fp8'") && Contains("fp16_naive") &&
-                                         Contains("bf16") && Contains("fp32"));
+  REQUIRE_THROWS_AS(create("fp4"), ConfigError);
+  REQUIRE_THROWS_WITH(create("fp4"), Contains("unknown strategy 'fp4'") && Contains("fp16_naive") &&
+                                         Contains("bf16") && Contains("fp8"));
 
   REQUIRE_THROWS_AS(create("fp16", {{"init_scal", 1024}}), ConfigError);
   REQUIRE_THROWS_WITH(create("fp16", {{"init_scal", 1024}}),

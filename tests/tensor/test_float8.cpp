@@ -157,7 +157,7 @@ TEST_CASE("float8: a scale multiplies before the one rounding, and dequantize di
   CHECK(bf == back);  // every float8 value halved is a bfloat16 value
 }
 
-TEST_CASE("float8: tensors save, load, fill and print; arithmetic is refused with the fix") {
+TEST_CASE("float8: tensors save, load, fill and print, and arithmetic is refused with the fix") {
   const Tensor x = from_vector(std::vector<float>{0.5f, -2.0f, 448.0f}, {3});
   const Tensor a = x.to(DType::Float8E4M3FN);
   const Tensor b = x.to(DType::Float8E5M2);

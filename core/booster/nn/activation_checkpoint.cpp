@@ -57,7 +57,7 @@ Tensor checkpoint(Module& module, const Tensor& x) {
                      {
                        GradModeOn grad_on;
                        autocast::AutocastGuard ac(autocast_at_forward.enabled, autocast_at_forward.dtype,
-                                                  autocast_at_forward.table);
+                                                  autocast_at_forward.table, autocast_at_forward.linear_override);
                        recomputed = (*m)(leaf);
                      }
                      for (const SavedRng& r : now) r.gen->set_state(r.state);
