@@ -1,5 +1,5 @@
 // CUDA batch normalisation (kernels/nn.h: batch_norm_kernel, batch_norm_backward_kernel) with the CPU
-// kernel's semantics (backends/cpu/nn.cpp), computing in float32 for 16-bit inputs (float64 for
+// kernel's semantics (backends/cpu/batch_norm.cpp), computing in float32 for 16-bit inputs (float64 for
 // float64) and rounding once to the output dtype.
 //
 // Note [CUDA batch norm]
