@@ -2,7 +2,7 @@
 // model's device (Note [A group per device]: the default group on the CPU, NCCL on CUDA).
 // The plugin controls precision: the model is trained in `precision` (fp16, bf16 or fp32) with float32
 // master weights and optimizer state sharded across ranks (Note [ZeRO partitions] in
-// zero_optimizer.h), and the Booster's own mixed precision must be the identity ("fp32").
+// README.md), and the Booster's own mixed precision must be the identity ("fp32").
 //
 // Options (ColossalAI's names and defaults):
 //   stage            1 | 2                    (1)

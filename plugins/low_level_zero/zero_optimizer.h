@@ -1,67 +1,8 @@
 // ZeroOptimizer: ZeRO stages 1 and 2 over flat buffers. Float32 master weights, their gradients and the
 // optimizer state exist only for this rank's shard of each parameter group's flat buffer.
 //
-// Note [ZeRO partitions]
-// Each parameter group's model parameters (in the working precision: float16, bfloat16 or float32) are
-// bound into one flat buffer padded to a multiple of the world size W, so the buffer of P elements
-// splits into W shards of S = P / W; rank r owns elements [r * S, (r + 1) * S). A shard is an offset
-// and a length (Note [Flat buffers]); it may cut a parameter in two, which nothing needs to know.
-// Per group this rank keeps:
-//   * master: S float32 elements, the inner optimizer's one parameter (for float32 training it is a
-//     view of the model's own flat buffer, so no copy of the weights exists at all);
-//   * master.grad(): S float32 elements, the averaged, unscaled gradient of the shard;
-//   * the inner optimizer's state (exp_avg, ...): S elements each; the inner optimizer is the user's
-//     type with the user's options (rebuild_optimizer), so its update rule is the one of the
-//     unsharded optimizer, element for element.
-// One step: backward fills the working-precision gradient buffer (P elements); finish_backward()
-// reduce-scatters it with Avg (dividing the buffer in place before the sum, so a 16-bit average
-// overflows only where the average itself would: Note [Averages divide first] in
-// booster/distributed/process_group.h), so each rank receives only its shard, averaged over ranks, and unscales
-// it into master.grad() while checking it for inf/NaN (one pass, fused_unscale_and_check); step()
-// agrees on found_inf with a Max all-reduce of one float (Note [Agreeing on found_inf]), clips with a
-// norm summed over shards (one all-reduce of a double), steps the shard, rounds it into this rank's
-// slice of the model's flat buffer and all-gathers that buffer in place.
-//
-// Stage 1 vs stage 2. Stage 1 keeps the P-element gradient buffer for the whole run (bound as the
-// base Optimizer's flat buffer, so zero_grad() clears it and backward accumulates into it); with
-// gradient sync off (no_sync) backward only accumulates there and the next synced backward reduces the
-// sum. The reduction consumes the buffer (divided in place), so it is cleared afterwards and a second
-// synced backward before step() adds into the shard, as in stage 2. Stage 2 never keeps a full-size
-// gradient buffer: by default it reduces gradients in buckets while backward runs and frees each as
-// it goes (Note [ZeRO-2 buckets] in zero_optimizer.cpp); with overlap off it allocates the buffer
-// when backward starts and frees it as soon as it has been reduce-scattered. Either way, between
-// steps (through the forward pass, where activations peak) a rank holds gradients for its shard
-// only; a second backward before step() adds into the shard.
-// Stage 2 cannot skip synchronisation: a local sum would need the full buffer kept alive (stage 1).
-// The after-backward reductions are reduce-scatters, not all-reduces (as the sketch had for
-// stage 1): a rank only needs its shard, and a reduce-scatter moves half the bytes.
-//
-// Devices: everything lives on the model's device, which must be the group's (the plugin takes the
-// group of the model's device, Note [A group per device]); on a GPU the collectives are NCCL's and the
-// gradient passes the fused CUDA kernels. A step then reads a few scalars on the host: each unscale's
-// inf flag, the agreed flag, and with clipping the norm.
-//
-// Semantics that differ from an unsharded optimizer: a shard is one parameter of the inner optimizer,
-// so every parameter of a group takes every step (its gradient is zero when it got none), as in
-// DeepSpeed and ColossalAI, where torch would skip a parameter whose .grad is None.
-// Where the gradients are: a synced backward moves the gradients out of the model. After it, the
-// model's param.grad() holds nothing: stage 1's are views of the flat buffer, which the reduction
-// consumed and cleared, so they read zero; stage 2's are undefined. The reduced gradient exists only
-// as this rank's float32 shard (master.grad(), averaged and unscaled). Only a backward with gradient
-// sync off (stage 1, no_sync) leaves its local, unreduced sum in param.grad(). And step() consumes
-// the shard gradient, so gradients never carry over to the next step: a backward after step()
-// without zero_grad() starts from zero, where torch's optimizer would add it to the previous
-// gradients. Accumulating within a step works (several backwards before step(), synced or, in stage
-// 1, with no_sync); zero_grad() matters only to drop a backward that no step consumed. ColossalAI's
-// low-level ZeRO behaves the same way: it moves reduced gradients out of the model's .grad into its
-// own gradient store and resets that store in step().
-//
-// Checkpoints: state_dict() is collective (every rank calls it) and returns the full state, gathered,
-// in the unsharded optimizer's layout ("state.<i>.exp_avg" per model parameter, in its shape), plus
-// "state.<i>.master_weight" for float16/bfloat16 training; the default CheckpointIO then writes it from
-// rank 0 into one file. load_state_dict() needs no communication: every rank reads the full state and
-// keeps its own shard, so a checkpoint loads under any world size (and an unsharded optimizer's
-// state_dict loads too, the masters then coming from the model).
+// How parameters, gradients and optimizer state are partitioned and reduced is Note [ZeRO
+// partitions] in this folder's README.md.
 #pragma once
 
 #include <memory>

@@ -239,7 +239,7 @@ class Booster {
   // scheduler, the dataloader's position and epoch), every random generator (the default one, those of
   // the model's dropouts and the registered ones) and the registered state into `<root>/step-N/`
   // (N = step() unless options.step says otherwise), committed atomically, then points `<root>/latest`
-  // at it and prunes to keep_last (Note [Checkpoint directory layout] in checkpoint.h). The first save
+  // at it and prunes to keep_last (Note [Checkpoint directory layout] in checkpoint/README.md). The first save
   // into a root takes its lock (checkpoint::RootLock) for the Booster's life, so a second program saving
   // into it is refused. Collective: every rank calls; rank 0 writes.
   std::filesystem::path save_state(const std::filesystem::path& root, const SaveStateOptions& options = {});

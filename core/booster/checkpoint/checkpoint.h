@@ -13,66 +13,9 @@
 //   auto resumed = checkpoint::load_checkpoint("runs/a/checkpoints", {.expect_extra = {{"strategy", "fp16_o1"}}});
 //   model->load_state_dict(resumed.model);   // names any key or shape that does not match
 //
-// Note [Checkpoint directory layout]
-//   <root>/latest                      "step-00001200\n", replaced atomically after each commit
-//   <root>/step-00001200/              one committed checkpoint
-//       model.safetensors              or model-0000i-of-0000N.safetensors + model.safetensors.index.json
-//       optimizer.safetensors          the optimizer's state tensors (absent if there is no optimizer)
-//       trainer_state.json             {"format": "booster-checkpoint", "version": 1, "step": ...,
-//                                       "optimizer": <OptimizerState::meta>, "scheduler": ..., "dataloader": ...,
-//                                       "rng": {"<name>": [u64, ...]}, "extra": {...}}
-//   <root>/step-00001300.tmp/          a save in progress, or one that crashed: never loaded
-//   <root>/lock                        flock()ed by the program saving into the root (RootLock)
-// A save writes every file into `step-N.tmp/`, fsyncs them and the directory, then renames it to
-// `step-N/`: that rename is the commit point (Note [Atomic checkpoint writes]). Only after it is
-// `latest` updated and are old checkpoints pruned to keep_last, so a crash at any moment leaves the
-// previous checkpoint loadable. Only names `step-` + 8 digits count as checkpoints (and, for the moment
-// of a replace on some file systems, `step-N.replaced/`: Note [Replacing a checkpoint]).
-// One process saves into a root at a time (rank 0 under data parallelism): a save removes the `.tmp`
-// directories it finds, taking them for leftovers of crashed saves. A program that saves into a root
-// over its whole run holds a RootLock on it, so a second one started on the same root is refused
-// instead of deleting the first one's save in progress.
-//
-// Note [Replacing a checkpoint]
-// A save of a step that already has a committed `step-N/` replaces it: the newest save belongs to the
-// run the user is continuing (a run resumed from an earlier checkpoint reaching a step it had saved
-// before, or a later run sharing the root), and keeping the old one would let `latest` resume another
-// trajectory. Keeping the old one beside the new under another name is no better: names are steps.
-// At every instant `latest` must name a complete checkpoint, so the old directory is never removed
-// before the new one stands in its place:
-//  * where the file system has renameat2(RENAME_EXCHANGE) (ext4, xfs, btrfs, tmpfs, ...), `step-N.tmp/`
-//    and `step-N/` swap names in one atomic step: `step-N/` is the whole old checkpoint until then and
-//    the whole new one after. The old one, now `step-N.tmp/`, is removed after; a crash before that
-//    leaves it as a leftover that the next save clears.
-//  * elsewhere (NFS, Lustre, ...), `step-N/` is renamed `step-N.replaced/`, then `step-N.tmp/` to
-//    `step-N/`, then `.replaced` is removed. Between the two renames there is no `step-N/`; so a
-//    `step-N.replaced/` with no `step-N/` beside it still is the committed checkpoint of step N:
-//    list_checkpoints and resolve_checkpoint return it (for `latest`, and for `<root>/step-N` named
-//    explicitly), and the next save renames it back before
-//    anything else. A crash between the renames thus resumes from the old checkpoint, as a crash before
-//    any commit does. (A reader other than this library that follows `latest` literally finds no
-//    `step-N/` for that moment; only the RENAME_EXCHANGE path avoids that.)
-//
-// Note [Cleanup after the commit]
-// Once `step-N/` is the new checkpoint, `latest` is pointed at it before anything is removed, and every
-// removal after that (the replaced copy, pruned checkpoints, leftovers of earlier saves) is only a
-// warning when it fails: the checkpoint is saved, and a run must not die because, say, NFS keeps a
-// `.nfsXXXX` file of a still-open file in a directory (ENOTEMPTY). What stays behind has a name no
-// reader takes for a checkpoint (`.tmp`, or `.replaced` beside its `step-N/`), and the next save tries
-// again. A pruned checkpoint is renamed to `step-N.tmp/` before its removal for the same reason: a
-// removal that stops half way must not leave a half checkpoint under a committed name.
-// BOOSTER_TEST_CLEANUP_FAILS=1 makes every such removal fail with ENOTEMPTY.
-//
-// Test hooks (tests/checkpoint/test_checkpoint.cpp, tests/cli/test_cli_resume.cpp): with BOOSTER_TEST_CRASH_AT set to
-// one of the points below, the saving process calls std::abort(), as a crash would, at that point:
-//   before_commit         everything is written and synced into `step-N.tmp/`, nothing is committed
-//   between_renames       (portable replace only) the old `step-N/` is `step-N.replaced/`, the new one
-//                         is still `step-N.tmp/`
-//   before_old_removed    `step-N/` is the new checkpoint and `latest` names it; the replaced one is
-//                         not removed yet
-//   before_prune          `latest` names `step-N/`; older checkpoints are not pruned yet
-// BOOSTER_TEST_NO_RENAME_EXCHANGE=1 makes a replace take the portable path, as on a file system without
-// RENAME_EXCHANGE.
+// The directory layout, the commit and what a replace or an interrupted save leaves behind (Note
+// [Checkpoint directory layout], Note [Replacing a checkpoint], Note [Cleanup after the commit]) are in
+// this folder's README.md.
 #pragma once
 
 #include <cstdint>

@@ -388,7 +388,7 @@ std::vector<Section> make_training_schema() {
           boolean("verify_checkpoints", true,
                   "check a checkpoint's files against its checksums before resuming; false (--no-verify) loads a "
                   "damaged one as it is"),
-          // Note [Collective timeouts] in booster/distributed/mpi_process_group.h.
+          // Note [Collective timeouts] in core/booster/distributed/README.md.
           optional_number("collective_timeout_s", 0.0,
                           "seconds a collective waits for every rank before the job fails naming the missing ones; "
                           "null: BOOSTER_COLLECTIVE_TIMEOUT_S, else 1800"),

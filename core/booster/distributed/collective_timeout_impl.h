@@ -1,5 +1,5 @@
 // What the mpi and nccl groups share to time collectives out (Note [Collective timeouts] in
-// mpi_process_group.h): the numbering of collectives, the back-off of a wait, the census that finds the
+// README.md): the numbering of collectives, the back-off of a wait, the census that finds the
 // ranks that did not arrive, and the message. Internal: not installed (an -impl header).
 #pragma once
 

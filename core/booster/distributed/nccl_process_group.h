@@ -16,7 +16,7 @@
 //   Nothing of this group needs polling: NCCL progresses on the GPU by itself. barrier() does block
 //   the host until every rank has reached it (it guards file writes), polling the stream with back-off.
 // * Timeouts: a watchdog thread ends the job when a collective has not finished on the GPU within the
-//   group's timeout (Note [Collective timeouts], "nccl", in mpi_process_group.h).
+//   group's timeout (Note [Collective timeouts], "nccl", in distributed/README.md).
 // * Avg is NCCL's ncclAvg, which multiplies by 1/N before summing (Note [Averages divide first]);
 //   float16/bfloat16 reduce in NCCL's own precision (pairwise in float32).
 // * A failed NCCL call throws DistributedError naming the call, NCCL's error string and file:line.

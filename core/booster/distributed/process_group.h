@@ -2,38 +2,56 @@
 // reduce_scatter, all_gather, broadcast, barrier), blocking and non-blocking, on tensors and on raw
 // buffer spans. Backends: "mpi" (CPU tensors, OpenMPI), "nccl" (CUDA tensors, nccl_process_group.h) and
 // "local" (one process, identities).
+// The contract (launch, ordering, completion, averages, devices, failures) is Note [Process groups]
+// in this folder's README.md.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "booster/tensor/tensor.h"
+
+namespace booster::distributed {
+
+// Note [Averages divide first]
+// A 16-bit sum over N ranks overflows N times sooner than their average: loss-scaled float16
+// gradients whose average is finite can sum to inf, and the step would be skipped for nothing. So
+// Avg divides each rank's values by N before summing, as torch's DDP comm hook divides each bucket by
+// the world size before its all-reduce and NCCL's ncclAvg pre-multiplies by 1/N. all_reduce does it
+// in its own buffer (it is overwritten anyway). reduce_scatter must leave `in` unchanged, so there the
+// mpi backend sums and then divides; a caller whose input is scratch (a gradient buffer it reduces
+// and then clears or frees) calls reduce_scatter_consuming, which may divide `in` in place first and
+// leaves it with unspecified contents. The nccl backend's ncclAvg divides first in both forms.
+// Dividing first rounds differently from dividing last. The mpi backend divides each element by N in
+// its dtype: one rounding per element, none with a power-of-two N unless it underflows. NCCL's
+// ncclAvg multiplies by 1/N held in the buffer's dtype, so for float16/bfloat16 both 1/N and the
+// product are rounded to 16 bits: up to two roundings per element before the sum (bfloat16's 1/3 is
+// itself off by 2^-9 relative). With a power-of-two world size 1/N is exact and so is the product
+// unless it underflows.
 //
-// Note [Process groups]
-// * Launch is mpirun's job: rank and world size come from MPI; multi-node runs use mpirun's hostfile.
-//   init_process_group("auto") picks "mpi" when the process was started by mpirun (or srun/hydra) and
-//   the library was built with MPI, and "local" otherwise, so a single-process run never needs MPI.
-// * Every collective works in place on contiguous memory (a contiguous tensor, or a BufferSpan such as
-//   a bucket of a flat gradient buffer). Every rank must call the same collectives in the same order
-//   with the same sizes and dtype, as with MPI and torch.distributed.
-// * Completion (Note [When a collective's result is there]): on the CPU backends ("mpi", "local")
-//   blocking forms return when this rank's buffers hold the result, Work::wait() blocks until they
-//   do, and dropping a Work that was not waited for waits for it. On "nccl" a collective is queued
-//   on the GPU and completes in stream order, as torch.distributed's NCCL backend: see that Note for
-//   what a caller may read when. Either way, the buffers of a non-blocking form (*_async) must stay
-//   alive and untouched until Work::wait() (a tensor passed to an async form is kept alive by its
-//   Work).
-// * ReduceOp::Avg is the mean over ranks, for floating dtypes only (an integer average would
-//   truncate). Every backend divides before it sums where it may (Note [Averages divide first]).
-//   float16/bfloat16 reductions combine two values at a time in float32 and round back to 16 bits (as
-//   NCCL does; MPI has no 16-bit float type, so the MPI backend registers its own MPI_Op that widens
-//   blocks to float32 and rounds to nearest even; no float32 copy of the buffer is made). With more
-//   than two ranks the result can therefore differ from a float32 sum of all ranks rounded once, by a
-//   rounding step per combination.
-// * Tensor forms bump the tensor's version (they write in place), so autocast caches see the change.
-// * Devices: a group works on the buffers of one device, device(): the CPU for "mpi" and "local",
-//   this rank's GPU for "nccl". process_group_for(device) gives the group for a model's device: the
-//   default group for the CPU, one NCCL group per process for CUDA (Note [A group per device]).
-// * Failures: a failed MPI call throws DistributedError naming the collective, the MPI call and MPI's
-//   error string. A rank that dies must not leave the others hanging; see Note [Failing ranks] in
-//   mpi_process_group.h. A rank that stalls (stopped, deadlocked, in an endless loop) must not either:
-//   a collective that has not completed within the group's timeout() fails on every rank still waiting
-//   for it, naming the ranks that did not arrive (Note [Collective timeouts] in mpi_process_group.h).
-//
+// How values from all ranks are combined.
+enum class ReduceOp : uint8_t { Sum, Avg, Max, Min };
+const char* reduce_op_name(ReduceOp op);
+
+// A contiguous run of `numel` elements of one dtype on one device: a whole contiguous tensor, or a
+// piece of one (a bucket of a flat gradient buffer) without making a Tensor for it.
+struct BufferSpan {
+  void* data = nullptr;
+  int64_t numel = 0;
+  DType dtype = DType::Float32;
+  Device device = Device::cpu();
+
+  // The elements of a contiguous tensor; ShapeError (naming `op`) when it is not contiguous.
+  static BufferSpan of(const Tensor& t, const char* op = "BufferSpan::of");
+  // Elements [start, start + length) of this span; IndexError when that is out of range.
+  BufferSpan slice(int64_t start, int64_t length) const;
+  size_t nbytes() const { return size_t(numel) * itemsize(dtype); }
+};
+
 // Note [When a collective's result is there]
 // "mpi" and "local" run on the host: when a blocking form returns, or Work::wait() returns, the
 // result is in this rank's buffers for any reader. "nccl" follows torch.distributed's NCCL backend:
@@ -60,53 +78,6 @@
 // * barrier() blocks the host until every rank has reached it and everything this rank queued before
 //   it on the stream has run (it guards file writes).
 //
-// Note [Averages divide first]
-// A 16-bit sum over N ranks overflows N times sooner than their average: loss-scaled float16
-// gradients whose average is finite can sum to inf, and the step would be skipped for nothing. So
-// Avg divides each rank's values by N before summing, as torch's DDP comm hook divides each bucket by
-// the world size before its all-reduce and NCCL's ncclAvg pre-multiplies by 1/N. all_reduce does it
-// in its own buffer (it is overwritten anyway). reduce_scatter must leave `in` unchanged, so there the
-// mpi backend sums and then divides; a caller whose input is scratch (a gradient buffer it reduces
-// and then clears or frees) calls reduce_scatter_consuming, which may divide `in` in place first and
-// leaves it with unspecified contents. The nccl backend's ncclAvg divides first in both forms.
-// Dividing first rounds differently from dividing last. The mpi backend divides each element by N in
-// its dtype: one rounding per element, none with a power-of-two N unless it underflows. NCCL's
-// ncclAvg multiplies by 1/N held in the buffer's dtype, so for float16/bfloat16 both 1/N and the
-// product are rounded to 16 bits: up to two roundings per element before the sum (bfloat16's 1/3 is
-// itself off by 2^-9 relative). With a power-of-two world size 1/N is exact and so is the product
-// unless it underflows.
-#pragma once
-
-#include <atomic>
-#include <chrono>
-#include <cstdint>
-#include <memory>
-#include <string>
-#include <vector>
-
-#include "booster/tensor/tensor.h"
-
-namespace booster::distributed {
-
-// How values from all ranks are combined.
-enum class ReduceOp : uint8_t { Sum, Avg, Max, Min };
-const char* reduce_op_name(ReduceOp op);
-
-// A contiguous run of `numel` elements of one dtype on one device: a whole contiguous tensor, or a
-// piece of one (a bucket of a flat gradient buffer) without making a Tensor for it.
-struct BufferSpan {
-  void* data = nullptr;
-  int64_t numel = 0;
-  DType dtype = DType::Float32;
-  Device device = Device::cpu();
-
-  // The elements of a contiguous tensor; ShapeError (naming `op`) when it is not contiguous.
-  static BufferSpan of(const Tensor& t, const char* op = "BufferSpan::of");
-  // Elements [start, start + length) of this span; IndexError when that is out of range.
-  BufferSpan slice(int64_t start, int64_t length) const;
-  size_t nbytes() const { return size_t(numel) * itemsize(dtype); }
-};
-
 // Handle of a non-blocking collective. Not thread-safe: wait for a Work from one thread.
 class Work {
  public:
@@ -244,7 +215,7 @@ bool is_initialized();
 // BOOSTER_COLLECTIVE_TIMEOUT_S (seconds, read once), else kDefaultCollectiveTimeout. Read as each
 // collective starts, so it may be set after the group exists; ConfigError (from the first collective)
 // when the variable is needed and is not a positive number. Note [Collective timeouts] in
-// mpi_process_group.h.
+// README.md.
 inline constexpr std::chrono::duration<double> kDefaultCollectiveTimeout{1800.0};
 std::chrono::duration<double> default_collective_timeout();
 // ValueError unless `timeout` is positive and finite.
