@@ -37,6 +37,7 @@
 #include "booster/config/memory_estimate.h"
 #include "booster/config/option_reader.h"
 #include "booster/config/training.h"
+#include "booster/distributed/device_mesh.h"
 #include "booster/distributed/process_group.h"
 
 // The Booster, the compatibility matrix and the plugin boundary (parallel plugins, the loader, ABI).

@@ -5,6 +5,7 @@
 #include "skip.h"
 
 #include "booster/backends/cuda/cuda.h"
+#include "booster/distributed/device_mesh.h"
 #include "booster/distributed/local_process_group.h"
 #include "booster/distributed/mpi_process_group.h"
 #include "booster/distributed/nccl_process_group.h"
@@ -221,4 +222,20 @@ TEST_CASE("distributed: a group is refused at selection for a device it does not
   CHECK_NOTHROW(check_group_serves(local, Device::cpu()));
   CHECK_THROWS_AS(check_group_serves(local, Device::cuda(0)), DeviceError);
   CHECK_NOTHROW(check_group_serves(process_group_for(Device::cpu()), Device::cpu()));
+}
+
+TEST_CASE("device mesh: coordinates put tp innermost, and sizes that do not fit say which do", "[distributed]") {
+  LocalProcessGroup pg;
+  const DeviceMesh one(pg, 1, 1);
+  CHECK(one.coord() == MeshCoord{0, 0, 0});
+  CHECK(one.tp_group().size() == 1);
+  CHECK(one.dp_group().size() == 1);
+  CHECK(pg.split(-1, 0, "none") == nullptr);
+  CHECK(pg.new_group({0})->size() == 1);
+  // The arithmetic, for a world of 8 as tp 2 x pp 2 x dp 2 (Megatron's order).
+  CHECK(mesh_size_problem(8, 2, 2).empty());
+  CHECK(mesh_size_problem(8, 3, 1) ==
+        "tp_size 3 x pp_size 1 does not divide the world size 8 (data parallel takes the rest); tp_size x pp_size "
+        "pairs that fit: 1x1, 1x2, 1x4, 1x8, 2x1, 2x2, 2x4, 4x1, 4x2, 8x1");
+  CHECK_THROWS_AS(DeviceMesh(pg, 2, 1), ConfigError);
 }

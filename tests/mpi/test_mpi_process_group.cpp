@@ -10,6 +10,7 @@
 #include <fstream>
 #include <thread>
 
+#include "booster/distributed/device_mesh.h"
 #include "booster/distributed/mpi_process_group.h"
 #include "booster/distributed/process_group.h"
 #include "booster/ops/ops.h"
@@ -399,4 +400,71 @@ TEST_CASE("mpi group: its device is the CPU, and it is the group for CPU models"
   CHECK(&process_group_for(Device::cpu()) == &pg);
   CHECK(&process_group_for({zeros({2}), ones({3})}, "test") == &pg);
   CHECK(&process_group_for(std::vector<Tensor>{}, "test") == &pg);
+}
+
+TEST_CASE("mpi split and new_group: subgroups run their own collectives, others get none", "[mpi]") {
+  ProcessGroup& pg = group();
+  const int world = pg.size(), me = pg.rank();
+  // Reversed order: the subgroup's rank 0 is the world's last rank.
+  std::shared_ptr<ProcessGroup> all = pg.split(7, world - 1 - me, "reversed");
+  REQUIRE(all != nullptr);
+  CHECK(all->size() == world);
+  CHECK(all->rank() == world - 1 - me);
+  Tensor t = from_vector(std::vector<double>{double(me)}, {1}, DType::Float32);
+  all->broadcast(t, 0);  // the subgroup's root is the world's last rank
+  CHECK(t.item() == world - 1);
+  // A world collective between subgroup ones does not get mixed up with them.
+  Tensor w = from_vector(std::vector<double>{1.0}, {1}, DType::Float32);
+  pg.all_reduce(w);
+  CHECK(w.item() == world);
+
+  // Only the last rank joins; the others get nullptr.
+  std::shared_ptr<ProcessGroup> last = pg.new_group({world - 1}, "last");
+  if (me == world - 1) {
+    REQUIRE(last != nullptr);
+    CHECK(last->size() == 1);
+    CHECK(last->rank() == 0);
+    Tensor x = from_vector(std::vector<double>{5.0}, {1}, DType::Float32);
+    last->all_reduce(x);
+    CHECK(x.item() == 5.0);
+  } else {
+    CHECK(last == nullptr);
+  }
+  CHECK_THROWS_AS(pg.new_group({0, 0}), ValueError);
+  CHECK_THROWS_AS(pg.new_group({world}), ValueError);
+}
+
+TEST_CASE("mpi device mesh: every layout of the world gives each rank its tp, pp and dp groups", "[mpi]") {
+  ProcessGroup& pg = group();
+  const int world = pg.size(), me = pg.rank();
+  for (int tp = 1; tp <= world; ++tp)
+    for (int pp = 1; tp * pp <= world; ++pp) {
+      if (world % (tp * pp) != 0) continue;
+      INFO("tp " << tp << ", pp " << pp << " on " << world << " ranks");
+      const DeviceMesh mesh(pg, tp, pp);
+      const int dp = world / (tp * pp);
+      CHECK(mesh.dp_size() == dp);
+      CHECK(mesh.rank_of(mesh.coord()) == me);
+      CHECK(mesh.tp_group().size() == tp);
+      CHECK(mesh.pp_group().size() == pp);
+      CHECK(mesh.dp_group().size() == dp);
+      CHECK(mesh.tp_group().rank() == mesh.coord().tp);
+      CHECK(mesh.pp_group().rank() == mesh.coord().pp);
+      CHECK(mesh.dp_group().rank() == mesh.coord().dp);
+      // Summing the world ranks along each axis gives the members that rank_of names.
+      for (int axis = 0; axis < 3; ++axis) {
+        ProcessGroup& g = axis == 0 ? mesh.tp_group() : axis == 1 ? mesh.pp_group() : mesh.dp_group();
+        Tensor s = from_vector(std::vector<double>{double(me)}, {1}, DType::Float64);
+        g.all_reduce(s);
+        double want = 0;
+        for (int i = 0; i < g.size(); ++i) {
+          MeshCoord c = mesh.coord();
+          (axis == 0 ? c.tp : axis == 1 ? c.pp : c.dp) = i;
+          want += mesh.rank_of(c);
+        }
+        CHECK(s.item() == want);
+      }
+    }
+  CHECK_THROWS_WITH(DeviceMesh(pg, world + 1, 1), Catch::Contains("does not divide the world size") &&
+                                                      Catch::Contains("pairs that fit: 1x1"));
 }

@@ -38,4 +38,9 @@ WorkPtr LocalProcessGroup::reduce_scatter_impl(const BufferSpan& out, const Buff
   return copy_span(out, in);
 }
 
+std::shared_ptr<ProcessGroup> LocalProcessGroup::split(int color, int key, const std::string& name) {
+  if (color < 0) return nullptr;
+  return std::make_shared<LocalProcessGroup>();
+}
+
 }  // namespace booster::distributed

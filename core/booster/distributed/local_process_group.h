@@ -14,6 +14,7 @@ class LocalProcessGroup final : public ProcessGroup {
   std::string backend() const override { return "local"; }
   Device device() const override { return Device::cpu(); }
   void barrier() override {}
+  std::shared_ptr<ProcessGroup> split(int color, int key, const std::string& name) override;
   [[noreturn]] void abort(int exit_code, const std::string& why) override;
 
  protected:

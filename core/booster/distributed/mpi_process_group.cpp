@@ -267,6 +267,14 @@ class MpiComm {
     if (g_mpi.thread_provided < MPI_THREAD_MULTIPLE) mpi_mutex_.emplace();
     // A communicator of our own: collectives of the application's MPI code cannot match ours.
     check_mpi(MPI_Comm_dup(MPI_COMM_WORLD, &comm_), "init_process_group", "MPI_Comm_dup");
+    init();
+  }
+  // Takes over `comm` (a subgroup's communicator, from MPI_Comm_split).
+  MpiComm(std::string name, MPI_Comm comm) : name_(std::move(name)), comm_(comm) {
+    if (g_mpi.thread_provided < MPI_THREAD_MULTIPLE) mpi_mutex_.emplace();
+    init();
+  }
+  void init() {
     check_mpi(MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN), "init_process_group", "MPI_Comm_set_errhandler");
     check_mpi(MPI_Comm_rank(comm_, &rank_), "init_process_group", "MPI_Comm_rank");
     check_mpi(MPI_Comm_size(comm_, &size_), "init_process_group", "MPI_Comm_size");
@@ -278,6 +286,7 @@ class MpiComm {
   }
 
   MPI_Comm comm() const { return comm_; }
+  const std::string& name() const { return name_; }
   int rank() const { return rank_; }
   int size() const { return size_; }
 
@@ -399,6 +408,20 @@ class MpiProcessGroup final : public ProcessGroup {
  public:
   // The timeout is read when each collective starts, so it may be set after the group exists.
   MpiProcessGroup() : comm_((ensure_mpi_initialized(), std::make_shared<MpiComm>("world"))) {}
+  explicit MpiProcessGroup(std::shared_ptr<MpiComm> comm) : comm_(std::move(comm)) {}
+
+  std::shared_ptr<ProcessGroup> split(int color, int key, const std::string& name) override {
+    BOOSTER_CHECK(!comm_->broken(), DistributedError, "split: group \"", comm_->name(),
+                  "\" is unusable since a collective of it timed out");
+    MPI_Comm sub = MPI_COMM_NULL;
+    {
+      auto lock = comm_->maybe_lock();
+      check_mpi(MPI_Comm_split(comm_->comm(), color < 0 ? MPI_UNDEFINED : color, key < 0 ? rank() : key, &sub),
+                "split", "MPI_Comm_split");
+    }
+    if (sub == MPI_COMM_NULL) return nullptr;
+    return std::make_shared<MpiProcessGroup>(std::make_shared<MpiComm>(name, sub));
+  }
 
   int rank() const override { return comm_->rank(); }
   int size() const override { return comm_->size(); }

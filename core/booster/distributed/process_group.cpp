@@ -388,4 +388,21 @@ void ProcessGroup::set_timeout(std::chrono::duration<double> timeout) {
   timeout_s_.store(checked_timeout(timeout, "ProcessGroup::set_timeout"));
 }
 
+std::shared_ptr<ProcessGroup> ProcessGroup::split(int color, int key, const std::string& name) {
+  BOOSTER_FAIL(NotImplementedError, "split: the \"", backend(), "\" backend cannot make subgroups yet (group \"",
+               name, "\"); use the mpi backend (CPU tensors)");
+}
+
+std::shared_ptr<ProcessGroup> ProcessGroup::new_group(const std::vector<int>& ranks, const std::string& name) {
+  int position = -1;
+  for (size_t i = 0; i < ranks.size(); ++i) {
+    BOOSTER_CHECK(ranks[i] >= 0 && ranks[i] < size(), ValueError, "new_group \"", name, "\": rank ", ranks[i],
+                  " is not in this group of ", size());
+    for (size_t j = 0; j < i; ++j)
+      BOOSTER_CHECK(ranks[j] != ranks[i], ValueError, "new_group \"", name, "\": rank ", ranks[i], " is listed twice");
+    if (ranks[i] == rank()) position = int(i);
+  }
+  return split(position < 0 ? -1 : 0, position, name);
+}
+
 }  // namespace booster::distributed

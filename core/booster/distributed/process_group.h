@@ -159,6 +159,18 @@ class ProcessGroup {
   // Returns when every rank has called barrier() (on "nccl", also once this rank's queued work has run).
   virtual void barrier() = 0;
 
+  // ---------------------------------------------------------------- subgroups
+  // Collective over this group, as MPI_Comm_split: ranks passing the same `color` form one new group,
+  // ordered by `key` (ties by rank here); a negative color joins none and gets nullptr. `name` names
+  // the group in errors. The new group has this group's backend and device and its own timeout
+  // setting; it is set up with a blocking call that the collective timeout does not cover. The
+  // "nccl" backend cannot split yet (NotImplementedError).
+  virtual std::shared_ptr<ProcessGroup> split(int color, int key, const std::string& name);
+  // The group of `ranks` (ranks of this group, listed in the new group's rank order), through split:
+  // every rank calls it with the same list; ranks not in it get nullptr. ValueError for a rank out of
+  // range or listed twice.
+  std::shared_ptr<ProcessGroup> new_group(const std::vector<int>& ranks, const std::string& name = "subgroup");
+
   // Ends the whole job now with `exit_code` after printing `why` (with this rank) to stderr: the way
   // out for a rank that cannot go on while others may be waiting in a collective.
   [[noreturn]] virtual void abort(int exit_code, const std::string& why) = 0;
