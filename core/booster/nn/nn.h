@@ -15,4 +15,5 @@
 #include "booster/nn/models.h"
 #include "booster/nn/module.h"
 #include "booster/nn/normalization.h"
+#include "booster/nn/tensor_parallel.h"
 #include "booster/nn/transformer.h"

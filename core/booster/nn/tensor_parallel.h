@@ -1,0 +1,71 @@
+// Megatron-style tensor parallelism: the communication functions as autograd ops, and the column- and
+// row-parallel Linear layers built on them. Each rank of a tensor-parallel group holds 1/tp of a
+// layer's weight; an MLP block Column -> activation -> Row needs one all-reduce forward and one
+// backward (Megatron-LM's f and g).
+//
+// The group must outlive the modules and functions that use it; every rank of it runs the same
+// layers in the same order (each call is a collective).
+#pragma once
+
+#include "booster/distributed/process_group.h"
+#include "booster/nn/module.h"
+#include "booster/tensor/random.h"
+
+namespace booster::nn::tp {
+
+// f: identity forward, all-reduce (sum) of the gradient backward. Where a replicated activation
+// enters column-parallel layers.
+Tensor copy_to_group(const Tensor& x, distributed::ProcessGroup& group);
+// g: all-reduce (sum) forward, identity backward. Where row-parallel partial sums leave.
+Tensor reduce_from_group(const Tensor& x, distributed::ProcessGroup& group);
+// The ranks' x concatenated along the last dim, in rank order; backward keeps this rank's slice.
+Tensor gather_last_dim(const Tensor& x, distributed::ProcessGroup& group);
+// This rank's slice of the last dim (which must divide by the group size); backward all-gathers.
+Tensor split_last_dim(const Tensor& x, distributed::ProcessGroup& group);
+
+// y = x A^T + b with A split by rows (output features): this rank holds rows
+// [rank * out / tp, (rank + 1) * out / tp) of A and b, and computes that slice of y. With
+// gather_output the slices are all-gathered into the whole y.
+class ColumnParallelLinear : public Module {
+ public:
+  // Initialized as nn::Linear(in, out, bias, gen) would be, then sliced: a tensor-parallel model starts
+  // from the same weights as its single-process twin built from the same generator. out must divide
+  // by the group size (ShapeError naming both).
+  ColumnParallelLinear(int64_t in_features, int64_t out_features, distributed::ProcessGroup& group, bool bias = true,
+                       bool gather_output = false, Generator* gen = nullptr);
+  Tensor forward(const Tensor& x) override;
+  std::string name() const override { return "ColumnParallelLinear"; }
+  std::string extra_repr() const override;
+
+  int64_t in_features, out_features, out_per_rank;
+  bool gather_output;
+  Tensor weight;  // [out / tp, in]
+  Tensor bias;    // [out / tp], undefined without bias
+
+ private:
+  distributed::ProcessGroup* group_;
+};
+
+// y = x A^T + b with A split by columns (input features): this rank holds columns
+// [rank * in / tp, (rank + 1) * in / tp) of A and multiplies its slice of x; the partial products are
+// all-reduced and the whole bias (replicated) added once. With input_is_parallel the input already is
+// this rank's slice (a column-parallel layer's output); otherwise the layer takes its slice.
+class RowParallelLinear : public Module {
+ public:
+  // Initialized as nn::Linear(in, out, bias, gen), then sliced; in must divide by the group size.
+  RowParallelLinear(int64_t in_features, int64_t out_features, distributed::ProcessGroup& group, bool bias = true,
+                    bool input_is_parallel = true, Generator* gen = nullptr);
+  Tensor forward(const Tensor& x) override;
+  std::string name() const override { return "RowParallelLinear"; }
+  std::string extra_repr() const override;
+
+  int64_t in_features, out_features, in_per_rank;
+  bool input_is_parallel;
+  Tensor weight;  // [out, in / tp]
+  Tensor bias;    // [out], the same on every rank
+
+ private:
+  distributed::ProcessGroup* group_;
+};
+
+}  // namespace booster::nn::tp

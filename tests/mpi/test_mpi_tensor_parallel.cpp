@@ -1,0 +1,115 @@
+// Tensor-parallel layers under `mpirun -np 2`: each against its single-process twin built from the same
+// generator (outputs, input gradients, and every rank's weight-gradient slice), and the input gradient
+// of a column -> GELU -> row block against central finite differences.
+#include <catch2/catch.hpp>
+
+#include "gradcheck.h"
+
+#include "booster/distributed/process_group.h"
+#include "booster/nn/activation.h"
+#include "booster/nn/linear.h"
+#include "booster/nn/tensor_parallel.h"
+#include "booster/ops/ops.h"
+
+using namespace booster;
+using namespace booster::distributed;
+
+namespace {
+
+ProcessGroup& group() { return init_process_group("mpi"); }
+
+// Largest |a - b| / (1 + |b|).
+double max_diff(const Tensor& a, const Tensor& b) {
+  REQUIRE(a.shape() == b.shape());
+  const std::vector<double> x = a.tolist(), y = b.tolist();
+  double m = 0;
+  for (size_t i = 0; i < x.size(); ++i) m = std::max(m, std::abs(x[i] - y[i]) / (1 + std::abs(y[i])));
+  return m;
+}
+
+// Rows (dim 0) or columns (dim 1) of `full` that this rank holds.
+Tensor my_slice(const Tensor& full, int64_t dim, const ProcessGroup& pg) {
+  const int64_t n = full.size(dim) / pg.size();
+  return full.narrow(dim, pg.rank() * n, n);
+}
+
+// float32 GEMMs of these sizes: a few ulps of the largest partial sum.
+constexpr double kTol = 1e-5;
+
+}  // namespace
+
+TEST_CASE("column- and row-parallel linears match nn::Linear, forward and backward", "[mpi][tp]") {
+  ProcessGroup& pg = group();
+  REQUIRE(pg.size() == 2);
+  Generator data_gen(5);
+  const Tensor x0 = randn({3, 4, 8}, &data_gen);  // the same on every rank
+  const Tensor g = randn({3, 4, 6}, &data_gen);
+
+  SECTION("column parallel with gather_output") {
+    Generator a(11), b(11);
+    nn::Linear full(8, 6, true, &a);
+    nn::tp::ColumnParallelLinear col(8, 6, pg, true, /*gather_output=*/true, &b);
+    CHECK(col.weight.shape() == Shape{3, 8});
+    CHECK(max_diff(col.weight, my_slice(full.weight, 0, pg)) == 0.0);  // the same init, sliced
+    Tensor x1 = x0.clone().requires_grad_(), x2 = x0.clone().requires_grad_();
+    const Tensor y1 = full(x1), y2 = col(x2);
+    CHECK(max_diff(y2, y1) < kTol);
+    y1.backward(g);
+    y2.backward(g);
+    CHECK(max_diff(x2.grad(), x1.grad()) < kTol);  // partial dX summed over the group
+    CHECK(max_diff(col.weight.grad(), my_slice(full.weight.grad(), 0, pg)) < kTol);
+    CHECK(max_diff(col.bias.grad(), my_slice(full.bias.grad(), 0, pg)) < kTol);
+  }
+  SECTION("row parallel taking the whole input") {
+    Generator a(12), b(12);
+    nn::Linear full(8, 6, true, &a);
+    nn::tp::RowParallelLinear row(8, 6, pg, true, /*input_is_parallel=*/false, &b);
+    CHECK(row.weight.shape() == Shape{6, 4});
+    Tensor x1 = x0.clone().requires_grad_(), x2 = x0.clone().requires_grad_();
+    const Tensor y1 = full(x1), y2 = row(x2);
+    CHECK(max_diff(y2, y1) < kTol);
+    y1.backward(g);
+    y2.backward(g);
+    CHECK(max_diff(x2.grad(), x1.grad()) < kTol);  // this rank's slice of dX, all-gathered
+    CHECK(max_diff(row.weight.grad(), my_slice(full.weight.grad(), 1, pg)) < kTol);
+    CHECK(max_diff(row.bias.grad(), full.bias.grad()) < kTol);  // replicated, so whole
+  }
+  SECTION("column -> GELU -> row, one all-reduce each way") {
+    Generator a(13), b(13);
+    nn::Linear fc(8, 16, true, &a), proj(16, 6, true, &a);
+    nn::tp::ColumnParallelLinear col(8, 16, pg, true, false, &b);
+    nn::tp::RowParallelLinear row(16, 6, pg, true, true, &b);
+    Tensor x1 = x0.clone().requires_grad_(), x2 = x0.clone().requires_grad_();
+    const Tensor y1 = proj(gelu(fc(x1))), y2 = row(gelu(col(x2)));
+    CHECK(max_diff(y2, y1) < kTol);
+    y1.backward(g);
+    y2.backward(g);
+    CHECK(max_diff(x2.grad(), x1.grad()) < kTol);
+    CHECK(max_diff(col.weight.grad(), my_slice(fc.weight.grad(), 0, pg)) < kTol);
+    CHECK(max_diff(row.weight.grad(), my_slice(proj.weight.grad(), 1, pg)) < kTol);
+    CHECK(max_diff(row.bias.grad(), proj.bias.grad()) < kTol);
+  }
+}
+
+TEST_CASE("a tensor-parallel block's input gradient matches finite differences", "[mpi][tp]") {
+  ProcessGroup& pg = group();
+  Generator gen(21);
+  nn::tp::ColumnParallelLinear col(5, 4, pg, true, false, &gen);
+  nn::tp::RowParallelLinear row(4, 3, pg, true, true, &gen);
+  col.to(DType::Float64);
+  row.to(DType::Float64);
+  Generator data_gen(22);
+  const Tensor x = randn({2, 5}, &data_gen);
+  CHECK(testing::gradcheck([&](const std::vector<Tensor>& in) { return row(tanh(col(in[0]))); }, {x}));
+  // The communication functions on their own.
+  CHECK(testing::gradcheck(
+      [&](const std::vector<Tensor>& in) { return nn::tp::gather_last_dim(nn::tp::split_last_dim(in[0], pg) * 3.0, pg); },
+      {randn({2, 6}, &data_gen)}));
+}
+
+TEST_CASE("tensor-parallel sizes that do not divide are refused naming both", "[mpi][tp]") {
+  ProcessGroup& pg = group();
+  CHECK_THROWS_WITH(nn::tp::ColumnParallelLinear(4, 5, pg), Catch::Contains("out_features 5 does not divide") &&
+                                                                Catch::Contains("tensor-parallel size 2"));
+  CHECK_THROWS_WITH(nn::tp::RowParallelLinear(3, 4, pg), Catch::Contains("in_features 3 does not divide"));
+}
