@@ -7,6 +7,7 @@
 
 #include "booster/distributed/process_group.h"
 #include "booster/nn/activation.h"
+#include "booster/nn/embedding.h"
 #include "booster/nn/linear.h"
 #include "booster/nn/tensor_parallel.h"
 #include "booster/ops/ops.h"
@@ -112,4 +113,37 @@ TEST_CASE("tensor-parallel sizes that do not divide are refused naming both", "[
   CHECK_THROWS_WITH(nn::tp::ColumnParallelLinear(4, 5, pg), Catch::Contains("out_features 5 does not divide") &&
                                                                 Catch::Contains("tensor-parallel size 2"));
   CHECK_THROWS_WITH(nn::tp::RowParallelLinear(3, 4, pg), Catch::Contains("in_features 3 does not divide"));
+}
+
+TEST_CASE("vocabulary-parallel embedding and cross-entropy match the whole-vocabulary ones", "[mpi][tp]") {
+  ProcessGroup& pg = group();
+  Generator data_gen(31);
+  const int64_t vocab = 10, dim = 3, n = 7;
+  std::vector<int64_t> ids{0, 9, 4, 5, 3, 7, 2}, targets{1, 9, 5, 4, -100, 0, 6};
+  const Tensor id_t = from_vector(ids, {n}), target_t = from_vector(targets, {n});
+
+  Generator a(41), b(41);
+  nn::Embedding full(vocab, dim, &a);
+  nn::tp::VocabParallelEmbedding emb(vocab, dim, pg, &b);
+  const Tensor e1 = full(id_t), e2 = emb(id_t);
+  CHECK(max_diff(e2, e1) == 0.0);  // one rank's row plus zeros
+  const Tensor ge = randn({n, dim}, &data_gen);
+  e1.backward(ge);
+  e2.backward(ge);
+  CHECK(max_diff(emb.weight.grad(), my_slice(full.weight.grad(), 0, pg)) < 1e-6);
+  CHECK_THROWS_AS(emb(from_vector(std::vector<int64_t>{10}, {1})), IndexError);
+
+  // Logits with a wide range, so the shared max matters; every rank holds half the vocabulary.
+  const Tensor whole = randn({n, vocab}, &data_gen) * 20.0;
+  Tensor logits1 = whole.clone().requires_grad_();
+  Tensor logits2 = my_slice(whole, 1, pg).clone().requires_grad_();
+  const Tensor l1 = cross_entropy(logits1, target_t), l2 = nn::tp::vocab_parallel_cross_entropy(logits2, target_t, pg);
+  CHECK(l2.item() == Approx(l1.item()).epsilon(1e-6));
+  l1.backward();
+  l2.backward();
+  CHECK(max_diff(logits2.grad(), my_slice(logits1.grad(), 1, pg)) < 1e-6);
+  // [B, T, V] logits flatten as cross_entropy's [N, C] would.
+  const Tensor l3 = nn::tp::vocab_parallel_cross_entropy(my_slice(whole, 1, pg).reshape({1, n, vocab / 2}),
+                                                         target_t.reshape({1, n}), pg);
+  CHECK(l3.item() == Approx(l1.item()).epsilon(1e-6));
 }

@@ -1,6 +1,7 @@
 #include "booster/nn/tensor_parallel.h"
 
 #include "booster/autograd/autograd.h"
+#include "booster/nn/embedding.h"
 #include "booster/nn/linear.h"
 #include "booster/ops/ops.h"
 
@@ -118,6 +119,70 @@ Tensor RowParallelLinear::forward(const Tensor& x) {
 std::string RowParallelLinear::extra_repr() const {
   return str("in_features=", in_features, " (", in_per_rank, " per rank), out_features=", out_features,
              ", bias=", bias.defined() ? "True" : "False", ", input_is_parallel=", input_is_parallel ? "True" : "False");
+}
+
+VocabParallelEmbedding::VocabParallelEmbedding(int64_t num, int64_t dim, distributed::ProcessGroup& group,
+                                               Generator* gen)
+    : num_embeddings(num), embedding_dim(dim), rows_per_rank(num / group.size()), group_(&group) {
+  const Embedding full(num, dim, gen);
+  weight = register_parameter("weight", shard(full.weight, 0, group, "VocabParallelEmbedding", "num_embeddings"));
+}
+
+namespace {
+
+// Ids of [first, first + count) as local indices (others 0) and a mask (1 where in range; 0 also
+// for ignore_index), both on `device`.
+std::pair<Tensor, Tensor> local_ids(const Tensor& ids, int64_t first, int64_t count, int64_t ignore_index,
+                                    DType mask_dtype) {
+  BOOSTER_CHECK(ids.dtype() == DType::Int64, DTypeError, "tensor parallel: ids must be int64, got ", ids.dtype());
+  const std::vector<int64_t> v = ids.to_vector<int64_t>();
+  std::vector<int64_t> local(v.size(), 0);
+  std::vector<float> keep(v.size(), 0.0f);
+  for (size_t i = 0; i < v.size(); ++i)
+    if (v[i] != ignore_index && v[i] >= first && v[i] < first + count) {
+      local[i] = v[i] - first;
+      keep[i] = 1.0f;
+    }
+  return {from_vector(local, ids.shape()).to(ids.device()), from_vector(keep, ids.shape()).to(mask_dtype).to(ids.device())};
+}
+
+}  // namespace
+
+Tensor VocabParallelEmbedding::forward(const Tensor& indices) {
+  const std::vector<int64_t> all = indices.to_vector<int64_t>();
+  for (int64_t id : all)
+    BOOSTER_CHECK(id >= 0 && id < num_embeddings, IndexError, "VocabParallelEmbedding: index ", id,
+                  " is out of range for ", num_embeddings, " embeddings");
+  const auto [local, keep] =
+      local_ids(indices, group_->rank() * rows_per_rank, rows_per_rank, -1, weight.dtype());
+  return reduce_from_group(embedding(weight, local) * keep.unsqueeze(-1), *group_);
+}
+
+std::string VocabParallelEmbedding::extra_repr() const {
+  return str(num_embeddings, " (", rows_per_rank, " per rank), ", embedding_dim);
+}
+
+Tensor vocab_parallel_cross_entropy(const Tensor& logits, const Tensor& target, distributed::ProcessGroup& group,
+                                    int64_t ignore_index) {
+  const int64_t v_local = logits.size(-1);
+  BOOSTER_CHECK(logits.dim() >= 2 && target.numel() * v_local == logits.numel(), ShapeError,
+                "vocab_parallel_cross_entropy: logits ", logits.shape(), " do not match targets ", target.shape());
+  const Tensor x = logits.reshape({-1, v_local}).to(DType::Float32);
+  const Tensor t = target.reshape({-1});
+  // The row maxima over the whole vocabulary: a constant shift, so no gradient goes through it.
+  Tensor row_max = max(x.detach(), 1, /*keepdim=*/true).contiguous();
+  group.all_reduce(row_max, distributed::ReduceOp::Max);
+  const Tensor shifted = x - row_max;
+  const Tensor lse = log(reduce_from_group(sum(exp(shifted), {1}), group));
+  const auto [local, keep] = local_ids(t, group.rank() * v_local, v_local, ignore_index, DType::Float32);
+  const Tensor picked = reduce_from_group(gather(shifted, 1, local.unsqueeze(1)).squeeze(1) * keep, group);
+  // Rows whose target is ignore_index: none of the ranks holds it, and they are dropped from the mean.
+  const std::vector<int64_t> tv = t.to_vector<int64_t>();
+  std::vector<float> valid(tv.size());
+  int64_t count = 0;
+  for (size_t i = 0; i < tv.size(); ++i) count += (valid[i] = tv[i] != ignore_index ? 1.0f : 0.0f) != 0.0f;
+  const Tensor valid_t = from_vector(valid, {int64_t(valid.size())}).to(x.device());
+  return sum((lse - picked) * valid_t) / double(count);  // NaN with every target ignored, as torch
 }
 
 }  // namespace booster::nn::tp

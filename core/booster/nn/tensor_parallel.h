@@ -68,4 +68,30 @@ class RowParallelLinear : public Module {
   distributed::ProcessGroup* group_;
 };
 
+// An embedding with the vocabulary split by rows: this rank holds rows [rank * V / tp, (rank + 1) * V / tp).
+// Ids outside the shard look up zeros; the ranks' partial rows are all-reduced, so every rank gets the
+// whole [..., dim] output. Initialized as nn::Embedding(num, dim, gen), then sliced.
+class VocabParallelEmbedding : public Module {
+ public:
+  VocabParallelEmbedding(int64_t num_embeddings, int64_t embedding_dim, distributed::ProcessGroup& group,
+                         Generator* gen = nullptr);
+  Tensor forward(const Tensor& indices) override;
+  std::string name() const override { return "VocabParallelEmbedding"; }
+  std::string extra_repr() const override;
+
+  int64_t num_embeddings, embedding_dim, rows_per_rank;
+  Tensor weight;  // [V / tp, dim]
+
+ private:
+  distributed::ProcessGroup* group_;
+};
+
+// Mean cross-entropy of logits whose vocabulary is split across the group (this rank's slice
+// [..., V / tp], as a column-parallel lm_head without gather_output gives them) against whole-vocabulary
+// targets [...], without gathering the logits: the max, the sum of exponentials and the target's
+// logit are each reduced over the group as [N] vectors. Targets equal to ignore_index count for
+// neither the loss nor the mean, as torch's cross_entropy. Computed in float32.
+Tensor vocab_parallel_cross_entropy(const Tensor& logits, const Tensor& target, distributed::ProcessGroup& group,
+                                    int64_t ignore_index = -100);
+
 }  // namespace booster::nn::tp
