@@ -174,7 +174,7 @@ TEST_CASE("fp8 chooses layers by path, size and lm_head, and refuses bad options
   cfg.heads = 2;
   cfg.context = 8;
   const nn::GPT gpt(cfg);
-  auto names = [&](Float8LinearOptions o) {
+  auto names = [&](const Float8LinearOptions& o) {
     Float8Linears l(o);
     l.bind(gpt);
     return l.layer_names();
@@ -182,7 +182,8 @@ TEST_CASE("fp8 chooses layers by path, size and lm_head, and refuses bad options
   const std::vector<std::string> all_blocks{"blocks.0.attn.c_attn", "blocks.0.attn.c_proj", "blocks.0.mlp.c_fc",
                                             "blocks.0.mlp.c_proj",  "blocks.1.attn.c_attn", "blocks.1.attn.c_proj",
                                             "blocks.1.mlp.c_fc",    "blocks.1.mlp.c_proj"};
-  CHECK(names({}) == all_blocks);
+  const Float8LinearOptions defaults;
+  CHECK(names(defaults) == all_blocks);
   Float8LinearOptions with_head;
   with_head.lm_head = true;
   CHECK(names(with_head).back() == "lm_head");
