@@ -6,6 +6,7 @@
 
 #include "booster/backends/cuda/cuda.h"
 #include "booster/booster/build_info.h"
+#include "booster/distributed/device_mesh.h"
 #include "booster/distributed/nccl_process_group.h"
 #include "booster/ops/ops.h"
 #include "skip.h"
@@ -87,4 +88,21 @@ TEST_CASE("nccl: the default nccl group is the one process_group_for(cuda) made,
   Tensor t = full({3}, 2.0, DType::Float32, Device::cuda());
   world.all_reduce(t, ReduceOp::Avg);
   CHECK(t.cpu().tolist() == std::vector<double>{2, 2, 2});
+}
+
+TEST_CASE("nccl: split makes a subgroup through ncclCommSplit, and a negative color none", "[cuda][nccl]") {
+  if (skip_without_nccl()) return;
+  auto pg = make_nccl_process_group();
+  std::shared_ptr<ProcessGroup> sub = pg->split(3, 0, "sub");
+  REQUIRE(sub != nullptr);
+  CHECK(sub->backend() == "nccl");
+  CHECK(sub->size() == 1);
+  CHECK(sub->device() == pg->device());
+  Tensor t = from_vector(std::vector<double>{2, -1}, {2}, DType::Float32).to(Device::cuda());
+  sub->all_reduce(t);
+  CHECK(t.cpu().tolist() == std::vector<double>{2, -1});
+  sub->barrier();
+  CHECK(pg->split(-1, 0, "none") == nullptr);
+  const DeviceMesh mesh(*pg, 1, 1);
+  CHECK(mesh.tp_group().backend() == "nccl");
 }

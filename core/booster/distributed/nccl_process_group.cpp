@@ -152,6 +152,15 @@ class NcclProcessGroup final : public ProcessGroup {
 #endif
     watchdog_ = std::thread([this] { watch(); });
   }
+  // A subgroup: `comm` comes from ncclCommSplit of a group on `device`. No census (the MPI side has no
+  // matching subcommunicator): a timeout names no ranks, but still ends the job.
+  NcclProcessGroup(ncclComm_t comm, int device, std::string name) : device_(device), comm_(comm), name_(std::move(name)) {
+    stream_ = static_cast<cudaStream_t>(cuda::stream_handle(device_));
+    BOOSTER_NCCL_CHECK(ncclCommUserRank(comm_, &rank_));
+    BOOSTER_NCCL_CHECK(ncclCommCount(comm_, &size_));
+    BOOSTER_NCCL_CUDA_CHECK(cudaMalloc(&barrier_buf_, sizeof(float)));
+    watchdog_ = std::thread([this] { watch(); });
+  }
   ~NcclProcessGroup() override {
     {
       std::lock_guard<std::mutex> lock(watch_mutex_);
@@ -169,6 +178,15 @@ class NcclProcessGroup final : public ProcessGroup {
   int size() const override { return size_; }
   std::string backend() const override { return "nccl"; }
   Device device() const override { return Device::cuda(device_); }
+
+  // ncclCommSplit: collective over this group, as ProcessGroup::split.
+  std::shared_ptr<ProcessGroup> split(int color, int key, const std::string& name) override {
+    enter();
+    ncclComm_t sub = nullptr;
+    BOOSTER_NCCL_CHECK(ncclCommSplit(comm_, color < 0 ? NCCL_SPLIT_NOCOLOR : color, key < 0 ? rank_ : key, &sub, nullptr));
+    if (sub == nullptr) return nullptr;
+    return std::make_shared<NcclProcessGroup>(sub, device_, name);
+  }
 
   // Blocks the host until the stream has run the barrier, polling with back-off rather than in
   // cudaStreamSynchronize, which cannot time out (Note [Collective timeouts], "nccl").
@@ -286,7 +304,7 @@ class NcclProcessGroup final : public ProcessGroup {
     if (census_) who = census_->take(started_.load(), what);
 #endif
     if (size_ == 1) who = "the GPU did not finish it (this is the only rank)";
-    return detail::timeout_message(what, "world", size_, rank_, now - what.start, who);
+    return detail::timeout_message(what, name_, size_, rank_, now - what.start, who);
   }
 
   // The watchdog thread: every 100 ms, forgets the collectives the GPU has finished (they finish in
@@ -327,6 +345,7 @@ class NcclProcessGroup final : public ProcessGroup {
   int rank_ = 0, size_ = 1, device_ = 0;
   cudaStream_t stream_ = nullptr;
   ncclComm_t comm_ = nullptr;
+  std::string name_ = "world";
   void* barrier_buf_ = nullptr;
   std::atomic<uint64_t> started_{0};
   std::atomic<bool> timed_out_{false};

@@ -163,8 +163,9 @@ class ProcessGroup {
   // Collective over this group, as MPI_Comm_split: ranks passing the same `color` form one new group,
   // ordered by `key` (ties by rank here); a negative color joins none and gets nullptr. `name` names
   // the group in errors. The new group has this group's backend and device and its own timeout
-  // setting; it is set up with a blocking call that the collective timeout does not cover. The
-  // "nccl" backend cannot split yet (NotImplementedError).
+  // setting; it is set up with a blocking call that the collective timeout does not cover ("nccl":
+  // ncclCommSplit; a timeout of such a subgroup ends the job without naming the ranks that did not
+  // arrive).
   virtual std::shared_ptr<ProcessGroup> split(int color, int key, const std::string& name);
   // The group of `ranks` (ranks of this group, listed in the new group's rank order), through split:
   // every rank calls it with the same list; ranks not in it get nullptr. ValueError for a rank out of
