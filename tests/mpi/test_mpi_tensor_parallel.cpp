@@ -147,3 +147,34 @@ TEST_CASE("vocabulary-parallel embedding and cross-entropy match the whole-vocab
                                                          target_t.reshape({1, n}), pg);
   CHECK(l3.item() == Approx(l1.item()).epsilon(1e-6));
 }
+
+TEST_CASE("attention split by heads matches the whole CausalSelfAttention", "[mpi][tp]") {
+  ProcessGroup& pg = group();
+  Generator gen(51), data_gen(52);
+  nn::CausalSelfAttention full(8, 4, 0.0, &gen);
+  nn::tp::ParallelCausalSelfAttention par(full, pg);
+  CHECK(par.local_heads == 2);
+  Tensor x1 = randn({2, 5, 8}, &data_gen).requires_grad_(), x2 = x1.detach().clone().requires_grad_();
+  const Tensor y1 = full(x1), y2 = par(x2);
+  CHECK(max_diff(y2, y1) < kTol);
+  const Tensor g = randn({2, 5, 8}, &data_gen);
+  y1.backward(g);
+  y2.backward(g);
+  CHECK(max_diff(x2.grad(), x1.grad()) < kTol);
+  // c_attn's gradient: this rank's heads' rows of each of q, k and v.
+  const Tensor full_grad = full.c_attn->weight.grad();
+  std::vector<Tensor> mine;
+  for (int64_t part = 0; part < 3; ++part) mine.push_back(full_grad.narrow(0, part * 8 + pg.rank() * 4, 4));
+  CHECK(max_diff(par.c_attn->weight.grad(), cat(mine, 0)) < kTol);
+  CHECK(max_diff(par.c_proj->weight.grad(), my_slice(full.c_proj->weight.grad(), 1, pg)) < kTol);
+  CHECK(max_diff(par.c_proj->bias.grad(), full.c_proj->bias.grad()) < kTol);
+
+  // Built from an existing Linear: the same shard as the generator-built layer.
+  Generator a(61), b(61);
+  const nn::Linear lin(8, 6, true, &a);
+  const nn::tp::ColumnParallelLinear from_layer(lin, pg), from_gen(8, 6, pg, true, false, &b);
+  CHECK(max_diff(from_layer.weight, from_gen.weight) == 0.0);
+  CHECK(max_diff(from_layer.bias, from_gen.bias) == 0.0);
+  CHECK_THROWS_WITH(nn::tp::ParallelCausalSelfAttention(nn::CausalSelfAttention(6, 3), pg),
+                    Catch::Contains("3 heads do not divide"));
+}

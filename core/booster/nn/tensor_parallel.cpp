@@ -82,6 +82,22 @@ ColumnParallelLinear::ColumnParallelLinear(int64_t in, int64_t out, distributed:
   if (with_bias) bias = register_parameter("bias", shard(full.bias, 0, group, "ColumnParallelLinear", "out_features"));
 }
 
+ColumnParallelLinear::ColumnParallelLinear(const Linear& full, distributed::ProcessGroup& group, bool gather)
+    : ColumnParallelLinear(shard(full.weight, 0, group, "ColumnParallelLinear", "out_features"),
+                           full.bias.defined() ? shard(full.bias, 0, group, "ColumnParallelLinear", "out_features")
+                                               : Tensor(),
+                           full.out_features, group, gather) {}
+
+ColumnParallelLinear::ColumnParallelLinear(Tensor weight_shard, Tensor bias_shard, int64_t out,
+                                           distributed::ProcessGroup& group, bool gather)
+    : in_features(weight_shard.size(1)), out_features(out), out_per_rank(weight_shard.size(0)), gather_output(gather),
+      group_(&group) {
+  BOOSTER_CHECK(out_per_rank * group.size() == out, ShapeError, "ColumnParallelLinear: a shard of ", out_per_rank,
+                " rows on each of ", group.size(), " ranks is not ", out, " out_features");
+  weight = register_parameter("weight", std::move(weight_shard));
+  if (bias_shard.defined()) bias = register_parameter("bias", std::move(bias_shard));
+}
+
 Tensor ColumnParallelLinear::forward(const Tensor& x) {
   BOOSTER_CHECK(x.dim() >= 1 && x.size(-1) == in_features, ShapeError, "ColumnParallelLinear: expected input [..., ",
                 in_features, "], got shape ", x.shape());
@@ -104,6 +120,53 @@ RowParallelLinear::RowParallelLinear(int64_t in, int64_t out, distributed::Proce
     NoGradGuard no_grad;
     bias = register_parameter("bias", full.bias.clone());
   }
+}
+
+RowParallelLinear::RowParallelLinear(const Linear& full, distributed::ProcessGroup& group, bool parallel_input)
+    : in_features(full.in_features), out_features(full.out_features), in_per_rank(full.in_features / group.size()),
+      input_is_parallel(parallel_input), group_(&group) {
+  weight = register_parameter("weight", shard(full.weight, 1, group, "RowParallelLinear", "in_features"));
+  if (full.bias.defined()) {
+    NoGradGuard no_grad;
+    bias = register_parameter("bias", full.bias.detach().clone());
+  }
+}
+
+ParallelCausalSelfAttention::ParallelCausalSelfAttention(const CausalSelfAttention& full,
+                                                         distributed::ProcessGroup& group)
+    : width(full.width), heads(full.heads), local_heads(full.heads / group.size()) {
+  BOOSTER_CHECK(heads % group.size() == 0, ShapeError, "ParallelCausalSelfAttention: ", heads,
+                " heads do not divide by the tensor-parallel size ", group.size());
+  // c_attn's rows are [q; k; v], heads contiguous within each: this rank takes its heads' rows of each.
+  const int64_t per = width / group.size(), first = group.rank() * per;
+  std::vector<Tensor> w_parts, b_parts;
+  {
+    NoGradGuard no_grad;
+    for (int64_t part = 0; part < 3; ++part) {
+      w_parts.push_back(full.c_attn->weight.narrow(0, part * width + first, per));
+      if (full.c_attn->bias.defined()) b_parts.push_back(full.c_attn->bias.narrow(0, part * width + first, per));
+    }
+  }
+  Tensor w, b;
+  {
+    NoGradGuard no_grad;
+    w = cat(w_parts, 0).contiguous().clone();
+    if (!b_parts.empty()) b = cat(b_parts, 0).contiguous().clone();
+  }
+  c_attn = register_module("c_attn", std::make_shared<ColumnParallelLinear>(w, b, 3 * width, group, false));
+  c_proj = register_module("c_proj", std::make_shared<RowParallelLinear>(*full.c_proj, group, true));
+  resid_dropout = register_module("resid_dropout", full.resid_dropout);
+}
+
+Tensor ParallelCausalSelfAttention::forward(const Tensor& x) {
+  BOOSTER_CHECK(x.dim() == 3 && x.size(2) == width, ShapeError, "ParallelCausalSelfAttention: expected input [B, T, ",
+                width, "], got shape ", x.shape());
+  const int64_t B = x.size(0), T = x.size(1), head_dim = width / heads, local = local_heads * head_dim;
+  const std::vector<Tensor> qkv = split((*c_attn)(x), local, 2);
+  auto to_heads = [&](const Tensor& t) { return t.view({B, T, local_heads, head_dim}).transpose(1, 2); };
+  Tensor y = scaled_dot_product_attention(to_heads(qkv[0]), to_heads(qkv[1]), to_heads(qkv[2]), true);
+  y = y.transpose(1, 2).reshape({B, T, local});
+  return (*resid_dropout)((*c_proj)(y));
 }
 
 Tensor RowParallelLinear::forward(const Tensor& x) {

@@ -8,7 +8,10 @@
 #pragma once
 
 #include "booster/distributed/process_group.h"
+#include "booster/nn/dropout.h"
+#include "booster/nn/linear.h"
 #include "booster/nn/module.h"
+#include "booster/nn/transformer.h"
 #include "booster/tensor/random.h"
 
 namespace booster::nn::tp {
@@ -33,6 +36,11 @@ class ColumnParallelLinear : public Module {
   // by the group size (ShapeError naming both).
   ColumnParallelLinear(int64_t in_features, int64_t out_features, distributed::ProcessGroup& group, bool bias = true,
                        bool gather_output = false, Generator* gen = nullptr);
+  // This rank's rows of an existing layer (its weights copied, so the layer itself is untouched).
+  ColumnParallelLinear(const Linear& full, distributed::ProcessGroup& group, bool gather_output = false);
+  // Given shards: weight [out / tp, in], bias [out / tp] or undefined.
+  ColumnParallelLinear(Tensor weight_shard, Tensor bias_shard, int64_t out_features, distributed::ProcessGroup& group,
+                       bool gather_output);
   Tensor forward(const Tensor& x) override;
   std::string name() const override { return "ColumnParallelLinear"; }
   std::string extra_repr() const override;
@@ -55,6 +63,8 @@ class RowParallelLinear : public Module {
   // Initialized as nn::Linear(in, out, bias, gen), then sliced; in must divide by the group size.
   RowParallelLinear(int64_t in_features, int64_t out_features, distributed::ProcessGroup& group, bool bias = true,
                     bool input_is_parallel = true, Generator* gen = nullptr);
+  // This rank's columns of an existing layer (its weights copied).
+  RowParallelLinear(const Linear& full, distributed::ProcessGroup& group, bool input_is_parallel = true);
   Tensor forward(const Tensor& x) override;
   std::string name() const override { return "RowParallelLinear"; }
   std::string extra_repr() const override;
@@ -66,6 +76,23 @@ class RowParallelLinear : public Module {
 
  private:
   distributed::ProcessGroup* group_;
+};
+
+// Causal self-attention split by heads: this rank computes heads [rank * H / tp, (rank + 1) * H / tp).
+// c_attn is column-parallel over the q, k and v rows of those heads, c_proj row-parallel over their
+// features; one all-reduce forward (after c_proj) and one backward (into x). Built from an existing
+// CausalSelfAttention, whose weights it slices (copies) and whose dropout module it shares, so the
+// ranks draw the same masks as the single-process model.
+class ParallelCausalSelfAttention : public Module {
+ public:
+  ParallelCausalSelfAttention(const CausalSelfAttention& full, distributed::ProcessGroup& group);
+  Tensor forward(const Tensor& x) override;
+  std::string name() const override { return "ParallelCausalSelfAttention"; }
+
+  const int64_t width, heads, local_heads;
+  std::shared_ptr<ColumnParallelLinear> c_attn;  // width -> 3 width / tp (this rank's q, k, v)
+  std::shared_ptr<RowParallelLinear> c_proj;     // width / tp -> width
+  std::shared_ptr<Dropout> resid_dropout;
 };
 
 // An embedding with the vocabulary split by rows: this rank holds rows [rank * V / tp, (rank + 1) * V / tp).
