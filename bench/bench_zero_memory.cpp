@@ -1,8 +1,8 @@
 // Per-rank memory of ZeRO (the low_level_zero plugin) against an unsharded data-parallel rank, measured
 // with the CPU allocator's counters (cpu_bytes_in_use / cpu_peak_bytes: bytes of live storages).
 //
-//   OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 \
-//     mpirun -np 2 --oversubscribe build/bin/bench_zero_memory [hidden=2048]
+//   OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1
+//     mpirun -np 2 --oversubscribe build/bin/bench_zero_memory [hidden=2048]   (one command line)
 //
 // The baseline is what a ddp rank holds: the whole float32 model, a gradient for every parameter
 // (the optimizer's flat gradient buffer) and AdamW's state for every parameter. For fp16/bf16 the

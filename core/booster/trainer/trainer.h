@@ -87,7 +87,11 @@ struct TrainerOptions {
   // Settings a resume must keep (Note [Settings a resume must keep] in booster/booster/state.cpp) and
   // how a refused resume is told to restore one.
   nlohmann::json resume_settings = nlohmann::json::object();
-  LoadStateOptions load_options{.context = "Trainer resume"};
+  LoadStateOptions load_options = [] {
+    LoadStateOptions o;
+    o.context = "Trainer resume";
+    return o;
+  }();
   // How to resume from a saved checkpoint, for the message of an interrupted run; default: the
   // TrainerOptions::resume to set.
   std::function<std::string(const std::filesystem::path& checkpoint)> resume_hint;
