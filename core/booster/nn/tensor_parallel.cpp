@@ -76,11 +76,7 @@ Tensor split_last_dim(const Tensor& x, distributed::ProcessGroup& group) {
 
 ColumnParallelLinear::ColumnParallelLinear(int64_t in, int64_t out, distributed::ProcessGroup& group, bool with_bias,
                                            bool gather, Generator* gen)
-    : in_features(in), out_features(out), out_per_rank(out / group.size()), gather_output(gather), group_(&group) {
-  const Linear full(in, out, with_bias, gen);
-  weight = register_parameter("weight", shard(full.weight, 0, group, "ColumnParallelLinear", "out_features"));
-  if (with_bias) bias = register_parameter("bias", shard(full.bias, 0, group, "ColumnParallelLinear", "out_features"));
-}
+    : ColumnParallelLinear(Linear(in, out, with_bias, gen), group, gather) {}
 
 ColumnParallelLinear::ColumnParallelLinear(const Linear& full, distributed::ProcessGroup& group, bool gather)
     : ColumnParallelLinear(shard(full.weight, 0, group, "ColumnParallelLinear", "out_features"),
@@ -112,15 +108,7 @@ std::string ColumnParallelLinear::extra_repr() const {
 
 RowParallelLinear::RowParallelLinear(int64_t in, int64_t out, distributed::ProcessGroup& group, bool with_bias,
                                      bool parallel_input, Generator* gen)
-    : in_features(in), out_features(out), in_per_rank(in / group.size()), input_is_parallel(parallel_input),
-      group_(&group) {
-  const Linear full(in, out, with_bias, gen);
-  weight = register_parameter("weight", shard(full.weight, 1, group, "RowParallelLinear", "in_features"));
-  if (with_bias) {
-    NoGradGuard no_grad;
-    bias = register_parameter("bias", full.bias.clone());
-  }
-}
+    : RowParallelLinear(Linear(in, out, with_bias, gen), group, parallel_input) {}
 
 RowParallelLinear::RowParallelLinear(const Linear& full, distributed::ProcessGroup& group, bool parallel_input)
     : in_features(full.in_features), out_features(full.out_features), in_per_rank(full.in_features / group.size()),
