@@ -5,6 +5,7 @@
 // (an 8192^3 matmul). bench/torch_gpt2_cuda.py is the PyTorch side of the comparison.
 //
 //   build/bin/bench_gpt2_cuda [--batch 8] [--context 1024] [--steps 10] [--warmup 3] [--precision all|fp32|...]
+//                             [--flash 0|1]   (0: the unfused attention kernels, for a before/after)
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -56,6 +57,7 @@ int main(int argc, char** argv) {
     else if (arg == "--steps") steps = std::atoi(v.c_str());
     else if (arg == "--warmup") warmup = std::atoi(v.c_str());
     else if (arg == "--precision") which = v;
+    else if (arg == "--flash") set_flash_attention_enabled(v != "0");
     else {
       std::fprintf(stderr, "bench_gpt2_cuda: unknown option %s\n", arg.c_str());
       return 2;
@@ -145,6 +147,7 @@ int main(int argc, char** argv) {
       std::printf("%s\n", nlohmann::json{{"framework", "booster"},
                                          {"precision", precision},
                                          {"batch", batch},
+                                         {"flash_attention", flash_attention_enabled()},
                                          {"context", context},
                                          {"params", params},
                                          {"ms_per_step", s * 1e3},

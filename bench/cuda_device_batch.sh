@@ -3,7 +3,7 @@
 # Usage (from the repo root on the GPU machine): bash bench/cuda_device_batch.sh [bench args...]
 set -u
 OUT=${OUT:-/tmp/out}
-TARGETS=${TARGETS:-"booster_core test_cuda_ops test_cuda_train test_cuda_nccl bench_gpt2_cuda"}
+TARGETS=${TARGETS:-"booster_core booster_plugin_single booster_plugin_ddp booster_plugin_low_level_zero test_cuda_ops test_cuda_train test_cuda_plugins test_cuda_nccl bench_gpt2_cuda"}
 bash bench/cuda_device_run.sh "-k 0 $TARGETS" "true" || exit 1
 export OMP_NUM_THREADS=8
 if [ "${RUN_TESTS:-1}" = 1 ]; then
@@ -11,6 +11,8 @@ if [ "${RUN_TESTS:-1}" = 1 ]; then
   grep -E "FAILED" -A10 $OUT/test_cuda_ops.log | head -80; tail -3 $OUT/test_cuda_ops.log
   timeout 240 build/bin/test_cuda_train > $OUT/test_cuda_train.log 2>&1; echo "test_cuda_train rc=$?"
   grep -E "^(mlp|gpt) |FAILED|failed|passed|error" $OUT/test_cuda_train.log | head -60
+  timeout 120 build/bin/test_cuda_plugins > $OUT/test_cuda_plugins.log 2>&1; echo "test_cuda_plugins rc=$?"
+  grep -E "FAILED|failed|passed|error|skipped|SKIP" -A6 $OUT/test_cuda_plugins.log | head -40
   timeout 60 build/bin/test_cuda_nccl > $OUT/test_cuda_nccl.log 2>&1; echo "test_cuda_nccl rc=$?"
   grep -E "FAILED|failed|passed|error|skipped" -A6 $OUT/test_cuda_nccl.log | head -40
 fi

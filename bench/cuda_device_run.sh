@@ -9,6 +9,11 @@ DEBS=${DEPS_DEBS:-../.devdeps}
 D=/tmp/deps
 mkdir -p $D "$OUT"
 for f in "$DEBS"/*.deb; do dpkg -x "$f" $D; done
+# zlib1g-dev's libz.so points at an absolute path: aim it at the image's own libz.so.1 so the shared
+# library is linked (the static libz.a beside it is not built for a shared object).
+for z in /lib/x86_64-linux-gnu/libz.so.1 /usr/lib/x86_64-linux-gnu/libz.so.1; do
+  [ -e $z ] && { rm -f $D/usr/lib/x86_64-linux-gnu/libz.a; ln -sf $z $D/usr/lib/x86_64-linux-gnu/libz.so; break; }
+done
 export LD_LIBRARY_PATH=$D/usr/lib/x86_64-linux-gnu/openblas-openmp:$D/usr/lib/x86_64-linux-gnu:${LD_LIBRARY_PATH:-}
 export CPATH=$D/usr/include:${CPATH:-}
 export PATH=/usr/local/cuda/bin:$PATH

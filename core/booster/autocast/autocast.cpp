@@ -70,6 +70,12 @@ LinearOverride* linear_override() { return t_state.state.enabled ? t_state.state
 bool is_enabled() { return t_state.state.enabled; }
 DType autocast_dtype() { return t_state.state.dtype; }
 
+CastPolicy current_policy(Op op) {
+  const State& st = t_state.state;
+  if (!st.enabled) return CastPolicy::None;
+  return (st.table ? *st.table : *default_table())[size_t(op)];
+}
+
 AutocastGuard::AutocastGuard(bool enabled, DType dtype, std::shared_ptr<const PolicyTable> table,
                              std::shared_ptr<LinearOverride> linear_override)
     : prev_(t_state.state) {

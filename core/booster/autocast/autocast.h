@@ -62,6 +62,9 @@ struct State {
 const State& state();
 bool is_enabled();
 DType autocast_dtype();
+// The policy autocast applies to `op` right now (None while disabled), for an op that computes the
+// policy's result its own way (a loss reading 16-bit logits as they are, in float32).
+CastPolicy current_policy(Op op);
 
 // Enables autocast to `dtype` for this thread until destruction (nests; the outermost one clears the
 // cast cache on exit).

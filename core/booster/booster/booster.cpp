@@ -160,6 +160,7 @@ Boosted Booster::boost(nn::ModulePtr model, std::shared_ptr<optim::Optimizer> op
   const Device device = require_device(config_.device);
   if (!device.is_cpu()) {
     model->to(device);
+    if (optimizer) optimizer->rebind();  // its flat buffers were made where the model was
     if (dataloader) dataloader->set_device(device);
   }
 

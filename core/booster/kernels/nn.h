@@ -69,6 +69,19 @@ BOOSTER_DECLARE_KERNEL(attention_backward_kernel,
                        void(const Tensor& grad_out, const Tensor& q, const Tensor& k, const Tensor& v,
                             const Tensor& probs, double scale, Tensor& dq, Tensor& dk, Tensor& dv));
 
+// Fused (flash) attention, for the backends that have it (the op asks `has` and checks the rest):
+// float16/bfloat16, head size E of 16, 32 or 64 for q, k and v alike. q/out [B, H, L, E] (or [B, L, E])
+// and k/v [B, H, S, E], each with its own strides, the last 1 and the others multiples of 8 elements
+// (16-byte aligned rows). lse [B, H, L] float32 contiguous receives log(sum_j exp(scale q_i . k_j))
+// over the keys row i sees; the probabilities are never stored.
+BOOSTER_DECLARE_KERNEL(flash_attention_kernel, void(const Tensor& q, const Tensor& k, const Tensor& v,
+                                                    bool is_causal, double scale, Tensor& out, Tensor& lse));
+// grad_out and out like q; dq, dk, dv like q, k, v (all three written, with their own strides).
+BOOSTER_DECLARE_KERNEL(flash_attention_backward_kernel,
+                       void(const Tensor& grad_out, const Tensor& q, const Tensor& k, const Tensor& v,
+                            const Tensor& out, const Tensor& lse, bool is_causal, double scale, Tensor& dq,
+                            Tensor& dk, Tensor& dv));
+
 // ------------------------------------------------------------------------------------------ losses
 // How per-element losses are combined; mirrors booster::Reduction (ops.h) without depending on it.
 enum class LossReduction : uint8_t { None, Mean, Sum };
@@ -84,6 +97,18 @@ BOOSTER_DECLARE_KERNEL(cross_entropy_kernel,
 // dlogits = (softmax - (1 - s) onehot - s / C) * g (g / count for Mean; g[n, d] for None); 0 on
 // ignored rows. grad: out's shape.
 BOOSTER_DECLARE_KERNEL(cross_entropy_backward_kernel,
+                       void(const Tensor& grad, const Tensor& logits, const Tensor& target, const Tensor& lse,
+                            const Tensor& count, int64_t ignore_index, double label_smoothing,
+                            LossReduction reduction, Tensor& dlogits));
+// The fused classifier (backends that have it; the op asks `has`): logits [N, C] with unit column
+// stride and any row stride (padded rows), float32/float16/bfloat16, read as they are and computed in
+// float32; target int64 [N]. out (float32, [N] for None, else a scalar), lse [N] and count as
+// cross_entropy_kernel, in float32. Label smoothing and ignore_index as there.
+BOOSTER_DECLARE_KERNEL(classifier_loss_kernel,
+                       void(const Tensor& logits, const Tensor& target, int64_t ignore_index, double label_smoothing,
+                            LossReduction reduction, Tensor& out, Tensor& lse, Tensor& count));
+// grad: float32, out's shape. dlogits: [N, C] in the logits' dtype, unit column stride, its own row stride.
+BOOSTER_DECLARE_KERNEL(classifier_loss_backward_kernel,
                        void(const Tensor& grad, const Tensor& logits, const Tensor& target, const Tensor& lse,
                             const Tensor& count, int64_t ignore_index, double label_smoothing,
                             LossReduction reduction, Tensor& dlogits));

@@ -24,7 +24,7 @@ Linear::Linear(int64_t in, int64_t out, bool with_bias, Generator* gen)
 Tensor Linear::forward(const Tensor& x) {
   BOOSTER_CHECK(x.dim() >= 1 && x.size(-1) == in_features, ShapeError, "Linear: expected input [..., ",
                 in_features, "], got shape ", x.shape());
-  return linear(x, weight, bias);
+  return linear(x, weight, bias, output_row_multiple);
 }
 
 std::string Linear::extra_repr() const {

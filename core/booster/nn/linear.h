@@ -18,6 +18,8 @@ class Linear : public Module {
   std::string extra_repr() const override;
 
   int64_t in_features, out_features;
+  // On a GPU, the output's rows are laid out round_up(out_features, this) apart (see ops' linear).
+  int64_t output_row_multiple = 1;
   Tensor weight;  // [out, in]
   Tensor bias;    // [out], undefined without bias
 };

@@ -182,7 +182,100 @@ Tensor bmm(const Tensor& a_in, const Tensor& b_in) {
   return out;
 }
 
-Tensor linear(const Tensor& x_in, const Tensor& w_in, const Tensor& bias_in) {
+namespace {
+
+// Note [Aligned GEMM pieces]
+// A 16-bit GEMM whose vocabulary-sized dimension is not a multiple of 8 (GPT-2's 50257) misses
+// cuBLAS's fast tensor-core kernels even when its rows are aligned: measured on an H100, the lm_head
+// forward ran at 95 TFLOP/s. So on a GPU, `features` (out_features) is cut into an aligned head of
+// round_down(features, 64) and a small tail, each a GEMM of its own (the tail accumulating where
+// they share an output).
+struct FeatureSplit {
+  int64_t head = 0, tail = 0;
+};
+FeatureSplit split_features(const Tensor& x, int64_t features, int64_t row_multiple) {
+  if (!x.device().is_cuda() || row_multiple <= 1 || features <= 64 || features % 64 == 0) return {features, 0};
+  return {features / 64 * 64, features % 64};
+}
+
+// The tail's 64 columns of a [rows, features] matrix whose rows are at least head + 64 apart (the
+// padded rows of Note [Aligned GEMM pieces]), reaching into the padding; undefined without the room.
+Tensor padded_tail(const Tensor& m, FeatureSplit sp) {
+  if (m.stride(1) != 1 || m.stride(0) < sp.head + 64) return Tensor();
+  return make_view(m, {m.size(0), 64}, {m.stride(0), 1}, m.offset() + sp.head);
+}
+
+// y2 [rows, features] = x2 [rows, in] w^T (+ y2 when accumulate), over the split. A tail GEMM of a
+// few odd columns is slow too (m = 17 ran at a few TFLOP/s), so where y2's rows have room it runs
+// 64 wide over a zero-padded copy of the tail's weight rows, writing into the never-read padding.
+void linear_forward_gemm(const Tensor& x2, const Tensor& w, Tensor& y2, bool accumulate, FeatureSplit sp) {
+  if (sp.tail == 0) {
+    Tensor c3 = as_3d_2d(y2);
+    gemm3(as_3d_2d(x2), as_3d_2d(w.t()), c3, accumulate);
+    return;
+  }
+  Tensor head = as_3d_2d(y2.narrow(1, 0, sp.head));
+  gemm3(as_3d_2d(x2), as_3d_2d(w.narrow(0, 0, sp.head).t()), head, accumulate);
+  Tensor tail64 = padded_tail(y2, sp);
+  if (tail64.defined()) {
+    NoGradGuard ng;
+    Tensor w64 = zeros({64, w.size(1)}, w.dtype(), w.device());
+    w64.narrow(0, 0, sp.tail).copy_(w.narrow(0, sp.head, sp.tail));
+    Tensor c3 = as_3d_2d(tail64);
+    gemm3(as_3d_2d(x2), as_3d_2d(w64.t()), c3, accumulate);
+  } else {
+    Tensor c3 = as_3d_2d(y2.narrow(1, sp.head, sp.tail));
+    gemm3(as_3d_2d(x2), as_3d_2d(w.narrow(0, sp.head, sp.tail).t()), c3, accumulate);
+  }
+}
+
+// dX = dY W over the split: the head's GEMM, then the tail's accumulated into it.
+Tensor linear_input_grad(const Tensor& g2, const Tensor& w, FeatureSplit sp) {
+  if (sp.tail == 0) return mm_nd(g2, w);
+  Tensor dx = Tensor::empty({g2.size(0), w.size(1)}, g2.dtype(), g2.device());
+  Tensor c3 = as_3d_2d(dx);
+  gemm3(as_3d_2d(g2.narrow(1, 0, sp.head)), as_3d_2d(w.narrow(0, 0, sp.head)), c3);
+  gemm3(as_3d_2d(g2.narrow(1, sp.head, sp.tail)), as_3d_2d(w.narrow(0, sp.head, sp.tail)), c3, true);
+  return dx;
+}
+
+// dW = dY^T X over the split: each piece of dW's rows from its own GEMM. Where dY's rows have room,
+// the tail runs 64 rows wide over dY's padding (rows of dW that depend on the padding alone, dropped).
+Tensor linear_weight_grad(const Tensor& g2, const Tensor& x2, FeatureSplit sp) {
+  if (sp.tail == 0) return mm_nd(g2.t(), x2);
+  Tensor dw = Tensor::empty({g2.size(1), x2.size(1)}, g2.dtype(), g2.device());
+  Tensor head = as_3d_2d(dw.narrow(0, 0, sp.head));
+  gemm3(as_3d_2d(g2.narrow(1, 0, sp.head).t()), as_3d_2d(x2), head);
+  const Tensor g64 = padded_tail(g2, sp);
+  if (g64.defined()) {
+    Tensor dw64 = Tensor::empty({64, x2.size(1)}, g2.dtype(), g2.device());
+    Tensor c3 = as_3d_2d(dw64);
+    gemm3(as_3d_2d(g64.t()), as_3d_2d(x2), c3);
+    NoGradGuard ng;
+    dw.narrow(0, sp.head, sp.tail).copy_(dw64.narrow(0, 0, sp.tail));
+  } else {
+    Tensor c3 = as_3d_2d(dw.narrow(0, sp.head, sp.tail));
+    gemm3(as_3d_2d(g2.narrow(1, sp.head, sp.tail).t()), as_3d_2d(x2), c3);
+  }
+  return dw;
+}
+
+// db = column sums of dY [rows, features]. For 16-bit dY on a GPU, a GEMM with a ones vector (float32
+// accumulation, one rounding, as the reduction; float32 stays on the reduction, which TF32 GEMMs would
+// round): a column sum through the reduction kernels first copies dY transposed, which cost a GPT-2
+// bf16 step about 3 ms.
+Tensor linear_bias_grad(const Tensor& g2) {
+  if (!g2.device().is_cuda() || !is_low_precision(g2.dtype()) || g2.size(0) == 0) return sum(g2, {0});
+  const Tensor ones_col = ones({g2.size(0), 1}, g2.dtype(), g2.device());
+  Tensor db = Tensor::empty({g2.size(1), 1}, g2.dtype(), g2.device());
+  Tensor c3 = as_3d_2d(db);
+  gemm3(as_3d_2d(g2.t()), as_3d_2d(ones_col), c3);
+  return db.view({g2.size(1)});
+}
+
+}  // namespace
+
+Tensor linear(const Tensor& x_in, const Tensor& w_in, const Tensor& bias_in, int64_t row_multiple) {
   BOOSTER_OP_CONTEXT("linear");
   if (autocast::LinearOverride* o = autocast::linear_override()) {
     Tensor y = o->linear(x_in, w_in, bias_in);
@@ -205,16 +298,24 @@ Tensor linear(const Tensor& x_in, const Tensor& w_in, const Tensor& bias_in) {
 
   // Note [Folding batch into rows]: one GEMM; the bias is broadcast into C first and added by beta = 1.
   const Tensor x2 = fold_rows(x.detach());
-  Tensor out2 = Tensor::empty({x2.shape()[0], out_features}, x.dtype(), x.device());
+  const int64_t rows = x2.shape()[0];
+  const int64_t row_stride = x.device().is_cuda() && row_multiple > 1
+                                 ? (out_features + row_multiple - 1) / row_multiple * row_multiple
+                                 : out_features;
+  Tensor out2 = Tensor::empty({rows, row_stride}, x.dtype(), x.device());
+  if (row_stride != out_features) out2 = make_view(out2, {rows, out_features}, {row_stride, 1}, 0);
   if (bias.defined()) {
     NoGradGuard ng;
     out2.copy_(bias.detach().expand(out2.shape()));
   }
-  Tensor c3 = as_3d_2d(out2);
-  gemm3(as_3d_2d(x2), as_3d_2d(w.detach().t()), c3, bias.defined());
+  const FeatureSplit split = split_features(x, out_features, row_multiple);
+  linear_forward_gemm(x2, w.detach(), out2, bias.defined(), split);
   Shape s(x.shape().begin(), x.shape().end() - 1);
   s.push_back(out_features);
-  Tensor out = make_view(out2, s, contiguous_strides(s), 0);
+  Shape st = contiguous_strides(s);
+  if (row_stride != out_features)
+    for (size_t d = 0; d + 1 < st.size(); ++d) st[d] = st[d] / out_features * row_stride;
+  Tensor out = make_view(out2, s, st, 0);
 
   if (autograd::needs_grad({&x, &w, &bias})) {
     const bool gx = x.requires_grad(), gw = w.requires_grad(), gb = bias.defined() && bias.requires_grad();
@@ -222,12 +323,12 @@ Tensor linear(const Tensor& x_in, const Tensor& w_in, const Tensor& bias_in) {
     if (bias.defined()) inputs.push_back(bias);
     autograd::record(out, "LinearBackward", inputs,
                      [x2 = gw ? x2 : Tensor(), w = w.detach(), x_shape = x.shape(), gx, gw, gb,
-                      has_bias = bias.defined()](const Tensor& g) {
+                      has_bias = bias.defined(), split](const Tensor& g) {
                        Tensor g2 = fold_rows(g);
                        grads r(has_bias ? 3 : 2);
-                       if (gx) r[0] = mm_nd(g2, w).reshape(x_shape);  // dX = dY W
-                       if (gw) r[1] = mm_nd(g2.t(), x2);              // dW = dY^T X, one GEMM over all rows
-                       if (gb) r[2] = sum(g2, {0});                   // db = column sums of dY
+                       if (gx) r[0] = linear_input_grad(g2, w, split).reshape(x_shape);  // dX = dY W
+                       if (gw) r[1] = linear_weight_grad(g2, x2, split);  // dW = dY^T X, over all rows
+                       if (gb) r[2] = linear_bias_grad(g2);               // db = column sums of dY
                        return r;
                      });
   }

@@ -59,16 +59,53 @@ ClassGeometry check_classification(const char* op, const Tensor& input, const Te
 
 Shape loss_shape(Reduction r, const Tensor& target) { return r == Reduction::None ? target.shape() : Shape{}; }
 
+// Note [Fused classifier] (backends/cuda/nn.cu): [N, C] logits with unit column stride on a backend
+// that has the fused kernel, float32 or 16-bit where autocast would widen them to float32 anyway.
+bool use_fused_classifier(const Tensor& logits, const Tensor& target) {
+  if (!logits.device().is_cuda() || !kernels::classifier_loss_kernel.has(DeviceType::CUDA)) return false;
+  if (logits.dim() != 2 || target.dim() != 1 || target.dtype() != DType::Int64 || logits.stride(1) != 1 ||
+      logits.stride(0) < logits.size(1) || target.size(0) != logits.size(0) || target.device() != logits.device())
+    return false;
+  if (logits.dtype() == DType::Float32) return true;
+  return is_low_precision(logits.dtype()) &&
+         autocast::current_policy(autocast::Op::CrossEntropy) == autocast::CastPolicy::Float32;
+}
+
+Tensor fused_classifier_loss(const Tensor& logits, const Tensor& target, Reduction reduction, int64_t ignore_index,
+                             double label_smoothing) {
+  const Tensor x = logits.detach(), t = target.detach().contiguous();
+  const int64_t N = x.size(0), C = x.size(1);
+  Tensor out = Tensor::empty(loss_shape(reduction, target), DType::Float32, x.device());
+  Tensor lse = Tensor::empty({N}, DType::Float32, x.device());
+  Tensor count = Tensor::empty({}, DType::Float32, x.device());
+  const LossReduction kr = to_kernel(reduction);
+  kernels::classifier_loss_kernel(x.device())(x, t, ignore_index, label_smoothing, kr, out, lse, count);
+  autograd::record(out, "CrossEntropyBackward", {logits},
+                   [x, t, lse, count, ignore_index, label_smoothing, kr, N, C](const Tensor& grad) {
+                     const Tensor gc = (grad.dtype() == DType::Float32 ? grad : grad.to(DType::Float32)).contiguous();
+                     // dlogits rows as far apart as the logits' (the padded rows a GEMM reads fast).
+                     const int64_t ld = x.stride(0);
+                     Tensor dx = Tensor::empty({N, ld}, x.dtype(), x.device());
+                     if (ld != C) dx = make_view(dx, {N, C}, {ld, 1}, 0);
+                     kernels::classifier_loss_backward_kernel(x.device())(gc, x, t, lse, count, ignore_index,
+                                                                          label_smoothing, kr, dx);
+                     return grads{dx};
+                   });
+  return out;
+}
+
 }  // namespace
 
 Tensor cross_entropy(const Tensor& logits_in, const Tensor& target, Reduction reduction, int64_t ignore_index,
                      double label_smoothing) {
   BOOSTER_OP_CONTEXT("cross_entropy");  // Note [Error context]
   Tensor logits = logits_in;
-  autocast::apply(autocast::Op::CrossEntropy, {&logits});
-  const ClassGeometry g = check_classification("cross_entropy", logits, target);
   BOOSTER_CHECK(label_smoothing >= 0.0 && label_smoothing <= 1.0, ValueError,
                 "cross_entropy: label_smoothing must be in [0, 1], got ", label_smoothing);
+  if (use_fused_classifier(logits, target))
+    return fused_classifier_loss(logits, target, reduction, ignore_index, label_smoothing);
+  autocast::apply(autocast::Op::CrossEntropy, {&logits});
+  const ClassGeometry g = check_classification("cross_entropy", logits, target);
   const Tensor x = logits.detach().contiguous().view({g.N, g.C, g.D});
   const Tensor t = target.detach().contiguous();
   Tensor out = Tensor::empty(loss_shape(reduction, target), logits.dtype(), logits.device());

@@ -1,7 +1,9 @@
 // Neural-network functions: softmax, log_softmax, layer_norm, batch_norm, dropout and scaled
 // dot-product attention. Each one: autocast, checks, one fused kernel (kernels/nn.h), and a fused
 // backward kernel recorded for autograd. Saved statistics stay in float32 (float64 for float64).
+#include <atomic>
 #include <cmath>
+#include <cstdint>
 
 #include "booster/autocast/autocast.h"
 #include "booster/autograd/autograd.h"
@@ -226,6 +228,64 @@ Tensor dropout(const Tensor& a, double p, bool training, Generator* gen) {
 
 // --------------------------------------------------------------------------------------- attention
 
+namespace {
+
+std::atomic<bool> flash_enabled{true};
+
+// Rows the flash kernels can read and write in place: unit stride along E, every other stride a
+// multiple of 8 elements and the data 16-byte aligned.
+bool flash_layout(const Tensor& t) {
+  if (t.stride(t.dim() - 1) != 1 || reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 != 0) return false;
+  for (int64_t d = 0; d + 1 < t.dim(); ++d)
+    if (t.size(d) > 1 && t.stride(d) % 8 != 0) return false;
+  return true;
+}
+
+bool use_flash(const Tensor& q, const Tensor& k, const Tensor& v, int64_t L, int64_t S, int64_t E, int64_t Ev) {
+  if (!flash_enabled.load(std::memory_order_relaxed) || !q.device().is_cuda() ||
+      !kernels::flash_attention_kernel.has(DeviceType::CUDA))
+    return false;
+  if ((q.dtype() != DType::Float16 && q.dtype() != DType::BFloat16) || E != Ev || (E != 16 && E != 32 && E != 64))
+    return false;
+  if ((q.dim() != 3 && q.dim() != 4) || q.size(0) == 0 || L == 0 || S == 0 || L > INT32_MAX || S > INT32_MAX)
+    return false;
+  const int64_t bh = q.dim() == 4 ? q.size(0) * q.size(1) : q.size(0);
+  return bh <= 65535 && flash_layout(q) && flash_layout(k) && flash_layout(v);
+}
+
+// An uninitialized tensor of t's shape laid out [B, L, H, E] (heads of one position side by side), as
+// the [B, H, L, E] view; [B, L, E] stays contiguous.
+Tensor empty_heads_last(const Tensor& t) {
+  if (t.dim() == 3) return Tensor::empty(t.shape(), t.dtype(), t.device());
+  return Tensor::empty({t.size(0), t.size(2), t.size(1), t.size(3)}, t.dtype(), t.device()).transpose(1, 2);
+}
+
+Tensor flash_attention(const Tensor& q, const Tensor& k, const Tensor& v, bool is_causal, double scale) {
+  const Tensor qd = q.detach(), kd = k.detach(), vd = v.detach();
+  const int64_t H = q.dim() == 4 ? q.size(1) : 1, L = q.size(q.dim() - 2);
+  Tensor out = empty_heads_last(q);
+  Tensor lse = Tensor::empty({q.size(0), H, L}, DType::Float32, q.device());
+  kernels::flash_attention_kernel(q.device())(qd, kd, vd, is_causal, scale, out, lse);
+  if (autograd::needs_grad({&q, &k, &v})) {
+    const bool gq = q.requires_grad(), gk = k.requires_grad(), gv = v.requires_grad();
+    autograd::record(out, "ScaledDotProductAttentionBackward", {q, k, v},
+                     [qd, kd, vd, o = out.detach(), lse, is_causal, scale, gq, gk, gv](const Tensor& g) {
+                       Tensor gc = g.dtype() == qd.dtype() ? g : g.to(qd.dtype());
+                       if (!flash_layout(gc)) gc = gc.contiguous();
+                       Tensor dq = empty_heads_last(qd), dk = empty_heads_last(kd), dv = empty_heads_last(vd);
+                       kernels::flash_attention_backward_kernel(qd.device())(gc, qd, kd, vd, o, lse, is_causal,
+                                                                             scale, dq, dk, dv);
+                       return grads{gq ? dq : Tensor(), gk ? dk : Tensor(), gv ? dv : Tensor()};
+                     });
+  }
+  return out;
+}
+
+}  // namespace
+
+void set_flash_attention_enabled(bool enabled) { flash_enabled.store(enabled, std::memory_order_relaxed); }
+bool flash_attention_enabled() { return flash_enabled.load(std::memory_order_relaxed); }
+
 Tensor scaled_dot_product_attention(const Tensor& q_in, const Tensor& k_in, const Tensor& v_in, bool is_causal,
                                     std::optional<double> scale_opt) {
   BOOSTER_OP_CONTEXT("scaled_dot_product_attention");
@@ -253,6 +313,7 @@ Tensor scaled_dot_product_attention(const Tensor& q_in, const Tensor& k_in, cons
   BOOSTER_CHECK(v.size(nd - 2) == S, ShapeError, name, ": value's length ", v.size(nd - 2),
                 " must equal key's length ", S, " (key ", k.shape(), ", value ", v.shape(), ")");
   const double scale = scale_opt ? *scale_opt : 1.0 / std::sqrt(double(E));
+  if (use_flash(q, k, v, L, S, E, Ev)) return flash_attention(q, k, v, is_causal, scale);
   const int64_t B = numel_of(batch);
 
   const Tensor qc = q.detach().contiguous().view({B, L, E});

@@ -113,8 +113,10 @@ Tensor var(const Tensor& a, const std::vector<int64_t>& dims, bool unbiased = tr
 // ---------------------------------------------------------------- linear algebra
 // 1-D/2-D/batched with broadcasting batch dims, as torch.matmul.
 Tensor matmul(const Tensor& a, const Tensor& b);
-// x [..., in] @ weight[out, in]^T + bias[out]
-Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias = Tensor());
+// x [..., in] @ weight[out, in]^T + bias[out]. On a GPU, row_multiple > 1 lays the output's rows
+// round_up(out, row_multiple) elements apart (a strided view; the padding is never read): 16-bit GEMMs
+// whose rows are 16-byte aligned run on the fast tensor-core kernels (a GPT's lm_head, vocab 50257).
+Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias = Tensor(), int64_t row_multiple = 1);
 Tensor bmm(const Tensor& a, const Tensor& b);
 
 // ---------------------------------------------------------------- joining and indexing
@@ -156,8 +158,15 @@ Tensor adaptive_avg_pool2d(const Tensor& x, std::array<int64_t, 2> output_size);
 // Zeroes elements with probability p and scales the rest by 1/(1-p); identity when !training.
 Tensor dropout(const Tensor& a, double p, bool training, Generator* gen = nullptr);
 // q, k, v: [..., L, E]. softmax(q k^T * scale + causal mask) v; scale defaults to 1/sqrt(E).
+// On a GPU, float16/bfloat16 inputs with head size 16, 32 or 64 take the fused (flash) kernel, which
+// keeps no [L, S] probabilities and writes its output in the layout [..., L, H, E] (returned as the
+// [..., H, L, E] view, so merging heads back is free); everything else, the unfused kernel.
 Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v,
                                     bool is_causal = false, std::optional<double> scale = std::nullopt);
+// Whether scaled_dot_product_attention may use a fused kernel (on by default), as PyTorch's
+// torch.backends.cuda.enable_flash_sdp: off, it always computes the unfused softmax(q k^T) v.
+void set_flash_attention_enabled(bool enabled);
+bool flash_attention_enabled();
 
 enum class Reduction { None, Mean, Sum };
 Reduction reduction_from_string(const std::string& s);

@@ -134,6 +134,16 @@ void Optimizer::release_buffers() {
   std::fill(steps_.begin(), steps_.end(), 0);
 }
 
+void Optimizer::rebind() {
+  for (std::vector<Segment>& segs : segments_)
+    for (Segment& seg : segs) {
+      std::vector<Tensor> params = seg.flat.params();
+      if (params.empty() || params.front().device() == seg.flat.device()) continue;
+      seg.flat = FlatBuffer(std::move(params));
+      for (auto& [name, t] : seg.state) t = t.to(seg.flat.device());
+    }
+}
+
 std::vector<const FlatBuffer*> Optimizer::flat_buffers(size_t group) const {
   std::vector<const FlatBuffer*> out;
   for (const Segment& seg : segments_.at(group)) out.push_back(&seg.flat);

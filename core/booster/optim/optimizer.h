@@ -85,6 +85,10 @@ class Optimizer {
   // but its copies of the values and its gradient buffer would otherwise stay allocated. Afterwards
   // step() and zero_grad() do nothing.
   void release_buffers();
+  // Binds the parameters again after they moved to another device (module.to(device) after the
+  // optimizer was made, as Booster::boost does): flat buffers on their new device, state moved along.
+  // PyTorch's optimizers keep working across model.to(); this is what makes ours do the same.
+  void rebind();
 
  protected:
   // `defaults` lists every option with its default; a null value marks a required option.

@@ -467,10 +467,11 @@ int64_t count_valid_targets(const char* op, const Tensor& target, int64_t C, int
 }
 
 // A block per (n, d) row of C logits D apart: loss (None) or per-row loss into rowloss, lse.
+// ld: elements between the rows of consecutive n (C * D when contiguous; more for padded rows).
 template <class T>
 __global__ void cross_entropy_kernel(const T* x, const int64_t* target, int64_t rows, int64_t C, int64_t D,
-                                     int64_t ignore_index, comp_t<T> on, comp_t<T> spc, comp_t<T>* rowloss,
-                                     comp_t<T>* lse) {
+                                     int64_t ld, int64_t ignore_index, comp_t<T> on, comp_t<T> spc,
+                                     comp_t<T>* rowloss, comp_t<T>* lse) {
   using A = comp_t<T>;
   __shared__ A shared[32];
   for (int64_t e = blockIdx.x; e < rows; e += gridDim.x) {
@@ -482,7 +483,7 @@ __global__ void cross_entropy_kernel(const T* x, const int64_t* target, int64_t 
       }
       continue;
     }
-    const T* xr = x + (e / D) * C * D + e % D;
+    const T* xr = x + (e / D) * ld + e % D;
     A mx = -INFINITY;
     for (int64_t c = threadIdx.x; c < C; c += blockDim.x) mx = max(mx, load_as<A>(xr[c * D]));
     mx = block_max(mx, shared);
@@ -545,7 +546,7 @@ void cuda_cross_entropy(const Tensor& logits, const Tensor& target, int64_t igno
     A* pr = static_cast<A*>(rowloss.data_ptr());
     if (rows > 0) {
       cross_entropy_kernel<T><<<unsigned(std::min<int64_t>(rows, 1 << 20)), row_threads(C), 0, stream(dev)>>>(
-          cptr<scalar_t>(logits), target.data<int64_t>(), rows, C, D, ignore_index, A(1 - label_smoothing),
+          cptr<scalar_t>(logits), target.data<int64_t>(), rows, C, D, C * D, ignore_index, A(1 - label_smoothing),
           A(label_smoothing / double(C)), pr, static_cast<A*>(lse.data_ptr()));
       BOOSTER_CUDA_CHECK_LAUNCH();
     }
@@ -567,21 +568,23 @@ __device__ __forceinline__ A loss_grad_scale(const T* g, LossReduction reduction
   return A(0);
 }
 
-template <class T>
-__global__ void cross_entropy_backward_kernel(const T* g, const T* x, const int64_t* target, const comp_t<T>* lse,
+// G: the incoming gradient's type (the loss's dtype). ld / ldd: row strides of x / dx (C * D when
+// contiguous).
+template <class T, class G = T>
+__global__ void cross_entropy_backward_kernel(const G* g, const T* x, const int64_t* target, const comp_t<T>* lse,
                                               const comp_t<T>* count, int64_t rows, int64_t C, int64_t D,
-                                              int64_t ignore_index, comp_t<T> on, comp_t<T> spc,
-                                              LossReduction reduction, T* dx) {
+                                              int64_t ld, int64_t ldd, int64_t ignore_index, comp_t<T> on,
+                                              comp_t<T> spc, LossReduction reduction, T* dx) {
   using A = comp_t<T>;
   for (int64_t e = blockIdx.x; e < rows; e += gridDim.x) {
-    const int64_t t = target[e], base = (e / D) * C * D + e % D;
-    const T* xr = x + base;
-    T* dr = dx + base;
+    const int64_t t = target[e];
+    const T* xr = x + (e / D) * ld + e % D;
+    T* dr = dx + (e / D) * ldd + e % D;
     if (t == ignore_index) {
       for (int64_t c = threadIdx.x; c < C; c += blockDim.x) dr[c * D] = store_as<T>(A(0));
       continue;
     }
-    const A k = loss_grad_scale<T, A>(g, reduction, count, e, A(1)), l = lse[e];
+    const A k = loss_grad_scale<G, A>(g, reduction, count, e, A(1)), l = lse[e];
     for (int64_t c = threadIdx.x; c < C; c += blockDim.x) {
       A d = k * (exp(load_as<A>(xr[c * D]) - l) - spc);
       if (c == t) d -= k * on;
@@ -601,8 +604,60 @@ void cuda_cross_entropy_backward(const Tensor& grad, const Tensor& logits, const
     using A = comp_t<T>;
     cross_entropy_backward_kernel<T><<<unsigned(std::min<int64_t>(rows, 1 << 20)), row_threads(C), 0, stream(dev)>>>(
         cptr<scalar_t>(grad), cptr<scalar_t>(logits), target.data<int64_t>(), static_cast<const A*>(lse.data_ptr()),
-        static_cast<const A*>(count.data_ptr()), rows, C, D, ignore_index, A(1 - label_smoothing),
+        static_cast<const A*>(count.data_ptr()), rows, C, D, C * D, C * D, ignore_index, A(1 - label_smoothing),
         A(label_smoothing / double(C)), reduction, mptr<scalar_t>(dlogits));
+    BOOSTER_CUDA_CHECK_LAUNCH();
+  });
+}
+
+// Note [Fused classifier]
+// The cross-entropy of [N, C] logits read as they lie: any dtype, computed in float32, rows any
+// distance apart (the lm_head's padded rows), the loss in float32. Backward writes dlogits in the
+// logits' dtype, in one pass from the logits and the saved log-sum-exp, so the probabilities are never
+// stored and no float32 copy of the logits is made. The values are those of widening the logits to
+// float32 first (as autocast does) and rounding dlogits once, since widening is exact.
+// f.template operator()<T>() for the device type of float32, float16 or bfloat16 logits.
+template <class F>
+void with_classifier_type(DType dt, F&& f) {
+  switch (dt) {
+    case DType::Float32: return f.template operator()<float>();
+    case DType::Float16: return f.template operator()<__half>();
+    case DType::BFloat16: return f.template operator()<__nv_bfloat16>();
+    default:
+      BOOSTER_FAIL(DTypeError, "cross_entropy: the fused classifier takes float32, float16 or bfloat16 logits, got ", dt);
+  }
+}
+
+void cuda_classifier_loss(const Tensor& logits, const Tensor& target, int64_t ignore_index, double label_smoothing,
+                          LossReduction reduction, Tensor& out, Tensor& lse, Tensor& count) {
+  const int dev = device_of(logits);
+  const int64_t N = logits.size(0), C = logits.size(1);
+  const int64_t valid = count_valid_targets("cross_entropy", target, C, ignore_index);
+  Tensor rowloss = Tensor::empty({std::max<int64_t>(N, 1)}, DType::Float32, logits.device());
+  float* pr = static_cast<float*>(rowloss.data_ptr());
+  with_classifier_type(logits.dtype(), [&]<class T>() {
+    if (N == 0) return;
+    cross_entropy_kernel<T><<<unsigned(std::min<int64_t>(N, 1 << 20)), row_threads(C), 0, stream(dev)>>>(
+        static_cast<const T*>(logits.data_ptr()), target.data<int64_t>(), N, C, 1, logits.stride(0), ignore_index,
+        float(1 - label_smoothing), float(label_smoothing / double(C)), pr, static_cast<float*>(lse.data_ptr()));
+    BOOSTER_CUDA_CHECK_LAUNCH();
+  });
+  finish_loss<float, float>(dev, pr, N, reduction, double(valid), out);
+  kernels::fill_kernel(count.device())(count, double(valid));
+}
+
+void cuda_classifier_loss_backward(const Tensor& grad, const Tensor& logits, const Tensor& target, const Tensor& lse,
+                                   const Tensor& count, int64_t ignore_index, double label_smoothing,
+                                   LossReduction reduction, Tensor& dlogits) {
+  const int dev = device_of(logits);
+  const int64_t N = logits.size(0), C = logits.size(1);
+  if (N == 0) return;
+  with_classifier_type(logits.dtype(), [&]<class T>() {
+    cross_entropy_backward_kernel<T, float><<<unsigned(std::min<int64_t>(N, 1 << 20)), row_threads(C), 0, stream(dev)>>>(
+        static_cast<const float*>(grad.data_ptr()), static_cast<const T*>(logits.data_ptr()), target.data<int64_t>(),
+        static_cast<const float*>(lse.data_ptr()), static_cast<const float*>(count.data_ptr()), N, C, 1,
+        logits.stride(0), dlogits.stride(0), ignore_index, float(1 - label_smoothing),
+        float(label_smoothing / double(C)), reduction, static_cast<T*>(dlogits.data_ptr()));
     BOOSTER_CUDA_CHECK_LAUNCH();
   });
 }
@@ -708,6 +763,8 @@ BOOSTER_REGISTER_CUDA_KERNEL(attention_kernel, cuda::cuda_attention);
 BOOSTER_REGISTER_CUDA_KERNEL(attention_backward_kernel, cuda::cuda_attention_backward);
 BOOSTER_REGISTER_CUDA_KERNEL(cross_entropy_kernel, cuda::cuda_cross_entropy);
 BOOSTER_REGISTER_CUDA_KERNEL(cross_entropy_backward_kernel, cuda::cuda_cross_entropy_backward);
+BOOSTER_REGISTER_CUDA_KERNEL(classifier_loss_kernel, cuda::cuda_classifier_loss);
+BOOSTER_REGISTER_CUDA_KERNEL(classifier_loss_backward_kernel, cuda::cuda_classifier_loss_backward);
 BOOSTER_REGISTER_CUDA_KERNEL(nll_loss_kernel, cuda::cuda_nll_loss);
 BOOSTER_REGISTER_CUDA_KERNEL(nll_loss_backward_kernel, cuda::cuda_nll_loss_backward);
 BOOSTER_REGISTER_CUDA_KERNEL(mse_loss_kernel, cuda::cuda_mse_loss);
