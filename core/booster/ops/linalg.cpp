@@ -198,34 +198,33 @@ FeatureSplit split_features(const Tensor& x, int64_t features, int64_t row_multi
   return {features / 64 * 64, features % 64};
 }
 
-// The tail's 64 columns of a [rows, features] matrix whose rows are at least head + 64 apart (the
-// padded rows of Note [Aligned GEMM pieces]), reaching into the padding; undefined without the room.
-Tensor padded_tail(const Tensor& m, FeatureSplit sp) {
+// [rows, head + 64] over a [rows, features] matrix whose rows are at least that far apart (the padded
+// rows of Note [Aligned GEMM pieces]), reaching into the never-read padding; undefined without room.
+Tensor padded_columns(const Tensor& m, FeatureSplit sp) {
   if (m.stride(1) != 1 || m.stride(0) < sp.head + 64) return Tensor();
-  return make_view(m, {m.size(0), 64}, {m.stride(0), 1}, m.offset() + sp.head);
+  return make_view(m, {m.size(0), sp.head + 64}, {m.stride(0), 1}, m.offset());
 }
 
-// y2 [rows, features] = x2 [rows, in] w^T (+ y2 when accumulate), over the split. A tail GEMM of a
-// few odd columns is slow too (m = 17 ran at a few TFLOP/s), so where y2's rows have room it runs
-// 64 wide over a zero-padded copy of the tail's weight rows, writing into the never-read padding.
+// y2 [rows, features] = x2 [rows, in] w^T (+ y2 when accumulate). Where y2's rows have room, one GEMM
+// 64-aligned wide over a zero-padded copy of w (its rows padded; a copy of w costs far less than an
+// odd-sized GEMM); else the aligned head and the tail as two GEMMs.
 void linear_forward_gemm(const Tensor& x2, const Tensor& w, Tensor& y2, bool accumulate, FeatureSplit sp) {
-  if (sp.tail == 0) {
-    Tensor c3 = as_3d_2d(y2);
-    gemm3(as_3d_2d(x2), as_3d_2d(w.t()), c3, accumulate);
+  const Tensor y_padded = sp.tail == 0 ? Tensor() : padded_columns(y2, sp);
+  if (sp.tail == 0 || y_padded.defined()) {
+    Tensor wp = w;
+    if (sp.tail != 0) {
+      NoGradGuard ng;
+      wp = Tensor::empty({sp.head + 64, w.size(1)}, w.dtype(), w.device());
+      wp.narrow(0, 0, w.size(0)).copy_(w);
+      wp.narrow(0, w.size(0), sp.head + 64 - w.size(0)).zero_();
+    }
+    Tensor c3 = as_3d_2d(sp.tail == 0 ? y2 : y_padded);
+    gemm3(as_3d_2d(x2), as_3d_2d(wp.t()), c3, accumulate);
     return;
   }
-  Tensor head = as_3d_2d(y2.narrow(1, 0, sp.head));
-  gemm3(as_3d_2d(x2), as_3d_2d(w.narrow(0, 0, sp.head).t()), head, accumulate);
-  Tensor tail64 = padded_tail(y2, sp);
-  if (tail64.defined()) {
-    NoGradGuard ng;
-    Tensor w64 = zeros({64, w.size(1)}, w.dtype(), w.device());
-    w64.narrow(0, 0, sp.tail).copy_(w.narrow(0, sp.head, sp.tail));
-    Tensor c3 = as_3d_2d(tail64);
-    gemm3(as_3d_2d(x2), as_3d_2d(w64.t()), c3, accumulate);
-  } else {
-    Tensor c3 = as_3d_2d(y2.narrow(1, sp.head, sp.tail));
-    gemm3(as_3d_2d(x2), as_3d_2d(w.narrow(0, sp.head, sp.tail).t()), c3, accumulate);
+  for (auto [start, len] : {std::pair{int64_t(0), sp.head}, std::pair{sp.head, sp.tail}}) {
+    Tensor c3 = as_3d_2d(y2.narrow(1, start, len));
+    gemm3(as_3d_2d(x2), as_3d_2d(w.narrow(0, start, len).t()), c3, accumulate);
   }
 }
 
@@ -239,23 +238,22 @@ Tensor linear_input_grad(const Tensor& g2, const Tensor& w, FeatureSplit sp) {
   return dx;
 }
 
-// dW = dY^T X over the split: each piece of dW's rows from its own GEMM. Where dY's rows have room,
-// the tail runs 64 rows wide over dY's padding (rows of dW that depend on the padding alone, dropped).
+// dW = dY^T X. Where dY's rows have room, one GEMM 64-aligned tall over dY's padding into a taller dW
+// whose first `features` rows are returned (the others depend on the padding alone); else the head's
+// rows and the tail's from two GEMMs.
 Tensor linear_weight_grad(const Tensor& g2, const Tensor& x2, FeatureSplit sp) {
   if (sp.tail == 0) return mm_nd(g2.t(), x2);
+  const Tensor g_padded = padded_columns(g2, sp);
+  if (g_padded.defined()) {
+    Tensor dw = Tensor::empty({sp.head + 64, x2.size(1)}, g2.dtype(), g2.device());
+    Tensor c3 = as_3d_2d(dw);
+    gemm3(as_3d_2d(g_padded.t()), as_3d_2d(x2), c3);
+    return dw.narrow(0, 0, g2.size(1));
+  }
   Tensor dw = Tensor::empty({g2.size(1), x2.size(1)}, g2.dtype(), g2.device());
-  Tensor head = as_3d_2d(dw.narrow(0, 0, sp.head));
-  gemm3(as_3d_2d(g2.narrow(1, 0, sp.head).t()), as_3d_2d(x2), head);
-  const Tensor g64 = padded_tail(g2, sp);
-  if (g64.defined()) {
-    Tensor dw64 = Tensor::empty({64, x2.size(1)}, g2.dtype(), g2.device());
-    Tensor c3 = as_3d_2d(dw64);
-    gemm3(as_3d_2d(g64.t()), as_3d_2d(x2), c3);
-    NoGradGuard ng;
-    dw.narrow(0, sp.head, sp.tail).copy_(dw64.narrow(0, 0, sp.tail));
-  } else {
-    Tensor c3 = as_3d_2d(dw.narrow(0, sp.head, sp.tail));
-    gemm3(as_3d_2d(g2.narrow(1, sp.head, sp.tail).t()), as_3d_2d(x2), c3);
+  for (auto [start, len] : {std::pair{int64_t(0), sp.head}, std::pair{sp.head, sp.tail}}) {
+    Tensor c3 = as_3d_2d(dw.narrow(0, start, len));
+    gemm3(as_3d_2d(g2.narrow(1, start, len).t()), as_3d_2d(x2), c3);
   }
   return dw;
 }
