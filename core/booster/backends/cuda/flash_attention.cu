@@ -55,6 +55,16 @@ template <> __device__ __forceinline__ void mma<__nv_bfloat16>(float c[4], const
 
 __device__ __forceinline__ uint32_t ld32(const void* p) { return *static_cast<const uint32_t*>(p); }
 
+// The A fragment of a 16-wide k-step made of the C fragments of two adjacent n-tiles, rounded to T
+// (Note [Flash attention fragments]).
+template <class T>
+__device__ __forceinline__ void c_to_a(const float (&lo)[4], const float (&hi)[4], uint32_t (&a)[4]) {
+  a[0] = pack2<T>(lo[0], lo[1]);
+  a[1] = pack2<T>(lo[2], lo[3]);
+  a[2] = pack2<T>(hi[0], hi[1]);
+  a[3] = pack2<T>(hi[2], hi[3]);
+}
+
 // Where a [batch, heads, length, E] operand lives: element strides of batch, head and position (the
 // head dimension is contiguous).
 struct Operand {
@@ -184,9 +194,8 @@ __global__ void __launch_bounds__(kThreads) flash_forward(Operand q, Operand k, 
     // o += P V, P rounded to T as the A operand.
 #pragma unroll
     for (int kk = 0; kk < kTile / 16; ++kk) {
-      const uint32_t a[4] = {pack2<T>(s[2 * kk][0], s[2 * kk][1]), pack2<T>(s[2 * kk][2], s[2 * kk][3]),
-                             pack2<T>(s[2 * kk + 1][0], s[2 * kk + 1][1]),
-                             pack2<T>(s[2 * kk + 1][2], s[2 * kk + 1][3])};
+      uint32_t a[4];
+      c_to_a<T>(s[2 * kk], s[2 * kk + 1], a);
 #pragma unroll
       for (int dt = 0; dt < E / 8; ++dt)
         mma<T>(o[dt], a, ld32(&sVt[dt * 8 + g][kk * 16 + 2 * t]), ld32(&sVt[dt * 8 + g][kk * 16 + 2 * t + 8]));
@@ -313,9 +322,8 @@ __global__ void __launch_bounds__(kThreads) flash_backward(Operand q, Operand k,
     // dV += P^T dO.
 #pragma unroll
     for (int kk = 0; kk < kTile / 16; ++kk) {
-      const uint32_t a[4] = {pack2<T>(p[2 * kk][0], p[2 * kk][1]), pack2<T>(p[2 * kk][2], p[2 * kk][3]),
-                             pack2<T>(p[2 * kk + 1][0], p[2 * kk + 1][1]),
-                             pack2<T>(p[2 * kk + 1][2], p[2 * kk + 1][3])};
+      uint32_t a[4];
+      c_to_a<T>(p[2 * kk], p[2 * kk + 1], a);
 #pragma unroll
       for (int dt = 0; dt < E / 8; ++dt)
         mma<T>(dvacc[dt], a, ld32(&sm.doutt[dt * 8 + g][kk * 16 + 2 * t]),
@@ -336,9 +344,8 @@ __global__ void __launch_bounds__(kThreads) flash_backward(Operand q, Operand k,
     // dK += dS^T Q (scaled at the end), and dS stored [query][key] for dQ.
 #pragma unroll
     for (int kk = 0; kk < kTile / 16; ++kk) {
-      const uint32_t a[4] = {pack2<T>(ds[2 * kk][0], ds[2 * kk][1]), pack2<T>(ds[2 * kk][2], ds[2 * kk][3]),
-                             pack2<T>(ds[2 * kk + 1][0], ds[2 * kk + 1][1]),
-                             pack2<T>(ds[2 * kk + 1][2], ds[2 * kk + 1][3])};
+      uint32_t a[4];
+      c_to_a<T>(ds[2 * kk], ds[2 * kk + 1], a);
 #pragma unroll
       for (int dt = 0; dt < E / 8; ++dt)
         mma<T>(dkacc[dt], a, ld32(&sm.qt[dt * 8 + g][kk * 16 + 2 * t]), ld32(&sm.qt[dt * 8 + g][kk * 16 + 2 * t + 8]));
