@@ -201,7 +201,10 @@ FeatureSplit split_features(const Tensor& x, int64_t features, int64_t row_multi
 // [rows, head + 64] over a [rows, features] matrix whose rows are at least that far apart (the padded
 // rows of Note [Aligned GEMM pieces]), reaching into the never-read padding; undefined without room.
 Tensor padded_columns(const Tensor& m, FeatureSplit sp) {
-  if (m.stride(1) != 1 || m.stride(0) < sp.head + 64) return Tensor();
+  if (m.size(0) == 0 || m.stride(1) != 1 || m.stride(0) < sp.head + 64) return Tensor();
+  // The last row's padding must lie inside the storage too (a view cut from a wider tensor may end short).
+  const int64_t end = m.offset() + (m.size(0) - 1) * m.stride(0) + sp.head + 64;
+  if (size_t(end) * itemsize(m.dtype()) > m.storage()->nbytes()) return Tensor();
   return make_view(m, {m.size(0), sp.head + 64}, {m.stride(0), 1}, m.offset());
 }
 
