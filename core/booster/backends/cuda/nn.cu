@@ -616,6 +616,7 @@ void cuda_cross_entropy_backward(const Tensor& grad, const Tensor& logits, const
 // logits' dtype, in one pass from the logits and the saved log-sum-exp, so the probabilities are never
 // stored and no float32 copy of the logits is made. The values are those of widening the logits to
 // float32 first (as autocast does) and rounding dlogits once, since widening is exact.
+
 // f.template operator()<T>() for the device type of float32, float16 or bfloat16 logits.
 template <class F>
 void with_classifier_type(DType dt, F&& f) {
