@@ -65,6 +65,33 @@ __device__ __forceinline__ void c_to_a(const float (&lo)[4], const float (&hi)[4
   a[3] = pack2<T>(hi[2], hi[3]);
 }
 
+// acc (16 x 64) += A (this warp's 16 rows x E, fragments in registers) times tile^T, for a row-major
+// [64][E + kPad] tile: the warp's rows against each of the tile's 64 rows (Q K^T, K Q^T, V dO^T).
+template <class T, int E>
+__device__ __forceinline__ void mma_rows(float (&acc)[kTile / 8][4], const uint32_t (&af)[E / 16][4],
+                                         const T (*tile)[E + kPad], int g, int t) {
+#pragma unroll
+  for (int kk = 0; kk < E / 16; ++kk)
+#pragma unroll
+    for (int nt = 0; nt < kTile / 8; ++nt)
+      mma<T>(acc[nt], af[kk], ld32(&tile[nt * 8 + g][kk * 16 + 2 * t]), ld32(&tile[nt * 8 + g][kk * 16 + 2 * t + 8]));
+}
+
+// acc (16 x E) += C (16 x 64, C fragments rounded to T) times B, for B [64][E] stored transposed as a
+// [E][64 + kPad] tile (P V, P^T dO, dS^T Q).
+template <class T, int E>
+__device__ __forceinline__ void mma_cols(float (&acc)[E / 8][4], const float (&c)[kTile / 8][4],
+                                         const T (*tile_t)[kTile + kPad], int g, int t) {
+#pragma unroll
+  for (int kk = 0; kk < kTile / 16; ++kk) {
+    uint32_t a[4];
+    c_to_a<T>(c[2 * kk], c[2 * kk + 1], a);
+#pragma unroll
+    for (int dt = 0; dt < E / 8; ++dt)
+      mma<T>(acc[dt], a, ld32(&tile_t[dt * 8 + g][kk * 16 + 2 * t]), ld32(&tile_t[dt * 8 + g][kk * 16 + 2 * t + 8]));
+  }
+}
+
 // Where a [batch, heads, length, E] operand lives: element strides of batch, head and position (the
 // head dimension is contiguous).
 struct Operand {
@@ -148,11 +175,7 @@ __global__ void __launch_bounds__(kThreads) flash_forward(Operand q, Operand k, 
     load_rows_transposed<T, E>(sVt, v, b, h, k0, geo.S);
     __syncthreads();
     float s[kTile / 8][4] = {};
-#pragma unroll
-    for (int kk = 0; kk < E / 16; ++kk)
-#pragma unroll
-      for (int nt = 0; nt < kTile / 8; ++nt)
-        mma<T>(s[nt], qf[kk], ld32(&sK[nt * 8 + g][kk * 16 + 2 * t]), ld32(&sK[nt * 8 + g][kk * 16 + 2 * t + 8]));
+    mma_rows<T, E>(s, qf, sK, g, t);
     // Scale into base 2, mask, and the running maximum of each of the two rows.
     float mx[2] = {m[0], m[1]};
 #pragma unroll
@@ -192,14 +215,7 @@ __global__ void __launch_bounds__(kThreads) flash_forward(Operand q, Operand k, 
       o[dt][3] *= corr[1];
     }
     // o += P V, P rounded to T as the A operand.
-#pragma unroll
-    for (int kk = 0; kk < kTile / 16; ++kk) {
-      uint32_t a[4];
-      c_to_a<T>(s[2 * kk], s[2 * kk + 1], a);
-#pragma unroll
-      for (int dt = 0; dt < E / 8; ++dt)
-        mma<T>(o[dt], a, ld32(&sVt[dt * 8 + g][kk * 16 + 2 * t]), ld32(&sVt[dt * 8 + g][kk * 16 + 2 * t + 8]));
-    }
+    mma_cols<T, E>(o, s, sVt, g, t);
   }
 #pragma unroll
   for (int i = 0; i < 2; ++i) {
@@ -305,12 +321,7 @@ __global__ void __launch_bounds__(kThreads) flash_backward(Operand q, Operand k,
 
     // S^T (16 keys x 64 queries) = K Q^T, then P^T = exp2(scale S^T - lse2[query]) with the mask.
     float p[kTile / 8][4] = {};
-#pragma unroll
-    for (int kk = 0; kk < E / 16; ++kk)
-#pragma unroll
-      for (int nt = 0; nt < kTile / 8; ++nt)
-        mma<T>(p[nt], kf[kk], ld32(&sm.q[nt * 8 + g][kk * 16 + 2 * t]),
-               ld32(&sm.q[nt * 8 + g][kk * 16 + 2 * t + 8]));
+    mma_rows<T, E>(p, kf, sm.q, g, t);
 #pragma unroll
     for (int nt = 0; nt < kTile / 8; ++nt)
 #pragma unroll
@@ -320,36 +331,16 @@ __global__ void __launch_bounds__(kThreads) flash_backward(Operand q, Operand k,
         p[nt][e] = masked ? 0.f : exp2f(p[nt][e] * geo.scale_log2 - sm.lse2[qc]);
       }
     // dV += P^T dO.
-#pragma unroll
-    for (int kk = 0; kk < kTile / 16; ++kk) {
-      uint32_t a[4];
-      c_to_a<T>(p[2 * kk], p[2 * kk + 1], a);
-#pragma unroll
-      for (int dt = 0; dt < E / 8; ++dt)
-        mma<T>(dvacc[dt], a, ld32(&sm.doutt[dt * 8 + g][kk * 16 + 2 * t]),
-               ld32(&sm.doutt[dt * 8 + g][kk * 16 + 2 * t + 8]));
-    }
+    mma_cols<T, E>(dvacc, p, sm.doutt, g, t);
     // dP^T = V dO^T; dS^T = P^T (dP^T - delta[query]) (the gradient of the scaled scores).
     float ds[kTile / 8][4] = {};
-#pragma unroll
-    for (int kk = 0; kk < E / 16; ++kk)
-#pragma unroll
-      for (int nt = 0; nt < kTile / 8; ++nt)
-        mma<T>(ds[nt], vf[kk], ld32(&sm.dout[nt * 8 + g][kk * 16 + 2 * t]),
-               ld32(&sm.dout[nt * 8 + g][kk * 16 + 2 * t + 8]));
+    mma_rows<T, E>(ds, vf, sm.dout, g, t);
 #pragma unroll
     for (int nt = 0; nt < kTile / 8; ++nt)
 #pragma unroll
       for (int e = 0; e < 4; ++e) ds[nt][e] = p[nt][e] * (ds[nt][e] - sm.delta[nt * 8 + 2 * t + (e & 1)]);
     // dK += dS^T Q (scaled at the end), and dS stored [query][key] for dQ.
-#pragma unroll
-    for (int kk = 0; kk < kTile / 16; ++kk) {
-      uint32_t a[4];
-      c_to_a<T>(ds[2 * kk], ds[2 * kk + 1], a);
-#pragma unroll
-      for (int dt = 0; dt < E / 8; ++dt)
-        mma<T>(dkacc[dt], a, ld32(&sm.qt[dt * 8 + g][kk * 16 + 2 * t]), ld32(&sm.qt[dt * 8 + g][kk * 16 + 2 * t + 8]));
-    }
+    mma_cols<T, E>(dkacc, ds, sm.qt, g, t);
 #pragma unroll
     for (int nt = 0; nt < kTile / 8; ++nt)
 #pragma unroll
