@@ -48,7 +48,17 @@ std::string list_keys(const std::vector<std::string>& keys) {
   return s;
 }
 
+thread_local ModuleCallObserver* t_module_call_observer = nullptr;
+
 }  // namespace
+
+ModuleCallObserver* module_call_observer() { return t_module_call_observer; }
+
+ModuleCallObserverScope::ModuleCallObserverScope(ModuleCallObserver* observer) : previous_(t_module_call_observer) {
+  t_module_call_observer = observer;
+}
+
+ModuleCallObserverScope::~ModuleCallObserverScope() { t_module_call_observer = previous_; }
 
 std::string Module::repr() const {
   std::string out = name() + "(" + extra_repr();

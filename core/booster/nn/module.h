@@ -32,6 +32,29 @@ using StateDict = std::map<std::string, Tensor>;
 
 class Module;
 using ModulePtr = std::shared_ptr<Module>;
+
+// Watches the module calls of one thread (the precision doctor's tracer, booster/diagnostics/tracer.h).
+// While one is installed, Module::operator() hands it each call instead of calling forward() itself.
+class ModuleCallObserver {
+ public:
+  virtual ~ModuleCallObserver() = default;
+  // Must return module.forward(input) (with autograd nodes of its own around it, if it likes), calling
+  // forward exactly once.
+  virtual Tensor call(Module& module, const Tensor& input) = 0;
+};
+// The calling thread's observer (null: none); set it with ModuleCallObserverScope.
+ModuleCallObserver* module_call_observer();
+// Installs `observer` on the calling thread for the scope's lifetime, restoring the previous one after.
+class ModuleCallObserverScope {
+ public:
+  explicit ModuleCallObserverScope(ModuleCallObserver* observer);
+  ~ModuleCallObserverScope();
+  ModuleCallObserverScope(const ModuleCallObserverScope&) = delete;
+  ModuleCallObserverScope& operator=(const ModuleCallObserverScope&) = delete;
+
+ private:
+  ModuleCallObserver* previous_;
+};
 // Chooses the modules whose own parameters and buffers a conversion touches (see Module::to).
 using ModuleFilter = std::function<bool(const Module&)>;
 
@@ -49,6 +72,7 @@ class Module {
   // inside names the module: call children as (*child)(x), as in PyTorch.
   Tensor operator()(const Tensor& x) {
     const ErrorContextScope context(ErrorContextFrame::Kind::Module, this);
+    if (ModuleCallObserver* observer = module_call_observer()) return observer->call(*this, x);
     return forward(x);
   }
 
