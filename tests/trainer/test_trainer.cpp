@@ -373,3 +373,30 @@ TEST_CASE("find_state: afresh only for a root holding nothing, and a dangling la
   CHECK_THROWS_WITH(Booster::find_state(root), Catch::Contains("names step-00000003, which does not exist"));
   fs::remove_all(root);
 }
+
+TEST_CASE("Trainer: diagnostics every N steps reach on_diagnostics with that step's statistics", "[trainer][diagnostics]") {
+  Run run;
+  setup(run, "bf16");
+  TrainerOptions o;
+  o.max_steps = 6;
+  o.handle_signals = false;
+  o.progress = trainer::Progress::Mode::Silent;
+  o.diagnostics.every = 3;
+  Trainer trainer(*run.booster, o);
+  std::vector<int64_t> seen;
+  trainer.on_diagnostics([&](int64_t step, const diagnostics::Tracer& tracer) {
+    seen.push_back(step);
+    CHECK(tracer.statistics_steps() == 1);
+    for (const diagnostics::ModuleStats& m : tracer.modules()) {
+      // One batch of 16: "up" is Linear(6, 12), "head" Linear(6, 3) with 6 x 3 + 3 parameters.
+      if (m.path == "up") CHECK(m[diagnostics::Role::Output].count == 16 * 12);
+      if (m.path == "head") CHECK(m[diagnostics::Role::ParameterGradient].count == 6 * 3 + 3);
+      // The user's model's own forward: the residual input x reaches "head" through an add, the
+      // dropout's output gradient is that of "down"'s output.
+      if (m.path == "drop") CHECK(m[diagnostics::Role::OutputGradient].count == 16 * 6);
+    }
+  });
+  trainer.fit();
+  CHECK(seen == std::vector<int64_t>{3, 6});
+  CHECK(trainer.skipped_steps().empty());
+}

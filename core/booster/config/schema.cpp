@@ -388,6 +388,10 @@ std::vector<Section> make_training_schema() {
           boolean("verify_checkpoints", true,
                   "check a checkpoint's files against its checksums before resuming; false (--no-verify) loads a "
                   "damaged one as it is"),
+          // Note [What the doctor recommends] in booster/diagnostics/doctor.h; checked in check_training.
+          any("diagnostics", json{{"every", 0}, {"name_nonfinite", true}},
+              "{\"every\": N (per-module range statistics into metrics.jsonl every N steps; 0: never), "
+              "\"name_nonfinite\": true (name the first inf/NaN tensor of a skipped step)}"),
           // Note [Collective timeouts] in core/booster/distributed/README.md.
           optional_number("collective_timeout_s", 0.0,
                           "seconds a collective waits for every rank before the job fails naming the missing ones; "
@@ -534,6 +538,21 @@ void check_training_config(const json& c) {
     fail("'train.run_dir' is \"\"; expected a directory, or null for no files");
   if (has_checkpoint_dir && train.at("checkpoint_dir").get<std::string>().empty())
     fail("'train.checkpoint_dir' is \"\"; expected a directory, or null for <run_dir>/checkpoints");
+
+  const json& diagnostics = train.at("diagnostics");
+  if (!diagnostics.is_object())
+    fail("'train.diagnostics' is " + diagnostics.dump() + "; expected {\"every\": N, \"name_nonfinite\": true|false}");
+  for (const auto& [key, value] : diagnostics.items()) {
+    if (key == "every") {
+      if (!value.is_number_integer() || value.get<int64_t>() < 0)
+        fail("'train.diagnostics.every' is " + value.dump() +
+             "; expected a whole number of steps >= 0 (0: no per-module statistics)");
+    } else if (key == "name_nonfinite") {
+      if (!value.is_boolean()) fail("'train.diagnostics.name_nonfinite' is " + value.dump() + "; expected true or false");
+    } else {
+      fail("'train.diagnostics." + key + "' is not a diagnostics setting; expected \"every\" or \"name_nonfinite\"");
+    }
+  }
 
   const json& sched = c.at("lr_scheduler");
   if (sched.at("type") == "linear_warmup" && c.at("train").at("max_steps").is_number() &&

@@ -19,8 +19,11 @@
 // * The run directory (`train.run_dir`) holds metrics.jsonl, one JSON object per line (MetricsLog):
 //     {"kind": "train", "step", "epoch", "loss", "lr", "loss_scale", "skipped", "samples_per_second", "time"}
 //     {"kind": "eval", "step", "test_loss", "test_accuracy", "samples", "time"}
-//   for every logged step and every evaluation; `time` is seconds since the run started. `booster plot`
-//   draws the "train" lines.
+//     {"kind": "skipped", "step", "loss_scale", "first_nonfinite": {"module", "type", "pass", "tensor"} | null}
+//     {"kind": "diagnostics", "step", "loss_scale", "modules": [per-module statistics]}
+//   for every logged step, every evaluation, every skipped step (TrainerOptions::diagnostics.name_nonfinite)
+//   and every diagnostics.every-th step; `time` is seconds since the run started. `booster plot` draws
+//   the "train" lines.
 #pragma once
 
 #include <chrono>

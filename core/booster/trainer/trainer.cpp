@@ -191,6 +191,8 @@ Trainer::Trainer(Booster& booster, TrainerOptions options) : booster_(booster), 
                 ConfigError, "Trainer: log_every (", o.log_every, ") and eval_batch_size (", o.eval_batch_size,
                 ") must be >= 1, eval_every (", o.eval_every, "), checkpoint_every (", o.checkpoint_every,
                 ") and keep_last (", o.keep_last, ") >= 0");
+  BOOSTER_CHECK(o.diagnostics.every >= 0, ConfigError, "Trainer: diagnostics.every is ", o.diagnostics.every,
+                "; it must be >= 0 (0: no per-module statistics)");
   BOOSTER_CHECK(o.checkpoint_every == 0 || o.run_dir || o.checkpoint_dir, ConfigError, "Trainer: checkpoint_every is ",
                 o.checkpoint_every, " but there is no run_dir or checkpoint_dir to save into; set one");
   BOOSTER_CHECK(o.resume != "latest" || o.run_dir || o.checkpoint_dir, ConfigError,
@@ -247,6 +249,22 @@ trainer::Evaluation Trainer::evaluate() {
   BOOSTER_CHECK(eval_data_ != nullptr, StateError, "Trainer::evaluate: no eval data; call set_eval_data first");
   const Boosted& parts = booster_.boosted();
   return trainer::evaluate(*parts.model, *eval_data_, parts.criterion, options_.eval_batch_size, eval_stride_);
+}
+
+void Trainer::report_skipped_step(int64_t step, const diagnostics::Tracer* tracer) {
+  diagnostics::SkippedStep skipped;
+  skipped.step = step;
+  skipped.loss_scale = booster_.precision().loss_scale();
+  if (tracer && options_.diagnostics.name_nonfinite) skipped.first_nonfinite = tracer->first_nonfinite();
+  skipped_.push_back(skipped);
+  if (!options_.diagnostics.name_nonfinite) return;
+  progress_->print(format_line("step %6lld skipped (inf/NaN gradients; loss scale now %g): ", static_cast<long long>(step),
+                               skipped.loss_scale) +
+                   (skipped.first_nonfinite ? "first non-finite: " + skipped.first_nonfinite->describe()
+                                            : std::string("no traced tensor of this rank was non-finite")));
+  nlohmann::json record = skipped.to_json();
+  record["kind"] = "skipped";
+  metrics_.write(record);
 }
 
 void Trainer::run_evaluation(int64_t step) {
@@ -408,6 +426,10 @@ FitResult Trainer::fit() {
   double train_seconds = 0.0;
   double window_start = now_seconds();
   const int64_t accumulation = o.grad_accumulation;
+  auto statistics_step = [&](int64_t s) { return o.diagnostics.every > 0 && s % o.diagnostics.every == 0; };
+  std::optional<diagnostics::Tracer> tracer;
+  if (o.diagnostics.every > 0 || o.diagnostics.name_nonfinite) tracer.emplace(model);
+  skipped_.clear();
   auto checkpoint_due = [&] { return saves && (step % o.checkpoint_every == 0 || step == total_steps_); };
   auto steps_left_in_epoch = [&] { return (loader.size() - loader.batches_consumed()) / accumulation; };
   // After a step's work: a due checkpoint, and a signal's save and stop.
@@ -442,21 +464,28 @@ FitResult Trainer::fit() {
         optimizer.zero_grad();
         accumulated_loss = 0;
         batch_samples = 0;
+        if (tracer) tracer->begin_step(statistics_step(step + 1));
       }
       const bool last_micro = ++micro == accumulation;
-      Tensor loss = criterion(model(batch.x), batch.y);
-      const Tensor scaled = accumulation > 1 ? mul(loss, 1.0 / double(accumulation)) : loss;
-      if (!last_micro && booster_.plugin().support_no_sync()) {
-        Booster::NoSync no_sync = booster_.no_sync();
-        booster_.backward(scaled, optimizer);
-      } else {
-        booster_.backward(scaled, optimizer);
+      Tensor loss;
+      {
+        const auto observing = tracer ? tracer->observe() : nullptr;
+        loss = criterion(model(batch.x), batch.y);
+        const Tensor scaled = accumulation > 1 ? mul(loss, 1.0 / double(accumulation)) : loss;
+        if (!last_micro && booster_.plugin().support_no_sync()) {
+          Booster::NoSync no_sync = booster_.no_sync();
+          booster_.backward(scaled, optimizer);
+        } else {
+          booster_.backward(scaled, optimizer);
+        }
       }
       accumulated_loss += loss.item() / double(accumulation);
       batch_samples += batch.x.size(0);
       if (!last_micro) continue;
       micro = 0;
       const double step_lr = optimizer.lr();  // the lr this step uses (the scheduler moves it after)
+      const double step_scale = precision.loss_scale();  // the scale its gradients were made at
+      if (tracer) tracer->end_step();
       if (o.max_grad_norm > 0.0) booster_.clip_grad_norm(optimizer, o.max_grad_norm);
       optimizer.step();
       // A skipped step (inf/NaN gradients, the scale was lowered) changed no weight, so, as Accelerate
@@ -465,6 +494,15 @@ FitResult Trainer::fit() {
       if (skipped) ++position_.skipped_steps;
       if (scheduler) scheduler->step();
       step = booster_.step();
+      if (skipped) report_skipped_step(step, tracer ? &*tracer : nullptr);
+      if (tracer && statistics_step(step)) {
+        metrics_.write({{"kind", "diagnostics"},
+                        {"step", step},
+                        {"loss_scale", step_scale},
+                        {"modules", tracer->statistics_json().at("modules")}});
+        for (const auto& hook : diagnostics_hooks_) hook(step, *tracer);
+        tracer->reset_statistics();
+      }
       last_loss = accumulated_loss;
       position_.loss = std::isfinite(last_loss) ? json(last_loss) : json(nullptr);
       train_seconds += now_seconds() - step_start;

@@ -29,6 +29,7 @@
 #include "booster/booster/booster.h"
 #include "booster/common/error.h"
 #include "booster/data/dataset.h"
+#include "booster/diagnostics/doctor.h"  // SkippedStep, Tracer
 #include "booster/trainer/progress.h"
 
 namespace booster {
@@ -59,6 +60,17 @@ Evaluation evaluate(nn::Module& model, const data::Dataset& dataset, const nn::C
                     int64_t batch_size, int64_t stride = 1);
 
 }  // namespace trainer
+
+// What fit() watches of the model's numbers (booster/diagnostics/tracer.h).
+struct DiagnosticsOptions {
+  // Every N steps, per-module range statistics of that step (forward outputs and the gradients flowing
+  // back) as a {"kind": "diagnostics"} record in metrics.jsonl and to on_diagnostics hooks; 0: never.
+  int64_t every = 0;
+  // On a skipped step, name the first tensor that became inf/NaN (Note [The first non-finite tensor]),
+  // on the progress output and as a {"kind": "skipped"} record in metrics.jsonl. Costs a finiteness
+  // check of each module's output and gradients per step.
+  bool name_nonfinite = true;
+};
 
 struct TrainerOptions {
   int64_t epochs = 1;
@@ -101,6 +113,7 @@ struct TrainerOptions {
   std::string data_description;
   // Tokens per sample (a language model's context) for a tokens/s figure; 1: none.
   int64_t tokens_per_sample = 1;
+  DiagnosticsOptions diagnostics;
   // Progress display; default Progress::detect() (a bar on a terminal, lines otherwise, silent off rank 0).
   std::optional<trainer::Progress::Mode> progress;
 };
@@ -143,6 +156,15 @@ class Trainer {
     eval_hooks_.push_back(std::move(hook));
   }
 
+  // Called after every statistics step (DiagnosticsOptions::every) with the step and the tracer holding
+  // that step's statistics (on every rank: each has its own).
+  void on_diagnostics(std::function<void(int64_t step, const diagnostics::Tracer&)> hook) {
+    diagnostics_hooks_.push_back(std::move(hook));
+  }
+  // The steps fit() skipped in this process's run, with the first non-finite tensor of each when
+  // DiagnosticsOptions::name_nonfinite.
+  const std::vector<diagnostics::SkippedStep>& skipped_steps() const { return skipped_; }
+
   // Trains to the end (or resumes and trains to the end). InterruptedError after a signal; TrainingError
   // when the loss stops being finite.
   FitResult fit();
@@ -160,6 +182,8 @@ class Trainer {
     nlohmann::json evaluation;  // the last evaluation
   };
   void run_evaluation(int64_t step);
+  // A skipped step's line on the progress output and record in metrics.jsonl.
+  void report_skipped_step(int64_t step, const diagnostics::Tracer* tracer);
   std::filesystem::path save(int64_t step);
   // Note [Failed writes] in trainer.cpp.
   void check_writes(int64_t step, const std::optional<std::filesystem::path>& last_checkpoint);
@@ -174,6 +198,8 @@ class Trainer {
   Position position_;
   std::vector<std::function<void(const trainer::StepReport&)>> step_hooks_;
   std::vector<std::function<void(int64_t, const trainer::Evaluation&)>> eval_hooks_;
+  std::vector<std::function<void(int64_t, const diagnostics::Tracer&)>> diagnostics_hooks_;
+  std::vector<diagnostics::SkippedStep> skipped_;
   // While fit() runs.
   trainer::Progress* progress_ = nullptr;
   trainer::MetricsLog metrics_;
