@@ -1,12 +1,15 @@
 // The subcommands of the `booster` program, called by main.cpp once the command line is parsed.
 #pragma once
 
+#include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
 #include <nlohmann/json.hpp>
 
 #include "booster/booster/booster.h"  // BoosterComponents
+#include "booster/trainer/trainer.h"
 
 namespace booster::cli {
 
@@ -20,6 +23,22 @@ inline constexpr int kExitUsageError = 2;
 // summary on stdout. Throws booster errors; main.cpp turns them into one line and an exit code.
 int train(const nlohmann::json& config, BoosterComponents components);
 
+// What `booster doctor` changes in train's run (train.cpp): the Trainer's options, whether to evaluate,
+// the trainer before fit(), and what to print after it (its return value is the exit code; without it,
+// train's summary line).
+struct TrainingHooks {
+  std::function<void(TrainerOptions&)> adjust;
+  bool evaluate = true;
+  std::function<void(Trainer&)> before_fit;
+  std::function<int(Booster&, Trainer&, const FitResult&, bool is_rank0)> after_fit;
+};
+int run_training(const nlohmann::json& config, BoosterComponents components, const TrainingHooks& hooks);
+
+// `booster doctor --config FILE [--steps N]` (doctor.cpp): N steps of the config's run with per-module
+// statistics; the per-module table, the findings and the recommendation, and a last stdout line of JSON
+// (Note [What the doctor recommends] in booster/diagnostics/doctor.h).
+int doctor(const nlohmann::json& config, BoosterComponents components, int64_t steps);
+
 // Prints every registered mixed-precision strategy (built-in or plugin), one block each: the name,
 // then each option with its default, as `booster precisions` shows them.
 int precisions();
@@ -27,6 +46,9 @@ int precisions();
 // `booster plot --out FILE.png RUN.jsonl ...` (plot.cpp): loss curves of runs as a PNG. `args` follow
 // the subcommand.
 int plot(const std::vector<std::string>& args);
+// `booster plot --doctor REPORT --out FILE.png` (plot_doctor.cpp, Note [The doctor's picture]): the
+// per-module overflow/underflow picture of a `booster doctor` report, at least `width` pixels wide.
+int plot_doctor(const std::string& report, const std::string& out, int width);
 
 // `booster run -n N [mpirun options] -- COMMAND ...` (run.cpp, Note [booster run]): execs mpirun, so
 // it returns only for --help, --dry-run, or by throwing.

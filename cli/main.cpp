@@ -34,6 +34,7 @@ constexpr const char* kUsage =
     "  train       train a model: booster train --config FILE [--set key.path=value ...]\n"
     "  check       validate a config, print it with every default filled in, and estimate its memory\n"
     "  run         start a command as N processes: booster run -n N -- booster train ...\n"
+    "  doctor      name the layers whose values leave a format's range, and what to use instead\n"
     "  plot        draw the loss curves of runs: booster plot --out FILE.png RUN.jsonl ...\n"
     "  precisions  list the mixed-precision strategies with their options and defaults\n"
     "  plugins     list the parallel plugins with their devices, precisions and options\n"
@@ -136,6 +137,9 @@ po::options_description config_options(const std::string& command) {
        "(same as --set train.resume=...)")
       ("no-verify", "resume without checking the checkpoint's files against its checksums (same as --set "
        "train.verify_checkpoints=false)");
+  if (command == "doctor")
+    desc.add_options()("steps,n", po::value<int64_t>()->default_value(20)->value_name("N"),
+                       "training steps to watch (each one traced, from the config's initial model)");
   if (command == "check")
     desc.add_options()("nproc,n", po::value<int>()->value_name("N"),
                        "estimate the memory per rank for N processes (default: the processes of this run, "
@@ -176,7 +180,7 @@ void print_memory_estimate(const nlohmann::json& config, int world_size) {
 
 // Parses `args` (after the subcommand); returns false when --help was printed.
 bool parse_config_args(const std::string& command, const std::vector<std::string>& args, std::string& config_path,
-                       std::vector<std::string>& overrides, int* world_size = nullptr) {
+                       std::vector<std::string>& overrides, int* world_size = nullptr, int64_t* steps = nullptr) {
   po::options_description desc = config_options(command);
   po::variables_map vm;
   po::store(po::command_line_parser(args).options(desc).run(), vm);
@@ -188,6 +192,10 @@ bool parse_config_args(const std::string& command, const std::vector<std::string
   if (!vm.count("config")) throw UsageError("'booster " + command + "' needs --config FILE (see booster " + command + " --help)");
   config_path = vm["config"].as<std::string>();
   if (world_size) *world_size = check_world_size(vm);
+  if (steps) {
+    *steps = vm["steps"].as<int64_t>();
+    if (*steps < 1) throw UsageError("--steps " + std::to_string(*steps) + ": expected at least 1 step");
+  }
   // --mixed-precision NAME goes first, so --set mixed_precision.KEY=VALUE can add options to it.
   if (vm.count("mixed-precision")) overrides.push_back("mixed_precision=" + vm["mixed-precision"].as<std::string>());
   if (vm.count("plugin")) overrides.push_back("plugin=" + vm["plugin"].as<std::string>());
@@ -215,11 +223,13 @@ int run(int argc, char** argv) {
     print_version();
     return booster::cli::kExitOk;
   }
-  if (command == "train" || command == "check") {
+  if (command == "train" || command == "check" || command == "doctor") {
     std::string config_path;
     std::vector<std::string> overrides;
     int world_size = 1;
-    if (!parse_config_args(command, rest, config_path, overrides, command == "check" ? &world_size : nullptr))
+    int64_t steps = 0;
+    if (!parse_config_args(command, rest, config_path, overrides, command == "check" ? &world_size : nullptr,
+                           command == "doctor" ? &steps : nullptr))
       return booster::cli::kExitOk;
     // Resolving builds the strategy and the plugin, once; train hands them to its Booster.
     booster::config::ResolvedRun resolved = booster::config::load_run(config_path, overrides);
@@ -233,6 +243,7 @@ int run(int argc, char** argv) {
       std::cout << config.dump(2) << "\n";
       return booster::cli::kExitOk;
     }
+    if (command == "doctor") return booster::cli::doctor(config, std::move(resolved.booster), steps);
     return booster::cli::train(config, std::move(resolved.booster));
   }
   if (command == "precisions") {
@@ -274,7 +285,7 @@ int run(int argc, char** argv) {
   }
   if (command == "bench") return booster::cli::bench(rest);
   std::string msg = "unknown command '" + command + "'";
-  if (auto guess = booster::config::nearest(command, {"train", "check", "run", "plot", "precisions", "plugins", "compat", "bench"})) msg += "; did you mean '" + *guess + "'?";
+  if (auto guess = booster::config::nearest(command, {"train", "check", "doctor", "run", "plot", "precisions", "plugins", "compat", "bench"})) msg += "; did you mean '" + *guess + "'?";
   throw UsageError(msg + " (see booster --help)");
 }
 

@@ -66,7 +66,7 @@ std::optional<fs::path> optional_path(const json& value) {
 
 }  // namespace
 
-int train(const json& config, BoosterComponents components) {
+int run_training(const json& config, BoosterComponents components, const TrainingHooks& hooks) {
   const json& train_cfg = config.at("train");
   const json& data_cfg = config.at("data");
   const uint64_t seed = train_cfg.at("seed").get<uint64_t>();
@@ -105,6 +105,9 @@ int train(const json& config, BoosterComponents components) {
   options.checkpoint_every = train_cfg.at("checkpoint_every").get<int64_t>();
   options.keep_last = train_cfg.at("keep_last").get<int>();
   options.stop_on_write_error = train_cfg.at("on_write_error") == "stop";
+  const json& diagnostics = train_cfg.at("diagnostics");
+  options.diagnostics.every = diagnostics.value("every", int64_t(0));
+  options.diagnostics.name_nonfinite = diagnostics.value("name_nonfinite", true);
   if (train_cfg.at("resume").is_string()) options.resume = train_cfg.at("resume").get<std::string>();
   options.config = config;
   options.data_description = split.description;
@@ -119,6 +122,7 @@ int train(const json& config, BoosterComponents components) {
   int64_t total_steps = options.epochs * steps_per_epoch;
   if (options.max_steps) total_steps = std::min(total_steps, *options.max_steps);
   options.resume_settings = config::trajectory_settings(config, total_steps);
+  if (hooks.adjust) hooks.adjust(options);
 
   // Model, optimizer, loss and schedule, boosted (Note [Booster lifecycle]). The scheduler is built on
   // the user's optimizer, as with torch.
@@ -129,16 +133,18 @@ int train(const json& config, BoosterComponents components) {
   booster.boost(model, optimizer, config::make_criterion(config.at("criterion")), loader, scheduler);
 
   Trainer trainer(booster, std::move(options));
-  if (split.test) trainer.set_eval_data(split.test, split.eval_stride);
+  if (split.test && hooks.evaluate) trainer.set_eval_data(split.test, split.eval_stride);
+  if (hooks.before_fit) hooks.before_fit(trainer);
   const FitResult result = trainer.fit();
+  const bool is_rank0 = booster.process_group().size() > 1 ? booster.process_group().rank() == 0
+                                                             : trainer::process_rank() == 0;
+  if (hooks.after_fit) return hooks.after_fit(booster, trainer, result, is_rank0);
 
   json summary = result.to_json();
   summary["mixed_precision"] = booster.config().mixed_precision;
   summary["plugin"] = config.at("plugin").at("name");
   summary["device"] = booster.config().device;
   summary["processes"] = booster.process_group().size();
-  const bool is_rank0 = booster.process_group().size() > 1 ? booster.process_group().rank() == 0
-                                                             : trainer::process_rank() == 0;
   if (is_rank0) {
     std::cout << summary.dump() << std::endl;
     BOOSTER_CHECK(std::cout.good(), IOError, "cannot write the summary to stdout (", std::strerror(errno),
@@ -146,6 +152,10 @@ int train(const json& config, BoosterComponents components) {
                                                                        : std::string());
   }
   return kExitOk;
+}
+
+int train(const json& config, BoosterComponents components) {
+  return run_training(config, std::move(components), {});
 }
 
 }  // namespace booster::cli

@@ -38,4 +38,13 @@ inline RunResult run_booster_in(const std::filesystem::path& dir, const std::str
   return r;
 }
 
+// The last non-empty line of a program's stdout (booster train's summary, booster doctor's report).
+inline std::string last_line(const std::string& out) {
+  std::istringstream in(out);
+  std::string line, last;
+  while (std::getline(in, line))
+    if (!line.empty()) last = line;
+  return last;
+}
+
 }  // namespace testing
