@@ -193,3 +193,80 @@ TEST_CASE("booster plot mistakes exit 2 with one line naming the problem", "[cli
     CHECK(std::count(r.err.begin(), r.err.end(), '\n') == 1);
   }
 }
+
+namespace {
+
+// A doctor report (the last line of `booster doctor`) with `n` modules; the first has half of its
+// parameter gradients underflowing float16 and inf/NaN values when `bad`, the rest are clean.
+fs::path write_report(const std::string& name, int n, bool bad) {
+  auto stats = [](double f16_underflow, int nonfinite) {
+    const std::string formats = R"("bfloat16":{"overflow":0,"underflow":0,"subnormal":0},)"
+                                R"("e4m3":{"overflow":0,"underflow":0,"subnormal":0},)"
+                                R"("e5m2":{"overflow":0,"underflow":0,"subnormal":0},)";
+    return std::string(R"({"count":100,"max_abs":2.0,"zeros":0,"nonfinite":)") + std::to_string(nonfinite) + "," +
+           formats + R"("float16":{"overflow":0,"underflow":)" + std::to_string(f16_underflow) +
+           R"(,"subnormal":0},"exponents":{"min":-30,"counts":[50,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,50]}})";
+  };
+  const fs::path file = scratch_dir() / (name + ".txt");
+  std::ofstream out(file);
+  out << "precision doctor: a table for people first\n";
+  out << R"({"precision":"fp16","format":"float16","loss_scale":65536,"steps":3,"modules":[)";
+  for (int i = 0; i < n; ++i) {
+    const bool first_bad = bad && i == 0;
+    out << (i ? "," : "") << R"({"module":"layers.)" << i << R"(","type":"Linear","output":)" << stats(0.0, 0)
+        << R"(,"param_grad":)" << stats(first_bad ? 0.5 : 0.0, first_bad ? 3 : 0) << "}";
+  }
+  out << R"(],"skipped_steps":[],"findings":[],"recommendation":"x","fp8_scales":{}})" << "\n";
+  return file;
+}
+
+// Pixels that are strongly red: the heat colours of large fractions.
+size_t red_pixels(const Image& image) {
+  size_t n = 0;
+  for (size_t i = 0; i < image.rgb.size(); i += 3) n += image.rgb[i] > 150 && image.rgb[i + 1] < 80 && image.rgb[i + 2] < 80;
+  return n;
+}
+
+size_t pixels_of(const Image& image, uint8_t r, uint8_t g, uint8_t b) {
+  size_t n = 0;
+  for (size_t i = 0; i < image.rgb.size(); i += 3) n += image.rgb[i] == r && image.rgb[i + 1] == g && image.rgb[i + 2] == b;
+  return n;
+}
+
+}  // namespace
+
+TEST_CASE("booster plot --doctor draws a row per module and colours what leaves a format's range", "[cli][plot]") {
+  const fs::path png = scratch_dir() / "doctor.png";
+  auto draw = [&](const fs::path& report) {
+    const RunResult r = run_booster("plot --doctor " + report.string() + " --out " + png.string());
+    INFO(r.err);
+    REQUIRE(r.exit_code == 0);
+    return decode_png(read_bytes(png));
+  };
+  const Image clean2 = draw(write_report("clean2", 2, false));
+  const Image clean4 = draw(write_report("clean4", 4, false));
+  const Image bad2 = draw(write_report("bad2", 2, true));
+  CHECK(clean2.width >= 960);
+  // Two more modules, two more rows of equal height.
+  CHECK(clean4.height > clean2.height);
+  CHECK((clean4.height - clean2.height) % 2 == 0);
+  CHECK(bad2.height == clean2.height);
+  // The legend's darkest swatch is red in every picture; a module losing half its gradients adds a
+  // cell half of it (at least 20 x 6 pixels).
+  CHECK(red_pixels(bad2) >= red_pixels(clean2) + 120);
+  CHECK(red_pixels(clean2) == red_pixels(clean4));
+  // Every module has forward outputs (a blue bar) and gradients (an orange one); more rows, more ink.
+  CHECK(pixels_of(clean2, 31, 119, 180) > 50);
+  CHECK(pixels_of(clean2, 255, 127, 14) > 50);
+  CHECK(pixels_of(clean4, 31, 119, 180) > pixels_of(clean2, 31, 119, 180));
+
+  // A file without a report, and a report with metrics files too.
+  const fs::path none = scratch_dir() / "none.txt";
+  std::ofstream(none) << "nothing here\n{\"kind\":\"train\"}\n";
+  RunResult r = run_booster("plot --doctor " + none.string() + " --out " + png.string());
+  CHECK(r.exit_code == 2);
+  CHECK(r.err.find("holds no doctor report") != std::string::npos);
+  r = run_booster("plot --doctor " + none.string() + " --out " + png.string() + " " + none.string());
+  CHECK(r.exit_code == 2);
+  CHECK(r.err.find("--doctor draws one report") != std::string::npos);
+}
