@@ -162,6 +162,8 @@ TEST_CASE("fused unscale and inf/NaN check: one pass over float32, float16 and b
         const bool found = fused_unscale_and_check({{src, dst}}, 0.25f);
         CHECK(found == (bad_at >= 0));
         CHECK(dst.narrow(0, 1, 1).item() == 1.0);  // 4 * 0.25
+        // The check alone (inv_scale 1, in place; the tracer's check) reads 16-bit exponent bits.
+        CHECK(fused_unscale_and_check({{src, src}}, 1.0f) == (bad_at >= 0));
         if (bad_at < 0) break;
       }
     }
@@ -186,9 +188,11 @@ TEST_CASE("fused unscale and inf/NaN check: one pass over float32, float16 and b
     CHECK(fused_unscale_and_check({{a, a}, {b, b}}, 1.0f));
     CHECK(a.narrow(0, 0, 1).item() == 4.0);  // inv_scale 1 leaves values alone
   }
-  // float16 maximum (65504) is finite: no false positive from the exponent test.
+  // The formats' largest values are finite: no false positive from the exponent test.
   Tensor h = full({8}, 65504.0, DType::Float16);
   CHECK_FALSE(fused_unscale_and_check({{h, h}}, 1.0f));
+  Tensor bf = full({8}, -3.3895313892515355e38, DType::BFloat16);
+  CHECK_FALSE(fused_unscale_and_check({{bf, bf}}, 1.0f));
   // A destination that is neither float32 nor the source is refused.
   Tensor h2 = zeros({8}, DType::Float16);
   CHECK_THROWS_AS(fused_unscale_and_check({{h, h2}}, 1.0f), DTypeError);

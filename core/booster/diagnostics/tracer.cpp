@@ -94,6 +94,22 @@ struct Tracer::State final : nn::ModuleCallObserver {
   std::vector<Event> forward_events, backward_events;
   Tensor flags;  // int32 per slot, on the device of the step's first checked tensor
   int64_t slots_used = 0;
+  struct CheckedKey {
+    const void* data;
+    int64_t numel;
+    DType dtype;
+    bool operator==(const CheckedKey&) const = default;
+  };
+  struct CheckedHash {
+    size_t operator()(const CheckedKey& k) const {
+      return std::hash<const void*>()(k.data) ^ (size_t(k.numel) * 0x9e3779b97f4a7c15ull) ^ size_t(k.dtype);
+    }
+  };
+  struct Checked {
+    std::weak_ptr<Storage> storage;
+    int64_t slot = -1;
+  };
+  std::unordered_map<CheckedKey, Checked, CheckedHash> checked;  // this step's checked tensors
 
   NonFinite describe(int m, bool backward, Role role) const {
     return NonFinite{stats[size_t(m)].path, stats[size_t(m)].type, backward, role, {}};
@@ -110,10 +126,19 @@ struct Tracer::State final : nn::ModuleCallObserver {
       stats[size_t(m)].roles[size_t(role)].merge(s);
     } else if (const DType d = t.dtype(); (d == DType::Float32 || d == DType::Float16 || d == DType::BFloat16) &&
                                           t.numel() > 0 && (!flags.defined() || flags.device() == t.device())) {
-      e.slot = take_slot(t.device());
-      const Tensor values = t.detach().contiguous().reshape({-1});
-      Tensor flag = flags.narrow(0, e.slot, 1);
-      kernels::unscale_check_kernel(t.device())(values, values, 1.0f, flag);
+      // A container returns its last child's output, and a module's input gradient is the previous
+      // module's output gradient: the same values, checked once. The storage must be the same one still
+      // alive (freed memory may hold another tensor by now).
+      Checked& seen = checked[CheckedKey{t.data_ptr(), t.numel(), d}];
+      const bool fresh = seen.storage.lock() != t.storage();
+      if (fresh) seen = {t.storage(), slots_used};
+      e.slot = seen.slot;
+      if (fresh) {
+        take_slot(t.device());
+        const Tensor values = t.detach().contiguous().reshape({-1});
+        Tensor flag = flags.narrow(0, e.slot, 1);
+        kernels::unscale_check_kernel(t.device())(values, values, 1.0f, flag);
+      }
     } else {
       e.bad = !all_finite(t);
     }
@@ -201,6 +226,7 @@ void Tracer::begin_step(bool statistics) {
   s.backward_events.clear();
   if (s.slots_used > 0) s.flags.zero_();
   s.slots_used = 0;
+  s.checked.clear();
   if (statistics) ++s.statistics_steps;
 }
 

@@ -3,6 +3,7 @@
 // (Note [Fused gradient passes] in mixed_precision/mixed_precision.h).
 #include <atomic>
 #include <cstring>
+#include <type_traits>
 #include <vector>
 
 #include "booster/backends/cpu/convert.h"
@@ -54,10 +55,17 @@ uint32_t unscale_inplace_run(S* data, int64_t n, float inv_scale) {
   return bad;
 }
 
+// A check alone reads the bits: a 16-bit value is inf/NaN when its exponent field is all ones, so
+// nothing is converted and the loop vectorizes as for float32.
 template <class S>
 uint32_t check_run(const S* src, int64_t n) {
   uint32_t bad = 0;
-  for (int64_t i = 0; i < n; ++i) bad |= nonfinite_bit(float(src[i]));
+  if constexpr (std::is_same_v<S, Half> || std::is_same_v<S, BFloat16>) {
+    constexpr uint16_t exponent = std::is_same_v<S, Half> ? 0x7c00 : 0x7f80;
+    for (int64_t i = 0; i < n; ++i) bad |= uint32_t((src[i].bits & exponent) == exponent);
+  } else {
+    for (int64_t i = 0; i < n; ++i) bad |= nonfinite_bit(float(src[i]));
+  }
   return bad;
 }
 
