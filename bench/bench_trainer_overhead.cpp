@@ -1,12 +1,17 @@
 // What the Trainer costs over the loop a user writes by hand, on the two benchmark workloads.
 //
 //   build/bin/bench_trainer_overhead [--workload mlp|gpt] [--precision NAME] [--steps N] [--repeats R]
+//                                    [--variants hand,trainer,...]
 //
-// Each repeat builds the same model, optimizer and data twice (seed 0) and trains `steps` steps once
-// with the hand-written loop of README.md (zero_grad, forward, backward, step) and once with
-// Trainer::fit (progress silent, no evaluation, no files), alternating which goes first so drift in the
-// machine's load hits both alike. Both read the same batches through a boosted DataLoader. Prints one
-// JSON line: the median seconds per step of each and overhead = trainer / hand-written - 1.
+//   build/bin/bench_trainer_overhead --variants trainer_bare,trainer,every:100,every:1 --steps 200
+//
+// Each repeat builds the same model, optimizer and data (seed 0) for each variant and trains `steps`
+// steps with it: "hand", the hand-written loop of README.md (zero_grad, forward, backward, step);
+// "trainer", Trainer::fit with its defaults (progress silent, no evaluation, no files); "trainer_bare",
+// fit without diagnostics; "every:N", fit with per-module statistics every N steps. The order rotates
+// between repeats so drift in the machine's load hits all alike. All read the same batches through a
+// boosted DataLoader. Prints one JSON line: the median seconds per step of each variant (`<v>_s`) and
+// each one's overhead against the first (`<v>_overhead`; default variants hand,trainer).
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -75,10 +80,14 @@ double hand_written(Setup& s) {
   return std::chrono::duration<double>(Clock::now() - t0).count();
 }
 
-double with_trainer(Setup& s) {
+// "trainer": the defaults (naming a skipped step's first non-finite tensor); "trainer_bare": no
+// diagnostics at all; "every:N": per-module statistics every N steps as well.
+double with_trainer(Setup& s, const std::string& variant) {
   TrainerOptions o;
   o.progress = trainer::Progress::Mode::Silent;
   o.handle_signals = true;  // as a user gets it
+  if (variant == "trainer_bare") o.diagnostics.name_nonfinite = false;
+  if (variant.rfind("every:", 0) == 0) o.diagnostics.every = std::atoll(variant.c_str() + 6);
   Trainer trainer(*s.booster, o);
   const auto t0 = Clock::now();
   trainer.fit();
@@ -90,10 +99,23 @@ double median(std::vector<double> v) {
   return v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
 }
 
+double run_variant(Setup& s, const std::string& variant) {
+  return variant == "hand" ? hand_written(s) : with_trainer(s, variant);
+}
+
+std::vector<std::string> split_commas(const std::string& list) {
+  std::vector<std::string> out;
+  size_t start = 0;
+  for (size_t comma; (comma = list.find(',', start)) != std::string::npos; start = comma + 1)
+    out.push_back(list.substr(start, comma - start));
+  out.push_back(list.substr(start));
+  return out;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::string workload = "mlp", precision = "fp32";
+  std::string workload = "mlp", precision = "fp32", variant_list = "hand,trainer";
   int64_t steps = 40, repeats = 5;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string a = argv[i];
@@ -101,33 +123,33 @@ int main(int argc, char** argv) {
     else if (a == "--precision") precision = argv[i + 1];
     else if (a == "--steps") steps = std::atoll(argv[i + 1]);
     else if (a == "--repeats") repeats = std::atoll(argv[i + 1]);
+    else if (a == "--variants") variant_list = argv[i + 1];
     else {
       std::fprintf(stderr, "bench_trainer_overhead: unknown option %s\n", a.c_str());
       return 2;
     }
   }
-  // One warm-up of each (allocator caches, thread pools), then the timed repeats.
-  {
-    Setup a = make(workload, precision, 4), b = make(workload, precision, 4);
-    hand_written(a);
-    with_trainer(b);
+  const std::vector<std::string> variants = split_commas(variant_list);
+  // One warm-up of each (allocator caches, thread pools), then the timed repeats, each in another
+  // order (rotated) so drift in the machine's load hits all alike.
+  for (const std::string& v : variants) {
+    Setup a = make(workload, precision, 4);
+    run_variant(a, v);
   }
-  std::vector<double> hand, trained;
-  for (int64_t r = 0; r < repeats; ++r) {
-    Setup a = make(workload, precision, steps), b = make(workload, precision, steps);
-    if (r % 2 == 0) {
-      hand.push_back(hand_written(a) / double(steps));
-      trained.push_back(with_trainer(b) / double(steps));
-    } else {
-      trained.push_back(with_trainer(b) / double(steps));
-      hand.push_back(hand_written(a) / double(steps));
+  std::vector<std::vector<double>> seconds(variants.size());
+  for (int64_t r = 0; r < repeats; ++r)
+    for (size_t k = 0; k < variants.size(); ++k) {
+      const size_t v = (k + size_t(r)) % variants.size();
+      Setup a = make(workload, precision, steps);
+      seconds[v].push_back(run_variant(a, variants[v]) / double(steps));
     }
+  nlohmann::json out = {{"workload", workload}, {"precision", precision}, {"steps", steps}, {"repeats", repeats}};
+  const double base = median(seconds[0]);
+  for (size_t v = 0; v < variants.size(); ++v) {
+    const double m = median(seconds[v]);
+    out[variants[v] + "_s"] = m;
+    if (v > 0) out[variants[v] + "_overhead"] = m / base - 1.0;
   }
-  const double h = median(hand), t = median(trained);
-  std::cout << nlohmann::json{{"workload", workload}, {"precision", precision},   {"steps", steps},
-                              {"repeats", repeats},   {"hand_written_s", h},      {"trainer_s", t},
-                              {"overhead", t / h - 1.0}}
-                   .dump()
-            << std::endl;
+  std::cout << out.dump() << std::endl;
   return 0;
 }
