@@ -16,7 +16,10 @@
 // gradient when it has no children, else after every gradient seen. Under data parallelism the
 // gradients are averaged across ranks, so a rank may find its parameter gradients non-finite because
 // another rank's activations overflowed: it names the parameter gradient, the other rank the cause.
-// Modules recomputed under activation checkpointing add no forward statistics a second time.
+// Modules recomputed under activation checkpointing add no forward statistics a second time. Under
+// low_level_zero the gradients move into the optimizer's shards during backward, so the parameters'
+// own gradients (what parameter gradients are read from) hold zeros: there the module input and
+// output gradients are what to read.
 #pragma once
 
 #include <array>
