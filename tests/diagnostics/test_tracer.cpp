@@ -220,6 +220,47 @@ TEST_CASE("tracer: per-module statistics are those of the module's tensors", "[d
   CHECK(tracer.statistics_json().at("modules").empty());
 }
 
+TEST_CASE("tracer: past 1024 traced tensors the flag buffer grows and keeps its flags", "[diagnostics]") {
+  // Sqrt's input gradient is among the last of about 1200 checked tensors (600 layers' outputs, then
+  // their gradients); a clean model names nothing.
+  for (const double bias : {1.0, -100.0}) {
+    nn::Sequential model;
+    model.push_back(linear(4, 8, 0.5, bias));
+    model.push_back(std::make_shared<nn::ReLU>());
+    model.push_back(std::make_shared<Sqrt>());
+    for (int i = 0; i < 600; ++i) model.push_back(linear(8, 8, 0.125, 0.0));
+    Tracer tracer(model);
+    traced_step(tracer, model, ones({2, 4}), /*statistics=*/false);
+    const std::optional<NonFinite> first = tracer.first_nonfinite();
+    if (bias > 0) {
+      CHECK_FALSE(first);
+      continue;
+    }
+    REQUIRE(first);
+    CHECK(first->module == "2");
+    CHECK(first->tensor == Role::InputGradient);
+  }
+}
+
+TEST_CASE("tracer: a module recomputed under activation checkpointing is counted once", "[diagnostics]") {
+  // The checkpointed block runs twice (forward, and again inside backward); its forward statistics
+  // are one forward's, and the gradients of the recomputed graph are traced.
+  auto block = std::make_shared<nn::Sequential>();
+  block->push_back(linear(3, 5, 0.25, 0.0));
+  block->push_back(std::make_shared<nn::ReLU>());
+  nn::Sequential model;
+  model.push_back(std::make_shared<nn::Checkpoint>(block));
+  model.push_back(linear(5, 2, 1.0, 0.0));
+  Tracer tracer(model);
+  traced_step(tracer, model, ones({4, 3}), /*statistics=*/true);
+  const ModuleStats& inner = stats_of(tracer, "0.module.0");
+  CHECK(inner[Role::Output].count == 4 * 5);
+  CHECK(inner[Role::OutputGradient].count == 4 * 5);
+  CHECK(inner[Role::ParameterGradient].count == 3 * 5 + 5);
+  CHECK(stats_of(tracer, "0")[Role::Output].count == 4 * 5);
+  CHECK_FALSE(tracer.first_nonfinite());
+}
+
 TEST_CASE("tracer: nothing is traced outside observe() or after the tracer is gone", "[diagnostics]") {
   nn::Sequential model;
   model.push_back(linear(2, 2, 1.0, 0.0));
