@@ -114,7 +114,8 @@ int run_training(const json& config, BoosterComponents components, const Trainin
   options.tokens_per_sample = split.tokens_per_sample;
   options.load_options = {.context = "train.resume", .restore_hint = restore_with_set,
                           .run_length_setting = "train.max_steps",
-                          .verify = train_cfg.at("verify_checkpoints").get<bool>()};
+                          .verify = train_cfg.at("verify_checkpoints").get<bool>(),
+                          .portable_settings = config::portable_settings};
   options.resume_hint = [](const fs::path& checkpoint) {
     return "resume with --resume " + checkpoint.string() + " (or --resume latest with the same checkpoint directory)";
   };

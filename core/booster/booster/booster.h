@@ -171,11 +171,18 @@ struct LoadStateOptions {
   // Check every file against the checkpoint's checksums.json before reading it (Note [Checkpoint
   // checksums]); false loads a damaged checkpoint as it is.
   bool verify = true;
+  // Resuming on another number of processes or another plugin (Note [Resuming across layouts] in
+  // state.cpp): the settings as compared across world sizes, e.g. a per-rank batch size made the
+  // global one. Null: a checkpoint of another world size or plugin is refused.
+  std::function<nlohmann::json(const nlohmann::json& settings, int world_size)> portable_settings;
 };
 struct LoadedState {
   std::filesystem::path dir;            // the step directory read
   int64_t step = 0;
   std::vector<std::string> unchecked;   // settings the checkpoint predates (not compared)
+  // Set when the checkpoint was saved under another world size or plugin: what that changes, one
+  // line for the user ("resumed on 2 processes (ddp) from a checkpoint of 1 (single): ...").
+  std::string layout_change;
 };
 
 class Booster {

@@ -127,6 +127,24 @@ json read_state_file(const fs::path& dir, const std::string& context) {
   return state;
 }
 
+// Note [Resuming across layouts]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// A plugin that leaves checkpoint IO to the Booster and splits no layer (single, ddp) writes what one
+// process would: the full model, the full optimizer state, the loader's position in batches. Such a
+// checkpoint resumes under any such plugin at any world size, provided the run is the same once
+// per-rank settings are made global (LoadStateOptions::portable_settings: `booster train` makes
+// data.batch_size the global batch and drops the plugin section). With the same global batch every
+// step sees the same samples (the shuffled order is one permutation of the whole data set for every
+// world size, Note [Deterministic shuffling]; rank r takes every world-th of it), so a batch position
+// means the same samples, and only the order in which gradients are summed changes, which
+// LoadedState::layout_change says. trainer_state.json records "single_process_layout"; a checkpoint
+// that predates it counts as one when its plugin was single or ddp. A sharded checkpoint
+// (low_level_zero) still needs its own plugin and world size.
+bool single_process_layout(ParallelPlugin& plugin) {
+  const ParallelLayout layout = plugin.layout();
+  return !plugin.control_checkpoint_io() && layout.tensor <= 1 && layout.pipeline <= 1;
+}
+
 }  // namespace
 
 // ------------------------------------------------------------------------------------ registration
@@ -215,6 +233,7 @@ fs::path Booster::save_state(const fs::path& root, const SaveStateOptions& optio
                         {"mixed_precision", precision_->name()},
                         {"plugin", plugin_->name()},
                         {"world_size", group.size()},
+                        {"single_process_layout", single_process_layout(*plugin_)},
                         {"settings", resume_settings_},
                         {"state", extra},
                         {"tensors", tensor_names}};
@@ -268,15 +287,38 @@ LoadedState Booster::load_state(const fs::path& path, const LoadStateOptions& op
   };
   refuse_unless_same("mixed_precision", state.at("mixed_precision"), json(precision_->name()),
                      "resume with the same strategy, or start afresh");
-  refuse_unless_same("plugin", state.at("plugin"), json(plugin_->name()), "resume with the same plugin, or start afresh");
-  refuse_unless_same("world size", state.at("world_size"), json(process_group().size()),
-                     "resume with as many processes (booster run -n N), or start afresh");
-
-  // Note [Settings a resume must keep]
+  // Note [Resuming across layouts]
   LoadedState loaded;
   loaded.dir = dir;
-  const json saved_settings = state.value("settings", json::object());
-  for (const auto& [key, now] : resume_settings_.items()) {
+  const int world_now = process_group().size();
+  const bool same_layout = state.at("plugin") == json(plugin_->name()) && state.at("world_size") == json(world_now);
+  json saved_settings = state.value("settings", json::object());
+  json settings_now = resume_settings_;
+  if (!same_layout) {
+    const bool portable_now = single_process_layout(*plugin_);
+    const bool portable_saved = state.contains("single_process_layout")
+                                    ? state.at("single_process_layout") == json(true)
+                                    : state.at("plugin") == "single" || state.at("plugin") == "ddp";
+    const char* fix = portable_now && portable_saved
+                          ? "resume with the same plugin and as many processes (booster run -n N), or start afresh"
+                          : "resume with the same plugin and as many processes (booster run -n N), or start afresh; "
+                            "only single and ddp checkpoints move between plugins and world sizes";
+    if (!options.portable_settings || !portable_now || !portable_saved || !state.at("world_size").is_number_integer() ||
+        !state.at("plugin").is_string()) {
+      refuse_unless_same("plugin", state.at("plugin"), json(plugin_->name()), fix);
+      refuse_unless_same("world size", state.at("world_size"), json(world_now), fix);
+    }
+    const int world_saved = state.at("world_size").get<int>();
+    saved_settings = options.portable_settings(saved_settings, world_saved);
+    settings_now = options.portable_settings(settings_now, world_now);
+    loaded.layout_change = "resumed on " + std::to_string(world_now) + (world_now == 1 ? " process (" : " processes (") +
+                           plugin_->name() + ") from a checkpoint of " + std::to_string(world_saved) + " (" +
+                           state.at("plugin").get<std::string>() +
+                           "): the same samples make each step; gradients are averaged in another order";
+  }
+
+  // Note [Settings a resume must keep]
+  for (const auto& [key, now] : settings_now.items()) {
     if (!saved_settings.contains(key)) {
       loaded.unchecked.push_back(key);
       continue;

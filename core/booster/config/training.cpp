@@ -277,4 +277,18 @@ nlohmann::json trajectory_settings(const nlohmann::json& config, int64_t total_s
   return settings;
 }
 
+json portable_settings(const json& settings, int world_size) {
+  json out = settings;
+  if (out.contains("data") && out.at("data").is_object() && out.at("data").contains("batch_size") &&
+      out.at("data").at("batch_size").is_number_integer()) {
+    out["data"]["global_batch_size"] = out.at("data").at("batch_size").get<int64_t>() * world_size;
+    out["data"].erase("batch_size");
+  }
+  if (out.contains("plugin") && out.at("plugin").is_object()) {
+    const json name = out.at("plugin").value("name", json());
+    if (name == "single" || name == "ddp") out.erase("plugin");
+  }
+  return out;
+}
+
 }  // namespace booster::config
