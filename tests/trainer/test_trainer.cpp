@@ -400,3 +400,40 @@ TEST_CASE("Trainer: diagnostics every N steps reach on_diagnostics with that ste
   CHECK(seen == std::vector<int64_t>{3, 6});
   CHECK(trainer.skipped_steps().empty());
 }
+
+namespace {
+// Finite in, NaN out: sqrt of values far below zero.
+class SqrtBelowZero : public nn::Module {
+ public:
+  Tensor forward(const Tensor& x) override { return sqrt(add(x, -1000.0)); }
+  std::string name() const override { return "SqrtBelowZero"; }
+};
+}  // namespace
+
+TEST_CASE("Trainer: a non-finite loss names the first non-finite tensor", "[trainer][diagnostics]") {
+  // fp32 skips no step, so the run stops with a TrainingError; it names the module whose output first
+  // held a NaN.
+  manual_seed(3);
+  Booster booster(BoosterConfig{.mixed_precision = "fp32"});
+  auto model = std::make_shared<nn::Sequential>();
+  model->push_back(std::make_shared<nn::Linear>(6, 3));
+  model->push_back(std::make_shared<SqrtBelowZero>());
+  auto sgd = std::make_shared<optim::SGD>(model->parameters(), json{{"lr", 0.1}});
+  auto loader = booster.prepare_dataloader(points(), {.batch_size = 16});
+  nn::Criterion ce = [](const Tensor& out, const Tensor& y) { return cross_entropy(out, y); };
+  booster.boost(model, sgd, ce, loader);
+  TrainerOptions o;
+  o.max_steps = 2;
+  o.handle_signals = false;
+  o.progress = trainer::Progress::Mode::Silent;
+  Trainer trainer(booster, o);
+  std::string message;
+  try {
+    trainer.fit();
+  } catch (const TrainingError& e) {
+    message = e.what();
+  }
+  INFO(message);
+  CHECK(message.find("nan at step 1 (the first non-finite tensor: the output of 1 (SqrtBelowZero) in forward)") !=
+        std::string::npos);
+}

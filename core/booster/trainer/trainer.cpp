@@ -514,8 +514,14 @@ FitResult Trainer::fit() {
 
       // An overflowing 16-bit loss on a skipped step is the scaler's to handle (it throws itself when
       // the scale would fall below its floor).
-      BOOSTER_CHECK(skipped || std::isfinite(last_loss), TrainingError, "the loss is ", last_loss, " at step ", step,
-                    "; lower the learning rate or check the data");
+      if (!skipped && !std::isfinite(last_loss)) {
+        std::string first;
+        if (tracer && o.diagnostics.name_nonfinite)
+          if (const std::optional<diagnostics::NonFinite> f = tracer->first_nonfinite())
+            first = " (the first non-finite tensor: " + f->describe() + ")";
+        BOOSTER_FAIL(TrainingError, "the loss is ", last_loss, " at step ", step, first,
+                     "; lower the learning rate or check the data");
+      }
       const bool logged = step % o.log_every == 0 || step == total_steps_;
       trainer::StepReport report;
       report.step = step;
