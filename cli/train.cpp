@@ -115,7 +115,8 @@ int run_training(const json& config, BoosterComponents components, const Trainin
   options.load_options = {.context = "train.resume", .restore_hint = restore_with_set,
                           .run_length_setting = "train.max_steps",
                           .verify = train_cfg.at("verify_checkpoints").get<bool>(),
-                          .portable_settings = config::portable_settings};
+                          .portable_settings = config::portable_settings,
+                          .precision_setting = "mixed_precision"};
   options.resume_hint = [](const fs::path& checkpoint) {
     return "resume with --resume " + checkpoint.string() + " (or --resume latest with the same checkpoint directory)";
   };

@@ -3,7 +3,9 @@
 // and a ddp checkpoint resumed by one process, each continue the uninterrupted run: the same samples
 // make every step, so the parameters after the last step agree to float32 reordering (1e-5 relative);
 // the resume says so in one line. Another global batch, and a sharded (low_level_zero) checkpoint
-// under another plugin, are refused naming what differs.
+// under another plugin, are refused naming what differs. A checkpoint of one float32-parameter strategy
+// resumes under another (fp16 -> bf16, ...) and training goes on (the test loss keeps falling); one with
+// master weights (fp16_naive) is refused.
 #include <catch2/catch.hpp>
 
 #include "skip.h"
@@ -150,4 +152,61 @@ TEST_CASE("a sharded checkpoint still needs its plugin and world size", "[cli][c
   INFO(r.err);
   CHECK(r.exit_code != 0);
   CHECK(r.err.find("was saved with mixed_precision \"fp32\" but this run has \"low_level_zero\"") != std::string::npos);
+}
+
+namespace {
+
+json summary(const RunResult& r) { return json::parse(testing::last_line(r.out)); }
+
+// The test loss of the "eval" record at `step` in a run directory's metrics.jsonl.
+double eval_loss_at(const fs::path& run_dir, int step) {
+  std::ifstream in(run_dir / "metrics.jsonl");
+  std::string line;
+  while (std::getline(in, line)) {
+    const json record = json::parse(line);
+    if (record.at("kind") == "eval" && record.at("step") == step) return record.at("test_loss").get<double>();
+  }
+  FAIL("no eval record at step " << step << " in " << run_dir);
+  return 0.0;
+}
+
+}  // namespace
+
+TEST_CASE("a checkpoint resumes under another float32-parameter strategy and keeps learning", "[cli][checkpoint][amp]") {
+  const fs::path dir = scratch_dir();
+  const std::string common =
+      "--set train.epochs=2 --set train.max_steps=16 --set train.eval_every=8 --set train.checkpoint_every=8 ";
+  const std::vector<std::pair<std::string, std::string>> changes = {
+      {"fp16", "bf16"}, {"bf16", "fp16"}, {"fp32", "fp16"}, {"fp8", "bf16"}};
+  for (const auto& [from, to] : changes) {
+    INFO(from << " -> " << to);
+    const fs::path first = dir / ("from_" + from), second = dir / ("to_" + to + "_from_" + from);
+    RunResult r = train(1, common + "-m " + from + " --set train.run_dir=" + first.string() +
+                               " --set train.checkpoint_dir=" + (first / "ckpt").string());
+    INFO(r.err);
+    REQUIRE(r.exit_code == 0);
+    r = train(1, common + "-m " + to + " --set train.run_dir=" + second.string() + " --set train.checkpoint_dir=" +
+                     (second / "ckpt").string() + " --resume " + (first / "ckpt" / "step-00000008").string());
+    INFO(r.err);
+    REQUIRE(r.exit_code == 0);
+    CHECK(r.err.find("booster: resumed under " + to + " from a checkpoint of " + from +
+                     ": float32 weights and optimizer state carry over; the strategy's own state (loss scale, fp8 "
+                     "scaling) starts afresh") != std::string::npos);
+    // It continues: the test loss after step 16 is below the checkpoint's at step 8.
+    CHECK(summary(r).at("test_loss").get<double>() < eval_loss_at(first, 8));
+    CHECK(summary(r).at("steps") == 16);
+  }
+  // fp16_naive keeps float32 masters beside a float16 model: refused either way, naming why.
+  const fs::path naive = dir / "naive";
+  RunResult r = train(1, common + "-m fp16_naive --set train.run_dir=null --set train.checkpoint_dir=" + naive.string());
+  REQUIRE(r.exit_code == 0);
+  r = train(1, common + "-m bf16 --set train.run_dir=null --set train.checkpoint_dir=" + (dir / "x").string() +
+                   " --resume " + (naive / "step-00000008").string());
+  CHECK(r.exit_code != 0);
+  CHECK(r.err.find("was saved with mixed_precision \"fp16_naive\" but this run has \"bf16\", and fp16_naive saved "
+                   "float32 master weights") != std::string::npos);
+  r = train(1, common + "-m fp16_naive --set train.run_dir=null --set train.checkpoint_dir=" + (dir / "y").string() +
+                   " --resume " + (dir / "from_fp16" / "ckpt" / "step-00000008").string());
+  CHECK(r.exit_code != 0);
+  CHECK(r.err.find("and this run's strategy keeps float32 master weights") != std::string::npos);
 }

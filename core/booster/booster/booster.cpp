@@ -252,7 +252,7 @@ void Booster::save_optimizer(const BoostedOptimizer& optimizer, const std::files
   plugin_->process_group().barrier();
 }
 
-void Booster::load_optimizer(BoostedOptimizer& optimizer, const std::filesystem::path& dir) const {
+void Booster::load_optimizer(BoostedOptimizer& optimizer, const std::filesystem::path& dir, bool precision_state) const {
   const std::filesystem::path meta_file = dir / kPrecisionMetaFile;
   BOOSTER_CHECK(std::filesystem::exists(meta_file), CheckpointError, "load_optimizer: ", meta_file.string(),
                 " does not exist; the directory must be one Booster::save_optimizer wrote");
@@ -264,10 +264,14 @@ void Booster::load_optimizer(BoostedOptimizer& optimizer, const std::filesystem:
                  "); the file is truncated or corrupt");
   }
   const std::string saved = meta.value("strategy", "");
-  BOOSTER_CHECK(saved == precision_->name(), CheckpointError, "load_optimizer: ", dir.string(),
+  BOOSTER_CHECK(!precision_state || saved == precision_->name(), CheckpointError, "load_optimizer: ", dir.string(),
                 " was saved with mixed precision '", saved, "' but this Booster uses '", precision_->name(),
                 "'; resume with the same strategy");
   checkpoint_io_->load_optimizer(optimizer.stepped_optimizer(), dir);
+  if (!precision_state) {
+    optimizer.copy_options_from_stepped();
+    return;
+  }
   mixed_precision::MixedPrecisionState state;
   state.meta = meta.value("state", json::object());
   state.tensors = checkpoint::read_safetensors(dir / kPrecisionTensorsFile).tensors;

@@ -175,6 +175,10 @@ struct LoadStateOptions {
   // state.cpp): the settings as compared across world sizes, e.g. a per-rank batch size made the
   // global one. Null: a checkpoint of another world size or plugin is refused.
   std::function<nlohmann::json(const nlohmann::json& settings, int world_size)> portable_settings;
+  // The resume setting that holds the mixed-precision strategy ("mixed_precision" for the Trainer's
+  // command). Set, a checkpoint of another strategy resumes when both keep float32 parameters without
+  // master copies (Note [Resuming under another precision]), that setting left uncompared. Empty: refused.
+  std::string precision_setting;
 };
 struct LoadedState {
   std::filesystem::path dir;            // the step directory read
@@ -183,6 +187,9 @@ struct LoadedState {
   // Set when the checkpoint was saved under another world size or plugin: what that changes, one
   // line for the user ("resumed on 2 processes (ddp) from a checkpoint of 1 (single): ...").
   std::string layout_change;
+  // Set when the checkpoint was saved under another mixed-precision strategy: what carries over and
+  // what does not, one line.
+  std::string precision_change;
 };
 
 class Booster {
@@ -231,7 +238,9 @@ class Booster {
                   uint64_t max_shard_bytes = 5'000'000'000ull) const;
   void load_model(nn::Module& model, const std::filesystem::path& path) const;
   void save_optimizer(const BoostedOptimizer& optimizer, const std::filesystem::path& dir) const;
-  void load_optimizer(BoostedOptimizer& optimizer, const std::filesystem::path& dir) const;
+  // precision_state false: the optimizer only, the strategy keeping its fresh state (a resume under
+  // another strategy, Note [Resuming under another precision] in state.cpp).
+  void load_optimizer(BoostedOptimizer& optimizer, const std::filesystem::path& dir, bool precision_state = true) const;
   void save_lr_scheduler(const BoostedScheduler& scheduler, const std::filesystem::path& file) const;
   void load_lr_scheduler(BoostedScheduler& scheduler, const std::filesystem::path& file) const;
 

@@ -36,6 +36,7 @@
 // a shorter run is an exact prefix of the saved one.
 #include <algorithm>
 #include <fstream>
+#include <set>
 
 #include "booster/booster/booster.h"
 #include "booster/checkpoint/atomic_file.h"
@@ -140,6 +141,53 @@ json read_state_file(const fs::path& dir, const std::string& context) {
 // LoadedState::layout_change says. trainer_state.json records "single_process_layout"; a checkpoint
 // that predates it counts as one when its plugin was single or ddp. A sharded checkpoint
 // (low_level_zero) still needs its own plugin and world size.
+// Note [Resuming under another precision]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// Strategies that keep the model's parameters in float32 without master copies (fp32, fp16 with a
+// GradScaler, bf16 autocast, fp8, apex O0/O1) step the same optimizer over the same tensors: their
+// checkpoints differ only in the strategy's own state (a loss scale and its counters, fp8's amax
+// histories), which does not carry over from one strategy to another. With LoadStateOptions::precision_setting a checkpoint of one resumes under another: the
+// model and the optimizer load as saved, the strategy keeps its fresh state, and
+// LoadedState::precision_change says so. Checked before anything is read: this run's parameters are
+// float32 and its strategy holds no master weights (the precision SDK's "master_weights.*" tensors);
+// the checkpoint's model and optimizer tensors are float32 (read from the safetensors headers) and its
+// strategy saved no master weights. Anything else (fp16_naive's masters, a 16-bit model) is refused,
+// naming which.
+
+// The dtypes of a safetensors file's tensors, from its header alone.
+std::set<std::string> safetensors_dtypes(const fs::path& file) {
+  std::ifstream in(file, std::ios::binary);
+  BOOSTER_CHECK(in.good(), CheckpointError, "cannot open ", file.string());
+  unsigned char size_bytes[8] = {};
+  in.read(reinterpret_cast<char*>(size_bytes), 8);
+  uint64_t size = 0;
+  for (int i = 7; i >= 0; --i) size = size << 8 | size_bytes[i];
+  BOOSTER_CHECK(in.good() && size < (uint64_t(1) << 27), CheckpointError, file.string(), " has no valid safetensors header");
+  std::string header(size, '\0');
+  in.read(header.data(), std::streamsize(size));
+  const json parsed = json::parse(header, nullptr, /*allow_exceptions=*/false);
+  BOOSTER_CHECK(in.good() && parsed.is_object(), CheckpointError, file.string(), " has no valid safetensors header");
+  std::set<std::string> dtypes;
+  for (const auto& [name, entry] : parsed.items())
+    if (name != "__metadata__" && entry.is_object()) dtypes.insert(entry.value("dtype", std::string("?")));
+  return dtypes;
+}
+
+// The files of a saved model: model.safetensors, or the shards its index names.
+std::vector<fs::path> model_files(const fs::path& model_dir) {
+  if (fs::exists(model_dir / checkpoint::kModelFileName)) return {model_dir / checkpoint::kModelFileName};
+  std::vector<fs::path> files;
+  const fs::path index = model_dir / checkpoint::kModelIndexFileName;
+  if (!fs::exists(index)) return files;
+  const json parsed = json::parse(checkpoint::read_text_file(index), nullptr, /*allow_exceptions=*/false);
+  std::set<std::string> shards;
+  if (parsed.is_object() && parsed.contains("weight_map") && parsed.at("weight_map").is_object())
+    for (const auto& [name, shard] : parsed.at("weight_map").items())
+      if (shard.is_string()) shards.insert(shard.get<std::string>());
+  for (const std::string& shard : shards) files.push_back(model_dir / shard);
+  return files;
+}
+
 bool single_process_layout(ParallelPlugin& plugin) {
   const ParallelLayout layout = plugin.layout();
   return !plugin.control_checkpoint_io() && layout.tensor <= 1 && layout.pipeline <= 1;
@@ -285,10 +333,48 @@ LoadedState Booster::load_state(const fs::path& path, const LoadStateOptions& op
     BOOSTER_CHECK(saved == now, CheckpointError, context, ": ", dir.string(), " was saved with ", what, " ",
                   show(saved), " but this run has ", show(now), "; ", fix);
   };
-  refuse_unless_same("mixed_precision", state.at("mixed_precision"), json(precision_->name()),
-                     "resume with the same strategy, or start afresh");
-  // Note [Resuming across layouts]
+  // Note [Resuming under another precision]: "" when a checkpoint of strategy `saved` can resume under
+  // this one, else why not.
+  auto float32_without_masters = [&](const fs::path& checkpoint_dir, const std::string& saved) -> std::string {
+    auto has_masters = [](const auto& names) {
+      return std::any_of(names.begin(), names.end(), [](const std::string& n) { return n.rfind("master_weights", 0) == 0; });
+    };
+    std::vector<std::string> names_now;
+    for (const auto& [name, t] : precision_->state_dict().tensors) names_now.push_back(name);
+    if (has_masters(names_now)) return "this run's strategy keeps float32 master weights";
+    if (parts_.model)
+      for (const auto& [name, p] : parts_.model->named_parameters())
+        if (p.dtype() != DType::Float32) return "this run's parameter " + name + " is " + dtype_name(p.dtype());
+    const fs::path optimizer_dir = checkpoint_dir / "optimizer";
+    std::vector<std::string> names_saved;
+    if (fs::exists(optimizer_dir / "precision.safetensors"))
+      for (const checkpoint::TensorSpan& span : checkpoint::safetensors_spans(optimizer_dir / "precision.safetensors"))
+        names_saved.push_back(span.name);
+    if (has_masters(names_saved)) return saved + " saved float32 master weights";
+    std::vector<fs::path> files = model_files(checkpoint_dir / "model");
+    if (fs::exists(optimizer_dir / "optimizer.safetensors")) files.push_back(optimizer_dir / "optimizer.safetensors");
+    for (const fs::path& file : files)
+      for (const std::string& dtype : safetensors_dtypes(file))
+        if (dtype != "F32" && dtype != "I64") return "its " + file.filename().string() + " holds " + dtype + " tensors";
+    return "";
+  };
   LoadedState loaded;
+  const bool same_precision = state.at("mixed_precision") == json(precision_->name());
+  if (!same_precision) {
+    const char* fix = "resume with the same strategy, or start afresh";
+    if (options.precision_setting.empty() || !state.at("mixed_precision").is_string())
+      refuse_unless_same("mixed_precision", state.at("mixed_precision"), json(precision_->name()), fix);
+    const std::string saved = state.at("mixed_precision").get<std::string>();
+    const std::string why_not = float32_without_masters(dir, saved);
+    BOOSTER_CHECK(why_not.empty(), CheckpointError, context, ": ", dir.string(), " was saved with mixed_precision \"",
+                  saved, "\" but this run has \"", precision_->name(), "\", and ", why_not,
+                  "; resume with the same strategy, or start afresh (model.init_from=", (dir / "model").string(),
+                  " keeps the weights)");
+    loaded.precision_change = "resumed under " + precision_->name() + " from a checkpoint of " + saved +
+                              ": float32 weights and optimizer state carry over; the strategy's own state (loss "
+                              "scale, fp8 scaling) starts afresh";
+  }
+  // Note [Resuming across layouts]
   loaded.dir = dir;
   const int world_now = process_group().size();
   const bool same_layout = state.at("plugin") == json(plugin_->name()) && state.at("world_size") == json(world_now);
@@ -315,6 +401,11 @@ LoadedState Booster::load_state(const fs::path& path, const LoadStateOptions& op
                            plugin_->name() + ") from a checkpoint of " + std::to_string(world_saved) + " (" +
                            state.at("plugin").get<std::string>() +
                            "): the same samples make each step; gradients are averaged in another order";
+  }
+
+  if (!same_precision) {
+    saved_settings.erase(options.precision_setting);
+    settings_now.erase(options.precision_setting);
   }
 
   // Note [Settings a resume must keep]
@@ -364,7 +455,7 @@ LoadedState Booster::load_state(const fs::path& path, const LoadStateOptions& op
 
   // Everything checked: restore.
   if (parts_.model) load_model(*parts_.model, dir / "model");
-  if (parts_.optimizer) load_optimizer(*parts_.optimizer, dir / "optimizer");
+  if (parts_.optimizer) load_optimizer(*parts_.optimizer, dir / "optimizer", same_precision);
   if (parts_.scheduler) load_lr_scheduler(*parts_.scheduler, dir / "scheduler.json");
   if (parts_.dataloader && !state.at("dataloader").is_null()) parts_.dataloader->load_state_dict(state.at("dataloader"));
   try {

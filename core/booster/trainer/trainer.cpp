@@ -354,7 +354,7 @@ FitResult Trainer::fit() {
 
   // ---- resume
   FitResult result;
-  std::string unchecked, layout_change;
+  std::string unchecked, layout_change, precision_change;
   if (!o.resume.empty()) {
     const bool latest = o.resume == "latest";
     const fs::path where = latest ? *checkpoint_root_ : fs::path(o.resume);
@@ -366,6 +366,7 @@ FitResult Trainer::fit() {
       const LoadedState loaded = booster_.load_state(where, o.load_options);
       result.resumed_from = loaded.dir;
       layout_change = loaded.layout_change;
+      precision_change = loaded.precision_change;
       for (const std::string& key : loaded.unchecked) unchecked += (unchecked.empty() ? "" : ", ") + key;
       BOOSTER_CHECK(loaded.step <= total_steps_, CheckpointError, o.load_options.context, ": ", loaded.dir.string(),
                     " is at step ", loaded.step, ", past this run's ", total_steps_,
@@ -397,6 +398,7 @@ FitResult Trainer::fit() {
   if (result.resumed_from)
     progress.print("booster: resumed from " + result.resumed_from->string() + " at step " + std::to_string(step));
   if (!layout_change.empty()) progress.print("booster: " + layout_change);
+  if (!precision_change.empty()) progress.print("booster: " + precision_change);
   if (!unchecked.empty())
     progress.print("booster: " + result.resumed_from->string() + " predates the record of " + unchecked +
                    "; they are not checked against this run's");
