@@ -146,9 +146,10 @@ json read_state_file(const fs::path& dir, const std::string& context) {
 // Strategies that keep the model's parameters in float32 without master copies (fp32, fp16 with a
 // GradScaler, bf16 autocast, fp8, apex O0/O1) step the same optimizer over the same tensors: their
 // checkpoints differ only in the strategy's own state (a loss scale and its counters, fp8's amax
-// histories), which does not carry over from one strategy to another. With LoadStateOptions::precision_setting a checkpoint of one resumes under another: the
-// model and the optimizer load as saved, the strategy keeps its fresh state, and
-// LoadedState::precision_change says so. Checked before anything is read: this run's parameters are
+// histories), which does not carry over from one strategy to another. With
+// LoadStateOptions::precision_setting a checkpoint of one resumes under another: the model and the
+// optimizer load as saved, the strategy keeps its fresh state, and LoadedState::precision_change says
+// so. Checked before anything is read: this run's parameters are
 // float32 and its strategy holds no master weights (the precision SDK's "master_weights.*" tensors);
 // the checkpoint's model and optimizer tensors are float32 (read from the safetensors headers) and its
 // strategy saved no master weights. Anything else (fp16_naive's masters, a 16-bit model) is refused,

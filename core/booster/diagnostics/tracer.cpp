@@ -98,11 +98,13 @@ struct Tracer::State final : nn::ModuleCallObserver {
     const void* data;
     int64_t numel;
     DType dtype;
+    uint64_t version;  // a tensor changed in place since is checked again
     bool operator==(const CheckedKey&) const = default;
   };
   struct CheckedHash {
     size_t operator()(const CheckedKey& k) const {
-      return std::hash<const void*>()(k.data) ^ (size_t(k.numel) * 0x9e3779b97f4a7c15ull) ^ size_t(k.dtype);
+      return std::hash<const void*>()(k.data) ^ (size_t(k.numel) * 0x9e3779b97f4a7c15ull) ^ size_t(k.dtype) ^
+             (size_t(k.version) << 17);
     }
   };
   struct Checked {
@@ -129,7 +131,7 @@ struct Tracer::State final : nn::ModuleCallObserver {
       // A container returns its last child's output, and a module's input gradient is the previous
       // module's output gradient: the same values, checked once. The storage must be the same one still
       // alive (freed memory may hold another tensor by now).
-      Checked& seen = checked[CheckedKey{t.data_ptr(), t.numel(), d}];
+      Checked& seen = checked[CheckedKey{t.data_ptr(), t.numel(), d, t.version()}];
       const bool fresh = seen.storage.lock() != t.storage();
       if (fresh) seen = {t.storage(), slots_used};
       e.slot = seen.slot;
