@@ -326,6 +326,13 @@ TEST_CASE("doctor: lost float16 gradients recommend bf16 and name the module", "
   d = diagnose(in);
   CHECK(d.recommendation.rfind("bf16 is fine here", 0) == 0);
   CHECK(d.findings.empty());
+  // Even values bf16 loses (below its 2^-133) never make it recommend bf16: it states the fraction.
+  DoctorInput tiny = in;
+  tiny.modules = {module_with("head", "Linear", Role::InputGradient, mixed(100, 5, 1e-41f))};
+  d = diagnose(tiny);
+  CHECK(d.recommendation == "bf16 is fine here: no forward overflow, and at most 5.00% of any module's gradients underflow");
+  REQUIRE(d.findings.size() == 1);
+  CHECK(d.findings[0].rfind("bfloat16: 5.00% of the input gradients of head (Linear) underflow to zero", 0) == 0);
 
   // Under fp32, whether bf16 would hold them.
   in.format = "float32";

@@ -150,9 +150,12 @@ Diagnosis diagnose(const DoctorInput& in) {
                                name_of(*w.module) + " underflow to zero at scale " + scale + "; " + other +
                                (other_loses == 0.0 ? " keeps them" : " loses " + percent(other_loses));
       d.findings.push_back(text);
-      if (current && w.fraction >= kSwitchFraction && other_loses < w.fraction / 10 && !lost_gradients)
+      // Only float16 has somewhere to go (bfloat16 holds every float16 value): under bfloat16 the
+      // finding stands alone and the verdict below states the fraction.
+      const bool can_switch = current && f == Format::Float16;
+      if (can_switch && w.fraction >= kSwitchFraction && other_loses < w.fraction / 10 && !lost_gradients)
         lost_gradients = text;
-      else if (current && !raise_scale)
+      else if (can_switch && !raise_scale)
         raise_scale = text;
     }
   }
