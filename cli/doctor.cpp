@@ -16,8 +16,9 @@ int doctor(const json& config, BoosterComponents components, int64_t steps) {
   std::vector<diagnostics::ModuleStats> totals;
   TrainingHooks hooks;
   hooks.adjust = [steps](TrainerOptions& o) {
+    // Every epoch has at least one step, so `steps` epochs hold them all; max_steps stops there.
     o.max_steps = steps;
-    o.epochs = std::max<int64_t>(o.epochs, 1);
+    o.epochs = std::max<int64_t>(o.epochs, steps);
     o.run_dir.reset();
     o.checkpoint_dir.reset();
     o.checkpoint_every = 0;

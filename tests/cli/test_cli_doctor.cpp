@@ -104,6 +104,13 @@ TEST_CASE("booster doctor: per-module statistics of every step, counted by the r
     }
   // No files: the doctor writes nothing.
   CHECK_FALSE(fs::exists(scratch_dir() / "runs"));
+
+  // More steps than the config's one epoch of 8 batches: the doctor runs them all.
+  const RunResult longer = run_booster("doctor --config " + config.string() + " --steps 12 -m fp16");
+  INFO(longer.err);
+  REQUIRE(longer.exit_code == 0);
+  CHECK(last_line(longer.out).at("steps") == 12);
+  CHECK(module_in(last_line(longer.out), "layers.0").at("output").at("count") == 12 * 32 * 16);
 }
 
 TEST_CASE("booster doctor and train name the first non-finite tensor of every skipped step", "[cli][diagnostics]") {
