@@ -4,6 +4,8 @@
 #include <algorithm>
 
 #include "booster/common/error.h"
+#include "booster/kernels/fused.h"
+#include "booster/ops/ops.h"
 #include "booster/tensor/float8.h"
 #include "booster/tensor/half.h"
 
@@ -176,27 +178,14 @@ float max_abs(const Tensor& t) {
   return bits_float(max_bits);
 }
 
-namespace {
-// The largest |bits| of a contiguous CPU tensor of 16- or 32-bit floats, read in place: no copy on
-// the path the tracer takes for every module output of every step.
-template <class Bits>
-Bits max_magnitude_bits(const void* data, int64_t n, Bits magnitude_mask) {
-  const auto* bits = static_cast<const Bits*>(data);
-  Bits worst = 0;
-  for (int64_t i = 0; i < n; ++i) worst = std::max<Bits>(worst, bits[i] & magnitude_mask);
-  return worst;
-}
-}  // namespace
-
 bool all_finite(const Tensor& t) {
   if (t.numel() == 0) return true;
-  if (t.device().is_cpu() && t.is_contiguous()) {
-    switch (t.dtype()) {
-      case DType::Float32: return max_magnitude_bits<uint32_t>(t.data_ptr(), t.numel(), 0x7fffffffu) < 0x7f800000u;
-      case DType::Float16: return max_magnitude_bits<uint16_t>(t.data_ptr(), t.numel(), 0x7fffu) < 0x7c00u;
-      case DType::BFloat16: return max_magnitude_bits<uint16_t>(t.data_ptr(), t.numel(), 0x7fffu) < 0x7f80u;
-      default: break;
-    }
+  // The fused inf/NaN pass of the mixed-precision step, on the tensor's device: no float32 copy.
+  if (const DType d = t.dtype(); d == DType::Float32 || d == DType::Float16 || d == DType::BFloat16) {
+    const Tensor values = t.detach().contiguous().reshape({-1});
+    Tensor found = zeros({}, DType::Int32, t.device());
+    kernels::unscale_check_kernel(t.device())(values, values, 1.0f, found);
+    return found.item() == 0;
   }
   const Tensor values = t.detach().to(DType::Float32).cpu().contiguous();
   const auto* bits = reinterpret_cast<const uint32_t*>(values.data<float>());
