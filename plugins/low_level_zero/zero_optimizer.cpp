@@ -60,7 +60,7 @@ bool parse_state_key(const std::string& key, size_t& index, std::string& name) {
   return !name.empty();
 }
 
-constexpr const char* kMasterWeight = "master_weight";
+using optim::kMasterWeight;
 
 }  // namespace
 

@@ -64,6 +64,7 @@ class ZeroOptimizer final : public optim::Optimizer {
   // ------------------------------------------------------------ checkpoints (see the Note)
   optim::OptimizerState state_dict() const override;
   void load_state_dict(const optim::OptimizerState& state) override;
+  bool state_holds_master_weights() const override { return options_.working_dtype != DType::Float32; }
 
   // ------------------------------------------------------------ introspection
   int stage() const { return options_.stage; }

@@ -36,7 +36,12 @@ void CheckpointIO::load_model(nn::Module& model, const fs::path& path) const {
 }
 
 void CheckpointIO::save_optimizer(const optim::Optimizer& optimizer, const fs::path& path) const {
-  const optim::OptimizerState state = optimizer.state_dict();  // collective for sharded optimizers
+  optim::OptimizerState state = optimizer.state_dict();  // collective for sharded optimizers
+  // The index: which parameter each "state.<i>" is (Note [Resuming under another precision]).
+  json names = json::array();
+  for (const optim::ParamGroup& g : optimizer.param_groups())
+    for (const Tensor& p : g.params) names.push_back(p.name());
+  state.meta["param_names"] = names;
   if (writes()) {
     fs::create_directories(path);
     checkpoint::write_safetensors(path / kOptimizerTensorsFile, state.tensors);

@@ -39,6 +39,9 @@ struct ParamGroup {
 //   tensors = {"state.<i>.exp_avg": ..., "state.<i>.exp_avg_sq": ..., "state.<i>.momentum_buffer": ...}
 // Global parameter indices count through the groups in order, as torch does. The tensors are views of
 // the live state (as torch's state_dict holds references): clone them to keep a snapshot.
+// The state name of a parameter's float32 master weight where the optimizer keeps it (ZeRO).
+inline constexpr const char* kMasterWeight = "master_weight";
+
 struct OptimizerState {
   nlohmann::json meta;
   std::map<std::string, Tensor> tensors;
@@ -73,6 +76,10 @@ class Optimizer {
   // Validates group count, parameter counts and state shapes (CheckpointError naming the mismatch),
   // then restores state and every group's options.
   virtual void load_state_dict(const OptimizerState& state);
+  // True when state_dict() carries float32 master weights as "state.<i>.master_weight" (kMasterWeight)
+  // and load_state_dict() takes them from there (a ZeRO optimizer over 16-bit parameters). A resume
+  // under another precision hands them over that way (Note [Resuming under another precision]).
+  virtual bool state_holds_master_weights() const { return false; }
 
   // Number of steps that updated the parameter with this global index.
   int64_t param_step(size_t global_index) const { return steps_.at(global_index); }
