@@ -144,7 +144,6 @@ class LowLevelZeroPlugin final : public DataParallelPlugin {
   std::vector<std::string> supported_precisions() const override { return {"fp32"}; }
   bool control_precision() const override { return true; }
   bool support_no_sync() const override { return options_.zero.stage == 1; }
-  bool control_checkpoint_io() const override { return true; }
 
   TrainingParts configure(TrainingParts parts) override {
     BOOSTER_CHECK(parts.model != nullptr, ValueError, "low_level_zero: configure needs a model");
@@ -184,8 +183,9 @@ class LowLevelZeroPlugin final : public DataParallelPlugin {
   }
 
  private:
-  // Checkpoints: the base's default IO. Model weights are whole on every rank; the optimizer's
-  // state_dict() gathers the shards (every rank calls it) and rank 0 writes it into one file.
+  // Checkpoints: the base's default IO, so the files are laid out as a single process's (Note
+  // [Resuming across layouts]). Model weights are whole on every rank; the optimizer's state_dict()
+  // gathers the shards (every rank calls it) and rank 0 writes it into one file.
   PluginOptions options_;
   std::shared_ptr<ZeroOptimizer> optimizer_;
   bool configured_ = false;

@@ -317,10 +317,11 @@ TEST_CASE("a checkpoint that does not fit or is damaged is refused with one line
     CHECK(std::count(r.err.begin(), r.err.end(), '\n') == 1);
     CHECK(r.out.empty());
   };
-  // fp16 -> bf16 resumes (Note [Resuming under another precision]); master weights do not map.
-  resume_fails_with("--mixed-precision fp16_naive",
-                    "was saved with mixed_precision \"fp16\" but this run has \"fp16_naive\", and this run's strategy "
-                    "keeps float32 master weights", ckpt);
+  // fp16 -> bf16 or fp16_naive resumes (Note [Resuming under another precision]); apex O3 has no
+  // float32 weights to continue.
+  resume_fails_with("--mixed-precision fp16_apex --set mixed_precision.opt_level=O3",
+                    "was saved with mixed_precision \"fp16\" but this run has \"fp16_apex O3\", and this run's "
+                    "parameter 'layers.0.weight' is float16 and its strategy keeps no float32 master weights", ckpt);
   resume_fails_with("--set 'model.hidden=[8]'", "was saved with model.hidden [16] but this run has [8]", ckpt);
   resume_fails_with("--set lr_scheduler.type=none", "was saved with lr_scheduler.type \"cosine\" but this run has \"none\"", ckpt);
   resume_fails_with("", "does not exist", root / "step-00000099");

@@ -2,10 +2,11 @@
 // does it: a single-process checkpoint resumed under ddp on 2 processes with half the per-rank batch,
 // and a ddp checkpoint resumed by one process, each continue the uninterrupted run: the same samples
 // make every step, so the parameters after the last step agree to float32 reordering (1e-5 relative);
-// the resume says so in one line. Another global batch, and a sharded (low_level_zero) checkpoint
-// under another plugin, are refused naming what differs. A checkpoint of one float32-parameter strategy
-// resumes under another (fp16 -> bf16, ...) and training goes on (the test loss keeps falling); one with
-// master weights (fp16_naive) is refused.
+// the resume says so in one line; low_level_zero (stages 1 and 2, 2 and 4 ranks) joins them both ways.
+// Another global batch is refused naming it. A checkpoint of one strategy resumes under another
+// (Note [Resuming under another precision]: fp16 -> bf16, fp16_naive -> fp16, ZeRO fp16 -> fp16, ...)
+// and training goes on (the test loss keeps falling); a 16-bit model without masters (apex O3) is
+// refused either way, naming why.
 #include <catch2/catch.hpp>
 
 #include "skip.h"
@@ -22,6 +23,7 @@
 #include <nlohmann/json.hpp>
 
 #include "booster/checkpoint/checkpoint.h"
+#include "booster/checkpoint/checksums.h"
 #include "run_booster.h"
 
 namespace fs = std::filesystem;
@@ -128,30 +130,77 @@ TEST_CASE("a single-process checkpoint resumes under ddp on 2 processes and back
   CHECK(r.err.find("data.global_batch_size 32 but this run has 64") != std::string::npos);
 }
 
-TEST_CASE("a sharded checkpoint still needs its plugin and world size", "[cli][checkpoint][mpi]") {
+TEST_CASE("a low_level_zero checkpoint resumes under single, ddp and ZeRO on 4 ranks, on the same trajectory",
+          "[cli][checkpoint][mpi]") {
   if (!have_mpirun()) {
     skip_test("no mpirun (apt-get install openmpi-bin)");
     return;
   }
   const fs::path dir = scratch_dir();
-  const std::string zero = (dir / "zero").string();
-  RunResult r = train(2, "-p low_level_zero --set data.batch_size=16 --set train.max_steps=3 --set train.checkpoint_dir=" + zero);
+  const std::string zero_fp32 = "-p low_level_zero --set plugin.precision=fp32 ";
+  const std::string reference = (dir / "zero_reference").string(), zero2 = (dir / "zero2").string();
+  RunResult r = train(1, "--set train.checkpoint_dir=" + reference);
+  REQUIRE(r.exit_code == 0);
+  r = train(2, zero_fp32 + "--set plugin.stage=2 --set data.batch_size=16 --set train.checkpoint_dir=" + zero2);
   INFO(r.err);
   REQUIRE(r.exit_code == 0);
-  r = train(1, "--set train.checkpoint_dir=" + (dir / "from_zero").string() + " --resume " + zero + "/step-00000003");
+  // ZeRO-2 on 2 ranks follows the single-process trajectory.
+  const fs::path end = fs::path(reference) / "step-00000006";
+  CHECK(max_relative_difference(end, fs::path(zero2) / "step-00000006") < 1e-5);
+
+  struct Resume {
+    int processes;
+    std::string args, from, line;
+  };
+  const std::string from_zero2 = zero2 + "/step-00000003", from_single = reference + "/step-00000003";
+  const std::vector<Resume> resumes = {
+      {1, "", from_zero2, "resumed on 1 process (single) from a checkpoint of 2 (low_level_zero stage 2)"},
+      {2, "-p ddp --set data.batch_size=16 ", from_zero2,
+       "resumed on 2 processes (ddp) from a checkpoint of 2 (low_level_zero stage 2)"},
+      {4, zero_fp32 + "--set plugin.stage=1 --set data.batch_size=8 ", from_zero2,
+       "resumed on 4 processes (low_level_zero stage 1) from a checkpoint of 2 (low_level_zero stage 2)"},
+      {2, zero_fp32 + "--set plugin.stage=2 --set data.batch_size=16 ", from_single,
+       "resumed on 2 processes (low_level_zero stage 2) from a checkpoint of 1 (single)"},
+  };
+  for (size_t i = 0; i < resumes.size(); ++i) {
+    const Resume& resume = resumes[i];
+    INFO(resume.line);
+    const fs::path out = dir / ("resumed_" + std::to_string(i));
+    r = train(resume.processes, resume.args + "--set train.checkpoint_dir=" + out.string() + " --resume " + resume.from);
+    INFO(r.err);
+    REQUIRE(r.exit_code == 0);
+    CHECK(r.err.find("booster: " + resume.line + ": the same samples make each step") != std::string::npos);
+    CHECK(max_relative_difference(end, out / "step-00000006") < 1e-5);
+  }
+
+  // A checkpoint of the version before (no precision label, plugin options, portable_layout or
+  // param_names; "single_process_layout": false for low_level_zero) loads as before: under its own
+  // plugin and world size to the same bytes, and it moves like a new one.
+  const fs::path old = dir / "old_version" / "step-00000003";
+  fs::create_directories(old.parent_path());
+  fs::copy(from_zero2, old, fs::copy_options::recursive);
+  json state = json::parse(std::ifstream(old / "trainer_state.json"));
+  for (const char* added : {"precision", "plugin_options", "portable_layout"}) REQUIRE(state.erase(added) == 1);
+  state["single_process_layout"] = false;
+  std::ofstream(old / "trainer_state.json", std::ios::trunc) << state.dump();
+  json optimizer = json::parse(std::ifstream(old / "optimizer" / "optimizer.json"));
+  REQUIRE(optimizer.erase("param_names") == 1);
+  std::ofstream(old / "optimizer" / "optimizer.json", std::ios::trunc) << optimizer.dump();
+  booster::checkpoint::write_checksums(old);  // as that version saved it
+  const fs::path same = dir / "old_same_layout";
+  r = train(2, zero_fp32 + "--set plugin.stage=2 --set data.batch_size=16 --set train.checkpoint_dir=" + same.string() +
+                   " --resume " + old.string());
   INFO(r.err);
-  CHECK(r.exit_code != 0);
-  // low_level_zero manages precision itself, so its strategy differs first.
-  CHECK(r.err.find("was saved with mixed_precision \"low_level_zero\" but this run has \"fp32\"") != std::string::npos);
-  // The other way: a single checkpoint into low_level_zero on 2 processes.
-  const std::string single = (dir / "single3").string();
-  r = train(1, "--set train.max_steps=3 --set train.checkpoint_dir=" + single);
   REQUIRE(r.exit_code == 0);
-  r = train(2, "-p low_level_zero --set data.batch_size=16 --set train.checkpoint_dir=" + (dir / "to_zero").string() +
-                   " --resume " + single + "/step-00000003");
+  CHECK(r.err.find("booster: resumed on") == std::string::npos);
+  CHECK(max_relative_difference(fs::path(zero2) / "step-00000006", same / "step-00000006") == 0.0);
+  const fs::path moved = dir / "old_moved";
+  r = train(1, "--set train.checkpoint_dir=" + moved.string() + " --resume " + old.string());
   INFO(r.err);
-  CHECK(r.exit_code != 0);
-  CHECK(r.err.find("was saved with mixed_precision \"fp32\" but this run has \"low_level_zero\"") != std::string::npos);
+  REQUIRE(r.exit_code == 0);
+  CHECK(r.err.find("booster: resumed on 1 process (single) from a checkpoint of 2 (low_level_zero stage 2)") !=
+        std::string::npos);
+  CHECK(max_relative_difference(end, moved / "step-00000006") < 1e-5);
 }
 
 namespace {
@@ -172,41 +221,100 @@ double eval_loss_at(const fs::path& run_dir, int step) {
 
 }  // namespace
 
-TEST_CASE("a checkpoint resumes under another float32-parameter strategy and keeps learning", "[cli][checkpoint][amp]") {
+TEST_CASE("a checkpoint resumes under another precision, masters or not, and keeps learning", "[cli][checkpoint][amp]") {
   const fs::path dir = scratch_dir();
   const std::string common =
       "--set train.epochs=2 --set train.max_steps=16 --set train.eval_every=8 --set train.checkpoint_every=8 ";
-  const std::vector<std::pair<std::string, std::string>> changes = {
-      {"fp16", "bf16"}, {"bf16", "fp16"}, {"fp32", "fp16"}, {"fp8", "bf16"}};
+  struct Strategy {
+    std::string args, label;
+  };
+  const Strategy fp16{"-m fp16", "fp16"}, bf16{"-m bf16", "bf16"}, fp32{"-m fp32", "fp32"}, fp8{"-m fp8", "fp8"},
+      naive{"-m fp16_naive", "fp16_naive"}, o2{"-m fp16_apex --set mixed_precision.opt_level=O2", "fp16_apex O2"},
+      bf16_pure{"-m bf16 --set mixed_precision.pure=true", "bf16 pure"};
+  // Float32 parameters both sides; float32 masters beside a 16-bit model (fp16_naive, apex O2, pure
+  // bf16) from and to float32 parameters, and between two kinds of masters.
+  const std::vector<std::pair<Strategy, Strategy>> changes = {
+      {fp16, bf16}, {bf16, fp16}, {fp32, fp16}, {fp8, bf16},   {naive, fp16},
+      {fp16, naive}, {naive, o2}, {o2, bf16_pure}, {bf16_pure, fp32}};
   for (const auto& [from, to] : changes) {
-    INFO(from << " -> " << to);
-    const fs::path first = dir / ("from_" + from), second = dir / ("to_" + to + "_from_" + from);
-    RunResult r = train(1, common + "-m " + from + " --set train.run_dir=" + first.string() +
-                               " --set train.checkpoint_dir=" + (first / "ckpt").string());
+    INFO(from.label << " -> " << to.label);
+    auto file_name = [](std::string label) {
+      std::replace(label.begin(), label.end(), ' ', '_');
+      return label;
+    };
+    const fs::path first = dir / ("from_" + file_name(from.label)),
+                   second = dir / ("to_" + file_name(to.label) + "_from_" + file_name(from.label));
+    if (!fs::exists(first / "ckpt" / "step-00000008")) {
+      RunResult r = train(1, common + from.args + " --set train.run_dir=" + first.string() +
+                                 " --set train.checkpoint_dir=" + (first / "ckpt").string());
+      INFO(r.err);
+      REQUIRE(r.exit_code == 0);
+    }
+    RunResult r = train(1, common + to.args + " --set train.run_dir=" + second.string() + " --set train.checkpoint_dir=" +
+                               (second / "ckpt").string() + " --resume " + (first / "ckpt" / "step-00000008").string());
     INFO(r.err);
     REQUIRE(r.exit_code == 0);
-    r = train(1, common + "-m " + to + " --set train.run_dir=" + second.string() + " --set train.checkpoint_dir=" +
-                     (second / "ckpt").string() + " --resume " + (first / "ckpt" / "step-00000008").string());
-    INFO(r.err);
-    REQUIRE(r.exit_code == 0);
-    CHECK(r.err.find("booster: resumed under " + to + " from a checkpoint of " + from +
+    CHECK(r.err.find("booster: resumed under " + to.label + " from a checkpoint of " + from.label +
                      ": float32 weights and optimizer state carry over; the strategy's own state (loss scale, fp8 "
                      "scaling) starts afresh") != std::string::npos);
     // It continues: the test loss after step 16 is below the checkpoint's at step 8.
     CHECK(summary(r).at("test_loss").get<double>() < eval_loss_at(first, 8));
     CHECK(summary(r).at("steps") == 16);
   }
-  // fp16_naive keeps float32 masters beside a float16 model: refused either way, naming why.
-  const fs::path naive = dir / "naive";
-  RunResult r = train(1, common + "-m fp16_naive --set train.run_dir=null --set train.checkpoint_dir=" + naive.string());
+  // apex O3 steps a float16 model without masters: it cannot continue float32 weights, and its own
+  // checkpoint has none to give.
+  const fs::path o3 = dir / "o3";
+  const std::string o3_args = "-m fp16_apex --set mixed_precision.opt_level=O3 ";
+  RunResult r = train(1, common + o3_args + "--set train.run_dir=null --set train.checkpoint_dir=" + o3.string());
   REQUIRE(r.exit_code == 0);
-  r = train(1, common + "-m bf16 --set train.run_dir=null --set train.checkpoint_dir=" + (dir / "x").string() +
-                   " --resume " + (naive / "step-00000008").string());
+  r = train(1, common + "-m fp32 --set train.run_dir=null --set train.checkpoint_dir=" + (dir / "x").string() +
+                   " --resume " + (o3 / "step-00000008").string());
   CHECK(r.exit_code != 0);
-  CHECK(r.err.find("was saved with mixed_precision \"fp16_naive\" but this run has \"bf16\", and fp16_naive saved "
-                   "float32 master weights") != std::string::npos);
-  r = train(1, common + "-m fp16_naive --set train.run_dir=null --set train.checkpoint_dir=" + (dir / "y").string() +
+  CHECK(r.err.find("was saved with mixed_precision \"fp16_apex O3\" but this run has \"fp32\", and its model holds "
+                   "'layers.0.weight' as float16 and it saved no float32 master weights to continue from") !=
+        std::string::npos);
+  r = train(1, common + o3_args + "--set train.run_dir=null --set train.checkpoint_dir=" + (dir / "y").string() +
                    " --resume " + (dir / "from_fp16" / "ckpt" / "step-00000008").string());
   CHECK(r.exit_code != 0);
-  CHECK(r.err.find("and this run's strategy keeps float32 master weights") != std::string::npos);
+  CHECK(r.err.find("and this run's parameter 'layers.0.weight' is float16 and its strategy keeps no float32 master "
+                   "weights") != std::string::npos);
+}
+
+TEST_CASE("a precision change across plugins carries the masters: ZeRO fp16 to fp16, fp16_naive to ZeRO bf16",
+          "[cli][checkpoint][mpi][amp]") {
+  if (!have_mpirun()) {
+    skip_test("no mpirun (apt-get install openmpi-bin)");
+    return;
+  }
+  const fs::path dir = scratch_dir();
+  const std::string common =
+      "--set train.epochs=2 --set train.max_steps=16 --set train.eval_every=8 --set train.checkpoint_every=8 ";
+  const std::string zero = "-p low_level_zero --set plugin.initial_scale=65536 --set data.batch_size=16 ";
+  struct Change {
+    int from_processes;
+    std::string from_args;
+    int to_processes;
+    std::string to_args, line;
+  };
+  const std::vector<Change> changes = {
+      {2, zero, 1, "-m fp16", "resumed under fp16 from a checkpoint of low_level_zero (fp16)"},
+      {1, "-m fp16_naive", 2, zero + "--set plugin.precision=bf16 --set plugin.stage=2",
+       "resumed under low_level_zero (bf16) from a checkpoint of fp16_naive"},
+  };
+  for (size_t i = 0; i < changes.size(); ++i) {
+    const Change& c = changes[i];
+    INFO(c.line);
+    const fs::path first = dir / ("first_" + std::to_string(i)), second = dir / ("second_" + std::to_string(i));
+    RunResult r = train(c.from_processes, common + c.from_args + " --set train.run_dir=" + first.string() +
+                                              " --set train.checkpoint_dir=" + (first / "ckpt").string());
+    INFO(r.err);
+    REQUIRE(r.exit_code == 0);
+    r = train(c.to_processes, common + c.to_args + " --set train.run_dir=" + second.string() +
+                                  " --set train.checkpoint_dir=" + (second / "ckpt").string() + " --resume " +
+                                  (first / "ckpt" / "step-00000008").string());
+    INFO(r.err);
+    REQUIRE(r.exit_code == 0);
+    CHECK(r.err.find("booster: " + c.line) != std::string::npos);
+    CHECK(summary(r).at("test_loss").get<double>() < eval_loss_at(first, 8));
+  }
 }

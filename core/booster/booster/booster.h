@@ -176,8 +176,9 @@ struct LoadStateOptions {
   // global one. Null: a checkpoint of another world size or plugin is refused.
   std::function<nlohmann::json(const nlohmann::json& settings, int world_size)> portable_settings;
   // The resume setting that holds the mixed-precision strategy ("mixed_precision" for the Trainer's
-  // command). Set, a checkpoint of another strategy resumes when both keep float32 parameters without
-  // master copies (Note [Resuming under another precision]), that setting left uncompared. Empty: refused.
+  // command). Set, a checkpoint of another strategy resumes: its float32 weights and optimizer state
+  // carry over, the strategy's own state starts afresh (Note [Resuming under another precision]), and
+  // that setting (and a plugin's "precision") is left uncompared. Empty: refused.
   std::string precision_setting;
 };
 struct LoadedState {
@@ -264,9 +265,10 @@ class Booster {
   void lock_state_root(const std::filesystem::path& root);
 
   // Restores what save_state wrote: `path` is a step directory or a root (its `latest`). Refused with a
-  // CheckpointError naming both sides, before any tensor is read, when the checkpoint is of another
-  // strategy, plugin or world size, or a setting of set_resume_settings differs from the saved one;
-  // files that are missing, truncated or corrupt are CheckpointErrors naming the file. Collective.
+  // CheckpointError naming both sides, before any tensor is read, when a setting of set_resume_settings
+  // differs from the saved one, or the checkpoint is of another strategy, plugin or world size and
+  // `options` does not allow that move; files that are missing, truncated or corrupt are
+  // CheckpointErrors naming the file. Collective.
   LoadedState load_state(const std::filesystem::path& path, const LoadStateOptions& options = {});
   // The step directory load_state(path) would read; nullopt when `path` does not exist or is a root
   // that holds nothing yet (checkpoint::holds_no_checkpoint). A root whose `latest` names a missing
@@ -315,6 +317,15 @@ class Booster {
     std::function<void(const nn::StateDict&)> load_tensors;
   };
   std::map<std::string, Generator*> generators() const;
+  // A checkpoint of another strategy, read whole and checked, ready to load (Note [Resuming under
+  // another precision] in state.cpp).
+  struct HandOver {
+    nn::StateDict model;
+    optim::OptimizerState optimizer;  // without master weights
+    std::vector<Tensor> weights;      // float32, per optimizer parameter index
+  };
+  HandOver read_hand_over(const std::filesystem::path& dir, const std::string& refusal) const;
+  void apply_hand_over(HandOver& handover);
   void check_state_name(const std::string& name) const;
 
   Boosted parts_;

@@ -7,19 +7,25 @@
 // Booster's checkpoint IO, so the plugin decides how (a sharded optimizer gathers; rank 0 writes):
 //   model/                 Booster::save_model (model.safetensors, or shards + index)
 //   optimizer/             Booster::save_optimizer (the optimizer's state and the strategy's: loss
-//                          scale, float32 master weights; it names the strategy)
+//                          scale, float32 master weights; it names the strategy). optimizer.json holds
+//                          torch's meta plus "param_names", the parameter of each index
+//                          "state.<i>", as one process holds it (a sharded optimizer gathers)
 //   scheduler.json         Booster::save_lr_scheduler (when boost() was given a scheduler)
 //   extra.safetensors      the registered tensors, as "<name>/<key>" (when any are registered)
 //   trainer_state.json     {"format": "booster-state", "version", "step": the boosted optimizer's steps,
 //                           "dataloader": its position and epoch (null without one), "rng": {name: state}
 //                           ("default", "model.<path>" for the model's generators, registered names),
-//                           "mixed_precision", "plugin", "world_size", "settings": Note [Settings a
-//                           resume must keep], "state": {name: the registered JSON}, "tensors": [names]}
+//                           "mixed_precision", "precision" (its label, Note [Resuming under another
+//                           precision]), "plugin", "plugin_options", "world_size", "portable_layout",
+//                           "settings": Note [Settings a resume must keep], "state": {name: the
+//                           registered JSON}, "tensors": [names]}
 // Everything goes into `step-N.tmp/` first; rank 0 then fsyncs and renames it to `step-N/` (the commit),
 // points `latest` at it and prunes to keep_last, so at every moment `latest` names a whole checkpoint
 // (checkpoint::begin_checkpoint / commit_checkpoint). On load, trainer_state.json is read first and a
-// checkpoint of another strategy, plugin or world size, or with other settings, is refused before any
-// tensor is read. Loading restores every piece, so the loop continues bit for bit as if never stopped.
+// checkpoint with other settings is refused before any tensor is read, as is one of another plugin,
+// world size or strategy unless the caller allows the move (Note [Resuming across layouts], Note
+// [Resuming under another precision]). Loading restores every piece, so the loop continues bit for bit
+// as if never stopped.
 //
 // Note [Settings a resume must keep]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
@@ -38,6 +44,7 @@
 #include <fstream>
 #include <set>
 
+#include "booster/autograd/autograd.h"
 #include "booster/booster/booster.h"
 #include "booster/checkpoint/atomic_file.h"
 #include "booster/checkpoint/checkpoint.h"
@@ -130,68 +137,71 @@ json read_state_file(const fs::path& dir, const std::string& context) {
 
 // Note [Resuming across layouts]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
-// A plugin that leaves checkpoint IO to the Booster and splits no layer (single, ddp) writes what one
-// process would: the full model, the full optimizer state, the loader's position in batches. Such a
-// checkpoint resumes under any such plugin at any world size, provided the run is the same once
-// per-rank settings are made global (LoadStateOptions::portable_settings: `booster train` makes
-// data.batch_size the global batch and drops the plugin section). With the same global batch every
-// step sees the same samples (the shuffled order is one permutation of the whole data set for every
-// world size, Note [Deterministic shuffling]; rank r takes every world-th of it), so a batch position
-// means the same samples, and only the order in which gradients are summed changes, which
-// LoadedState::layout_change says. trainer_state.json records "single_process_layout"; a checkpoint
-// that predates it counts as one when its plugin was single or ddp. A sharded checkpoint
-// (low_level_zero) still needs its own plugin and world size.
+// A plugin that splits no layer (single, ddp, low_level_zero) writes what one process would: the full
+// model, the optimizer state per parameter in the unsharded optimizer's layout ("state.<i>.<name>" in
+// the parameter's shape; ZeRO gathers its shards, Note [ZeRO partitions]), the loader's position in
+// batches. Such a checkpoint resumes under any such plugin at any world size (a ZeRO optimizer takes
+// its shard of the full state), provided the run is the same once per-rank settings are made global
+// (LoadStateOptions::portable_settings: `booster train` makes data.batch_size the global batch and
+// keeps of the plugin section only what changes the numbers). With the same global batch every step
+// sees the same samples (the shuffled order is one permutation of the whole data set for every world
+// size, Note [Deterministic shuffling]; rank r takes every world-th of it), so a batch position means
+// the same samples, and only the order in which gradients are summed changes, which
+// LoadedState::layout_change says. trainer_state.json records "portable_layout" (written as
+// "single_process_layout" before low_level_zero joined); a checkpoint that records neither counts as
+// one when its plugin was single, ddp or low_level_zero, whose files have always had this layout.
 // Note [Resuming under another precision]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
-// Strategies that keep the model's parameters in float32 without master copies (fp32, fp16 with a
-// GradScaler, bf16 autocast, fp8, apex O0/O1) step the same optimizer over the same tensors: their
-// checkpoints differ only in the strategy's own state (a loss scale and its counters, fp8's amax
-// histories), which does not carry over from one strategy to another. With
-// LoadStateOptions::precision_setting a checkpoint of one resumes under another: the model and the
-// optimizer load as saved, the strategy keeps its fresh state, and LoadedState::precision_change says
-// so. Checked before anything is read: this run's parameters are
-// float32 and its strategy holds no master weights (the precision SDK's "master_weights.*" tensors);
-// the checkpoint's model and optimizer tensors are float32 (read from the safetensors headers) and its
-// strategy saved no master weights. Anything else (fp16_naive's masters, a 16-bit model) is refused,
-// naming which.
+// A strategy is named with the precision a plugin controls ("low_level_zero (bf16)"); when the names
+// differ, the checkpoint is read whole and handed over by optimizer parameter index (the index
+// torch's optimizer state uses; the same model and optimizer give the same order, and the saved
+// "param_names" are checked against this run's):
+//   * the float32 weights: the saved float32 masters where the strategy kept them (ZeRO's
+//     "state.<i>.master_weight", the precision SDK's "master_weights.<g>.<j>"), else the model's own
+//     parameters, which must then be float32 (a 16-bit model without masters has lost them: refused);
+//   * this run takes them as its masters if it keeps any (in its optimizer's state or its strategy's)
+//     and as its parameters, rounded to their dtype; a 16-bit model stepped without masters (apex O3)
+//     is refused, it could not continue the float32 weights;
+//   * the optimizer's moments and step counts load as saved;
+//   * the strategy's own state (a loss scale and its counters, fp8's amax histories) starts afresh,
+//     and LoadedState::precision_change says so.
+// Everything is read and checked before anything is loaded.
 
-// The dtypes of a safetensors file's tensors, from its header alone.
-std::set<std::string> safetensors_dtypes(const fs::path& file) {
-  std::ifstream in(file, std::ios::binary);
-  BOOSTER_CHECK(in.good(), CheckpointError, "cannot open ", file.string());
-  unsigned char size_bytes[8] = {};
-  in.read(reinterpret_cast<char*>(size_bytes), 8);
-  uint64_t size = 0;
-  for (int i = 7; i >= 0; --i) size = size << 8 | size_bytes[i];
-  BOOSTER_CHECK(in.good() && size < (uint64_t(1) << 27), CheckpointError, file.string(), " has no valid safetensors header");
-  std::string header(size, '\0');
-  in.read(header.data(), std::streamsize(size));
-  const json parsed = json::parse(header, nullptr, /*allow_exceptions=*/false);
-  BOOSTER_CHECK(in.good() && parsed.is_object(), CheckpointError, file.string(), " has no valid safetensors header");
-  std::set<std::string> dtypes;
-  for (const auto& [name, entry] : parsed.items())
-    if (name != "__metadata__" && entry.is_object()) dtypes.insert(entry.value("dtype", std::string("?")));
-  return dtypes;
-}
-
-// The files of a saved model: model.safetensors, or the shards its index names.
-std::vector<fs::path> model_files(const fs::path& model_dir) {
-  if (fs::exists(model_dir / checkpoint::kModelFileName)) return {model_dir / checkpoint::kModelFileName};
-  std::vector<fs::path> files;
-  const fs::path index = model_dir / checkpoint::kModelIndexFileName;
-  if (!fs::exists(index)) return files;
-  const json parsed = json::parse(checkpoint::read_text_file(index), nullptr, /*allow_exceptions=*/false);
-  std::set<std::string> shards;
-  if (parsed.is_object() && parsed.contains("weight_map") && parsed.at("weight_map").is_object())
-    for (const auto& [name, shard] : parsed.at("weight_map").items())
-      if (shard.is_string()) shards.insert(shard.get<std::string>());
-  for (const std::string& shard : shards) files.push_back(model_dir / shard);
-  return files;
-}
-
-bool single_process_layout(ParallelPlugin& plugin) {
+bool portable_layout(ParallelPlugin& plugin) {
   const ParallelLayout layout = plugin.layout();
   return !plugin.control_checkpoint_io() && layout.tensor <= 1 && layout.pipeline <= 1;
+}
+
+// The strategy's name with the options that choose its dtypes: "low_level_zero (bf16)" (a plugin's
+// precision), "fp16_apex O2", "bf16 pure".
+std::string precision_label(const std::string& name, const json& options) {
+  std::string label = name;
+  if (!options.is_object()) return label;
+  if (options.contains("precision") && options.at("precision").is_string())
+    label += " (" + options.at("precision").get<std::string>() + ")";
+  if (options.contains("opt_level") && options.at("opt_level").is_string())
+    label += " " + options.at("opt_level").get<std::string>();
+  if (options.value("pure", json(false)) == json(true)) label += " pure";
+  return label;
+}
+
+// "low_level_zero stage 2" for a plugin whose options name a stage, else the plugin's name.
+std::string plugin_label(const std::string& name, const json& options) {
+  if (options.is_object() && options.contains("stage") && options.at("stage").is_number_integer())
+    return name + " stage " + std::to_string(options.at("stage").get<int>());
+  return name;
+}
+
+// "state.<i>.<name>" -> i and name.
+bool split_state_key(const std::string& key, size_t& index, std::string& name) {
+  if (key.rfind("state.", 0) != 0) return false;
+  const size_t dot = key.find('.', 6);
+  if (dot == std::string::npos || dot == 6) return false;
+  const std::string digits = key.substr(6, dot - 6);
+  if (digits.find_first_not_of("0123456789") != std::string::npos || digits.size() > 9) return false;
+  index = std::stoul(digits);
+  name = key.substr(dot + 1);
+  return !name.empty();
 }
 
 }  // namespace
@@ -280,9 +290,11 @@ fs::path Booster::save_state(const fs::path& root, const SaveStateOptions& optio
                         {"dataloader", parts_.dataloader ? parts_.dataloader->state_dict() : json()},
                         {"rng", rng},
                         {"mixed_precision", precision_->name()},
+                        {"precision", precision_label(precision_->name(), precision_->options())},
                         {"plugin", plugin_->name()},
+                        {"plugin_options", plugin_->options()},
                         {"world_size", group.size()},
-                        {"single_process_layout", single_process_layout(*plugin_)},
+                        {"portable_layout", portable_layout(*plugin_)},
                         {"settings", resume_settings_},
                         {"state", extra},
                         {"tensors", tensor_names}};
@@ -334,79 +346,74 @@ LoadedState Booster::load_state(const fs::path& path, const LoadStateOptions& op
     BOOSTER_CHECK(saved == now, CheckpointError, context, ": ", dir.string(), " was saved with ", what, " ",
                   show(saved), " but this run has ", show(now), "; ", fix);
   };
-  // Note [Resuming under another precision]: "" when a checkpoint of strategy `saved` can resume under
-  // this one, else why not.
-  auto float32_without_masters = [&](const fs::path& checkpoint_dir, const std::string& saved) -> std::string {
-    auto has_masters = [](const auto& names) {
-      return std::any_of(names.begin(), names.end(), [](const std::string& n) { return n.rfind("master_weights", 0) == 0; });
-    };
-    std::vector<std::string> names_now;
-    for (const auto& [name, t] : precision_->state_dict().tensors) names_now.push_back(name);
-    if (has_masters(names_now)) return "this run's strategy keeps float32 master weights";
-    if (parts_.model)
-      for (const auto& [name, p] : parts_.model->named_parameters())
-        if (p.dtype() != DType::Float32) return "this run's parameter " + name + " is " + dtype_name(p.dtype());
-    const fs::path optimizer_dir = checkpoint_dir / "optimizer";
-    std::vector<std::string> names_saved;
-    if (fs::exists(optimizer_dir / "precision.safetensors"))
-      for (const checkpoint::TensorSpan& span : checkpoint::safetensors_spans(optimizer_dir / "precision.safetensors"))
-        names_saved.push_back(span.name);
-    if (has_masters(names_saved)) return saved + " saved float32 master weights";
-    std::vector<fs::path> files = model_files(checkpoint_dir / "model");
-    if (fs::exists(optimizer_dir / "optimizer.safetensors")) files.push_back(optimizer_dir / "optimizer.safetensors");
-    for (const fs::path& file : files)
-      for (const std::string& dtype : safetensors_dtypes(file))
-        if (dtype != "F32" && dtype != "I64") return "its " + file.filename().string() + " holds " + dtype + " tensors";
-    return "";
-  };
   LoadedState loaded;
-  const bool same_precision = state.at("mixed_precision") == json(precision_->name());
+  // Note [Resuming under another precision]. A checkpoint that predates the labels names its strategy
+  // only, and is compared by name.
+  BOOSTER_CHECK(state.at("mixed_precision").is_string() && state.at("plugin").is_string(), CheckpointError, context,
+                ": ", dir.string(), " names its strategy or plugin malformed; the checkpoint is corrupt");
+  const bool labelled = state.contains("precision") && state.at("precision").is_string();
+  const std::string saved_precision = labelled ? state.at("precision").get<std::string>()
+                                               : state.at("mixed_precision").get<std::string>();
+  const std::string precision_now =
+      labelled ? precision_label(precision_->name(), precision_->options()) : precision_->name();
+  const bool same_precision = saved_precision == precision_now;
   if (!same_precision) {
-    const char* fix = "resume with the same strategy, or start afresh";
-    if (options.precision_setting.empty() || !state.at("mixed_precision").is_string())
-      refuse_unless_same("mixed_precision", state.at("mixed_precision"), json(precision_->name()), fix);
-    const std::string saved = state.at("mixed_precision").get<std::string>();
-    const std::string why_not = float32_without_masters(dir, saved);
-    BOOSTER_CHECK(why_not.empty(), CheckpointError, context, ": ", dir.string(), " was saved with mixed_precision \"",
-                  saved, "\" but this run has \"", precision_->name(), "\", and ", why_not,
-                  "; resume with the same strategy, or start afresh (model.init_from=", (dir / "model").string(),
-                  " keeps the weights)");
-    loaded.precision_change = "resumed under " + precision_->name() + " from a checkpoint of " + saved +
+    if (options.precision_setting.empty())
+      refuse_unless_same("mixed_precision", json(saved_precision), json(precision_now),
+                         "resume with the same strategy, or start afresh");
+    loaded.precision_change = "resumed under " + precision_now + " from a checkpoint of " + saved_precision +
                               ": float32 weights and optimizer state carry over; the strategy's own state (loss "
                               "scale, fp8 scaling) starts afresh";
   }
   // Note [Resuming across layouts]
   loaded.dir = dir;
   const int world_now = process_group().size();
-  const bool same_layout = state.at("plugin") == json(plugin_->name()) && state.at("world_size") == json(world_now);
+  const json plugin_settings_saved = state.value("settings", json::object()).value("plugin", json());
+  const json plugin_settings_now = resume_settings_.is_object() ? resume_settings_.value("plugin", json()) : json();
+  // A plugin's "stage" (ZeRO's) says where state lives: another stage is another layout. The plugin's
+  // other settings are compared as settings, below.
+  auto stage_of = [](const json& plugin_settings) {
+    return plugin_settings.is_object() ? plugin_settings.value("stage", json()) : json();
+  };
+  const bool same_layout = state.at("plugin") == json(plugin_->name()) && state.at("world_size") == json(world_now) &&
+                           (!plugin_settings_saved.is_object() || stage_of(plugin_settings_saved) == stage_of(plugin_settings_now));
   json saved_settings = state.value("settings", json::object());
   json settings_now = resume_settings_;
   if (!same_layout) {
-    const bool portable_now = single_process_layout(*plugin_);
-    const bool portable_saved = state.contains("single_process_layout")
-                                    ? state.at("single_process_layout") == json(true)
-                                    : state.at("plugin") == "single" || state.at("plugin") == "ddp";
+    const std::string plugin_saved = state.at("plugin").get<std::string>();
+    const bool portable_now = portable_layout(*plugin_);
+    const bool portable_saved = state.contains("portable_layout") ? state.at("portable_layout") == json(true)
+                                : plugin_saved == "single" || plugin_saved == "ddp" || plugin_saved == "low_level_zero";
     const char* fix = portable_now && portable_saved
                           ? "resume with the same plugin and as many processes (booster run -n N), or start afresh"
                           : "resume with the same plugin and as many processes (booster run -n N), or start afresh; "
-                            "only single and ddp checkpoints move between plugins and world sizes";
-    if (!options.portable_settings || !portable_now || !portable_saved || !state.at("world_size").is_number_integer() ||
-        !state.at("plugin").is_string()) {
+                            "only checkpoints of plugins that split no layer (single, ddp, low_level_zero) move "
+                            "between plugins and world sizes";
+    if (!options.portable_settings || !portable_now || !portable_saved || !state.at("world_size").is_number_integer()) {
       refuse_unless_same("plugin", state.at("plugin"), json(plugin_->name()), fix);
       refuse_unless_same("world size", state.at("world_size"), json(world_now), fix);
     }
     const int world_saved = state.at("world_size").get<int>();
     saved_settings = options.portable_settings(saved_settings, world_saved);
     settings_now = options.portable_settings(settings_now, world_now);
+    // Across plugins their sections hold different options; what they share that changes the numbers
+    // (the precision) is compared as the strategy.
+    if (plugin_saved != plugin_->name()) {
+      saved_settings.erase("plugin");
+      settings_now.erase("plugin");
+    }
+    const json plugin_options_saved = state.value("plugin_options", plugin_settings_saved);
     loaded.layout_change = "resumed on " + std::to_string(world_now) + (world_now == 1 ? " process (" : " processes (") +
-                           plugin_->name() + ") from a checkpoint of " + std::to_string(world_saved) + " (" +
-                           state.at("plugin").get<std::string>() +
+                           plugin_label(plugin_->name(), plugin_->options()) + ") from a checkpoint of " +
+                           std::to_string(world_saved) + " (" + plugin_label(plugin_saved, plugin_options_saved) +
                            "): the same samples make each step; gradients are averaged in another order";
   }
 
   if (!same_precision) {
-    saved_settings.erase(options.precision_setting);
-    settings_now.erase(options.precision_setting);
+    for (json* settings : {&saved_settings, &settings_now}) {
+      settings->erase(options.precision_setting);
+      if (settings->contains("plugin") && settings->at("plugin").is_object()) (*settings)["plugin"].erase("precision");
+    }
   }
 
   // Note [Settings a resume must keep]
@@ -455,8 +462,15 @@ LoadedState Booster::load_state(const fs::path& path, const LoadStateOptions& op
                 " has a dataloader position but boost() was given no dataloader; pass the same parts as the saved run");
 
   // Everything checked: restore.
-  if (parts_.model) load_model(*parts_.model, dir / "model");
-  if (parts_.optimizer) load_optimizer(*parts_.optimizer, dir / "optimizer", same_precision);
+  if (same_precision) {
+    if (parts_.model) load_model(*parts_.model, dir / "model");
+    if (parts_.optimizer) load_optimizer(*parts_.optimizer, dir / "optimizer");
+  } else {
+    const std::string refusal = str(context, ": ", dir.string(), " was saved with mixed_precision \"", saved_precision,
+                                    "\" but this run has \"", precision_now, "\", and ");
+    HandOver handover = read_hand_over(dir, refusal);
+    apply_hand_over(handover);
+  }
   if (parts_.scheduler) load_lr_scheduler(*parts_.scheduler, dir / "scheduler.json");
   if (parts_.dataloader && !state.at("dataloader").is_null()) parts_.dataloader->load_state_dict(state.at("dataloader"));
   try {
@@ -480,6 +494,156 @@ LoadedState Booster::load_state(const fs::path& path, const LoadStateOptions& op
   }
   if (parts_.optimizer) parts_.optimizer->set_steps(loaded.step);
   return loaded;
+}
+
+// ----------------------------------------------------------------- Note [Resuming under another precision]
+namespace {
+// "master_weights.<g>.<j>" (the precision SDK's masters) -> g and j.
+bool split_master_key(const std::string& key, size_t& group, size_t& index) {
+  const std::string prefix = "master_weights.";
+  if (key.rfind(prefix, 0) != 0) return false;
+  const size_t dot = key.find('.', prefix.size());
+  if (dot == std::string::npos) return false;
+  const std::string g = key.substr(prefix.size(), dot - prefix.size()), j = key.substr(dot + 1);
+  for (const std::string& digits : {g, j})
+    if (digits.empty() || digits.size() > 9 || digits.find_first_not_of("0123456789") != std::string::npos) return false;
+  group = std::stoul(g);
+  index = std::stoul(j);
+  return true;
+}
+
+std::vector<Tensor> flat_params(const optim::Optimizer& optimizer, std::vector<size_t>* group_sizes = nullptr) {
+  std::vector<Tensor> params;
+  for (const optim::ParamGroup& g : optimizer.param_groups()) {
+    if (group_sizes) group_sizes->push_back(g.params.size());
+    params.insert(params.end(), g.params.begin(), g.params.end());
+  }
+  return params;
+}
+
+std::string show_sizes(const std::vector<size_t>& sizes) {
+  json out = json::array();
+  for (size_t size : sizes) out.push_back(size);
+  return out.dump();
+}
+}  // namespace
+
+Booster::HandOver Booster::read_hand_over(const fs::path& dir, const std::string& refusal) const {
+  auto refuse = [&](const std::string& why) {
+    BOOSTER_FAIL(CheckpointError, refusal, why, "; resume with the same strategy, or start afresh (model.init_from=",
+                 (dir / "model").string(), " keeps the weights)");
+  };
+  HandOver h;
+  if (parts_.model) h.model = checkpoint::load_model(dir / "model");
+  if (!parts_.optimizer) return h;
+  const optim::Optimizer& stepped = parts_.optimizer->stepped_optimizer();
+  std::vector<size_t> sizes_now;
+  const std::vector<Tensor> params = flat_params(stepped, &sizes_now);
+  const size_t n = params.size();
+
+  const fs::path optimizer_dir = dir / "optimizer";
+  const fs::path meta_file = optimizer_dir / "optimizer.json", tensor_file = optimizer_dir / "optimizer.safetensors";
+  BOOSTER_CHECK(fs::exists(meta_file) && fs::exists(tensor_file), CheckpointError, refusal, "its optimizer state (",
+                meta_file.string(), ", ", tensor_file.string(), ") is missing; the checkpoint is incomplete");
+  h.optimizer.meta = json::parse(checkpoint::read_text_file(meta_file), nullptr, /*allow_exceptions=*/false);
+  BOOSTER_CHECK(h.optimizer.meta.is_object() && h.optimizer.meta.contains("param_groups") &&
+                    h.optimizer.meta.at("param_groups").is_array(),
+                CheckpointError, refusal, meta_file.string(), " is not an optimizer state; the checkpoint is corrupt");
+  h.optimizer.tensors = checkpoint::read_safetensors(tensor_file).tensors;
+
+  // The same parameters in the same order.
+  std::vector<size_t> sizes_saved;
+  for (const json& g : h.optimizer.meta.at("param_groups"))
+    sizes_saved.push_back(g.is_object() && g.contains("params") && g.at("params").is_array() ? g.at("params").size() : 0);
+  if (sizes_saved != sizes_now)
+    refuse(str("its optimizer has parameter groups of ", show_sizes(sizes_saved), " parameters but this run's has ",
+               show_sizes(sizes_now), " (another model or optimizer)"));
+  const json names = h.optimizer.meta.value("param_names", json());
+  if (names.is_array() && names.size() == n)
+    for (size_t i = 0; i < n; ++i)
+      if (names[i].is_string() && !params[i].name().empty() && names[i] != params[i].name())
+        refuse(str("its optimizer's parameter ", i, " is '", names[i].get<std::string>(), "' but this run's is '",
+                   params[i].name(), "' (another model)"));
+
+  // The float32 weights: saved masters first, then the model's parameters.
+  h.weights.resize(n);
+  for (auto it = h.optimizer.tensors.begin(); it != h.optimizer.tensors.end();) {
+    size_t i = 0;
+    std::string name;
+    if (split_state_key(it->first, i, name) && name == optim::kMasterWeight && i < n) {
+      h.weights[i] = it->second;
+      it = h.optimizer.tensors.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  const fs::path precision_file = optimizer_dir / "precision.safetensors";
+  if (fs::exists(precision_file)) {
+    std::vector<size_t> first(sizes_now.size() + 1, 0);
+    for (size_t g = 0; g < sizes_now.size(); ++g) first[g + 1] = first[g] + sizes_now[g];
+    for (auto& [key, t] : checkpoint::read_safetensors(precision_file).tensors) {
+      size_t g = 0, j = 0;
+      if (split_master_key(key, g, j) && g < sizes_now.size() && j < sizes_now[g] && !h.weights[first[g] + j].defined())
+        h.weights[first[g] + j] = t;
+    }
+  }
+  for (size_t i = 0; i < n; ++i) {
+    const std::string& name = params[i].name();
+    if (!h.weights[i].defined()) {
+      auto it = h.model.find(name);
+      if (it == h.model.end()) refuse(str("its model has no parameter '", name, "'"));
+      if (it->second.dtype() != DType::Float32)
+        refuse(str("its model holds '", name, "' as ", dtype_name(it->second.dtype()),
+                   " and it saved no float32 master weights to continue from"));
+      h.weights[i] = it->second;
+    }
+    if (h.weights[i].dtype() != DType::Float32)
+      refuse(str("its master weight of '", name, "' is ", dtype_name(h.weights[i].dtype()), ", not float32"));
+    if (h.weights[i].shape() != params[i].shape())
+      refuse(str("its weight of '", name, "' has shape ", h.weights[i].shape(), " but this run's has ", params[i].shape()));
+  }
+
+  // This run must be able to hold them.
+  bool masters_in_strategy = false;
+  for (const auto& [key, t] : precision_->state_dict().tensors) masters_in_strategy |= key.rfind("master_weights.", 0) == 0;
+  if (!masters_in_strategy && !stepped.state_holds_master_weights())
+    for (const Tensor& p : params)
+      if (p.dtype() != DType::Float32)
+        refuse(str("this run's parameter '", p.name(), "' is ", dtype_name(p.dtype()),
+                   " and its strategy keeps no float32 master weights, so it cannot continue float32 weights"));
+  return h;
+}
+
+void Booster::apply_hand_over(HandOver& h) {
+  if (parts_.model) parts_.model->load_state_dict(h.model);
+  if (!parts_.optimizer) return;
+  optim::Optimizer& stepped = parts_.optimizer->stepped_optimizer();
+  const std::vector<Tensor> params = flat_params(stepped);
+  {
+    NoGradGuard no_grad;
+    for (size_t i = 0; i < params.size(); ++i) {
+      Tensor p = params[i];
+      p.copy_(h.weights[i]);  // rounded where the parameter is 16-bit
+      p.bump_version();
+    }
+  }
+  if (stepped.state_holds_master_weights())
+    for (size_t i = 0; i < params.size(); ++i)
+      h.optimizer.tensors["state." + std::to_string(i) + "." + optim::kMasterWeight] = h.weights[i];
+  stepped.load_state_dict(h.optimizer);
+  // The strategy keeps its fresh state (a new loss scale), with the masters replaced.
+  mixed_precision::MixedPrecisionState fresh = precision_->state_dict();
+  bool masters = false;
+  std::vector<size_t> first(1, 0);
+  for (const optim::ParamGroup& g : stepped.param_groups()) first.push_back(first.back() + g.params.size());
+  for (auto& [key, t] : fresh.tensors) {
+    size_t g = 0, j = 0;
+    if (!split_master_key(key, g, j) || g + 1 >= first.size() || first[g] + j >= first[g + 1]) continue;
+    t = h.weights[first[g] + j];
+    masters = true;
+  }
+  if (masters) precision_->load_state_dict(fresh);
+  parts_.optimizer->copy_options_from_stepped();
 }
 
 }  // namespace booster

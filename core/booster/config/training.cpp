@@ -287,6 +287,8 @@ json portable_settings(const json& settings, int world_size) {
   if (out.contains("plugin") && out.at("plugin").is_object()) {
     const json name = out.at("plugin").value("name", json());
     if (name == "single" || name == "ddp") out.erase("plugin");
+    // ZeRO's stage decides where state lives, not the numbers; its precision and scaler stay.
+    else if (name == "low_level_zero") out["plugin"].erase("stage");
   }
   return out;
 }

@@ -68,7 +68,8 @@ std::unique_ptr<optim::LRScheduler> make_lr_scheduler(const nlohmann::json& lr_s
 nlohmann::json trajectory_settings(const nlohmann::json& config, int64_t total_steps);
 // trajectory_settings as compared between runs of different world sizes (LoadStateOptions::
 // portable_settings, Note [Resuming across layouts]): data.batch_size becomes data.global_batch_size
-// (times world_size), and the plugin section of single and ddp, whose layouts are the same, is left out.
+// (times world_size), the plugin section of single and ddp, whose layouts are the same, is left out, and
+// so is low_level_zero's stage.
 nlohmann::json portable_settings(const nlohmann::json& settings, int world_size);
 
 }  // namespace booster::config

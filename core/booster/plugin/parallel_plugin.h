@@ -132,7 +132,9 @@ class BOOST_SYMBOL_VISIBLE ParallelPlugin {
   virtual bool control_device() const { return false; }
   // Optional: true when set_gradient_sync(false) works (Booster::no_sync). Default: false.
   virtual bool support_no_sync() const { return false; }
-  // Optional: true when checkpoint_io() lays files out its own way. Default: false.
+  // Optional: true when checkpoint_io() lays files out its own way (not as one process would); its
+  // checkpoints then resume only under the same plugin and world size (Note [Resuming across layouts]
+  // in booster/booster/state.cpp). Default: false.
   virtual bool control_checkpoint_io() const { return false; }
   // Optional: how many ways it splits the work. Default: one process.
   virtual ParallelLayout layout() const { return {}; }
