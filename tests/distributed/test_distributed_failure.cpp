@@ -79,6 +79,18 @@ TEST_CASE("failure helper: rank 1 fails while rank 0 waits in all_reduce", "[.fa
   const std::string mode = env ? env : "ok";
   Tensor t = full({1024}, 1.0);
   pg.all_reduce(t);  // both ranks are up and talking
+  if (mode == "p2p_stall") {
+    // Rank 1 stops; rank 0 waits for a message from it (Note [Point-to-point]).
+    if (pg.rank() == 1) raise(SIGSTOP);
+    Tensor message = zeros({16});
+    try {
+      pg.recv(message, 1)->wait();
+    } catch (const DistributedError& e) {
+      std::fprintf(stderr, "rank %d: %s\n", pg.rank(), e.what());
+      throw;
+    }
+    return;
+  }
   if (mode == "stall_one_of_three") {
     // Rank 2 stops. Rank 1 comes 2.5 s late: inside its wait when rank 0 times out (3 s), and its own
     // deadline (5.5 s) comes after rank 0's census (3 to 5 s), so rank 0 hears of it only by its answer.
@@ -163,6 +175,20 @@ TEST_CASE("distributed: a stalled rank ends the job after the collective timeout
   REQUIRE_THAT(job.output, Catch::Contains(" s on rank 0: rank 1 did not arrive"));
   REQUIRE_THAT(job.output, Catch::Contains("rank 0 waited"));
   REQUIRE_THAT(job.output, Catch::Contains("BOOSTER_COLLECTIVE_TIMEOUT_S (now 3.0 s)"));
+}
+
+TEST_CASE("distributed: a receive whose sender stalled ends the job after the timeout, naming the peer",
+          "[distributed][mpi]") {
+  if (skip_without_mpi()) return;
+  const JobResult job = run_job("p2p_stall", "BOOSTER_COLLECTIVE_TIMEOUT_S=2");
+  INFO(job.output);
+  REQUIRE(job.status != 0);
+  REQUIRE(job.status != 124);  // timeout: the job hung
+  REQUIRE(job.status != 137);
+  CHECK(job.seconds >= 2);
+  REQUIRE_THAT(job.output, Catch::Contains("send/recv on group \"world\" (2 ranks) timed out after 2."));
+  REQUIRE_THAT(job.output, Catch::Contains(" s on rank 0: rank 1 (or another peer of the batch) did not post the "
+                                           "matching send or receive. It was a point-to-point batch of the group"));
 }
 
 // Note [Collective timeouts], the census: rank 0 times out first; rank 1, which arrived late, is still

@@ -468,3 +468,85 @@ TEST_CASE("mpi device mesh: every layout of the world gives each rank its tp, pp
   CHECK_THROWS_WITH(DeviceMesh(pg, world + 1, 1), Catch::Contains("does not divide the world size") &&
                                                       Catch::Contains("pairs that fit: 1x1"));
 }
+
+// Note [Point-to-point]. Every rank sends to the next and receives from the previous (a ring), all
+// ranks posting their send before their receive: the batch starts both, so nothing deadlocks.
+TEST_CASE("mpi point-to-point: a ring of sends and receives delivers each rank's data, every dtype", "[mpi]") {
+  ProcessGroup& pg = group();
+  const int world = pg.size(), rank = pg.rank();
+  const int next = (rank + 1) % world, previous = (rank + world - 1) % world;
+  for (DType dtype : {DType::Float32, DType::Float64, DType::BFloat16, DType::Float16, DType::Int64, DType::Int32}) {
+    INFO(dtype);
+    Tensor mine = rank_tensor(rank, {3, 5}, dtype);
+    Tensor got = zeros({3, 5}, dtype);
+    WorkPtr w = pg.batch_send_recv({{ProcessGroup::P2POp::Kind::Send, mine, next, 0},
+                                    {ProcessGroup::P2POp::Kind::Recv, got, previous, 0}});
+    w->wait();
+    CHECK(got.tolist() == rank_tensor(previous, {3, 5}, dtype).tolist());
+    CHECK(mine.tolist() == rank_tensor(rank, {3, 5}, dtype).tolist());  // a send leaves its tensor alone
+  }
+  // The single-op forms, the send posted and waited for after the receive was posted: also no deadlock.
+  Tensor big = rank_tensor(rank, {1 << 18}, DType::Float32);  // past MPI's eager limit: a rendezvous
+  Tensor into = zeros({1 << 18});
+  WorkPtr r = pg.recv(into, previous, 5);
+  WorkPtr s = pg.send(big, next, 5);
+  s->wait();
+  r->wait();
+  CHECK(into.tolist() == rank_tensor(previous, {1 << 18}, DType::Float32).tolist());
+  CHECK(r->is_completed());
+}
+
+TEST_CASE("mpi point-to-point: tags pick the message, whatever order the receives are posted in", "[mpi]") {
+  ProcessGroup& pg = group();
+  if (pg.size() < 2) return;
+  const int rank = pg.rank();
+  if (rank == 0) {
+    Tensor a = full({4}, 1.0), b = full({4}, 2.0);
+    wait_all({pg.send(a, 1, 10), pg.send(b, 1, 20)});
+  } else if (rank == 1) {
+    Tensor b = zeros({4}), a = zeros({4});
+    WorkPtr wb = pg.recv(b, 0, 20);  // posted first, for the message sent second
+    WorkPtr wa = pg.recv(a, 0, 10);
+    wait_all({wb, wa});
+    CHECK(a.tolist() == std::vector<double>(4, 1.0));
+    CHECK(b.tolist() == std::vector<double>(4, 2.0));
+  }
+  // The same tag twice: the messages arrive in the order sent.
+  if (rank == 0) {
+    Tensor first = full({2}, 3.0), second = full({2}, 4.0);
+    wait_all({pg.send(first, 1), pg.send(second, 1)});
+  } else if (rank == 1) {
+    Tensor first = zeros({2}), second = zeros({2});
+    wait_all({pg.recv(first, 0), pg.recv(second, 0)});
+    CHECK(first.tolist() == std::vector<double>(2, 3.0));
+    CHECK(second.tolist() == std::vector<double>(2, 4.0));
+  }
+  pg.barrier();
+}
+
+TEST_CASE("mpi point-to-point: bad peers, tags and tensors are refused, a short message is an error", "[mpi]") {
+  ProcessGroup& pg = group();
+  const int world = pg.size(), rank = pg.rank();
+  Tensor t = zeros({4});
+  REQUIRE_THROWS_AS(pg.send(t, rank), ValueError);
+  REQUIRE_THROWS_WITH(pg.send(t, rank), Catch::Contains("peer " + std::to_string(rank)) &&
+                                            Catch::Contains("must be another rank"));
+  REQUIRE_THROWS_AS(pg.recv(t, world), ValueError);
+  REQUIRE_THROWS_AS(pg.recv(t, -1), ValueError);
+  REQUIRE_THROWS_WITH(pg.send(t, (rank + 1) % world, 40000), Catch::Contains("tag 40000"));
+  Tensor strided = zeros({3, 4}).t();
+  REQUIRE_THROWS_AS(pg.send(strided, (rank + 1) % world), ShapeError);
+  REQUIRE_THROWS_AS(pg.batch_send_recv({{ProcessGroup::P2POp::Kind::Send, Tensor(), 0, 0}}), ValueError);
+  REQUIRE(pg.batch_send_recv({})->is_completed());
+  if (world < 2) return;
+  // Rank 0 sends 3 elements where rank 1 expects 4: the stale tail would be a silent error.
+  if (rank == 0) {
+    Tensor three = full({3}, 1.0);
+    pg.send(three, 1, 7)->wait();
+  } else if (rank == 1) {
+    Tensor four = zeros({4});
+    WorkPtr w = pg.recv(four, 0, 7);
+    REQUIRE_THROWS_AS(w->wait(), DistributedError);
+  }
+  pg.barrier();
+}

@@ -41,15 +41,18 @@ const char* collective_name(CollectiveOp op) {
     case CollectiveOp::AllGather: return "all_gather";
     case CollectiveOp::ReduceScatter: return "reduce_scatter";
     case CollectiveOp::Barrier: return "barrier";
+    case CollectiveOp::SendRecv: return "send/recv";
   }
   return "a collective";
 }
 
 std::string timeout_message(const Collective& what, const std::string& group, int size, int rank, Seconds waited,
                             const std::string& who) {
+  const std::string which = what.op == CollectiveOp::SendRecv ? std::string("It was a point-to-point batch of the group")
+                                                                : str("It was collective #", what.seq, " of the group");
   return str(collective_name(what.op), " on group \"", group, "\" (", size, " ranks) timed out after ",
-             format_seconds(waited.count()), " s on rank ", rank, ": ", who, ". It was collective #", what.seq,
-             " of the group, which is unusable now. Raise train.collective_timeout_s or "
+             format_seconds(waited.count()), " s on rank ", rank, ": ", who, ". ", which,
+             ", which is unusable now. Raise train.collective_timeout_s or "
              "BOOSTER_COLLECTIVE_TIMEOUT_S (now ", format_seconds(what.timeout.count()),
              " s) if a step legitimately takes longer");
 }

@@ -25,7 +25,9 @@ using Clock = std::chrono::steady_clock;
 using Seconds = std::chrono::duration<double>;
 
 // The collectives a census record names, by index so that a record is plain bytes.
-enum class CollectiveOp : int32_t { AllReduce, Broadcast, AllGather, ReduceScatter, Barrier };
+// SendRecv is a batch of point-to-point operations: not numbered, and not a census's business (only
+// its peers take part).
+enum class CollectiveOp : int32_t { AllReduce, Broadcast, AllGather, ReduceScatter, Barrier, SendRecv };
 const char* collective_name(CollectiveOp op);
 
 // One started collective, as its timeout names it.
@@ -35,6 +37,7 @@ struct Collective {
   Clock::time_point start;
   Seconds timeout{0};
   size_t bytes = 0;  // this rank's share of the data it moves, which sets how long waiting may spin
+  int peer = -1;     // SendRecv: the first peer of the batch
   Clock::time_point deadline() const { return start + std::chrono::duration_cast<Clock::duration>(timeout); }
 };
 

@@ -304,27 +304,40 @@ class MpiComm {
     return Collective{op, started_.fetch_add(1) + 1, Clock::now(), timeout, bytes};
   }
 
-  // True when every request has completed. `what` names the collective in errors.
-  bool test(std::vector<MPI_Request>& requests, const Collective& what) {
+  // Starts a point-to-point batch (not numbered: only its peers take part); DistributedError once the
+  // group has timed out.
+  Collective begin_p2p(Seconds timeout, size_t bytes, int peer) {
+    if (broken()) [[unlikely]]
+      refuse(CollectiveOp::SendRecv);
+    Collective what{CollectiveOp::SendRecv, 0, Clock::now(), timeout, bytes};
+    what.peer = peer;
+    return what;
+  }
+
+  // True when every request has completed; `statuses` (one per request, or null) then holds theirs.
+  // `what` names the collective in errors.
+  bool test(std::vector<MPI_Request>& requests, const Collective& what, MPI_Status* statuses = nullptr) {
     int flag = 0;
     auto lock = maybe_lock();
-    check_mpi(MPI_Testall(int(requests.size()), requests.data(), &flag, MPI_STATUSES_IGNORE),
+    check_mpi(MPI_Testall(int(requests.size()), requests.data(), &flag, statuses ? statuses : MPI_STATUSES_IGNORE),
               collective_name(what.op), "MPI_Testall");
     return flag != 0;
   }
 
   // Returns when every request has completed; DistributedError at the collective's deadline (Note
   // [Collective timeouts]).
-  void wait(std::vector<MPI_Request>& requests, const Collective& what) {
+  void wait(std::vector<MPI_Request>& requests, const Collective& what, MPI_Status* statuses = nullptr) {
     if (broken()) [[unlikely]]
       refuse(what.op);
     Backoff backoff(what.bytes);
     const Clock::time_point deadline = what.deadline();
-    while (!test(requests, what)) {
+    while (!test(requests, what, statuses)) {
       const Clock::time_point now = Clock::now();
       if (now >= deadline) [[unlikely]]
         time_out(what, now);
-      if (backoff.sleeping(now)) census_->answer(started_.load(), &what);
+      // A rank in a point-to-point wait answers a census as one waiting in no collective.
+      if (backoff.sleeping(now))
+        census_->answer(started_.load(), what.op == CollectiveOp::SendRecv ? nullptr : &what);
       backoff.pause(now);
     }
   }
@@ -343,7 +356,11 @@ class MpiComm {
       broken_.store(true, std::memory_order_release);
     }
     note_collective_timeout();
-    const std::string who = census_->take(started_.load(), what);
+    // Only the peers of a point-to-point batch take part, so there is nobody else to ask.
+    const std::string who =
+        what.op == CollectiveOp::SendRecv
+            ? str("rank ", what.peer, " (or another peer of the batch) did not post the matching send or receive")
+            : census_->take(started_.load(), what);
     BOOSTER_FAIL(DistributedError, timeout_message(what, name_, size_, rank_, now - what.start, who));
   }
 
@@ -361,33 +378,58 @@ class MpiComm {
 
 // ---------------------------------------------------------------------------------------- group
 
-// A started non-blocking collective: its requests and the step that finishes the result (Avg).
+// What a receive of a point-to-point batch expects: its request's index, element count and type.
+struct ExpectedReceive {
+  size_t request = 0;
+  int count = 0;
+  MPI_Datatype type = MPI_DATATYPE_NULL;
+  int peer = 0, tag = 0;
+};
+
+// A started non-blocking collective: its requests and the step that finishes the result (Avg), or a
+// point-to-point batch and the sizes its receives must get.
 class MpiWork final : public Work {
  public:
   MpiWork(std::shared_ptr<MpiComm> comm, Collective what, std::vector<MPI_Request> requests,
-          std::function<void()> finish)
-      : comm_(std::move(comm)), what_(what), requests_(std::move(requests)), finish_(std::move(finish)) {}
+          std::function<void()> finish, std::vector<ExpectedReceive> receives = {})
+      : comm_(std::move(comm)),
+        what_(what),
+        requests_(std::move(requests)),
+        finish_(std::move(finish)),
+        receives_(std::move(receives)),
+        statuses_(receives_.empty() ? 0 : requests_.size()) {}
   ~MpiWork() override;
   void wait() override {
     if (done_) return;
-    comm_->wait(requests_, what_);
+    comm_->wait(requests_, what_, statuses());
     complete();
   }
   bool is_completed() override {
-    if (!done_ && comm_->test(requests_, what_)) complete();
+    if (!done_ && comm_->test(requests_, what_, statuses())) complete();
     return done_;
   }
 
  private:
+  MPI_Status* statuses() { return statuses_.empty() ? nullptr : statuses_.data(); }
   void complete() {
     done_ = true;
     if (finish_) finish_();
+    // A shorter message than the buffer would leave its tail stale: Note [Point-to-point].
+    for (const ExpectedReceive& r : receives_) {
+      int got = 0;
+      check_mpi(MPI_Get_count(&statuses_[r.request], r.type, &got), "recv", "MPI_Get_count");
+      BOOSTER_CHECK(got == r.count, DistributedError, "recv: rank ", comm_->rank(), " of group \"", comm_->name(),
+                    "\" expected ", r.count, " elements from rank ", r.peer, " (tag ", r.tag, ") but got ", got,
+                    "; the sender's tensor must have the receiver's size and dtype");
+    }
   }
 
   std::shared_ptr<MpiComm> comm_;
   Collective what_;
   std::vector<MPI_Request> requests_;
   std::function<void()> finish_;
+  std::vector<ExpectedReceive> receives_;
+  std::vector<MPI_Status> statuses_;
   bool done_ = false;
 };
 
@@ -523,6 +565,36 @@ class MpiProcessGroup final : public ProcessGroup {
                 async ? "reduce_scatter_async" : "reduce_scatter", "MPI_Ireduce_scatter_block");
     }
     return finish_or_work(async, what, std::move(requests), std::move(finish));
+  }
+
+  // Note [Point-to-point]: every op is started at once; one Work waits for them all.
+  WorkPtr send_recv_impl(const std::vector<P2PSpan>& ops) override {
+    size_t bytes = 0;
+    for (const P2PSpan& op : ops) {
+      check_cpu(op.buf, op.send ? "send" : "recv");
+      checked_count(op.buf.numel, op.send ? "send" : "recv");
+      bytes += op.buf.nbytes();
+    }
+    const Collective what = comm_->begin_p2p(timeout(), bytes, ops.front().peer);
+    std::vector<MPI_Request> requests;
+    std::vector<ExpectedReceive> receives;
+    {
+      auto lock = comm_->maybe_lock();
+      for (const P2PSpan& op : ops) {
+        requests.emplace_back();  // empty messages too: a send of none still matches a receive of none
+        const int count = int(op.buf.numel);
+        if (!op.send) receives.push_back({requests.size() - 1, count, mpi_type(op.buf.dtype), op.peer, op.tag});
+        if (op.send)
+          check_mpi(MPI_Isend(op.buf.data, count, mpi_type(op.buf.dtype), op.peer, op.tag, comm_->comm(),
+                              &requests.back()),
+                    "send", "MPI_Isend");
+        else
+          check_mpi(MPI_Irecv(op.buf.data, count, mpi_type(op.buf.dtype), op.peer, op.tag, comm_->comm(),
+                              &requests.back()),
+                    "recv", "MPI_Irecv");
+      }
+    }
+    return std::make_shared<MpiWork>(comm_, what, std::move(requests), nullptr, std::move(receives));
   }
 
   // Note [Averages divide first]: `in` is scratch, so Avg divides it and sums.

@@ -263,6 +263,27 @@ class NcclProcessGroup final : public ProcessGroup {
     return finish(async);
   }
 
+  // Note [Point-to-point]: one NCCL group, so sends and receives between two ranks cannot deadlock.
+  // NCCL has no tags: a pair's messages match in the order they were posted.
+  WorkPtr send_recv_impl(const std::vector<P2PSpan>& ops) override {
+    size_t bytes = 0;
+    for (const P2PSpan& op : ops) {
+      check_device(op.buf, op.send ? "send" : "recv");
+      bytes += op.buf.nbytes();
+    }
+    enter();
+    BOOSTER_NCCL_CHECK(ncclGroupStart());
+    for (const P2PSpan& op : ops) {
+      if (op.send)
+        BOOSTER_NCCL_CHECK(ncclSend(op.buf.data, size_t(op.buf.numel), nccl_type(op.buf.dtype), op.peer, comm_, stream_));
+      else
+        BOOSTER_NCCL_CHECK(ncclRecv(op.buf.data, size_t(op.buf.numel), nccl_type(op.buf.dtype), op.peer, comm_, stream_));
+    }
+    BOOSTER_NCCL_CHECK(ncclGroupEnd());
+    track(CollectiveOp::SendRecv, bytes, ops.front().peer);
+    return finish(true);
+  }
+
  private:
   void enter() const {
     BOOSTER_CHECK(!timed_out_.load(), DistributedError, "the nccl group is unusable since a collective timed out");
@@ -281,9 +302,11 @@ class NcclProcessGroup final : public ProcessGroup {
     Collective what;
   };
 
-  // Numbers the collective just queued and hands it to the watchdog.
-  Collective track(CollectiveOp op, size_t bytes) {
-    const Collective what{op, started_.fetch_add(1) + 1, Clock::now(), timeout(), bytes};
+  // Numbers the collective just queued (a point-to-point batch is not numbered) and hands it to the
+  // watchdog.
+  Collective track(CollectiveOp op, size_t bytes, int peer = -1) {
+    Collective what{op, op == CollectiveOp::SendRecv ? 0 : started_.fetch_add(1) + 1, Clock::now(), timeout(), bytes};
+    what.peer = peer;
     std::lock_guard<std::mutex> lock(pending_mutex_);
     cudaEvent_t event = nullptr;
     if (spare_events_.empty()) {
@@ -301,8 +324,10 @@ class NcclProcessGroup final : public ProcessGroup {
     std::string who = "which ranks did not arrive is unknown (the census needs an MPI launcher and MPI_THREAD_MULTIPLE)";
 #if defined(BOOSTER_WITH_MPI)
     if (launched_by_mpi_launcher()) detail::note_collective_timeout();
-    if (census_) who = census_->take(started_.load(), what);
+    if (census_ && what.op != CollectiveOp::SendRecv) who = census_->take(started_.load(), what);
 #endif
+    if (what.op == CollectiveOp::SendRecv)
+      who = str("rank ", what.peer, " (or another peer of the batch) did not post the matching send or receive");
     if (size_ == 1) who = "the GPU did not finish it (this is the only rank)";
     return detail::timeout_message(what, name_, size_, rank_, now - what.start, who);
   }
@@ -328,7 +353,7 @@ class NcclProcessGroup final : public ProcessGroup {
 #if defined(BOOSTER_WITH_MPI)
       if (census_) {
         try {
-          census_->answer(started_.load(), oldest ? &*oldest : nullptr);
+          census_->answer(started_.load(), oldest && oldest->op != CollectiveOp::SendRecv ? &*oldest : nullptr);
         } catch (const std::exception& e) {
           std::fprintf(stderr, "booster: rank %d: the nccl watchdog could not answer a census: %s\n", rank_, e.what());
         }

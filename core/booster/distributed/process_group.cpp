@@ -223,6 +223,47 @@ void ProcessGroup::reduce_scatter_consuming(const BufferSpan& out, const BufferS
   if (WorkPtr w = reduce_scatter_consuming_impl(out, in, op)) w->wait();
 }
 
+// ---------------------------------------------------------------------------------------- point to point
+
+WorkPtr ProcessGroup::batch_send_recv(const std::vector<P2POp>& ops) {
+  const char* name = "batch_send_recv";
+  std::vector<P2PSpan> spans;
+  spans.reserve(ops.size());
+  for (const P2POp& op : ops) {
+    const bool send = op.kind == P2POp::Kind::Send;
+    const char* what = send ? "send" : "recv";
+    BOOSTER_CHECK(op.tensor.defined(), ValueError, name, ": a ", what, " has no tensor");
+    BOOSTER_CHECK(op.peer >= 0 && op.peer < size() && op.peer != rank(), ValueError, name, ": a ", what,
+                  " names peer ", op.peer, ", but the peer must be another rank of this group of ", size(),
+                  " (this one is ", rank(), ")");
+    BOOSTER_CHECK(op.tag >= 0 && op.tag <= 32767, ValueError, name, ": a ", what, " has tag ", op.tag,
+                  "; tags are 0 to 32767 (what MPI guarantees)");
+    BOOSTER_CHECK(op.tensor.device() == device(), DeviceError, name, ": a ", what, " tensor is on ",
+                  op.tensor.device(), " but this ", backend(), " group works on ", device());
+    spans.push_back({send, BufferSpan::of(op.tensor, name), op.peer, op.tag});
+  }
+  if (spans.empty()) return completed_work();
+  WorkPtr w = send_recv_impl(spans);
+  for (const P2POp& op : ops) {
+    w->keep_alive(op.tensor);
+    if (op.kind == P2POp::Kind::Recv) Tensor(op.tensor).bump_version();
+  }
+  return w;
+}
+
+WorkPtr ProcessGroup::send(const Tensor& t, int dst, int tag) {
+  return batch_send_recv({P2POp{P2POp::Kind::Send, t, dst, tag}});
+}
+
+WorkPtr ProcessGroup::recv(Tensor& t, int src, int tag) {
+  return batch_send_recv({P2POp{P2POp::Kind::Recv, t, src, tag}});
+}
+
+WorkPtr ProcessGroup::send_recv_impl(const std::vector<P2PSpan>&) {
+  BOOSTER_FAIL(IncompatibleError, "batch_send_recv: the ", backend(),
+               " backend has no point-to-point operations; use the mpi (CPU) or nccl (CUDA) backend");
+}
+
 // ---------------------------------------------------------------------------------------- default group
 
 namespace {

@@ -159,6 +159,26 @@ class ProcessGroup {
   // Returns when every rank has called barrier() (on "nccl", also once this rank's queued work has run).
   virtual void barrier() = 0;
 
+  // ---------------------------------------------------------------- point to point
+  // Note [Point-to-point] in README.md. One send or receive of a batch: `tensor` contiguous, on the
+  // group's device (a receive's is written), `peer` another rank of this group, 0 <= tag <= 32767.
+  struct P2POp {
+    enum class Kind : uint8_t { Send, Recv };
+    Kind kind = Kind::Send;
+    Tensor tensor;
+    int peer = 0;
+    int tag = 0;
+  };
+  // Starts every op of `ops` at once (so two ranks that send to each other cannot deadlock) and
+  // returns one Work that completes when all have: a send's tensor may be reused, a receive's holds the
+  // data (on "nccl": in stream order, Note [When a collective's result is there]). Only the peers take
+  // part. A send matches the peer's receive of the same tag in the order each side posted them; the
+  // byte counts must agree (the receive's dtype and size are the sender's). Waiting is bounded by the
+  // group's timeout, as a collective's.
+  WorkPtr batch_send_recv(const std::vector<P2POp>& ops);
+  WorkPtr send(const Tensor& t, int dst, int tag = 0);
+  WorkPtr recv(Tensor& t, int src, int tag = 0);
+
   // ---------------------------------------------------------------- subgroups
   // Collective over this group, as MPI_Comm_split: ranks passing the same `color` form one new group,
   // ordered by `key` (ties by rank here); a negative color joins none and gets nullptr. `name` names
@@ -192,6 +212,14 @@ class ProcessGroup {
   virtual WorkPtr all_gather_impl(const BufferSpan& out, const BufferSpan& in, bool async) = 0;
   virtual WorkPtr reduce_scatter_impl(const BufferSpan& out, const BufferSpan& in, ReduceOp op,
                                       bool async) = 0;
+  // Optional: batch_send_recv's slot, always non-blocking. The default refuses (IncompatibleError).
+  struct P2PSpan {
+    bool send = true;
+    BufferSpan buf;
+    int peer = 0;
+    int tag = 0;
+  };
+  virtual WorkPtr send_recv_impl(const std::vector<P2PSpan>& ops);
   // Optional: reduce_scatter_consuming's slot (blocking). The default keeps `in` (reduce_scatter_impl).
   virtual WorkPtr reduce_scatter_consuming_impl(const BufferSpan& out, const BufferSpan& in, ReduceOp op) {
     return reduce_scatter_impl(out, in, op, false);
