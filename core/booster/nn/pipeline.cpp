@@ -1,0 +1,174 @@
+// Pipeline stages and their schedules (pipeline.h).
+//
+// Note [Pipeline schedules]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~
+// A step of M micro-batches over P stages is, for each stage, a list of actions: F(i) runs micro-batch
+// i forward (receiving its input from the stage before, sending the output to the stage after), B(i)
+// runs it backward (receiving the gradient of the output from the stage after, sending the gradient of
+// the input to the stage before). GPipe lists every F, then every B; a stage then holds the
+// activations of all M micro-batches at once. 1F1B (PipeDream-Flush, Megatron-LM's non-interleaved
+// schedule) lets stage s run min(P - s - 1, M) forwards first, then alternates one forward and one
+// backward, then drains the remaining backwards: B(i) comes as soon as stage s + 1 can send its
+// gradient, so a stage holds at most P - s micro-batches, and the bubble is the same (P - 1 slots of
+// each stage idle per step).
+// Sends are non-blocking and waited for only at the end of the step; a receive blocks until its
+// message is there. So a stage waits only on data it needs, and since every action's inputs come
+// from actions earlier in the other stages' lists (tests/nn/test_pipeline.cpp runs the lists against
+// each other to show it), no stage waits for ever. Messages between two neighbours go one way each
+// (activations down, gradients up) and in the order posted, so they need no tags to match.
+// The loss: the last stage backpropagates criterion(out_i, y_i) / M for each micro-batch, so the
+// parameters' gradients are those of the mean over micro-batches, which for equal micro-batches and a
+// criterion that averages over its batch is the whole batch's loss; that mean is what every stage
+// returns (broadcast from the last).
+#include "booster/nn/pipeline.h"
+
+#include <algorithm>
+
+#include "booster/autograd/autograd.h"
+#include "booster/common/error.h"
+#include "booster/ops/ops.h"
+
+namespace booster::nn::pp {
+
+using distributed::ProcessGroup;
+using Action = PipelineAction;
+
+Schedule parse_schedule(const std::string& name) {
+  if (name == "1f1b") return Schedule::OneFOneB;
+  if (name == "gpipe") return Schedule::GPipe;
+  BOOSTER_FAIL(ConfigError, "pipeline: unknown schedule \"", name, "\"; use \"1f1b\" or \"gpipe\"");
+}
+
+std::vector<PipelineAction> schedule_actions(Schedule schedule, int stage, int stages, int microbatches) {
+  BOOSTER_CHECK(stages >= 1 && stage >= 0 && stage < stages, ValueError, "pipeline: stage ", stage,
+                " does not exist in a pipeline of ", stages, " stages");
+  BOOSTER_CHECK(microbatches >= 1, ValueError, "pipeline: ", microbatches,
+                " micro-batches; a step needs at least one");
+  std::vector<Action> actions;
+  actions.reserve(size_t(2 * microbatches));
+  if (schedule == Schedule::GPipe) {
+    for (int i = 0; i < microbatches; ++i) actions.push_back({Action::Kind::Forward, i});
+    for (int i = microbatches; i-- > 0;) actions.push_back({Action::Kind::Backward, i});
+    return actions;
+  }
+  const int warmup = std::min(stages - stage - 1, microbatches);
+  int forward = 0, backward = 0;
+  for (; forward < warmup; ++forward) actions.push_back({Action::Kind::Forward, forward});
+  for (; forward < microbatches; ++forward, ++backward) {
+    actions.push_back({Action::Kind::Forward, forward});
+    actions.push_back({Action::Kind::Backward, backward});
+  }
+  for (; backward < microbatches; ++backward) actions.push_back({Action::Kind::Backward, backward});
+  return actions;
+}
+
+PipelineStage::PipelineStage(ModulePtr stage, ProcessGroup& group, PipelineOptions options)
+    : stage_(std::move(stage)), group_(group), options_(options) {
+  BOOSTER_CHECK(stage_ != nullptr, ValueError, "PipelineStage: the stage's module is null");
+  BOOSTER_CHECK(options_.num_microbatches >= 1, ConfigError, "pipeline: num_microbatches is ",
+                options_.num_microbatches, "; it must be at least 1");
+}
+
+namespace {
+
+constexpr int64_t kMaxDims = 8;
+
+// Micro-batch i of m of `t` along dim 0.
+Tensor microbatch(const Tensor& t, int i, int m, const char* what) {
+  BOOSTER_CHECK(t.defined() && t.dim() >= 1, ShapeError, "pipeline: the ", what, " must have a batch dimension");
+  const int64_t n = t.shape()[0];
+  BOOSTER_CHECK(n % m == 0, ShapeError, "pipeline: a batch of ", n, " ", what, "s does not split into ", m,
+                " equal micro-batches; choose num_microbatches dividing the batch size");
+  return t.narrow(0, i * (n / m), n / m);
+}
+
+}  // namespace
+
+void PipelineStage::send_activation(const Tensor& t, int to, int microbatch) {
+  BOOSTER_CHECK(t.dim() <= kMaxDims, ShapeError, "pipeline: stage ", stage(), " output of micro-batch ", microbatch,
+                " has ", t.dim(), " dimensions; at most ", kMaxDims, " cross stages");
+  std::vector<int64_t> header(2 + kMaxDims, 0);
+  header[0] = int64_t(t.dtype());
+  header[1] = t.dim();
+  for (int64_t d = 0; d < t.dim(); ++d) header[size_t(2 + d)] = t.shape()[size_t(d)];
+  const Tensor head = from_vector(header, {int64_t(header.size())}).to(group_.device());
+  sends_.push_back(group_.send(head, to));
+  sends_.push_back(group_.send(t.contiguous(), to));
+}
+
+Tensor PipelineStage::receive_activation(int from, int microbatch) {
+  Tensor head = zeros({2 + kMaxDims}, DType::Int64, group_.device());
+  group_.recv(head, from)->wait();
+  const std::vector<double> h = head.tolist();
+  const int64_t dims = int64_t(h[1]);
+  BOOSTER_CHECK(h[0] >= 0 && h[0] < kNumDTypes && dims >= 0 && dims <= kMaxDims, DistributedError, "pipeline: stage ",
+                stage(), " received a malformed header for micro-batch ", microbatch, " from stage ", from);
+  Shape shape;
+  for (int64_t d = 0; d < dims; ++d) shape.push_back(int64_t(h[size_t(2 + d)]));
+  Tensor t = Tensor::empty(shape, DType(int(h[0])), group_.device());
+  group_.recv(t, from)->wait();
+  return t;
+}
+
+double PipelineStage::train_step(const Tensor& x, const Tensor& y, const Criterion& criterion) {
+  const int m = options_.num_microbatches;
+  std::vector<Tensor> inputs(static_cast<size_t>(m)), outputs(static_cast<size_t>(m));
+  double loss_sum = 0.0;
+  for (const Action& action : schedule_actions(options_.schedule, stage(), stages(), m)) {
+    const size_t i = size_t(action.microbatch);
+    if (action.kind == Action::Kind::Forward) {
+      Tensor in = is_first() ? microbatch(x, action.microbatch, m, "input") : receive_activation(stage() - 1, action.microbatch);
+      if (!is_first() && is_floating(in.dtype())) in.requires_grad_(true);  // its gradient goes upstream
+      Tensor out = (*stage_)(in);
+      if (is_last()) {
+        const Tensor loss = criterion(out, microbatch(y, action.microbatch, m, "target"));
+        BOOSTER_CHECK(loss.numel() == 1, ShapeError, "pipeline: the criterion returned ", loss.shape(),
+                      "; a loss must be one value");
+        loss_sum += loss.item();
+        outputs[i] = loss * (1.0 / m);
+      } else {
+        send_activation(out.detach(), stage() + 1, action.microbatch);
+        outputs[i] = out;
+      }
+      inputs[i] = in;
+      continue;
+    }
+    const Tensor& out = outputs[i];
+    if (is_last()) {
+      out.backward();
+    } else {
+      Tensor grad = Tensor::empty(out.shape(), out.dtype(), group_.device());
+      group_.recv(grad, stage() + 1)->wait();
+      if (out.requires_grad()) out.backward(grad);
+    }
+    if (!is_first()) {
+      Tensor g = inputs[i].grad();
+      if (!g.defined()) g = zeros(inputs[i].shape(), inputs[i].dtype(), group_.device());
+      sends_.push_back(group_.send(g.contiguous(), stage() - 1));
+    }
+    inputs[i] = Tensor();  // the micro-batch's activations go back to the allocator
+    outputs[i] = Tensor();
+  }
+  distributed::wait_all(sends_);
+  sends_.clear();
+  Tensor loss = full({1}, is_last() ? loss_sum / m : 0.0, DType::Float64, group_.device());
+  if (stages() > 1) group_.broadcast(loss, stages() - 1);
+  return loss.item();
+}
+
+Tensor PipelineStage::forward(const Tensor& x) {
+  NoGradGuard no_grad;
+  const int m = options_.num_microbatches;
+  std::vector<Tensor> outs;
+  for (int i = 0; i < m; ++i) {
+    const Tensor in = is_first() ? microbatch(x, i, m, "input") : receive_activation(stage() - 1, i);
+    Tensor out = (*stage_)(in);
+    if (is_last()) outs.push_back(out);
+    else send_activation(out, stage() + 1, i);
+  }
+  distributed::wait_all(sends_);
+  sends_.clear();
+  return is_last() ? cat(outs, 0) : Tensor();
+}
+
+}  // namespace booster::nn::pp

@@ -1,0 +1,79 @@
+// Pipeline parallelism: a model cut into stages, one per rank of a pipeline group, trained on
+// micro-batches that flow forward through the stages and whose gradients flow back, under the 1F1B or
+// the GPipe schedule. The schedules are plain lists of actions (testable without processes); a
+// PipelineStage runs its stage's list, exchanging activations and gradients with its neighbours by
+// point-to-point messages (Note [Point-to-point] in booster/distributed/README.md). How the schedules
+// and the exchange fit together is Note [Pipeline schedules] in pipeline.cpp.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "booster/distributed/process_group.h"
+#include "booster/nn/loss.h"
+#include "booster/nn/module.h"
+
+namespace booster::nn::pp {
+
+enum class Schedule { OneFOneB, GPipe };
+// "1f1b" or "gpipe"; ConfigError naming the value otherwise.
+Schedule parse_schedule(const std::string& name);
+
+struct PipelineAction {
+  enum class Kind { Forward, Backward };
+  Kind kind = Kind::Forward;
+  int microbatch = 0;
+  bool operator==(const PipelineAction&) const = default;
+};
+
+// The actions of `stage` (0-based, of `stages`) for one step of `microbatches`. ValueError for sizes
+// out of range.
+//   1F1B: min(stages - stage - 1, M) forwards to fill the pipeline, then one forward and one backward in
+//         turn, then the remaining backwards: a stage holds at most stages - stage micro-batches'
+//         activations.
+//   GPipe: every forward, then every backward (in reverse): it holds all M.
+std::vector<PipelineAction> schedule_actions(Schedule schedule, int stage, int stages, int microbatches);
+
+struct PipelineOptions {
+  Schedule schedule = Schedule::OneFOneB;
+  int num_microbatches = 1;
+};
+
+// One rank's stage. Every rank of `group` (stage i = rank i) builds one over its part of the model and
+// calls train_step() with the same batch; the group must outlive it.
+class PipelineStage {
+ public:
+  PipelineStage(ModulePtr stage, distributed::ProcessGroup& group, PipelineOptions options);
+
+  // One step's forward and backward over `x` and `y` (the whole batch; the first stage reads x, the last
+  // y), split into num_microbatches equal micro-batches along dim 0 (ShapeError when the batch does not
+  // divide). Gradients accumulate into the stage's parameters as one backward of the whole batch would
+  // leave them: the last stage backpropagates criterion(out, y) / num_microbatches of each micro-batch,
+  // so a criterion that averages over the batch gives the whole batch's gradient. Returns the mean of
+  // the micro-batch losses on every rank (the whole batch's loss for such a criterion). Collective
+  // over the group.
+  double train_step(const Tensor& x, const Tensor& y, const Criterion& criterion);
+
+  // The whole model's output on the last stage (an undefined tensor on the others), without gradients:
+  // evaluation through the stages, one micro-batch at a time.
+  Tensor forward(const Tensor& x);
+
+  int stage() const { return group_.rank(); }
+  int stages() const { return group_.size(); }
+  bool is_first() const { return stage() == 0; }
+  bool is_last() const { return stage() + 1 == stages(); }
+  Module& module() { return *stage_; }
+
+ private:
+  // Activations cross stages with a small header (dtype and shape) first, so a stage needs to know
+  // nothing of its neighbour's output.
+  void send_activation(const Tensor& t, int to, int microbatch);
+  Tensor receive_activation(int from, int microbatch);
+
+  ModulePtr stage_;
+  distributed::ProcessGroup& group_;
+  PipelineOptions options_;
+  std::vector<distributed::WorkPtr> sends_;  // in flight; waited for at the end of the step
+};
+
+}  // namespace booster::nn::pp

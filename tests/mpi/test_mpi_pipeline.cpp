@@ -1,0 +1,72 @@
+// Pipeline parallelism over MPI (`mpirun -np 2`: every TEST_CASE runs on every rank, in the same order):
+// an MLP cut into one stage per rank, trained one step under 1F1B and GPipe with 4 micro-batches, gives
+// each rank's parameters the gradients a single process computes for the whole model and batch
+// (float32 sums in another order: 1e-5 relative), the whole batch's loss on every rank, and the whole
+// model's output on the last stage.
+#include <catch2/catch.hpp>
+
+#include <memory>
+#include <vector>
+
+#include "booster/distributed/process_group.h"
+#include "booster/nn/container.h"
+#include "booster/nn/loss.h"
+#include "booster/nn/models.h"
+#include "booster/nn/pipeline.h"
+#include "booster/ops/ops.h"
+#include "booster/tensor/random.h"
+
+using namespace booster;
+using namespace booster::nn::pp;
+
+TEST_CASE("mpi pipeline: stages on the ranks give one process's loss, gradients and output", "[mpi][pipeline]") {
+  distributed::ProcessGroup& group = distributed::init_process_group("mpi");
+  const int stages = group.size(), rank = group.rank();
+  auto criterion = [](const Tensor& out, const Tensor& y) { return cross_entropy(out, y); };
+  Generator gen(11);
+  const Tensor x = randn({16, 6}, &gen);
+  std::vector<int64_t> labels;
+  for (int i = 0; i < 16; ++i) labels.push_back((i * 7) % 3);
+  const Tensor y = from_vector(labels, {16});
+  // Every rank builds the same model from the same seed: layers 0..6 (Linear, ReLU, ..., Linear).
+  auto make = [] { return std::make_shared<nn::MLPClassifier>(6, std::vector<int64_t>{16, 16, 16}, 3, "relu", 4); };
+  auto reference = make();
+  const Tensor whole_loss = criterion((*reference)(x), y);
+  whole_loss.backward();
+  const Tensor whole_out = (*reference)(x).detach();
+
+  for (Schedule schedule : {Schedule::OneFOneB, Schedule::GPipe}) {
+    INFO((schedule == Schedule::GPipe ? "gpipe" : "1f1b"));
+    auto model = make();
+    // Stage r takes an equal share of the 7 layers (the last stage the rest).
+    const size_t n = model->layers->size(), per = n / size_t(stages);
+    const size_t begin = size_t(rank) * per, end = rank + 1 == stages ? n : begin + per;
+    auto part = std::make_shared<nn::Sequential>();
+    for (size_t i = begin; i < end; ++i) part->push_back(std::to_string(i), (*model->layers)[i]);
+    PipelineStage stage(part, group, {schedule, 4});
+    const double loss = stage.train_step(x, y, criterion);
+    CHECK(loss == Approx(whole_loss.item()).epsilon(1e-6));
+    // This stage's parameters have the whole model's gradients.
+    const auto mine = part->named_parameters();
+    REQUIRE_FALSE(mine.empty());
+    for (const auto& [name, p] : mine) {
+      const std::string full_name = "layers." + name;
+      INFO(full_name);
+      Tensor want;
+      for (const auto& [n2, q] : reference->named_parameters())
+        if (n2 == full_name) want = q.grad();
+      REQUIRE(want.defined());
+      REQUIRE(p.grad().defined());
+      const std::vector<double> g = p.grad().tolist(), w = want.tolist();
+      for (size_t e = 0; e < g.size(); ++e) CHECK(g[e] == Approx(w[e]).margin(1e-7).epsilon(1e-5));
+    }
+    const Tensor out = stage.forward(x);
+    if (stage.is_last()) {
+      const std::vector<double> o = out.tolist(), w = whole_out.tolist();
+      REQUIRE(o.size() == w.size());
+      for (size_t e = 0; e < o.size(); ++e) CHECK(o[e] == Approx(w[e]).margin(1e-6));
+    } else {
+      CHECK_FALSE(out.defined());
+    }
+  }
+}
