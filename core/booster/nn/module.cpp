@@ -1,6 +1,7 @@
 #include "booster/nn/module.h"
 
 #include <algorithm>
+#include <atomic>
 #include <set>
 #include <sstream>
 
@@ -216,6 +217,52 @@ int64_t Module::num_parameters() const {
 void Module::set_tensor_names() {
   for (const auto& [name, t] : named_parameters()) t.set_name(name);
   for (const auto& [name, t] : named_buffers()) t.set_name(name);
+}
+
+// ------------------------------------------------------------------------------------------ forward hooks
+
+namespace {
+std::atomic<int64_t> g_next_hook_handle{1};
+}  // namespace
+
+int64_t Module::register_forward_pre_hook(ForwardPreHook hook) {
+  BOOSTER_CHECK(hook != nullptr, ValueError, name(), ".register_forward_pre_hook: the hook is empty");
+  if (!hooks_) hooks_ = std::make_unique<ForwardHooks>();
+  const int64_t handle = g_next_hook_handle.fetch_add(1);
+  hooks_->pre.emplace_back(handle, std::move(hook));
+  return handle;
+}
+
+int64_t Module::register_forward_hook(ForwardHook hook) {
+  BOOSTER_CHECK(hook != nullptr, ValueError, name(), ".register_forward_hook: the hook is empty");
+  if (!hooks_) hooks_ = std::make_unique<ForwardHooks>();
+  const int64_t handle = g_next_hook_handle.fetch_add(1);
+  hooks_->post.emplace_back(handle, std::move(hook));
+  return handle;
+}
+
+bool Module::remove_forward_hook(int64_t handle) {
+  if (!hooks_) return false;
+  auto drop = [handle](auto& list) {
+    const auto it = std::find_if(list.begin(), list.end(), [handle](const auto& entry) { return entry.first == handle; });
+    if (it == list.end()) return false;
+    list.erase(it);
+    return true;
+  };
+  return drop(hooks_->pre) || drop(hooks_->post);
+}
+
+Tensor Module::call_with_hooks(const Tensor& x) {
+  // Copies: a hook may add or remove hooks while it runs.
+  const std::vector<std::pair<int64_t, ForwardPreHook>> pre = hooks_->pre;
+  const std::vector<std::pair<int64_t, ForwardHook>> post = hooks_->post;
+  for (const auto& [handle, hook] : pre) hook(*this, x);
+  Tensor out = call_forward(x);
+  for (const auto& [handle, hook] : post) {
+    Tensor replaced = hook(*this, x, out);
+    if (replaced.defined()) out = std::move(replaced);
+  }
+  return out;
 }
 
 // ------------------------------------------------------------------------------------------ mode

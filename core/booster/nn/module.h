@@ -72,9 +72,24 @@ class Module {
   // inside names the module: call children as (*child)(x), as in PyTorch.
   Tensor operator()(const Tensor& x) {
     const ErrorContextScope context(ErrorContextFrame::Kind::Module, this);
-    if (ModuleCallObserver* observer = module_call_observer()) return observer->call(*this, x);
-    return forward(x);
+    if (hooks_ && !hooks_->empty()) [[unlikely]]
+      return call_with_hooks(x);
+    return call_forward(x);
   }
+
+  // --- forward hooks (torch's register_forward_pre_hook / register_forward_hook) ---
+  // operator() calls every pre hook with the input before forward and every hook with the input and
+  // the output after it, in registration order; a hook may return a replacement output (an undefined
+  // tensor keeps the output), which the later hooks see. They run around an installed
+  // ModuleCallObserver's call too. An exception from forward skips the hooks after it. A hook may
+  // remove itself or others while it runs; that takes effect from the next call. Returns the handle
+  // remove_forward_hook takes.
+  using ForwardPreHook = std::function<void(Module& module, const Tensor& input)>;
+  using ForwardHook = std::function<Tensor(Module& module, const Tensor& input, const Tensor& output)>;
+  int64_t register_forward_pre_hook(ForwardPreHook hook);
+  int64_t register_forward_hook(ForwardHook hook);
+  // False when this module has no hook with that handle (removed already).
+  bool remove_forward_hook(int64_t handle);
 
   // The class name, as PyTorch prints it: "Linear", "LayerNorm", "GPT", ...
   virtual std::string name() const { return "Module"; }
@@ -156,6 +171,18 @@ class Module {
   }
 
  private:
+  Tensor call_forward(const Tensor& x) {
+    if (ModuleCallObserver* observer = module_call_observer()) return observer->call(*this, x);
+    return forward(x);
+  }
+  Tensor call_with_hooks(const Tensor& x);
+  struct ForwardHooks {
+    std::vector<std::pair<int64_t, ForwardPreHook>> pre;
+    std::vector<std::pair<int64_t, ForwardHook>> post;
+    bool empty() const { return pre.empty() && post.empty(); }
+  };
+  std::unique_ptr<ForwardHooks> hooks_;
+
   void add_child(const std::string& name, ModulePtr module);
   void check_new_name(const std::string& name, const char* what) const;
   void collect_modules(const std::string& prefix, std::vector<std::pair<std::string, const Module*>>& out) const;
