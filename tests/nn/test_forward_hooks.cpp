@@ -37,7 +37,7 @@ TEST_CASE("forward hooks: pre and post hooks fire around each call, nested modul
   CHECK(events.size() == 6);
 }
 
-TEST_CASE("forward hooks: a replaced output is what the caller and backward see; removal stops a hook", "[nn][hooks]") {
+TEST_CASE("forward hooks: a replaced output is what the caller and backward see, and removal stops a hook", "[nn][hooks]") {
   Generator gen(3);
   auto layer = std::make_shared<nn::Linear>(3, 2, true, &gen);
   const Tensor x = randn({4, 3}, &gen);
