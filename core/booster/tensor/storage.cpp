@@ -1,5 +1,7 @@
 #include "booster/tensor/storage.h"
 
+#include "booster/common/error.h"
+
 #include <atomic>
 #include <cstdlib>
 #include <cstring>
@@ -119,9 +121,30 @@ Storage::Storage(void* data, size_t nbytes, Device device, std::function<void(vo
 Storage::~Storage() {
   if (release_) {
     release_(data_);
-  } else {
+  } else if (!released_) {
     allocator_for(device_).deallocate_on(device_.index, data_, nbytes_);
   }
+}
+
+void Storage::release() {
+  BOOSTER_CHECK(!release_, StateError, "Storage::release: this storage wraps memory owned elsewhere; only memory "
+                                       "from booster's allocator can be released");
+  if (released_) return;
+  allocator_for(device_).deallocate_on(device_.index, data_, nbytes_);
+  data_ = nullptr;
+  released_ = true;
+}
+
+void Storage::materialize() {
+  if (!released_) return;
+  data_ = allocator_for(device_).allocate_on(device_.index, nbytes_);
+  released_ = false;
+}
+
+void Storage::throw_released() const {
+  BOOSTER_FAIL(StateError, "a tensor's memory is released (", nbytes_, " bytes on ", device_,
+               "): it is a parameter that ZeRO stage 3 gathers only while its module runs (Note [Released "
+               "storage]); read parameters inside the module's forward, or save the model through the Booster");
 }
 
 }  // namespace booster

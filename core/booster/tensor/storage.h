@@ -48,15 +48,31 @@ class Storage {
   Storage(const Storage&) = delete;
   Storage& operator=(const Storage&) = delete;
 
-  void* data() const { return data_; }
+  // StateError while released (Note [Released storage]).
+  void* data() const {
+    if (released_) [[unlikely]]
+      throw_released();
+    return data_;
+  }
   size_t nbytes() const { return nbytes_; }
   Device device() const { return device_; }
 
+  // Note [Released storage]: ZeRO-3 keeps a module's parameters as views of one storage whose memory
+  // exists only while the module runs. release() gives the memory back to the allocator; the Storage
+  // and every view of it live on, and any read or write through them is a StateError until
+  // materialize() allocates it again (uninitialized: the owner fills it). Only memory from the
+  // allocator can be released (StateError for wrapped memory). Neither is thread-safe.
+  void release();
+  void materialize();
+  bool released() const { return released_; }
+
  private:
+  [[noreturn]] void throw_released() const;
   void* data_ = nullptr;
   size_t nbytes_ = 0;
   Device device_;
   std::function<void(void*)> release_;  // empty: memory came from allocator_for(device_)
+  bool released_ = false;
 };
 
 }  // namespace booster
