@@ -615,18 +615,20 @@ Booster::HandOver Booster::read_hand_over(const fs::path& dir, const std::string
 }
 
 void Booster::apply_hand_over(HandOver& h) {
-  if (parts_.model) parts_.model->load_state_dict(h.model);
-  if (!parts_.optimizer) return;
-  optim::Optimizer& stepped = parts_.optimizer->stepped_optimizer();
-  const std::vector<Tensor> params = flat_params(stepped);
-  {
+  optim::Optimizer* stepped_ptr = parts_.optimizer ? &parts_.optimizer->stepped_optimizer() : nullptr;
+  const std::vector<Tensor> params = stepped_ptr ? flat_params(*stepped_ptr) : std::vector<Tensor>();
+  // Parameters a plugin shards (ZeRO-3) are written whole, then sharded again.
+  plugin_->with_full_parameters([&] {
+    if (parts_.model) parts_.model->load_state_dict(h.model);
     NoGradGuard no_grad;
     for (size_t i = 0; i < params.size(); ++i) {
       Tensor p = params[i];
       p.copy_(h.weights[i]);  // rounded where the parameter is 16-bit
       p.bump_version();
     }
-  }
+  });
+  if (!stepped_ptr) return;
+  optim::Optimizer& stepped = *stepped_ptr;
   if (stepped.state_holds_master_weights())
     for (size_t i = 0; i < params.size(); ++i)
       h.optimizer.tensors["state." + std::to_string(i) + "." + optim::kMasterWeight] = h.weights[i];

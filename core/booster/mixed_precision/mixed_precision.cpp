@@ -127,7 +127,7 @@ Tensor PrecisionModule::forward(const Tensor& x) {
   {
     autocast::AutocastGuard guard(options_.autocast, options_.autocast_dtype, options_.table,
                                   options_.linear_override);
-    out = inner_->forward(input);
+    out = (*inner_)(input);  // through operator(): the inner module's forward hooks (ZeRO-3's) run
   }
   if (options_.cast_io && is_floating(out.dtype())) out = out.to(DType::Float32);
   return out;

@@ -67,6 +67,9 @@ class PluginProxy final : public ParallelPlugin {
   std::shared_ptr<CheckpointIO> checkpoint_io() override {
     return plugin::bind(library_, call("checkpoint_io()", [&] { return plugin_->checkpoint_io(); }));
   }
+  void with_full_parameters(const std::function<void()>& fn) override {
+    call("with_full_parameters()", [&] { plugin_->with_full_parameters(fn); });
+  }
   distributed::ProcessGroup& process_group() override {
     return call("process_group()", [&]() -> distributed::ProcessGroup& { return plugin_->process_group(); });
   }

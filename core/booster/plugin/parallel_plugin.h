@@ -28,6 +28,7 @@
 
 #include <boost/config.hpp>
 #include <filesystem>
+#include <functional>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -158,6 +159,11 @@ class BOOST_SYMBOL_VISIBLE ParallelPlugin {
   // Optional: how to save and load model, optimizer and scheduler under this plugin. Default: the
   // CheckpointIO above over process_group() (rank 0 writes).
   virtual std::shared_ptr<CheckpointIO> checkpoint_io() { return std::make_shared<CheckpointIO>(process_group()); }
+  // Optional: runs `fn` while every parameter of the configured model holds its whole value, for code
+  // that reads or writes parameters outside a forward (a resume under another precision). A plugin
+  // that shards parameters (ZeRO stage 3) gathers them first and afterwards takes its shards from what
+  // `fn` left there. Collective. Default: fn().
+  virtual void with_full_parameters(const std::function<void()>& fn) { fn(); }
   // Required: the processes this plugin runs over (for rank-0-only logging and checkpoint writes).
   virtual distributed::ProcessGroup& process_group() = 0;
 };
