@@ -10,7 +10,7 @@
 // For each setup, after one warm-up step the program reports the bytes held between steps (through
 // the forward pass), split into weights (model + float32 masters), and optimizer state + gradients,
 // and the peak during a step. State = what the first step allocated and kept (measured); gradients =
-// the rest of what is held beyond the weights.
+// the rest of what is held beyond the weights. B/param = held bytes (the model state) per parameter.
 #include <cstdio>
 #include <cstdlib>
 #include <string>
@@ -89,6 +89,8 @@ Figures measure(const std::string& setup, const json* zero_options, const Data& 
     const int64_t padded = (n + world - 1) / world * world;
     const std::string p = zero_options->at("precision");
     weights = p == "fp32" ? 4 * padded : 2 * padded + 4 * (padded / world);  // model + float32 masters
+    // Stage 3 keeps only this rank's shard of the model (each module's buffer padded to the world size).
+    if (zero_options->value("stage", 1) == 3) weights = (p == "fp32" ? 4 : 6) * (padded / world);
   }
   auto zero_grad_and_backward = [&] {
     if (boosted) {
@@ -149,6 +151,9 @@ int main(int argc, char** argv) {
     rows.push_back(measure(std::string("ZeRO-1 ") + precision, &one, data));
     rows.push_back(measure(std::string("ZeRO-2 ") + precision + " after bwd", &after, data));
     rows.push_back(measure(std::string("ZeRO-2 ") + precision + " 1M buckets", &buckets, data));
+    json three = base;
+    three["stage"] = 3;
+    rows.push_back(measure(std::string("ZeRO-3 ") + precision, &three, data));
   }
   // Through the Booster, which keeps the user's optimizer alive as the source of hyperparameters.
   for (const char* precision : {"fp32", "fp16"}) {
@@ -162,12 +167,13 @@ int main(int argc, char** argv) {
     std::printf("per-rank memory, %d ranks, %lld parameters (MLP %lld-%lld-%lld-%lld), AdamW\n", group.size(),
                 (long long)make_model()->num_parameters(), (long long)kWidth, (long long)g_hidden,
                 (long long)g_hidden, (long long)kWidth);
-    std::printf("%-26s %10s %10s %10s %12s %10s %10s %12s\n", "setup", "weights", "opt.state", "grads",
-                "state+grads", "held", "peak", "vs ddp s+g");
+    const double params = double(make_model()->num_parameters());
+    std::printf("%-26s %10s %10s %10s %12s %10s %10s %12s %8s\n", "setup", "weights", "opt.state", "grads",
+                "state+grads", "held", "peak", "vs ddp s+g", "B/param");
     for (const Figures& f : rows)
-      std::printf("%-26s %9.2fM %9.2fM %9.2fM %11.2fM %9.2fM %9.2fM %11.3f\n", f.setup.c_str(), mib(f.weights),
+      std::printf("%-26s %9.2fM %9.2fM %9.2fM %11.2fM %9.2fM %9.2fM %11.3f %8.2f\n", f.setup.c_str(), mib(f.weights),
                   mib(f.state), mib(f.grads), mib(f.state + f.grads), mib(f.held), mib(f.peak),
-                  double(f.state + f.grads) / double(ddp_opt_grad));
+                  double(f.state + f.grads) / double(ddp_opt_grad), double(f.held) / params);
     std::printf("(MiB; held = between steps; peak = during a step, activations included; target for ZeRO-2: "
                 "state+grads <= 1/%d of ddp's + 5%% = %.3f)\n",
                 group.size(), 1.0 / group.size() + 0.05);

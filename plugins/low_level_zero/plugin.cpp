@@ -1,11 +1,12 @@
-// low_level_zero: ZeRO stages 1 and 2 (ColossalAI's LowLevelZeroPlugin) over the process group of the
+// low_level_zero: ZeRO stages 1, 2 and 3 (ColossalAI's LowLevelZeroPlugin, plus DeepSpeed's stage 3) over
+// the process group of the
 // model's device (Note [A group per device]: the default group on the CPU, NCCL on CUDA).
 // The plugin controls precision: the model is trained in `precision` (fp16, bf16 or fp32) with float32
 // master weights and optimizer state sharded across ranks (Note [ZeRO partitions] in
 // README.md), and the Booster's own mixed precision must be the identity ("fp32").
 //
 // Options (ColossalAI's names and defaults):
-//   stage            1 | 2                    (1)
+//   stage            1 | 2 | 3                (1)
 //   precision        "fp16" | "bf16" | "fp32" ("fp16")
 //   initial_scale    fp16 loss scale          (2^32)    min_scale (1)      max_scale (2^32)
 //   growth_factor    (2)   backoff_factor (0.5)   growth_interval (1000)   hysteresis (2)
@@ -35,7 +36,7 @@ struct PluginOptions {
 PluginOptions read_options(const json& options) {
   config::OptionReader r("plugin", "low_level_zero", options);
   PluginOptions o;
-  o.zero.stage = int(r.integer("stage", 1, 1, 2));
+  o.zero.stage = int(r.integer("stage", 1, 1, 3));
   o.precision = r.choice("precision", "fp16", {"fp16", "bf16", "fp32"});
   o.zero.working_dtype = o.precision == "fp16"   ? DType::Float16
                          : o.precision == "bf16" ? DType::BFloat16
@@ -128,6 +129,39 @@ class ZeroPrecision final : public mixed_precision::MixedPrecision {
   json options_;
 };
 
+// ------------------------------------------------------------------------------------------ checkpoints
+
+// The optimizer the plugin's configure() made, shared with its checkpoint IO (which the Booster takes
+// before configure).
+struct OptimizerSlot {
+  std::shared_ptr<ZeroOptimizer> zero;
+};
+
+// Stage 3 (Note [ZeRO-3: parameters by module]): the model's parameters are gathered whole for the
+// default IO's single-process files, and the shards taken from what a load wrote.
+class Zero3CheckpointIO final : public CheckpointIO {
+ public:
+  Zero3CheckpointIO(distributed::ProcessGroup& group, std::shared_ptr<OptimizerSlot> slot)
+      : CheckpointIO(group), slot_(std::move(slot)) {}
+  void save_model(const nn::Module& model, const std::filesystem::path& path, uint64_t max_shard_bytes) const override {
+    with_full(nullptr, [&] { CheckpointIO::save_model(model, path, max_shard_bytes); });
+  }
+  void load_model(nn::Module& model, const std::filesystem::path& path) const override {
+    with_full(&ZeroOptimizer::take_shards_from_parameters, [&] { CheckpointIO::load_model(model, path); });
+  }
+
+ private:
+  void with_full(void (ZeroOptimizer::*after)(), const std::function<void()>& fn) const {
+    ZeroOptimizer* zero = slot_->zero.get();
+    if (!zero) return fn();
+    zero->gather_all();
+    fn();
+    if (after) (zero->*after)();
+    zero->release_all();
+  }
+  std::shared_ptr<OptimizerSlot> slot_;
+};
+
 // ------------------------------------------------------------------------------------------ the plugin
 
 // What DataParallelPlugin does not: the sharded optimizer and the precision it controls. The process
@@ -144,6 +178,18 @@ class LowLevelZeroPlugin final : public DataParallelPlugin {
   std::vector<std::string> supported_precisions() const override { return {"fp32"}; }
   bool control_precision() const override { return true; }
   bool support_no_sync() const override { return options_.zero.stage == 1; }
+  // Stage 3 gathers the parameters for the files; they are a single process's either way.
+  std::shared_ptr<CheckpointIO> checkpoint_io() override {
+    if (options_.zero.stage != 3) return DataParallelPlugin::checkpoint_io();
+    return std::make_shared<Zero3CheckpointIO>(group(), slot_);
+  }
+  void with_full_parameters(const std::function<void()>& fn) override {
+    if (!optimizer_) return fn();
+    optimizer_->gather_all();
+    fn();
+    optimizer_->take_shards_from_parameters();
+    optimizer_->release_all();
+  }
 
   TrainingParts configure(TrainingParts parts) override {
     BOOSTER_CHECK(parts.model != nullptr, ValueError, "low_level_zero: configure needs a model");
@@ -153,7 +199,8 @@ class LowLevelZeroPlugin final : public DataParallelPlugin {
     broadcast_from_rank0(*parts.model);
     const DType dtype = options_.zero.working_dtype;
     if (parts.optimizer) {
-      optimizer_ = std::make_shared<ZeroOptimizer>(*parts.optimizer, *parts.model, pg, options_.zero);
+      optimizer_ = std::make_shared<ZeroOptimizer>(*parts.optimizer, parts.model, pg, options_.zero);
+      slot_->zero = optimizer_;
       // The user's optimizer stays the source of lr & co. for schedulers (the Booster keeps it), but
       // its full-size copies of values and gradients would undo the sharding: give them back.
       parts.optimizer->release_buffers();
@@ -175,8 +222,8 @@ class LowLevelZeroPlugin final : public DataParallelPlugin {
   }
 
   void set_gradient_sync(bool enabled) override {
-    BOOSTER_CHECK(enabled || options_.zero.stage == 1, IncompatibleError,
-                  "low_level_zero: no_sync is not supported with stage 2: gradients are kept only for this "
+    BOOSTER_CHECK(enabled || options_.zero.stage == 1, IncompatibleError, "low_level_zero: no_sync is not "
+                  "supported with stage ", options_.zero.stage, ": gradients are kept only for this "
                   "rank's shard, so there is no full buffer to accumulate a local sum in; use stage 1");
     DataParallelPlugin::set_gradient_sync(enabled);
     if (optimizer_) optimizer_->set_gradient_sync(enabled);
@@ -188,6 +235,7 @@ class LowLevelZeroPlugin final : public DataParallelPlugin {
   // gathers the shards (every rank calls it) and rank 0 writes it into one file.
   PluginOptions options_;
   std::shared_ptr<ZeroOptimizer> optimizer_;
+  std::shared_ptr<OptimizerSlot> slot_ = std::make_shared<OptimizerSlot>();
   bool configured_ = false;
 };
 

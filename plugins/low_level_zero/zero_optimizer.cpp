@@ -2,6 +2,8 @@
 
 #include <cmath>
 #include <cstdint>
+#include <functional>
+#include <map>
 #include <optional>
 #include <set>
 
@@ -64,12 +66,15 @@ using optim::kMasterWeight;
 
 }  // namespace
 
-ZeroOptimizer::ZeroOptimizer(const optim::Optimizer& original, nn::Module& model, distributed::ProcessGroup& group,
+ZeroOptimizer::ZeroOptimizer(const optim::Optimizer& original, const nn::ModulePtr& model_ptr,
+                             distributed::ProcessGroup& group,
                              const ZeroOptions& options)
     : Optimizer(original.name(), original.defaults()),
       group_(group),
       options_(options),
       device_(device_of(original.param_groups())) {
+  BOOSTER_CHECK(model_ptr != nullptr, ValueError, "low_level_zero: the model is null");
+  nn::Module& model = *model_ptr;
   BOOSTER_CHECK(original.param_groups().empty() || device_ == group_.device(), DeviceError,
                 "low_level_zero: the model is on ", device_, " but the process group (", group_.backend(),
                 ") works on ", group_.device(), "; take the group of the model's device (process_group_for)");
@@ -79,21 +84,23 @@ ZeroOptimizer::ZeroOptimizer(const optim::Optimizer& original, nn::Module& model
 
   size_t index = 0;
   for (const optim::ParamGroup& g : original.param_groups()) {
-    Partition p;
-    p.params = g.params;
-    p.first_index = index;
-    index += g.params.size();
-    p.offsets.assign(1, 0);
+    std::vector<size_t> ids;
     for (const Tensor& t : g.params) {
       BOOSTER_CHECK(t.dtype() == DType::Float32, DTypeError, "low_level_zero: parameter '", t.name(), "' is ",
                     t.dtype(), "; build the optimizer over the float32 model (the plugin converts it to ", dtype,
                     " itself)");
-      p.offsets.push_back(p.offsets.back() + t.numel());
+      ids.push_back(index++);
     }
+    group_params_.push_back(std::move(ids));
+  }
+  if (options_.stage == 3) partition_by_module(original, model_ptr);
+  else partition_by_group(original);
+  for (Partition& p : parts_) {
+    p.offsets.assign(1, 0);
+    for (const Tensor& t : p.params) p.offsets.push_back(p.offsets.back() + t.numel());
     p.numel = p.offsets.back();
     p.padded = (p.numel + world - 1) / world * world;
     p.shard = p.padded / world;
-    parts_.push_back(std::move(p));
   }
 
   // 16-bit training: float32 masters of this rank's shard, taken before the model loses precision.
@@ -127,18 +134,25 @@ ZeroOptimizer::ZeroOptimizer(const optim::Optimizer& original, nn::Module& model
       if (options_.stage == 1 && t.requires_grad())
         t.set_grad(make_view(p.flat_grads, t.shape(), strides, p.offsets[j]));
     }
-    // Float32 training: the master is this rank's slice of the model's own buffer.
-    if (dtype == DType::Float32) p.master = span(p.flat_params, shard_offset(g), p.shard);
+    if (options_.stage == 3) {
+      // Note [ZeRO-3: parameters by module]: at rest a rank holds its shard only.
+      p.shard_params = Tensor::empty({p.shard}, dtype, device_);
+      p.shard_params.copy_(shard_of(p.flat_params, p));
+      if (dtype == DType::Float32) p.master = p.shard_params;
+      p.flat_params.storage()->release();
+    } else if (dtype == DType::Float32) {
+      // Float32 training: the master is this rank's slice of the model's own buffer.
+      p.master = span(p.flat_params, shard_offset(g), p.shard);
+    }
     p.master.requires_grad_(true);
     p.master.set_grad(zeroed(p.shard, DType::Float32, device_));
   }
 
-  // The inner optimizer binds the masters and their gradients where they are (nothing is copied).
+  // The inner optimizer binds the masters and their gradients where they are (nothing is copied):
+  // one parameter per partition, with its group's options.
   std::vector<optim::ParamGroup> master_groups, model_groups;
-  for (size_t g = 0; g < parts_.size(); ++g) {
-    master_groups.push_back({{parts_[g].master}, original.param_groups()[g].options});
-    model_groups.push_back({parts_[g].params, original.param_groups()[g].options});
-  }
+  for (const Partition& p : parts_) master_groups.push_back({{p.master}, original.param_groups()[p.group].options});
+  for (const optim::ParamGroup& g : original.param_groups()) model_groups.push_back({g.params, g.options});
   inner_ = mixed_precision::rebuild_optimizer(original, std::move(master_groups));
   if (options_.stage == 1) {
     // The base binds the model's parameters and the P-element gradient buffer (reused, not copied),
@@ -154,6 +168,33 @@ ZeroOptimizer::ZeroOptimizer(const optim::Optimizer& original, nn::Module& model
     }
   }
   if (dtype == DType::Float16) scaler_.emplace(options_.scaler);
+
+  if (options_.stage == 3) {
+    self_ = std::make_shared<ZeroOptimizer*>(this);
+    for (size_t u = 0; u < units_.size(); ++u) {
+      std::weak_ptr<ZeroOptimizer*> self = self_;
+      Unit& unit = units_[u];
+      unit.pre_hook = unit.module->register_forward_pre_hook([self, u](nn::Module&, const Tensor&) {
+        if (auto alive = self.lock()) (*alive)->unit_forward_begin(u);
+      });
+      unit.post_hook = unit.module->register_forward_hook([self, u](nn::Module&, const Tensor&, const Tensor& out) {
+        auto alive = self.lock();
+        return alive ? (*alive)->unit_forward_end(u, out) : Tensor();
+      });
+    }
+    for (size_t k = 0; k < parts_.size(); ++k) {
+      Partition& p = parts_[k];
+      p.hook_index.assign(p.params.size(), SIZE_MAX);
+      for (size_t j = 0; j < p.params.size(); ++j) {
+        if (!p.params[j].requires_grad()) continue;
+        std::weak_ptr<ZeroOptimizer*> self = self_;
+        p.params[j].register_grad_ready_hook([self, k](Tensor&) {
+          if (auto alive = self.lock()) (*alive)->on_grad_ready_stage3(k);
+        });
+        p.hook_index[j] = p.params[j].impl()->grad_ready_hooks.size() - 1;
+      }
+    }
+  }
 
   if (bucketed()) {
     self_ = std::make_shared<ZeroOptimizer*>(this);
@@ -190,11 +231,68 @@ ZeroOptimizer::ZeroOptimizer(const optim::Optimizer& original, nn::Module& model
 // library (Note [Plugin lifetime]), so they leave with the optimizer. Nothing else removes hooks, so
 // ours are still where we put them.
 ZeroOptimizer::~ZeroOptimizer() {
+  for (Unit& unit : units_) {
+    if (const nn::ModulePtr alive = unit.owner.lock()) {
+      alive->remove_forward_hook(unit.pre_hook);
+      alive->remove_forward_hook(unit.post_hook);
+    }
+  }
   for (Partition& p : parts_)
     for (size_t j = 0; j < p.hook_index.size(); ++j) {
       std::vector<GradReadyHook>& hooks = p.params[j].impl()->grad_ready_hooks;
       if (p.hook_index[j] < hooks.size()) hooks.erase(hooks.begin() + std::ptrdiff_t(p.hook_index[j]));
     }
+}
+
+void ZeroOptimizer::partition_by_group(const optim::Optimizer& original) {
+  for (size_t g = 0; g < original.param_groups().size(); ++g) {
+    Partition p;
+    p.params = original.param_groups()[g].params;
+    p.group = g;
+    p.index = group_params_[g];
+    parts_.push_back(std::move(p));
+  }
+}
+
+// Note [ZeRO-3: parameters by module]: a partition per module (pre-order, which is the order most
+// models run them) and per group, of the module's own parameters.
+void ZeroOptimizer::partition_by_module(const optim::Optimizer& original, const nn::ModulePtr& model) {
+  std::map<const TensorImpl*, std::pair<size_t, size_t>> where;  // parameter -> (group, global index)
+  for (size_t g = 0; g < original.param_groups().size(); ++g)
+    for (size_t j = 0; j < original.param_groups()[g].params.size(); ++j)
+      where[original.param_groups()[g].params[j].impl()] = {g, group_params_[g][j]};
+  size_t found = 0;
+  std::function<void(const nn::ModulePtr&)> visit = [&](const nn::ModulePtr& owner) {
+    nn::Module& m = *owner;
+    std::map<size_t, Partition> by_group;
+    for (const auto& [name, t] : m.named_parameters(/*recurse=*/false)) {
+      auto it = where.find(t.impl());
+      if (it == where.end()) continue;  // not trained: stays whole on every rank
+      Partition& p = by_group[it->second.first];
+      p.group = it->second.first;
+      p.params.push_back(t);
+      p.index.push_back(it->second.second);
+      where.erase(it);
+      ++found;
+    }
+    if (!by_group.empty()) {
+      Unit unit;
+      unit.module = &m;
+      unit.owner = owner;
+      for (auto& [g, p] : by_group) {
+        unit.parts.push_back(parts_.size());
+        parts_.push_back(std::move(p));
+      }
+      units_.push_back(std::move(unit));
+    }
+    for (const nn::ModulePtr& child : m.children()) visit(child);
+  };
+  visit(model);
+  BOOSTER_CHECK(where.empty(), ValueError, "low_level_zero: stage 3 shards parameters by the module that owns them, "
+                "but the optimizer has ", where.size(), " parameter(s) that are not the model's (the first is '",
+                where.begin()->first ? where.begin()->first->name : std::string("?"),
+                "'); build the optimizer over model->parameters()");
+  (void)found;
 }
 
 Tensor ZeroOptimizer::shard_of(const Tensor& flat, const Partition& p) const {
@@ -204,6 +302,19 @@ Tensor ZeroOptimizer::shard_of(const Tensor& flat, const Partition& p) const {
 // ------------------------------------------------------------------------------------------ backward
 
 void ZeroOptimizer::prepare_backward() {
+  if (options_.stage == 3) {
+    for (Partition& p : parts_) {
+      p.waiting = 0;
+      for (const Tensor& t : p.params) {
+        t.set_grad(Tensor());  // autograd allocates each as it comes; the hook takes it
+        p.waiting += t.requires_grad();
+      }
+      p.reduced = false;
+    }
+    backward_found_ = false;
+    in_backward_ = true;
+    return;
+  }
   if (options_.stage != 2) return;
   if (bucketed()) {
     for (Partition& p : parts_) {
@@ -248,7 +359,15 @@ void ZeroOptimizer::reduce_pending() {
   // stage 2 makes it per backward), so a second reduction before step() adds into the shard.
   const bool accumulate = have_grads_;
   bool found = false;
+  if (options_.stage == 3) {
+    // Partitions whose gradients did not all arrive (unused parameters) are reduced now, in order.
+    for (size_t k = 0; k < parts_.size(); ++k)
+      if (!parts_[k].reduced) reduce_unit_partition(k);
+    found = backward_found_;
+    release_all();
+  }
   for (Partition& p : parts_) {
+    if (options_.stage == 3) break;
     if (bucketed()) {
       found |= reduce_buckets(p, accumulate);
       continue;
@@ -360,11 +479,113 @@ bool ZeroOptimizer::reduce_buckets(Partition& p, bool accumulate) {
 }
 
 void ZeroOptimizer::set_gradient_sync(bool enabled) {
-  BOOSTER_CHECK(enabled || options_.stage == 1, IncompatibleError,
-                "low_level_zero: stage 2 cannot turn gradient synchronisation off (no_sync): it keeps "
+  BOOSTER_CHECK(enabled || options_.stage == 1, IncompatibleError, "low_level_zero: stage ", options_.stage,
+                " cannot turn gradient synchronisation off (no_sync): it keeps "
                 "gradients only for this rank's shard, so there is no full buffer to accumulate a local sum "
                 "in; use stage 1 for no_sync, or run synced backwards (each adds into the shard)");
   sync_enabled_ = enabled;
+}
+
+// ------------------------------------------------------------------------------------------- stage 3
+
+// Note [ZeRO-3: parameters by module]
+void ZeroOptimizer::gather(size_t k, bool async) {
+  Partition& p = parts_[k];
+  if (p.gathered) {
+    if (!async && p.gather_work) {
+      p.gather_work->wait();
+      p.gather_work = nullptr;
+    }
+    return;
+  }
+  p.flat_params.storage()->materialize();
+  if (async) p.gather_work = group_.all_gather_async(p.flat_params, p.shard_params);
+  else group_.all_gather(p.flat_params, p.shard_params);
+  p.gathered = true;
+  for (const Tensor& t : p.params) t.bump_version();
+}
+
+void ZeroOptimizer::release(size_t k) {
+  Partition& p = parts_[k];
+  if (!p.gathered) return;
+  if (p.gather_work) {
+    p.gather_work->wait();
+    p.gather_work = nullptr;
+  }
+  p.flat_params.storage()->release();
+  p.gathered = false;
+}
+
+void ZeroOptimizer::gather_all() {
+  if (options_.stage != 3) return;
+  for (size_t k = 0; k < parts_.size(); ++k) gather(k, /*async=*/true);
+  for (size_t k = 0; k < parts_.size(); ++k) gather(k, /*async=*/false);
+}
+
+void ZeroOptimizer::release_all() {
+  if (options_.stage != 3) return;
+  for (size_t k = 0; k < parts_.size(); ++k) release(k);
+}
+
+void ZeroOptimizer::take_shards_from_parameters() {
+  if (options_.stage != 3) return;
+  NoGradGuard no_grad;
+  for (Partition& p : parts_) {
+    BOOSTER_CHECK(p.gathered, StateError, "low_level_zero: take_shards_from_parameters needs gathered parameters");
+    p.shard_params.copy_(shard_of(p.flat_params, p));
+    if (options_.working_dtype != DType::Float32) p.master.copy_(p.shard_params);
+  }
+}
+
+void ZeroOptimizer::unit_forward_begin(size_t u) {
+  const Unit& unit = units_[u];
+  for (size_t k : unit.parts) gather(k, /*async=*/false);
+  // The next module's parameters travel while this one computes.
+  if (unit.parts.back() + 1 < parts_.size()) gather(unit.parts.back() + 1, /*async=*/true);
+}
+
+Tensor ZeroOptimizer::unit_forward_end(size_t u, const Tensor& out) {
+  for (size_t k : units_[u].parts) release(k);
+  if (!autograd::grad_mode_enabled() || !out.defined() || !out.requires_grad()) return Tensor();
+  // Its backward needs the parameters again: an identity node on the output gathers them first.
+  Tensor watched = out.detach();
+  std::weak_ptr<ZeroOptimizer*> self = self_;
+  autograd::record(watched, "ZeroGatherBackward", {out}, [self, u](const Tensor& g) {
+    if (auto alive = self.lock()) (*alive)->unit_backward_begin(u);
+    return autograd::grads{g};
+  });
+  return watched;
+}
+
+void ZeroOptimizer::unit_backward_begin(size_t u) {
+  const Unit& unit = units_[u];
+  for (size_t k : unit.parts) gather(k, /*async=*/false);
+  // Backward runs the modules in reverse: the previous one's parameters are needed next.
+  if (unit.parts.front() > 0 && !parts_[unit.parts.front() - 1].reduced) gather(unit.parts.front() - 1, /*async=*/true);
+}
+
+void ZeroOptimizer::on_grad_ready_stage3(size_t k) {
+  if (!in_backward_) return;  // a backward not driven through the strategy
+  Partition& p = parts_[k];
+  if (p.reduced || --p.waiting > 0) return;
+  reduce_unit_partition(k);
+}
+
+// The module's gradients, whole on every rank, are reduce-scattered into the shards at once and its
+// parameters released: between its backward and the step a rank holds gradient shards only.
+void ZeroOptimizer::reduce_unit_partition(size_t k) {
+  Partition& p = parts_[k];
+  p.flat_grads = zeroed(p.padded, options_.working_dtype, device_);
+  for (size_t j = 0; j < p.params.size(); ++j) {
+    const Tensor& t = p.params[j];
+    if (!t.grad().defined()) continue;
+    span(p.flat_grads, p.offsets[j], t.numel()).copy_(t.grad().reshape({-1}));
+    t.set_grad(Tensor());
+  }
+  backward_found_ |= reduce_partition(p, /*accumulate=*/have_grads_);
+  p.flat_grads = Tensor();
+  p.reduced = true;
+  release(k);
 }
 
 // ---------------------------------------------------------------------------------------------- step
@@ -406,7 +627,7 @@ double ZeroOptimizer::clip_grad_norm(double max_norm) {
 }
 
 void ZeroOptimizer::forward_options() const {
-  for (size_t g = 0; g < groups_.size(); ++g) inner_->param_groups()[g].options = groups_[g].options;
+  for (size_t k = 0; k < parts_.size(); ++k) inner_->param_groups()[k].options = groups_[parts_[k].group].options;
 }
 
 void ZeroOptimizer::step() {
@@ -423,6 +644,11 @@ void ZeroOptimizer::step() {
     forward_options();
     inner_->step();
     for (Partition& p : parts_) {
+      if (options_.stage == 3) {
+        // The shard is the parameters at rest; the next forward gathers it.
+        if (options_.working_dtype != DType::Float32) p.shard_params.copy_(p.master);
+        continue;
+      }
       Tensor mine = shard_of(p.flat_params, p);
       if (options_.working_dtype != DType::Float32) mine.copy_(p.master);  // round to the working dtype
       group_.all_gather(p.flat_params, mine);
@@ -464,42 +690,40 @@ void ZeroOptimizer::load_scaler_state(const json& state) {
 
 optim::OptimizerState ZeroOptimizer::state_dict() const {
   forward_options();
-  const optim::OptimizerState shards = inner_->state_dict();  // this rank's shards, keyed by group
+  const optim::OptimizerState shards = inner_->state_dict();  // this rank's shards, keyed by partition
   optim::OptimizerState out;
   out.meta["type"] = inner_->name();
   out.meta["state"] = json::object();
   json groups = json::array();
+  for (size_t g = 0; g < groups_.size(); ++g) {
+    json o = groups_[g].options;
+    o["params"] = group_params_[g];
+    groups.push_back(o);
+  }
 
-  // Gathers one shard-sized float32 tensor of every rank into the full buffer and splits it into
+  // Gathers one shard-sized tensor of every rank into the full buffer and splits it into
   // per-parameter tensors named state.<i>.<name>.
   auto gather = [&](const Partition& p, const Tensor& shard, const std::string& name) {
     Tensor full = Tensor::empty({p.padded}, shard.dtype(), device_);
     group_.all_gather(full, shard);
     for (size_t j = 0; j < p.params.size(); ++j) {
       const Shape& shape = p.params[j].shape();
-      out.tensors["state." + std::to_string(p.first_index + j) + "." + name] =
+      out.tensors["state." + std::to_string(p.index[j]) + "." + name] =
           make_view(full, shape, contiguous_strides(shape), p.offsets[j]);
     }
   };
 
-  for (size_t g = 0; g < parts_.size(); ++g) {
-    const Partition& p = parts_[g];
-    json o = groups_[g].options;
-    json ids = json::array();
-    for (size_t j = 0; j < p.params.size(); ++j) ids.push_back(p.first_index + j);
-    o["params"] = ids;
-    groups.push_back(o);
-
-    const std::string key = std::to_string(g);
-    const json& state = shards.meta.at("state");
+  const json& state = shards.meta.at("state");
+  for (size_t k = 0; k < parts_.size(); ++k) {
+    const Partition& p = parts_[k];
+    const std::string key = std::to_string(k);
     const int64_t step = state.contains(key) ? state.at(key).value("step", int64_t(0)) : 0;
     if (step > 0) {
-      for (size_t j = 0; j < p.params.size(); ++j)
-        out.meta["state"][std::to_string(p.first_index + j)] = {{"step", step}};
+      for (size_t i : p.index) out.meta["state"][std::to_string(i)] = {{"step", step}};
       // The map is sorted, so every rank gathers the same names in the same order.
       const std::string prefix = "state." + key + ".";
-      for (const auto& [k, t] : shards.tensors)
-        if (k.rfind(prefix, 0) == 0) gather(p, t.contiguous(), k.substr(prefix.size()));
+      for (const auto& [name, t] : shards.tensors)
+        if (name.rfind(prefix, 0) == 0) gather(p, t.contiguous(), name.substr(prefix.size()));
     }
     if (options_.working_dtype != DType::Float32) gather(p, p.master, kMasterWeight);
   }
@@ -519,8 +743,14 @@ void ZeroOptimizer::load_state_dict(const optim::OptimizerState& state) {
     BOOSTER_CHECK(meta.at("type") == type, CheckpointError, "low_level_zero: optimizer state was saved by ",
                   meta.at("type").dump(), ", not ", type);
   const json& saved_groups = meta.at("param_groups");
-  BOOSTER_CHECK(saved_groups.size() == parts_.size(), CheckpointError, "low_level_zero: optimizer state has ",
-                saved_groups.size(), " parameter groups, this optimizer ", parts_.size());
+  BOOSTER_CHECK(saved_groups.size() == groups_.size(), CheckpointError, "low_level_zero: optimizer state has ",
+                saved_groups.size(), " parameter groups, this optimizer ", groups_.size());
+  for (size_t g = 0; g < groups_.size(); ++g) {
+    const json& sg = saved_groups[g];
+    BOOSTER_CHECK(sg.is_object() && sg.contains("params") && sg.at("params").size() == group_params_[g].size(),
+                  CheckpointError, "low_level_zero: parameter group ", g, " of the optimizer state does not have ",
+                  group_params_[g].size(), " parameters");
+  }
   const json empty = json::object();
   const json& saved_state = meta.contains("state") ? meta.at("state") : empty;
 
@@ -540,70 +770,79 @@ void ZeroOptimizer::load_state_dict(const optim::OptimizerState& state) {
   json inner_groups = json::array();
   NoGradGuard no_grad;
   std::vector<Tensor> master_shards(parts_.size());
-  for (size_t g = 0; g < parts_.size(); ++g) {
-    Partition& p = parts_[g];
-    const json& sg = saved_groups[g];
-    BOOSTER_CHECK(sg.is_object() && sg.contains("params") && sg.at("params").size() == p.params.size(),
-                  CheckpointError, "low_level_zero: parameter group ", g, " of the optimizer state does not have ",
-                  p.params.size(), " parameters");
-    json o = sg;
-    o["params"] = json::array({g});
+  for (size_t k = 0; k < parts_.size(); ++k) {
+    Partition& p = parts_[k];
+    json o = saved_groups[p.group];
+    o["params"] = json::array({k});
     inner_groups.push_back(o);
 
-    // ZeRO steps a group as one shard: every parameter must have taken the same number of steps.
+    // ZeRO steps a partition as one shard: its parameters must have taken the same number of steps.
     int64_t step = -1;
-    for (size_t j = 0; j < p.params.size(); ++j) {
-      const std::string key = std::to_string(p.first_index + j);
+    for (size_t i : p.index) {
+      const std::string key = std::to_string(i);
       const int64_t s = saved_state.contains(key) ? saved_state.at(key).value("step", int64_t(0)) : 0;
-      BOOSTER_CHECK(step < 0 || s == step, CheckpointError, "low_level_zero: parameters of group ", g,
+      BOOSTER_CHECK(step < 0 || s == step, CheckpointError, "low_level_zero: parameters of group ", p.group,
                     " took different numbers of steps (", step, " and ", s, " for parameter ", key,
-                    "); ZeRO steps all parameters of a group together");
+                    "); ZeRO steps the parameters of a shard together");
       step = s;
     }
-    if (step > 0) inner_state.meta["state"][std::to_string(g)] = {{"step", step}};
+    if (step > 0) inner_state.meta["state"][std::to_string(k)] = {{"step", step}};
 
-    // Every parameter of the group must carry the same state names (checked below).
+    // Every parameter of the partition must carry the same state names (checked below).
     std::set<std::string> names;
-    for (size_t j = 0; j < p.params.size(); ++j) names.merge(std::set<std::string>(names_of[p.first_index + j]));
-    const int64_t begin = shard_offset(g);
+    for (size_t i : p.index) names.merge(std::set<std::string>(names_of[i]));
+    const int64_t begin = shard_offset(k);
     for (const std::string& name : names) {
       Tensor shard = zeroed(p.shard, DType::Float32, device_);
       for (size_t j = 0; j < p.params.size(); ++j) {
-        const std::string key = "state." + std::to_string(p.first_index + j) + "." + name;
+        const std::string key = "state." + std::to_string(p.index[j]) + "." + name;
         auto it = state.tensors.find(key);
         BOOSTER_CHECK(it != state.tensors.end(), CheckpointError, "low_level_zero: optimizer state has no '", key,
-                      "' although other parameters of group ", g, " have '", name,
-                      "'; ZeRO keeps one state per group, so every parameter needs it");
+                      "' although other parameters of group ", p.group, " have '", name,
+                      "'; ZeRO keeps one state per shard, so every parameter needs it");
         BOOSTER_CHECK(it->second.numel() == p.params[j].numel(), CheckpointError, "low_level_zero: '", key,
                       "' has shape ", it->second.shape(), " but the parameter has shape ", p.params[j].shape());
       }
       for_each_piece(p.offsets, begin, begin + p.shard, [&](size_t j, int64_t lo, int64_t hi) {
-        const Tensor src = state.tensors.at("state." + std::to_string(p.first_index + j) + "." + name).contiguous();
+        const Tensor src = state.tensors.at("state." + std::to_string(p.index[j]) + "." + name).contiguous();
         span(shard, lo - begin, hi - lo).copy_(span(src, lo - p.offsets[j], hi - lo));
       });
       if (name == kMasterWeight) {
-        master_shards[g] = shard;
+        master_shards[k] = shard;
       } else {
-        inner_state.tensors["state." + std::to_string(g) + "." + name] = shard;
+        inner_state.tensors["state." + std::to_string(k) + "." + name] = shard;
       }
     }
   }
   inner_state.meta["param_groups"] = inner_groups;
   inner_->load_state_dict(inner_state);  // validates names and options; nothing changes on error
 
-  for (size_t g = 0; g < parts_.size(); ++g) {
-    Partition& p = parts_[g];
-    groups_[g].options = inner_->param_groups()[g].options;
-    if (master_shards[g].defined()) {
+  for (size_t k = 0; k < parts_.size(); ++k) groups_[parts_[k].group].options = inner_->param_groups()[k].options;
+  const bool sixteen_bit = options_.working_dtype != DType::Float32;
+  for (size_t k = 0; k < parts_.size(); ++k) {
+    Partition& p = parts_[k];
+    if (options_.stage == 3) {
+      // The shards are the parameters: the saved masters round into them; without masters (a
+      // float32 or unsharded checkpoint) the masters come from the shards the model loaded into.
+      if (!sixteen_bit) continue;
+      if (master_shards[k].defined()) {
+        p.master.copy_(master_shards[k]);
+        p.shard_params.copy_(p.master);
+      } else {
+        p.master.copy_(p.shard_params);
+      }
+      continue;
+    }
+    if (master_shards[k].defined()) {
       // The true weights: every rank reads all of them, so the model is set without communication.
       for (size_t j = 0; j < p.params.size(); ++j) {
         Tensor t = p.params[j];
-        t.copy_(state.tensors.at("state." + std::to_string(p.first_index + j) + "." + kMasterWeight).reshape(t.shape()));
+        t.copy_(state.tensors.at("state." + std::to_string(p.index[j]) + "." + kMasterWeight).reshape(t.shape()));
       }
     }
-    if (options_.working_dtype != DType::Float32) {
+    if (sixteen_bit) {
       // Without saved masters (a float32 or unsharded checkpoint) they come from the model.
-      if (master_shards[g].defined()) p.master.copy_(master_shards[g]);
+      if (master_shards[k].defined()) p.master.copy_(master_shards[k]);
       else p.master.copy_(shard_of(p.flat_params, p));
     }
     for (const Tensor& t : p.params) t.bump_version();

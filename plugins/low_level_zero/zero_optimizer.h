@@ -1,8 +1,9 @@
-// ZeroOptimizer: ZeRO stages 1 and 2 over flat buffers. Float32 master weights, their gradients and the
-// optimizer state exist only for this rank's shard of each parameter group's flat buffer.
+// ZeroOptimizer: ZeRO stages 1, 2 and 3 over flat buffers. Float32 master weights, their gradients and
+// the optimizer state exist only for this rank's shard of each flat buffer (one per parameter group;
+// stage 3: one per module and group, whose parameters exist whole only while the module runs).
 //
 // How parameters, gradients and optimizer state are partitioned and reduced is Note [ZeRO
-// partitions] in this folder's README.md.
+// partitions] and Note [ZeRO-3: parameters by module] in this folder's README.md.
 #pragma once
 
 #include <memory>
@@ -18,7 +19,7 @@
 namespace booster::zero {
 
 struct ZeroOptions {
-  int stage = 1;                                      // 1 or 2
+  int stage = 1;                                      // 1, 2 or 3
   DType working_dtype = DType::Float16;               // the model's dtype after configure
   mixed_precision::DynamicGradScalerOptions scaler;   // float16 only
   double max_norm = 0.0;                              // clip in step(); 0: no clipping
@@ -37,7 +38,7 @@ class ZeroOptimizer final : public optim::Optimizer {
   // `original` was built over `model`'s float32 parameters: its type (SGD, Adam, AdamW), groups and
   // options are taken. The parameters must already be equal on every rank. Converts the model to the
   // working dtype and binds its parameters into padded flat buffers (Note [ZeRO partitions]).
-  ZeroOptimizer(const optim::Optimizer& original, nn::Module& model, distributed::ProcessGroup& group,
+  ZeroOptimizer(const optim::Optimizer& original, const nn::ModulePtr& model, distributed::ProcessGroup& group,
                 const ZeroOptions& options);
   ~ZeroOptimizer() override;
 
@@ -61,6 +62,15 @@ class ZeroOptimizer final : public optim::Optimizer {
   nlohmann::json scaler_state() const;
   void load_scaler_state(const nlohmann::json& state);
 
+  // ------------------------------------------------------------ stage 3 (Note [ZeRO-3: parameters by module])
+  // Collective. gather_all(): every module's parameters whole; release_all(): back to the shards only.
+  // take_shards_from_parameters(): after code wrote whole parameters (gathered), each rank keeps its
+  // shard of them (and, for 16-bit training, masters rounded up from them until a checkpoint's masters
+  // replace them). No-ops below stage 3.
+  void gather_all();
+  void release_all();
+  void take_shards_from_parameters();
+
   // ------------------------------------------------------------ checkpoints (see the Note)
   optim::OptimizerState state_dict() const override;
   void load_state_dict(const optim::OptimizerState& state) override;
@@ -81,15 +91,23 @@ class ZeroOptimizer final : public optim::Optimizer {
   std::vector<std::string> state_names(const nlohmann::json&) const override { return {}; }
 
  private:
-  // One parameter group's flat layout (Note [ZeRO partitions]).
+  // One flat layout (Note [ZeRO partitions]): a parameter group's parameters, or for stage 3 those of
+  // one module in one group.
   struct Partition {
     std::vector<Tensor> params;    // the model's parameters, working dtype, views of flat_params
     std::vector<int64_t> offsets;  // start of each parameter; offsets.back() == numel
     int64_t numel = 0, padded = 0, shard = 0;
-    size_t first_index = 0;        // global index of params[0] (torch's numbering across groups)
-    Tensor flat_params;            // `padded` elements, working dtype
+    size_t group = 0;              // the optimizer's parameter group
+    std::vector<size_t> index;     // global index of each parameter (torch's numbering across groups)
+    Tensor flat_params;            // `padded` elements, working dtype (stage 3: released at rest)
     Tensor flat_grads;             // `padded` elements, working dtype (stage 2: only during backward)
     Tensor master;                 // `shard` float32 elements: the inner optimizer's parameter
+    // Stage 3.
+    Tensor shard_params;           // this rank's `shard` elements, working dtype: the parameters at rest
+    bool gathered = false;         // flat_params holds the whole parameters (or is being gathered)
+    distributed::WorkPtr gather_work;
+    int64_t waiting = 0;           // parameters whose gradient has not arrived in this backward
+    bool reduced = false;          // its gradients were reduced in this backward
     // Stage 2 with overlap: buckets of adjacent parameters, last parameters first.
     struct Bucket {
       int64_t begin = 0, end = 0;  // elements of the flat buffer
@@ -104,6 +122,26 @@ class ZeroOptimizer final : public optim::Optimizer {
   };
 
   Tensor shard_of(const Tensor& flat, const Partition& p) const;
+  // Construction: the partitions of stages 1 and 2 (one per group) or of stage 3 (per module and group).
+  void partition_by_group(const optim::Optimizer& original);
+  void partition_by_module(const optim::Optimizer& original, const nn::ModulePtr& model);
+  // Stage 3 (Note [ZeRO-3: parameters by module]).
+  struct Unit {
+    nn::Module* module = nullptr;
+    std::weak_ptr<nn::Module> owner;  // the module may go first (the optimizer then leaves it alone)
+    std::vector<size_t> parts;  // its partitions, ascending
+    int64_t pre_hook = 0, post_hook = 0;
+  };
+  void gather(size_t k, bool async);
+  void release(size_t k);
+  void unit_forward_begin(size_t u);
+  Tensor unit_forward_end(size_t u, const Tensor& out);
+  void unit_backward_begin(size_t u);
+  void on_grad_ready_stage3(size_t k);
+  void reduce_unit_partition(size_t k);
+  std::vector<Unit> units_;
+  std::vector<std::vector<size_t>> group_params_;  // global indices of each group's parameters
+  bool backward_found_ = false;
   // Reduce-scatters partition p's gradient buffer into master.grad(), unscaling; returns local inf/NaN.
   bool reduce_partition(Partition& p, bool accumulate);
   void reduce_pending();

@@ -46,10 +46,10 @@ struct Setup {
 Setup fp32() { return {"fp32", BoosterConfig{}, "model"}; }
 Setup torch_fp16() { return {"fp16", BoosterConfig{.mixed_precision = "fp16"}, "model"}; }
 Setup naive() { return {"fp16_naive", BoosterConfig{.mixed_precision = "fp16_naive"}, "precision", DType::Float16}; }
-Setup zero(const std::string& precision, DType dtype) {
+Setup zero(const std::string& precision, DType dtype, int stage = 2) {
   BoosterConfig c;
   c.plugin = "low_level_zero";
-  c.plugin_options = {{"precision", precision}, {"stage", 2}, {"initial_scale", 65536}};
+  c.plugin_options = {{"precision", precision}, {"stage", stage}, {"initial_scale", 65536}};
   return {"low_level_zero (" + precision + ")", c, "optimizer", dtype};
 }
 
@@ -124,6 +124,9 @@ TEST_CASE("hand-over: the float32 weights and moments of one precision are exact
       {zero("bf16", DType::BFloat16), naive()},
       {zero("fp16", DType::Float16), zero("bf16", DType::BFloat16)},
       {zero("fp16", DType::Float16), torch_fp16()},
+      // Stage 3 keeps the parameters sharded: they are gathered for the hand-over and sharded again.
+      {naive(), zero("bf16", DType::BFloat16, 3)},
+      {zero("fp16", DType::Float16, 3), fp32()},
   };
   int n = 0;
   for (const auto& [from, to] : changes) {

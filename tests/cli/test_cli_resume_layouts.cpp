@@ -2,7 +2,7 @@
 // does it: a single-process checkpoint resumed under ddp on 2 processes with half the per-rank batch,
 // and a ddp checkpoint resumed by one process, each continue the uninterrupted run: the same samples
 // make every step, so the parameters after the last step agree to float32 reordering (1e-5 relative);
-// the resume says so in one line; low_level_zero (stages 1 and 2, 2 and 4 ranks) joins them both ways.
+// the resume says so in one line; low_level_zero (stages 1, 2 and 3, 2 and 4 ranks) joins them both ways.
 // Another global batch is refused naming it. A checkpoint of one strategy resumes under another
 // (Note [Resuming under another precision]: fp16 -> bf16, fp16_naive -> fp16, ZeRO fp16 -> fp16, ...)
 // and training goes on (the test loss keeps falling); a 16-bit model without masters (apex O3) is
@@ -130,7 +130,8 @@ TEST_CASE("a single-process checkpoint resumes under ddp on 2 processes and back
   CHECK(r.err.find("data.global_batch_size 32 but this run has 64") != std::string::npos);
 }
 
-TEST_CASE("a low_level_zero checkpoint resumes under single, ddp and ZeRO on 4 ranks, on the same trajectory",
+TEST_CASE("a low_level_zero checkpoint resumes under single, ddp and ZeRO-1/2/3 on 2 and 4 ranks, on the same "
+          "trajectory",
           "[cli][checkpoint][mpi]") {
   if (!have_mpirun()) {
     skip_test("no mpirun (apt-get install openmpi-bin)");
@@ -161,6 +162,11 @@ TEST_CASE("a low_level_zero checkpoint resumes under single, ddp and ZeRO on 4 r
        "resumed on 4 processes (low_level_zero stage 1) from a checkpoint of 2 (low_level_zero stage 2)"},
       {2, zero_fp32 + "--set plugin.stage=2 --set data.batch_size=16 ", from_single,
        "resumed on 2 processes (low_level_zero stage 2) from a checkpoint of 1 (single)"},
+      // Stage 3 shards the parameters too; its checkpoints are the same files.
+      {4, zero_fp32 + "--set plugin.stage=3 --set data.batch_size=8 ", from_zero2,
+       "resumed on 4 processes (low_level_zero stage 3) from a checkpoint of 2 (low_level_zero stage 2)"},
+      {2, zero_fp32 + "--set plugin.stage=3 --set data.batch_size=16 ", from_single,
+       "resumed on 2 processes (low_level_zero stage 3) from a checkpoint of 1 (single)"},
   };
   for (size_t i = 0; i < resumes.size(); ++i) {
     const Resume& resume = resumes[i];
@@ -172,6 +178,20 @@ TEST_CASE("a low_level_zero checkpoint resumes under single, ddp and ZeRO on 4 r
     CHECK(r.err.find("booster: " + resume.line + ": the same samples make each step") != std::string::npos);
     CHECK(max_relative_difference(end, out / "step-00000006") < 1e-5);
   }
+
+  // And a stage-3 checkpoint resumes under one process.
+  const std::string zero3 = (dir / "zero3").string();
+  r = train(2, zero_fp32 + "--set plugin.stage=3 --set data.batch_size=16 --set train.checkpoint_dir=" + zero3);
+  INFO(r.err);
+  REQUIRE(r.exit_code == 0);
+  CHECK(max_relative_difference(end, fs::path(zero3) / "step-00000006") < 1e-5);
+  const fs::path from_zero3 = dir / "from_zero3";
+  r = train(1, "--set train.checkpoint_dir=" + from_zero3.string() + " --resume " + zero3 + "/step-00000003");
+  INFO(r.err);
+  REQUIRE(r.exit_code == 0);
+  CHECK(r.err.find("booster: resumed on 1 process (single) from a checkpoint of 2 (low_level_zero stage 3)") !=
+        std::string::npos);
+  CHECK(max_relative_difference(end, from_zero3 / "step-00000006") < 1e-5);
 
   // A checkpoint of the version before (no precision label, plugin options, portable_layout or
   // param_names; "single_process_layout": false for low_level_zero) loads as before: under its own

@@ -1,4 +1,4 @@
-// The low_level_zero plugin (ZeRO stages 1 and 2) under `mpirun -np 2`. Every TEST_CASE runs on every
+// The low_level_zero plugin (ZeRO stages 1, 2 and 3) under `mpirun -np 2`. Every TEST_CASE runs on every
 // rank in the same order. References are computed locally on each rank by one process that sees the
 // whole batch (the data of both ranks) with an unsharded optimizer, or an unsharded master-weight
 // strategy for 16-bit training.
@@ -20,6 +20,7 @@
 #include "booster/nn/activation.h"
 #include "booster/nn/container.h"
 #include "booster/nn/linear.h"
+#include "booster/nn/models.h"
 #include "booster/ops/ops.h"
 #include "booster/optim/lr_scheduler.h"
 #include "booster/optim/optimizer.h"
@@ -119,6 +120,13 @@ bool bitwise_equal(const Tensor& a, const Tensor& b) {
          std::memcmp(a.contiguous().data_ptr(), b.contiguous().data_ptr(), a.nbytes()) == 0;
 }
 
+// The float32 value of every parameter, gathered whole for the read under stage 3 (any stage).
+std::vector<Tensor> gathered_params(Zero& z) {
+  std::vector<Tensor> out;
+  z.plugin->with_full_parameters([&] { out = float32_params(*z.parts.model); });
+  return out;
+}
+
 // Every rank holds the same values (a mismatch shows as a max that differs from the local value).
 void require_same_on_every_rank(const nn::Module& model) {
   for (const Tensor& p : model.parameters()) {
@@ -148,6 +156,11 @@ const json kAdamW = {{"type", "adamw"}, {"lr", 1e-2}};
 const std::vector<json> kStages = {{{"stage", 1}},
                                    {{"stage", 2}, {"overlap_communication", false}},
                                    {{"stage", 2}, {"reduce_bucket_size_in_m", 5e-5}}};
+// And stage 3, whose parameters are read through the plugin (gathered_params).
+const std::vector<json> kAllStages = {{{"stage", 1}},
+                                      {{"stage", 2}, {"overlap_communication", false}},
+                                      {{"stage", 2}, {"reduce_bucket_size_in_m", 5e-5}},
+                                      {{"stage", 3}}};
 
 json with_stage(const json& stage, json options) {
   options.update(stage);
@@ -158,7 +171,8 @@ json with_stage(const json& stage, json options) {
 
 TEST_CASE("zero: options are validated and the declarations follow the stage", "[mpi][zero]") {
   REQUIRE_THROWS_WITH(load_zero({{"stages", 2}}), Catch::Contains("unknown option 'stages'"));
-  REQUIRE_THROWS_AS(load_zero({{"stage", 3}}), ConfigError);
+  REQUIRE_THROWS_AS(load_zero({{"stage", 4}}), ConfigError);
+  REQUIRE_THROWS_AS(load_zero({{"stage", 0}}), ConfigError);
   REQUIRE_THROWS_WITH(load_zero({{"precision", "fp8"}}), Catch::Contains("'precision' = \"fp8\" is not valid"));
   REQUIRE_THROWS_AS(load_zero({{"backoff_factor", 1.5}}), ConfigError);
   REQUIRE_THROWS_AS(load_zero({{"max_norm", -1}}), ConfigError);
@@ -190,6 +204,10 @@ TEST_CASE("zero: options are validated and the declarations follow the stage", "
   REQUIRE_THROWS_WITH(two->set_gradient_sync(false), Catch::Contains("no_sync is not supported with stage 2"));
   REQUIRE_THROWS_AS(two->set_gradient_sync(false), IncompatibleError);
   REQUIRE_NOTHROW(two->set_gradient_sync(true));
+
+  auto three = load_zero({{"stage", 3}});
+  REQUIRE_FALSE(three->support_no_sync());
+  REQUIRE_THROWS_WITH(three->set_gradient_sync(false), Catch::Contains("no_sync is not supported with stage 3"));
 }
 
 TEST_CASE("zero: fp32 stages 1 and 2 on 2 ranks match one process with the whole batch (AdamW, SGD)",
@@ -306,7 +324,7 @@ TEST_CASE("zero: per-rank optimizer state is half of the unsharded optimizer's (
 
 TEST_CASE("zero: an overflow on one rank only makes every rank skip and lowers the scale on both",
           "[mpi][zero]") {
-  for (const json& stage : kStages) {
+  for (const json& stage : kAllStages) {
     INFO(stage.dump());
     // Rank 1 writes an inf into the last parameter's gradient while backward runs (the hook is
     // registered before the plugin's, so it runs first). That parameter lies in rank 1's shard, so
@@ -322,19 +340,19 @@ TEST_CASE("zero: an overflow on one rank only makes every rank skip and lowers t
                        model, kAdamW);
     z.train_step(my_rows(whole_batch(0)));
     REQUIRE_FALSE(z.parts.precision->step_was_skipped());
-    const std::vector<Tensor> before = float32_params(*z.parts.model);
+    const std::vector<Tensor> before = gathered_params(z);
 
     armed = group().rank() == 1;
     z.train_step(my_rows(whole_batch(1)));
     REQUIRE_FALSE(armed);  // the hook fired
     REQUIRE(z.parts.precision->step_was_skipped());
     REQUIRE(z.parts.precision->loss_scale() == 512.0);
-    const std::vector<Tensor> after = float32_params(*z.parts.model);
+    const std::vector<Tensor> after = gathered_params(z);
     for (size_t i = 0; i < after.size(); ++i) REQUIRE(bitwise_equal(after[i], before[i]));
 
     z.train_step(my_rows(whole_batch(2)));  // clean again
     REQUIRE_FALSE(z.parts.precision->step_was_skipped());
-    require_same_on_every_rank(*z.parts.model);
+    z.plugin->with_full_parameters([&] { require_same_on_every_rank(*z.parts.model); });
   }
 }
 
@@ -349,7 +367,7 @@ TEST_CASE("zero: a float16 gradient whose 2-rank sum overflows is averaged, and 
   std::vector<double> want = w0;
   for (int r = 0; r < group().size(); ++r)
     for (size_t i = 0; i < want.size(); ++i) want[i] -= kLr * input_of(r)[i] / group().size();
-  for (const json& stage : kStages) {
+  for (const json& stage : kAllStages) {
     INFO(stage.dump());
     auto model = std::make_shared<nn::Linear>(3, 1, /*bias=*/false);
     {
@@ -364,7 +382,8 @@ TEST_CASE("zero: a float16 gradient whose 2-rank sum overflows is averaged, and 
     z.parts.precision->step(*z.parts.optimizer);
     CHECK_FALSE(z.parts.precision->step_was_skipped());
     CHECK(z.parts.precision->loss_scale() == 1.0);
-    const std::vector<double> got = z.parts.model->parameters()[0].tolist();
+    std::vector<double> got;
+    z.plugin->with_full_parameters([&] { got = z.parts.model->parameters()[0].tolist(); });
     for (size_t i = 0; i < want.size(); ++i) {
       INFO("weight " << i << ": got " << got[i] << ", want " << want[i]);
       CHECK(std::abs(got[i] - want[i]) <= std::ldexp(1.0, -10) * std::abs(w0[i]));  // float16 rounding
@@ -395,7 +414,7 @@ TEST_CASE("zero: max_norm clipping across shards equals clipping the whole gradi
     const double u = precision == "fp16" ? std::ldexp(1.0, -11) : precision == "bf16" ? std::ldexp(1.0, -8) : 0.0;
     const double norm_tolerance = precision == "fp32" ? 1e-5 : 8 * u;
     const double weight_tolerance = precision == "fp32" ? 1e-5 : 2 * u;
-    for (const json& stage : kStages) {
+    for (const json& stage : kAllStages) {
       for (bool explicit_call : {false, true}) {
         INFO(precision << " " << stage.dump() << (explicit_call ? ", clip_grad_norm called" : ", max_norm option"));
         json options = with_stage(stage, {{"precision", precision}, {"initial_scale", 1024.0}});
@@ -410,14 +429,14 @@ TEST_CASE("zero: max_norm clipping across shards equals clipping the whole gradi
         z.parts.precision->step(*z.parts.optimizer);
         REQUIRE_FALSE(z.parts.precision->step_was_skipped());
         REQUIRE(z.parts.precision->last_step_stats().grad_norm == Approx(norm).epsilon(norm_tolerance));
-        const std::vector<Tensor> got = float32_params(*z.parts.model);
+        const std::vector<Tensor> got = gathered_params(z);
         for (size_t i = 0; i < got.size(); ++i) REQUIRE(relative_error(got[i], expected[i]) < weight_tolerance);
       }
     }
   }
 }
 
-TEST_CASE("zero: gradient accumulation: stage 1 with no_sync, stages 1 and 2 with synced backwards",
+TEST_CASE("zero: gradient accumulation: stage 1 with no_sync, every stage with synced backwards",
           "[mpi][zero]") {
   // Reference: one step on all four micro-batches (two per rank).
   const Batch big = whole_batch(0, 4 * kBatch);
@@ -432,9 +451,9 @@ TEST_CASE("zero: gradient accumulation: stage 1 with no_sync, stages 1 and 2 wit
   auto micro = [&](int k) {
     return Batch{big.x.narrow(0, (2 * r + k) * kBatch, kBatch), big.y.narrow(0, (2 * r + k) * kBatch, kBatch)};
   };
-  for (const json& stage : kStages) {
+  for (const json& stage : kAllStages) {
     for (bool no_sync : {false, true}) {
-      if (no_sync && stage.at("stage") == 2) continue;  // IncompatibleError (tested above)
+      if (no_sync && stage.at("stage") != 1) continue;  // IncompatibleError (tested above)
       INFO(stage.dump() << (no_sync ? ", no_sync" : ", synced"));
       Zero z = make_zero(with_stage(stage, {{"precision", "fp32"}}), make_model(7), {{"type", "sgd"}, {"lr", 0.1}});
       z.parts.optimizer->zero_grad();
@@ -443,7 +462,7 @@ TEST_CASE("zero: gradient accumulation: stage 1 with no_sync, stages 1 and 2 wit
       z.plugin->set_gradient_sync(true);
       z.parts.precision->backward(mul(loss_of(*z.parts.model, micro(1)), 0.5), *z.parts.optimizer);
       z.parts.precision->step(*z.parts.optimizer);
-      const std::vector<Tensor> got = float32_params(*z.parts.model);
+      const std::vector<Tensor> got = gathered_params(z);
       for (size_t i = 0; i < got.size(); ++i) REQUIRE(relative_error(got[i], expected[i]) < 1e-5);
     }
   }
@@ -761,4 +780,156 @@ TEST_CASE("zero: stages 1 and 2 match the ddp plugin (fp32 AdamW; fp16 against d
       for (size_t i = 0; i < got.size(); ++i) REQUIRE(relative_error(got[i], expected[i]) < 1e-6);
     }
   }
+}
+
+// ------------------------------------------------------------------------------------------- stage 3
+
+TEST_CASE("zero3: fp32 stage 3 on 2 ranks matches one process with the whole batch (AdamW, SGD)", "[mpi][zero]") {
+  for (const json& optimizer : {kAdamW, json{{"type", "sgd"}, {"lr", 0.1}, {"momentum", 0.9}}}) {
+    INFO(optimizer.dump());
+    const std::vector<Tensor> expected = reference_fp32(optimizer, 20);
+    Zero z = make_zero({{"stage", 3}, {"precision", "fp32"}}, make_model(group().rank() == 0 ? 7 : 99), optimizer);
+    // At rest no parameter holds memory: reading one outside a forward is a StateError naming why.
+    REQUIRE_THROWS_WITH(z.parts.model->parameters()[0].tolist(), Catch::Contains("ZeRO stage 3"));
+    for (int s = 0; s < 20; ++s) z.train_step(my_rows(whole_batch(s)));
+    const std::vector<Tensor> got = gathered_params(z);
+    REQUIRE(got.size() == expected.size());
+    for (size_t i = 0; i < got.size(); ++i) REQUIRE(relative_error(got[i], expected[i]) < 1e-5);
+    // Gathered once more, both ranks hold the same values.
+    z.plugin->with_full_parameters([&] { require_same_on_every_rank(*z.parts.model); });
+    // Evaluation gathers each module's parameters for its forward only.
+    NoGradGuard no_grad;
+    const Batch b = whole_batch(99);
+    Tensor out = (*z.parts.model)(b.x);
+    REQUIRE(out.shape() == Shape{2 * kBatch, kOut});
+  }
+}
+
+TEST_CASE("zero3: fp16 and bf16 stage 3 match the unsharded master-weight step within rounding", "[mpi][zero]") {
+  // The tolerance of the stage 1 and 2 test above, for the same reasons.
+  const int steps = 20;
+  const double lr = 1e-2;
+  for (const std::string precision : {"fp16", "bf16"}) {
+    INFO(precision);
+    const double u = precision == "fp16" ? std::ldexp(1.0, -11) : std::ldexp(1.0, -8);
+    const double tolerance = 2 * steps * 6 * u * lr;
+    nn::ModulePtr ref_model = make_model(7);
+    const std::vector<Tensor> initial = float32_params(*ref_model);
+    auto strategy = precision == "fp16" ? mixed_precision::create("fp16_naive", {{"initial_scale", 1024.0}})
+                                        : mixed_precision::create("bf16", {{"pure", true}});
+    auto configured = strategy->configure(ref_model, optim::make_optimizer(kAdamW, ref_model->parameters()),
+                                          [](const Tensor& o, const Tensor& t) { return mse_loss(o, t); });
+    for (int s = 0; s < steps; ++s) {
+      configured.optimizer->zero_grad();
+      strategy->backward(loss_of(*configured.model, whole_batch(s)), *configured.optimizer);
+      strategy->step(*configured.optimizer);
+    }
+    const std::vector<Tensor> expected = float32_params(*ref_model);
+    Zero z = make_zero({{"stage", 3}, {"precision", precision}, {"initial_scale", 1024.0}}, make_model(7), kAdamW);
+    for (int s = 0; s < steps; ++s) {
+      z.train_step(my_rows(whole_batch(s)));
+      REQUIRE_FALSE(z.parts.precision->step_was_skipped());
+    }
+    const std::vector<Tensor> got = gathered_params(z);
+    for (size_t i = 0; i < got.size(); ++i) {
+      INFO("parameter " << i);
+      REQUIRE(max_abs_diff(got[i], expected[i]) < tolerance);
+      REQUIRE(max_abs_diff(got[i], initial[i]) > 5 * tolerance);
+    }
+  }
+}
+
+// Two ranks average two values, which any reduction does in one way (Note [Averages divide first]): so
+// stage 3 must give stage 2's parameters bit for bit. Against one process only the summation of the
+// batch differs; SGD keeps that at float32 rounding (AdamW divides by the root of tiny second moments of
+// rarely seen embedding rows, which magnifies it).
+TEST_CASE("zero3: a GPT (embeddings, layer norms, attention) trains as stage 2 and one process do, also "
+          "with activation checkpointing", "[mpi][zero]") {
+  nn::GPTConfig cfg;
+  cfg.vocab_size = 32;
+  cfg.context = 8;
+  cfg.width = 16;
+  cfg.layers = 2;
+  cfg.heads = 2;
+  auto batch = [&](int step) {
+    Generator gen(500 + uint64_t(step));
+    Tensor ids = randint(0, cfg.vocab_size, {4, cfg.context}, &gen);
+    Tensor targets = randint(0, cfg.vocab_size, {4, cfg.context}, &gen);
+    return std::make_pair(ids, targets);
+  };
+  auto gpt_loss = [](nn::Module& model, const Tensor& ids, const Tensor& targets) {
+    const Tensor logits = model(ids);
+    return cross_entropy(logits.reshape({-1, logits.size(-1)}), targets.reshape({-1}));
+  };
+  const json sgd = {{"type", "sgd"}, {"lr", 0.1}, {"momentum", 0.9}};
+  auto train_zero = [&](int stage, const json& optimizer) {
+    Zero z;
+    z.plugin = load_zero({{"stage", stage}, {"precision", "fp32"}});
+    TrainingParts parts;
+    parts.model = std::make_shared<nn::GPT>(cfg, 3);
+    parts.optimizer = optim::make_optimizer(optimizer, parts.model->parameters());
+    parts.precision = mixed_precision::create("fp32");
+    z.parts = z.plugin->configure(parts);
+    for (int s = 0; s < 5; ++s) {
+      const auto [ids, targets] = batch(s);
+      const int64_t rows = ids.size(0) / group().size();
+      z.parts.optimizer->zero_grad();
+      z.parts.precision->backward(gpt_loss(*z.parts.model, ids.narrow(0, group().rank() * rows, rows),
+                                           targets.narrow(0, group().rank() * rows, rows)),
+                                  *z.parts.optimizer);
+      z.parts.precision->step(*z.parts.optimizer);
+    }
+    return gathered_params(z);
+  };
+  for (bool checkpointing : {false, true}) {
+    INFO("activation checkpointing " << checkpointing);
+    cfg.activation_checkpointing = checkpointing;
+    auto reference = std::make_shared<nn::GPT>(cfg, 3);
+    auto ref_opt = optim::make_optimizer(sgd, reference->parameters());
+    for (int s = 0; s < 5; ++s) {
+      const auto [ids, targets] = batch(s);
+      ref_opt->zero_grad();
+      gpt_loss(*reference, ids, targets).backward();
+      ref_opt->step();
+    }
+    const std::vector<Tensor> want = float32_params(*reference), got = train_zero(3, sgd);
+    REQUIRE(got.size() == want.size());
+    for (size_t i = 0; i < got.size(); ++i) REQUIRE(relative_error(got[i], want[i]) < 1e-5);
+    if (group().size() == 2) {
+      const std::vector<Tensor> stage2 = train_zero(2, kAdamW), stage3 = train_zero(3, kAdamW);
+      for (size_t i = 0; i < stage3.size(); ++i) REQUIRE(bitwise_equal(stage3[i], stage2[i]));
+    }
+  }
+}
+
+TEST_CASE("zero3: a rank holds about 1/N of the parameters at rest (allocator counters)", "[mpi][zero]") {
+  // A model large enough that the parameters dominate what else is allocated.
+  auto big = [] {
+    Generator gen(5);
+    auto model = std::make_shared<nn::Sequential>();
+    model->push_back(std::make_shared<nn::Linear>(256, 1024, true, &gen));
+    model->push_back(std::make_shared<nn::Tanh>());
+    model->push_back(std::make_shared<nn::Linear>(1024, 256, true, &gen));
+    model->set_tensor_names();
+    return model;
+  };
+  const int64_t params = 256 * 1024 + 1024 + 1024 * 256 + 256;
+  auto resting_bytes = [&](int stage) {
+    const size_t before = cpu_bytes_in_use();
+    size_t after = 0;
+    {
+      Zero z = make_zero({{"stage", stage}, {"precision", "fp32"}}, big(), json{{"type", "sgd"}, {"lr", 0.1}});
+      Generator gen(9);
+      const Batch b{randn({4, 256}, &gen), randn({4, 256}, &gen)};
+      z.train_step(b);
+      after = cpu_bytes_in_use();
+    }
+    return double(after - before);
+  };
+  const double stage2 = resting_bytes(2), stage3 = resting_bytes(3);
+  // Stage 2 keeps the whole float32 parameters on every rank, stage 3 its shard: the difference is
+  // the other ranks' shards, 4 P (N - 1) / N bytes.
+  const double expected = 4.0 * double(params) * (group().size() - 1) / group().size();
+  INFO("stage 2 " << stage2 << " B, stage 3 " << stage3 << " B, expected difference " << expected << " B");
+  REQUIRE(std::abs((stage2 - stage3) - expected) < 0.05 * expected);
 }
