@@ -196,6 +196,8 @@ ZeroOptimizer::ZeroOptimizer(const optim::Optimizer& original, const nn::ModuleP
     }
   }
 
+  if (options_.stage == 3) release_shard_grads();
+
   if (bucketed()) {
     self_ = std::make_shared<ZeroOptimizer*>(this);
     for (size_t g = 0; g < parts_.size(); ++g) {
@@ -393,6 +395,9 @@ void ZeroOptimizer::reduce_pending() {
 // divide it in place before summing (Note [Averages divide first]).
 bool ZeroOptimizer::reduce_partition(Partition& p, bool accumulate) {
   Tensor grad = p.master.grad();
+  // Stage 3 holds the shard's gradient from its first reduction to the step only; the first one of a
+  // step (accumulate false) writes every element.
+  if (options_.stage == 3) grad.storage()->materialize();
   bool found = false;
   if (options_.working_dtype == DType::Float32) {
     // Unscaled and never skipped: the reduction lands in the master gradient itself.
@@ -612,6 +617,11 @@ double ZeroOptimizer::clip_grad_norm(double max_norm) {
     clipped_ = true;
     return grad_norm_;
   }
+  if (options_.stage == 3 && !have_grads_) {  // no backward since the step: nothing to clip
+    grad_norm_ = 0.0;
+    clipped_ = true;
+    return 0.0;
+  }
   std::vector<Tensor> grads;
   for (Partition& p : parts_) grads.push_back(p.master.grad());
   // The shards partition the gradient (padding is zero), so the squared norms add up.
@@ -655,7 +665,8 @@ void ZeroOptimizer::step() {
       for (const Tensor& t : p.params) t.bump_version();
     }
   }
-  inner_->zero_grad();
+  if (options_.stage == 3) release_shard_grads();
+  else inner_->zero_grad();
   stats_ = {};
   stats_.loss_scale = scale_used;
   stats_.skipped = skip;
@@ -666,9 +677,15 @@ void ZeroOptimizer::step() {
 
 void ZeroOptimizer::zero_grad(bool set_to_none) {
   optim::Optimizer::zero_grad(set_to_none);
-  inner_->zero_grad(set_to_none);
+  if (options_.stage == 3) release_shard_grads();  // the next reduction writes them afresh
+  else inner_->zero_grad(set_to_none);
   unreduced_ = false;
   end_step();
+}
+
+// Stage 3 (Note [ZeRO-3: parameters by module]): between steps no gradient memory is held.
+void ZeroOptimizer::release_shard_grads() {
+  for (Partition& p : parts_) p.master.grad().storage()->release();
 }
 
 void ZeroOptimizer::end_step() {

@@ -139,6 +139,7 @@ class ZeroOptimizer final : public optim::Optimizer {
   void unit_backward_begin(size_t u);
   void on_grad_ready_stage3(size_t k);
   void reduce_unit_partition(size_t k);
+  void release_shard_grads();
   std::vector<Unit> units_;
   std::vector<std::vector<size_t>> group_params_;  // global indices of each group's parameters
   bool backward_found_ = false;
