@@ -137,6 +137,21 @@ struct OptimizerSlot {
   std::shared_ptr<ZeroOptimizer> zero;
 };
 
+// Runs fn with every parameter gathered, then `after` (taking the shards from what fn wrote), then
+// releases them; when fn throws, the shards stay as they were and the parameters are released all
+// the same.
+void run_gathered(ZeroOptimizer& zero, const std::function<void()>& fn, void (ZeroOptimizer::*after)()) {
+  zero.gather_all();
+  try {
+    fn();
+  } catch (...) {
+    zero.release_all();
+    throw;
+  }
+  if (after) (zero.*after)();
+  zero.release_all();
+}
+
 // Stage 3 (Note [ZeRO-3: parameters by module]): the model's parameters are gathered whole for the
 // default IO's single-process files, and the shards taken from what a load wrote.
 class Zero3CheckpointIO final : public CheckpointIO {
@@ -154,10 +169,7 @@ class Zero3CheckpointIO final : public CheckpointIO {
   void with_full(void (ZeroOptimizer::*after)(), const std::function<void()>& fn) const {
     ZeroOptimizer* zero = slot_->zero.get();
     if (!zero) return fn();
-    zero->gather_all();
-    fn();
-    if (after) (zero->*after)();
-    zero->release_all();
+    run_gathered(*zero, fn, after);
   }
   std::shared_ptr<OptimizerSlot> slot_;
 };
@@ -185,10 +197,7 @@ class LowLevelZeroPlugin final : public DataParallelPlugin {
   }
   void with_full_parameters(const std::function<void()>& fn) override {
     if (!optimizer_) return fn();
-    optimizer_->gather_all();
-    fn();
-    optimizer_->take_shards_from_parameters();
-    optimizer_->release_all();
+    run_gathered(*optimizer_, fn, &ZeroOptimizer::take_shards_from_parameters);
   }
 
   TrainingParts configure(TrainingParts parts) override {
@@ -230,9 +239,9 @@ class LowLevelZeroPlugin final : public DataParallelPlugin {
   }
 
  private:
-  // Checkpoints: the base's default IO, so the files are laid out as a single process's (Note
-  // [Resuming across layouts]). Model weights are whole on every rank; the optimizer's state_dict()
-  // gathers the shards (every rank calls it) and rank 0 writes it into one file.
+  // Checkpoints: laid out as a single process's (Note [Resuming across layouts]): the base's default
+  // IO, which for stage 3 gathers the sharded parameters first (Zero3CheckpointIO); the optimizer's
+  // state_dict() gathers the shards (every rank calls it) and rank 0 writes it into one file.
   PluginOptions options_;
   std::shared_ptr<ZeroOptimizer> optimizer_;
   std::shared_ptr<OptimizerSlot> slot_ = std::make_shared<OptimizerSlot>();

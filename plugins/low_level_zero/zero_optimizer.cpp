@@ -545,8 +545,10 @@ void ZeroOptimizer::take_shards_from_parameters() {
 void ZeroOptimizer::unit_forward_begin(size_t u) {
   const Unit& unit = units_[u];
   for (size_t k : unit.parts) gather(k, /*async=*/false);
-  // The next module's parameters travel while this one computes.
-  if (unit.parts.back() + 1 < parts_.size()) gather(unit.parts.back() + 1, /*async=*/true);
+  // The next module's parameters travel while this one computes (not during a recompute in backward,
+  // where the next module is done).
+  const size_t next = unit.parts.back() + 1;
+  if (next < parts_.size() && !(in_backward_ && parts_[next].reduced)) gather(next, /*async=*/true);
 }
 
 Tensor ZeroOptimizer::unit_forward_end(size_t u, const Tensor& out) {
@@ -642,6 +644,7 @@ void ZeroOptimizer::forward_options() const {
 
 void ZeroOptimizer::step() {
   if (unreduced_) reduce_pending();
+  release_all();  // a prefetch left gathered would keep the old values (and may still be reading the shard)
   if (!have_grads_) {  // no backward since the last step: nothing to update (on every rank alike)
     stats_ = {};
     stats_.loss_scale = loss_scale();
@@ -752,6 +755,7 @@ optim::OptimizerState ZeroOptimizer::state_dict() const {
 }
 
 void ZeroOptimizer::load_state_dict(const optim::OptimizerState& state) {
+  release_all();  // stage 3: the shards change below; nothing gathered may keep the old values
   const json& meta = state.meta;
   const std::string type = inner_->name();
   BOOSTER_CHECK(meta.is_object() && meta.contains("param_groups") && meta.at("param_groups").is_array(),
@@ -839,13 +843,13 @@ void ZeroOptimizer::load_state_dict(const optim::OptimizerState& state) {
   for (size_t k = 0; k < parts_.size(); ++k) {
     Partition& p = parts_[k];
     if (options_.stage == 3) {
-      // The shards are the parameters: the saved masters round into them; without masters (a
-      // float32 or unsharded checkpoint) the masters come from the shards the model loaded into.
-      if (!sixteen_bit) continue;
+      // The shards are the parameters: the saved masters round into them (float32: the master is the
+      // shard); without masters (a float32 or unsharded checkpoint) they come from the shards the
+      // model loaded into.
       if (master_shards[k].defined()) {
         p.master.copy_(master_shards[k]);
-        p.shard_params.copy_(p.master);
-      } else {
+        if (sixteen_bit) p.shard_params.copy_(p.master);
+      } else if (sixteen_bit) {
         p.master.copy_(p.shard_params);
       }
       continue;

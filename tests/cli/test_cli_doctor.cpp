@@ -178,3 +178,17 @@ TEST_CASE("booster doctor and train.diagnostics: bad settings exit 2 with one li
   CHECK(r.exit_code == 2);
   CHECK(r.err.find("'train.diagnostics' is 5; expected {") != std::string::npos);
 }
+
+// Under ZeRO stage 3 a module's parameters exist only while it runs: the doctor reports every module
+// all the same (one process: the plugin at world size 1 shards nothing away but releases as on many).
+TEST_CASE("booster doctor runs under low_level_zero stage 3, whose parameters are released between uses",
+          "[cli][diagnostics]") {
+  const fs::path cfg = write_config("doctor_zero3.json", synthetic_config());
+  const RunResult r = run_booster("doctor --config " + cfg.string() +
+                                  " -p low_level_zero --set plugin.stage=3 --set plugin.precision=bf16 --steps 2");
+  INFO(r.err);
+  REQUIRE(r.exit_code == 0);
+  const json report = last_line(r.out);
+  CHECK(module_in(report, "layers.0").at("output").at("count") == 2 * 32 * 16);
+  CHECK(report.at("recommendation").get<std::string>().find("low_level_zero") != std::string::npos);
+}

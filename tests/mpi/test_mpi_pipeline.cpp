@@ -5,6 +5,7 @@
 // model's output on the last stage.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <memory>
 #include <vector>
 
@@ -38,8 +39,9 @@ TEST_CASE("mpi pipeline: stages on the ranks give one process's loss, gradients 
   for (Schedule schedule : {Schedule::OneFOneB, Schedule::GPipe}) {
     INFO((schedule == Schedule::GPipe ? "gpipe" : "1f1b"));
     auto model = make();
-    // Stage r takes an equal share of the 7 layers (the last stage the rest).
-    const size_t n = model->layers->size(), per = n / size_t(stages);
+    // Stage r takes an equal share of the 7 layers, cut before a Linear (the last stage the rest):
+    // up to 4 stages each hold parameters.
+    const size_t n = model->layers->size(), per = 2 * std::max<size_t>(1, (n + 1) / 2 / size_t(stages));
     const size_t begin = size_t(rank) * per, end = rank + 1 == stages ? n : begin + per;
     auto part = std::make_shared<nn::Sequential>();
     for (size_t i = begin; i < end; ++i) part->push_back(std::to_string(i), (*model->layers)[i]);

@@ -382,8 +382,13 @@ LoadedState Booster::load_state(const fs::path& path, const LoadStateOptions& op
   if (!same_layout) {
     const std::string plugin_saved = state.at("plugin").get<std::string>();
     const bool portable_now = portable_layout(*plugin_);
-    const bool portable_saved = state.contains("portable_layout") ? state.at("portable_layout") == json(true)
-                                : plugin_saved == "single" || plugin_saved == "ddp" || plugin_saved == "low_level_zero";
+    // Before "portable_layout": "single_process_layout" (true for single and ddp; low_level_zero, then
+    // false, always wrote the same files), else the plugin's name.
+    const bool portable_saved =
+        state.contains("portable_layout") ? state.at("portable_layout") == json(true)
+        : plugin_saved == "single" || plugin_saved == "ddp" || plugin_saved == "low_level_zero"
+            ? true
+            : state.value("single_process_layout", json(false)) == json(true);
     const char* fix = portable_now && portable_saved
                           ? "resume with the same plugin and as many processes (booster run -n N), or start afresh"
                           : "resume with the same plugin and as many processes (booster run -n N), or start afresh; "
@@ -392,6 +397,7 @@ LoadedState Booster::load_state(const fs::path& path, const LoadStateOptions& op
     if (!options.portable_settings || !portable_now || !portable_saved || !state.at("world_size").is_number_integer()) {
       refuse_unless_same("plugin", state.at("plugin"), json(plugin_->name()), fix);
       refuse_unless_same("world size", state.at("world_size"), json(world_now), fix);
+      refuse_unless_same("plugin stage", stage_of(plugin_settings_saved), stage_of(plugin_settings_now), fix);
     }
     const int world_saved = state.at("world_size").get<int>();
     saved_settings = options.portable_settings(saved_settings, world_saved);

@@ -147,11 +147,13 @@ MemoryEstimate estimate_memory(const json& c, int world_size) {
   const std::string shard_text = ", sharded 1/" + std::to_string(world);
   const int64_t n = e.parameters;
 
-  e.items.push_back({"parameters", thousands(n) + " x " + std::to_string(p.model_bytes) + " bytes (" + p.model_dtype + ")",
-                     n * p.model_bytes});
+  const int64_t held_params = zero_stage >= 3 ? shard(n, world) : n;
+  e.items.push_back({"parameters", thousands(held_params) + " x " + std::to_string(p.model_bytes) + " bytes (" +
+                                       p.model_dtype + ")" + (zero_stage >= 3 ? shard_text + " (ZeRO stage 3)" : ""),
+                     held_params * p.model_bytes});
   const int64_t grads = zero_stage >= 2 ? shard(n, world) : n;
   e.items.push_back({"gradients", thousands(grads) + " x " + std::to_string(p.model_bytes) + " bytes" +
-                                      (zero_stage >= 2 ? shard_text + " (ZeRO stage 2)" : ""),
+                                      (zero_stage >= 2 ? shard_text + " (ZeRO stage " + std::to_string(zero_stage) + ")" : ""),
                      grads * p.model_bytes});
   const int64_t sharded = zero_stage >= 1 ? shard(n, world) : n;
   if (p.master_weights)

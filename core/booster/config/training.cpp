@@ -232,8 +232,9 @@ std::unique_ptr<optim::LRScheduler> make_lr_scheduler(const json& lr_scheduler, 
 //    torch's load_state_dict does), so a changed lr, betas or schedule would be ignored without a word;
 //  * the mixed_precision and plugin sections, every option resolved: the scaler's options
 //    (growth_interval, backoff_factor, hysteresis, min_scale, max_scale, ...) are not in its saved
-//    state, which holds only the scale and its trackers; low_level_zero's precision and stage, ddp's
-//    find_unused_parameters and broadcast_buffers change the numbers too. Left out, as they change only
+//    state, which holds only the scale and its trackers; low_level_zero's precision, ddp's
+//    find_unused_parameters and broadcast_buffers change the numbers too (low_level_zero's stage
+//    changes where state lives; a resume under another stage goes through portable_settings). Left out, as they change only
 //    how fast: ddp's bucket_cap_mb and progress_thread, low_level_zero's overlap_communication and
 //    reduce_bucket_size_in_m; and fp16_naive's log_num_zeros_in_grad (a log column). low_level_zero's
 //    max_norm is left out as train.max_grad_norm is, of which it is the plugin's counterpart;

@@ -16,6 +16,12 @@
 // from actions earlier in the other stages' lists (tests/nn/test_pipeline.cpp runs the lists against
 // each other to show it), no stage waits for ever. Messages between two neighbours go one way each
 // (activations down, gradients up) and in the order posted, so they need no tags to match.
+// On NCCL a send holds the stream until the peer's receive runs, so a stage that queued "send the
+// activation, then receive a gradient" while its neighbour queued "send the gradient, then receive
+// the activation" would wait for ever. So a send is posted together with the stage's next receive
+// in one batch (Megatron-LM's send_forward_recv_backward and send_backward_recv_forward), or on its
+// own at the start of the next action that receives nothing (the warm-up forwards of the first
+// stage), and what is left at the end of the step.
 // The loss: the last stage backpropagates criterion(out_i, y_i) / M for each micro-batch, so the
 // parameters' gradients are those of the mean over micro-batches, which for equal micro-batches and a
 // criterion that averages over its batch is the whole batch's loss; that mean is what every stage
@@ -84,21 +90,35 @@ Tensor microbatch(const Tensor& t, int i, int m, const char* what) {
 
 }  // namespace
 
-void PipelineStage::send_activation(const Tensor& t, int to, int microbatch) {
-  BOOSTER_CHECK(t.dim() <= kMaxDims, ShapeError, "pipeline: stage ", stage(), " output of micro-batch ", microbatch,
-                " has ", t.dim(), " dimensions; at most ", kMaxDims, " cross stages");
+void PipelineStage::send_activation(const Tensor& t, int to) {
+  BOOSTER_CHECK(t.dim() <= kMaxDims, ShapeError, "pipeline: stage ", stage(), "'s output has ", t.dim(),
+                " dimensions; at most ", kMaxDims, " cross stages");
   std::vector<int64_t> header(2 + kMaxDims, 0);
   header[0] = int64_t(t.dtype());
   header[1] = t.dim();
   for (int64_t d = 0; d < t.dim(); ++d) header[size_t(2 + d)] = t.shape()[size_t(d)];
   const Tensor head = from_vector(header, {int64_t(header.size())}).to(group_.device());
-  sends_.push_back(group_.send(head, to));
-  sends_.push_back(group_.send(t.contiguous(), to));
+  using Kind = distributed::ProcessGroup::P2POp::Kind;
+  pending_.push_back({Kind::Send, head, to, 0});
+  pending_.push_back({Kind::Send, t.contiguous(), to, 0});
+}
+
+void PipelineStage::receive(Tensor& into, int from) {
+  std::vector<distributed::ProcessGroup::P2POp> batch = std::move(pending_);
+  pending_.clear();
+  batch.push_back({distributed::ProcessGroup::P2POp::Kind::Recv, into, from, 0});
+  group_.batch_send_recv(batch)->wait();
+}
+
+void PipelineStage::flush_sends() {
+  if (pending_.empty()) return;
+  sends_.push_back(group_.batch_send_recv(pending_));
+  pending_.clear();
 }
 
 Tensor PipelineStage::receive_activation(int from, int microbatch) {
   Tensor head = zeros({2 + kMaxDims}, DType::Int64, group_.device());
-  group_.recv(head, from)->wait();
+  receive(head, from);
   const std::vector<double> h = head.tolist();
   const int64_t dims = int64_t(h[1]);
   BOOSTER_CHECK(h[0] >= 0 && h[0] < kNumDTypes && dims >= 0 && dims <= kMaxDims, DistributedError, "pipeline: stage ",
@@ -106,16 +126,21 @@ Tensor PipelineStage::receive_activation(int from, int microbatch) {
   Shape shape;
   for (int64_t d = 0; d < dims; ++d) shape.push_back(int64_t(h[size_t(2 + d)]));
   Tensor t = Tensor::empty(shape, DType(int(h[0])), group_.device());
-  group_.recv(t, from)->wait();
+  receive(t, from);
   return t;
 }
 
 double PipelineStage::train_step(const Tensor& x, const Tensor& y, const Criterion& criterion) {
   const int m = options_.num_microbatches;
+  // Checked on every rank alike, so a bad batch fails everywhere instead of leaving stages waiting.
+  microbatch(x, 0, m, "input");
+  microbatch(y, 0, m, "target");
   std::vector<Tensor> inputs(static_cast<size_t>(m)), outputs(static_cast<size_t>(m));
   double loss_sum = 0.0;
   for (const Action& action : schedule_actions(options_.schedule, stage(), stages(), m)) {
     const size_t i = size_t(action.microbatch);
+    const bool receives = action.kind == Action::Kind::Forward ? !is_first() : !is_last();
+    if (!receives) flush_sends();
     if (action.kind == Action::Kind::Forward) {
       Tensor in = is_first() ? microbatch(x, action.microbatch, m, "input") : receive_activation(stage() - 1, action.microbatch);
       if (!is_first() && is_floating(in.dtype())) in.requires_grad_(true);  // its gradient goes upstream
@@ -127,7 +152,7 @@ double PipelineStage::train_step(const Tensor& x, const Tensor& y, const Criteri
         loss_sum += loss.item();
         outputs[i] = loss * (1.0 / m);
       } else {
-        send_activation(out.detach(), stage() + 1, action.microbatch);
+        send_activation(out.detach(), stage() + 1);
         outputs[i] = out;
       }
       inputs[i] = in;
@@ -138,17 +163,18 @@ double PipelineStage::train_step(const Tensor& x, const Tensor& y, const Criteri
       out.backward();
     } else {
       Tensor grad = Tensor::empty(out.shape(), out.dtype(), group_.device());
-      group_.recv(grad, stage() + 1)->wait();
+      receive(grad, stage() + 1);
       if (out.requires_grad()) out.backward(grad);
     }
     if (!is_first()) {
       Tensor g = inputs[i].grad();
       if (!g.defined()) g = zeros(inputs[i].shape(), inputs[i].dtype(), group_.device());
-      sends_.push_back(group_.send(g.contiguous(), stage() - 1));
+      pending_.push_back({distributed::ProcessGroup::P2POp::Kind::Send, g.contiguous(), stage() - 1, 0});
     }
     inputs[i] = Tensor();  // the micro-batch's activations go back to the allocator
     outputs[i] = Tensor();
   }
+  flush_sends();
   distributed::wait_all(sends_);
   sends_.clear();
   Tensor loss = full({1}, is_last() ? loss_sum / m : 0.0, DType::Float64, group_.device());
@@ -160,12 +186,15 @@ Tensor PipelineStage::forward(const Tensor& x) {
   NoGradGuard no_grad;
   const int m = options_.num_microbatches;
   std::vector<Tensor> outs;
+  microbatch(x, 0, m, "input");
   for (int i = 0; i < m; ++i) {
+    if (is_first()) flush_sends();
     const Tensor in = is_first() ? microbatch(x, i, m, "input") : receive_activation(stage() - 1, i);
     Tensor out = (*stage_)(in);
     if (is_last()) outs.push_back(out);
-    else send_activation(out, stage() + 1, i);
+    else send_activation(out, stage() + 1);
   }
+  flush_sends();
   distributed::wait_all(sends_);
   sends_.clear();
   return is_last() ? cat(outs, 0) : Tensor();

@@ -66,14 +66,19 @@ class PipelineStage {
 
  private:
   // Activations cross stages with a small header (dtype and shape) first, so a stage needs to know
-  // nothing of its neighbour's output.
-  void send_activation(const Tensor& t, int to, int microbatch);
+  // nothing of its neighbour's output. Sends wait in pending_ until the stage's next receive, which
+  // they are posted with as one batch, or the next action that receives nothing (Note [Pipeline
+  // schedules]).
+  void send_activation(const Tensor& t, int to);
   Tensor receive_activation(int from, int microbatch);
+  void receive(Tensor& into, int from);
+  void flush_sends();
 
   ModulePtr stage_;
   distributed::ProcessGroup& group_;
   PipelineOptions options_;
-  std::vector<distributed::WorkPtr> sends_;  // in flight; waited for at the end of the step
+  std::vector<distributed::ProcessGroup::P2POp> pending_;  // sends not posted yet
+  std::vector<distributed::WorkPtr> sends_;                // posted; waited for at the end of the step
 };
 
 }  // namespace booster::nn::pp
