@@ -44,8 +44,8 @@ RunResult run_booster(const std::string& args) { return testing::run_booster_in(
 
 bool have_mpirun() { return std::system("command -v mpirun >/dev/null 2>&1") == 0; }
 
-// 256 samples, 8 global batches of 32 an epoch; AdamW and a cosine schedule over 6 steps; a checkpoint
-// every 3.
+// 256 samples, 8 global batches of 32 an epoch; AdamW and a cosine schedule over 13 steps (into the
+// second epoch, so its reshuffle counts too); a checkpoint every 3: a resume at step 3 runs 10 more.
 fs::path write_config() {
   const json c = json::parse(R"({
     "model": {"type": "mlp", "in": 8, "hidden": [16], "classes": 3},
@@ -54,7 +54,7 @@ fs::path write_config() {
     "data": {"type": "synthetic", "num_samples": 256, "num_test_samples": 64, "num_features": 8,
              "num_classes": 3, "batch_size": 32},
     "lr_scheduler": {"type": "cosine"},
-    "train": {"epochs": 1, "max_steps": 6, "log_every": 1, "seed": 3, "run_dir": null,
+    "train": {"epochs": 2, "max_steps": 13, "log_every": 1, "seed": 3, "run_dir": null,
               "checkpoint_every": 3, "keep_last": 0}
   })");
   const fs::path p = scratch_dir() / "layouts.json";
@@ -70,7 +70,9 @@ RunResult train(int processes, const std::string& args) {
                      command);
 }
 
-// The largest relative difference between two checkpoints' models, over every value.
+// The largest relative difference between two checkpoints' models: per tensor, the largest |a - b|
+// over the largest |b| (as test_mpi_zero measures), so parameters near zero are not measured against
+// themselves alone.
 double max_relative_difference(const fs::path& a, const fs::path& b) {
   const auto ma = booster::checkpoint::load_model(a / "model"), mb = booster::checkpoint::load_model(b / "model");
   REQUIRE(ma.size() == mb.size());
@@ -79,8 +81,12 @@ double max_relative_difference(const fs::path& a, const fs::path& b) {
     REQUIRE(mb.count(name));
     const std::vector<double> va = ta.tolist(), vb = mb.at(name).tolist();
     REQUIRE(va.size() == vb.size());
-    for (size_t i = 0; i < va.size(); ++i)
-      worst = std::max(worst, std::abs(va[i] - vb[i]) / std::max(std::abs(va[i]), 1e-3));
+    double diff = 0.0, scale = 0.0;
+    for (size_t i = 0; i < va.size(); ++i) {
+      diff = std::max(diff, std::abs(va[i] - vb[i]));
+      scale = std::max(scale, std::abs(vb[i]));
+    }
+    worst = std::max(worst, diff / std::max(scale, 1e-30));
   }
   return worst;
 }
@@ -103,9 +109,9 @@ TEST_CASE("a single-process checkpoint resumes under ddp on 2 processes and back
   INFO(r.err);
   REQUIRE(r.exit_code == 0);
   // Both runs see the same samples per step: they end on the same parameters.
-  CHECK(max_relative_difference(dir / "single" / "step-00000006", dir / "ddp" / "step-00000006") < 1e-5);
+  CHECK(max_relative_difference(dir / "single" / "step-00000013", dir / "ddp" / "step-00000013") < 1e-5);
 
-  // single -> ddp(2): resumed at step 3, the same step 6.
+  // single -> ddp(2): resumed at step 3, the same step 13.
   const std::string to_ddp = (dir / "to_ddp").string();
   r = train(2, "-p ddp --set data.batch_size=16 --set train.checkpoint_dir=" + to_ddp + " --resume " + single +
                    "/step-00000003");
@@ -113,7 +119,7 @@ TEST_CASE("a single-process checkpoint resumes under ddp on 2 processes and back
   REQUIRE(r.exit_code == 0);
   CHECK(r.err.find("booster: resumed on 2 processes (ddp) from a checkpoint of 1 (single): the same samples make "
                    "each step; gradients are averaged in another order") != std::string::npos);
-  CHECK(max_relative_difference(dir / "single" / "step-00000006", dir / "to_ddp" / "step-00000006") < 1e-5);
+  CHECK(max_relative_difference(dir / "single" / "step-00000013", dir / "to_ddp" / "step-00000013") < 1e-5);
 
   // ddp(2) -> single.
   const std::string to_single = (dir / "to_single").string();
@@ -121,7 +127,7 @@ TEST_CASE("a single-process checkpoint resumes under ddp on 2 processes and back
   INFO(r.err);
   REQUIRE(r.exit_code == 0);
   CHECK(r.err.find("booster: resumed on 1 process (single) from a checkpoint of 2 (ddp)") != std::string::npos);
-  CHECK(max_relative_difference(dir / "ddp" / "step-00000006", dir / "to_single" / "step-00000006") < 1e-5);
+  CHECK(max_relative_difference(dir / "ddp" / "step-00000013", dir / "to_single" / "step-00000013") < 1e-5);
 
   // Another global batch (2 x 32) would see other samples per step: refused, naming it.
   r = train(2, "-p ddp --set train.checkpoint_dir=" + (dir / "other").string() + " --resume " + single +
@@ -146,8 +152,8 @@ TEST_CASE("a low_level_zero checkpoint resumes under single, ddp and ZeRO-1/2/3 
   INFO(r.err);
   REQUIRE(r.exit_code == 0);
   // ZeRO-2 on 2 ranks follows the single-process trajectory.
-  const fs::path end = fs::path(reference) / "step-00000006";
-  CHECK(max_relative_difference(end, fs::path(zero2) / "step-00000006") < 1e-5);
+  const fs::path end = fs::path(reference) / "step-00000013";
+  CHECK(max_relative_difference(end, fs::path(zero2) / "step-00000013") < 1e-5);
 
   struct Resume {
     int processes;
@@ -176,7 +182,7 @@ TEST_CASE("a low_level_zero checkpoint resumes under single, ddp and ZeRO-1/2/3 
     INFO(r.err);
     REQUIRE(r.exit_code == 0);
     CHECK(r.err.find("booster: " + resume.line + ": the same samples make each step") != std::string::npos);
-    CHECK(max_relative_difference(end, out / "step-00000006") < 1e-5);
+    CHECK(max_relative_difference(end, out / "step-00000013") < 1e-5);
   }
 
   // And a stage-3 checkpoint resumes under one process.
@@ -184,14 +190,14 @@ TEST_CASE("a low_level_zero checkpoint resumes under single, ddp and ZeRO-1/2/3 
   r = train(2, zero_fp32 + "--set plugin.stage=3 --set data.batch_size=16 --set train.checkpoint_dir=" + zero3);
   INFO(r.err);
   REQUIRE(r.exit_code == 0);
-  CHECK(max_relative_difference(end, fs::path(zero3) / "step-00000006") < 1e-5);
+  CHECK(max_relative_difference(end, fs::path(zero3) / "step-00000013") < 1e-5);
   const fs::path from_zero3 = dir / "from_zero3";
   r = train(1, "--set train.checkpoint_dir=" + from_zero3.string() + " --resume " + zero3 + "/step-00000003");
   INFO(r.err);
   REQUIRE(r.exit_code == 0);
   CHECK(r.err.find("booster: resumed on 1 process (single) from a checkpoint of 2 (low_level_zero stage 3)") !=
         std::string::npos);
-  CHECK(max_relative_difference(end, from_zero3 / "step-00000006") < 1e-5);
+  CHECK(max_relative_difference(end, from_zero3 / "step-00000013") < 1e-5);
 
   // A checkpoint of the version before (no precision label, plugin options, portable_layout or
   // param_names; "single_process_layout": false for low_level_zero) loads as before: under its own
@@ -213,14 +219,14 @@ TEST_CASE("a low_level_zero checkpoint resumes under single, ddp and ZeRO-1/2/3 
   INFO(r.err);
   REQUIRE(r.exit_code == 0);
   CHECK(r.err.find("booster: resumed on") == std::string::npos);
-  CHECK(max_relative_difference(fs::path(zero2) / "step-00000006", same / "step-00000006") == 0.0);
+  CHECK(max_relative_difference(fs::path(zero2) / "step-00000013", same / "step-00000013") == 0.0);
   const fs::path moved = dir / "old_moved";
   r = train(1, "--set train.checkpoint_dir=" + moved.string() + " --resume " + old.string());
   INFO(r.err);
   REQUIRE(r.exit_code == 0);
   CHECK(r.err.find("booster: resumed on 1 process (single) from a checkpoint of 2 (low_level_zero stage 2)") !=
         std::string::npos);
-  CHECK(max_relative_difference(end, moved / "step-00000006") < 1e-5);
+  CHECK(max_relative_difference(end, moved / "step-00000013") < 1e-5);
 }
 
 namespace {
