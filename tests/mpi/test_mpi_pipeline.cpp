@@ -2,11 +2,14 @@
 // an MLP cut into one stage per rank, trained one step under 1F1B and GPipe with 4 micro-batches, gives
 // each rank's parameters the gradients a single process computes for the whole model and batch
 // (float32 sums in another order: 1e-5 relative), the whole batch's loss on every rank, and the whole
-// model's output on the last stage.
+// model's output on the last stage; a GPT cut into stages likewise.
 #include <catch2/catch.hpp>
 
 #include <algorithm>
+#include <cmath>
+#include <map>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "booster/distributed/process_group.h"
@@ -69,6 +72,52 @@ TEST_CASE("mpi pipeline: stages on the ranks give one process's loss, gradients 
       for (size_t e = 0; e < o.size(); ++e) CHECK(o[e] == Approx(w[e]).margin(1e-6));
     } else {
       CHECK_FALSE(out.defined());
+    }
+  }
+}
+
+// Note [Cutting a GPT]: the GPT cut into one balanced stage per rank (embeddings first, head last),
+// trained one step under both schedules, gives every rank's parameters one process's gradients for the
+// whole model and batch, and every rank the whole batch's loss.
+TEST_CASE("mpi pipeline: a GPT cut into stages trains as one process does", "[mpi][pipeline]") {
+  distributed::ProcessGroup& group = distributed::init_process_group("mpi");
+  nn::GPTConfig cfg;
+  cfg.vocab_size = 32;
+  cfg.context = 8;
+  cfg.width = 16;
+  cfg.layers = 4;
+  cfg.heads = 2;
+  Generator gen(21);
+  const Tensor ids = randint(0, cfg.vocab_size, {8, cfg.context}, &gen);
+  const Tensor targets = randint(0, cfg.vocab_size, {8, cfg.context}, &gen);
+  auto criterion = [](const Tensor& logits, const Tensor& y) {
+    return cross_entropy(logits.reshape({-1, logits.size(-1)}), y.reshape({-1}));
+  };
+  auto reference = std::make_shared<nn::GPT>(cfg, 5);
+  const Tensor whole = criterion((*reference)(ids), targets);
+  whole.backward();
+  std::map<std::string, Tensor> want;
+  for (const auto& [name, p] : reference->named_parameters()) want[name] = p.grad();
+
+  for (Schedule schedule : {Schedule::OneFOneB, Schedule::GPipe}) {
+    INFO((schedule == Schedule::GPipe ? "gpipe" : "1f1b"));
+    auto gpt = std::make_shared<nn::GPT>(cfg, 5);
+    PipelineStage stage(gpt_stage(gpt, group.rank(), group.size()), group, {schedule, 4});
+    const double loss = stage.train_step(ids, targets, criterion);
+    CHECK(loss == Approx(whole.item()).epsilon(1e-6));
+    const auto mine = stage.module().named_parameters();
+    REQUIRE_FALSE(mine.empty());
+    for (const auto& [name, p] : mine) {
+      INFO(name);
+      REQUIRE(want.count(name));
+      REQUIRE(p.grad().defined());
+      const std::vector<double> g = p.grad().tolist(), w = want.at(name).tolist();
+      double diff = 0, scale = 0;
+      for (size_t e = 0; e < g.size(); ++e) {
+        diff = std::max(diff, std::abs(g[e] - w[e]));
+        scale = std::max(scale, std::abs(w[e]));
+      }
+      CHECK(diff <= 1e-5 * scale + 1e-9);
     }
   }
 }

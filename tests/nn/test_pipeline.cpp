@@ -8,6 +8,10 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
+#include <limits>
+#include <set>
+#include <string>
 #include <vector>
 
 #include "booster/distributed/local_process_group.h"
@@ -129,4 +133,81 @@ TEST_CASE("pipeline: one stage's micro-batched step gives the whole batch's loss
   }
   PipelineStage uneven(reference, group, {Schedule::OneFOneB, 5});
   CHECK_THROWS_WITH(uneven.train_step(x, y, criterion), Catch::Contains("batch of 12") && Catch::Contains("5"));
+}
+
+namespace {
+
+nn::GPTConfig tiny_gpt(int64_t layers) {
+  nn::GPTConfig cfg;
+  cfg.vocab_size = 32;
+  cfg.context = 8;
+  cfg.width = 16;
+  cfg.layers = layers;
+  cfg.heads = 2;
+  return cfg;
+}
+
+}  // namespace
+
+// Note [Cutting a GPT]: the balanced split against every split there is (an independent search), and
+// the stages' parameters against the model's.
+TEST_CASE("pipeline: a GPT is cut into stages that together hold it, balanced by parameters", "[pipeline]") {
+  for (int64_t layers : {1, 2, 3, 5, 6}) {
+    auto gpt = std::make_shared<nn::GPT>(tiny_gpt(layers), 1);
+    const int64_t block = (*gpt->blocks)[0]->num_parameters();
+    const int64_t first = gpt->wte->num_parameters() + gpt->wpe->num_parameters();
+    const int64_t last = gpt->ln_f->num_parameters() + gpt->lm_head->num_parameters();
+    for (int stages = 1; stages <= 4; ++stages) {
+      INFO(layers << " layers, " << stages << " stages");
+      // Every way to give the stages blocks, and the smallest largest stage among them.
+      int64_t optimum = std::numeric_limits<int64_t>::max();
+      std::vector<int64_t> split(size_t(stages), 0);
+      std::function<void(int, int64_t)> each = [&](int s, int64_t left) {
+        if (s == stages - 1) {
+          split[size_t(s)] = left;
+          int64_t worst = 0;
+          for (int k = 0; k < stages; ++k)
+            worst = std::max(worst, split[size_t(k)] * block + (k == 0 ? first : 0) + (k == stages - 1 ? last : 0));
+          optimum = std::min(optimum, worst);
+          return;
+        }
+        for (int64_t n = 0; n <= left; ++n) {
+          split[size_t(s)] = n;
+          each(s + 1, left - n);
+        }
+      };
+      each(0, layers);
+      const std::vector<int64_t> balanced = balance_gpt_layers(*gpt, stages);
+      REQUIRE(balanced.size() == size_t(stages));
+      int64_t worst = 0, total = 0;
+      std::set<std::string> names;
+      for (int s = 0; s < stages; ++s) {
+        total += balanced[size_t(s)];
+        const nn::ModulePtr part = gpt_stage(gpt, s, stages);
+        int64_t params = 0;
+        for (const auto& [name, p] : part->named_parameters()) {
+          CHECK(names.insert(name).second);  // no parameter in two stages
+          params += p.numel();
+        }
+        worst = std::max(worst, params);
+      }
+      CHECK(total == layers);
+      CHECK(worst == optimum);
+      // Together the stages hold the model, under its names.
+      std::set<std::string> whole;
+      for (const auto& [name, p] : gpt->named_parameters()) whole.insert(name);
+      CHECK(names == whole);
+    }
+  }
+  auto gpt = std::make_shared<nn::GPT>(tiny_gpt(3), 1);
+  CHECK_THROWS_WITH(gpt_stage(gpt, 0, 2, {2, 2}), Catch::Contains("stage_layers [2, 2]") && Catch::Contains("3"));
+  CHECK_THROWS_AS(gpt_stage(gpt, 0, 2, {4, -1}), ValueError);
+  CHECK_THROWS_AS(gpt_stage(gpt, 0, 3, {1, 2}), ValueError);
+  CHECK_THROWS_AS(gpt_stage(gpt, 2, 2), ValueError);
+  // The stages run in turn give the model's logits.
+  Generator gen(3);
+  const Tensor ids = randint(0, 32, {2, 8}, &gen);
+  Tensor h = ids;
+  for (int s = 0; s < 3; ++s) h = (*gpt_stage(gpt, s, 3, {1, 1, 1}))(h);
+  CHECK(h.tolist() == (*gpt)(ids).tolist());
 }

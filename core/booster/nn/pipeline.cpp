@@ -29,8 +29,11 @@
 #include "booster/nn/pipeline.h"
 
 #include <algorithm>
+#include <limits>
 
 #include "booster/autograd/autograd.h"
+#include "booster/nn/activation_checkpoint.h"
+#include "booster/nn/container.h"
 #include "booster/common/error.h"
 #include "booster/ops/ops.h"
 
@@ -198,6 +201,113 @@ Tensor PipelineStage::forward(const Tensor& x) {
   distributed::wait_all(sends_);
   sends_.clear();
   return is_last() ? cat(outs, 0) : Tensor();
+}
+
+// ---------------------------------------------------------------------------------- cutting a GPT
+
+// Note [Cutting a GPT]
+// ~~~~~~~~~~~~~~~~~~~~
+// A GPT is cut between blocks: the first stage also embeds the token ids (wte + wpe, then the
+// dropout), the last also normalizes and projects to the vocabulary (ln_f, lm_head), so only
+// activations [B, T, width] cross stages (and the ids enter the first). Balanced by parameters: with
+// blocks all of one size b, the first stage's extra e (the embeddings) and the last's h (the head),
+// the smallest possible largest stage is found by trying every split (a table over stages and blocks,
+// O(P L^2), nothing for the sizes pipelines have). Stages share the GPT's modules, so parameters
+// and their names are the whole model's.
+
+std::vector<int64_t> balance_gpt_layers(const GPT& gpt, int stages) {
+  BOOSTER_CHECK(stages >= 1, ValueError, "pipeline: ", stages, " stages; a pipeline needs at least one");
+  const int64_t layers = gpt.config.layers;
+  const int64_t block = layers > 0 ? (*gpt.blocks)[0]->num_parameters() : 0;
+  const int64_t first = gpt.wte->num_parameters() + gpt.wpe->num_parameters();
+  const int64_t last = gpt.ln_f->num_parameters() + gpt.lm_head->num_parameters();
+  auto load = [&](int s, int64_t blocks) {
+    return blocks * block + (s == 0 ? first : 0) + (s == stages - 1 ? last : 0);
+  };
+  // best[s][l]: the smallest largest load of stages 0..s-1 holding the first l blocks; cut[s][l] the
+  // blocks of stage s-1 there.
+  const int64_t inf = std::numeric_limits<int64_t>::max();
+  std::vector<std::vector<int64_t>> best(size_t(stages) + 1, std::vector<int64_t>(size_t(layers) + 1, inf));
+  std::vector<std::vector<int64_t>> cut(size_t(stages) + 1, std::vector<int64_t>(size_t(layers) + 1, 0));
+  best[0][0] = 0;
+  for (int s = 1; s <= stages; ++s)
+    for (int64_t l = 0; l <= layers; ++l)
+      for (int64_t k = 0; k <= l; ++k) {  // stage s-1 takes k blocks (the fewest on ties)
+        const int64_t before = best[size_t(s - 1)][size_t(l - k)];
+        if (before == inf) continue;
+        const int64_t worst = std::max(before, load(s - 1, k));
+        if (worst < best[size_t(s)][size_t(l)]) {
+          best[size_t(s)][size_t(l)] = worst;
+          cut[size_t(s)][size_t(l)] = k;
+        }
+      }
+  std::vector<int64_t> out(static_cast<size_t>(stages));
+  for (int64_t s = stages, l = layers; s > 0; --s) {
+    out[size_t(s - 1)] = cut[size_t(s)][size_t(l)];
+    l -= out[size_t(s - 1)];
+  }
+  return out;
+}
+
+namespace {
+
+class GPTStage final : public Module {
+ public:
+  GPTStage(const std::shared_ptr<GPT>& gpt, bool first, bool last, int64_t begin, int64_t end)
+      : gpt_(gpt), first_(first), last_(last) {
+    if (first_) {
+      register_module("wte", gpt->wte);
+      register_module("wpe", gpt->wpe);
+      register_module("drop", gpt->drop);
+    }
+    blocks_ = register_module("blocks", std::make_shared<Sequential>());
+    for (int64_t i = begin; i < end; ++i) blocks_->push_back(std::to_string(i), (*gpt->blocks)[size_t(i)]);
+    if (last_) {
+      register_module("ln_f", gpt->ln_f);
+      register_module("lm_head", gpt->lm_head);
+    }
+  }
+  std::string name() const override { return "GPTStage"; }
+
+  Tensor forward(const Tensor& x) override {
+    Tensor h = x;
+    if (first_) {
+      BOOSTER_CHECK(x.dim() == 2, ShapeError, "GPT stage: expected token ids [B, T], got shape ", x.shape());
+      const Tensor positions = arange(x.size(1), DType::Int64).to(x.device());
+      h = (*gpt_->drop)((*gpt_->wte)(x) + (*gpt_->wpe)(positions));
+    }
+    for (const ModulePtr& block : blocks_->children()) h = gpt_->config.activation_checkpointing ? checkpoint(*block, h) : (*block)(h);
+    if (last_) h = (*gpt_->lm_head)((*gpt_->ln_f)(h));
+    return h;
+  }
+
+ private:
+  std::shared_ptr<GPT> gpt_;
+  bool first_, last_;
+  std::shared_ptr<Sequential> blocks_;
+};
+
+}  // namespace
+
+ModulePtr gpt_stage(const std::shared_ptr<GPT>& gpt, int stage, int stages, std::vector<int64_t> stage_layers) {
+  BOOSTER_CHECK(gpt != nullptr, ValueError, "pipeline: the GPT to cut is null");
+  BOOSTER_CHECK(stages >= 1 && stage >= 0 && stage < stages, ValueError, "pipeline: stage ", stage,
+                " does not exist in a pipeline of ", stages, " stages");
+  if (stage_layers.empty()) stage_layers = balance_gpt_layers(*gpt, stages);
+  int64_t total = 0;
+  bool nonnegative = true;
+  for (int64_t n : stage_layers) {
+    total += n;
+    nonnegative &= n >= 0;
+  }
+  BOOSTER_CHECK(int(stage_layers.size()) == stages && nonnegative && total == gpt->config.layers, ValueError,
+                "pipeline: stage_layers ", stage_layers, " must give each of the ", stages,
+                " stages a number of blocks >= 0, together the model's ", gpt->config.layers);
+  int64_t begin = 0;
+  for (int s = 0; s < stage; ++s) begin += stage_layers[size_t(s)];
+  auto out = std::make_shared<GPTStage>(gpt, stage == 0, stage == stages - 1, begin, begin + stage_layers[size_t(stage)]);
+  out->train(gpt->is_training());
+  return out;
 }
 
 }  // namespace booster::nn::pp

@@ -11,6 +11,7 @@
 
 #include "booster/distributed/process_group.h"
 #include "booster/nn/loss.h"
+#include "booster/nn/models.h"
 #include "booster/nn/module.h"
 
 namespace booster::nn::pp {
@@ -33,6 +34,18 @@ struct PipelineAction {
 //         activations.
 //   GPipe: every forward, then every backward (in reverse): it holds all M.
 std::vector<PipelineAction> schedule_actions(Schedule schedule, int stage, int stages, int microbatches);
+
+// ---------------------------------------------------------------- cutting a GPT (Note [Cutting a GPT])
+// Blocks per stage that make the largest stage (in parameters, the embeddings counted on the first
+// stage and ln_f + lm_head on the last) as small as it can be; ties give earlier stages fewer blocks.
+// ValueError for stages < 1.
+std::vector<int64_t> balance_gpt_layers(const GPT& gpt, int stages);
+// Stage `stage` of `stages` of `gpt`: the first holds wte, wpe and the dropout, then its blocks; the
+// last ends with ln_f and lm_head. `stage_layers` gives every stage's number of blocks (empty:
+// balance_gpt_layers); ValueError unless it has one entry >= 0 per stage summing to the model's
+// layers. The stage shares the GPT's modules and names its parameters as the GPT does
+// ("blocks.3.attn.c_attn.weight"), so stages' state dicts together make the whole model's.
+ModulePtr gpt_stage(const std::shared_ptr<GPT>& gpt, int stage, int stages, std::vector<int64_t> stage_layers = {});
 
 struct PipelineOptions {
   Schedule schedule = Schedule::OneFOneB;
