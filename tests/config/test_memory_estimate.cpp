@@ -1,6 +1,6 @@
 // `booster check`'s memory estimate (Note [Memory estimate] in booster/config/memory_estimate.h):
 // exact byte counts of a small MLP worked out by hand under fp32, a 16-bit strategy with master
-// weights, ZeRO stage 1 and 2 over two ranks, and the table and warning the command prints.
+// weights, ZeRO stages 1, 2 and 3 over two ranks, and the table and warning the command prints.
 #include <catch2/catch.hpp>
 
 #include <unistd.h>
@@ -90,6 +90,11 @@ TEST_CASE("memory estimate: 16-bit models, master weights and ZeRO shards", "[me
   e = config::estimate_memory(config::resolve(c), 2);
   CHECK(bytes_of(e, "gradients") == 98 * 2);     // stage 2 shards them too
   CHECK(e.total_bytes() == 390 + 196 + 392 + 784 + 1472 * 2);
+  c["plugin"]["stage"] = 3;
+  e = config::estimate_memory(config::resolve(c), 2);
+  CHECK(bytes_of(e, "parameters") == 98 * 2);    // stage 3 shards the parameters as well
+  CHECK(bytes_of(e, "gradients") == 98 * 2);
+  CHECK(e.total_bytes() == 196 + 196 + 392 + 784 + 1472 * 2);
 }
 
 TEST_CASE("memory estimate: GPT parameters and activations, and library models not estimated", "[memory]") {
