@@ -263,7 +263,6 @@ void ZeroOptimizer::partition_by_module(const optim::Optimizer& original, const 
   for (size_t g = 0; g < original.param_groups().size(); ++g)
     for (size_t j = 0; j < original.param_groups()[g].params.size(); ++j)
       where[original.param_groups()[g].params[j].impl()] = {g, group_params_[g][j]};
-  size_t found = 0;
   std::function<void(const nn::ModulePtr&)> visit = [&](const nn::ModulePtr& owner) {
     nn::Module& m = *owner;
     std::map<size_t, Partition> by_group;
@@ -275,7 +274,6 @@ void ZeroOptimizer::partition_by_module(const optim::Optimizer& original, const 
       p.params.push_back(t);
       p.index.push_back(it->second.second);
       where.erase(it);
-      ++found;
     }
     if (!by_group.empty()) {
       Unit unit;
@@ -294,7 +292,6 @@ void ZeroOptimizer::partition_by_module(const optim::Optimizer& original, const 
                 "but the optimizer has ", where.size(), " parameter(s) that are not the model's (the first is '",
                 where.begin()->first ? where.begin()->first->name : std::string("?"),
                 "'); build the optimizer over model->parameters()");
-  (void)found;
 }
 
 Tensor ZeroOptimizer::shard_of(const Tensor& flat, const Partition& p) const {
