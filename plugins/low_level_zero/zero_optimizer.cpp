@@ -49,20 +49,9 @@ void for_each_piece(const std::vector<int64_t>& offsets, int64_t begin, int64_t 
   }
 }
 
-bool parse_state_key(const std::string& key, size_t& index, std::string& name) {
-  if (key.rfind("state.", 0) != 0) return false;
-  const size_t dot = key.find('.', 6);
-  if (dot == std::string::npos || dot == 6) return false;
-  try {
-    index = std::stoul(key.substr(6, dot - 6));
-  } catch (...) {
-    return false;
-  }
-  name = key.substr(dot + 1);
-  return !name.empty();
-}
 
 using optim::kMasterWeight;
+using optim::parse_state_key;
 
 }  // namespace
 

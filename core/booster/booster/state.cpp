@@ -192,17 +192,6 @@ std::string plugin_label(const std::string& name, const json& options) {
   return name;
 }
 
-// "state.<i>.<name>" -> i and name.
-bool split_state_key(const std::string& key, size_t& index, std::string& name) {
-  if (key.rfind("state.", 0) != 0) return false;
-  const size_t dot = key.find('.', 6);
-  if (dot == std::string::npos || dot == 6) return false;
-  const std::string digits = key.substr(6, dot - 6);
-  if (digits.find_first_not_of("0123456789") != std::string::npos || digits.size() > 9) return false;
-  index = std::stoul(digits);
-  name = key.substr(dot + 1);
-  return !name.empty();
-}
 
 }  // namespace
 
@@ -576,7 +565,7 @@ Booster::HandOver Booster::read_hand_over(const fs::path& dir, const std::string
   for (auto it = h.optimizer.tensors.begin(); it != h.optimizer.tensors.end();) {
     size_t i = 0;
     std::string name;
-    if (split_state_key(it->first, i, name) && name == optim::kMasterWeight && i < n) {
+    if (optim::parse_state_key(it->first, i, name) && name == optim::kMasterWeight && i < n) {
       h.weights[i] = it->second;
       it = h.optimizer.tensors.erase(it);
     } else {

@@ -18,19 +18,19 @@ std::string key_list(const json& defaults) {
   return s;
 }
 
-// Parses "state.<i>.<name>"; false when the key has another form.
+}  // namespace
+
 bool parse_state_key(const std::string& key, size_t& index, std::string& name) {
   if (key.rfind("state.", 0) != 0) return false;
   const size_t dot = key.find('.', 6);
   if (dot == std::string::npos || dot == 6 || dot + 1 == key.size()) return false;
   const std::string digits = key.substr(6, dot - 6);
-  if (!std::all_of(digits.begin(), digits.end(), [](char c) { return c >= '0' && c <= '9'; })) return false;
+  if (digits.size() > 9 || !std::all_of(digits.begin(), digits.end(), [](char c) { return c >= '0' && c <= '9'; }))
+    return false;
   index = std::stoul(digits);
   name = key.substr(dot + 1);
   return true;
 }
-
-}  // namespace
 
 Optimizer::Optimizer(std::string type, json defaults) : type_(std::move(type)), defaults_(std::move(defaults)) {}
 

@@ -41,6 +41,8 @@ struct ParamGroup {
 // the live state (as torch's state_dict holds references): clone them to keep a snapshot.
 // The state name of a parameter's float32 master weight where the optimizer keeps it (ZeRO).
 inline constexpr const char* kMasterWeight = "master_weight";
+// "state.<i>.<name>" (an OptimizerState tensor key) -> i and name; false for any other key.
+bool parse_state_key(const std::string& key, size_t& index, std::string& name);
 
 struct OptimizerState {
   nlohmann::json meta;
