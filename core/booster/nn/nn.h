@@ -15,5 +15,7 @@
 #include "booster/nn/models.h"
 #include "booster/nn/module.h"
 #include "booster/nn/normalization.h"
+#include "booster/nn/pipeline.h"
+#include "booster/nn/shard_policy.h"
 #include "booster/nn/tensor_parallel.h"
 #include "booster/nn/transformer.h"

@@ -133,7 +133,8 @@ Tensor PipelineStage::receive_activation(int from, int microbatch) {
   return t;
 }
 
-double PipelineStage::train_step(const Tensor& x, const Tensor& y, const Criterion& criterion) {
+double PipelineStage::train_step(const Tensor& x, const Tensor& y, const Criterion& criterion,
+                                 const std::function<void(const Tensor&)>& backward) {
   const int m = options_.num_microbatches;
   // Checked on every rank alike, so a bad batch fails everywhere instead of leaving stages waiting.
   microbatch(x, 0, m, "input");
@@ -163,7 +164,8 @@ double PipelineStage::train_step(const Tensor& x, const Tensor& y, const Criteri
     }
     const Tensor& out = outputs[i];
     if (is_last()) {
-      out.backward();
+      if (backward) backward(out);
+      else out.backward();
     } else {
       Tensor grad = Tensor::empty(out.shape(), out.dtype(), group_.device());
       receive(grad, stage() + 1);
@@ -215,56 +217,63 @@ Tensor PipelineStage::forward(const Tensor& x) {
 // O(P L^2), nothing for the sizes pipelines have). Stages share the GPT's modules, so parameters
 // and their names are the whole model's.
 
-std::vector<int64_t> balance_gpt_layers(const GPT& gpt, int stages) {
+std::vector<int64_t> balance_units(const std::vector<int64_t>& units, int64_t first, int64_t last, int stages) {
   BOOSTER_CHECK(stages >= 1, ValueError, "pipeline: ", stages, " stages; a pipeline needs at least one");
-  const int64_t layers = gpt.config.layers;
-  const int64_t block = layers > 0 ? (*gpt.blocks)[0]->num_parameters() : 0;
-  const int64_t first = gpt.wte->num_parameters() + gpt.wpe->num_parameters();
-  const int64_t last = gpt.ln_f->num_parameters() + gpt.lm_head->num_parameters();
-  auto load = [&](int s, int64_t blocks) {
-    return blocks * block + (s == 0 ? first : 0) + (s == stages - 1 ? last : 0);
+  const int64_t n = int64_t(units.size());
+  std::vector<int64_t> prefix(size_t(n) + 1, 0);  // prefix[l]: size of the first l units
+  for (int64_t i = 0; i < n; ++i) prefix[size_t(i + 1)] = prefix[size_t(i)] + units[size_t(i)];
+  // The size of stage s holding units [l - k, l).
+  auto load = [&](int s, int64_t l, int64_t k) {
+    return prefix[size_t(l)] - prefix[size_t(l - k)] + (s == 0 ? first : 0) + (s == stages - 1 ? last : 0);
   };
-  // best[s][l]: the smallest largest load of stages 0..s-1 holding the first l blocks; cut[s][l] the
-  // blocks of stage s-1 there.
+  // best[s][l]: the smallest largest load of stages 0..s-1 holding the first l units; cut[s][l] the
+  // units of stage s-1 there.
   const int64_t inf = std::numeric_limits<int64_t>::max();
-  std::vector<std::vector<int64_t>> best(size_t(stages) + 1, std::vector<int64_t>(size_t(layers) + 1, inf));
-  std::vector<std::vector<int64_t>> cut(size_t(stages) + 1, std::vector<int64_t>(size_t(layers) + 1, 0));
+  std::vector<std::vector<int64_t>> best(size_t(stages) + 1, std::vector<int64_t>(size_t(n) + 1, inf));
+  std::vector<std::vector<int64_t>> cut(size_t(stages) + 1, std::vector<int64_t>(size_t(n) + 1, 0));
   best[0][0] = 0;
   for (int s = 1; s <= stages; ++s)
-    for (int64_t l = 0; l <= layers; ++l)
-      for (int64_t k = 0; k <= l; ++k) {  // stage s-1 takes k blocks (the fewest on ties)
+    for (int64_t l = 0; l <= n; ++l)
+      for (int64_t k = 0; k <= l; ++k) {  // stage s-1 takes k units (the fewest on ties)
         const int64_t before = best[size_t(s - 1)][size_t(l - k)];
         if (before == inf) continue;
-        const int64_t worst = std::max(before, load(s - 1, k));
+        const int64_t worst = std::max(before, load(s - 1, l, k));
         if (worst < best[size_t(s)][size_t(l)]) {
           best[size_t(s)][size_t(l)] = worst;
           cut[size_t(s)][size_t(l)] = k;
         }
       }
   std::vector<int64_t> out(static_cast<size_t>(stages));
-  for (int64_t s = stages, l = layers; s > 0; --s) {
+  for (int64_t s = stages, l = n; s > 0; --s) {
     out[size_t(s - 1)] = cut[size_t(s)][size_t(l)];
     l -= out[size_t(s - 1)];
   }
   return out;
 }
 
+std::vector<int64_t> balance_gpt_layers(const GPT& gpt, int stages) {
+  std::vector<int64_t> blocks;
+  for (const ModulePtr& b : gpt.blocks->children()) blocks.push_back(b->num_parameters());
+  return balance_units(blocks, gpt.wte->num_parameters() + gpt.wpe->num_parameters(),
+                       gpt.ln_f->num_parameters() + gpt.lm_head->num_parameters(), stages);
+}
+
 namespace {
 
 class GPTStage final : public Module {
  public:
-  GPTStage(const std::shared_ptr<GPT>& gpt, bool first, bool last, int64_t begin, int64_t end)
-      : gpt_(gpt), first_(first), last_(last) {
+  GPTStage(GPTParts parts, bool first, bool last, int64_t begin, int64_t end)
+      : parts_(std::move(parts)), first_(first), last_(last) {
     if (first_) {
-      register_module("wte", gpt->wte);
-      register_module("wpe", gpt->wpe);
-      register_module("drop", gpt->drop);
+      register_module("wte", parts_.wte);
+      register_module("wpe", parts_.wpe);
+      register_module("drop", parts_.drop);
     }
     blocks_ = register_module("blocks", std::make_shared<Sequential>());
-    for (int64_t i = begin; i < end; ++i) blocks_->push_back(std::to_string(i), (*gpt->blocks)[size_t(i)]);
+    for (int64_t i = begin; i < end; ++i) blocks_->push_back(std::to_string(i), parts_.blocks[size_t(i)]);
     if (last_) {
-      register_module("ln_f", gpt->ln_f);
-      register_module("lm_head", gpt->lm_head);
+      register_module("ln_f", parts_.ln_f);
+      register_module("lm_head", parts_.lm_head);
     }
   }
   std::string name() const override { return "GPTStage"; }
@@ -273,41 +282,55 @@ class GPTStage final : public Module {
     Tensor h = x;
     if (first_) {
       BOOSTER_CHECK(x.dim() == 2, ShapeError, "GPT stage: expected token ids [B, T], got shape ", x.shape());
+      BOOSTER_CHECK(x.size(1) <= parts_.context, ShapeError, "GPT: sequence length ", x.size(1),
+                    " exceeds the context length ", parts_.context, "; pass at most ", parts_.context, " tokens");
       const Tensor positions = arange(x.size(1), DType::Int64).to(x.device());
-      h = (*gpt_->drop)((*gpt_->wte)(x) + (*gpt_->wpe)(positions));
+      h = (*parts_.drop)((*parts_.wte)(x) + (*parts_.wpe)(positions));
     }
-    for (const ModulePtr& block : blocks_->children()) h = gpt_->config.activation_checkpointing ? checkpoint(*block, h) : (*block)(h);
-    if (last_) h = (*gpt_->lm_head)((*gpt_->ln_f)(h));
+    for (const ModulePtr& block : blocks_->children())
+      h = parts_.activation_checkpointing ? checkpoint(*block, h) : (*block)(h);
+    if (last_) h = (*parts_.lm_head)((*parts_.ln_f)(h));
     return h;
   }
 
  private:
-  std::shared_ptr<GPT> gpt_;
+  GPTParts parts_;
   bool first_, last_;
   std::shared_ptr<Sequential> blocks_;
 };
 
 }  // namespace
 
+GPTParts gpt_parts(const GPT& gpt) {
+  GPTParts parts{gpt.wte, gpt.wpe, gpt.drop, gpt.blocks->children(), gpt.ln_f, gpt.lm_head, gpt.config.context,
+                 gpt.config.activation_checkpointing};
+  return parts;
+}
+
 ModulePtr gpt_stage(const std::shared_ptr<GPT>& gpt, int stage, int stages, std::vector<int64_t> stage_layers) {
   BOOSTER_CHECK(gpt != nullptr, ValueError, "pipeline: the GPT to cut is null");
+  if (stages >= 1 && stage_layers.empty()) stage_layers = balance_gpt_layers(*gpt, stages);
+  ModulePtr out = gpt_stage(gpt_parts(*gpt), stage, stages, stage_layers);
+  out->train(gpt->is_training());
+  return out;
+}
+
+ModulePtr gpt_stage(const GPTParts& parts, int stage, int stages, const std::vector<int64_t>& stage_layers) {
   BOOSTER_CHECK(stages >= 1 && stage >= 0 && stage < stages, ValueError, "pipeline: stage ", stage,
                 " does not exist in a pipeline of ", stages, " stages");
-  if (stage_layers.empty()) stage_layers = balance_gpt_layers(*gpt, stages);
   int64_t total = 0;
   bool nonnegative = true;
   for (int64_t n : stage_layers) {
     total += n;
     nonnegative &= n >= 0;
   }
-  BOOSTER_CHECK(int(stage_layers.size()) == stages && nonnegative && total == gpt->config.layers, ValueError,
+  const int64_t layers = int64_t(parts.blocks.size());
+  BOOSTER_CHECK(int(stage_layers.size()) == stages && nonnegative && total == layers, ValueError,
                 "pipeline: stage_layers ", stage_layers, " must give each of the ", stages,
-                " stages a number of blocks >= 0, together the model's ", gpt->config.layers);
+                " stages a number of blocks >= 0, together the model's ", layers);
   int64_t begin = 0;
   for (int s = 0; s < stage; ++s) begin += stage_layers[size_t(s)];
-  auto out = std::make_shared<GPTStage>(gpt, stage == 0, stage == stages - 1, begin, begin + stage_layers[size_t(stage)]);
-  out->train(gpt->is_training());
-  return out;
+  return std::make_shared<GPTStage>(parts, stage == 0, stage == stages - 1, begin, begin + stage_layers[size_t(stage)]);
 }
 
 }  // namespace booster::nn::pp

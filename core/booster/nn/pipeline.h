@@ -6,6 +6,7 @@
 // and the exchange fit together is Note [Pipeline schedules] in pipeline.cpp.
 #pragma once
 
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -36,6 +37,10 @@ struct PipelineAction {
 std::vector<PipelineAction> schedule_actions(Schedule schedule, int stage, int stages, int microbatches);
 
 // ---------------------------------------------------------------- cutting a GPT (Note [Cutting a GPT])
+// How many of `units` (sizes, in order) each of `stages` stages takes, the first stage also holding
+// `first` and the last `last`, so that the largest stage is as small as it can be; ties give earlier
+// stages fewer units. ValueError for stages < 1.
+std::vector<int64_t> balance_units(const std::vector<int64_t>& units, int64_t first, int64_t last, int stages);
 // Blocks per stage that make the largest stage (in parameters, the embeddings counted on the first
 // stage and ln_f + lm_head on the last) as small as it can be; ties give earlier stages fewer blocks.
 // ValueError for stages < 1.
@@ -46,6 +51,19 @@ std::vector<int64_t> balance_gpt_layers(const GPT& gpt, int stages);
 // layers. The stage shares the GPT's modules and names its parameters as the GPT does
 // ("blocks.3.attn.c_attn.weight"), so stages' state dicts together make the whole model's.
 ModulePtr gpt_stage(const std::shared_ptr<GPT>& gpt, int stage, int stages, std::vector<int64_t> stage_layers = {});
+
+// The modules a GPT's forward runs, in order, as a stage needs them: a GPT's own (gpt_parts), or a
+// tensor-parallel twin's (booster/nn/shard_policy.h replaces the split ones).
+struct GPTParts {
+  ModulePtr wte, wpe, drop;
+  std::vector<ModulePtr> blocks;
+  ModulePtr ln_f, lm_head;
+  int64_t context = 0;
+  bool activation_checkpointing = false;
+};
+GPTParts gpt_parts(const GPT& gpt);
+// As above over `parts`; stage_layers must be given (balance_gpt_layers of the GPT they came from).
+ModulePtr gpt_stage(const GPTParts& parts, int stage, int stages, const std::vector<int64_t>& stage_layers);
 
 struct PipelineOptions {
   Schedule schedule = Schedule::OneFOneB;
@@ -65,7 +83,10 @@ class PipelineStage {
   // so a criterion that averages over the batch gives the whole batch's gradient. Returns the mean of
   // the micro-batch losses on every rank (the whole batch's loss for such a criterion). Collective
   // over the group.
-  double train_step(const Tensor& x, const Tensor& y, const Criterion& criterion);
+  // `backward` backpropagates each of the last stage's scaled micro-batch losses (a mixed-precision
+  // strategy's backward, which scales it); empty: loss.backward().
+  double train_step(const Tensor& x, const Tensor& y, const Criterion& criterion,
+                    const std::function<void(const Tensor&)>& backward = nullptr);
 
   // The whole model's output on the last stage (an undefined tensor on the others), without gradients:
   // evaluation through the stages, one micro-batch at a time.

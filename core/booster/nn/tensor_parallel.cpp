@@ -179,6 +179,35 @@ VocabParallelEmbedding::VocabParallelEmbedding(int64_t num, int64_t dim, distrib
   weight = register_parameter("weight", shard(full.weight, 0, group, "VocabParallelEmbedding", "num_embeddings"));
 }
 
+VocabParallelEmbedding::VocabParallelEmbedding(const Embedding& full, distributed::ProcessGroup& group)
+    : num_embeddings(full.num_embeddings),
+      embedding_dim(full.embedding_dim),
+      rows_per_rank(full.num_embeddings / group.size()),
+      group_(&group) {
+  weight = register_parameter("weight", shard(full.weight, 0, group, "VocabParallelEmbedding", "num_embeddings"));
+}
+
+ParallelMLP::ParallelMLP(const MLP& full, distributed::ProcessGroup& group) {
+  c_fc = register_module("c_fc", std::make_shared<ColumnParallelLinear>(*full.c_fc, group, false));
+  gelu = register_module("gelu", full.gelu);
+  c_proj = register_module("c_proj", std::make_shared<RowParallelLinear>(*full.c_proj, group, true));
+  dropout = register_module("dropout", full.dropout);
+}
+
+Tensor ParallelMLP::forward(const Tensor& x) { return (*dropout)((*c_proj)((*gelu)((*c_fc)(x)))); }
+
+ParallelBlock::ParallelBlock(const Block& full, distributed::ProcessGroup& group) {
+  ln_1 = register_module("ln_1", full.ln_1);
+  attn = register_module("attn", std::make_shared<ParallelCausalSelfAttention>(*full.attn, group));
+  ln_2 = register_module("ln_2", full.ln_2);
+  mlp = register_module("mlp", std::make_shared<ParallelMLP>(*full.mlp, group));
+}
+
+Tensor ParallelBlock::forward(const Tensor& x) {
+  Tensor h = x + (*attn)((*ln_1)(x));
+  return h + (*mlp)((*ln_2)(h));
+}
+
 namespace {
 
 // Ids of [first, first + count) as local indices (others 0) and a mask (1 where in range; 0 also

@@ -9,6 +9,7 @@
 
 #include "booster/distributed/process_group.h"
 #include "booster/nn/dropout.h"
+#include "booster/nn/embedding.h"
 #include "booster/nn/linear.h"
 #include "booster/nn/module.h"
 #include "booster/nn/transformer.h"
@@ -44,6 +45,7 @@ class ColumnParallelLinear : public Module {
   Tensor forward(const Tensor& x) override;
   std::string name() const override { return "ColumnParallelLinear"; }
   std::string extra_repr() const override;
+  distributed::ProcessGroup& group() const { return *group_; }
 
   int64_t in_features, out_features, out_per_rank;
   bool gather_output;
@@ -95,6 +97,35 @@ class ParallelCausalSelfAttention : public Module {
   std::shared_ptr<Dropout> resid_dropout;
 };
 
+// The GPT's feed-forward split Megatron's way: c_fc column-parallel (4 width / tp features per rank),
+// GELU on the slice, c_proj row-parallel; one all-reduce forward, one backward. Built from an existing
+// MLP (weights copied, dropout shared).
+class ParallelMLP : public Module {
+ public:
+  ParallelMLP(const MLP& full, distributed::ProcessGroup& group);
+  Tensor forward(const Tensor& x) override;
+  std::string name() const override { return "ParallelMLP"; }
+
+  std::shared_ptr<ColumnParallelLinear> c_fc;
+  ModulePtr gelu;
+  std::shared_ptr<RowParallelLinear> c_proj;
+  ModulePtr dropout;
+};
+
+// A transformer Block with its attention split by heads and its MLP as above; the layer norms are
+// replicated (the Block's own modules, shared). Named as the Block ("attn.c_attn.weight", ...).
+class ParallelBlock : public Module {
+ public:
+  ParallelBlock(const Block& full, distributed::ProcessGroup& group);
+  Tensor forward(const Tensor& x) override;
+  std::string name() const override { return "ParallelBlock"; }
+
+  ModulePtr ln_1;
+  std::shared_ptr<ParallelCausalSelfAttention> attn;
+  ModulePtr ln_2;
+  std::shared_ptr<ParallelMLP> mlp;
+};
+
 // An embedding with the vocabulary split by rows: this rank holds rows [rank * V / tp, (rank + 1) * V / tp).
 // Ids outside the shard look up zeros; the ranks' partial rows are all-reduced, so every rank gets the
 // whole [..., dim] output. Initialized as nn::Embedding(num, dim, gen), then sliced.
@@ -102,6 +133,8 @@ class VocabParallelEmbedding : public Module {
  public:
   VocabParallelEmbedding(int64_t num_embeddings, int64_t embedding_dim, distributed::ProcessGroup& group,
                          Generator* gen = nullptr);
+  // This rank's rows of an existing embedding (copied).
+  VocabParallelEmbedding(const Embedding& full, distributed::ProcessGroup& group);
   Tensor forward(const Tensor& indices) override;
   std::string name() const override { return "VocabParallelEmbedding"; }
   std::string extra_repr() const override;

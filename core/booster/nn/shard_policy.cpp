@@ -1,0 +1,237 @@
+// Shard policies (shard_policy.h) and the built-in ones for the GPT and the MLP classifier.
+//
+// Note [Shard policies]
+// ~~~~~~~~~~~~~~~~~~~~~
+// A policy builds this rank's part from the whole model, which every rank constructs alike (same
+// seed), so no weights travel: a split layer copies its slice (tensor_parallel.h), an unsplit one is
+// the whole model's own module, shared. Pipeline stages then take the units (GPT blocks, MLP layers)
+// of this rank's stage, balanced by parameters unless stage_layers says otherwise. Parameter names stay
+// the whole model's ("blocks.3.mlp.c_fc.weight"), and `shards` says how each split one is laid out,
+// so a checkpoint can gather the pieces into the single-process file and slice them back on load.
+//   GPT (Megatron-LM): wte vocabulary-parallel; per block, attention by heads (c_attn's q, k and v
+//     rows each split: chunks 3), c_proj row-parallel, mlp.c_fc column- and mlp.c_proj row-parallel;
+//     layer norms and wpe replicated; lm_head column-parallel over the vocabulary, its logits left
+//     split in training, where the loss is the vocabulary-parallel cross-entropy, and gathered when
+//     gradients are off (evaluation), where the user's criterion gets the whole logits.
+//   MLPClassifier: Linear layers alternately column- and row-parallel (an activation between them
+//     works on the slice), so a pair costs one all-reduce; a last column-parallel layer gathers its
+//     output. Hidden sizes (and the classes when the layer count is odd) must divide by tp.
+#include "booster/nn/shard_policy.h"
+
+#include <mutex>
+
+#include "booster/autograd/autograd.h"
+#include "booster/common/error.h"
+#include "booster/nn/container.h"
+#include "booster/nn/linear.h"
+#include "booster/nn/models.h"
+#include "booster/nn/pipeline.h"
+#include "booster/nn/tensor_parallel.h"
+#include "booster/ops/ops.h"
+
+namespace booster::nn {
+
+Tensor shard_of(const Tensor& whole, const ShardSpec& spec, int rank, int size) {
+  const int64_t dim = spec.dim < 0 ? spec.dim + whole.dim() : spec.dim;
+  BOOSTER_CHECK(dim >= 0 && dim < whole.dim() && spec.chunks >= 1 && whole.size(dim) % (spec.chunks * size) == 0,
+                ShapeError, "shard: dim ", spec.dim, " of shape ", whole.shape(), " does not split into ",
+                spec.chunks, " x ", size, " equal pieces");
+  const int64_t block = whole.size(dim) / spec.chunks, piece = block / size;
+  NoGradGuard no_grad;
+  std::vector<Tensor> parts;
+  for (int64_t c = 0; c < spec.chunks; ++c) parts.push_back(whole.narrow(dim, c * block + rank * piece, piece));
+  return cat(parts, dim).contiguous();
+}
+
+Tensor unshard(const std::vector<Tensor>& pieces, const ShardSpec& spec) {
+  BOOSTER_CHECK(!pieces.empty(), ValueError, "unshard: no pieces");
+  const int64_t dim = spec.dim < 0 ? spec.dim + pieces[0].dim() : spec.dim;
+  BOOSTER_CHECK(pieces[0].size(dim) % spec.chunks == 0, ShapeError, "unshard: dim ", spec.dim, " of shape ",
+                pieces[0].shape(), " does not split into ", spec.chunks, " chunks");
+  const int64_t part = pieces[0].size(dim) / spec.chunks;
+  NoGradGuard no_grad;
+  std::vector<Tensor> parts;
+  for (int64_t c = 0; c < spec.chunks; ++c)
+    for (const Tensor& p : pieces) parts.push_back(p.narrow(dim, c * part, part));
+  return cat(parts, dim).contiguous();
+}
+
+namespace {
+
+// The GPT's lm_head: column-parallel over the vocabulary; its logits stay split while gradients are
+// recorded (training: the loss is vocabulary-parallel) and are gathered otherwise (Note [Shard policies]).
+class VocabParallelHead final : public tp::ColumnParallelLinear {
+ public:
+  VocabParallelHead(const Linear& full, distributed::ProcessGroup& group) : ColumnParallelLinear(full, group, false) {}
+  Tensor forward(const Tensor& x) override {
+    const Tensor y = ColumnParallelLinear::forward(x);
+    return autograd::grad_mode_enabled() ? y : tp::gather_last_dim(y, group());
+  }
+};
+
+ShardedModel gpt_policy(const ModulePtr& model, const ShardContext& c) {
+  const auto gpt = std::dynamic_pointer_cast<GPT>(model);
+  BOOSTER_CHECK(gpt != nullptr, IncompatibleError, "shard policy 'GPT': the model is a ", model->name(),
+                ", not a booster::nn::GPT");
+  pp::GPTParts parts = pp::gpt_parts(*gpt);
+  ShardedModel out;
+  distributed::ProcessGroup* group = c.tp;
+  if (group != nullptr && group->size() > 1) {
+    const GPTConfig& cfg = gpt->config;
+    BOOSTER_CHECK(cfg.heads % group->size() == 0 && cfg.vocab_size % group->size() == 0, IncompatibleError,
+                  "shard policy 'GPT': tensor parallel size ", group->size(), " must divide the heads (", cfg.heads,
+                  ") and the vocabulary (", cfg.vocab_size, ")");
+    parts.wte = std::make_shared<tp::VocabParallelEmbedding>(*gpt->wte, *group);
+    for (ModulePtr& block : parts.blocks)
+      block = std::make_shared<tp::ParallelBlock>(dynamic_cast<const Block&>(*block), *group);
+    parts.lm_head = std::make_shared<VocabParallelHead>(*gpt->lm_head, *group);
+    out.shards["wte.weight"] = {0, 1};
+    out.shards["lm_head.weight"] = {0, 1};
+    for (int64_t i = 0; i < cfg.layers; ++i) {
+      const std::string b = "blocks." + std::to_string(i) + ".";
+      out.shards[b + "attn.c_attn.weight"] = {0, 3};
+      out.shards[b + "attn.c_attn.bias"] = {0, 3};
+      out.shards[b + "attn.c_proj.weight"] = {1, 1};
+      out.shards[b + "mlp.c_fc.weight"] = {0, 1};
+      out.shards[b + "mlp.c_fc.bias"] = {0, 1};
+      out.shards[b + "mlp.c_proj.weight"] = {1, 1};
+    }
+    const int64_t vocab = cfg.vocab_size;
+    out.criterion = [group, vocab](const Criterion& user) -> Criterion {
+      return [group, vocab, user](const Tensor& logits, const Tensor& target) {
+        if (logits.size(-1) == vocab) return user(logits, target);  // gathered (evaluation)
+        return tp::vocab_parallel_cross_entropy(logits, target, *group);
+      };
+    };
+  }
+  const std::vector<int64_t> layers = c.stage_layers.empty() ? pp::balance_gpt_layers(*gpt, c.stages) : c.stage_layers;
+  out.module = pp::gpt_stage(parts, c.stage, c.stages, layers);
+  out.module->train(gpt->is_training());
+  return out;
+}
+
+// Layers [begin, end) of an MLPClassifier's Sequential, named as there; the first stage flattens the
+// input as the classifier does.
+class MLPStage final : public Module {
+ public:
+  MLPStage(int64_t in_features, bool first) : in_features_(in_features), first_(first) {
+    layers = register_module("layers", std::make_shared<Sequential>());
+  }
+  Tensor forward(const Tensor& x) override {
+    if (!first_) return (*layers)(x);
+    BOOSTER_CHECK(x.dim() >= 1 && x.numel() == x.size(0) * in_features_, ShapeError,
+                  "MLPClassifier: expected input [N, ...] with ", in_features_, " features per sample, got shape ",
+                  x.shape());
+    return (*layers)(x.reshape({x.size(0), in_features_}));
+  }
+  std::string name() const override { return "MLPStage"; }
+  std::shared_ptr<Sequential> layers;
+
+ private:
+  int64_t in_features_;
+  bool first_;
+};
+
+ShardedModel mlp_policy(const ModulePtr& model, const ShardContext& c) {
+  const auto mlp = std::dynamic_pointer_cast<MLPClassifier>(model);
+  BOOSTER_CHECK(mlp != nullptr, IncompatibleError, "shard policy 'MLPClassifier': the model is a ", model->name(),
+                ", not a booster::nn::MLPClassifier");
+  const std::vector<std::pair<std::string, ModulePtr>> children = mlp->layers->named_children();
+  // Units: each Linear with the parameter-free modules after it.
+  std::vector<std::vector<size_t>> units;
+  std::vector<int64_t> sizes;
+  int64_t linears = 0;
+  for (size_t i = 0; i < children.size(); ++i) {
+    if (std::dynamic_pointer_cast<Linear>(children[i].second) || units.empty()) {
+      units.emplace_back();
+      sizes.push_back(0);
+    }
+    units.back().push_back(i);
+    sizes.back() += children[i].second->num_parameters();
+    linears += std::dynamic_pointer_cast<Linear>(children[i].second) != nullptr;
+  }
+  ShardedModel out;
+  std::vector<ModulePtr> layers;
+  for (const auto& [name, m] : children) layers.push_back(m);
+  distributed::ProcessGroup* group = c.tp;
+  if (group != nullptr && group->size() > 1) {
+    int64_t k = 0;
+    for (size_t i = 0; i < children.size(); ++i) {
+      const auto linear = std::dynamic_pointer_cast<Linear>(children[i].second);
+      if (!linear) continue;
+      const std::string p = "layers." + children[i].first + ".";
+      if (k % 2 == 0) {
+        const bool last = k + 1 == linears;
+        BOOSTER_CHECK(linear->out_features % group->size() == 0, IncompatibleError, "shard policy 'MLPClassifier': ",
+                      p, "out_features ", linear->out_features, " does not divide by the tensor parallel size ",
+                      group->size());
+        layers[i] = std::make_shared<tp::ColumnParallelLinear>(*linear, *group, /*gather_output=*/last);
+        out.shards[p + "weight"] = {0, 1};
+        out.shards[p + "bias"] = {0, 1};
+      } else {
+        layers[i] = std::make_shared<tp::RowParallelLinear>(*linear, *group, /*input_is_parallel=*/true);
+        out.shards[p + "weight"] = {1, 1};
+      }
+      ++k;
+    }
+  }
+  const std::vector<int64_t> per_stage =
+      c.stage_layers.empty() ? pp::balance_units(sizes, 0, 0, c.stages) : c.stage_layers;
+  int64_t total = 0;
+  for (int64_t n : per_stage) total += n;
+  BOOSTER_CHECK(int(per_stage.size()) == c.stages && total == int64_t(units.size()), ValueError,
+                "pipeline: stage_layers ", per_stage, " must give each of the ", c.stages,
+                " stages a number of layers, together the classifier's ", units.size(), " Linear layers");
+  int64_t begin = 0;
+  for (int s = 0; s < c.stage; ++s) begin += per_stage[size_t(s)];
+  auto stage = std::make_shared<MLPStage>(mlp->in_features, c.stage == 0);
+  for (int64_t u = begin; u < begin + per_stage[size_t(c.stage)]; ++u)
+    for (size_t i : units[size_t(u)]) stage->layers->push_back(children[i].first, layers[i]);
+  stage->train(mlp->is_training());
+  out.module = stage;
+  return out;
+}
+
+struct Registry {
+  std::mutex mutex;
+  std::map<std::string, ShardPolicy> policies{{"GPT", gpt_policy}, {"MLPClassifier", mlp_policy}};
+};
+
+Registry& registry() {
+  static Registry r;
+  return r;
+}
+
+}  // namespace
+
+void register_shard_policy(const std::string& model_name, ShardPolicy policy) {
+  BOOSTER_CHECK(!model_name.empty() && policy != nullptr, ValueError,
+                "register_shard_policy: needs a model name and a policy");
+  Registry& r = registry();
+  std::lock_guard lock(r.mutex);
+  r.policies[model_name] = std::move(policy);
+}
+
+std::vector<std::string> registered_shard_policies() {
+  Registry& r = registry();
+  std::lock_guard lock(r.mutex);
+  std::vector<std::string> out;
+  for (const auto& [name, policy] : r.policies) out.push_back(name);
+  return out;
+}
+
+ShardPolicy find_shard_policy(const std::string& model_name, const std::string& why) {
+  Registry& r = registry();
+  std::lock_guard lock(r.mutex);
+  auto it = r.policies.find(model_name);
+  if (it != r.policies.end()) return it->second;
+  std::string known;
+  for (const auto& [name, policy] : r.policies) known += (known.empty() ? "" : ", ") + name;
+  BOOSTER_FAIL(IncompatibleError, why, " needs a shard policy for the model '", model_name,
+               "', and none is registered (policies exist for ", known,
+               "); register one with booster::nn::register_shard_policy(\"", model_name,
+               "\", policy) before boost(), or use a plugin without tensor or pipeline parallelism (ddp, "
+               "low_level_zero)");
+}
+
+}  // namespace booster::nn
