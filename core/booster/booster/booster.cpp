@@ -9,6 +9,7 @@
 #include "booster/checkpoint/atomic_file.h"
 #include "booster/checkpoint/safetensors.h"
 #include "booster/config/config.h"
+#include "booster/ops/ops.h"
 
 namespace booster {
 
@@ -166,6 +167,9 @@ Boosted Booster::boost(nn::ModulePtr model, std::shared_ptr<optim::Optimizer> op
 
   TrainingParts parts{std::move(model), std::move(optimizer), std::move(criterion), std::move(dataloader),
                       std::move(scheduler), precision_};
+  // A plugin that splits the model takes this rank's part first, so the strategy sees only that.
+  parts = plugin_->shard(std::move(parts));
+  BOOSTER_CHECK(parts.model != nullptr, PluginError, "plugin '", plugin_->name(), "' shard() returned no model");
   if (!plugin_->control_precision()) {
     // A strategy that keeps master weights needs an optimizer to rebuild; without one it still
     // converts or wraps model and criterion.
@@ -198,6 +202,18 @@ Boosted Booster::boost(nn::ModulePtr model, std::shared_ptr<optim::Optimizer> op
 
 void Booster::backward(const Tensor& loss, BoostedOptimizer& optimizer) {
   precision_->backward(loss, optimizer.stepped_optimizer());
+}
+
+double Booster::execute_pipeline(const Tensor& x, const Tensor& y, nn::Module& model, const nn::Criterion& criterion,
+                                 BoostedOptimizer& optimizer, double loss_factor) {
+  BOOSTER_CHECK(criterion != nullptr, ValueError, "Booster::execute_pipeline: the criterion is empty");
+  auto backward = [&](const Tensor& loss) {
+    precision_->backward(loss_factor == 1.0 ? loss : mul(loss, loss_factor), optimizer.stepped_optimizer());
+  };
+  if (plugin_->layout().pipeline > 1) return plugin_->train_step(x, y, criterion, backward);
+  const Tensor loss = criterion(model(x), y);
+  backward(loss);
+  return loss.item();
 }
 
 double Booster::clip_grad_norm(BoostedOptimizer& optimizer, double max_norm) {

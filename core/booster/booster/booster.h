@@ -211,6 +211,14 @@ class Booster {
 
   // The scaled backward of the strategy; under data parallelism the gradient all-reduce starts here.
   void backward(const Tensor& loss, BoostedOptimizer& optimizer);
+  // One training step's forward and backward over the batch (x, y) (ColossalAI's execute_pipeline):
+  // under a plugin that cuts the model into pipeline stages, its micro-batches flow through the stages
+  // (ParallelPlugin::train_step); otherwise criterion(model(x), y), then backward(loss * loss_factor).
+  // The loss of each micro-batch is multiplied by loss_factor before its backward (1 / accumulation
+  // steps when accumulating). Returns the batch's loss (unscaled) on every rank. Pass the boosted
+  // parts. Collective under a pipeline.
+  double execute_pipeline(const Tensor& x, const Tensor& y, nn::Module& model, const nn::Criterion& criterion,
+                          BoostedOptimizer& optimizer, double loss_factor = 1.0);
   // Unscales first, then clips the joint L2 norm of all gradients to max_norm; returns the norm before
   // clipping (inf when a gradient is inf/NaN: the step will be skipped).
   double clip_grad_norm(BoostedOptimizer& optimizer, double max_norm);
@@ -292,6 +300,8 @@ class Booster {
   // and compared key by key on load_state.
   void set_resume_settings(nlohmann::json settings) { resume_settings_ = std::move(settings); }
   // What boost() returned (empty before).
+  // The model passed to boost() (the whole model, where a plugin split it across ranks); null before.
+  const nn::ModulePtr& user_model() const { return user_model_; }
   const Boosted& boosted() const { return parts_; }
 
   const BoosterConfig& config() const { return config_; }

@@ -44,18 +44,15 @@ class PluginProxy final : public ParallelPlugin {
   }
   ParallelLayout layout() const override { return call("layout()", [&] { return plugin_->layout(); }); }
 
+  TrainingParts shard(TrainingParts parts) override {
+    return bind(call("shard()", [&] { return plugin_->shard(std::move(parts)); }));
+  }
   TrainingParts configure(TrainingParts parts) override {
-    TrainingParts out = call("configure()", [&] { return plugin_->configure(std::move(parts)); });
-    out.model = plugin::bind(library_, std::move(out.model));
-    out.optimizer = plugin::bind(library_, std::move(out.optimizer));
-    out.dataloader = plugin::bind(library_, std::move(out.dataloader));
-    out.scheduler = plugin::bind(library_, std::move(out.scheduler));
-    out.precision = plugin::bind(library_, std::move(out.precision));
-    if (out.criterion) {
-      auto held = plugin::bind(library_, std::make_shared<nn::Criterion>(std::move(out.criterion)));
-      out.criterion = [held](const Tensor& output, const Tensor& target) { return (*held)(output, target); };
-    }
-    return out;
+    return bind(call("configure()", [&] { return plugin_->configure(std::move(parts)); }));
+  }
+  double train_step(const Tensor& x, const Tensor& y, const nn::Criterion& criterion,
+                    const std::function<void(const Tensor&)>& backward) override {
+    return call("train_step()", [&] { return plugin_->train_step(x, y, criterion, backward); });
   }
   std::shared_ptr<data::DataLoader> prepare_dataloader(data::DatasetPtr dataset,
                                                        const data::DataLoaderOptions& options) override {
@@ -75,6 +72,20 @@ class PluginProxy final : public ParallelPlugin {
   }
 
  private:
+  // What the plugin made stays bound to its library (Note [Plugin lifetime]).
+  TrainingParts bind(TrainingParts out) const {
+    out.model = plugin::bind(library_, std::move(out.model));
+    out.optimizer = plugin::bind(library_, std::move(out.optimizer));
+    out.dataloader = plugin::bind(library_, std::move(out.dataloader));
+    out.scheduler = plugin::bind(library_, std::move(out.scheduler));
+    out.precision = plugin::bind(library_, std::move(out.precision));
+    if (out.criterion) {
+      auto held = plugin::bind(library_, std::make_shared<nn::Criterion>(std::move(out.criterion)));
+      out.criterion = [held](const Tensor& output, const Tensor& target) { return (*held)(output, target); };
+    }
+    return out;
+  }
+
   std::shared_ptr<plugin::Plugin> library_;
   std::shared_ptr<ParallelPlugin> plugin_;  // bound to library_ as well
 };

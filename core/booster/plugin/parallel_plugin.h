@@ -141,6 +141,12 @@ class BOOST_SYMBOL_VISIBLE ParallelPlugin {
   virtual ParallelLayout layout() const { return {}; }
 
   // ---------------------------------------------------------------- work
+  // Optional: called once by Booster::boost() before the mixed-precision strategy configures the parts.
+  // A plugin that splits the model across ranks (tensor or pipeline parallel) replaces the model with
+  // this rank's part here, the optimizer with one over that part's parameters (same type, groups and
+  // options) and, where the part's output is split, the criterion; so the strategy converts and wraps
+  // only what this rank holds. Default: the parts unchanged.
+  virtual TrainingParts shard(TrainingParts parts) { return parts; }
   // Required. Called once by Booster::boost(). `parts.precision` has configured model, optimizer and
   // criterion already unless control_precision(). Returns what the training loop uses from then on.
   virtual TrainingParts configure(TrainingParts parts) = 0;
@@ -159,6 +165,17 @@ class BOOST_SYMBOL_VISIBLE ParallelPlugin {
   // Optional: how to save and load model, optimizer and scheduler under this plugin. Default: the
   // CheckpointIO above over process_group() (rank 0 writes).
   virtual std::shared_ptr<CheckpointIO> checkpoint_io() { return std::make_shared<CheckpointIO>(process_group()); }
+  // Optional: one training step's forward and backward over the batch (x, y), for a plugin whose model is
+  // cut into pipeline stages (layout().pipeline > 1), where model(x) is not the whole model's output
+  // (Booster::execute_pipeline calls it). `criterion` is the configured one; `backward` is called with
+  // every loss to backpropagate (the strategy's backward, which scales it). Returns the batch's loss on
+  // every rank. Collective. Default: IncompatibleError (nothing is pipelined).
+  virtual double train_step(const Tensor& x, const Tensor& y, const nn::Criterion& criterion,
+                            const std::function<void(const Tensor&)>& backward) {
+    (void)x, (void)y, (void)criterion, (void)backward;
+    BOOSTER_FAIL(IncompatibleError, "plugin '", name(), "' does not cut the model into pipeline stages; train with ",
+                 "criterion(model(x), y) and booster.backward(loss, optimizer)");
+  }
   // Optional: runs `fn` while every parameter of the configured model holds its whole value, for code
   // that reads or writes parameters outside a forward (a resume under another precision). A plugin
   // that shards parameters (ZeRO stage 3) gathers them first and afterwards takes its shards from what

@@ -387,8 +387,13 @@ FitResult Trainer::fit() {
   }
 
   if (!o.data_description.empty()) progress.print("booster: " + o.data_description);
-  progress.print("booster: model " + model.name() + " with " + trainer::human_count(double(model.num_parameters())) +
-                 " parameters, optimizer " + optimizer.user_optimizer().name() +
+  // A plugin that splits the model (hybrid_parallel) runs a part of it here: name the whole and the part.
+  const nn::Module& whole = booster_.user_model() ? *booster_.user_model() : model;
+  const std::string part = whole.num_parameters() == model.num_parameters()
+                               ? std::string()
+                               : " (" + trainer::human_count(double(model.num_parameters())) + " on this rank)";
+  progress.print("booster: model " + whole.name() + " with " + trainer::human_count(double(whole.num_parameters())) +
+                 " parameters" + part + ", optimizer " + optimizer.user_optimizer().name() +
                  (scheduler ? ", lr scheduler " + scheduler->scheduler().name() : std::string()) + ", precision " +
                  booster_.config().mixed_precision + ", plugin " + booster_.plugin().name() +
                  (group.size() > 1 ? " x " + std::to_string(group.size()) + " processes" : std::string()) +
@@ -430,6 +435,7 @@ FitResult Trainer::fit() {
   double train_seconds = 0.0;
   double window_start = now_seconds();
   const int64_t accumulation = o.grad_accumulation;
+  const bool pipelined = booster_.plugin().layout().pipeline > 1;
   auto statistics_step = [&](int64_t s) { return o.diagnostics.every > 0 && s % o.diagnostics.every == 0; };
   std::optional<diagnostics::Tracer> tracer;
   if (o.diagnostics.every > 0 || o.diagnostics.name_nonfinite) tracer.emplace(model);
@@ -471,19 +477,25 @@ FitResult Trainer::fit() {
         if (tracer) tracer->begin_step(statistics_step(step + 1));
       }
       const bool last_micro = ++micro == accumulation;
-      Tensor loss;
+      double micro_loss = 0.0;
       {
         const auto observing = tracer ? tracer->observe() : nullptr;
-        loss = criterion(model(batch.x), batch.y);
-        const Tensor scaled = accumulation > 1 ? mul(loss, 1.0 / double(accumulation)) : loss;
-        if (!last_micro && booster_.plugin().support_no_sync()) {
-          Booster::NoSync no_sync = booster_.no_sync();
-          booster_.backward(scaled, optimizer);
+        if (pipelined) {
+          // The plugin runs the stages' micro-batches (Booster::execute_pipeline).
+          micro_loss = booster_.execute_pipeline(batch.x, batch.y, model, criterion, optimizer, 1.0 / double(accumulation));
         } else {
-          booster_.backward(scaled, optimizer);
+          const Tensor loss = criterion(model(batch.x), batch.y);
+          const Tensor scaled = accumulation > 1 ? mul(loss, 1.0 / double(accumulation)) : loss;
+          if (!last_micro && booster_.plugin().support_no_sync()) {
+            Booster::NoSync no_sync = booster_.no_sync();
+            booster_.backward(scaled, optimizer);
+          } else {
+            booster_.backward(scaled, optimizer);
+          }
+          micro_loss = loss.item();
         }
       }
-      accumulated_loss += loss.item() / double(accumulation);
+      accumulated_loss += micro_loss / double(accumulation);
       batch_samples += batch.x.size(0);
       if (!last_micro) continue;
       micro = 0;
