@@ -1,0 +1,458 @@
+// hybrid_parallel: tensor, pipeline and data parallelism in one plugin (ColossalAI's
+// HybridParallelPlugin), over a dp x pp x tp mesh of the default process group (booster/distributed/
+// device_mesh.h). How the parts fit: README.md beside this file.
+//
+//   {"plugin": {"name": "hybrid_parallel", "tp_size": 2, "pp_size": 2, "num_microbatches": 4}}
+//
+// Options (ConfigError for unknown keys and bad values):
+//   tp_size           ranks that split each layer, Megatron-style (1)
+//   pp_size           pipeline stages (1)
+//   zero_stage        0: gradients all-reduced across the data-parallel group (0; only 0 so far)
+//   num_microbatches  micro-batches per step of a pipeline (1)
+//   schedule          "1f1b" | "gpipe" ("1f1b")
+//   stage_layers      units (GPT blocks, classifier Linear layers) per stage; [] balances by parameters
+// The data-parallel size is world size / (tp_size * pp_size).
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "booster/autograd/autograd.h"
+#include "booster/checkpoint/atomic_file.h"
+#include "booster/checkpoint/safetensors.h"
+#include "booster/config/option_reader.h"
+#include "booster/data/sampler.h"
+#include "booster/distributed/device_mesh.h"
+#include "booster/distributed/local_process_group.h"
+#include "booster/mixed_precision/master_weight_optimizer.h"
+#include "booster/nn/pipeline.h"
+#include "booster/nn/shard_policy.h"
+#include "booster/ops/ops.h"
+#include "booster/plugin/parallel_plugin.h"
+
+namespace booster::plugins::hybrid {
+
+using distributed::ProcessGroup;
+using nlohmann::json;
+
+struct HybridOptions {
+  int tp_size = 1;
+  int pp_size = 1;
+  int zero_stage = 0;
+  int num_microbatches = 1;
+  std::string schedule = "1f1b";
+  std::vector<int64_t> stage_layers;
+
+  json to_json() const {
+    return {{"tp_size", tp_size},
+            {"pp_size", pp_size},
+            {"zero_stage", zero_stage},
+            {"num_microbatches", num_microbatches},
+            {"schedule", schedule},
+            {"stage_layers", stage_layers}};
+  }
+
+  static HybridOptions parse(const json& options) {
+    config::OptionReader r("plugin", "hybrid_parallel", options);
+    HybridOptions o;
+    o.tp_size = int(r.integer("tp_size", 1, 1, 1 << 20));
+    o.pp_size = int(r.integer("pp_size", 1, 1, 1 << 20));
+    o.zero_stage = int(r.integer("zero_stage", 0, 0, 2));
+    o.num_microbatches = int(r.integer("num_microbatches", 1, 1, 1 << 20));
+    o.schedule = r.choice("schedule", "1f1b", {"1f1b", "gpipe"});
+    const json layers = r.raw("stage_layers", json::array());
+    r.finish();
+    BOOSTER_CHECK(layers.is_array(), ConfigError, "plugin 'hybrid_parallel': stage_layers must be a list of numbers "
+                  "of layers, one per stage, got ", layers.dump());
+    for (const json& n : layers) {
+      BOOSTER_CHECK(n.is_number_integer() && n.get<int64_t>() >= 0, ConfigError,
+                    "plugin 'hybrid_parallel': stage_layers must hold numbers of layers >= 0, got ", layers.dump());
+      o.stage_layers.push_back(n.get<int64_t>());
+    }
+    BOOSTER_CHECK(o.stage_layers.empty() || int(o.stage_layers.size()) == o.pp_size, ConfigError,
+                  "plugin 'hybrid_parallel': stage_layers ", layers.dump(), " has ", o.stage_layers.size(),
+                  " entries for ", o.pp_size, " stages; give one per stage or leave it out");
+    BOOSTER_CHECK(o.zero_stage != 2 || o.pp_size == 1, ConfigError,
+                  "plugin 'hybrid_parallel': zero_stage 2 shards gradients, which a pipeline accumulates over its "
+                  "micro-batches; use zero_stage 1 with pp_size > 1 (as ColossalAI)");
+    BOOSTER_CHECK(o.zero_stage == 0, ConfigError, "plugin 'hybrid_parallel': zero_stage ", o.zero_stage,
+                  " is not supported yet; use zero_stage 0 (gradients all-reduced across the data-parallel group), "
+                  "or the low_level_zero plugin for ZeRO without tensor or pipeline parallelism");
+    return o;
+  }
+};
+
+// Note [Hybrid gradients]
+// Gradients are complete within a (tp, pp) replica once its backward ran: a split parameter's gradient
+// is this rank's slice, a replicated one (layer norms, wpe, row-parallel biases) is the same on every
+// tensor rank because what flows into it was all-reduced already (Megatron's f and g). So the data-
+// parallel average is the only reduction left; it runs once per step, before anything reads the
+// gradients (unscale, clip, step), over the optimizer's flat gradient buffers.
+class HybridPrecision final : public mixed_precision::PrecisionDecorator {
+ public:
+  HybridPrecision(std::shared_ptr<mixed_precision::MixedPrecision> inner, ProcessGroup& dp,
+                  std::shared_ptr<optim::Optimizer> optimizer, bool split)
+      : PrecisionDecorator(std::move(inner)), dp_(dp), optimizer_(std::move(optimizer)), split_(split) {}
+
+  void backward(const Tensor& loss, optim::Optimizer& optimizer) override {
+    inner_->backward(loss, optimizer);
+    pending_ = true;
+  }
+  void mark_pending() { pending_ = true; }
+  void unscale_gradients(optim::Optimizer& optimizer) override {
+    reduce();
+    inner_->unscale_gradients(optimizer);
+  }
+  double clip_grad_norm(optim::Optimizer& optimizer, double max_norm) override {
+    BOOSTER_CHECK(!split_, IncompatibleError, "plugin 'hybrid_parallel': clip_grad_norm with tp_size or pp_size > 1 "
+                  "is not supported yet (the norm would need the shards of every stage); clip with ddp or "
+                  "low_level_zero, or train without max_grad_norm");
+    reduce();
+    return inner_->clip_grad_norm(optimizer, max_norm);
+  }
+  void step(optim::Optimizer& optimizer) override {
+    reduce();
+    PrecisionDecorator::step(optimizer);
+  }
+
+ private:
+  void reduce() {
+    if (!pending_) return;
+    pending_ = false;
+    if (dp_.size() == 1 || !optimizer_) return;
+    for (size_t g = 0; g < optimizer_->param_groups().size(); ++g)
+      for (const optim::FlatBuffer* fb : optimizer_->flat_buffers(g)) {
+        const_cast<optim::FlatBuffer*>(fb)->sync_grads();  // gradients that are not views yet join the buffer
+        Tensor grad = fb->grad();  // a view of the buffer
+        dp_.all_reduce(grad, distributed::ReduceOp::Avg);
+      }
+  }
+
+  ProcessGroup& dp_;
+  std::shared_ptr<optim::Optimizer> optimizer_;
+  bool split_;
+  bool pending_ = false;
+};
+
+// The model a pipeline rank hands back: its stage (parameters named as the whole model's), whose
+// forward without gradients runs the whole pipeline and gives the last stage's output to every stage
+// (evaluation), and refuses to run with gradients: a training step is Booster::execute_pipeline.
+class PipelineModel final : public nn::Module {
+ public:
+  PipelineModel(nn::ModulePtr stage, ProcessGroup& pp) : stage_(std::move(stage)), pp_(pp), eval_(stage_, pp, {}) {
+    for (const auto& [n, p] : stage_->named_parameters(false)) register_parameter(n, p, p.requires_grad());
+    for (const auto& [n, b] : stage_->named_buffers(false)) register_buffer(n, b);
+    for (const auto& [n, c] : stage_->named_children()) register_module(n, c);
+    train(stage_->is_training());
+  }
+  std::string name() const override { return stage_->name(); }
+
+  Tensor forward(const Tensor& x) override {
+    BOOSTER_CHECK(!autograd::grad_mode_enabled(), IncompatibleError, "plugin 'hybrid_parallel': a model cut into pipeline "
+                  "stages trains through booster.execute_pipeline(x, y, model, criterion, optimizer), not model(x); "
+                  "model(x) runs the pipeline for inference only, without gradients (NoGradGuard)");
+    stage_->train(is_training());
+    Tensor out = eval_.forward(x);
+    constexpr int64_t kDims = 8;
+    Tensor head = zeros({2 + kDims}, DType::Int64);
+    const int last = pp_.size() - 1;
+    if (pp_.rank() == last) {
+      BOOSTER_CHECK(out.dim() <= kDims, ShapeError, "pipeline: the output has ", out.dim(), " dims; at most ", kDims);
+      std::vector<int64_t> h(2 + kDims, 0);
+      h[0] = int64_t(out.dtype());
+      h[1] = out.dim();
+      for (int64_t d = 0; d < out.dim(); ++d) h[size_t(2 + d)] = out.size(d);
+      head = from_vector(h, {2 + kDims});
+    }
+    pp_.broadcast(head, last);
+    const std::vector<int64_t> h = head.to_vector<int64_t>();
+    Shape shape(h.begin() + 2, h.begin() + 2 + h[1]);
+    if (pp_.rank() != last) out = Tensor::empty(shape, DType(int(h[0])), pp_.device());
+    out = out.contiguous();
+    pp_.broadcast(out, last);
+    return out;
+  }
+
+  nn::pp::PipelineStage& eval_stage() { return eval_; }
+
+ private:
+  nn::ModulePtr stage_;
+  ProcessGroup& pp_;
+  nn::pp::PipelineStage eval_;  // one micro-batch at a time: evaluation batches need not divide
+};
+
+class HybridParallelPlugin;
+
+// What the checkpoint IO reads from the plugin once boost() split the model.
+struct SplitState {
+  std::unique_ptr<distributed::DeviceMesh> mesh;
+  std::map<std::string, nn::ShardSpec> shards;
+  json layout;
+};
+
+// Checkpoints (Note [Hybrid checkpoints] in README.md): the model in the single-process file, its split
+// parameters gathered over the tensor group and its stages brought to rank 0; the optimizer per rank.
+class HybridCheckpointIO final : public CheckpointIO {
+ public:
+  // The Booster asks for its IO before boost(): until the model is split (state.mesh null) this is
+  // the default IO.
+  HybridCheckpointIO(ProcessGroup& world, std::shared_ptr<const SplitState> state)
+      : CheckpointIO(world), state_(std::move(state)) {}
+
+  void save_model(const nn::Module& model, const std::filesystem::path& path, uint64_t max_shard_bytes) const override {
+    if (!state_->mesh) return CheckpointIO::save_model(model, path, max_shard_bytes);
+    const distributed::DeviceMesh& mesh = *state_->mesh;
+    const auto& shards = state_->shards;
+    nn::StateDict local = model.state_dict();
+    ProcessGroup& tp = mesh.tp_group();
+    for (auto& [name, t] : local) {
+      auto it = shards.find(name);
+      if (it == shards.end() || tp.size() == 1) continue;
+      const Tensor piece = t.contiguous();
+      Tensor all = Tensor::empty({int64_t(tp.size()) * piece.numel()}, piece.dtype(), piece.device());
+      tp.all_gather(all, piece);
+      std::vector<Tensor> pieces;
+      for (int r = 0; r < tp.size(); ++r)
+        pieces.push_back(all.narrow(0, r * piece.numel(), piece.numel()).reshape(piece.shape()));
+      t = nn::unshard(pieces, it->second);
+    }
+    // Stage leaders (tp 0, dp 0) send their stage to rank 0 over the pipeline group.
+    const distributed::MeshCoord& c = mesh.coord();
+    if (c.tp == 0 && c.dp == 0 && mesh.pp_size() > 1) {
+      ProcessGroup& pp = mesh.pp_group();
+      if (c.pp == 0) {
+        for (int s = 1; s < pp.size(); ++s) receive_stage(pp, s, local);
+      } else {
+        send_stage(pp, local);
+      }
+    }
+    if (writes()) checkpoint::save_model(path, local, max_shard_bytes);
+    group_.barrier();
+  }
+
+  void load_model(nn::Module& model, const std::filesystem::path& path) const override {
+    if (!state_->mesh) return CheckpointIO::load_model(model, path);
+    const auto& shards = state_->shards;
+    const checkpoint::TensorMap whole = checkpoint::load_model(path);
+    nn::StateDict mine;
+    ProcessGroup& tp = state_->mesh->tp_group();
+    for (const auto& [name, t] : model.state_dict()) {
+      auto it = whole.find(name);
+      BOOSTER_CHECK(it != whole.end(), CheckpointError, "load_model: ", path.string(), " has no tensor '", name,
+                    "' that this model needs");
+      auto spec = shards.find(name);
+      mine[name] = spec == shards.end() || tp.size() == 1 ? it->second
+                                                           : nn::shard_of(it->second, spec->second, tp.rank(), tp.size());
+    }
+    model.load_state_dict(mine);
+  }
+
+  // The optimizer state of each rank's part, in rank-<r>/ beside the layout it was saved under.
+  void save_optimizer(const optim::Optimizer& optimizer, const std::filesystem::path& path) const override {
+    if (!state_->mesh) return CheckpointIO::save_optimizer(optimizer, path);
+    const json& layout = state_->layout;
+    own_io_.save_optimizer(optimizer, path / rank_dir());
+    if (writes()) checkpoint::write_text_file_atomically(path / "hybrid_layout.json", layout.dump(1) + "\n");
+    group_.barrier();
+  }
+
+  void load_optimizer(optim::Optimizer& optimizer, const std::filesystem::path& path) const override {
+    if (!state_->mesh) return CheckpointIO::load_optimizer(optimizer, path);
+    const json& layout = state_->layout;
+    const std::filesystem::path file = path / "hybrid_layout.json";
+    BOOSTER_CHECK(std::filesystem::exists(file), CheckpointError, "load_optimizer: ", file.string(),
+                  " does not exist; plugin 'hybrid_parallel' resumes only its own checkpoints");
+    const json saved = json::parse(checkpoint::read_text_file(file));
+    BOOSTER_CHECK(saved == layout, CheckpointError, "load_optimizer: the checkpoint was saved with the layout ",
+                  saved.dump(), " and this run has ", layout.dump(), "; resume with the same tp_size, pp_size, "
+                  "stage_layers and number of processes");
+    own_io_.load_optimizer(optimizer, path / rank_dir());
+  }
+
+ private:
+  std::string rank_dir() const { return "rank-" + std::to_string(group_.rank()); }
+
+  static void send_stage(ProcessGroup& pp, const nn::StateDict& local) {
+    json meta = json::array();
+    for (const auto& [name, t] : local) {
+      json shape = json::array();
+      for (int64_t d : t.shape()) shape.push_back(d);
+      meta.push_back({{"name", name}, {"dtype", int(t.dtype())}, {"shape", shape}});
+    }
+    const std::string text = meta.dump();
+    const std::vector<int64_t> chars(text.begin(), text.end());
+    pp.send(from_vector(std::vector<int64_t>{int64_t(chars.size())}, {1}), 0)->wait();
+    pp.send(from_vector(chars, {int64_t(chars.size())}), 0)->wait();
+    for (const auto& [name, t] : local) pp.send(t.contiguous(), 0)->wait();
+  }
+
+  static void receive_stage(ProcessGroup& pp, int from, nn::StateDict& into) {
+    Tensor n = zeros({1}, DType::Int64);
+    pp.recv(n, from)->wait();
+    Tensor chars = zeros({n.to_vector<int64_t>()[0]}, DType::Int64);
+    pp.recv(chars, from)->wait();
+    const std::vector<int64_t> b = chars.to_vector<int64_t>();
+    const json meta = json::parse(std::string(b.begin(), b.end()));
+    for (const json& m : meta) {
+      Shape shape;
+      for (const json& d : m.at("shape")) shape.push_back(d.get<int64_t>());
+      Tensor t = Tensor::empty(shape, DType(m.at("dtype").get<int>()), pp.device());
+      pp.recv(t, from)->wait();
+      into[m.at("name").get<std::string>()] = t;
+    }
+  }
+
+  std::shared_ptr<const SplitState> state_;
+  mutable distributed::LocalProcessGroup own_group_;
+  CheckpointIO own_io_{own_group_};
+};
+
+class HybridParallelPlugin final : public ParallelPlugin {
+ public:
+  explicit HybridParallelPlugin(const json& options) : options_(HybridOptions::parse(options)) {}
+
+  std::string name() const override { return "hybrid_parallel"; }
+  std::string version() const override { return "1.0"; }
+  json options() const override { return options_.to_json(); }
+  bool control_checkpoint_io() const override { return true; }
+  ParallelLayout layout() const override {
+    const int world = distributed::default_process_group().size();
+    return {.data = std::max(1, world / (options_.tp_size * options_.pp_size)),
+            .tensor = options_.tp_size,
+            .pipeline = options_.pp_size};
+  }
+
+  TrainingParts shard(TrainingParts parts) override {
+    BOOSTER_CHECK(parts.model != nullptr, ValueError, "plugin 'hybrid_parallel': boost() needs a model");
+    BOOSTER_CHECK(mesh_ == nullptr, StateError, "plugin 'hybrid_parallel': boost() was called twice; make one plugin "
+                  "per model");
+    ProcessGroup& world = distributed::default_process_group();
+    for (const Tensor& p : parts.model->parameters())
+      BOOSTER_CHECK(p.device().is_cpu(), IncompatibleError, "plugin 'hybrid_parallel' runs on the CPU so far; the "
+                    "model is on ", p.device().str(), "; use device \"cpu\", or ddp / low_level_zero on CUDA");
+    split_->mesh = std::make_unique<distributed::DeviceMesh>(world, options_.tp_size, options_.pp_size);
+    split_->layout = options_.to_json();
+    split_->layout["world_size"] = world.size();
+    mesh_ = split_->mesh.get();
+    if (options_.tp_size == 1 && options_.pp_size == 1) return parts;  // data parallel only: nothing to split
+
+    const std::string why = "plugin 'hybrid_parallel' with tp_size " + std::to_string(options_.tp_size) +
+                            " and pp_size " + std::to_string(options_.pp_size);
+    const nn::ShardPolicy policy = nn::find_shard_policy(parts.model->name(), why);
+    nn::ShardContext context;
+    context.tp = &mesh_->tp_group();
+    context.stage = mesh_->coord().pp;
+    context.stages = options_.pp_size;
+    context.stage_layers = options_.stage_layers;
+    nn::ShardedModel sharded = policy(parts.model, context);
+    BOOSTER_CHECK(sharded.module != nullptr, PluginError, why, ": the shard policy for '", parts.model->name(),
+                  "' returned no module");
+    split_->shards = std::move(sharded.shards);
+
+    // The optimizer passed in holds the whole model's parameters: the same one over this rank's part,
+    // found by name, group by group (a group may be empty on a stage that holds none of its parameters).
+    if (parts.optimizer) {
+      std::map<const TensorImpl*, std::string> names;
+      for (const auto& [n, p] : parts.model->named_parameters()) names[p.impl()] = n;
+      std::map<std::string, Tensor> local;
+      for (const auto& [n, p] : sharded.module->named_parameters()) local[n] = p;
+      std::vector<optim::ParamGroup> groups;
+      for (const optim::ParamGroup& g : parts.optimizer->param_groups()) {
+        optim::ParamGroup mine;
+        mine.options = g.options;
+        for (const Tensor& p : g.params) {
+          auto n = names.find(p.impl());
+          BOOSTER_CHECK(n != names.end(), ValueError, why, ": the optimizer holds a parameter (", p.name(),
+                        ") that is not the model's; build the optimizer over model->parameters()");
+          auto l = local.find(n->second);
+          if (l != local.end()) mine.params.push_back(l->second);
+        }
+        groups.push_back(std::move(mine));
+      }
+      parts.optimizer = mixed_precision::rebuild_optimizer(*parts.optimizer, std::move(groups));
+    }
+    if (sharded.criterion && parts.criterion) parts.criterion = sharded.criterion(parts.criterion);
+    parts.model = sharded.module;
+    return parts;
+  }
+
+  TrainingParts configure(TrainingParts parts) override {
+    BOOSTER_CHECK(mesh_ != nullptr, StateError, "plugin 'hybrid_parallel': configure() before shard(); boost() "
+                  "calls both");
+    require_same_replicas(*parts.model);
+    ProcessGroup& world = distributed::default_process_group();
+    parts.precision->set_found_inf_reducer([&world](bool local) {
+      Tensor flag = full({1}, local ? 1.0 : 0.0, DType::Float32);
+      world.all_reduce(flag, distributed::ReduceOp::Max);
+      return flag.item() > 0.0;
+    });
+    precision_ = std::make_shared<HybridPrecision>(std::move(parts.precision), mesh_->dp_group(), parts.optimizer,
+                                                   options_.tp_size > 1 || options_.pp_size > 1);
+    parts.precision = precision_;
+    if (options_.pp_size > 1) {
+      stage_ = std::make_unique<nn::pp::PipelineStage>(
+          parts.model, mesh_->pp_group(),
+          nn::pp::PipelineOptions{nn::pp::parse_schedule(options_.schedule), options_.num_microbatches});
+      parts.model = std::make_shared<PipelineModel>(parts.model, mesh_->pp_group());
+    }
+    return parts;
+  }
+
+  double train_step(const Tensor& x, const Tensor& y, const nn::Criterion& criterion,
+                    const std::function<void(const Tensor&)>& backward) override {
+    if (!stage_) return ParallelPlugin::train_step(x, y, criterion, backward);
+    const double loss = stage_->train_step(x, y, criterion, backward);
+    precision_->mark_pending();
+    return loss;
+  }
+
+  std::shared_ptr<data::DataLoader> prepare_dataloader(data::DatasetPtr dataset,
+                                                       const data::DataLoaderOptions& options) override {
+    BOOSTER_CHECK(dataset != nullptr, ValueError, "plugin 'hybrid_parallel': prepare_dataloader() got a null data set");
+    // Ranks of one data-parallel replica (its tensor and pipeline ranks) read the same batches.
+    const ProcessGroup& world = distributed::default_process_group();
+    const int replica = options_.tp_size * options_.pp_size;
+    BOOSTER_CHECK(world.size() % replica == 0, ConfigError, distributed::mesh_size_problem(world.size(),
+                  options_.tp_size, options_.pp_size));
+    const int dp_rank = world.rank() / replica;  // tp innermost, then pp (booster/distributed/device_mesh.h)
+    auto sampler = std::make_shared<data::DistributedSampler>(dataset->size(), world.size() / replica, dp_rank,
+                                                              options.shuffle, options.seed, /*drop_last=*/false);
+    data::DataLoaderOptions per_rank = options;
+    per_rank.shuffle = false;
+    return std::make_shared<data::DataLoader>(std::move(dataset), per_rank, std::move(sampler));
+  }
+
+  std::shared_ptr<CheckpointIO> checkpoint_io() override {
+    return std::make_shared<HybridCheckpointIO>(process_group(), split_);
+  }
+  ProcessGroup& process_group() override { return distributed::default_process_group(); }
+
+ private:
+  // Every rank must have built the same whole model (the policy slices it where it stands): the sums of
+  // the parameters of this rank's part agree across its data-parallel group, or it is a ValueError.
+  void require_same_replicas(const nn::Module& model) const {
+    ProcessGroup& dp = mesh_->dp_group();
+    if (dp.size() == 1) return;
+    double total = 0.0;
+    for (const Tensor& p : model.parameters()) total += sum(p.to(DType::Float64)).item();
+    Tensor lo = full({1}, total, DType::Float64), hi = full({1}, total, DType::Float64);
+    dp.all_reduce(lo, distributed::ReduceOp::Min);
+    dp.all_reduce(hi, distributed::ReduceOp::Max);
+    BOOSTER_CHECK(lo.item() == hi.item(), ValueError, "plugin 'hybrid_parallel': the ranks built different models "
+                  "(their parameters differ across the data-parallel group); build the model from the same seed on "
+                  "every rank");
+  }
+
+  HybridOptions options_;
+  std::shared_ptr<SplitState> split_ = std::make_shared<SplitState>();
+  distributed::DeviceMesh* mesh_ = nullptr;  // split_->mesh once shard() ran
+  std::shared_ptr<HybridPrecision> precision_;
+  std::unique_ptr<nn::pp::PipelineStage> stage_;
+};
+
+std::unique_ptr<ParallelPlugin> make_hybrid_plugin(const json& options) {
+  return std::make_unique<HybridParallelPlugin>(options);
+}
+
+}  // namespace booster::plugins::hybrid
+
+BOOSTER_EXPORT_PARALLEL_PLUGIN("hybrid_parallel", booster::plugins::hybrid::make_hybrid_plugin)

@@ -1,0 +1,209 @@
+// The hybrid_parallel plugin under `mpirun -np 4` (every TEST_CASE on every rank, in the same order):
+// each layout of the four ranks (tp 4, pp 4, tp 2 x pp 2, dp 2 x tp 2, dp 2 x pp 2, dp 4) trains a GPT
+// and an MLP classifier for 20 AdamW steps on the same global batches as one process does, through the
+// Booster, and ends within 1e-5 relative of the one-process parameters (float32 sums in another order);
+// the saved model is the single-process file (gathered over tensor ranks and stages), the losses agree,
+// and model(x) without gradients gives every rank the whole model's output.
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <filesystem>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "booster/autograd/autograd.h"
+#include "booster/booster/booster.h"
+#include "booster/checkpoint/safetensors.h"
+#include "booster/distributed/process_group.h"
+#include "booster/nn/loss.h"
+#include "booster/nn/models.h"
+#include "booster/nn/shard_policy.h"
+#include "booster/ops/ops.h"
+#include "booster/optim/optimizer.h"
+#include "booster/tensor/random.h"
+
+using namespace booster;
+using nlohmann::json;
+namespace fs = std::filesystem;
+
+namespace {
+
+distributed::ProcessGroup& world() { return distributed::init_process_group("mpi"); }
+
+// A directory every rank names alike (rank 0 draws the suffix).
+fs::path shared_dir(const std::string& tag) {
+  Tensor n = full({1}, double(std::random_device{}() % 1000000), DType::Int64);
+  world().broadcast(n, 0);
+  return fs::temp_directory_path() / ("booster_hybrid_" + tag + "_" + std::to_string(n.to_vector<int64_t>()[0]));
+}
+
+struct Case {
+  std::string name;
+  int tp, pp;
+  std::string schedule = "1f1b";
+};
+
+const std::vector<Case> kLayouts = {{"tp 4", 4, 1},         {"pp 4", 1, 4},         {"tp 2 x pp 2", 2, 2},
+                                    {"dp 2 x tp 2", 2, 1},  {"dp 2 x pp 2 gpipe", 1, 2, "gpipe"},
+                                    {"dp 4", 1, 1}};
+
+// ||a - b|| / ||b|| over a tensor (L2).
+double relative_diff(const Tensor& a, const Tensor& b) {
+  REQUIRE(a.shape() == b.shape());
+  const std::vector<double> x = a.tolist(), y = b.tolist();
+  double diff = 0, scale = 0;
+  for (size_t i = 0; i < x.size(); ++i) {
+    diff += (x[i] - y[i]) * (x[i] - y[i]);
+    scale += y[i] * y[i];
+  }
+  return std::sqrt(diff / std::max(scale, 1e-300));
+}
+
+using Batch = std::pair<Tensor, Tensor>;
+using ModelFactory = std::function<nn::ModulePtr()>;
+
+// Trains `make()` for the batches with AdamW in one process (no Booster: the reference), and through a
+// Booster with plugin hybrid_parallel in the layout; compares the losses, the saved model and the
+// inference output.
+void check_layout(const Case& c, const ModelFactory& make, const nn::Criterion& criterion,
+                  const std::vector<Batch>& batches, const std::string& precision, double tolerance) {
+  INFO(c.name << " " << precision);
+  const json adamw = {{"type", "adamw"}, {"lr", 3e-3}, {"betas", {0.9, 0.95}}, {"weight_decay", 0.1}};
+  nn::ModulePtr reference = make();
+  auto ref_opt = optim::make_optimizer(adamw, reference->parameters());
+  std::vector<double> ref_losses;
+  for (const auto& [x, y] : batches) {
+    ref_opt->zero_grad();
+    const Tensor loss = criterion((*reference)(x), y);
+    loss.backward();
+    ref_opt->step();
+    ref_losses.push_back(loss.item());
+  }
+
+  const int n = world().size(), replica = c.tp * c.pp, dp = n / replica, dp_rank = world().rank() / replica;
+  const int microbatches = c.pp > 1 ? 2 : 1;
+  Booster booster(BoosterConfig{.mixed_precision = precision,
+                                .plugin = "hybrid_parallel",
+                                .plugin_options = {{"tp_size", c.tp},
+                                                   {"pp_size", c.pp},
+                                                   {"num_microbatches", microbatches},
+                                                   {"schedule", c.schedule}}});
+  nn::ModulePtr whole = make();
+  auto opt = optim::make_optimizer(adamw, whole->parameters());
+  Boosted b = booster.boost(whole, std::move(opt), criterion);
+  for (size_t s = 0; s < batches.size(); ++s) {
+    const auto& [x, y] = batches[s];
+    const int64_t rows = x.size(0) / dp;
+    b.optimizer->zero_grad();
+    double loss = booster.execute_pipeline(x.narrow(0, dp_rank * rows, rows), y.narrow(0, dp_rank * rows, rows),
+                                           *b.model, b.criterion, *b.optimizer);
+    b.optimizer->step();
+    // Every rank of a replica has its part's loss; the parts' mean is the batch's.
+    Tensor mean = full({1}, loss / n, DType::Float64);
+    world().all_reduce(mean);
+    CHECK(std::abs(mean.item() - ref_losses[s]) <= tolerance * std::abs(ref_losses[s]));
+  }
+
+  // The saved model is one process's file: the same names, shapes and (within the tolerance) values.
+  const fs::path dir = shared_dir("model");
+  booster.save_model(*b.model, dir);
+  if (world().rank() == 0) {
+    const checkpoint::TensorMap saved = checkpoint::load_model(dir);
+    const nn::StateDict want = reference->state_dict();
+    REQUIRE(saved.size() == want.size());
+    double worst = 0;
+    for (const auto& [name, t] : want) {
+      INFO(name);
+      REQUIRE(saved.count(name));
+      Tensor got = saved.at(name).to(DType::Float32), ref = t;
+      // The key bias's exact gradient is zero (softmax is unchanged when every score of a query moves by
+      // the same q . b_k), so what it gets is rounding noise, which Adam's g / sqrt(v) turns into steps
+      // of size lr whatever the order of the sums: it is compared on the query and value thirds only.
+      if (name.size() > 16 && name.compare(name.size() - 16, 16, "attn.c_attn.bias") == 0) {
+        const int64_t w = t.size(0) / 3;
+        got = cat({got.narrow(0, 0, w), got.narrow(0, 2 * w, w)}, 0);
+        ref = cat({ref.narrow(0, 0, w), ref.narrow(0, 2 * w, w)}, 0);
+      }
+      const double d = relative_diff(got, ref);
+      worst = std::max(worst, d);
+      CHECK(d <= tolerance);
+    }
+    WARN(c.name << " " << precision << ": worst parameter difference " << worst);
+  }
+  world().barrier();
+  // And reads back into the split model: a fresh boost loading it runs inference as the reference does.
+  {
+    autograd::NoGradGuard no_grad;
+    const Tensor out = (*b.model)(batches[0].first), want = (*reference)(batches[0].first);
+    CHECK(relative_diff(out.to(DType::Float32), want) <= 10 * tolerance);
+  }
+  world().barrier();
+  if (world().rank() == 0) fs::remove_all(dir);
+}
+
+std::vector<Batch> gpt_batches(const nn::GPTConfig& cfg, int steps) {
+  Generator gen(21);
+  std::vector<Batch> out;
+  for (int s = 0; s < steps; ++s) {
+    const Tensor ids = randint(0, cfg.vocab_size, {8, cfg.context}, &gen);
+    out.emplace_back(ids, randint(0, cfg.vocab_size, {8, cfg.context}, &gen));
+  }
+  return out;
+}
+
+nn::GPTConfig small_gpt() {
+  nn::GPTConfig cfg;
+  cfg.vocab_size = 32;
+  cfg.context = 8;
+  cfg.width = 16;
+  cfg.layers = 4;
+  cfg.heads = 4;
+  return cfg;
+}
+
+Tensor gpt_loss(const Tensor& logits, const Tensor& y) {
+  return cross_entropy(logits.reshape({-1, logits.size(-1)}), y.reshape({-1}));
+}
+
+}  // namespace
+
+TEST_CASE("hybrid: every layout of 4 ranks trains a GPT as one process does", "[mpi][hybrid]") {
+  REQUIRE(world().size() == 4);
+  const nn::GPTConfig cfg = small_gpt();
+  const std::vector<Batch> batches = gpt_batches(cfg, 20);
+  for (const Case& c : kLayouts)
+    check_layout(c, [&] { return std::make_shared<nn::GPT>(cfg, 5); }, gpt_loss, batches, "fp32", 1e-5);
+}
+
+TEST_CASE("hybrid: every layout of 4 ranks trains an MLP classifier as one process does", "[mpi][hybrid]") {
+  REQUIRE(world().size() == 4);
+  Generator gen(3);
+  std::vector<Batch> batches;
+  for (int s = 0; s < 20; ++s) {
+    const Tensor x = randn({8, 12}, &gen);
+    batches.emplace_back(x, randint(0, 8, {8}, &gen));
+  }
+  auto make = [] { return std::make_shared<nn::MLPClassifier>(12, std::vector<int64_t>{16, 16, 16}, 8, "relu", 4); };
+  auto loss = [](const Tensor& out, const Tensor& y) { return cross_entropy(out, y); };
+  for (const Case& c : kLayouts) check_layout(c, make, loss, batches, "fp32", 1e-5);
+}
+
+TEST_CASE("hybrid: a model without a shard policy is refused by name", "[mpi][hybrid]") {
+  struct Custom final : nn::Module {
+    Custom() { lin = register_module("lin", std::make_shared<nn::Linear>(4, 4)); }
+    Tensor forward(const Tensor& x) override { return (*lin)(x); }
+    std::string name() const override { return "MyNet"; }
+    std::shared_ptr<nn::Linear> lin;
+  };
+  Booster booster(BoosterConfig{.plugin = "hybrid_parallel", .plugin_options = {{"tp_size", 2}, {"pp_size", 2}}});
+  REQUIRE_THROWS_WITH(booster.boost(std::make_shared<Custom>()),
+                      Catch::Contains("shard policy for the model 'MyNet'") &&
+                          Catch::Contains("register_shard_policy(\"MyNet\""));
+}
+
+TEST_CASE("hybrid: sizes that do not fit the world are a ConfigError naming the ones that do", "[mpi][hybrid]") {
+  Booster booster(BoosterConfig{.plugin = "hybrid_parallel", .plugin_options = {{"tp_size", 3}}});
+  REQUIRE_THROWS_AS(booster.boost(std::make_shared<nn::GPT>(small_gpt(), 1)), ConfigError);
+}
