@@ -474,18 +474,21 @@ TEST_CASE("compat: devices and precisions a plugin does not list", "[booster][co
   CHECK_THROWS_WITH(Booster(BoosterConfig{.device = "tpu"}), Catch::Contains("runs on cpu, cuda only"));
 }
 
-TEST_CASE("compat: apex-style with tensor parallel, and anything but naive with pipeline parallel", "[booster][compat]") {
+TEST_CASE("compat: apex-style with tensor parallel, and whole-model state with pipeline parallel", "[booster][compat]") {
   const compat::PluginTraits tp = any_plugin({1, 2, 1}), pp = any_plugin({1, 1, 2});
   CHECK_FALSE(compat::check("fp16_apex", tp, "cpu").compatible);
   CHECK_THAT(compat::check("fp16_apex", tp, "cpu").reason, Catch::Contains("tensor parallelism"));
-  for (const char* ok : {"fp32", "fp16", "bf16", "fp16_naive"}) CHECK(compat::check(ok, tp, "cpu").compatible);
-  for (const char* bad : {"fp16", "bf16", "fp16_apex"}) {
+  for (const char* ok : {"fp32", "fp16", "bf16", "fp16_naive"}) {
+    INFO(ok);
+    CHECK(compat::check(ok, tp, "cpu").compatible);
+    CHECK(compat::check(ok, pp, "cpu").compatible);
+  }
+  for (const char* bad : {"fp16_apex", "some_precision_plugin"}) {
     INFO(bad);
     CHECK_FALSE(compat::check(bad, pp, "cpu").compatible);
+    CHECK_THAT(compat::check(bad, pp, "cpu").reason, Catch::Contains("pipeline parallelism"));
     CHECK_THAT(compat::check(bad, pp, "cpu").instead, Catch::Contains("fp16_naive"));
   }
-  CHECK(compat::check("fp16_naive", pp, "cpu").compatible);
-  CHECK(compat::check("fp32", pp, "cpu").compatible);
 }
 
 TEST_CASE("compat: fp8 runs single and data parallel, and with ZeRO, tp or pp it says what to use", "[booster][compat]") {

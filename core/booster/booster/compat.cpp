@@ -30,8 +30,10 @@ PrecisionTraits precision_traits(const std::string& name) {
   static const std::map<std::string, PrecisionTraits> kBuiltIn = {
       {"fp32", {"fp32", false, true, true}},
       {"no", {"no", false, true, true}},
-      {"fp16", {"fp16", true, true, false}},
-      {"bf16", {"bf16", true, true, false}},
+      // fp16 and bf16 across pipeline stages: autocast wraps each stage, and the loss scale is the same on
+      // every stage because found_inf is agreed over the world (plugins/hybrid_parallel).
+      {"fp16", {"fp16", true, true, true}},
+      {"bf16", {"bf16", true, true, true}},
       {"fp16_naive", {"fp16_naive", true, true, true}},
       {"fp16_apex", {"fp16_apex", true, false, false}},
       // Per-tensor scales of sharded layers or of a pipeline's stages would need their amax agreed
@@ -79,9 +81,11 @@ Verdict check(const std::string& precision, const PluginTraits& plugin, const st
                   "holds whole layers",
                   "use fp16 (torch-style autocast) or bf16");
   if (plugin.layout.pipeline > 1 && !traits.pipeline_parallel)
-    return reject("not usable with pipeline parallelism: a loss scaler's or autocast's state would have to span "
-                  "the pipeline stages",
-                  "use fp16_naive, whose scaling lives in the optimizer, or fp32");
+    return reject("not usable with pipeline parallelism: the strategy keeps state over the whole model "
+                  "(apex-style master copies and opt levels, fp8 scaling histories, a precision plugin's own) "
+                  "that the stages would have to agree on",
+                  "use bf16, fp16 or fp16_naive (their loss scale and skipped steps are agreed across the "
+                  "stages), or fp32");
   return {};
 }
 

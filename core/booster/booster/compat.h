@@ -10,9 +10,9 @@
 //   4. the plugin splits layers across ranks (tensor parallel) and the strategy cannot work with that
 //      (apex-style fp16: its O2/O3 whole-model casts and master copies assume each rank holds whole
 //      layers);
-//   5. the plugin splits the model into pipeline stages and the strategy is a mixed-precision one other
-//      than fp16_naive (the only one whose scaling lives in the optimizer, so stages need not share an
-//      autocast context or a GradScaler).
+//   5. the plugin splits the model into pipeline stages and the strategy keeps state over the whole
+//      model that stages would have to agree on (apex-style, fp8, a precision plugin): fp32, fp16,
+//      bf16 and fp16_naive run there (their scale and skipped steps are agreed across the world).
 // Each rejection is an IncompatibleError whose message names the combination, the reason and what to
 // use instead. ColossalAI documents or warns about these; here they are errors.
 #pragma once

@@ -140,12 +140,21 @@ MemoryEstimate estimate_memory(const json& c, int world_size) {
     p.model_bytes = p.activation_bytes = half ? 2 : 4;
     p.model_dtype = precision == "fp16" ? "float16" : precision == "bf16" ? "bfloat16" : "float32";
     p.master_weights = half;
-  } else if (plugin_name != "single" && plugin_name != "ddp") {
+  }
+  // hybrid_parallel splits the model over tp_size x pp_size ranks (replicated layer norms and the
+  // stages' balance make a rank's part a little larger than the quotient).
+  int64_t model_parallel = 1;
+  if (plugin_name == "hybrid_parallel") {
+    model_parallel = plugin.value("tp_size", int64_t(1)) * plugin.value("pp_size", int64_t(1));
+    e.notes.push_back("hybrid_parallel: parameters, gradients and optimizer state are this rank's 1/" +
+                      std::to_string(model_parallel) + " of the model (tp_size x pp_size); activations are one "
+                      "replica's");
+  } else if (plugin_name != "single" && plugin_name != "ddp" && plugin_name != "low_level_zero") {
     e.notes.push_back("plugin '" + plugin_name + "' is assumed to replicate the model, gradients and optimizer on every rank");
   }
   const int world = world_size;
   const std::string shard_text = ", sharded 1/" + std::to_string(world);
-  const int64_t n = e.parameters;
+  const int64_t n = shard(e.parameters, int(model_parallel));
 
   const int64_t held_params = zero_stage >= 3 ? shard(n, world) : n;
   e.items.push_back({"parameters", thousands(held_params) + " x " + std::to_string(p.model_bytes) + " bytes (" +

@@ -29,6 +29,7 @@
 #include "booster/nn/pipeline.h"
 
 #include <algorithm>
+#include <chrono>
 #include <limits>
 
 #include "booster/autograd/autograd.h"
@@ -110,7 +111,9 @@ void PipelineStage::receive(Tensor& into, int from) {
   std::vector<distributed::ProcessGroup::P2POp> batch = std::move(pending_);
   pending_.clear();
   batch.push_back({distributed::ProcessGroup::P2POp::Kind::Recv, into, from, 0});
+  const auto start = std::chrono::steady_clock::now();
   group_.batch_send_recv(batch)->wait();
+  wait_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }
 
 void PipelineStage::flush_sends() {
@@ -141,6 +144,7 @@ double PipelineStage::train_step(const Tensor& x, const Tensor& y, const Criteri
   microbatch(y, 0, m, "target");
   std::vector<Tensor> inputs(static_cast<size_t>(m)), outputs(static_cast<size_t>(m));
   double loss_sum = 0.0;
+  wait_seconds_ = 0.0;
   for (const Action& action : schedule_actions(options_.schedule, stage(), stages(), m)) {
     const size_t i = size_t(action.microbatch);
     const bool receives = action.kind == Action::Kind::Forward ? !is_first() : !is_last();
@@ -180,7 +184,9 @@ double PipelineStage::train_step(const Tensor& x, const Tensor& y, const Criteri
     outputs[i] = Tensor();
   }
   flush_sends();
+  const auto start = std::chrono::steady_clock::now();
   distributed::wait_all(sends_);
+  wait_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   sends_.clear();
   Tensor loss = full({1}, is_last() ? loss_sum / m : 0.0, DType::Float64, group_.device());
   if (stages() > 1) group_.broadcast(loss, stages() - 1);

@@ -92,6 +92,10 @@ class PipelineStage {
   // evaluation through the stages, one micro-batch at a time.
   Tensor forward(const Tensor& x);
 
+  // Seconds the last train_step() spent waiting for messages (receives and the sends' completion):
+  // the stage's idle time, the pipeline bubble (bench/README.md measures it).
+  double last_wait_seconds() const { return wait_seconds_; }
+
   int stage() const { return group_.rank(); }
   int stages() const { return group_.size(); }
   bool is_first() const { return stage() == 0; }
@@ -113,6 +117,7 @@ class PipelineStage {
   PipelineOptions options_;
   std::vector<distributed::ProcessGroup::P2POp> pending_;  // sends not posted yet
   std::vector<distributed::WorkPtr> sends_;                // posted; waited for at the end of the step
+  double wait_seconds_ = 0.0;
 };
 
 }  // namespace booster::nn::pp

@@ -1,5 +1,8 @@
 #include "booster/nn/tensor_parallel.h"
 
+#include <atomic>
+#include <chrono>
+
 #include "booster/autograd/autograd.h"
 #include "booster/nn/embedding.h"
 #include "booster/nn/linear.h"
@@ -9,8 +12,19 @@ namespace booster::nn::tp {
 
 namespace {
 
+std::atomic<int64_t> g_communication_ns{0};
+
+// Adds the time from its construction to its destruction to the communication time.
+struct CommunicationTimer {
+  std::chrono::steady_clock::time_point start = std::chrono::steady_clock::now();
+  ~CommunicationTimer() {
+    g_communication_ns += std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - start).count();
+  }
+};
+
 Tensor all_reduced(const Tensor& x, distributed::ProcessGroup& group) {
   Tensor out = x.detach().contiguous().clone();
+  const CommunicationTimer timer;
   group.all_reduce(out);
   return out;
 }
@@ -19,7 +33,10 @@ Tensor gathered(const Tensor& x, distributed::ProcessGroup& group) {
   const Tensor in = x.detach().contiguous();
   const int n = group.size();
   Tensor all = Tensor::empty({int64_t(n) * in.numel()}, in.dtype(), in.device());
-  group.all_gather(all, in);
+  {
+    const CommunicationTimer timer;
+    group.all_gather(all, in);
+  }
   std::vector<Tensor> parts;
   for (int r = 0; r < n; ++r) parts.push_back(all.narrow(0, r * in.numel(), in.numel()).reshape(in.shape()));
   return cat(parts, -1);
@@ -42,6 +59,8 @@ Tensor shard(const Tensor& full, int64_t dim, distributed::ProcessGroup& group, 
 }
 
 }  // namespace
+
+double communication_seconds() { return double(g_communication_ns.load()) * 1e-9; }
 
 Tensor copy_to_group(const Tensor& x, distributed::ProcessGroup& group) {
   Tensor out = x.detach();
@@ -251,7 +270,10 @@ Tensor vocab_parallel_cross_entropy(const Tensor& logits, const Tensor& target, 
   const Tensor t = target.reshape({-1});
   // The row maxima over the whole vocabulary: a constant shift, so no gradient goes through it.
   Tensor row_max = max(x.detach(), 1, /*keepdim=*/true).contiguous();
-  group.all_reduce(row_max, distributed::ReduceOp::Max);
+  {
+    const CommunicationTimer timer;
+    group.all_reduce(row_max, distributed::ReduceOp::Max);
+  }
   const Tensor shifted = x - row_max;
   const Tensor lse = log(reduce_from_group(sum(exp(shifted), {1}), group));
   const auto [local, keep] = local_ids(t, group.rank() * v_local, v_local, ignore_index, DType::Float32);

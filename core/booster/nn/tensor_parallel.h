@@ -17,6 +17,10 @@
 
 namespace booster::nn::tp {
 
+// Seconds this process has spent in the tensor-parallel collectives below (forward and backward), for
+// measuring their share of a step (bench/README.md).
+double communication_seconds();
+
 // f: identity forward, all-reduce (sum) of the gradient backward. Where a replicated activation
 // enters column-parallel layers.
 Tensor copy_to_group(const Tensor& x, distributed::ProcessGroup& group);

@@ -59,8 +59,8 @@ struct TrainingParts {
 };
 
 // How many ways a plugin splits the work. The compatibility matrix reads tensor and pipeline to apply
-// the rules of strategies that cannot work with them (apex-style with tensor parallel, anything but
-// naive fp16 with pipeline parallel).
+// the rules of strategies that cannot work with them (apex-style with tensor parallel, apex-style and
+// fp8 with pipeline parallel).
 struct ParallelLayout {
   int data = 1;
   int tensor = 1;
