@@ -71,8 +71,9 @@ double time_steps(int steps, Step&& step) {
 }
 
 void memory() {
-  std::printf("| layout | ranks | parameters MiB | gradients MiB | optimizer MiB | total MiB | vs one replica |\n");
-  std::printf("|---|---:|---:|---:|---:|---:|---:|\n");
+  if (world().rank() == 0)
+    std::printf("| layout | ranks | parameters MiB | gradients MiB | optimizer MiB | total MiB | vs one replica |\n"
+                "|---|---:|---:|---:|---:|---:|---:|\n");
   double whole = 0;
   for (const auto& [name, tp, pp] : std::vector<std::tuple<std::string, int, int>>{{"replica (dp)", 1, 1}, {"tp 2", 2, 1},
                                                                                     {"pp 2", 1, 2}}) {
@@ -104,7 +105,8 @@ void memory() {
 
 void bubble() {
   const int stages = world().size();
-  std::printf("| M | stage | step ms | idle ms | idle fraction | (P-1)/(M+P-1) |\n|---:|---:|---:|---:|---:|---:|\n");
+  if (world().rank() == 0)
+    std::printf("| M | stage | step ms | idle ms | idle fraction | (P-1)/(M+P-1) |\n|---:|---:|---:|---:|---:|---:|\n");
   for (int m : {1, 4, 8}) {
     auto gpt = std::make_shared<nn::GPT>(gpt_config(), 1);
     nn::pp::PipelineStage stage(nn::pp::gpt_stage(gpt, world().rank(), stages), world(),
@@ -131,7 +133,7 @@ void bubble() {
 void step_time() {
   const int64_t global = 16;
   const int steps = 10;
-  std::printf("| setup | ranks | step ms | communication ms | share |\n|---|---:|---:|---:|---:|\n");
+  if (world().rank() == 0) std::printf("| setup | ranks | step ms | communication ms | share |\n|---|---:|---:|---:|---:|\n");
   auto run = [&](const std::string& plugin, json options, int64_t rows, bool print, const char* label) {
     Booster booster(BoosterConfig{.plugin = plugin, .plugin_options = std::move(options)});
     auto gpt = std::make_shared<nn::GPT>(gpt_config(), 1);

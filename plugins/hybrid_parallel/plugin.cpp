@@ -12,6 +12,8 @@
 //   schedule          "1f1b" | "gpipe" ("1f1b")
 //   stage_layers      units (GPT blocks, classifier Linear layers) per stage; [] balances by parameters
 // The data-parallel size is world size / (tp_size * pp_size).
+#include <cmath>
+#include <limits>
 #include <memory>
 #include <string>
 #include <vector>
@@ -89,9 +91,15 @@ struct HybridOptions {
 // gradients (unscale, clip, step), over the optimizer's flat gradient buffers.
 class HybridPrecision final : public mixed_precision::PrecisionDecorator {
  public:
-  HybridPrecision(std::shared_ptr<mixed_precision::MixedPrecision> inner, ProcessGroup& dp,
-                  std::shared_ptr<optim::Optimizer> optimizer, bool split)
-      : PrecisionDecorator(std::move(inner)), dp_(dp), optimizer_(std::move(optimizer)), split_(split) {}
+  // `replicated`: this rank's parameters that every tensor rank holds whole (the others are split).
+  HybridPrecision(std::shared_ptr<mixed_precision::MixedPrecision> inner, const distributed::DeviceMesh& mesh,
+                  std::shared_ptr<optim::Optimizer> optimizer, std::vector<Tensor> parameters,
+                  std::vector<Tensor> replicated)
+      : PrecisionDecorator(std::move(inner)),
+        mesh_(mesh),
+        optimizer_(std::move(optimizer)),
+        parameters_(std::move(parameters)),
+        replicated_(std::move(replicated)) {}
 
   void backward(const Tensor& loss, optim::Optimizer& optimizer) override {
     inner_->backward(loss, optimizer);
@@ -102,13 +110,7 @@ class HybridPrecision final : public mixed_precision::PrecisionDecorator {
     reduce();
     inner_->unscale_gradients(optimizer);
   }
-  double clip_grad_norm(optim::Optimizer& optimizer, double max_norm) override {
-    BOOSTER_CHECK(!split_, IncompatibleError, "plugin 'hybrid_parallel': clip_grad_norm with tp_size or pp_size > 1 "
-                  "is not supported yet (the norm would need the shards of every stage); clip with ddp or "
-                  "low_level_zero, or train without max_grad_norm");
-    reduce();
-    return inner_->clip_grad_norm(optimizer, max_norm);
-  }
+  double clip_grad_norm(optim::Optimizer& optimizer, double max_norm) override;
   void step(optim::Optimizer& optimizer) override {
     reduce();
     PrecisionDecorator::step(optimizer);
@@ -118,20 +120,57 @@ class HybridPrecision final : public mixed_precision::PrecisionDecorator {
   void reduce() {
     if (!pending_) return;
     pending_ = false;
-    if (dp_.size() == 1 || !optimizer_) return;
+    ProcessGroup& dp = mesh_.dp_group();
+    if (dp.size() == 1 || !optimizer_) return;
     for (size_t g = 0; g < optimizer_->param_groups().size(); ++g)
       for (const optim::FlatBuffer* fb : optimizer_->flat_buffers(g)) {
         const_cast<optim::FlatBuffer*>(fb)->sync_grads();  // gradients that are not views yet join the buffer
         Tensor grad = fb->grad();  // a view of the buffer
-        dp_.all_reduce(grad, distributed::ReduceOp::Avg);
+        dp.all_reduce(grad, distributed::ReduceOp::Avg);
       }
   }
 
-  ProcessGroup& dp_;
+  const distributed::DeviceMesh& mesh_;
   std::shared_ptr<optim::Optimizer> optimizer_;
-  bool split_;
+  std::vector<Tensor> parameters_, replicated_;
   bool pending_ = false;
 };
+
+// Note [Clipping split gradients]
+// The norm to clip by is the whole model's: the sum of squares over every split parameter's pieces and
+// over each replicated parameter once. The inner strategy gives this rank's norm, unscaled (with a
+// max_norm no norm reaches, so nothing is clipped yet), wherever it keeps the unscaled gradients
+// (float32 masters or the gradients themselves). A replicated parameter's share of it is its share of
+// the model's own gradients (a ratio, so the loss scale cancels); every tensor rank but one leaves it
+// out, the ranks of a replica add their parts, and the data-parallel replicas (equal after the
+// average) are divided out. Then the inner strategy clips with a max_norm that makes its factor
+// max_norm / (norm + 1e-6), torch's. Every rank runs the same collectives whatever its gradients hold,
+// so an inf on one rank gives every rank an inf norm, never a hang.
+double HybridPrecision::clip_grad_norm(optim::Optimizer& optimizer, double max_norm) {
+  BOOSTER_CHECK(max_norm > 0.0, ValueError, "clip_grad_norm: max_norm must be > 0, got ", max_norm);
+  reduce();
+  const double local = inner_->clip_grad_norm(optimizer, std::numeric_limits<double>::max());
+  const int tp = mesh_.tp_size(), dp = mesh_.dp_size();
+  if (tp * mesh_.pp_size() == 1) return inner_->clip_grad_norm(optimizer, max_norm);
+  auto squares = [](const std::vector<Tensor>& ps) {
+    double total = 0.0;
+    for (const Tensor& p : ps)
+      if (p.grad().defined()) {
+        const Tensor g = p.grad().to(DType::Float64);
+        total += sum(mul(g, g)).item();
+      }
+    return total;
+  };
+  const double all = squares(parameters_);
+  const double replicated_share = all > 0.0 ? squares(replicated_) / all : 0.0;
+  const double mine = local * local * (1.0 - replicated_share * double(tp - 1) / double(tp));
+  Tensor total = full({1}, mine, DType::Float64);
+  distributed::default_process_group().all_reduce(total);
+  const double norm = std::sqrt(std::max(total.item(), 0.0) / double(dp));
+  const double factor = max_norm / (norm + 1e-6);
+  if (std::isfinite(norm) && factor < 1.0 && local > 0.0) inner_->clip_grad_norm(optimizer, factor * (local + 1e-6));
+  return norm;
+}
 
 // The model a pipeline rank hands back: its stage (parameters named as the whole model's), whose
 // forward without gradients runs the whole pipeline and gives the last stage's output to every stage
@@ -385,8 +424,13 @@ class HybridParallelPlugin final : public ParallelPlugin {
       world.all_reduce(flag, distributed::ReduceOp::Max);
       return flag.item() > 0.0;
     });
-    precision_ = std::make_shared<HybridPrecision>(std::move(parts.precision), mesh_->dp_group(), parts.optimizer,
-                                                   options_.tp_size > 1 || options_.pp_size > 1);
+    std::vector<Tensor> parameters, replicated;
+    for (const auto& [name, p] : parts.model->named_parameters()) {
+      parameters.push_back(p);
+      if (!split_->shards.count(name)) replicated.push_back(p);
+    }
+    precision_ = std::make_shared<HybridPrecision>(std::move(parts.precision), *mesh_, parts.optimizer,
+                                                   std::move(parameters), std::move(replicated));
     parts.precision = precision_;
     if (options_.pp_size > 1) {
       stage_ = std::make_unique<nn::pp::PipelineStage>(

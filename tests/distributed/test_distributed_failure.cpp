@@ -20,6 +20,10 @@
 
 #include "booster/distributed/mpi_process_group.h"
 #include "booster/distributed/process_group.h"
+#include "booster/nn/container.h"
+#include "booster/nn/loss.h"
+#include "booster/nn/models.h"
+#include "booster/nn/pipeline.h"
 #include "booster/ops/ops.h"
 #include "skip.h"
 
@@ -85,6 +89,31 @@ TEST_CASE("failure helper: rank 1 fails while rank 0 waits in all_reduce", "[.fa
     Tensor message = zeros({16});
     try {
       pg.recv(message, 1)->wait();
+    } catch (const DistributedError& e) {
+      std::fprintf(stderr, "rank %d: %s\n", pg.rank(), e.what());
+      throw;
+    }
+    return;
+  }
+  if (mode == "pipeline_exit" || mode == "pipeline_stall") {
+    // A two-stage pipeline (nn::pp::PipelineStage): the last stage exits or stops in its criterion at
+    // the second step's second micro-batch, while the first stage waits for a gradient from it.
+    auto mlp = std::make_shared<nn::MLPClassifier>(4, std::vector<int64_t>{8}, 2, "relu", 1);
+    auto part = std::make_shared<nn::Sequential>();
+    for (size_t i = pg.rank() == 0 ? 0 : 2; i < (pg.rank() == 0 ? 2 : mlp->layers->size()); ++i)
+      part->push_back(std::to_string(i), (*mlp->layers)[i]);
+    int calls = 0;
+    auto criterion = [&](const Tensor& out, const Tensor& y) {
+      if (++calls == 4) {
+        if (mode == "pipeline_exit") std::exit(3);
+        raise(SIGSTOP);
+      }
+      return cross_entropy(out, y);
+    };
+    nn::pp::PipelineStage stage(part, pg, {nn::pp::Schedule::OneFOneB, 2});
+    const Tensor x = full({4, 4}, 0.5), y = zeros({4}, DType::Int64);
+    try {
+      for (int step = 0; step < 3; ++step) stage.train_step(x, y, criterion);
     } catch (const DistributedError& e) {
       std::fprintf(stderr, "rank %d: %s\n", pg.rank(), e.what());
       throw;
@@ -189,6 +218,30 @@ TEST_CASE("distributed: a receive whose sender stalled ends the job after the ti
   REQUIRE_THAT(job.output, Catch::Contains("send/recv on group \"world\" (2 ranks) timed out after 2."));
   REQUIRE_THAT(job.output, Catch::Contains(" s on rank 0: rank 1 (or another peer of the batch) did not post the "
                                            "matching send or receive. It was a point-to-point batch of the group"));
+}
+
+// A pipeline stage that dies or stops mid-step (the next stage's neighbour waiting for its gradient)
+// ends the job: at once when it exits, after the timeout, naming it, when it stalls.
+TEST_CASE("distributed: a pipeline stage that exits mid-step ends the job with an error, not a hang",
+          "[distributed][mpi]") {
+  if (skip_without_mpi()) return;
+  const JobResult job = run_job("pipeline_exit");
+  INFO(job.output);
+  REQUIRE(job.status != 0);
+  REQUIRE(job.status != 124);  // timeout: the job hung
+  REQUIRE(job.status != 137);
+  REQUIRE_THAT(job.output, Catch::Contains("rank 1 of 2 exits with status 3"));
+}
+
+TEST_CASE("distributed: a pipeline stage that stalls mid-step ends the job after the timeout, naming it",
+          "[distributed][mpi]") {
+  if (skip_without_mpi()) return;
+  const JobResult job = run_job("pipeline_stall", "BOOSTER_COLLECTIVE_TIMEOUT_S=2");
+  INFO(job.output);
+  REQUIRE(job.status != 0);
+  REQUIRE(job.status != 124);
+  REQUIRE(job.status != 137);
+  REQUIRE_THAT(job.output, Catch::Contains("rank 1 (or another peer of the batch) did not post the matching send"));
 }
 
 // Note [Collective timeouts], the census: rank 0 times out first; rank 1, which arrived late, is still

@@ -64,6 +64,8 @@ double relative_diff(const Tensor& a, const Tensor& b) {
 
 using Batch = std::pair<Tensor, Tensor>;
 
+const json kAdamW = {{"type", "adamw"}, {"lr", 3e-3}, {"betas", {0.9, 0.95}}, {"weight_decay", 0.1}};
+
 // Relative bounds: on each step's loss, on each parameter tensor and on the whole model (L2).
 struct Tolerance {
   double loss, tensor, model;
@@ -74,17 +76,29 @@ using ModelFactory = std::function<nn::ModulePtr()>;
 // no Booster, otherwise a single-process Booster with the same strategy), and through a Booster with
 // plugin hybrid_parallel in the layout; compares the losses, the saved model and the inference output.
 void check_layout(const Case& c, const ModelFactory& make, const nn::Criterion& criterion,
-                  const std::vector<Batch>& batches, const std::string& precision, const Tolerance& tolerance) {
-  INFO(c.name << " " << precision);
-  const json adamw = {{"type", "adamw"}, {"lr", 3e-3}, {"betas", {0.9, 0.95}}, {"weight_decay", 0.1}};
+                  const std::vector<Batch>& batches, const std::string& precision, const Tolerance& tolerance,
+                  double max_norm = 0.0, const json& optimizer = kAdamW) {
+  INFO(c.name << " " << precision << (max_norm > 0 ? " clipped" : ""));
+  const json& adamw = optimizer;
   nn::ModulePtr reference = make();
-  std::vector<double> ref_losses;
+  std::vector<double> ref_losses, ref_norms;
   if (precision == "fp32") {
     auto ref_opt = optim::make_optimizer(adamw, reference->parameters());
     for (const auto& [x, y] : batches) {
       ref_opt->zero_grad();
       const Tensor loss = criterion((*reference)(x), y);
       loss.backward();
+      if (max_norm > 0) {  // torch's clip_grad_norm_, written out: scale by max_norm / (norm + 1e-6) below 1
+        double squares = 0;
+        for (const Tensor& p : reference->parameters())
+          for (double g : p.grad().tolist()) squares += g * g;
+        ref_norms.push_back(std::sqrt(squares));
+        const double factor = max_norm / (std::sqrt(squares) + 1e-6);
+        if (factor < 1) {
+          NoGradGuard no_grad;
+          for (const Tensor& p : reference->parameters()) p.grad().mul_(factor);
+        }
+      }
       ref_opt->step();
       ref_losses.push_back(loss.item());
     }
@@ -111,12 +125,18 @@ void check_layout(const Case& c, const ModelFactory& make, const nn::Criterion& 
   auto opt = optim::make_optimizer(adamw, whole->parameters());
   Boosted b = booster.boost(whole, std::move(opt), criterion);
   double worst_loss = 0;
+  size_t clipped = 0;
   for (size_t s = 0; s < batches.size(); ++s) {
     const auto& [x, y] = batches[s];
     const int64_t rows = x.size(0) / dp;
     b.optimizer->zero_grad();
     double loss = booster.execute_pipeline(x.narrow(0, dp_rank * rows, rows), y.narrow(0, dp_rank * rows, rows),
                                            *b.model, b.criterion, *b.optimizer);
+    if (max_norm > 0) {
+      const double norm = booster.clip_grad_norm(*b.optimizer, max_norm);
+      CHECK(norm == Approx(ref_norms[s]).epsilon(1e-5));
+      clipped += ref_norms[s] > max_norm;
+    }
     b.optimizer->step();
     // Every rank of a replica has its part's loss; the parts' mean is the batch's.
     Tensor mean = full({1}, loss / n, DType::Float64);
@@ -125,6 +145,7 @@ void check_layout(const Case& c, const ModelFactory& make, const nn::Criterion& 
     CHECK(std::abs(mean.item() - ref_losses[s]) <= tolerance.loss * std::abs(ref_losses[s]));
   }
 
+  if (max_norm > 0) CHECK(clipped >= batches.size() / 2);  // most steps clip: the factor is exercised
   // The saved model is one process's file: the same names, shapes and (within the tolerance) values.
   const fs::path dir = shared_dir("model");
   booster.save_model(*b.model, dir);
@@ -199,6 +220,19 @@ TEST_CASE("hybrid: every layout of 4 ranks trains a GPT as one process does", "[
   const std::vector<Batch> batches = gpt_batches(cfg, 20);
   for (const Case& c : kLayouts)
     check_layout(c, [&] { return std::make_shared<nn::GPT>(cfg, 5); }, gpt_loss, batches, "fp32", {1e-5, 1e-5, 1e-5});
+}
+
+// Note [Clipping split gradients]: the norm returned is the whole model's (1e-5 of the reference's),
+// and clipping by it (0.5: most steps here clip) gives the one-process trajectory under every layout.
+// SGD with momentum, whose step is proportional to the gradient, so a wrong factor shows (AdamW's
+// m / sqrt(v) would hide most of it).
+TEST_CASE("hybrid: gradients clipped by the whole model's norm under every layout", "[mpi][hybrid]") {
+  REQUIRE(world().size() == 4);
+  const nn::GPTConfig cfg = small_gpt();
+  const std::vector<Batch> batches = gpt_batches(cfg, 20);
+  for (const Case& c : kLayouts)
+    check_layout(c, [&] { return std::make_shared<nn::GPT>(cfg, 5); }, gpt_loss, batches, "fp32", {1e-5, 1e-5, 1e-5},
+                 0.5, {{"type", "sgd"}, {"lr", 0.1}, {"momentum", 0.9}});
 }
 
 TEST_CASE("hybrid: every layout of 4 ranks trains an MLP classifier as one process does", "[mpi][hybrid]") {
