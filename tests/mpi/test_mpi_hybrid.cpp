@@ -18,7 +18,11 @@
 #include "booster/booster/compat.h"
 #include "booster/checkpoint/safetensors.h"
 #include "booster/distributed/process_group.h"
+#include "booster/nn/activation.h"
+#include "booster/nn/container.h"
+#include "booster/nn/linear.h"
 #include "booster/nn/loss.h"
+#include "booster/nn/tensor_parallel.h"
 #include "booster/nn/models.h"
 #include "booster/nn/shard_policy.h"
 #include "booster/ops/ops.h"
@@ -321,4 +325,54 @@ TEST_CASE("hybrid: the compatibility matrix cells of each layout", "[mpi][hybrid
   CHECK_THROWS_WITH(create_plugin("hybrid_parallel", {{"pp_size", 2}, {"zero_stage", 2}}),
                     Catch::Contains("use zero_stage 1 with pp_size > 1"));
   CHECK_THROWS_AS(create_plugin("hybrid_parallel", {{"zero_stage", 1}}), ConfigError);
+}
+
+namespace {
+
+// A model of a user's own, with no built-in policy: up (6 -> 8), ReLU, down (8 -> 4).
+class TwoLayer final : public nn::Module {
+ public:
+  TwoLayer() {
+    Generator gen(9);
+    up = register_module("up", std::make_shared<nn::Linear>(6, 8, true, &gen));
+    act = register_module("act", std::make_shared<nn::ReLU>());
+    down = register_module("down", std::make_shared<nn::Linear>(8, 4, true, &gen));
+  }
+  Tensor forward(const Tensor& x) override { return (*down)((*act)((*up)(x))); }
+  std::string name() const override { return "TwoLayer"; }
+  std::shared_ptr<nn::Linear> up, down;
+  nn::ModulePtr act;
+};
+
+}  // namespace
+
+// A user registers a policy for their model (Megatron's pair: up column-parallel, down row-parallel),
+// and the plugin trains it as one process does; before that, the same model is refused by name.
+TEST_CASE("hybrid: a model of the user's own trains under its registered shard policy", "[mpi][hybrid]") {
+  REQUIRE(world().size() == 4);
+  {
+    Booster booster(BoosterConfig{.plugin = "hybrid_parallel", .plugin_options = {{"tp_size", 2}}});
+    REQUIRE_THROWS_WITH(booster.boost(std::make_shared<TwoLayer>()), Catch::Contains("'TwoLayer'"));
+  }
+  nn::register_shard_policy("TwoLayer", [](const nn::ModulePtr& model, const nn::ShardContext& where) {
+    const auto& m = dynamic_cast<const TwoLayer&>(*model);
+    BOOSTER_CHECK(where.stages == 1, IncompatibleError, "TwoLayer is not cut into pipeline stages");
+    auto part = std::make_shared<nn::Sequential>();
+    part->push_back("up", std::make_shared<nn::tp::ColumnParallelLinear>(*m.up, *where.tp));
+    part->push_back("act", m.act);
+    part->push_back("down", std::make_shared<nn::tp::RowParallelLinear>(*m.down, *where.tp));
+    nn::ShardedModel out;
+    out.module = part;
+    out.shards = {{"up.weight", {0, 1}}, {"up.bias", {0, 1}}, {"down.weight", {1, 1}}};
+    return out;
+  });
+  Generator gen(4);
+  std::vector<Batch> batches;
+  for (int s = 0; s < 20; ++s) {
+    const Tensor x = randn({8, 6}, &gen);
+    batches.emplace_back(x, randint(0, 4, {8}, &gen));
+  }
+  auto loss = [](const Tensor& out, const Tensor& y) { return cross_entropy(out, y); };
+  for (const Case& c : {Case{"tp 4", 4, 1}, Case{"dp 2 x tp 2", 2, 1}})
+    check_layout(c, [] { return std::make_shared<TwoLayer>(); }, loss, batches, "fp32", {1e-5, 1e-5, 1e-5});
 }
