@@ -136,6 +136,20 @@ constexpr const char* kPrecisionMetaFile = "precision.json";
 
 int Booster::process_group_rank() const { return plugin_->process_group().rank(); }
 
+// Note [Per-rank state of a split model]
+// Under a plugin that splits the model (tensor or pipeline parallel), each rank's strategy holds the
+// state of its own part (float32 masters of its shards or stage), and each stage's dropout draws from
+// its own generator: rank 0's alone would restore the others wrongly. So each rank saves these beside
+// the shared files, as <name>.rank-<r>.<ext>, and loads its own.
+bool Booster::splits_model() const {
+  const ParallelLayout layout = plugin_->layout();
+  return layout.tensor * layout.pipeline > 1;
+}
+
+std::string Booster::rank_file(const std::string& name, const std::string& extension) const {
+  return name + ".rank-" + std::to_string(process_group_rank()) + extension;
+}
+
 Booster::Booster(BoosterConfig config) : Booster(BoosterComponents::create(config)) {}
 
 Booster::Booster(BoosterComponents components)
@@ -260,8 +274,9 @@ void Booster::save_optimizer(const BoostedOptimizer& optimizer, const std::files
   optimizer.copy_options_to_stepped();  // the saved lr is the one the scheduler set
   checkpoint_io_->save_optimizer(optimizer.stepped_optimizer(), dir);
   const mixed_precision::MixedPrecisionState state = precision_->state_dict();
+  if (splits_model()) checkpoint::write_safetensors(dir / rank_file("precision", ".safetensors"), state.tensors);
   if (process_group_rank() == 0) {
-    checkpoint::write_safetensors(dir / kPrecisionTensorsFile, state.tensors);
+    if (!splits_model()) checkpoint::write_safetensors(dir / kPrecisionTensorsFile, state.tensors);
     const json meta = {{"strategy", precision_->name()}, {"state", state.meta}};
     checkpoint::write_text_file_atomically(dir / kPrecisionMetaFile, meta.dump(1) + "\n");
   }
@@ -290,7 +305,9 @@ void Booster::load_optimizer(BoostedOptimizer& optimizer, const std::filesystem:
   }
   mixed_precision::MixedPrecisionState state;
   state.meta = meta.value("state", json::object());
-  state.tensors = checkpoint::read_safetensors(dir / kPrecisionTensorsFile).tensors;
+  state.tensors =
+      checkpoint::read_safetensors(dir / (splits_model() ? rank_file("precision", ".safetensors") : kPrecisionTensorsFile))
+          .tensors;
   precision_->load_state_dict(state);
   optimizer.copy_options_from_stepped();
 }

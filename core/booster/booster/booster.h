@@ -299,9 +299,9 @@ class Booster {
   // Settings a resume must keep (Note [Settings a resume must keep] in state.cpp): saved with the state
   // and compared key by key on load_state.
   void set_resume_settings(nlohmann::json settings) { resume_settings_ = std::move(settings); }
-  // What boost() returned (empty before).
   // The model passed to boost() (the whole model, where a plugin split it across ranks); null before.
   const nn::ModulePtr& user_model() const { return user_model_; }
+  // What boost() returned (empty before).
   const Boosted& boosted() const { return parts_; }
 
   const BoosterConfig& config() const { return config_; }
@@ -340,6 +340,10 @@ class Booster {
 
   Boosted parts_;
   nn::ModulePtr user_model_;  // the model passed to boost(), for its generators
+  // Note [Per-rank state of a split model] (booster.cpp): true when the plugin splits the model across
+  // ranks; a file name of this rank's own ("precision.rank-3.safetensors").
+  bool splits_model() const;
+  std::string rank_file(const std::string& name, const std::string& extension) const;
   std::map<std::string, RegisteredState> registered_;
   std::map<std::string, Generator*> registered_generators_;
   nlohmann::json resume_settings_ = nlohmann::json::object();

@@ -258,9 +258,13 @@ fs::path Booster::save_state(const fs::path& root, const SaveStateOptions& optio
   if (parts_.model) save_model(*parts_.model, tmp_dir / "model");
   if (parts_.optimizer) save_optimizer(*parts_.optimizer, tmp_dir / "optimizer");
   if (parts_.scheduler) save_lr_scheduler(*parts_.scheduler, tmp_dir / "scheduler.json");
+  json rng = json::object();
+  for (const auto& [name, gen] : generators()) rng[name] = gen->state();
+  if (splits_model()) {  // Note [Per-rank state of a split model]: each rank's generators, before the commit
+    checkpoint::write_text_file_atomically(tmp_dir / rank_file("rng", ".json"), rng.dump() + "\n");
+    group.barrier();
+  }
   if (writer) {
-    json rng = json::object();
-    for (const auto& [name, gen] : generators()) rng[name] = gen->state();
     json extra = json::object();
     std::vector<std::string> tensor_names;
     std::map<std::string, Tensor> tensors;
@@ -469,7 +473,14 @@ LoadedState Booster::load_state(const fs::path& path, const LoadStateOptions& op
   if (parts_.scheduler) load_lr_scheduler(*parts_.scheduler, dir / "scheduler.json");
   if (parts_.dataloader && !state.at("dataloader").is_null()) parts_.dataloader->load_state_dict(state.at("dataloader"));
   try {
-    for (const auto& [name, gen] : gens) gen->set_state(state.at("rng").at(name).get<std::vector<uint64_t>>());
+    json rng = state.at("rng");
+    if (splits_model()) {  // Note [Per-rank state of a split model]
+      const fs::path mine = dir / rank_file("rng", ".json");
+      BOOSTER_CHECK(fs::exists(mine), CheckpointError, context, ": ", mine.string(), " does not exist; a checkpoint of ",
+                    "a split model resumes with the same layout");
+      rng = json::parse(checkpoint::read_text_file(mine));
+    }
+    for (const auto& [name, gen] : gens) gen->set_state(rng.at(name).get<std::vector<uint64_t>>());
     loaded.step = state.at("step").get<int64_t>();
   } catch (const json::exception& e) {
     BOOSTER_FAIL(CheckpointError, context, ": the rng state or step in ", dir.string(), " is malformed (", e.what(), ")");

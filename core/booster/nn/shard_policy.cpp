@@ -11,13 +11,16 @@
 //   GPT (Megatron-LM): wte vocabulary-parallel; per block, attention by heads (c_attn's q, k and v
 //     rows each split: chunks 3), c_proj row-parallel, mlp.c_fc column- and mlp.c_proj row-parallel;
 //     layer norms and wpe replicated; lm_head column-parallel over the vocabulary, its logits left
-//     split in training, where the loss is the vocabulary-parallel cross-entropy, and gathered when
-//     gradients are off (evaluation), where the user's criterion gets the whole logits.
+//     split in training, where the loss is the vocabulary-parallel cross-entropy (checked once against
+//     the user's criterion on the gathered logits: anything but plain cross-entropy is refused), and
+//     gathered when gradients are off (evaluation), where the user's criterion gets the whole logits.
 //   MLPClassifier: Linear layers alternately column- and row-parallel (an activation between them
 //     works on the slice), so a pair costs one all-reduce; a last column-parallel layer gathers its
 //     output. Hidden sizes (and the classes when the layer count is odd) must divide by tp.
 #include "booster/nn/shard_policy.h"
 
+#include <cmath>
+#include <memory>
 #include <mutex>
 
 #include "booster/autograd/autograd.h"
@@ -98,9 +101,23 @@ ShardedModel gpt_policy(const ModulePtr& model, const ShardContext& c) {
     }
     const int64_t vocab = cfg.vocab_size;
     out.criterion = [group, vocab](const Criterion& user) -> Criterion {
-      return [group, vocab, user](const Tensor& logits, const Tensor& target) {
+      auto checked = std::make_shared<bool>(false);
+      return [group, vocab, user, checked](const Tensor& logits, const Tensor& target) {
         if (logits.size(-1) == vocab) return user(logits, target);  // gathered (evaluation)
-        return tp::vocab_parallel_cross_entropy(logits, target, *group);
+        Tensor loss = tp::vocab_parallel_cross_entropy(logits, target, *group);
+        if (!*checked) {
+          // Once: the criterion passed to boost() must be the plain cross-entropy this replaces.
+          *checked = true;
+          NoGradGuard no_grad;
+          const double want = user(tp::gather_last_dim(logits.detach(), *group), target).item();
+          const double got = loss.item();
+          BOOSTER_CHECK(std::abs(got - want) <= 1e-3 * std::max(1.0, std::abs(want)), IncompatibleError,
+                        "shard policy 'GPT': with tensor parallelism the loss is the vocabulary-parallel "
+                        "cross-entropy (mean, ignore_index -100), but the criterion passed to boost() gives ", want,
+                        " where it gives ", got, " (label smoothing, weights or another loss); use plain "
+                        "cross_entropy, or tp_size 1");
+        }
+        return loss;
       };
     };
   }
