@@ -14,6 +14,7 @@
 #include "booster/common/error.h"
 #include "booster/config/config.h"
 #include "booster/config/memory_estimate.h"
+#include "booster/distributed/device_mesh.h"
 #include "booster/distributed/mpi_process_group.h"
 #include "booster/trainer/trainer.h"
 #include "commands.h"
@@ -239,6 +240,15 @@ int run(int argc, char** argv) {
       std::cerr << "booster: compatible: mixed precision '" << config.at("mixed_precision").at("name").get<std::string>()
                 << "' with plugin '" << config.at("plugin").at("name").get<std::string>() << "' on "
                 << config.at("device").get<std::string>() << "\n";
+      // A plugin that lays the ranks out as a grid needs a world size its grid divides.
+      const nlohmann::json& plugin = config.at("plugin");
+      if (plugin.at("name") == "hybrid_parallel") {
+        const std::string problem = booster::distributed::mesh_size_problem(
+            world_size, plugin.value("tp_size", 1), plugin.value("pp_size", 1));
+        if (!problem.empty())
+          throw booster::ConfigError("plugin 'hybrid_parallel' on " + std::to_string(world_size) + " processes: " +
+                                     problem + "; check with -n N for the N processes you will start");
+      }
       print_memory_estimate(config, world_size);
       std::cout << config.dump(2) << "\n";
       return booster::cli::kExitOk;

@@ -83,6 +83,13 @@ struct HybridOptions {
   }
 };
 
+// What the checkpoint IO reads from the plugin once boost() split the model.
+struct SplitState {
+  std::unique_ptr<distributed::DeviceMesh> mesh;
+  std::map<std::string, nn::ShardSpec> shards;
+  json layout;
+};
+
 // Note [Hybrid gradients]
 // Gradients are complete within a (tp, pp) replica once its backward ran: a split parameter's gradient
 // is this rank's slice, a replicated one (layer norms, wpe, row-parallel biases) is the same on every
@@ -92,11 +99,12 @@ struct HybridOptions {
 class HybridPrecision final : public mixed_precision::PrecisionDecorator {
  public:
   // `replicated`: this rank's parameters that every tensor rank holds whole (the others are split).
-  HybridPrecision(std::shared_ptr<mixed_precision::MixedPrecision> inner, const distributed::DeviceMesh& mesh,
+  HybridPrecision(std::shared_ptr<mixed_precision::MixedPrecision> inner, std::shared_ptr<const SplitState> split,
                   std::shared_ptr<optim::Optimizer> optimizer, std::vector<Tensor> parameters,
                   std::vector<Tensor> replicated)
       : PrecisionDecorator(std::move(inner)),
-        mesh_(mesh),
+        split_(std::move(split)),
+        mesh_(*split_->mesh),
         optimizer_(std::move(optimizer)),
         parameters_(std::move(parameters)),
         replicated_(std::move(replicated)) {}
@@ -114,6 +122,9 @@ class HybridPrecision final : public mixed_precision::PrecisionDecorator {
   void step(optim::Optimizer& optimizer) override {
     reduce();
     PrecisionDecorator::step(optimizer);
+    // The inner strategy saw this rank's part only: the norm of the step is the whole model's.
+    if (!std::isnan(clipped_norm_)) stats_.grad_norm = clipped_norm_;
+    clipped_norm_ = std::numeric_limits<double>::quiet_NaN();
   }
 
  private:
@@ -130,10 +141,12 @@ class HybridPrecision final : public mixed_precision::PrecisionDecorator {
       }
   }
 
+  std::shared_ptr<const SplitState> split_;  // keeps the mesh (and its groups) alive
   const distributed::DeviceMesh& mesh_;
   std::shared_ptr<optim::Optimizer> optimizer_;
   std::vector<Tensor> parameters_, replicated_;
   bool pending_ = false;
+  double clipped_norm_ = std::numeric_limits<double>::quiet_NaN();  // this step's, once clipped
 };
 
 // Note [Clipping split gradients]
@@ -141,9 +154,9 @@ class HybridPrecision final : public mixed_precision::PrecisionDecorator {
 // over each replicated parameter once. The inner strategy gives this rank's norm, unscaled (with a
 // max_norm no norm reaches, so nothing is clipped yet), wherever it keeps the unscaled gradients
 // (float32 masters or the gradients themselves). A replicated parameter's share of it is its share of
-// the model's own gradients (a ratio, so the loss scale cancels); every tensor rank but one leaves it
-// out, the ranks of a replica add their parts, and the data-parallel replicas (equal after the
-// average) are divided out. Then the inner strategy clips with a max_norm that makes its factor
+// the model's own gradients (a ratio, so the loss scale cancels); each tensor rank counts 1/tp of that
+// share (together: once), the ranks of a replica add their parts, and the data-parallel replicas
+// (equal after the average) are divided out. Then the inner strategy clips with a max_norm that makes its factor
 // max_norm / (norm + 1e-6), torch's. Every rank runs the same collectives whatever its gradients hold,
 // so an inf on one rank gives every rank an inf norm, never a hang.
 double HybridPrecision::clip_grad_norm(optim::Optimizer& optimizer, double max_norm) {
@@ -163,21 +176,27 @@ double HybridPrecision::clip_grad_norm(optim::Optimizer& optimizer, double max_n
   };
   const double all = squares(parameters_);
   const double replicated_share = all > 0.0 ? squares(replicated_) / all : 0.0;
-  const double mine = local * local * (1.0 - replicated_share * double(tp - 1) / double(tp));
+  // An inf or NaN gradient makes the norm inf on every rank (the step will be skipped).
+  const double mine = !std::isfinite(local) || !std::isfinite(replicated_share)
+                          ? std::numeric_limits<double>::infinity()
+                          : local * local * (1.0 - replicated_share * double(tp - 1) / double(tp));
   Tensor total = full({1}, mine, DType::Float64);
   distributed::default_process_group().all_reduce(total);
   const double norm = std::sqrt(std::max(total.item(), 0.0) / double(dp));
   const double factor = max_norm / (norm + 1e-6);
   if (std::isfinite(norm) && factor < 1.0 && local > 0.0) inner_->clip_grad_norm(optimizer, factor * (local + 1e-6));
+  clipped_norm_ = norm;
   return norm;
 }
 
-// The model a pipeline rank hands back: its stage (parameters named as the whole model's), whose
-// forward without gradients runs the whole pipeline and gives the last stage's output to every stage
-// (evaluation), and refuses to run with gradients: a training step is Booster::execute_pipeline.
-class PipelineModel final : public nn::Module {
+// The model a rank hands back: its part (parameters named as the whole model's), which keeps the mesh
+// its layers communicate over alive. With pipeline stages, its forward without gradients runs the
+// whole pipeline and gives the last stage's output to every stage (evaluation), and it refuses to run
+// with gradients: a training step is Booster::execute_pipeline.
+class SplitModel final : public nn::Module {
  public:
-  PipelineModel(nn::ModulePtr stage, ProcessGroup& pp) : stage_(std::move(stage)), pp_(pp), eval_(stage_, pp, {}) {
+  SplitModel(nn::ModulePtr stage, std::shared_ptr<const SplitState> split)
+      : stage_(std::move(stage)), split_(std::move(split)), pp_(split_->mesh->pp_group()), eval_(stage_, pp_, {}) {
     for (const auto& [n, p] : stage_->named_parameters(false)) register_parameter(n, p, p.requires_grad());
     for (const auto& [n, b] : stage_->named_buffers(false)) register_buffer(n, b);
     for (const auto& [n, c] : stage_->named_children()) register_module(n, c);
@@ -186,6 +205,7 @@ class PipelineModel final : public nn::Module {
   std::string name() const override { return stage_->name(); }
 
   Tensor forward(const Tensor& x) override {
+    if (pp_.size() == 1) return (*stage_)(x);
     BOOSTER_CHECK(!autograd::grad_mode_enabled(), IncompatibleError, "plugin 'hybrid_parallel': a model cut into pipeline "
                   "stages trains through booster.execute_pipeline(x, y, model, criterion, optimizer), not model(x); "
                   "model(x) runs the pipeline for inference only, without gradients (NoGradGuard)");
@@ -195,15 +215,16 @@ class PipelineModel final : public nn::Module {
     Tensor head = zeros({2 + kDims}, DType::Int64);
     const int last = pp_.size() - 1;
     if (pp_.rank() == last) {
-      BOOSTER_CHECK(out.dim() <= kDims, ShapeError, "pipeline: the output has ", out.dim(), " dims; at most ", kDims);
       std::vector<int64_t> h(2 + kDims, 0);
       h[0] = int64_t(out.dtype());
-      h[1] = out.dim();
-      for (int64_t d = 0; d < out.dim(); ++d) h[size_t(2 + d)] = out.size(d);
+      h[1] = out.dim() <= kDims ? out.dim() : -out.dim();  // too many dims: every stage refuses alike
+      for (int64_t d = 0; d < std::min<int64_t>(out.dim(), kDims); ++d) h[size_t(2 + d)] = out.size(d);
       head = from_vector(h, {2 + kDims});
     }
     pp_.broadcast(head, last);
     const std::vector<int64_t> h = head.to_vector<int64_t>();
+    BOOSTER_CHECK(h[1] >= 0, ShapeError, "pipeline: the model's output has ", -h[1], " dims; at most ", kDims,
+                  " reach the other stages");
     Shape shape(h.begin() + 2, h.begin() + 2 + h[1]);
     if (pp_.rank() != last) out = Tensor::empty(shape, DType(int(h[0])), pp_.device());
     out = out.contiguous();
@@ -211,22 +232,15 @@ class PipelineModel final : public nn::Module {
     return out;
   }
 
-  nn::pp::PipelineStage& eval_stage() { return eval_; }
-
- private:
+   private:
   nn::ModulePtr stage_;
+  std::shared_ptr<const SplitState> split_;  // keeps the mesh (and its groups) alive
   ProcessGroup& pp_;
   nn::pp::PipelineStage eval_;  // one micro-batch at a time: evaluation batches need not divide
 };
 
 class HybridParallelPlugin;
 
-// What the checkpoint IO reads from the plugin once boost() split the model.
-struct SplitState {
-  std::unique_ptr<distributed::DeviceMesh> mesh;
-  std::map<std::string, nn::ShardSpec> shards;
-  json layout;
-};
 
 // Checkpoints (Note [Hybrid checkpoints] in README.md): the model in the single-process file, its split
 // parameters gathered over the tensor group and its stages brought to rank 0; the optimizer per rank.
@@ -271,17 +285,30 @@ class HybridCheckpointIO final : public CheckpointIO {
   void load_model(nn::Module& model, const std::filesystem::path& path) const override {
     if (!state_->mesh) return CheckpointIO::load_model(model, path);
     const auto& shards = state_->shards;
-    const checkpoint::TensorMap whole = checkpoint::load_model(path);
-    nn::StateDict mine;
     ProcessGroup& tp = state_->mesh->tp_group();
-    for (const auto& [name, t] : model.state_dict()) {
-      auto it = whole.find(name);
-      BOOSTER_CHECK(it != whole.end(), CheckpointError, "load_model: ", path.string(), " has no tensor '", name,
-                    "' that this model needs");
-      auto spec = shards.find(name);
-      mine[name] = spec == shards.end() || tp.size() == 1 ? it->second
-                                                           : nn::shard_of(it->second, spec->second, tp.rank(), tp.size());
+    // Each rank checks its own part; the verdict is agreed before anyone throws, so no rank goes on
+    // into the next collective while another stops here.
+    std::string problem;
+    nn::StateDict mine;
+    try {
+      const checkpoint::TensorMap whole = checkpoint::load_model(path);
+      for (const auto& [name, t] : model.state_dict()) {
+        auto it = whole.find(name);
+        BOOSTER_CHECK(it != whole.end(), CheckpointError, "load_model: ", path.string(), " has no tensor '", name,
+                      "' that this model needs");
+        auto spec = shards.find(name);
+        mine[name] = spec == shards.end() || tp.size() == 1 ? it->second
+                                                            : nn::shard_of(it->second, spec->second, tp.rank(), tp.size());
+      }
+    } catch (const Error& e) {
+      problem = e.what();
     }
+    Tensor failed = full({1}, problem.empty() ? 0.0 : 1.0, DType::Float64);
+    group_.all_reduce(failed, distributed::ReduceOp::Max);
+    BOOSTER_CHECK(failed.item() == 0.0, CheckpointError,
+                  problem.empty() ? "load_model: another rank could not load its part of " + path.string() +
+                                        " (its message says why)"
+                                  : problem);
     model.load_state_dict(mine);
   }
 
@@ -302,8 +329,8 @@ class HybridCheckpointIO final : public CheckpointIO {
                   " does not exist; plugin 'hybrid_parallel' resumes only its own checkpoints");
     const json saved = json::parse(checkpoint::read_text_file(file));
     BOOSTER_CHECK(saved == layout, CheckpointError, "load_optimizer: the checkpoint was saved with the layout ",
-                  saved.dump(), " and this run has ", layout.dump(), "; resume with the same tp_size, pp_size, "
-                  "stage_layers and number of processes");
+                  saved.dump(), " and this run has ", layout.dump(), "; resume with the same plugin options and "
+                  "number of processes");
     own_io_.load_optimizer(optimizer, path / rank_dir());
   }
 
@@ -429,14 +456,18 @@ class HybridParallelPlugin final : public ParallelPlugin {
       parameters.push_back(p);
       if (!split_->shards.count(name)) replicated.push_back(p);
     }
-    precision_ = std::make_shared<HybridPrecision>(std::move(parts.precision), *mesh_, parts.optimizer,
+    precision_ = std::make_shared<HybridPrecision>(std::move(parts.precision), split_, parts.optimizer,
                                                    std::move(parameters), std::move(replicated));
     parts.precision = precision_;
-    if (options_.pp_size > 1) {
+    if (options_.pp_size > 1)
       stage_ = std::make_unique<nn::pp::PipelineStage>(
           parts.model, mesh_->pp_group(),
           nn::pp::PipelineOptions{nn::pp::parse_schedule(options_.schedule), options_.num_microbatches});
-      parts.model = std::make_shared<PipelineModel>(parts.model, mesh_->pp_group());
+    if (options_.tp_size > 1 || options_.pp_size > 1) {
+      parts.model = std::make_shared<SplitModel>(parts.model, split_);
+      if (parts.criterion)  // a vocabulary-parallel loss communicates over the mesh too
+        parts.criterion = [split = std::shared_ptr<const SplitState>(split_), inner = std::move(parts.criterion)](
+                              const Tensor& output, const Tensor& target) { return inner(output, target); };
     }
     return parts;
   }
@@ -462,6 +493,8 @@ class HybridParallelPlugin final : public ParallelPlugin {
                                                               options.shuffle, options.seed, /*drop_last=*/false);
     data::DataLoaderOptions per_rank = options;
     per_rank.shuffle = false;
+    // A pipeline splits each batch into equal micro-batches: an epoch's last, partial batch is dropped.
+    if (options_.pp_size > 1) per_rank.drop_last = true;
     return std::make_shared<data::DataLoader>(std::move(dataset), per_rank, std::move(sampler));
   }
 
@@ -481,7 +514,10 @@ class HybridParallelPlugin final : public ParallelPlugin {
     Tensor lo = full({1}, total, DType::Float64), hi = full({1}, total, DType::Float64);
     dp.all_reduce(lo, distributed::ReduceOp::Min);
     dp.all_reduce(hi, distributed::ReduceOp::Max);
-    BOOSTER_CHECK(lo.item() == hi.item(), ValueError, "plugin 'hybrid_parallel': the ranks built different models "
+    // One verdict for the world: a rank whose group agreed must not go on waiting for one that did not.
+    Tensor differ = full({1}, lo.item() == hi.item() ? 0.0 : 1.0, DType::Float64);
+    distributed::default_process_group().all_reduce(differ, distributed::ReduceOp::Max);
+    BOOSTER_CHECK(differ.item() == 0.0, ValueError, "plugin 'hybrid_parallel': the ranks built different models "
                   "(their parameters differ across the data-parallel group); build the model from the same seed on "
                   "every rank");
   }

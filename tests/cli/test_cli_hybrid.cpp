@@ -1,9 +1,9 @@
 // The hybrid_parallel example configs as a user runs them (`booster check`, then `booster run -n N --
 // booster train`): each passes check, trains, and ends where one process ends on the same batches
 // (float32 sums in another order: 1e-5 relative on the final loss, and on the saved model of the
-// layout with two data-parallel replicas, whose ranks report their replica's loss); the model it saves is the
-// single-process file; a resume under the same layout continues bit for bit, and under another layout
-// is refused naming both.
+// layout with two data-parallel replicas, whose ranks report their replica's loss); the model it saves
+// is the single-process file; a resume under the same layout continues bit for bit (with dropout, and
+// with fp16_naive's per-rank masters), and under another layout is refused naming the setting.
 #include <catch2/catch.hpp>
 
 #include "skip.h"
@@ -78,6 +78,11 @@ TEST_CASE("hybrid configs pass booster check and train as one process does", "[c
     skip_test("no mpirun (apt-get install openmpi-bin)");
     return;
   }
+  // Checked for a world size its grid does not divide: refused, naming the pairs that fit.
+  const RunResult misfit = testing::run_booster_in(scratch_dir(), "check --config " + config("gpt_char_hybrid.json") + " -n 2");
+  CHECK(misfit.exit_code != 0);
+  CHECK_THAT(misfit.err, Catch::Contains("tp_size 2 x pp_size 2 does not divide the world size 2") &&
+                             Catch::Contains("pairs that fit: 1x1, 1x2, 2x1"));
   const fs::path dir16 = scratch_dir() / "single16", dir32 = scratch_dir() / "single32";
   const RunResult single = train(1, "gpt_char.json", "--set train.checkpoint_every=6 --set train.checkpoint_dir=" + dir16.string());
   REQUIRE(single.exit_code == 0);
@@ -118,10 +123,13 @@ TEST_CASE("a hybrid checkpoint is the single-process model and resumes bit for b
   const fs::path dir = scratch_dir() / "resume";
   fs::remove_all(dir);
   const std::string whole = (dir / "whole").string(), part = (dir / "part").string(), one = (dir / "one").string();
-  RunResult r = train(4, "gpt_char_hybrid.json", "--set train.checkpoint_every=3 --set train.checkpoint_dir=" + whole);
+  // With dropout, so each stage's own generator must come back (Note [Per-rank state of a split model]).
+  const std::string dropout = "--set model.dropout=0.1 ";
+  RunResult r =
+      train(4, "gpt_char_hybrid.json", dropout + "--set train.checkpoint_every=3 --set train.checkpoint_dir=" + whole);
   INFO(r.err);
   REQUIRE(r.exit_code == 0);
-  r = train(1, "gpt_char.json", "--set train.checkpoint_every=3 --set train.checkpoint_dir=" + one);
+  r = train(1, "gpt_char.json", dropout + "--set train.checkpoint_every=3 --set train.checkpoint_dir=" + one);
   REQUIRE(r.exit_code == 0);
   // The same tensors, names and shapes as one process's model file.
   const auto hybrid = booster::checkpoint::load_model(fs::path(whole) / "step-00000006" / "model");
@@ -133,8 +141,8 @@ TEST_CASE("a hybrid checkpoint is the single-process model and resumes bit for b
     CHECK(hybrid.at(name).shape() == t.shape());
   }
   // Resumed at step 3 under the same layout: the same bytes at step 6.
-  r = train(4, "gpt_char_hybrid.json",
-            "--set train.checkpoint_every=3 --set train.checkpoint_dir=" + part + " --resume " + whole + "/step-00000003");
+  r = train(4, "gpt_char_hybrid.json", dropout + "--set train.checkpoint_every=3 --set train.checkpoint_dir=" + part +
+                                            " --resume " + whole + "/step-00000003");
   INFO(r.err);
   REQUIRE(r.exit_code == 0);
   const auto resumed = booster::checkpoint::load_model(fs::path(part) / "step-00000006" / "model");
@@ -143,8 +151,24 @@ TEST_CASE("a hybrid checkpoint is the single-process model and resumes bit for b
     const std::vector<double> a = t.tolist(), b = resumed.at(name).tolist();
     CHECK(a == b);
   }
+  // With fp16_naive, whose float32 masters are each rank's own part (Note [Per-rank state of a split
+  // model]): the resumed run ends on the same bytes too.
+  const std::string naive = "--mixed-precision fp16_naive --set train.checkpoint_every=3 --set train.checkpoint_dir=";
+  r = train(4, "gpt_char_hybrid.json", naive + (dir / "naive").string());
+  INFO(r.err);
+  REQUIRE(r.exit_code == 0);
+  r = train(4, "gpt_char_hybrid.json",
+            naive + (dir / "naive_part").string() + " --resume " + (dir / "naive").string() + "/step-00000003");
+  INFO(r.err);
+  REQUIRE(r.exit_code == 0);
+  const auto naive_whole = booster::checkpoint::load_model(dir / "naive" / "step-00000006" / "model");
+  const auto naive_resumed = booster::checkpoint::load_model(dir / "naive_part" / "step-00000006" / "model");
+  for (const auto& [name, t] : naive_whole) {
+    INFO(name);
+    CHECK(t.tolist() == naive_resumed.at(name).tolist());
+  }
   // Another layout of the same world size is refused, naming the setting that differs.
-  r = train(4, "gpt_char_dp2_tp2.json", "--set plugin.num_microbatches=4 --set train.checkpoint_dir=" +
+  r = train(4, "gpt_char_dp2_tp2.json", dropout + "--set plugin.num_microbatches=4 --set train.checkpoint_dir=" +
                                             (dir / "other").string() + " --resume " + whole + "/step-00000003");
   CHECK(r.exit_code != 0);
   CHECK_THAT(r.err, Catch::Contains("was saved with plugin.pp_size 2 but this run has 1"));

@@ -147,8 +147,9 @@ MemoryEstimate estimate_memory(const json& c, int world_size) {
   if (plugin_name == "hybrid_parallel") {
     model_parallel = plugin.value("tp_size", int64_t(1)) * plugin.value("pp_size", int64_t(1));
     e.notes.push_back("hybrid_parallel: parameters, gradients and optimizer state are this rank's 1/" +
-                      std::to_string(model_parallel) + " of the model (tp_size x pp_size); activations are one "
-                      "replica's");
+                      std::to_string(model_parallel) + " of the model (tp_size x pp_size); the whole float32 model "
+                      "every rank builds before boost() stays alive besides (" +
+                      std::to_string(e.parameters * 4) + " bytes); activations are one replica's");
   } else if (plugin_name != "single" && plugin_name != "ddp" && plugin_name != "low_level_zero") {
     e.notes.push_back("plugin '" + plugin_name + "' is assumed to replicate the model, gradients and optimizer on every rank");
   }
