@@ -1,5 +1,6 @@
 // The hybrid_parallel plugin measured on the character GPT (issue 16's figures, bench/README.md):
-//   memory  per-rank parameter + gradient + optimizer bytes of tp 2 and pp 2 against a whole replica
+//   memory  per-rank parameter + gradient + optimizer bytes of tp 2, pp 2 and zero_stage 1 against a
+//           whole replica
 //   bubble  each pipeline stage's idle fraction (time waiting for messages / step) for M = 1, 4, 8
 //           micro-batches against (P - 1) / (M + P - 1)
 //   step    step time of tp 2 against ddp on the same ranks, and the tensor-parallel collectives'
@@ -75,10 +76,11 @@ void memory() {
     std::printf("| layout | ranks | parameters MiB | gradients MiB | optimizer MiB | total MiB | vs one replica |\n"
                 "|---|---:|---:|---:|---:|---:|---:|\n");
   double whole = 0;
-  for (const auto& [name, tp, pp] : std::vector<std::tuple<std::string, int, int>>{{"replica (dp)", 1, 1}, {"tp 2", 2, 1},
-                                                                                    {"pp 2", 1, 2}}) {
-    Booster booster(BoosterConfig{.plugin = "hybrid_parallel",
-                                  .plugin_options = {{"tp_size", tp}, {"pp_size", pp}, {"num_microbatches", 2}}});
+  for (const auto& [name, tp, pp, zero] : std::vector<std::tuple<std::string, int, int, int>>{
+           {"replica (dp)", 1, 1, 0}, {"tp 2", 2, 1, 0}, {"pp 2", 1, 2, 0}, {"dp zero_stage 1", 1, 1, 1}}) {
+    Booster booster(BoosterConfig{
+        .plugin = "hybrid_parallel",
+        .plugin_options = {{"tp_size", tp}, {"pp_size", pp}, {"num_microbatches", 2}, {"zero_stage", zero}}});
     auto gpt = std::make_shared<nn::GPT>(gpt_config(), 1);
     Boosted b = booster.boost(gpt, optim::make_optimizer(kAdamW, gpt->parameters()), gpt_loss);
     const auto [x, y] = batch(8, 3);
@@ -86,17 +88,18 @@ void memory() {
     booster.execute_pipeline(x, y, *b.model, b.criterion, *b.optimizer);
     b.optimizer->step();
     double params = 0, grads = 0, state = 0;
-    for (const Tensor& p : b.model->parameters()) params += double(p.nbytes());
+    for (const Tensor& p : b.model->parameters()) {
+      params += double(p.nbytes());
+      if (p.grad().defined()) grads += double(p.grad().nbytes());  // in a flat buffer or not
+    }
     const optim::Optimizer& opt = b.optimizer->stepped_optimizer();
-    for (size_t g = 0; g < opt.param_groups().size(); ++g)
-      for (const optim::FlatBuffer* fb : opt.flat_buffers(g)) grads += double(fb->grad().nbytes());
     for (const auto& [key, t] : opt.state_dict().tensors) state += double(t.nbytes());
     const double mib = 1024.0 * 1024.0;
     params = max_over_ranks(params) / mib;
     grads = max_over_ranks(grads) / mib;
     state = max_over_ranks(state) / mib;
     const double total = params + grads + state;
-    if (tp == 1 && pp == 1) whole = total;
+    if (tp == 1 && pp == 1 && zero == 0) whole = total;
     if (world().rank() == 0)
       std::printf("| %s | %d | %.2f | %.2f | %.2f | %.2f | %.3f |\n", name.c_str(), world().size(), params, grads,
                   state, total, total / whole);

@@ -7,14 +7,18 @@
 // Options (ConfigError for unknown keys and bad values):
 //   tp_size           ranks that split each layer, Megatron-style (1)
 //   pp_size           pipeline stages (1)
-//   zero_stage        0: gradients all-reduced across the data-parallel group (0; only 0 so far)
+//   zero_stage        0: every replica steps all its parameters; 1: the optimizer state (and float32
+//                     masters) of each replica's parameters is split across the data-parallel group
+//                     (Note [Hybrid ZeRO-1]) (0)
 //   num_microbatches  micro-batches per step of a pipeline (1)
 //   schedule          "1f1b" | "gpipe" ("1f1b")
 //   stage_layers      units (GPT blocks, classifier Linear layers) per stage; [] balances by parameters
 // The data-parallel size is world size / (tp_size * pp_size).
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <memory>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -76,9 +80,9 @@ struct HybridOptions {
     BOOSTER_CHECK(o.zero_stage != 2 || o.pp_size == 1, ConfigError,
                   "plugin 'hybrid_parallel': zero_stage 2 shards gradients, which a pipeline accumulates over its "
                   "micro-batches; use zero_stage 1 with pp_size > 1 (as ColossalAI)");
-    BOOSTER_CHECK(o.zero_stage == 0, ConfigError, "plugin 'hybrid_parallel': zero_stage ", o.zero_stage,
-                  " is not supported yet; use zero_stage 0 (gradients all-reduced across the data-parallel group), "
-                  "or the low_level_zero plugin for ZeRO without tensor or pipeline parallelism");
+    BOOSTER_CHECK(o.zero_stage <= 1, ConfigError, "plugin 'hybrid_parallel': zero_stage ", o.zero_stage,
+                  " is not supported; use zero_stage 1 (optimizer state split across the data-parallel group), "
+                  "or the low_level_zero plugin for ZeRO-2 and ZeRO-3 without tensor or pipeline parallelism");
     return o;
   }
 };
@@ -88,8 +92,21 @@ struct SplitState {
   std::unique_ptr<distributed::DeviceMesh> mesh;
   std::map<std::string, nn::ShardSpec> shards;
   json layout;
+  // zero_stage 1 (Note [Hybrid ZeRO-1]): the data-parallel rank that steps each parameter, by name.
+  std::map<std::string, int> owners;
 };
 
+// Note [Hybrid ZeRO-1]
+// zero_stage 1 splits a replica's optimizer state over its data-parallel group by parameters, as
+// torch's ZeroRedundancyOptimizer does: each parameter of this rank's part has an owner (the rank with
+// the fewest elements so far, in parameter order, so every rank computes the same table), and the
+// optimizer boost() returns steps only the parameters this rank owns, so their AdamW state and, for a
+// strategy with float32 masters, their masters exist on the owner alone (1/dp of them per rank). The
+// gradients are still averaged across the group (all of them, as one flat buffer), each owner steps
+// its parameters, and then broadcasts them to the group, one flat buffer per owner. Partitioning by
+// parameter rather than by element keeps every strategy's own step (scaling, masters, skipping)
+// unchanged underneath: the strategy simply holds fewer parameters.
+//
 // Note [Hybrid gradients]
 // Gradients are complete within a (tp, pp) replica once its backward ran: a split parameter's gradient
 // is this rank's slice, a replicated one (layer norms, wpe, row-parallel biases) is the same on every
@@ -99,15 +116,28 @@ struct SplitState {
 class HybridPrecision final : public mixed_precision::PrecisionDecorator {
  public:
   // `replicated`: this rank's parameters that every tensor rank holds whole (the others are split).
+  // `owners` (zero_stage 1): the data-parallel rank that steps each of `parameters`; empty otherwise.
   HybridPrecision(std::shared_ptr<mixed_precision::MixedPrecision> inner, std::shared_ptr<const SplitState> split,
                   std::shared_ptr<optim::Optimizer> optimizer, std::vector<Tensor> parameters,
-                  std::vector<Tensor> replicated)
+                  std::vector<Tensor> replicated, std::vector<int> owners)
       : PrecisionDecorator(std::move(inner)),
         split_(std::move(split)),
         mesh_(*split_->mesh),
         optimizer_(std::move(optimizer)),
         parameters_(std::move(parameters)),
-        replicated_(std::move(replicated)) {}
+        owners_(std::move(owners)) {
+    const std::set<const TensorImpl*> rep = [&] {
+      std::set<const TensorImpl*> out;
+      for (const Tensor& p : replicated) out.insert(p.impl());
+      return out;
+    }();
+    // What this rank's norm covers: every parameter, or (zero_stage 1) those it owns.
+    for (size_t i = 0; i < parameters_.size(); ++i) {
+      if (!owners_.empty() && owners_[i] != mesh_.coord().dp) continue;
+      normed_.push_back(parameters_[i]);
+      if (rep.count(parameters_[i].impl())) normed_replicated_.push_back(parameters_[i]);
+    }
+  }
 
   void backward(const Tensor& loss, optim::Optimizer& optimizer) override {
     inner_->backward(loss, optimizer);
@@ -122,6 +152,7 @@ class HybridPrecision final : public mixed_precision::PrecisionDecorator {
   void step(optim::Optimizer& optimizer) override {
     reduce();
     PrecisionDecorator::step(optimizer);
+    if (!owners_.empty()) share_stepped_parameters();
     // The inner strategy saw this rank's part only: the norm of the step is the whole model's.
     if (!std::isnan(clipped_norm_)) stats_.grad_norm = clipped_norm_;
     clipped_norm_ = std::numeric_limits<double>::quiet_NaN();
@@ -133,6 +164,7 @@ class HybridPrecision final : public mixed_precision::PrecisionDecorator {
     pending_ = false;
     ProcessGroup& dp = mesh_.dp_group();
     if (dp.size() == 1 || !optimizer_) return;
+    if (!owners_.empty()) return reduce_all_parameters();
     for (size_t g = 0; g < optimizer_->param_groups().size(); ++g)
       for (const optim::FlatBuffer* fb : optimizer_->flat_buffers(g)) {
         const_cast<optim::FlatBuffer*>(fb)->sync_grads();  // gradients that are not views yet join the buffer
@@ -141,10 +173,87 @@ class HybridPrecision final : public mixed_precision::PrecisionDecorator {
       }
   }
 
+  // zero_stage 1: the optimizer holds only the owned parameters, so the others' gradients are averaged
+  // here too, all of them as one flat buffer per dtype (every rank of the group the same layout).
+  void reduce_all_parameters() {
+    for_each_dtype(parameters_, [&](const std::vector<Tensor>& ps) {
+      Tensor flat = flatten(ps, /*grads=*/true);
+      mesh_.dp_group().all_reduce(flat, distributed::ReduceOp::Avg);
+      unflatten(flat, ps, /*grads=*/true);
+    });
+  }
+  // After the owners stepped: every rank takes each parameter from its owner, one broadcast per owner
+  // and dtype. The gradients of parameters this rank does not own are cleared, since zero_grad() on the
+  // optimizer reaches only the owned ones.
+  void share_stepped_parameters() {
+    ProcessGroup& dp = mesh_.dp_group();
+    NoGradGuard no_grad;
+    for (int owner = 0; owner < dp.size(); ++owner) {
+      std::vector<Tensor> owned;
+      for (size_t i = 0; i < parameters_.size(); ++i)
+        if (owners_[i] == owner) owned.push_back(parameters_[i]);
+      for_each_dtype(owned, [&](const std::vector<Tensor>& ps) {
+        Tensor flat = flatten(ps, /*grads=*/false);
+        dp.broadcast(flat, owner);
+        unflatten(flat, ps, /*grads=*/false);
+        for (const Tensor& p : ps) p.bump_version();  // cached casts of the old values must not be reused
+      });
+    }
+    for (size_t i = 0; i < parameters_.size(); ++i)
+      if (owners_[i] != mesh_.coord().dp && parameters_[i].grad().defined()) parameters_[i].grad().zero_();
+  }
+  template <class Fn>
+  static void for_each_dtype(const std::vector<Tensor>& ps, Fn&& fn) {
+    std::vector<DType> dtypes;
+    for (const Tensor& p : ps)
+      if (std::find(dtypes.begin(), dtypes.end(), p.dtype()) == dtypes.end()) dtypes.push_back(p.dtype());
+    for (DType d : dtypes) {
+      std::vector<Tensor> same;
+      for (const Tensor& p : ps)
+        if (p.dtype() == d) same.push_back(p);
+      fn(same);
+    }
+  }
+  // The values (or gradients; zeros for a parameter without one) of `ps` as one contiguous tensor.
+  static Tensor flatten(const std::vector<Tensor>& ps, bool grads) {
+    int64_t n = 0;
+    for (const Tensor& p : ps) n += p.numel();
+    Tensor flat = Tensor::empty({n}, ps.front().dtype(), ps.front().device());
+    int64_t at = 0;
+    NoGradGuard no_grad;
+    for (const Tensor& p : ps) {
+      Tensor dst = flat.narrow(0, at, p.numel());
+      if (!grads) dst.copy_(p.detach().reshape({p.numel()}));
+      else if (p.grad().defined()) dst.copy_(p.grad().reshape({p.numel()}));
+      else dst.zero_();
+      at += p.numel();
+    }
+    return flat;
+  }
+  static void unflatten(const Tensor& flat, const std::vector<Tensor>& ps, bool grads) {
+    int64_t at = 0;
+    NoGradGuard no_grad;
+    for (const Tensor& p : ps) {
+      const Tensor src = flat.narrow(0, at, p.numel()).reshape(p.shape());
+      if (!grads) {
+        Tensor dst = p.detach();
+        dst.copy_(src);
+      } else if (p.grad().defined()) {
+        Tensor g = p.grad();
+        g.copy_(src);
+      } else {
+        p.set_grad(src.clone());
+      }
+      at += p.numel();
+    }
+  }
+
   std::shared_ptr<const SplitState> split_;  // keeps the mesh (and its groups) alive
   const distributed::DeviceMesh& mesh_;
   std::shared_ptr<optim::Optimizer> optimizer_;
-  std::vector<Tensor> parameters_, replicated_;
+  std::vector<Tensor> parameters_;
+  std::vector<int> owners_;                           // zero_stage 1: each parameter's stepping rank
+  std::vector<Tensor> normed_, normed_replicated_;    // what this rank's unscaled norm covers
   bool pending_ = false;
   double clipped_norm_ = std::numeric_limits<double>::quiet_NaN();  // this step's, once clipped
 };
@@ -163,8 +272,11 @@ double HybridPrecision::clip_grad_norm(optim::Optimizer& optimizer, double max_n
   BOOSTER_CHECK(max_norm > 0.0, ValueError, "clip_grad_norm: max_norm must be > 0, got ", max_norm);
   reduce();
   const double local = inner_->clip_grad_norm(optimizer, std::numeric_limits<double>::max());
-  const int tp = mesh_.tp_size(), dp = mesh_.dp_size();
-  if (tp * mesh_.pp_size() == 1) return inner_->clip_grad_norm(optimizer, max_norm);
+  const int tp = mesh_.tp_size();
+  // The data-parallel replicas hold equal gradients (divided out below), or, under zero_stage 1, each
+  // steps (and norms) its own parameters (summed like the rest).
+  const int dp = owners_.empty() ? mesh_.dp_size() : 1;
+  if (tp * mesh_.pp_size() == 1 && owners_.empty()) return inner_->clip_grad_norm(optimizer, max_norm);
   auto squares = [](const std::vector<Tensor>& ps) {
     double total = 0.0;
     for (const Tensor& p : ps)
@@ -174,8 +286,8 @@ double HybridPrecision::clip_grad_norm(optim::Optimizer& optimizer, double max_n
       }
     return total;
   };
-  const double all = squares(parameters_);
-  const double replicated_share = all > 0.0 ? squares(replicated_) / all : 0.0;
+  const double all = squares(normed_);
+  const double replicated_share = all > 0.0 ? squares(normed_replicated_) / all : 0.0;
   // An inf or NaN gradient makes the norm inf on every rank (the step will be skipped).
   const double mine = !std::isfinite(local) || !std::isfinite(replicated_share)
                           ? std::numeric_limits<double>::infinity()
@@ -399,28 +511,44 @@ class HybridParallelPlugin final : public ParallelPlugin {
     split_->layout = options_.to_json();
     split_->layout["world_size"] = world.size();
     mesh_ = split_->mesh.get();
-    if (options_.tp_size == 1 && options_.pp_size == 1) return parts;  // data parallel only: nothing to split
+    const bool split = options_.tp_size > 1 || options_.pp_size > 1;
+    const bool zero = options_.zero_stage == 1 && mesh_->dp_size() > 1;
+    if (!split && !zero) return parts;  // data parallel only: nothing to split
 
+    nn::ModulePtr part = parts.model;
     const std::string why = "plugin 'hybrid_parallel' with tp_size " + std::to_string(options_.tp_size) +
                             " and pp_size " + std::to_string(options_.pp_size);
-    const nn::ShardPolicy policy = nn::find_shard_policy(parts.model->name(), why);
-    nn::ShardContext context;
-    context.tp = &mesh_->tp_group();
-    context.stage = mesh_->coord().pp;
-    context.stages = options_.pp_size;
-    context.stage_layers = options_.stage_layers;
-    nn::ShardedModel sharded = policy(parts.model, context);
-    BOOSTER_CHECK(sharded.module != nullptr, PluginError, why, ": the shard policy for '", parts.model->name(),
-                  "' returned no module");
-    split_->shards = std::move(sharded.shards);
+    if (split) {
+      const nn::ShardPolicy policy = nn::find_shard_policy(parts.model->name(), why);
+      nn::ShardContext context;
+      context.tp = &mesh_->tp_group();
+      context.stage = mesh_->coord().pp;
+      context.stages = options_.pp_size;
+      context.stage_layers = options_.stage_layers;
+      nn::ShardedModel sharded = policy(parts.model, context);
+      BOOSTER_CHECK(sharded.module != nullptr, PluginError, why, ": the shard policy for '", parts.model->name(),
+                    "' returned no module");
+      split_->shards = std::move(sharded.shards);
+      if (sharded.criterion && parts.criterion) parts.criterion = sharded.criterion(parts.criterion);
+      part = sharded.module;
+    }
+    if (zero) {  // Note [Hybrid ZeRO-1]: each parameter's owner, the same table on every rank of the group
+      std::vector<int64_t> load(size_t(mesh_->dp_size()), 0);
+      for (const auto& [n, p] : part->named_parameters()) {
+        const int owner = int(std::min_element(load.begin(), load.end()) - load.begin());
+        split_->owners[n] = owner;
+        load[size_t(owner)] += p.numel();
+      }
+    }
 
-    // The optimizer passed in holds the whole model's parameters: the same one over this rank's part,
-    // found by name, group by group (a group may be empty on a stage that holds none of its parameters).
+    // The optimizer passed in holds the whole model's parameters: the same one over this rank's part
+    // (those it steps, under zero_stage 1), found by name, group by group (a group may be empty on a
+    // stage or rank that steps none of its parameters).
     if (parts.optimizer) {
       std::map<const TensorImpl*, std::string> names;
       for (const auto& [n, p] : parts.model->named_parameters()) names[p.impl()] = n;
       std::map<std::string, Tensor> local;
-      for (const auto& [n, p] : sharded.module->named_parameters()) local[n] = p;
+      for (const auto& [n, p] : part->named_parameters()) local[n] = p;
       std::vector<optim::ParamGroup> groups;
       for (const optim::ParamGroup& g : parts.optimizer->param_groups()) {
         optim::ParamGroup mine;
@@ -430,14 +558,15 @@ class HybridParallelPlugin final : public ParallelPlugin {
           BOOSTER_CHECK(n != names.end(), ValueError, why, ": the optimizer holds a parameter (", p.name(),
                         ") that is not the model's; build the optimizer over model->parameters()");
           auto l = local.find(n->second);
-          if (l != local.end()) mine.params.push_back(l->second);
+          if (l == local.end()) continue;
+          if (zero && split_->owners.at(n->second) != mesh_->coord().dp) continue;
+          mine.params.push_back(l->second);
         }
         groups.push_back(std::move(mine));
       }
       parts.optimizer = mixed_precision::rebuild_optimizer(*parts.optimizer, std::move(groups));
     }
-    if (sharded.criterion && parts.criterion) parts.criterion = sharded.criterion(parts.criterion);
-    parts.model = sharded.module;
+    parts.model = part;
     return parts;
   }
 
@@ -452,12 +581,14 @@ class HybridParallelPlugin final : public ParallelPlugin {
       return flag.item() > 0.0;
     });
     std::vector<Tensor> parameters, replicated;
+    std::vector<int> owners;
     for (const auto& [name, p] : parts.model->named_parameters()) {
       parameters.push_back(p);
       if (!split_->shards.count(name)) replicated.push_back(p);
+      if (!split_->owners.empty()) owners.push_back(split_->owners.at(name));
     }
     precision_ = std::make_shared<HybridPrecision>(std::move(parts.precision), split_, parts.optimizer,
-                                                   std::move(parameters), std::move(replicated));
+                                                   std::move(parameters), std::move(replicated), std::move(owners));
     parts.precision = precision_;
     if (options_.pp_size > 1)
       stage_ = std::make_unique<nn::pp::PipelineStage>(

@@ -167,6 +167,21 @@ TEST_CASE("a hybrid checkpoint is the single-process model and resumes bit for b
     INFO(name);
     CHECK(t.tolist() == naive_resumed.at(name).tolist());
   }
+  // zero_stage 1 on two data-parallel ranks: each holds the masters of the parameters it steps.
+  const std::string zero = "-p hybrid_parallel --set plugin.zero_stage=1 --set data.batch_size=8 " + naive;
+  r = train(2, "gpt_char.json", zero + (dir / "zero").string());
+  INFO(r.err);
+  REQUIRE(r.exit_code == 0);
+  r = train(2, "gpt_char.json", zero + (dir / "zero_part").string() + " --resume " + (dir / "zero").string() +
+                                    "/step-00000003");
+  INFO(r.err);
+  REQUIRE(r.exit_code == 0);
+  const auto zero_whole = booster::checkpoint::load_model(dir / "zero" / "step-00000006" / "model");
+  const auto zero_resumed = booster::checkpoint::load_model(dir / "zero_part" / "step-00000006" / "model");
+  for (const auto& [name, t] : zero_whole) {
+    INFO(name);
+    CHECK(t.tolist() == zero_resumed.at(name).tolist());
+  }
   // Another layout of the same world size is refused, naming the setting that differs.
   r = train(4, "gpt_char_dp2_tp2.json", dropout + "--set plugin.num_microbatches=4 --set train.checkpoint_dir=" +
                                             (dir / "other").string() + " --resume " + whole + "/step-00000003");

@@ -1,5 +1,6 @@
 // The hybrid_parallel plugin under `mpirun -np 4` (every TEST_CASE on every rank, in the same order):
-// each layout of the four ranks (tp 4, pp 4, tp 2 x pp 2, dp 2 x tp 2, dp 2 x pp 2, dp 4) trains a GPT
+// each layout of the four ranks (tp 4, pp 4, tp 2 x pp 2, dp 2 x tp 2, dp 2 x pp 2, dp 4, and dp 4,
+// dp 2 x tp 2 and dp 2 x pp 2 with zero_stage 1) trains a GPT
 // and an MLP classifier for 20 AdamW steps on the same global batches as one process does, through the
 // Booster, and ends within 1e-5 relative of the one-process parameters (float32 sums in another order);
 // the saved model is the single-process file (gathered over tensor ranks and stages), the losses agree,
@@ -48,11 +49,18 @@ struct Case {
   std::string name;
   int tp, pp;
   std::string schedule = "1f1b";
+  int zero_stage = 0;
 };
 
-const std::vector<Case> kLayouts = {{"tp 4", 4, 1},         {"pp 4", 1, 4},         {"tp 2 x pp 2", 2, 2},
-                                    {"dp 2 x tp 2", 2, 1},  {"dp 2 x pp 2 gpipe", 1, 2, "gpipe"},
-                                    {"dp 4", 1, 1}};
+const std::vector<Case> kLayouts = {{"tp 4", 4, 1},
+                                    {"pp 4", 1, 4},
+                                    {"tp 2 x pp 2", 2, 2},
+                                    {"dp 2 x tp 2", 2, 1},
+                                    {"dp 2 x pp 2 gpipe", 1, 2, "gpipe"},
+                                    {"dp 4", 1, 1},
+                                    {"dp 4 zero 1", 1, 1, "1f1b", 1},
+                                    {"dp 2 x tp 2 zero 1", 2, 1, "1f1b", 1},
+                                    {"dp 2 x pp 2 zero 1", 1, 2, "1f1b", 1}};
 
 // ||a - b|| / ||b|| over a tensor (L2).
 double relative_diff(const Tensor& a, const Tensor& b) {
@@ -124,10 +132,24 @@ void check_layout(const Case& c, const ModelFactory& make, const nn::Criterion& 
                                 .plugin_options = {{"tp_size", c.tp},
                                                    {"pp_size", c.pp},
                                                    {"num_microbatches", microbatches},
-                                                   {"schedule", c.schedule}}});
+                                                   {"schedule", c.schedule},
+                                                   {"zero_stage", c.zero_stage}}});
   nn::ModulePtr whole = make();
   auto opt = optim::make_optimizer(adamw, whole->parameters());
   Boosted b = booster.boost(whole, std::move(opt), criterion);
+  if (c.zero_stage == 1) {
+    // Note [Hybrid ZeRO-1]: this rank steps (and keeps state for) only its share of its part; the
+    // shares of the data-parallel group cover the part exactly once.
+    int64_t stepped = 0, part = b.model->num_parameters();
+    for (const optim::ParamGroup& g : b.optimizer->stepped_optimizer().param_groups())
+      for (const Tensor& p : g.params) stepped += p.numel();
+    CHECK(stepped < part);
+    Tensor total = full({1}, double(stepped), DType::Float64);
+    world().all_reduce(total);  // the dp shares of every (tp, pp) part
+    Tensor parts = full({1}, double(part) / dp, DType::Float64);
+    world().all_reduce(parts);  // every (tp, pp) part once
+    CHECK(total.item() == Approx(parts.item()));
+  }
   double worst_loss = 0;
   size_t clipped = 0;
   for (size_t s = 0; s < batches.size(); ++s) {
@@ -290,7 +312,11 @@ TEST_CASE("hybrid: 16-bit strategies train under every layout as in one process"
   REQUIRE(world().size() == 4);
   const nn::GPTConfig cfg = small_gpt();
   const std::vector<Batch> batches = gpt_batches(cfg, 20);
-  const std::vector<Case> layouts = {{"tp 4", 4, 1}, {"pp 4", 1, 4}, {"tp 2 x pp 2", 2, 2}, {"dp 2 x tp 2", 2, 1}};
+  const std::vector<Case> layouts = {{"tp 4", 4, 1},
+                                     {"pp 4", 1, 4},
+                                     {"tp 2 x pp 2", 2, 2},
+                                     {"dp 2 x tp 2", 2, 1},
+                                     {"dp 2 x pp 2 zero 1", 1, 2, "1f1b", 1}};
   const std::map<std::string, double> unit_roundoff = {{"fp16_naive", std::ldexp(1.0, -11)},
                                                        {"fp16", std::ldexp(1.0, -11)},
                                                        {"bf16", std::ldexp(1.0, -8)}};
@@ -328,7 +354,8 @@ TEST_CASE("hybrid: the compatibility matrix cells of each layout", "[mpi][hybrid
   // The ZeRO stages the plugin does not run are refused with the alternative.
   CHECK_THROWS_WITH(create_plugin("hybrid_parallel", {{"pp_size", 2}, {"zero_stage", 2}}),
                     Catch::Contains("use zero_stage 1 with pp_size > 1"));
-  CHECK_THROWS_AS(create_plugin("hybrid_parallel", {{"zero_stage", 1}}), ConfigError);
+  CHECK_THROWS_WITH(create_plugin("hybrid_parallel", {{"zero_stage", 2}}), Catch::Contains("use zero_stage 1"));
+  CHECK_NOTHROW(create_plugin("hybrid_parallel", {{"tp_size", 2}, {"pp_size", 2}, {"zero_stage", 1}}));
 }
 
 namespace {

@@ -137,13 +137,16 @@ constexpr const char* kPrecisionMetaFile = "precision.json";
 int Booster::process_group_rank() const { return plugin_->process_group().rank(); }
 
 // Note [Per-rank state of a split model]
-// Under a plugin that splits the model (tensor or pipeline parallel), each rank's strategy holds the
-// state of its own part (float32 masters of its shards or stage), and each stage's dropout draws from
-// its own generator: rank 0's alone would restore the others wrongly. So each rank saves these beside
-// the shared files, as <name>.rank-<r>.<ext>, and loads its own.
+// Under a plugin that splits the model (tensor or pipeline parallel) or lays its checkpoints out its
+// own way on several processes (hybrid_parallel's ZeRO-1: each rank's strategy holds the masters of
+// the parameters it steps), each rank's strategy holds the state of its own part (float32 masters of
+// its shards, stage or parameters), and each stage's dropout draws from its own generator: rank 0's
+// alone would restore the others wrongly. So each rank saves these beside the shared files, as
+// <name>.rank-<r>.<ext>, and loads its own.
 bool Booster::splits_model() const {
   const ParallelLayout layout = plugin_->layout();
-  return layout.tensor * layout.pipeline > 1;
+  return layout.tensor * layout.pipeline > 1 ||
+         (plugin_->control_checkpoint_io() && plugin_->process_group().size() > 1);
 }
 
 std::string Booster::rank_file(const std::string& name, const std::string& extension) const {
