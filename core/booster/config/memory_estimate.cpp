@@ -144,8 +144,11 @@ MemoryEstimate estimate_memory(const json& c, int world_size) {
   // hybrid_parallel splits the model over tp_size x pp_size ranks (replicated layer norms and the
   // stages' balance make a rank's part a little larger than the quotient).
   int64_t model_parallel = 1;
+  int shard_ways = world_size;  // the ranks ZeRO splits over
   if (plugin_name == "hybrid_parallel") {
     model_parallel = plugin.value("tp_size", int64_t(1)) * plugin.value("pp_size", int64_t(1));
+    zero_stage = plugin.value("zero_stage", 0);  // 1: optimizer state (and masters) over the dp group
+    shard_ways = std::max(1, int(world_size / std::max<int64_t>(1, model_parallel)));
     e.notes.push_back("hybrid_parallel: parameters, gradients and optimizer state are this rank's 1/" +
                       std::to_string(model_parallel) + " of the model (tp_size x pp_size); the whole float32 model "
                       "every rank builds before boost() stays alive besides (" +
@@ -153,7 +156,7 @@ MemoryEstimate estimate_memory(const json& c, int world_size) {
   } else if (plugin_name != "single" && plugin_name != "ddp" && plugin_name != "low_level_zero") {
     e.notes.push_back("plugin '" + plugin_name + "' is assumed to replicate the model, gradients and optimizer on every rank");
   }
-  const int world = world_size;
+  const int world = shard_ways;
   const std::string shard_text = ", sharded 1/" + std::to_string(world);
   const int64_t n = shard(e.parameters, int(model_parallel));
 
