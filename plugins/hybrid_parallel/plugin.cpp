@@ -116,24 +116,32 @@ struct SplitState {
 class HybridPrecision final : public mixed_precision::PrecisionDecorator {
  public:
   // `replicated`: this rank's parameters that every tensor rank holds whole (the others are split).
-  // `owners` (zero_stage 1): the data-parallel rank that steps each of `parameters`; empty otherwise.
+  // `zero` (zero_stage 1 on more than one data-parallel rank): `owners` gives the rank that steps each
+  // of `parameters`.
   HybridPrecision(std::shared_ptr<mixed_precision::MixedPrecision> inner, std::shared_ptr<const SplitState> split,
                   std::shared_ptr<optim::Optimizer> optimizer, std::vector<Tensor> parameters,
-                  std::vector<Tensor> replicated, std::vector<int> owners)
+                  std::vector<Tensor> replicated, bool zero, std::vector<int> owners)
       : PrecisionDecorator(std::move(inner)),
         split_(std::move(split)),
         mesh_(*split_->mesh),
         optimizer_(std::move(optimizer)),
         parameters_(std::move(parameters)),
+        zero_(zero),
         owners_(std::move(owners)) {
     const std::set<const TensorImpl*> rep = [&] {
       std::set<const TensorImpl*> out;
       for (const Tensor& p : replicated) out.insert(p.impl());
       return out;
     }();
+    // Under zero_stage 1 a gradient of a parameter this rank does not own exists only from the backward
+    // that made it to the next reduction: one that is there counts as arrived. The gradient views the
+    // optimizer passed to boost() left on them go now.
+    if (zero_)
+      for (size_t i = 0; i < parameters_.size(); ++i)
+        if (owners_[i] != mesh_.coord().dp) parameters_[i].set_grad(Tensor());
     // What this rank's norm covers: every parameter, or (zero_stage 1) those it owns.
     for (size_t i = 0; i < parameters_.size(); ++i) {
-      if (!owners_.empty() && owners_[i] != mesh_.coord().dp) continue;
+      if (zero_ && owners_[i] != mesh_.coord().dp) continue;
       normed_.push_back(parameters_[i]);
       if (rep.count(parameters_[i].impl())) normed_replicated_.push_back(parameters_[i]);
     }
@@ -152,7 +160,7 @@ class HybridPrecision final : public mixed_precision::PrecisionDecorator {
   void step(optim::Optimizer& optimizer) override {
     reduce();
     PrecisionDecorator::step(optimizer);
-    if (!owners_.empty()) share_stepped_parameters();
+    if (zero_) share_stepped_parameters();
     // The inner strategy saw this rank's part only: the norm of the step is the whole model's.
     if (!std::isnan(clipped_norm_)) stats_.grad_norm = clipped_norm_;
     clipped_norm_ = std::numeric_limits<double>::quiet_NaN();
@@ -164,7 +172,7 @@ class HybridPrecision final : public mixed_precision::PrecisionDecorator {
     pending_ = false;
     ProcessGroup& dp = mesh_.dp_group();
     if (dp.size() == 1 || !optimizer_) return;
-    if (!owners_.empty()) return reduce_all_parameters();
+    if (zero_) return reduce_all_parameters();
     for (size_t g = 0; g < optimizer_->param_groups().size(); ++g)
       for (const optim::FlatBuffer* fb : optimizer_->flat_buffers(g)) {
         const_cast<optim::FlatBuffer*>(fb)->sync_grads();  // gradients that are not views yet join the buffer
@@ -174,17 +182,42 @@ class HybridPrecision final : public mixed_precision::PrecisionDecorator {
   }
 
   // zero_stage 1: the optimizer holds only the owned parameters, so the others' gradients are averaged
-  // here too, all of them as one flat buffer per dtype (every rank of the group the same layout).
+  // here too, all of them as one flat buffer per dtype (every rank of the group the same layout), with
+  // a mask of which arrived (a parameter that got no gradient on any rank keeps none, so its owner does
+  // not step it, as at zero_stage 0). Only the owners keep the result; every other rank drops its
+  // gradients of the parameters it does not own, which it no longer needs.
   void reduce_all_parameters() {
-    for_each_dtype(parameters_, [&](const std::vector<Tensor>& ps) {
+    std::map<const TensorImpl*, bool> owned_arrived;  // what the optimizer would count as arrived
+    for (size_t g = 0; g < optimizer_->param_groups().size(); ++g)
+      for (const optim::FlatBuffer* fb : optimizer_->flat_buffers(g)) {
+        const std::vector<char> arrived = const_cast<optim::FlatBuffer*>(fb)->sync_grads();
+        for (size_t i = 0; i < fb->params().size(); ++i) owned_arrived[fb->params()[i].impl()] = arrived[i] != 0;
+      }
+    std::vector<Tensor> trained;
+    std::vector<double> arrived;
+    for (const Tensor& p : parameters_) {
+      if (!p.requires_grad()) continue;
+      trained.push_back(p);
+      auto it = owned_arrived.find(p.impl());
+      arrived.push_back((it != owned_arrived.end() ? it->second : p.grad().defined()) ? 1.0 : 0.0);
+    }
+    Tensor mask = from_vector(arrived, {int64_t(arrived.size())});
+    mesh_.dp_group().all_reduce(mask, distributed::ReduceOp::Max);
+    const std::vector<double> any = mask.tolist();
+    std::set<const TensorImpl*> keep;  // owned, and arrived on some rank of the group
+    for (size_t i = 0; i < trained.size(); ++i)
+      if (any[i] != 0.0 && owned_arrived.count(trained[i].impl())) keep.insert(trained[i].impl());
+    for_each_dtype(trained, [&](const std::vector<Tensor>& ps) {
       Tensor flat = flatten(ps, /*grads=*/true);
       mesh_.dp_group().all_reduce(flat, distributed::ReduceOp::Avg);
-      unflatten(flat, ps, /*grads=*/true);
+      unflatten(flat, ps, /*grads=*/true, keep);
     });
+    NoGradGuard no_grad;
+    for (const Tensor& p : trained)
+      if (!owned_arrived.count(p.impl())) p.set_grad(Tensor());
   }
   // After the owners stepped: every rank takes each parameter from its owner, one broadcast per owner
-  // and dtype. The gradients of parameters this rank does not own are cleared, since zero_grad() on the
-  // optimizer reaches only the owned ones.
+  // and dtype.
   void share_stepped_parameters() {
     ProcessGroup& dp = mesh_.dp_group();
     NoGradGuard no_grad;
@@ -199,8 +232,6 @@ class HybridPrecision final : public mixed_precision::PrecisionDecorator {
         for (const Tensor& p : ps) p.bump_version();  // cached casts of the old values must not be reused
       });
     }
-    for (size_t i = 0; i < parameters_.size(); ++i)
-      if (owners_[i] != mesh_.coord().dp && parameters_[i].grad().defined()) parameters_[i].grad().zero_();
   }
   template <class Fn>
   static void for_each_dtype(const std::vector<Tensor>& ps, Fn&& fn) {
@@ -230,11 +261,17 @@ class HybridPrecision final : public mixed_precision::PrecisionDecorator {
     }
     return flat;
   }
-  static void unflatten(const Tensor& flat, const std::vector<Tensor>& ps, bool grads) {
+  // Back into `ps` (their values, or their gradients: only those of `keep`).
+  static void unflatten(const Tensor& flat, const std::vector<Tensor>& ps, bool grads,
+                        const std::set<const TensorImpl*>& keep = {}) {
     int64_t at = 0;
     NoGradGuard no_grad;
     for (const Tensor& p : ps) {
       const Tensor src = flat.narrow(0, at, p.numel()).reshape(p.shape());
+      if (grads && !keep.count(p.impl())) {
+        at += p.numel();
+        continue;
+      }
       if (!grads) {
         Tensor dst = p.detach();
         dst.copy_(src);
@@ -252,6 +289,7 @@ class HybridPrecision final : public mixed_precision::PrecisionDecorator {
   const distributed::DeviceMesh& mesh_;
   std::shared_ptr<optim::Optimizer> optimizer_;
   std::vector<Tensor> parameters_;
+  bool zero_;
   std::vector<int> owners_;                           // zero_stage 1: each parameter's stepping rank
   std::vector<Tensor> normed_, normed_replicated_;    // what this rank's unscaled norm covers
   bool pending_ = false;
@@ -275,8 +313,8 @@ double HybridPrecision::clip_grad_norm(optim::Optimizer& optimizer, double max_n
   const int tp = mesh_.tp_size();
   // The data-parallel replicas hold equal gradients (divided out below), or, under zero_stage 1, each
   // steps (and norms) its own parameters (summed like the rest).
-  const int dp = owners_.empty() ? mesh_.dp_size() : 1;
-  if (tp * mesh_.pp_size() == 1 && owners_.empty()) return inner_->clip_grad_norm(optimizer, max_norm);
+  const int dp = zero_ ? 1 : mesh_.dp_size();
+  if (tp * mesh_.pp_size() == 1 && !zero_) return inner_->clip_grad_norm(optimizer, max_norm);
   auto squares = [](const std::vector<Tensor>& ps) {
     double total = 0.0;
     for (const Tensor& p : ps)
@@ -587,8 +625,10 @@ class HybridParallelPlugin final : public ParallelPlugin {
       if (!split_->shards.count(name)) replicated.push_back(p);
       if (!split_->owners.empty()) owners.push_back(split_->owners.at(name));
     }
+    const bool zero = options_.zero_stage == 1 && mesh_->dp_size() > 1;
     precision_ = std::make_shared<HybridPrecision>(std::move(parts.precision), split_, parts.optimizer,
-                                                   std::move(parameters), std::move(replicated), std::move(owners));
+                                                   std::move(parameters), std::move(replicated), zero,
+                                                   std::move(owners));
     parts.precision = precision_;
     if (options_.pp_size > 1)
       stage_ = std::make_unique<nn::pp::PipelineStage>(

@@ -451,7 +451,12 @@ TEST_CASE("every shipped example config is valid and trains for a few steps", "[
   REQUIRE(configs.size() >= 9);  // the float32 MLP, its seven precision twins, the GPT
   for (const fs::path& cfg : configs) {
     INFO(cfg.string());
-    RunResult check = run_booster("check --config " + cfg.string());
+    // A hybrid config is checked for the processes its grid needs (tp_size x pp_size).
+    const json raw = config::load_file(cfg);
+    std::string processes;
+    if (raw.contains("plugin") && raw.at("plugin").is_object() && raw.at("plugin").value("name", "") == "hybrid_parallel")
+      processes = " -n " + std::to_string(raw.at("plugin").value("tp_size", 1) * raw.at("plugin").value("pp_size", 1));
+    RunResult check = run_booster("check --config " + cfg.string() + processes);
     INFO(check.err);
     REQUIRE(check.exit_code == 0);
     const json resolved = json::parse(check.out);

@@ -454,3 +454,41 @@ TEST_CASE("hybrid: a GPT criterion other than plain cross-entropy is refused und
                                              *b.model, b.criterion, *b.optimizer),
                     Catch::Contains("use plain cross_entropy, or tp_size 1"));
 }
+
+namespace {
+
+// TwoLayer with a layer its forward never uses: its parameters get no gradient.
+class WithUnused final : public nn::Module {
+ public:
+  WithUnused() {
+    Generator gen(10);
+    body = register_module("body", std::make_shared<TwoLayer>());
+    spare = register_module("spare", std::make_shared<nn::Linear>(4, 4, true, &gen));
+  }
+  Tensor forward(const Tensor& x) override { return (*body)(x); }
+  std::string name() const override { return "WithUnused"; }
+  std::shared_ptr<TwoLayer> body;
+  std::shared_ptr<nn::Linear> spare;
+};
+
+}  // namespace
+
+// Note [Hybrid ZeRO-1]: a parameter that gets no gradient (frozen, or not used by forward) is not
+// stepped by its owner, as at zero_stage 0 and in torch: AdamW's weight decay leaves it where it was.
+TEST_CASE("hybrid: zero_stage 1 leaves a parameter without a gradient alone", "[mpi][hybrid]") {
+  REQUIRE(world().size() == 4);
+  Generator gen(6);
+  std::vector<Batch> batches;
+  for (int s = 0; s < 10; ++s) {
+    const Tensor x = randn({8, 6}, &gen);
+    batches.emplace_back(x, randint(0, 4, {8}, &gen));
+  }
+  auto make = [] {
+    auto m = std::make_shared<WithUnused>();
+    m->body->up->bias.requires_grad_(false);
+    return m;
+  };
+  auto loss = [](const Tensor& out, const Tensor& y) { return cross_entropy(out, y); };
+  check_layout(Case{"dp 4", 1, 1}, make, loss, batches, "fp32", {1e-5, 1e-5, 1e-5});
+  check_layout(Case{"dp 4 zero 1", 1, 1, "1f1b", 1}, make, loss, batches, "fp32", {1e-5, 1e-5, 1e-5});
+}

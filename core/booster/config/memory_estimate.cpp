@@ -150,7 +150,10 @@ MemoryEstimate estimate_memory(const json& c, int world_size) {
     zero_stage = plugin.value("zero_stage", 0);  // 1: optimizer state (and masters) over the dp group
     shard_ways = std::max(1, int(world_size / std::max<int64_t>(1, model_parallel)));
     e.notes.push_back("hybrid_parallel: parameters, gradients and optimizer state are this rank's 1/" +
-                      std::to_string(model_parallel) + " of the model (tp_size x pp_size); the whole float32 model "
+                      std::to_string(model_parallel) + " of the model (tp_size x pp_size)" +
+                      (zero_stage ? ", the optimizer state split again over the data-parallel ranks (zero_stage 1)"
+                                  : "") +
+                      "; the whole float32 model "
                       "every rank builds before boost() stays alive besides (" +
                       std::to_string(e.parameters * 4) + " bytes); activations are one replica's");
   } else if (plugin_name != "single" && plugin_name != "ddp" && plugin_name != "low_level_zero") {
