@@ -94,16 +94,35 @@ Tensor microbatch(const Tensor& t, int i, int m, const char* what) {
 
 }  // namespace
 
+namespace {
+
+// What a stage needs to receive a tensor it knows nothing of: dtype, dims, shape. A tensor of more than
+// kMaxDims dims has its dims negated, so every receiver refuses it as the sender does.
+Tensor header_of(const Tensor& t, Device device) {
+  std::vector<int64_t> header(2 + kMaxDims, 0);
+  header[0] = int64_t(t.dtype());
+  header[1] = t.dim() <= kMaxDims ? t.dim() : -t.dim();
+  for (int64_t d = 0; d < std::min<int64_t>(t.dim(), kMaxDims); ++d) header[size_t(2 + d)] = t.shape()[size_t(d)];
+  return from_vector(header, {int64_t(header.size())}).to(device);
+}
+
+// The dtype and shape a header announces; `what` names the tensor in the errors.
+std::pair<DType, Shape> read_header(const Tensor& head, const std::string& what) {
+  const std::vector<int64_t> h = head.to_vector<int64_t>();
+  BOOSTER_CHECK(h[1] >= 0, ShapeError, "pipeline: ", what, " has ", -h[1], " dimensions; at most ", kMaxDims,
+                " cross stages");
+  BOOSTER_CHECK(h[0] >= 0 && h[0] < kNumDTypes && h[1] <= kMaxDims, DistributedError, "pipeline: a malformed header for ",
+                what);
+  return {DType(int(h[0])), Shape(h.begin() + 2, h.begin() + 2 + h[1])};
+}
+
+}  // namespace
+
 void PipelineStage::send_activation(const Tensor& t, int to) {
   BOOSTER_CHECK(t.dim() <= kMaxDims, ShapeError, "pipeline: stage ", stage(), "'s output has ", t.dim(),
                 " dimensions; at most ", kMaxDims, " cross stages");
-  std::vector<int64_t> header(2 + kMaxDims, 0);
-  header[0] = int64_t(t.dtype());
-  header[1] = t.dim();
-  for (int64_t d = 0; d < t.dim(); ++d) header[size_t(2 + d)] = t.shape()[size_t(d)];
-  const Tensor head = from_vector(header, {int64_t(header.size())}).to(group_.device());
   using Kind = distributed::ProcessGroup::P2POp::Kind;
-  pending_.push_back({Kind::Send, head, to, 0});
+  pending_.push_back({Kind::Send, header_of(t, group_.device()), to, 0});
   pending_.push_back({Kind::Send, t.contiguous(), to, 0});
 }
 
@@ -125,13 +144,9 @@ void PipelineStage::flush_sends() {
 Tensor PipelineStage::receive_activation(int from, int microbatch) {
   Tensor head = zeros({2 + kMaxDims}, DType::Int64, group_.device());
   receive(head, from);
-  const std::vector<double> h = head.tolist();
-  const int64_t dims = int64_t(h[1]);
-  BOOSTER_CHECK(h[0] >= 0 && h[0] < kNumDTypes && dims >= 0 && dims <= kMaxDims, DistributedError, "pipeline: stage ",
-                stage(), " received a malformed header for micro-batch ", microbatch, " from stage ", from);
-  Shape shape;
-  for (int64_t d = 0; d < dims; ++d) shape.push_back(int64_t(h[size_t(2 + d)]));
-  Tensor t = Tensor::empty(shape, DType(int(h[0])), group_.device());
+  const auto [dtype, shape] =
+      read_header(head, str("micro-batch ", microbatch, " from stage ", from, " to stage ", stage()));
+  Tensor t = Tensor::empty(shape, dtype, group_.device());
   receive(t, from);
   return t;
 }
@@ -209,6 +224,19 @@ Tensor PipelineStage::forward(const Tensor& x) {
   distributed::wait_all(sends_);
   sends_.clear();
   return is_last() ? cat(outs, 0) : Tensor();
+}
+
+Tensor PipelineStage::forward_to_all(const Tensor& x) {
+  Tensor out = forward(x);
+  if (stages() == 1) return out;
+  const int last = stages() - 1;
+  Tensor head = is_last() ? header_of(out, group_.device()) : zeros({2 + kMaxDims}, DType::Int64, group_.device());
+  group_.broadcast(head, last);
+  const auto [dtype, shape] = read_header(head, "the model's output");  // every stage refuses alike
+  if (!is_last()) out = Tensor::empty(shape, dtype, group_.device());
+  out = out.contiguous();
+  group_.broadcast(out, last);
+  return out;
 }
 
 // ---------------------------------------------------------------------------------- cutting a GPT

@@ -91,6 +91,8 @@ class PipelineStage {
   // The whole model's output on the last stage (an undefined tensor on the others), without gradients:
   // evaluation through the stages, one micro-batch at a time.
   Tensor forward(const Tensor& x);
+  // As forward(), and then every stage gets the last stage's output (broadcast over the group).
+  Tensor forward_to_all(const Tensor& x);
 
   // Seconds the last train_step() spent waiting for messages (receives and the sends' completion):
   // the stage's idle time, the pipeline bubble (bench/README.md measures it).
