@@ -26,13 +26,13 @@
 #include "booster/checkpoint/atomic_file.h"
 #include "booster/checkpoint/safetensors.h"
 #include "booster/config/option_reader.h"
-#include "booster/data/sampler.h"
 #include "booster/distributed/device_mesh.h"
 #include "booster/distributed/local_process_group.h"
 #include "booster/mixed_precision/master_weight_optimizer.h"
 #include "booster/nn/pipeline.h"
 #include "booster/nn/shard_policy.h"
 #include "booster/ops/ops.h"
+#include "booster/plugin/data_parallel.h"  // data_parallel_loader
 #include "booster/plugin/parallel_plugin.h"
 
 namespace booster::plugins::hybrid {
@@ -360,26 +360,7 @@ class SplitModel final : public nn::Module {
                   "stages trains through booster.execute_pipeline(x, y, model, criterion, optimizer), not model(x); "
                   "model(x) runs the pipeline for inference only, without gradients (NoGradGuard)");
     stage_->train(is_training());
-    Tensor out = eval_.forward(x);
-    constexpr int64_t kDims = 8;
-    Tensor head = zeros({2 + kDims}, DType::Int64);
-    const int last = pp_.size() - 1;
-    if (pp_.rank() == last) {
-      std::vector<int64_t> h(2 + kDims, 0);
-      h[0] = int64_t(out.dtype());
-      h[1] = out.dim() <= kDims ? out.dim() : -out.dim();  // too many dims: every stage refuses alike
-      for (int64_t d = 0; d < std::min<int64_t>(out.dim(), kDims); ++d) h[size_t(2 + d)] = out.size(d);
-      head = from_vector(h, {2 + kDims});
-    }
-    pp_.broadcast(head, last);
-    const std::vector<int64_t> h = head.to_vector<int64_t>();
-    BOOSTER_CHECK(h[1] >= 0, ShapeError, "pipeline: the model's output has ", -h[1], " dims; at most ", kDims,
-                  " reach the other stages");
-    Shape shape(h.begin() + 2, h.begin() + 2 + h[1]);
-    if (pp_.rank() != last) out = Tensor::empty(shape, DType(int(h[0])), pp_.device());
-    out = out.contiguous();
-    pp_.broadcast(out, last);
-    return out;
+    return eval_.forward_to_all(x);
   }
 
    private:
@@ -653,20 +634,16 @@ class HybridParallelPlugin final : public ParallelPlugin {
 
   std::shared_ptr<data::DataLoader> prepare_dataloader(data::DatasetPtr dataset,
                                                        const data::DataLoaderOptions& options) override {
-    BOOSTER_CHECK(dataset != nullptr, ValueError, "plugin 'hybrid_parallel': prepare_dataloader() got a null data set");
     // Ranks of one data-parallel replica (its tensor and pipeline ranks) read the same batches.
     const ProcessGroup& world = distributed::default_process_group();
     const int replica = options_.tp_size * options_.pp_size;
     BOOSTER_CHECK(world.size() % replica == 0, ConfigError, distributed::mesh_size_problem(world.size(),
                   options_.tp_size, options_.pp_size));
-    const int dp_rank = world.rank() / replica;  // tp innermost, then pp (booster/distributed/device_mesh.h)
-    auto sampler = std::make_shared<data::DistributedSampler>(dataset->size(), world.size() / replica, dp_rank,
-                                                              options.shuffle, options.seed, /*drop_last=*/false);
-    data::DataLoaderOptions per_rank = options;
-    per_rank.shuffle = false;
+    data::DataLoaderOptions per_replica = options;
     // A pipeline splits each batch into equal micro-batches: an epoch's last, partial batch is dropped.
-    if (options_.pp_size > 1) per_rank.drop_last = true;
-    return std::make_shared<data::DataLoader>(std::move(dataset), per_rank, std::move(sampler));
+    if (options_.pp_size > 1) per_replica.drop_last = true;
+    // tp innermost, then pp (booster/distributed/device_mesh.h): the data-parallel rank is rank / replica.
+    return data_parallel_loader(std::move(dataset), per_replica, world.size() / replica, world.rank() / replica, name());
   }
 
   std::shared_ptr<CheckpointIO> checkpoint_io() override {

@@ -23,15 +23,19 @@ std::vector<std::string> DataParallelPlugin::supported_devices() const {
 // torch.utils.data.DataLoader(drop_last=...) does over a DistributedSampler. `options.batch_size` is
 // per rank. The loader's own shuffle is turned off (the sampler shuffles); its set_epoch reaches the
 // sampler at each pass.
-std::shared_ptr<data::DataLoader> DataParallelPlugin::prepare_dataloader(data::DatasetPtr dataset,
-                                                                         const data::DataLoaderOptions& options) {
-  BOOSTER_CHECK(dataset != nullptr, ValueError, "plugin '", name(), "': prepare_dataloader() got a null data set");
-  distributed::ProcessGroup& pg = group();
-  auto sampler = std::make_shared<data::DistributedSampler>(dataset->size(), pg.size(), pg.rank(), options.shuffle,
+std::shared_ptr<data::DataLoader> data_parallel_loader(data::DatasetPtr dataset, const data::DataLoaderOptions& options,
+                                                       int replicas, int replica, const std::string& plugin) {
+  BOOSTER_CHECK(dataset != nullptr, ValueError, "plugin '", plugin, "': prepare_dataloader() got a null data set");
+  auto sampler = std::make_shared<data::DistributedSampler>(dataset->size(), replicas, replica, options.shuffle,
                                                             options.seed, /*drop_last=*/false);
   data::DataLoaderOptions per_rank = options;
   per_rank.shuffle = false;
   return std::make_shared<data::DataLoader>(std::move(dataset), per_rank, std::move(sampler));
+}
+
+std::shared_ptr<data::DataLoader> DataParallelPlugin::prepare_dataloader(data::DatasetPtr dataset,
+                                                                         const data::DataLoaderOptions& options) {
+  return data_parallel_loader(std::move(dataset), options, group().size(), group().rank(), name());
 }
 
 void DataParallelPlugin::set_gradient_sync(bool enabled) {

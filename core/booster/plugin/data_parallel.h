@@ -23,6 +23,13 @@
 
 namespace booster {
 
+// Note [Data-parallel loaders]: the loader of replica `replica` of `replicas` (a DistributedSampler's
+// share of `dataset`; `options.batch_size` per replica). Every data-parallel plugin's
+// prepare_dataloader() is this; a plugin whose replicas span several ranks (hybrid_parallel) passes
+// its data-parallel size and rank. `plugin` names it in errors.
+std::shared_ptr<data::DataLoader> data_parallel_loader(data::DatasetPtr dataset, const data::DataLoaderOptions& options,
+                                                       int replicas, int replica, const std::string& plugin);
+
 class BOOST_SYMBOL_VISIBLE DataParallelPlugin : public ParallelPlugin {
  public:
   // ---------------------------------------------------------------- declarations (defaults)
