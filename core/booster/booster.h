@@ -11,6 +11,7 @@
 #include "booster/common/error.h"
 #include "booster/common/error_context.h"
 #include "booster/ops/ops.h"
+#include "booster/tensor/deferred.h"
 #include "booster/tensor/dtype.h"
 #include "booster/tensor/half.h"
 #include "booster/tensor/random.h"

@@ -2,6 +2,7 @@
 
 #include "booster/autograd/autograd.h"
 #include "booster/ops/ops.h"
+#include "booster/tensor/deferred.h"
 
 namespace booster::nn::init {
 
@@ -22,10 +23,12 @@ void fill_from(const Tensor& t, Draw&& draw) {
 }  // namespace
 
 void uniform_(const Tensor& t, double low, double high, Generator& gen) {
+  if (defer_uniform(t, low, high, gen)) return t.bump_version();  // Note [Deferred storage]
   fill_from(t, [&] { return low + (high - low) * gen.uniform(); });
 }
 
 void normal_(const Tensor& t, double mean, double std, Generator& gen) {
+  if (defer_normal(t, mean, std, gen)) return t.bump_version();
   fill_from(t, [&] { return mean + std * gen.normal(); });
 }
 

@@ -11,6 +11,8 @@
 
 namespace booster {
 
+void fill_deferred(Storage& storage, const DeferredInit& init);  // deferred.cpp
+
 namespace {
 
 std::atomic<size_t> g_cpu_in_use{0};
@@ -115,6 +117,11 @@ Storage::Storage(size_t nbytes, Device device) : nbytes_(nbytes), device_(device
   data_ = allocator_for(device).allocate_on(device.index, nbytes);
 }
 
+Storage::Storage(size_t nbytes, Device device, Deferred)
+    : nbytes_(nbytes), device_(device), released_(true), deferred_(true) {
+  (void)allocator_for(device);  // a device without a backend fails now, as an eager allocation would
+}
+
 Storage::Storage(void* data, size_t nbytes, Device device, std::function<void(void*)> release)
     : data_(data), nbytes_(nbytes), device_(device), release_(std::move(release)) {}
 
@@ -129,6 +136,8 @@ Storage::~Storage() {
 void Storage::release() {
   BOOSTER_CHECK(!release_, StateError, "Storage::release: this storage wraps memory owned elsewhere; only memory "
                                        "from booster's allocator can be released");
+  deferred_ = false;
+  init_.reset();
   if (released_) return;
   allocator_for(device_).deallocate_on(device_.index, data_, nbytes_);
   data_ = nullptr;
@@ -139,9 +148,24 @@ void Storage::materialize() {
   if (!released_) return;
   data_ = allocator_for(device_).allocate_on(device_.index, nbytes_);
   released_ = false;
+  if (deferred_) {
+    deferred_ = false;
+    const std::shared_ptr<const DeferredInit> init = std::move(init_);
+    init_.reset();
+    if (init) fill_deferred(*this, *init);
+  }
 }
 
-void Storage::throw_released() const {
+void Storage::set_deferred_init(std::shared_ptr<const DeferredInit> init) {
+  BOOSTER_CHECK(deferred_, StateError, "Storage::set_deferred_init: the storage is allocated already");
+  init_ = std::move(init);
+}
+
+void* Storage::on_released() const {
+  if (deferred_) {
+    const_cast<Storage*>(this)->materialize();  // Note [Deferred storage]: a Storage is never const itself
+    return data_;
+  }
   BOOSTER_FAIL(StateError, "a tensor's memory is released (", nbytes_, " bytes on ", device_,
                "): it is a parameter that ZeRO stage 3 gathers only while its module runs (Note [Released "
                "storage]); read parameters inside the module's forward, or save the model through the Booster");

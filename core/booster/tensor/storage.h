@@ -9,6 +9,8 @@
 
 namespace booster {
 
+struct DeferredInit;  // booster/tensor/deferred.h
+
 // Each device type registers one allocator. The CPU one caches freed blocks by size so training
 // loops, which allocate the same shapes every step, stop calling malloc after the first step.
 class Allocator {
@@ -42,16 +44,19 @@ class Storage {
  public:
   // Allocates nbytes on device (uninitialized).
   Storage(size_t nbytes, Device device);
+  // Holds no memory until first used (Note [Deferred storage] in deferred.cpp).
+  struct Deferred {};
+  Storage(size_t nbytes, Device device, Deferred);
   // Wraps memory owned elsewhere; `release` runs when the last view goes away.
   Storage(void* data, size_t nbytes, Device device, std::function<void(void*)> release);
   ~Storage();
   Storage(const Storage&) = delete;
   Storage& operator=(const Storage&) = delete;
 
-  // StateError while released (Note [Released storage]).
+  // StateError while released (Note [Released storage]); a deferred storage is allocated and filled.
   void* data() const {
     if (released_) [[unlikely]]
-      throw_released();
+      return on_released();
     return data_;
   }
   size_t nbytes() const { return nbytes_; }
@@ -62,17 +67,25 @@ class Storage {
   // and every view of it live on, and any read or write through them is a StateError until
   // materialize() allocates it again (uninitialized: the owner fills it). Only memory from the
   // allocator can be released (StateError for wrapped memory). Neither is thread-safe.
+  // A deferred storage is materialized with its recorded values, and released without them.
   void release();
   void materialize();
   bool released() const { return released_; }
 
+  // Not allocated yet; allocated (and filled from deferred_init(), if any) on first use.
+  bool deferred() const { return deferred_; }
+  const std::shared_ptr<const DeferredInit>& deferred_init() const { return init_; }
+  void set_deferred_init(std::shared_ptr<const DeferredInit> init);
+
  private:
-  [[noreturn]] void throw_released() const;
+  void* on_released() const;
   void* data_ = nullptr;
   size_t nbytes_ = 0;
   Device device_;
   std::function<void(void*)> release_;  // empty: memory came from allocator_for(device_)
   bool released_ = false;
+  bool deferred_ = false;
+  std::shared_ptr<const DeferredInit> init_;
 };
 
 }  // namespace booster

@@ -8,6 +8,7 @@
 #include <sstream>
 
 #include "booster/autograd/autograd.h"
+#include "booster/tensor/deferred.h"
 #include "booster/common/error_context.h"
 #include "booster/kernels/elementwise.h"
 #include "booster/ops/ops.h"
@@ -61,7 +62,8 @@ Tensor Tensor::empty(const Shape& shape, DType dtype, Device device) {
   impl->numel = numel_of(shape);
   impl->dtype = dtype;
   try {
-    impl->storage = std::make_shared<Storage>(nbytes, device);
+    impl->storage = LazyInitGuard::enabled() ? std::make_shared<Storage>(nbytes, device, Storage::Deferred{})
+                                             : std::make_shared<Storage>(nbytes, device);
   } catch (const OutOfMemoryError& e) {
     throw_out_of_memory(e.what(), shape, dtype, device);
   }
@@ -433,6 +435,8 @@ void check_inplace(const Tensor& t, const char* op) {
 
 Tensor& Tensor::copy_(const Tensor& src) {
   check_inplace(*this, "copy_");
+  // Overwriting a whole deferred tensor: its recorded values would be made only to be replaced.
+  if (src.defined() && src.storage() != storage()) discard_deferred_values(*this);
   Tensor s = src.detach().expand(shape());
   if (s.device() == device()) {
     kernels::copy_kernel(device())(s, *this);
@@ -461,7 +465,7 @@ Tensor& Tensor::zero_() { return fill_(0.0); }
 
 Tensor& Tensor::fill_(double value) {
   check_inplace(*this, "fill_");
-  kernels::fill_kernel(device())(*this, value);
+  if (!defer_fill(*this, value)) kernels::fill_kernel(device())(*this, value);
   bump_version();
   return *this;
 }

@@ -1,0 +1,171 @@
+// Deferred initialization (deferred.h).
+//
+// Note [Deferred storage]
+// ~~~~~~~~~~~~~~~~~~~~~~~
+// Under a LazyInitGuard, Tensor::empty makes a Storage that holds no memory (Storage::deferred()): it
+// reads as released, and its first data() allocates it (Storage::materialize). What it holds then is
+// decided by the last whole-storage initialization recorded before:
+//  * fill_ (zeros, ones, full) records the constant;
+//  * init::uniform_/normal_ record a copy of the generator and draw the same numbers the eager fill
+//    would, discarding them: the generator ends where it would have, so every later draw (the next
+//    layer's weights, dropout) is unchanged, and replaying the copy gives the values again, in the
+//    same row-major order, converted to the dtype the same way (a float64 buffer through copy_);
+//  * copy_ over the whole storage drops the record (the copy overwrites it anyway).
+// Anything else (a view's init, a read, an op) allocates and fills first, then runs eagerly: a deferred
+// tensor is always the tensor the eager code would have made, only later.
+// select_ranges replays the record streaming, keeping only the elements a shard needs, so a rank that
+// holds a slice of a weight never holds the whole of it. Not thread-safe: deferred tensors are made
+// and materialized by the thread that builds the model.
+#include "booster/tensor/deferred.h"
+
+#include "booster/common/error.h"
+#include "booster/tensor/grad_mode.h"
+
+namespace booster {
+
+namespace {
+
+thread_local bool g_lazy = false;
+
+// The storage of t when t is deferred and covers all of it (row-major, from its first byte).
+Storage* whole_deferred(const Tensor& t) {
+  if (!t.defined()) return nullptr;
+  Storage* s = t.storage().get();
+  if (!s->deferred() || t.offset() != 0 || !t.is_contiguous() || t.nbytes() != s->nbytes()) return nullptr;
+  return s;
+}
+
+// Draws the numbers of `init` one by one, as the eager fill does.
+struct Replay {
+  explicit Replay(const DeferredInit& init) : init_(init), gen_(init.generator) {}
+  double next() {
+    switch (init_.kind) {
+      case DeferredInit::Kind::Uniform: return init_.a + (init_.b - init_.a) * gen_.uniform();
+      case DeferredInit::Kind::Normal: return init_.a + init_.b * gen_.normal();
+      case DeferredInit::Kind::Fill: break;
+    }
+    return init_.a;
+  }
+  const DeferredInit& init_;
+  Generator gen_;
+};
+
+bool defer_draws(const Tensor& t, DeferredInit::Kind kind, double a, double b, Generator& gen) {
+  Storage* s = whole_deferred(t);
+  if (s == nullptr) return false;
+  auto init = std::make_shared<DeferredInit>(DeferredInit{kind, a, b, gen, t.dtype()});
+  Replay advance(*init);
+  for (int64_t i = 0; i < t.numel(); ++i) advance.next();
+  gen = advance.gen_;
+  s->set_deferred_init(std::move(init));
+  return true;
+}
+
+// The (non-deferred) tensor to fill when none may be deferred: materialization runs under a guard.
+struct EagerScope {
+  EagerScope() : previous(g_lazy) { g_lazy = false; }
+  ~EagerScope() { g_lazy = previous; }
+  bool previous;
+};
+
+}  // namespace
+
+LazyInitGuard::LazyInitGuard() : previous_(g_lazy) { g_lazy = true; }
+LazyInitGuard::~LazyInitGuard() { g_lazy = previous_; }
+bool LazyInitGuard::enabled() { return g_lazy; }
+
+bool is_deferred(const Tensor& t) { return t.defined() && t.storage()->deferred(); }
+
+void materialize(const Tensor& t) {
+  if (is_deferred(t)) t.storage()->materialize();
+}
+
+bool defer_fill(const Tensor& t, double value) {
+  Storage* s = whole_deferred(t);
+  if (s == nullptr) return false;
+  s->set_deferred_init(std::make_shared<DeferredInit>(DeferredInit{DeferredInit::Kind::Fill, value, 0.0, Generator(), t.dtype()}));
+  return true;
+}
+
+bool defer_uniform(const Tensor& t, double low, double high, Generator& gen) {
+  return defer_draws(t, DeferredInit::Kind::Uniform, low, high, gen);
+}
+
+bool defer_normal(const Tensor& t, double mean, double std, Generator& gen) {
+  return defer_draws(t, DeferredInit::Kind::Normal, mean, std, gen);
+}
+
+void discard_deferred_values(const Tensor& t) {
+  if (Storage* s = whole_deferred(t)) s->set_deferred_init(nullptr);
+}
+
+Tensor select_ranges(const Tensor& t, int64_t dim, const std::vector<int64_t>& starts, int64_t length) {
+  dim = wrap_dim(dim, t.dim(), "select_ranges");
+  const int64_t size = t.size(dim);
+  for (int64_t s : starts)
+    BOOSTER_CHECK(s >= 0 && length >= 0 && s + length <= size, IndexError, "select_ranges: [", s, ", ", s + length,
+                  ") is outside dim ", dim, " of shape ", t.shape());
+  Shape shape = t.shape();
+  shape[size_t(dim)] = int64_t(starts.size()) * length;
+  EagerScope eager;
+  NoGradGuard no_grad;
+  Tensor out = Tensor::empty(shape, t.dtype(), t.device());
+  Storage* s = whole_deferred(t);
+  if (s == nullptr) {
+    for (size_t k = 0; k < starts.size(); ++k) out.narrow(dim, int64_t(k) * length, length).copy_(t.narrow(dim, starts[k], length));
+    return out;
+  }
+  const std::shared_ptr<const DeferredInit>& init = s->deferred_init();
+  if (!init) return out;  // never initialized: as uninitialized as the eager tensor
+  if (init->kind == DeferredInit::Kind::Fill) {
+    out.fill_(init->a);
+    return out;
+  }
+  // Where each index along `dim` lands in the output, or -1.
+  std::vector<int64_t> where(size_t(size), -1);
+  for (size_t k = 0; k < starts.size(); ++k)
+    for (int64_t j = 0; j < length; ++j) where[size_t(starts[k] + j)] = int64_t(k) * length + j;
+  int64_t outer = 1, inner = 1;
+  for (int64_t d = 0; d < dim; ++d) outer *= t.size(d);
+  for (int64_t d = dim + 1; d < t.dim(); ++d) inner *= t.size(d);
+  const int64_t out_size = shape[size_t(dim)];
+  Tensor host = Tensor::empty(shape, DType::Float64);
+  double* p = host.data<double>();
+  Replay replay(*init);
+  for (int64_t o = 0; o < outer; ++o)
+    for (int64_t d = 0; d < size; ++d) {
+      const int64_t w = where[size_t(d)];
+      double* row = w < 0 ? nullptr : p + (o * out_size + w) * inner;
+      for (int64_t i = 0; i < inner; ++i) {
+        const double v = replay.next();
+        if (row) row[i] = v;
+      }
+    }
+  out.copy_(host);
+  return out;
+}
+
+// Storage::materialize's filling of a deferred storage (declared in storage.h's terms: the storage
+// has just been allocated and holds garbage).
+void fill_deferred(Storage& storage, const DeferredInit& init) {
+  EagerScope eager;
+  NoGradGuard no_grad;
+  auto impl = std::make_shared<TensorImpl>();
+  impl->storage = std::shared_ptr<Storage>(std::shared_ptr<Storage>(), &storage);  // not owning
+  impl->numel = int64_t(storage.nbytes() / itemsize(init.dtype));
+  impl->shape = {impl->numel};
+  impl->strides = {1};
+  impl->dtype = init.dtype;
+  Tensor dst(std::move(impl));
+  if (init.kind == DeferredInit::Kind::Fill) {
+    dst.fill_(init.a);
+    return;
+  }
+  Tensor host = Tensor::empty(dst.shape(), DType::Float64);
+  double* p = host.data<double>();
+  Replay replay(init);
+  for (int64_t i = 0; i < host.numel(); ++i) p[i] = replay.next();
+  dst.copy_(host);
+}
+
+}  // namespace booster

@@ -1,0 +1,71 @@
+// Deferred (lazy) initialization: building a model without allocating its weights, so that a plugin
+// that splits it across ranks (hybrid_parallel) allocates only this rank's part, after ColossalAI's
+// LazyInitContext and PyTorch's deferred init. Note [Deferred storage] in deferred.cpp.
+//
+//   std::shared_ptr<nn::GPT> model;
+//   {
+//     booster::LazyInitGuard lazy;                  // tensors made here take no memory yet
+//     model = std::make_shared<nn::GPT>(config, seed);
+//   }
+//   auto optimizer = std::make_shared<optim::AdamW>(model->parameters(), options);
+//   booster.boost(model, optimizer, ...);            // only this rank's part is allocated
+//
+// The values are those the same code gives without the guard, bit for bit, and the generators end in
+// the same state. A deferred tensor allocates and fills itself on first use, so code that touches the
+// whole model still works: it only loses the saving.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "booster/tensor/random.h"
+#include "booster/tensor/tensor.h"
+
+namespace booster {
+
+// While one is alive on this thread, Tensor::empty (and every creation op built on it: zeros, ones,
+// full, a module's parameters) returns tensors whose memory is deferred. Guards nest.
+class LazyInitGuard {
+ public:
+  LazyInitGuard();
+  ~LazyInitGuard();
+  LazyInitGuard(const LazyInitGuard&) = delete;
+  LazyInitGuard& operator=(const LazyInitGuard&) = delete;
+  static bool enabled();
+
+ private:
+  bool previous_;
+};
+
+// How a deferred storage's values are made when it is allocated: a constant, or draws from a generator
+// in row-major order (the generator's state when the draws were made), converted to `dtype`.
+struct DeferredInit {
+  enum class Kind { Fill, Uniform, Normal };
+  Kind kind = Kind::Fill;
+  double a = 0.0, b = 0.0;  // Fill: value; Uniform: [low, high); Normal: mean, std
+  Generator generator;
+  DType dtype = DType::Float32;
+};
+
+// True when t's memory is not allocated yet (made under a LazyInitGuard and not used since).
+bool is_deferred(const Tensor& t);
+// Allocates and fills a deferred tensor's storage now; nothing for any other tensor.
+void materialize(const Tensor& t);
+
+// Records `init` as the values of t when t is deferred and spans its whole storage, drawing (and
+// discarding) from `gen` what the eager fill would, so the generator moves on exactly as it would;
+// false otherwise (the caller fills t eagerly). Used by init::uniform_/normal_ and Tensor::fill_.
+bool defer_fill(const Tensor& t, double value);
+bool defer_uniform(const Tensor& t, double low, double high, Generator& gen);
+bool defer_normal(const Tensor& t, double mean, double std, Generator& gen);
+
+// Forgets the recorded values of a deferred t spanning its storage (t is about to be overwritten whole).
+void discard_deferred_values(const Tensor& t);
+
+// Elements [start, start + length) along `dim` for each start, concatenated along `dim`, as a new
+// contiguous tensor; for a deferred tensor spanning its storage, made from its initializer without
+// allocating the whole. Anything else: the same from the values (slices copied).
+Tensor select_ranges(const Tensor& t, int64_t dim, const std::vector<int64_t>& starts, int64_t length);
+
+}  // namespace booster
