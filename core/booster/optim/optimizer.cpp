@@ -2,8 +2,10 @@
 
 #include <algorithm>
 #include <unordered_set>
+#include <utility>
 
 #include "booster/autograd/autograd.h"
+#include "booster/tensor/deferred.h"
 #include "booster/tensor/storage.h"
 
 namespace booster::optim {
@@ -100,7 +102,15 @@ void Optimizer::add_param_group(ParamGroup group) {
     seg_index[s].push_back(steps_.size() + i);
   }
   for (size_t s = 0; s < seg_dtype.size(); ++s) {
-    Segment seg{FlatBuffer(std::move(seg_params[s])), std::move(seg_index[s]), {}};
+    Segment seg;
+    seg.index = std::move(seg_index[s]);
+    const bool deferred = std::any_of(seg_params[s].begin(), seg_params[s].end(), is_deferred);
+    if (deferred) {
+      seg.unbound = std::move(seg_params[s]);
+      has_unbound_ = true;
+    } else {
+      seg.flat = FlatBuffer(std::move(seg_params[s]));
+    }
     segs.push_back(std::move(seg));
   }
   steps_.resize(steps_.size() + group.params.size(), 0);
@@ -113,7 +123,24 @@ void Optimizer::add_groups(std::vector<ParamGroup> groups) {
   for (ParamGroup& g : groups) add_param_group(std::move(g));
 }
 
+// Note [Deferred binding]
+// Parameters made under a LazyInitGuard hold no memory yet (booster/tensor/deferred.h); binding them
+// into a flat buffer would allocate the whole model (values and gradients) on every rank, the very
+// thing deferral avoids when a plugin keeps only a part. So an optimizer over deferred parameters binds
+// them on first use instead: a step, zero_grad, flat_buffers(), a state_dict. The optimizer passed to
+// Booster::boost() under such a plugin is never used (boost rebuilds it over the part and releases it),
+// so its parameters are never bound.
+void Optimizer::bind_deferred() const {
+  if (!has_unbound_) return;
+  auto* self = const_cast<Optimizer*>(this);  // binding changes no observable state
+  for (std::vector<Segment>& segs : self->segments_)
+    for (Segment& seg : segs)
+      if (!seg.unbound.empty()) seg.flat = FlatBuffer(std::exchange(seg.unbound, {}));
+  self->has_unbound_ = false;
+}
+
 void Optimizer::zero_grad(bool /*set_to_none*/) {
+  bind_deferred();
   for (auto& segs : segments_)
     for (Segment& seg : segs) seg.flat.zero_grad();
 }
@@ -131,10 +158,12 @@ void Optimizer::set_lr(double lr) {
 
 void Optimizer::release_buffers() {
   for (std::vector<Segment>& segs : segments_) segs.clear();
+  has_unbound_ = false;
   std::fill(steps_.begin(), steps_.end(), 0);
 }
 
 void Optimizer::rebind() {
+  bind_deferred();
   for (std::vector<Segment>& segs : segments_)
     for (Segment& seg : segs) {
       std::vector<Tensor> params = seg.flat.params();
@@ -145,12 +174,14 @@ void Optimizer::rebind() {
 }
 
 std::vector<const FlatBuffer*> Optimizer::flat_buffers(size_t group) const {
+  bind_deferred();
   std::vector<const FlatBuffer*> out;
   for (const Segment& seg : segments_.at(group)) out.push_back(&seg.flat);
   return out;
 }
 
 Tensor& Optimizer::state_buffer(Segment& seg, const std::string& name) {
+  bind_deferred();
   auto it = seg.state.find(name);
   if (it != seg.state.end()) return it->second;
   const DType dt = is_low_precision(seg.flat.dtype()) ? DType::Float32 : seg.flat.dtype();
@@ -160,6 +191,7 @@ Tensor& Optimizer::state_buffer(Segment& seg, const std::string& name) {
 }
 
 OptimizerState Optimizer::state_dict() const {
+  bind_deferred();
   OptimizerState out;
   out.meta["type"] = type_;
   out.meta["state"] = json::object();
@@ -193,6 +225,7 @@ OptimizerState Optimizer::state_dict() const {
 }
 
 void Optimizer::load_state_dict(const OptimizerState& state) {
+  bind_deferred();
   const json& meta = state.meta;
   BOOSTER_CHECK(meta.is_object() && meta.contains("param_groups") && meta.at("param_groups").is_array(),
                 CheckpointError, type_, ".load_state_dict: the state has no 'param_groups' list");

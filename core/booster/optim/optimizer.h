@@ -113,7 +113,10 @@ class Optimizer {
     FlatBuffer flat;
     std::vector<size_t> index;             // global parameter index of each parameter
     std::map<std::string, Tensor> state;   // 1-D, flat.numel() elements; acc dtype (float32 for 16-bit)
+    std::vector<Tensor> unbound;           // deferred parameters, bound on first use (Note [Deferred binding])
   };
+  // Binds the segments whose parameters were deferred when added (Note [Deferred binding]).
+  void bind_deferred() const;
 
   // A run of adjacent parameters that all received a gradient and have taken the same number of steps
   // (this one included): [begin, end) in elements of the segment's flat buffer.
@@ -145,10 +148,12 @@ class Optimizer {
   std::vector<ParamGroup> groups_;
   std::vector<std::vector<Segment>> segments_;  // per group
   std::vector<int64_t> steps_;                  // per global parameter index
+  bool has_unbound_ = false;
 };
 
 template <class F>
 void Optimizer::for_each_run(size_t group, F&& update) {
+  bind_deferred();
   BOOSTER_CHECK(groups_.size() == segments_.size(), StateError, type_, ".step: param_groups() has ", groups_.size(),
                 " groups but ", segments_.size(), " were added; add groups with add_param_group()");
   for (Segment& seg : segments_[group]) {
