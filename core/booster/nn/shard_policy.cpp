@@ -31,6 +31,7 @@
 #include "booster/nn/pipeline.h"
 #include "booster/nn/tensor_parallel.h"
 #include "booster/ops/ops.h"
+#include "booster/tensor/deferred.h"
 
 namespace booster::nn {
 
@@ -40,10 +41,10 @@ Tensor shard_of(const Tensor& whole, const ShardSpec& spec, int rank, int size) 
                 ShapeError, "shard: dim ", spec.dim, " of shape ", whole.shape(), " does not split into ",
                 spec.chunks, " x ", size, " equal pieces");
   const int64_t block = whole.size(dim) / spec.chunks, piece = block / size;
-  NoGradGuard no_grad;
-  std::vector<Tensor> parts;
-  for (int64_t c = 0; c < spec.chunks; ++c) parts.push_back(whole.narrow(dim, c * block + rank * piece, piece));
-  return cat(parts, dim).contiguous();
+  std::vector<int64_t> starts;
+  for (int64_t c = 0; c < spec.chunks; ++c) starts.push_back(c * block + rank * piece);
+  // A deferred whole (built under a LazyInitGuard) gives its slice without being allocated.
+  return select_ranges(whole.detach(), dim, starts, piece);
 }
 
 Tensor unshard(const std::vector<Tensor>& pieces, const ShardSpec& spec) {

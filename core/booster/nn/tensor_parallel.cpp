@@ -6,7 +6,9 @@
 #include "booster/autograd/autograd.h"
 #include "booster/nn/embedding.h"
 #include "booster/nn/linear.h"
+#include "booster/nn/shard_policy.h"
 #include "booster/ops/ops.h"
+#include "booster/tensor/deferred.h"
 
 namespace booster::nn::tp {
 
@@ -54,8 +56,7 @@ Tensor shard(const Tensor& full, int64_t dim, distributed::ProcessGroup& group, 
   const int64_t total = full.size(dim), n = group.size();
   BOOSTER_CHECK(total % n == 0, ShapeError, layer, ": ", what, " ", total, " does not divide by the tensor-parallel size ",
                 n);
-  NoGradGuard no_grad;
-  return full.narrow(dim, group.rank() * (total / n), total / n).contiguous().clone();
+  return shard_of(full, ShardSpec{dim, 1}, group.rank(), int(n));
 }
 
 }  // namespace
@@ -133,10 +134,8 @@ RowParallelLinear::RowParallelLinear(const Linear& full, distributed::ProcessGro
     : in_features(full.in_features), out_features(full.out_features), in_per_rank(full.in_features / group.size()),
       input_is_parallel(parallel_input), group_(&group) {
   weight = register_parameter("weight", shard(full.weight, 1, group, "RowParallelLinear", "in_features"));
-  if (full.bias.defined()) {
-    NoGradGuard no_grad;
-    bias = register_parameter("bias", full.bias.detach().clone());
-  }
+  // Replicated: a copy (made from the recorded values when the whole model is deferred).
+  if (full.bias.defined()) bias = register_parameter("bias", select_ranges(full.bias.detach(), 0, {0}, full.out_features));
 }
 
 ParallelCausalSelfAttention::ParallelCausalSelfAttention(const CausalSelfAttention& full,
@@ -145,21 +144,9 @@ ParallelCausalSelfAttention::ParallelCausalSelfAttention(const CausalSelfAttenti
   BOOSTER_CHECK(heads % group.size() == 0, ShapeError, "ParallelCausalSelfAttention: ", heads,
                 " heads do not divide by the tensor-parallel size ", group.size());
   // c_attn's rows are [q; k; v], heads contiguous within each: this rank takes its heads' rows of each.
-  const int64_t per = width / group.size(), first = group.rank() * per;
-  std::vector<Tensor> w_parts, b_parts;
-  {
-    NoGradGuard no_grad;
-    for (int64_t part = 0; part < 3; ++part) {
-      w_parts.push_back(full.c_attn->weight.narrow(0, part * width + first, per));
-      if (full.c_attn->bias.defined()) b_parts.push_back(full.c_attn->bias.narrow(0, part * width + first, per));
-    }
-  }
-  Tensor w, b;
-  {
-    NoGradGuard no_grad;
-    w = cat(w_parts, 0).contiguous().clone();
-    if (!b_parts.empty()) b = cat(b_parts, 0).contiguous().clone();
-  }
+  const ShardSpec qkv{0, 3};
+  const Tensor w = shard_of(full.c_attn->weight, qkv, group.rank(), group.size());
+  const Tensor b = full.c_attn->bias.defined() ? shard_of(full.c_attn->bias, qkv, group.rank(), group.size()) : Tensor();
   c_attn = register_module("c_attn", std::make_shared<ColumnParallelLinear>(w, b, 3 * width, group, false));
   c_proj = register_module("c_proj", std::make_shared<RowParallelLinear>(*full.c_proj, group, true));
   resid_dropout = register_module("resid_dropout", full.resid_dropout);
