@@ -22,6 +22,7 @@
 #include "booster/nn/models.h"
 #include "booster/optim/lr_scheduler.h"
 #include "booster/optim/optimizer.h"
+#include "booster/tensor/deferred.h"
 #include "booster/tensor/random.h"
 #include "booster/trainer/trainer.h"
 #include "commands.h"
@@ -41,11 +42,16 @@ std::string restore_with_set(const std::string& where, const json& saved) {
 }
 
 // The model of the `model` section, with model.init_from's weights when given. Before boost(): a
-// strategy may convert the model, and a plugin broadcasts rank 0's weights.
+// strategy may convert the model, and a plugin broadcasts rank 0's weights. Built deferred
+// (booster/tensor/deferred.h): boost() allocates it, only this rank's part under hybrid_parallel.
 nn::ModulePtr make_model(json model_config, uint64_t seed) {
   const json init_from = model_config.value("init_from", json());
   model_config.erase("init_from");
-  nn::ModulePtr model = nn::make_model(model_config, seed);
+  nn::ModulePtr model;
+  {
+    LazyInitGuard lazy;
+    model = nn::make_model(model_config, seed);
+  }
   if (init_from.is_string()) {
     const fs::path file = init_from.get<std::string>();
     BOOSTER_CHECK(fs::exists(file), ConfigError, "'model.init_from' is ", file.string(),

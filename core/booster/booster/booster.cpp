@@ -10,6 +10,7 @@
 #include "booster/checkpoint/safetensors.h"
 #include "booster/config/config.h"
 #include "booster/ops/ops.h"
+#include "booster/tensor/deferred.h"
 
 namespace booster {
 
@@ -187,6 +188,10 @@ Boosted Booster::boost(nn::ModulePtr model, std::shared_ptr<optim::Optimizer> op
   // A plugin that splits the model takes this rank's part first, so the strategy sees only that.
   parts = plugin_->shard(std::move(parts));
   BOOSTER_CHECK(parts.model != nullptr, PluginError, "plugin '", plugin_->name(), "' shard() returned no model");
+  // A model built under a LazyInitGuard (booster/tensor/deferred.h) takes its memory now: only the part
+  // this rank holds, where the plugin split it.
+  for (const Tensor& t : parts.model->parameters()) materialize(t);
+  for (const Tensor& t : parts.model->buffers()) materialize(t);
   if (!plugin_->control_precision()) {
     // A strategy that keeps master weights needs an optimizer to rebuild; without one it still
     // converts or wraps model and criterion.

@@ -13,6 +13,7 @@
 #include "booster/mixed_precision/mixed_precision.h"
 #include "booster/nn/linear.h"
 #include "booster/nn/model_registry.h"
+#include "booster/tensor/deferred.h"
 #include "booster/ops/ops.h"
 #include "booster/optim/optimizer.h"
 
@@ -124,8 +125,10 @@ MemoryEstimate estimate_memory(const json& c, int world_size) {
   } else {
     json cfg = model;
     cfg.erase("init_from");
+    LazyInitGuard lazy;  // counted, never allocated
     e.parameters = nn::make_model(cfg, c.at("train").at("seed").get<uint64_t>())->num_parameters();
-    e.notes.push_back("model '" + type + "' was built once to count its parameters; its activations are not estimated");
+    e.notes.push_back("model '" + type + "' was built (deferred) to count its parameters; its activations are not "
+                      "estimated");
   }
 
   // ---- strategy and plugin
