@@ -28,6 +28,7 @@
 #include "booster/nn/shard_policy.h"
 #include "booster/ops/ops.h"
 #include "booster/optim/optimizer.h"
+#include "booster/tensor/deferred.h"
 #include "booster/tensor/random.h"
 
 using namespace booster;
@@ -491,4 +492,56 @@ TEST_CASE("hybrid: zero_stage 1 leaves a parameter without a gradient alone", "[
   auto loss = [](const Tensor& out, const Tensor& y) { return cross_entropy(out, y); };
   check_layout(Case{"dp 4", 1, 1}, make, loss, batches, "fp32", {1e-5, 1e-5, 1e-5});
   check_layout(Case{"dp 4 zero 1", 1, 1, "1f1b", 1}, make, loss, batches, "fp32", {1e-5, 1e-5, 1e-5});
+}
+
+// A model built under a LazyInitGuard (booster/tensor/deferred.h, as `booster train` builds it) is
+// allocated by boost() only where this rank's part needs it: the part's values (made from the recorded
+// initializers, bit for bit those of the eagerly built model's part), then the optimizer's flat copy of
+// them and the gradients. So the peak over build and boost is at most 3x the part, here well under one
+// whole model, where the eager build holds the whole model first.
+TEST_CASE("hybrid: a model built deferred allocates only this rank's part", "[mpi][hybrid][deferred]") {
+  REQUIRE(world().size() == 4);
+  nn::GPTConfig cfg = small_gpt();
+  cfg.vocab_size = 256;
+  cfg.width = 64;
+  cfg.context = 16;
+  const json options = {{"tp_size", 2}, {"pp_size", 2}, {"num_microbatches", 2}};
+  Booster eager_booster(BoosterConfig{.plugin = "hybrid_parallel", .plugin_options = options});
+  Booster lazy_booster(BoosterConfig{.plugin = "hybrid_parallel", .plugin_options = options});
+
+  reset_cpu_peak_bytes();
+  size_t base = cpu_bytes_in_use();
+  nn::ModulePtr whole = std::make_shared<nn::GPT>(cfg, 5);
+  const int64_t whole_bytes = whole->num_parameters() * 4;
+  Boosted eager = eager_booster.boost(whole, optim::make_optimizer(kAdamW, whole->parameters()), gpt_loss);
+  const size_t eager_peak = cpu_peak_bytes() - base;
+
+  reset_cpu_peak_bytes();
+  base = cpu_bytes_in_use();
+  nn::ModulePtr deferred;
+  {
+    LazyInitGuard lazy;
+    deferred = std::make_shared<nn::GPT>(cfg, 5);
+  }
+  Boosted b = lazy_booster.boost(deferred, optim::make_optimizer(kAdamW, deferred->parameters()), gpt_loss);
+  const size_t lazy_peak = cpu_peak_bytes() - base;
+
+  const int64_t part_bytes = b.model->num_parameters() * 4;
+  INFO("whole " << whole_bytes << " bytes, part " << part_bytes << ", peak eager " << eager_peak << ", deferred "
+                << lazy_peak);
+  CHECK(3 * part_bytes < whole_bytes);  // so the bound below tells the two apart
+  CHECK(eager_peak >= size_t(whole_bytes));
+  CHECK(lazy_peak <= size_t(3 * part_bytes));
+  const nn::StateDict want = eager.model->state_dict();
+  const nn::StateDict got = b.model->state_dict();
+  CHECK(got.size() == want.size());
+  for (const auto& [name, t] : got) {
+    INFO(name);
+    REQUIRE(want.count(name));
+    CHECK(sum(ne(t, want.at(name))).item() == 0.0);
+  }
+  if (world().rank() == 0)
+    WARN("deferred build: whole model " << whole_bytes << " bytes, this rank's part " << part_bytes
+                                        << ", peak during build and boost " << lazy_peak << " (eager " << eager_peak
+                                        << ")");
 }
