@@ -1,16 +1,19 @@
 // The hybrid_parallel plugin measured on the character GPT (issue 16's figures, bench/README.md):
-//   memory  per-rank parameter + gradient + optimizer bytes of tp 2, pp 2 and zero_stage 1 against a
-//           whole replica
+//   memory    per-rank parameter + gradient + optimizer bytes of tp 2, pp 2 and zero_stage 1 against a
+//             whole replica
+//   resident  per-rank tensor memory (peak over build, boost and one step, and held after it) with the
+//             model built eagerly and deferred (LazyInitGuard); tp 2 x pp 2 too under -np 4
 //   bubble  each pipeline stage's idle fraction (time waiting for messages / step) for M = 1, 4, 8
 //           micro-batches against (P - 1) / (M + P - 1)
 //   step    step time of tp 2 against ddp on the same ranks, and the tensor-parallel collectives'
 //           share of the step (timed inside them); ddp's share from one process at the per-rank batch
 //
 //   OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1
-//     mpirun -np 2 --oversubscribe build/bin/bench_hybrid memory|bubble|step   (one command line)
+//     mpirun -np 2 --oversubscribe build/bin/bench_hybrid memory|resident|bubble|step   (one command line)
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -21,6 +24,7 @@
 #include "booster/nn/tensor_parallel.h"
 #include "booster/ops/ops.h"
 #include "booster/optim/optimizer.h"
+#include "booster/tensor/deferred.h"
 #include "booster/tensor/random.h"
 
 using namespace booster;
@@ -106,6 +110,43 @@ void memory() {
   }
 }
 
+// Tensor memory (bytes held by live storages, cpu_bytes_in_use) of a rank: the peak from building the
+// model to the end of its first step, and what is held after it (the parts, their gradients and
+// optimizer state, plus whatever of the whole model is still alive).
+void resident() {
+  if (world().rank() == 0)
+    std::printf("| layout | ranks | build | whole model MiB | peak MiB | held after step MiB |\n"
+                "|---|---:|---|---:|---:|---:|\n");
+  std::vector<std::tuple<std::string, int, int>> layouts = {{"replica (dp)", 1, 1}, {"tp 2", 2, 1}, {"pp 2", 1, 2}};
+  if (world().size() == 4) layouts = {{"tp 2 x pp 2", 2, 2}};
+  const auto [x, y] = batch(8, 3);
+  for (const auto& [name, tp, pp] : layouts)
+    for (bool deferred : {false, true}) {
+      Booster booster(BoosterConfig{.plugin = "hybrid_parallel",
+                                    .plugin_options = {{"tp_size", tp}, {"pp_size", pp}, {"num_microbatches", 2}}});
+      world().barrier();
+      reset_cpu_peak_bytes();
+      const double base = double(cpu_bytes_in_use());
+      nn::ModulePtr gpt;
+      {
+        std::optional<LazyInitGuard> lazy;
+        if (deferred) lazy.emplace();
+        gpt = std::make_shared<nn::GPT>(gpt_config(), 1);
+      }
+      const double whole = double(gpt->num_parameters()) * 4.0;
+      Boosted b = booster.boost(gpt, optim::make_optimizer(kAdamW, gpt->parameters()), gpt_loss);
+      b.optimizer->zero_grad();
+      booster.execute_pipeline(x, y, *b.model, b.criterion, *b.optimizer);
+      b.optimizer->step();
+      const double mib = 1024.0 * 1024.0;
+      const double peak = max_over_ranks(double(cpu_peak_bytes()) - base) / mib;
+      const double held = max_over_ranks(double(cpu_bytes_in_use()) - base) / mib;
+      if (world().rank() == 0)
+        std::printf("| %s | %d | %s | %.2f | %.2f | %.2f |\n", name.c_str(), world().size(),
+                    deferred ? "deferred" : "eager", whole / mib, peak, held);
+    }
+}
+
 void bubble() {
   const int stages = world().size();
   if (world().rank() == 0)
@@ -186,10 +227,11 @@ void step_time() {
 int main(int argc, char** argv) {
   const std::string what = argc > 1 ? argv[1] : "memory";
   if (what == "memory") memory();
+  else if (what == "resident") resident();
   else if (what == "bubble") bubble();
   else if (what == "step") step_time();
   else {
-    std::fprintf(stderr, "usage: bench_hybrid memory|bubble|step\n");
+    std::fprintf(stderr, "usage: bench_hybrid memory|resident|bubble|step\n");
     return 2;
   }
   return 0;
