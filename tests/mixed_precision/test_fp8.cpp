@@ -12,6 +12,7 @@
 #include "booster/ops/ops.h"
 #include "booster/optim/optimizer.h"
 #include "booster/tensor/random.h"
+#include "float8_reference.h"
 
 using namespace booster;
 using namespace booster::mixed_precision;
@@ -273,4 +274,20 @@ TEST_CASE("fp8 layers recomputed under activation checkpointing give the gradien
     grads_of_run.push_back(all);
   }
   CHECK(grads_of_run[0] == grads_of_run[1]);
+}
+
+TEST_CASE("float8_mm is the scaled product of its float8 operands, and refuses what it cannot take") {
+  Generator gen(12);
+  const Tensor a32 = randn({7, 24}, &gen) * 5.0, b32 = randn({9, 24}, &gen) * 0.1;
+  const float sa = 448.0f / float(max(abs(a32)).item()), sb = 57344.0f / float(max(abs(b32)).item());
+  const Tensor a = to_float8(a32, DType::Float8E4M3FN, sa, true), b = to_float8(b32, DType::Float8E5M2, sb, true);
+  testing::check_float8_mm(a, b, sa, sb, DType::Float32);
+  testing::check_float8_mm(a, b, sa, sb, DType::BFloat16);
+  testing::check_float8_mm(b.narrow(0, 0, 7), a.narrow(0, 0, 7), sb, sa, DType::Float32);  // e5m2 x e4m3
+
+  CHECK_THROWS_AS(float8_mm(b, b, sb, sb), DTypeError);  // two e5m2 operands
+  CHECK_THROWS_AS(float8_mm(a32, a, 1.0f, sa), DTypeError);
+  CHECK_THROWS_AS(float8_mm(a, a.narrow(1, 0, 16), sa, sa), ShapeError);
+  CHECK_THROWS_AS(float8_mm(a, a, 0.0f, sa), ValueError);
+  CHECK_THROWS_AS(float8_mm(a, a, sa, sa, DType::Float16), DTypeError);
 }

@@ -15,5 +15,6 @@ BOOSTER_DEFINE_KERNEL(reduce_kernel);
 BOOSTER_DEFINE_KERNEL(gemm_kernel);
 BOOSTER_DEFINE_KERNEL(float8_quantize_kernel);
 BOOSTER_DEFINE_KERNEL(float8_dequantize_kernel);
+BOOSTER_DEFINE_KERNEL(float8_gemm_kernel);
 
 }  // namespace booster::kernels

@@ -98,6 +98,13 @@ Tensor operator/(double s, const Tensor& a);
 Tensor to_float8(const Tensor& x, DType dtype, float scale = 1.0f, bool saturate = false);
 // float(q) * scale_inv as `out_dtype` (float32, float16 or bfloat16).
 Tensor from_float8(const Tensor& q, float scale_inv = 1.0f, DType out_dtype = DType::Float32);
+// The scaled float8 GEMM (torch._scaled_mm's layout): a [n, k] and b [m, k], quantized as
+// fp8(x * scale_a) and fp8(x * scale_b) (not both e5m2), give (a . b^T) / (scale_a * scale_b) [n, m]
+// as `out_dtype` (float32 or bfloat16), accumulated in float32. On a GPU with float8 tensor cores
+// (sm_89+) and sizes that are multiples of 16, cuBLASLt's float8 GEMM; elsewhere a float32 GEMM of the
+// dequantized values (exact products, float32 sums: the same numerics up to the order of the sums).
+// No gradient.
+Tensor float8_mm(const Tensor& a, const Tensor& b, float scale_a, float scale_b, DType out_dtype = DType::Float32);
 
 // ---------------------------------------------------------------- reductions
 // Empty dims means all. Sums of float16/bfloat16 accumulate in float32 and return the input dtype.

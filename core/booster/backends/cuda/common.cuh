@@ -13,6 +13,7 @@
 #include <array>
 #include <cmath>
 #include <cstdint>
+#include <type_traits>
 #include <vector>
 
 #include "booster/backends/cuda/cuda.h"
@@ -77,16 +78,23 @@ void profile_add(const char* family, double seconds);
 double profile_clock();
 
 template <auto Fn> struct Timed;
-template <class... A, void (*Fn)(A...)>
+template <class R, class... A, R (*Fn)(A...)>
 struct Timed<Fn> {
   static inline const char* family = "?";
-  static void call(A... a) {
+  static R call(A... a) {
     if (!profiling()) return Fn(a...);
     synchronize_started();
     const double t0 = profile_clock();
-    Fn(a...);
-    synchronize_started();
-    profile_add(family, profile_clock() - t0);
+    if constexpr (std::is_void_v<R>) {
+      Fn(a...);
+      synchronize_started();
+      profile_add(family, profile_clock() - t0);
+    } else {
+      R r = Fn(a...);
+      synchronize_started();
+      profile_add(family, profile_clock() - t0);
+      return r;
+    }
   }
 };
 
