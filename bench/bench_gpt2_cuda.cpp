@@ -1,6 +1,7 @@
 // GPT-2-small training step on a GPU: the 124M-parameter shape (12 layers, width 768, 12 heads, vocab
 // 50257, context 1024) under fp32 (TF32 GEMMs), fp16 (autocast + GradScaler), bf16 (autocast) and
-// fp16_naive, with AdamW. Prints one JSON line per strategy: median ms per step, tokens/s, model
+// fp16_naive (and fp8 on request: --precision fp8, its Linear GEMMs through cuBLASLt's float8 GEMM),
+// with AdamW. Prints one JSON line per strategy: median ms per step, tokens/s, model
 // TFLOP/s and MFU against a bf16 GEMM peak measured here through the same cuBLAS path
 // (an 8192^3 matmul). bench/torch_gpt2_cuda.py is the PyTorch side of the comparison.
 //

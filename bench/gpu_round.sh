@@ -10,10 +10,10 @@
 #   echo /.devdeps/ >> .git/info/exclude
 set -u
 OUT=${OUT:-/tmp/out}
-TARGETS=${TARGETS:-"booster_core booster_plugin_single booster_plugin_ddp booster_plugin_low_level_zero test_cuda_ops test_cuda_attention test_cuda_classifier test_cuda_train test_cuda_plugins test_cuda_nccl bench_gpt2_cuda"}
+TARGETS=${TARGETS:-"booster_core booster_plugin_single booster_plugin_ddp booster_plugin_low_level_zero test_cuda_ops test_cuda_attention test_cuda_classifier test_cuda_train test_cuda_plugins test_cuda_nccl test_cuda_fp8 bench_gpt2_cuda"}
 bash bench/cuda_device_run.sh "-k 0 $TARGETS" "true" || exit 1
 export OMP_NUM_THREADS=8
-for t in ${TESTS:-test_cuda_attention test_cuda_classifier test_cuda_ops test_cuda_train test_cuda_plugins test_cuda_nccl}; do
+for t in ${TESTS:-test_cuda_attention test_cuda_classifier test_cuda_ops test_cuda_train test_cuda_plugins test_cuda_nccl test_cuda_fp8}; do
   timeout 300 build/bin/$t > $OUT/$t.log 2>&1
   echo "== $t rc=$? $(grep -E '^(test cases|All tests)' $OUT/$t.log | tr '\n' ' ')"
   grep -E "FAILED" -A14 $OUT/$t.log | grep -E "FAILED|CHECK|REQUIRE|  [a-z].*(under|difference|step|cpu|error|bound)|with expansion" -A1 | grep -vE "^\s*$|^--" | cut -c1-160 | head -${FAIL_LINES:-40}

@@ -31,10 +31,6 @@ class Float8Strategy final : public PrecisionStrategy {
   Configured configure(nn::ModulePtr model, std::shared_ptr<optim::Optimizer> optimizer,
                        Criterion criterion) override {
     BOOSTER_CHECK(model != nullptr, ValueError, "fp8: configure needs a model");
-    for (const Tensor& p : model->parameters())
-      BOOSTER_CHECK(p.device().is_cpu(), IncompatibleError, "mixed precision 'fp8' on ", p.device(),
-                    ": the float8 GEMMs run on the CPU only so far (the cuBLASLt path is not written yet); use "
-                    "bf16 on a GPU");
     linears_->bind(*model);
     return PrecisionStrategy::configure(std::move(model), std::move(optimizer), std::move(criterion));
   }

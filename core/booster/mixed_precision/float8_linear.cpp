@@ -1,6 +1,13 @@
-// fp8 scaling and the fp8 linear layers (float8.h). The GEMMs run over the dequantized float8 values
-// in float32 (exact products of float8 values, float32 accumulation), and the output is multiplied by
-// the inverse scales afterwards, as a float8 GEMM with scale factors computes it.
+// fp8 scaling and the fp8 linear layers (float8.h). On the CPU the GEMMs run over the dequantized
+// float8 values in float32 (exact products of float8 values, float32 accumulation), and the output is
+// multiplied by the inverse scales afterwards, as a float8 GEMM with scale factors computes it.
+//
+// Note [Float8 GEMMs on a GPU]
+// On CUDA tensors the GEMMs are float8_mm: cuBLASLt's float8 GEMM with the scales as its scale factors
+// (sm_89+, sizes multiples of 16; elsewhere the same dequantized float32 GEMM). It takes both operands
+// contiguous along the inner dimension, so forward quantizes x and the weight a second time transposed
+// for the backward GEMMs (dX = dY W takes W^T [in, out], dW = dY^T X takes X^T [in, rows], and dY^T is
+// quantized in backward); quantizing elementwise, the transposed copies hold the same float8 values.
 #include "booster/mixed_precision/float8.h"
 
 #include <cmath>
@@ -146,8 +153,11 @@ Tensor Float8Linears::linear(const Tensor& x, const Tensor& weight, const Tensor
                 "linear: input shape ", x.shape(), " and weight shape ", weight.shape(), " cannot be multiplied");
   const int64_t in = weight.shape()[1], out_features = weight.shape()[0];
   const DType x_dtype = x.dtype(), w_dtype = weight.dtype();
-
-  Tensor x8, w8, y;
+  // Note [Float8 GEMMs on a GPU]: float8_mm (cuBLASLt) takes both operands contiguous along k, so the
+  // backward GEMMs get x and the weight quantized transposed (the same bytes as x8 and w8, transposed).
+  const bool gpu = !x.device().is_cpu();
+  const bool backward = autograd::needs_grad({&x, &weight, &bias});
+  Tensor x8, w8, x_for_dw, w_for_dx, y;
   float sx, sw;
   {
     NoGradGuard no_grad;
@@ -157,30 +167,48 @@ Tensor Float8Linears::linear(const Tensor& x, const Tensor& weight, const Tensor
     sw = layer->weight.scale_for(amax_of(weight.detach()));
     x8 = to_float8(x2, DType::Float8E4M3FN, sx, /*saturate=*/true);
     w8 = to_float8(weight.detach(), DType::Float8E4M3FN, sw, /*saturate=*/true);
-    y = scaled_mm(from_float8(x8), from_float8(w8).t(), sx, sw);  // [rows, out] float32
+    if (gpu) {
+      y = float8_mm(x8, w8, sx, sw);  // [rows, out] float32
+      if (backward) {
+        x_for_dw = to_float8(x2.t().contiguous(), DType::Float8E4M3FN, sx, /*saturate=*/true);  // [in, rows]
+        w_for_dx = to_float8(weight.detach().t().contiguous(), DType::Float8E4M3FN, sw, /*saturate=*/true);
+      }
+    } else {
+      y = scaled_mm(from_float8(x8), from_float8(w8).t(), sx, sw);  // [rows, out] float32
+      x_for_dw = x8;
+      w_for_dx = w8;
+    }
     if (bias.defined()) y = y + bias.detach().to(DType::Float32);
     Shape s(x.shape().begin(), x.shape().end() - 1);
     s.push_back(out_features);
     y = y.reshape(s).to(options_.output_dtype);
   }
-  if (autograd::needs_grad({&x, &weight, &bias})) {
+  if (backward) {
     const bool gx = x.requires_grad(), gw = weight.requires_grad(), gb = bias.defined() && bias.requires_grad();
     std::vector<Tensor> inputs{x, weight};
     if (bias.defined()) inputs.push_back(bias);
     const DType b_dtype = bias.defined() ? bias.dtype() : DType::Float32;
     autograd::record(y, "Float8LinearBackward", inputs,
-                     [layer, x8, w8, sx, sw, x_shape = x.shape(), x_dtype, w_dtype, b_dtype, gx, gw, gb, out_features,
-                      has_bias = bias.defined()](const Tensor& g) {
+                     [layer, x_for_dw, w_for_dx, sx, sw, x_shape = x.shape(), x_dtype, w_dtype, b_dtype, gx, gw, gb,
+                      out_features, gpu, has_bias = bias.defined()](const Tensor& g) {
                        const autocast::AutocastGuard no_autocast(false);  // float32 GEMMs, as forward
                        const Tensor g2 = g.reshape({-1, out_features});
+                       const Tensor g_in = g2.dtype() == DType::Float64 ? g2.to(DType::Float32) : g2;
                        const float sg = layer->grad_output.scale_for(amax_of(g2));
-                       const Tensor g8 = to_float8(g2.dtype() == DType::Float64 ? g2.to(DType::Float32) : g2,
-                                                   DType::Float8E5M2, sg, /*saturate=*/true);
+                       const Tensor g8 = to_float8(g_in, DType::Float8E5M2, sg, /*saturate=*/true);
                        autograd::grads r(has_bias ? 3 : 2);
-                       const Tensor g32 = from_float8(g8);
-                       if (gx) r[0] = scaled_mm(g32, from_float8(w8), sg, sw).reshape(x_shape).to(x_dtype);  // dY W
-                       if (gw) r[1] = scaled_mm(g32.t(), from_float8(x8), sg, sx).to(w_dtype);  // dW = dY^T X
-                       if (gb) r[2] = sum(g2.to(DType::Float32), {0}).to(b_dtype);            // db = sum dY
+                       if (gpu) {  // Note [Float8 GEMMs on a GPU]
+                         if (gx) r[0] = float8_mm(g8, w_for_dx, sg, sw).reshape(x_shape).to(x_dtype);  // dY W
+                         if (gw) {
+                           const Tensor gt8 = to_float8(g_in.t().contiguous(), DType::Float8E5M2, sg, /*saturate=*/true);
+                           r[1] = float8_mm(gt8, x_for_dw, sg, sx).to(w_dtype);  // dW = dY^T X
+                         }
+                       } else {
+                         const Tensor g32 = from_float8(g8);
+                         if (gx) r[0] = scaled_mm(g32, from_float8(w_for_dx), sg, sw).reshape(x_shape).to(x_dtype);
+                         if (gw) r[1] = scaled_mm(g32.t(), from_float8(x_for_dw), sg, sx).to(w_dtype);
+                       }
+                       if (gb) r[2] = sum(g2.to(DType::Float32), {0}).to(b_dtype);  // db = sum dY
                        return r;
                      });
   }
