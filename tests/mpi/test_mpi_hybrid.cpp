@@ -18,6 +18,7 @@
 #include "booster/booster/booster.h"
 #include "booster/booster/compat.h"
 #include "booster/checkpoint/safetensors.h"
+#include "booster/distributed/device_mesh.h"
 #include "booster/distributed/process_group.h"
 #include "booster/nn/activation.h"
 #include "booster/nn/container.h"
@@ -540,6 +541,31 @@ TEST_CASE("hybrid: a model built deferred allocates only this rank's part", "[mp
     REQUIRE(want.count(name));
     CHECK(sum(ne(t, want.at(name))).item() == 0.0);
   }
+
+  // The policy alone, on a deferred model: it allocates this stage's shards and nothing else (not the
+  // other stage's layers, split or whole). Its allocations are the part's parameters that are no longer
+  // deferred, plus the float64 staging of one slice at a time (at most twice the largest of them).
+  distributed::DeviceMesh mesh(world(), 2, 2);
+  nn::ShardContext context;
+  context.tp = &mesh.tp_group();
+  context.stage = mesh.coord().pp;
+  context.stages = 2;
+  nn::ModulePtr again;
+  {
+    LazyInitGuard lazy;
+    again = std::make_shared<nn::GPT>(cfg, 5);
+  }
+  reset_cpu_peak_bytes();
+  base = cpu_bytes_in_use();
+  const nn::ShardedModel part = nn::find_shard_policy("GPT", "this test")(again, context);
+  const size_t policy_peak = cpu_peak_bytes() - base;
+  size_t allocated = 0, largest = 0;
+  for (const Tensor& p : part.module->parameters())
+    if (!is_deferred(p)) allocated += p.nbytes(), largest = std::max(largest, p.nbytes());
+  INFO("policy peak " << policy_peak << ", the part's allocated parameters " << allocated);
+  CHECK(allocated > 0);
+  CHECK(policy_peak <= allocated + 2 * largest);
+  CHECK(cpu_bytes_in_use() - base == allocated);
   if (world().rank() == 0)
     WARN("deferred build: whole model " << whole_bytes << " bytes, this rank's part " << part_bytes
                                         << ", peak during build and boost " << lazy_peak << " (eager " << eager_peak

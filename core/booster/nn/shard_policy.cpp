@@ -19,6 +19,7 @@
 //     output. Hidden sizes (and the classes when the layer count is odd) must divide by tp.
 #include "booster/nn/shard_policy.h"
 
+#include <algorithm>
 #include <cmath>
 #include <memory>
 #include <mutex>
@@ -78,6 +79,15 @@ ShardedModel gpt_policy(const ModulePtr& model, const ShardContext& c) {
   BOOSTER_CHECK(gpt != nullptr, IncompatibleError, "shard policy 'GPT': the model is a ", model->name(),
                 ", not a booster::nn::GPT");
   pp::GPTParts parts = pp::gpt_parts(*gpt);
+  const std::vector<int64_t> layers = c.stage_layers.empty() ? pp::balance_gpt_layers(*gpt, c.stages) : c.stage_layers;
+  // This stage's blocks [first_block, end_block) (gpt_stage checks `layers` itself; clamped here).
+  const int64_t blocks = int64_t(parts.blocks.size());
+  int64_t first_block = 0;
+  for (int s = 0; s < c.stage && s < int(layers.size()); ++s) first_block += layers[size_t(s)];
+  first_block = std::clamp<int64_t>(first_block, 0, blocks);
+  const int64_t end_block =
+      c.stage < int(layers.size()) ? std::clamp<int64_t>(first_block + layers[size_t(c.stage)], first_block, blocks)
+                                   : first_block;
   ShardedModel out;
   distributed::ProcessGroup* group = c.tp;
   if (group != nullptr && group->size() > 1) {
@@ -85,10 +95,13 @@ ShardedModel gpt_policy(const ModulePtr& model, const ShardContext& c) {
     BOOSTER_CHECK(cfg.heads % group->size() == 0 && cfg.vocab_size % group->size() == 0, IncompatibleError,
                   "shard policy 'GPT': tensor parallel size ", group->size(), " must divide the heads (", cfg.heads,
                   ") and the vocabulary (", cfg.vocab_size, ")");
-    parts.wte = std::make_shared<tp::VocabParallelEmbedding>(*gpt->wte, *group);
-    for (ModulePtr& block : parts.blocks)
-      block = std::make_shared<tp::ParallelBlock>(dynamic_cast<const Block&>(*block), *group);
-    parts.lm_head = std::make_shared<VocabParallelHead>(*gpt->lm_head, *group);
+    // Only this stage's layers are split: the others are not this rank's, and split they would take
+    // memory (a deferred model's are never allocated at all).
+    if (c.stage == 0) parts.wte = std::make_shared<tp::VocabParallelEmbedding>(*gpt->wte, *group);
+    for (int64_t b = first_block; b < end_block; ++b)
+      parts.blocks[size_t(b)] =
+          std::make_shared<tp::ParallelBlock>(dynamic_cast<const Block&>(*parts.blocks[size_t(b)]), *group);
+    if (c.stage == c.stages - 1) parts.lm_head = std::make_shared<VocabParallelHead>(*gpt->lm_head, *group);
     out.shards["wte.weight"] = {0, 1};
     out.shards["lm_head.weight"] = {0, 1};
     for (int64_t i = 0; i < cfg.layers; ++i) {
@@ -122,7 +135,6 @@ ShardedModel gpt_policy(const ModulePtr& model, const ShardContext& c) {
       };
     };
   }
-  const std::vector<int64_t> layers = c.stage_layers.empty() ? pp::balance_gpt_layers(*gpt, c.stages) : c.stage_layers;
   out.module = pp::gpt_stage(parts, c.stage, c.stages, layers);
   out.module->train(gpt->is_training());
   return out;
@@ -168,6 +180,21 @@ ShardedModel mlp_policy(const ModulePtr& model, const ShardContext& c) {
     sizes.back() += children[i].second->num_parameters();
     linears += std::dynamic_pointer_cast<Linear>(children[i].second) != nullptr;
   }
+  const std::vector<int64_t> per_stage =
+      c.stage_layers.empty() ? pp::balance_units(sizes, 0, 0, c.stages) : c.stage_layers;
+  int64_t total = 0;
+  bool negative = false;
+  for (int64_t n : per_stage) total += n, negative = negative || n < 0;
+  BOOSTER_CHECK(int(per_stage.size()) == c.stages && total == int64_t(units.size()) && !negative, ValueError,
+                "pipeline: stage_layers ", per_stage, " must give each of the ", c.stages,
+                " stages a number of layers (>= 0), together the classifier's ", units.size(), " Linear layers");
+  int64_t begin = 0;
+  for (int s = 0; s < c.stage; ++s) begin += per_stage[size_t(s)];
+  const int64_t end = begin + per_stage[size_t(c.stage)];
+  std::vector<int64_t> unit_of(children.size());
+  for (size_t u = 0; u < units.size(); ++u)
+    for (size_t i : units[u]) unit_of[i] = int64_t(u);
+
   ShardedModel out;
   std::vector<ModulePtr> layers;
   for (const auto& [name, m] : children) layers.push_back(m);
@@ -178,32 +205,24 @@ ShardedModel mlp_policy(const ModulePtr& model, const ShardContext& c) {
       const auto linear = std::dynamic_pointer_cast<Linear>(children[i].second);
       if (!linear) continue;
       const std::string p = "layers." + children[i].first + ".";
+      const bool here = unit_of[i] >= begin && unit_of[i] < end;  // only this stage's layers are split
       if (k % 2 == 0) {
         const bool last = k + 1 == linears;
         BOOSTER_CHECK(linear->out_features % group->size() == 0, IncompatibleError, "shard policy 'MLPClassifier': ",
                       p, "out_features ", linear->out_features, " does not divide by the tensor parallel size ",
                       group->size());
-        layers[i] = std::make_shared<tp::ColumnParallelLinear>(*linear, *group, /*gather_output=*/last);
+        if (here) layers[i] = std::make_shared<tp::ColumnParallelLinear>(*linear, *group, /*gather_output=*/last);
         out.shards[p + "weight"] = {0, 1};
         out.shards[p + "bias"] = {0, 1};
       } else {
-        layers[i] = std::make_shared<tp::RowParallelLinear>(*linear, *group, /*input_is_parallel=*/true);
+        if (here) layers[i] = std::make_shared<tp::RowParallelLinear>(*linear, *group, /*input_is_parallel=*/true);
         out.shards[p + "weight"] = {1, 1};
       }
       ++k;
     }
   }
-  const std::vector<int64_t> per_stage =
-      c.stage_layers.empty() ? pp::balance_units(sizes, 0, 0, c.stages) : c.stage_layers;
-  int64_t total = 0;
-  for (int64_t n : per_stage) total += n;
-  BOOSTER_CHECK(int(per_stage.size()) == c.stages && total == int64_t(units.size()), ValueError,
-                "pipeline: stage_layers ", per_stage, " must give each of the ", c.stages,
-                " stages a number of layers, together the classifier's ", units.size(), " Linear layers");
-  int64_t begin = 0;
-  for (int s = 0; s < c.stage; ++s) begin += per_stage[size_t(s)];
   auto stage = std::make_shared<MLPStage>(mlp->in_features, c.stage == 0);
-  for (int64_t u = begin; u < begin + per_stage[size_t(c.stage)]; ++u)
+  for (int64_t u = begin; u < end; ++u)
     for (size_t i : units[size_t(u)]) stage->layers->push_back(children[i].first, layers[i]);
   stage->train(mlp->is_training());
   out.module = stage;
