@@ -44,6 +44,7 @@ void MasterWeightOptimizer::forward_options() const {
 }
 
 bool MasterWeightOptimizer::one_span(size_t g) const {
+  bind_deferred();  // Note [Deferred binding]
   return segments_[g].size() == 1 && inner_->flat_buffers(g).size() == 1 &&
          segments_[g][0].flat.numel() == inner_->flat_buffers(g)[0]->numel();
 }
@@ -55,6 +56,7 @@ size_t MasterWeightOptimizer::first_index(size_t g) const {
 }
 
 bool MasterWeightOptimizer::gather_grads(float inv_scale) {
+  bind_deferred();  // Note [Deferred binding]
   std::vector<GradSpan> spans;
   for (size_t g = 0; g < groups_.size(); ++g) {
     // Which model gradients arrived since zero_grad (Note [Flat buffers]): only those masters count
@@ -99,6 +101,7 @@ void MasterWeightOptimizer::step_masters() {
 void MasterWeightOptimizer::drop_master_grads() { inner_->zero_grad(); }
 
 void MasterWeightOptimizer::copy_masters_to_model() {
+  bind_deferred();  // Note [Deferred binding]
   NoGradGuard no_grad;
   for (size_t g = 0; g < groups_.size(); ++g) {
     if (one_span(g)) {

@@ -340,6 +340,7 @@ void ZeroOptimizer::reduce_pending() {
   if (options_.stage == 1) {
     // Gradients that backward created outside the buffer (after a module's zero_grad set them to
     // None) are copied in first.
+    bind_deferred();  // Note [Deferred binding]
     for (auto& segs : segments_)
       for (Segment& seg : segs) seg.flat.sync_grads();
   }

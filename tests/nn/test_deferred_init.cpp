@@ -256,3 +256,31 @@ TEST_CASE("deferred: a pipeline stage of a deferred GPT allocates only its part"
   for (const auto& [name, t] : lazy->state_dict())
     if (!want.count(name)) CHECK(is_deferred(t));
 }
+
+TEST_CASE("deferred: refusals keep the recorded values, and overlapping ranges are refused", "[deferred]") {
+  Generator g1(4), g2(4);
+  const Tensor eager = Tensor::empty({4, 6});
+  nn::init::normal_(eager, 0.0, 1.0, g1);
+  Tensor lazy;
+  {
+    LazyInitGuard guard;
+    lazy = Tensor::empty({4, 6});
+  }
+  nn::init::normal_(lazy, 0.0, 1.0, g2);
+  // A copy that fails (the shapes do not broadcast) leaves the tensor as it was.
+  CHECK_THROWS_AS(lazy.copy_(zeros({5, 6})), ShapeError);
+  CHECK(is_deferred(lazy));
+  CHECK_THROWS_AS(select_ranges(lazy, 1, {0, 2}, 3), ValueError);  // [0, 3) and [2, 5) overlap
+  CHECK(same_bits(select_ranges(lazy, 1, {3, 0}, 3), select_ranges(eager, 1, {3, 0}, 3)));
+  CHECK(same_bits(lazy, eager));
+
+  // An optimizer refuses a deferred parameter it could not bind when it is made, as an eager one.
+  Tensor ints;
+  {
+    LazyInitGuard guard;
+    ints = zeros({3}, DType::Int64);
+  }
+  const nlohmann::json sgd = {{"type", "SGD"}, {"lr", 0.1}};
+  CHECK_THROWS_AS(optim::make_optimizer(sgd, {zeros({3}, DType::Int64)}), DTypeError);
+  CHECK_THROWS_AS(optim::make_optimizer(sgd, {ints}), DTypeError);
+}

@@ -243,7 +243,8 @@ void Tracer::end_step() {
     ModuleStats& stats = s.stats[m];
     for (const auto& [name, p] : s.traced[m].module->named_parameters(/*recurse=*/false)) {
       if (!is_floating(p.dtype())) continue;
-      // A parameter ZeRO-3 holds only while its module runs has no values now (Note [Released storage]).
+      // A parameter ZeRO-3 holds only while its module runs has no values now (Note [Released storage]);
+      // a deferred one (not this rank's part) is not read, so that it stays unallocated.
       if (!p.storage()->released()) stats.parameter_max_abs = std::max(stats.parameter_max_abs, max_abs(p));
       if (const Tensor g = p.grad(); g.defined()) stats.roles[size_t(Role::ParameterGradient)].merge(tensor_stats(g));
     }

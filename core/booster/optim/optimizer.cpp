@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <unordered_set>
-#include <utility>
 
 #include "booster/autograd/autograd.h"
 #include "booster/tensor/deferred.h"
@@ -106,6 +105,14 @@ void Optimizer::add_param_group(ParamGroup group) {
     seg.index = std::move(seg_index[s]);
     const bool deferred = std::any_of(seg_params[s].begin(), seg_params[s].end(), is_deferred);
     if (deferred) {
+      // What binding would refuse is refused now, as for parameters bound at once.
+      for (const Tensor& p : seg_params[s]) {
+        BOOSTER_CHECK(is_floating(p.dtype()), DTypeError, type_, ": parameter '", p.name(), "' has dtype ", p.dtype(),
+                      "; only floating parameters can be optimized");
+        BOOSTER_CHECK(p.device() == seg_params[s][0].device(), DeviceError, type_, ": parameter '", p.name(),
+                      "' is on ", p.device(), " but '", seg_params[s][0].name(), "' is on ",
+                      seg_params[s][0].device(), "; put the model on one device");
+      }
       seg.unbound = std::move(seg_params[s]);
       has_unbound_ = true;
     } else {
@@ -132,10 +139,15 @@ void Optimizer::add_groups(std::vector<ParamGroup> groups) {
 // so its parameters are never bound.
 void Optimizer::bind_deferred() const {
   if (!has_unbound_) return;
-  auto* self = const_cast<Optimizer*>(this);  // binding changes no observable state
+  // Binding allocates and repoints the parameters, but changes neither values nor options: a const
+  // accessor (flat_buffers, state_dict) may do it. Optimizers are never const objects.
+  auto* self = const_cast<Optimizer*>(this);
   for (std::vector<Segment>& segs : self->segments_)
     for (Segment& seg : segs)
-      if (!seg.unbound.empty()) seg.flat = FlatBuffer(std::exchange(seg.unbound, {}));
+      if (!seg.unbound.empty()) {
+        seg.flat = FlatBuffer(seg.unbound);  // may throw (out of memory): the segment stays unbound
+        seg.unbound.clear();
+      }
   self->has_unbound_ = false;
 }
 
@@ -163,7 +175,7 @@ void Optimizer::release_buffers() {
 }
 
 void Optimizer::rebind() {
-  bind_deferred();
+  // Unbound (deferred) segments are left alone: they bind on first use, wherever their parameters are then.
   for (std::vector<Segment>& segs : segments_)
     for (Segment& seg : segs) {
       std::vector<Tensor> params = seg.flat.params();

@@ -14,9 +14,12 @@
 // Anything else (a view's init, a read, an op) allocates and fills first, then runs eagerly: a deferred
 // tensor is always the tensor the eager code would have made, only later.
 // select_ranges replays the record streaming, keeping only the elements a shard needs, so a rank that
-// holds a slice of a weight never holds the whole of it. Not thread-safe: deferred tensors are made
-// and materialized by the thread that builds the model.
+// holds a slice of a weight never holds the whole of it; Tensor::to(device) moves the record. Not
+// thread-safe: a deferred tensor is allocated by whichever thread first uses it, so it must not be
+// first used by several threads at once (kernels take their pointers before their parallel loops).
 #include "booster/tensor/deferred.h"
+
+#include <algorithm>
 
 #include "booster/common/error.h"
 #include "booster/tensor/grad_mode.h"
@@ -61,7 +64,8 @@ bool defer_draws(const Tensor& t, DeferredInit::Kind kind, double a, double b, G
   return true;
 }
 
-// The (non-deferred) tensor to fill when none may be deferred: materialization runs under a guard.
+// Turns the LazyInitGuard off for its scope: the tensors made while materializing or slicing (the
+// result, float64 staging) must be real even when a guard is alive on this thread.
 struct EagerScope {
   EagerScope() : previous(g_lazy) { g_lazy = false; }
   ~EagerScope() { g_lazy = previous; }
@@ -99,12 +103,31 @@ void discard_deferred_values(const Tensor& t) {
   if (Storage* s = whole_deferred(t)) s->set_deferred_init(nullptr);
 }
 
+Tensor deferred_to(const Tensor& t, Device device) {
+  Storage* s = whole_deferred(t);
+  if (s == nullptr) return Tensor();
+  auto impl = std::make_shared<TensorImpl>();
+  impl->storage = std::make_shared<Storage>(s->nbytes(), device, Storage::Deferred{});
+  impl->storage->set_deferred_init(s->deferred_init());
+  impl->shape = t.shape();
+  impl->strides = contiguous_strides(t.shape());
+  impl->numel = t.numel();
+  impl->dtype = t.dtype();
+  return Tensor(std::move(impl));
+}
+
 Tensor select_ranges(const Tensor& t, int64_t dim, const std::vector<int64_t>& starts, int64_t length) {
   dim = wrap_dim(dim, t.dim(), "select_ranges");
   const int64_t size = t.size(dim);
-  for (int64_t s : starts)
+  std::vector<int64_t> sorted = starts;
+  std::sort(sorted.begin(), sorted.end());
+  for (size_t k = 0; k < sorted.size(); ++k) {
+    const int64_t s = sorted[k];
     BOOSTER_CHECK(s >= 0 && length >= 0 && s + length <= size, IndexError, "select_ranges: [", s, ", ", s + length,
                   ") is outside dim ", dim, " of shape ", t.shape());
+    BOOSTER_CHECK(k == 0 || sorted[k - 1] + length <= s, ValueError, "select_ranges: the ranges starting at ",
+                  sorted[k - 1], " and ", s, " (length ", length, ") overlap");
+  }
   Shape shape = t.shape();
   shape[size_t(dim)] = int64_t(starts.size()) * length;
   EagerScope eager;

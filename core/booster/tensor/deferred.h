@@ -53,19 +53,23 @@ bool is_deferred(const Tensor& t);
 // Allocates and fills a deferred tensor's storage now; nothing for any other tensor.
 void materialize(const Tensor& t);
 
-// Records `init` as the values of t when t is deferred and spans its whole storage, drawing (and
-// discarding) from `gen` what the eager fill would, so the generator moves on exactly as it would;
-// false otherwise (the caller fills t eagerly). Used by init::uniform_/normal_ and Tensor::fill_.
+// Record t's values when t is deferred and spans its whole storage: a constant (defer_fill), or draws
+// from `gen`, which are made (and discarded) now, as the eager fill would make them, so the generator
+// moves on exactly as it would. False otherwise: the caller fills t eagerly. Used by
+// init::uniform_/normal_ and Tensor::fill_.
 bool defer_fill(const Tensor& t, double value);
 bool defer_uniform(const Tensor& t, double low, double high, Generator& gen);
 bool defer_normal(const Tensor& t, double mean, double std, Generator& gen);
 
 // Forgets the recorded values of a deferred t spanning its storage (t is about to be overwritten whole).
 void discard_deferred_values(const Tensor& t);
+// t on `device`, still deferred with the same recorded values, when t is deferred and spans its
+// storage; an undefined tensor otherwise (Tensor::to copies then).
+Tensor deferred_to(const Tensor& t, Device device);
 
-// Elements [start, start + length) along `dim` for each start, concatenated along `dim`, as a new
-// contiguous tensor; for a deferred tensor spanning its storage, made from its initializer without
-// allocating the whole. Anything else: the same from the values (slices copied).
+// Elements [start, start + length) along `dim` for each start (ranges that do not overlap),
+// concatenated along `dim`, as a new contiguous tensor; for a deferred tensor spanning its storage,
+// made from its initializer without allocating the whole. Anything else: the same from the values.
 Tensor select_ranges(const Tensor& t, int64_t dim, const std::vector<int64_t>& starts, int64_t length);
 
 }  // namespace booster

@@ -148,12 +148,20 @@ void Storage::materialize() {
   if (!released_) return;
   data_ = allocator_for(device_).allocate_on(device_.index, nbytes_);
   released_ = false;
-  if (deferred_) {
-    deferred_ = false;
-    const std::shared_ptr<const DeferredInit> init = std::move(init_);
-    init_.reset();
-    if (init) fill_deferred(*this, *init);
+  if (!deferred_) return;
+  deferred_ = false;
+  if (!init_) return;
+  try {
+    fill_deferred(*this, *init_);
+  } catch (...) {
+    // Deferred again with its record, so a later use retries instead of reading garbage.
+    allocator_for(device_).deallocate_on(device_.index, data_, nbytes_);
+    data_ = nullptr;
+    released_ = true;
+    deferred_ = true;
+    throw;
   }
+  init_.reset();
 }
 
 void Storage::set_deferred_init(std::shared_ptr<const DeferredInit> init) {

@@ -408,8 +408,9 @@ Tensor Tensor::to(DType dt) const {
 Tensor Tensor::to(Device dev) const {
   BOOSTER_OP_CONTEXT("to");  // Note [Error context]
   if (dev == device()) return *this;
-  Tensor out = Tensor::empty(shape(), dtype(), dev);
-  {
+  Tensor out = deferred_to(*this, dev);  // a deferred tensor moves its record, allocating nothing
+  if (!out.defined()) {
+    out = Tensor::empty(shape(), dtype(), dev);
     NoGradGuard ng;
     out.copy_(*this);
   }
@@ -435,9 +436,9 @@ void check_inplace(const Tensor& t, const char* op) {
 
 Tensor& Tensor::copy_(const Tensor& src) {
   check_inplace(*this, "copy_");
-  // Overwriting a whole deferred tensor: its recorded values would be made only to be replaced.
-  if (src.defined() && src.storage() != storage()) discard_deferred_values(*this);
   Tensor s = src.detach().expand(shape());
+  // Overwriting a whole deferred tensor: its recorded values would be made only to be replaced.
+  if (s.storage() != storage()) discard_deferred_values(*this);
   if (s.device() == device()) {
     kernels::copy_kernel(device())(s, *this);
   } else {
