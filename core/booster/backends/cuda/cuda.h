@@ -3,6 +3,7 @@
 // without CUDA compiled in, or without a driver or GPU, is_available() is false and device_count() 0.
 #pragma once
 
+#include <cstdint>
 #include <string>
 
 #include "booster/common/error.h"
@@ -45,6 +46,9 @@ void reset_profile();
 // as in PyTorch since 1.12.
 void set_allow_tf32(bool allow);
 bool allow_tf32();
+// How many float8 GEMMs (float8_mm) cuBLASLt's float8 kernels have run in this process; the others
+// fell back to the dequantized float32 GEMM (tests check which path ran).
+int64_t float8_gemm_count();
 
 }  // namespace cuda
 }  // namespace booster

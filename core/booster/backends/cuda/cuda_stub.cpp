@@ -18,6 +18,7 @@ std::string profile_report() { return ""; }
 void reset_profile() {}
 void set_allow_tf32(bool) {}
 bool allow_tf32() { return false; }
+int64_t float8_gemm_count() { return 0; }
 
 }  // namespace booster::cuda
 #endif
