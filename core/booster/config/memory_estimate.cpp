@@ -156,9 +156,10 @@ MemoryEstimate estimate_memory(const json& c, int world_size) {
                       std::to_string(model_parallel) + " of the model (tp_size x pp_size)" +
                       (zero_stage ? ", the optimizer state split again over the data-parallel ranks (zero_stage 1)"
                                   : "") +
-                      "; the whole float32 model "
-                      "every rank builds before boost() stays alive besides (" +
-                      std::to_string(e.parameters * 4) + " bytes); activations are one replica's");
+                      " (booster train builds the model deferred, so no rank holds the whole of it; with "
+                      "model.init_from the whole float32 model, " +
+                      std::to_string(e.parameters * 4) + " bytes, is loaded on every rank first); activations "
+                      "are one replica's");
   } else if (plugin_name != "single" && plugin_name != "ddp" && plugin_name != "low_level_zero") {
     e.notes.push_back("plugin '" + plugin_name + "' is assumed to replicate the model, gradients and optimizer on every rank");
   }
