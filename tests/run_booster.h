@@ -2,6 +2,7 @@
 #pragma once
 
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include <cstdlib>
 #include <filesystem>
@@ -37,6 +38,17 @@ inline RunResult run_booster_in(const std::filesystem::path& dir, const std::str
   r.err = read_text(err);
   return r;
 }
+
+// A scratch directory of one test program (`name`, e.g. "test_cli_resume") for this process, created.
+inline std::filesystem::path scratch_dir(const std::string& name) {
+  const std::filesystem::path dir =
+      std::filesystem::temp_directory_path() / ("booster_" + name + "_" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  return dir;
+}
+
+// True when mpirun is on the PATH (multi-process tests skip without it).
+inline bool have_mpirun() { return std::system("command -v mpirun >/dev/null 2>&1") == 0; }
 
 // The last non-empty line of a program's stdout (booster train's summary, booster doctor's report).
 inline std::string last_line(const std::string& out) {

@@ -40,11 +40,7 @@ using testing::RunResult;
 
 namespace {
 
-fs::path scratch_dir() {
-  fs::path dir = fs::temp_directory_path() / ("booster_test_cli_" + std::to_string(::getpid()));
-  fs::create_directories(dir);
-  return dir;
-}
+fs::path scratch_dir() { return testing::scratch_dir("test_cli"); }
 
 // Runs `build/bin/booster <args>` from the scratch directory, so the runs/ directories of
 // train.run_dir's default land there.
@@ -746,7 +742,7 @@ TEST_CASE("progress: plain lines off a terminal, a bar redrawn in place on one, 
   CHECK(summary_line(silent.out)["steps"] == 16);
 }
 
-bool have_mpirun() { return std::system("command -v mpirun >/dev/null 2>&1") == 0; }
+using testing::have_mpirun;
 
 TEST_CASE("under booster run -n 2 only rank 0 prints and writes the run directory", "[cli][progress][mpi]") {
   if (!have_mpirun()) {

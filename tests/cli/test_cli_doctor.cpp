@@ -22,11 +22,7 @@ using testing::RunResult;
 
 namespace {
 
-fs::path scratch_dir() {
-  fs::path dir = fs::temp_directory_path() / ("booster_test_cli_doctor_" + std::to_string(::getpid()));
-  fs::create_directories(dir);
-  return dir;
-}
+fs::path scratch_dir() { return testing::scratch_dir("test_cli_doctor"); }
 
 RunResult run_booster(const std::string& args) { return testing::run_booster_in(scratch_dir(), args); }
 

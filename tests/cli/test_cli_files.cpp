@@ -25,11 +25,7 @@ namespace {
 const std::string kData = std::string(BOOSTER_FIXTURE_DIR) + "/file_data/";
 const std::string kToy = std::string(BOOSTER_TEST_MODEL_DIR) + "/libbooster_model_toy.so";
 
-fs::path scratch_dir() {
-  fs::path dir = fs::temp_directory_path() / ("booster_test_cli_files_" + std::to_string(::getpid()));
-  fs::create_directories(dir);
-  return dir;
-}
+fs::path scratch_dir() { return testing::scratch_dir("test_cli_files"); }
 
 RunResult run_booster(const std::string& args, const std::string& env = "") {
   return testing::run_booster_in(scratch_dir(), args, env);

@@ -26,13 +26,9 @@ using testing::RunResult;
 
 namespace {
 
-fs::path scratch_dir() {
-  fs::path dir = fs::temp_directory_path() / ("booster_test_cli_hybrid_" + std::to_string(::getpid()));
-  fs::create_directories(dir);
-  return dir;
-}
+fs::path scratch_dir() { return testing::scratch_dir("test_cli_hybrid"); }
 
-bool have_mpirun() { return std::system("command -v mpirun >/dev/null 2>&1") == 0; }
+using testing::have_mpirun;
 
 std::string config(const std::string& name) { return std::string(BOOSTER_SOURCE_DIR) + "/examples/configs/" + name; }
 

@@ -16,15 +16,13 @@
 #include <string>
 #include <vector>
 
+#include "run_booster.h"
+
 namespace fs = std::filesystem;
 
 namespace {
 
-fs::path scratch_dir() {
-  fs::path dir = fs::temp_directory_path() / ("booster_test_cli_plot_" + std::to_string(::getpid()));
-  fs::create_directories(dir);
-  return dir;
-}
+fs::path scratch_dir() { return testing::scratch_dir("test_cli_plot"); }
 
 std::string read_bytes(const fs::path& p) {
   std::ifstream in(p, std::ios::binary);

@@ -39,11 +39,7 @@ using testing::RunResult;
 
 namespace {
 
-fs::path scratch_dir() {
-  fs::path dir = fs::temp_directory_path() / ("booster_test_cli_resume_" + std::to_string(::getpid()));
-  fs::create_directories(dir);
-  return dir;
-}
+fs::path scratch_dir() { return testing::scratch_dir("test_cli_resume"); }
 
 RunResult run_booster(const std::string& args, const std::string& env = "") {
   return testing::run_booster_in(scratch_dir(), args, env);
@@ -499,7 +495,7 @@ TEST_CASE("a run saves into a checkpoint directory whose file system cannot floc
   CHECK(r.err.find(warning) == r.err.rfind(warning));  // one line, not one per save
 }
 
-bool have_mpirun() { return std::system("command -v mpirun >/dev/null 2>&1") == 0; }
+using testing::have_mpirun;
 bool have_plugin(const std::string& name) {
   return fs::exists(fs::path(BOOSTER_LIB_DIR) / ("libbooster_plugin_" + name + ".so"));
 }

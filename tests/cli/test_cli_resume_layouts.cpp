@@ -32,17 +32,13 @@ using testing::RunResult;
 
 namespace {
 
-fs::path scratch_dir() {
-  fs::path dir = fs::temp_directory_path() / ("booster_test_cli_resume_layouts_" + std::to_string(::getpid()));
-  fs::create_directories(dir);
-  return dir;
-}
+fs::path scratch_dir() { return testing::scratch_dir("test_cli_resume_layouts"); }
 
 const char* kEnv = "OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1";
 
 RunResult run_booster(const std::string& args) { return testing::run_booster_in(scratch_dir(), args, kEnv); }
 
-bool have_mpirun() { return std::system("command -v mpirun >/dev/null 2>&1") == 0; }
+using testing::have_mpirun;
 
 // 256 samples, 8 global batches of 32 an epoch; AdamW and a cosine schedule over 13 steps (into the
 // second epoch, so its reshuffle counts too); a checkpoint every 3: a resume at step 3 runs 10 more.

@@ -25,6 +25,7 @@
 #include "booster/nn/models.h"
 #include "booster/nn/pipeline.h"
 #include "booster/ops/ops.h"
+#include "run_booster.h"
 #include "skip.h"
 
 using namespace booster;
@@ -59,7 +60,7 @@ JobResult run_job(const std::string& mode, const std::string& env = "", int rank
   return result;
 }
 
-bool have_mpirun() { return std::system("command -v mpirun > /dev/null 2>&1") == 0; }
+using testing::have_mpirun;
 
 double process_cpu_seconds() {
   timespec t{};
