@@ -153,6 +153,8 @@ TEST_CASE("flash attention matches a float64 loop and the CPU gradients, causal 
       {2, 1, 64, 200, 16, false, false},   // more keys than queries
       {1, 2, 150, 70, 64, true, false},    // causal with more queries than keys: late rows see every key
       {1, 1, 1, 1, 16, true, false},       // one row
+      {1, 2, 100, 100, 128, true, true},   // Llama's head size (dynamic shared memory past 48 KiB)
+      {1, 1, 70, 150, 128, false, false},  // head size 128, more keys than queries, partial tiles
   };
   for (const DType dt : {DType::BFloat16, DType::Float16})
     for (const Case& c : cases) {

@@ -245,7 +245,7 @@ bool use_flash(const Tensor& q, const Tensor& k, const Tensor& v, int64_t L, int
   if (!flash_enabled.load(std::memory_order_relaxed) || !q.device().is_cuda() ||
       !kernels::flash_attention_kernel.has(DeviceType::CUDA))
     return false;
-  if ((q.dtype() != DType::Float16 && q.dtype() != DType::BFloat16) || E != Ev || (E != 16 && E != 32 && E != 64))
+  if ((q.dtype() != DType::Float16 && q.dtype() != DType::BFloat16) || E != Ev || (E != 16 && E != 32 && E != 64 && E != 128))
     return false;
   if ((q.dim() != 3 && q.dim() != 4) || q.size(0) == 0 || L == 0 || S == 0 || L > INT32_MAX || S > INT32_MAX)
     return false;

@@ -165,7 +165,7 @@ Tensor adaptive_avg_pool2d(const Tensor& x, std::array<int64_t, 2> output_size);
 // Zeroes elements with probability p and scales the rest by 1/(1-p); identity when !training.
 Tensor dropout(const Tensor& a, double p, bool training, Generator* gen = nullptr);
 // q, k, v: [..., L, E]. softmax(q k^T * scale + causal mask) v; scale defaults to 1/sqrt(E).
-// On a GPU, float16/bfloat16 inputs with head size 16, 32 or 64 take the fused (flash) kernel, which
+// On a GPU, float16/bfloat16 inputs with head size 16, 32, 64 or 128 take the fused (flash) kernel, which
 // keeps no [L, S] probabilities and writes its output in the layout [..., L, H, E] (returned as the
 // [..., H, L, E] view, so merging heads back is free); everything else, the unfused kernel.
 Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v,

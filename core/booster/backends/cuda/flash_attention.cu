@@ -143,12 +143,23 @@ struct Geometry {
 
 // ------------------------------------------------------------------------------------------ forward
 // grid (ceil(L / 64), B * H). lse: [B, H, L] float32, natural log of sum_j exp(scale q_i . k_j).
+// Shared memory is dynamic: at E = 128 the three tiles take 52 KiB, past the 48 KiB a static
+// allocation may use.
+template <class T, int E>
+struct ForwardShared {
+  T q[kTile][E + kPad];   // Q tile, row-major
+  T k[kTile][E + kPad];   // K tile, row-major: B operand of S = Q K^T
+  T vt[E][kTile + kPad];  // V^T: B operand of O += P V
+};
+
 template <class T, int E>
 __global__ void __launch_bounds__(kThreads) flash_forward(Operand q, Operand k, Operand v, Operand out, float* lse,
                                                           Geometry geo) {
-  __shared__ __align__(16) T sQ[kTile][E + kPad];
-  __shared__ __align__(16) T sK[kTile][E + kPad];
-  __shared__ __align__(16) T sVt[E][kTile + kPad];
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  auto& sm = *reinterpret_cast<ForwardShared<T, E>*>(smem_raw);
+  auto& sQ = sm.q;
+  auto& sK = sm.k;
+  auto& sVt = sm.vt;
   const int b = blockIdx.y / geo.H, h = blockIdx.y % geo.H;
   const int q0 = blockIdx.x * kTile;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
@@ -404,7 +415,8 @@ Geometry geometry(const Tensor& q, const Tensor& k, bool is_causal, double scale
   return {nd == 4 ? int(q.size(1)) : 1, int(q.size(nd - 2)), int(k.size(nd - 2)), float(scale * kLog2e), is_causal};
 }
 
-// f.template operator()<T, E>() for the tensor's 16-bit dtype and a head size of 16, 32 or 64.
+// f.template operator()<T, E>() for the tensor's 16-bit dtype and a head size of 16, 32, 64 or 128
+// (128: Llama's, and most large models').
 template <class F>
 void with_flash_types(DType dt, int64_t E, F&& f) {
   auto by_size = [&]<class T>() {
@@ -412,7 +424,8 @@ void with_flash_types(DType dt, int64_t E, F&& f) {
       case 16: return f.template operator()<T, 16>();
       case 32: return f.template operator()<T, 32>();
       case 64: return f.template operator()<T, 64>();
-      default: BOOSTER_FAIL(ShapeError, "flash attention: head size ", E, " is not 16, 32 or 64");
+      case 128: return f.template operator()<T, 128>();
+      default: BOOSTER_FAIL(ShapeError, "flash attention: head size ", E, " is not 16, 32, 64 or 128");
     }
   };
   if (dt == DType::Float16) by_size.template operator()<__half>();
@@ -427,9 +440,12 @@ void cuda_flash_attention(const Tensor& q, const Tensor& k, const Tensor& v, boo
   const Geometry geo = geometry(q, k, is_causal, scale);
   if (batch == 0 || geo.L == 0) return;
   with_flash_types(q.dtype(), E, [&]<class T, int D>() {
+    constexpr int kSmem = int(sizeof(ForwardShared<T, D>));
+    if constexpr (kSmem > 48 * 1024)  // over the default limit: allow it (per device, so on every call)
+      BOOSTER_CUDA_CHECK(cudaFuncSetAttribute(flash_forward<T, D>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
     const dim3 grid(unsigned((geo.L + kTile - 1) / kTile), unsigned(batch * geo.H));
-    flash_forward<T, D><<<grid, kThreads, 0, stream(dev)>>>(operand(q), operand(k), operand(v), operand(out),
-                                                           static_cast<float*>(lse.data_ptr()), geo);
+    flash_forward<T, D><<<grid, kThreads, kSmem, stream(dev)>>>(operand(q), operand(k), operand(v), operand(out),
+                                                               static_cast<float*>(lse.data_ptr()), geo);
     BOOSTER_CUDA_CHECK_LAUNCH();
   });
 }
