@@ -91,6 +91,7 @@ std::vector<OpCase> cases() {
       {"gelu_tanh", {{64, 33}}, [](const V& x) { return gelu(x[0], "tanh"); }},
       {"tanh", {{4, 5}}, [](const V& x) { return tanh(x[0]); }},
       {"sigmoid", {{4, 5}}, [](const V& x) { return sigmoid(x[0]); }},
+      {"silu", {{4, 5}}, [](const V& x) { return silu(x[0]); }},
       {"compare",
        {{4, 5}, {4, 5}},
        [](const V& x) {

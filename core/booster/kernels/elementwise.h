@@ -30,6 +30,7 @@ enum class UnaryOp : uint8_t {
   PowScalar,   // x ^ p0
   Clamp,       // clamp(x, p0, p1); NaN bounds mean "none"
   IsFinite,    // out is bool
+  Silu,        // x * sigmoid(x)
 };
 
 // Gradients of unary functions: out = grad * f'(saved). `saved` is the input x or the output y,
@@ -41,6 +42,7 @@ enum class UnaryBackwardOp : uint8_t {
   Tanh,      // saved = y: g * (1 - y^2)
   Sigmoid,   // saved = y: g * y * (1 - y)
   ClampMask, // saved = x: g where p0 <= x <= p1 else 0
+  Silu,      // saved = x: g * s (1 + x (1 - s)), s = sigmoid(x)
 };
 
 // Strided copy with dtype conversion; src and dst have the same shape (src may be expanded) and device.

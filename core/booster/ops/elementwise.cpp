@@ -349,6 +349,16 @@ Tensor sigmoid(const Tensor& a_in) {
   return out;
 }
 
+Tensor silu(const Tensor& a_in) {
+  BOOSTER_OP_CONTEXT("silu");
+  Tensor a = as_floating(a_in);
+  Tensor out = unary_forward(UnaryOp::Silu, a);
+  autograd::record(out, "SiluBackward", {a}, [a = a.detach()](const Tensor& g) {
+    return grads{unary_backward(UnaryBackwardOp::Silu, g, a)};
+  });
+  return out;
+}
+
 // --------------------------------------------------------------------------- selection
 
 Tensor where(const Tensor& cond, const Tensor& a_in, const Tensor& b_in) {

@@ -62,6 +62,8 @@ Tensor relu(const Tensor& a);
 Tensor gelu(const Tensor& a, const std::string& approximate = "none");
 Tensor tanh(const Tensor& a);
 Tensor sigmoid(const Tensor& a);
+// x * sigmoid(x) (torch.nn.functional.silu, Swish-1): Llama's gate activation, one pass.
+Tensor silu(const Tensor& a);
 Tensor maximum(const Tensor& a, const Tensor& b);
 Tensor minimum(const Tensor& a, const Tensor& b);
 // Comparisons give bool tensors and have no gradient.

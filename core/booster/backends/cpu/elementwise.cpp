@@ -182,6 +182,7 @@ void cpu_unary(UnaryOp op, const Tensor& a, Tensor& out, double p0, double p1) {
           return run([](A x) { return gelu_tanh(x); });  // Note [GELU through exp]
         case UnaryOp::Tanh: return run([](A x) { return A(std::tanh(x)); });
         case UnaryOp::Sigmoid: return run([](A x) { return A(1 / (1 + std::exp(-x))); });
+        case UnaryOp::Silu: return run([](A x) { return A(x / (1 + std::exp(-x))); });
         case UnaryOp::AddScalar: return run([s0](A x) { return x + s0; });
         case UnaryOp::MulScalar: return run([s0](A x) { return x * s0; });
         case UnaryOp::RSubScalar: return run([s0](A x) { return s0 - x; });
@@ -218,6 +219,11 @@ void cpu_unary_backward(UnaryBackwardOp op, const Tensor& grad, const Tensor& sa
       case UnaryBackwardOp::Relu: return run([](A g, A y) { return y > 0 ? g : A(0); });
       case UnaryBackwardOp::Tanh: return run([](A g, A y) { return g * (1 - y * y); });
       case UnaryBackwardOp::Sigmoid: return run([](A g, A y) { return g * y * (1 - y); });
+      case UnaryBackwardOp::Silu:
+        return run([](A g, A x) {
+          const A s = A(1 / (1 + std::exp(-x)));
+          return g * s * (1 + x * (1 - s));
+        });
       case UnaryBackwardOp::GeluErf:
         return run([](A g, A x) {
           const A cdf = A(0.5 * (1 + std::erf(x * A(kInvSqrt2))));

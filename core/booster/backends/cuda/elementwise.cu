@@ -189,6 +189,7 @@ __device__ __forceinline__ C unary_apply(UnaryOp op, C x, C s0, C s1, bool has_l
       case UnaryOp::GeluTanh: return x * gelu_tanh_s(x);
       case UnaryOp::Tanh: return tanh(x);
       case UnaryOp::Sigmoid: return C(1) / (C(1) + exp(-x));
+      case UnaryOp::Silu: return x / (C(1) + exp(-x));
       case UnaryOp::AddScalar: return x + s0;
       case UnaryOp::MulScalar: return x * s0;
       case UnaryOp::RSubScalar: return s0 - x;
@@ -252,6 +253,11 @@ void cuda_unary_backward(UnaryBackwardOp op, const Tensor& grad, const Tensor& s
                               case UnaryBackwardOp::Relu: r = x > 0 ? g : C(0); break;
                               case UnaryBackwardOp::Tanh: r = g * (C(1) - x * x); break;
                               case UnaryBackwardOp::Sigmoid: r = g * x * (C(1) - x); break;
+                              case UnaryBackwardOp::Silu: {
+                                const C s = C(1) / (C(1) + exp(-x));
+                                r = g * s * (C(1) + x * (C(1) - s));
+                                break;
+                              }
                               case UnaryBackwardOp::GeluErf: {
                                 const C cdf = C(0.5) * (C(1) + erf(x * C(0.7071067811865476)));
                                 const C pdf = exp(C(-0.5) * x * x) * C(0.3989422804014327);
