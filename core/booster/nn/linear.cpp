@@ -21,6 +21,17 @@ Linear::Linear(int64_t in, int64_t out, bool with_bias, Generator* gen)
   }
 }
 
+Linear::Linear(Tensor w, Tensor b) {
+  BOOSTER_CHECK(w.defined() && w.dim() == 2 && w.size(0) > 0 && w.size(1) > 0, ShapeError,
+                "Linear: expected a weight [out_features, in_features], got ", w.defined() ? str(w.shape()) : "none");
+  BOOSTER_CHECK(!b.defined() || (b.dim() == 1 && b.size(0) == w.size(0)), ShapeError, "Linear: bias of shape ",
+                b.defined() ? str(b.shape()) : "", " does not match the weight's ", w.size(0), " output features");
+  in_features = w.size(1);
+  out_features = w.size(0);
+  weight = register_parameter("weight", std::move(w));
+  if (b.defined()) bias = register_parameter("bias", std::move(b));
+}
+
 Tensor Linear::forward(const Tensor& x) {
   BOOSTER_CHECK(x.dim() >= 1 && x.size(-1) == in_features, ShapeError, "Linear: expected input [..., ",
                 in_features, "], got shape ", x.shape());

@@ -12,6 +12,10 @@ class Linear : public Module {
   // U(-1/sqrt(in), 1/sqrt(in)), and the same bound for the bias. Weight first, then bias, from gen
   // (the default generator when null).
   Linear(int64_t in_features, int64_t out_features, bool bias = true, Generator* gen = nullptr);
+  // A layer over existing tensors: weight [out, in] and bias [out] (or undefined) become its parameters
+  // themselves, not copies. Weight tying: a language model's head over its embedding's table, one
+  // tensor listed once by named_parameters() (under its first name) and updated once per step.
+  explicit Linear(Tensor weight, Tensor bias = Tensor());
 
   Tensor forward(const Tensor& x) override;
   std::string name() const override { return "Linear"; }
