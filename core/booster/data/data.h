@@ -1,5 +1,6 @@
-// The data layer: datasets, samplers, the DataLoader (PyTorch's torch.utils.data semantics), and the
-// readers of data files (Fashion-MNIST's IDX, NumPy's .npy/.npz, CSV) with the data sets built on them.
+// The data layer: datasets, samplers, the DataLoader (PyTorch's torch.utils.data semantics), the
+// readers of data files (Fashion-MNIST's IDX, NumPy's .npy/.npz, CSV, token files) with the data sets
+// built on them, and the SentencePiece tokenizer.
 #pragma once
 
 #include "booster/data/csv.h"
@@ -10,3 +11,5 @@
 #include "booster/data/npy.h"
 #include "booster/data/sampler.h"
 #include "booster/data/synthetic.h"
+#include "booster/data/tokenizer.h"
+#include "booster/data/tokens.h"
