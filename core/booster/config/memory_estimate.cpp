@@ -118,7 +118,9 @@ MemoryEstimate estimate_memory(const json& c, int world_size) {
     const int64_t heads = model.at("heads").get<int64_t>();
     const int64_t per_block = 2 * 2 * w + (w * 3 * w + 3 * w) + (w * w + w) + (w * 4 * w + 4 * w) + (4 * w * w + w);
     e.parameters = v * w + ctx * w + L * per_block + 2 * w + w * v;
-    const int64_t T = data.contains("context") ? data.at("context").get<int64_t>() : ctx;
+    const int64_t T = data.contains("context")   ? data.at("context").get<int64_t>()
+                      : data.contains("seq_len") ? data.at("seq_len").get<int64_t>()  // token data
+                                                 : ctx;
     const double per_token = double(L) * (17.0 * double(w) + 2.5 * double(heads) * double(T)) + 3.0 * double(w) + 2.0 * double(v);
     activation_elements = int64_t(std::llround(double(batch * T) * per_token));
     activation_detail = "gpt, batch " + std::to_string(batch) + " x " + std::to_string(T) + " tokens";

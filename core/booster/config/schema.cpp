@@ -10,6 +10,8 @@
 #include "booster/common/error.h"
 #include "booster/config/training.h"
 #include "booster/data/file_dataset.h"
+#include "booster/data/tokenizer.h"
+#include "booster/data/tokens.h"
 #include "booster/nn/model_registry.h"
 #include "booster/plugin/loader.h"
 
@@ -275,7 +277,8 @@ std::vector<Section> make_training_schema() {
   // ------------------------------------------------------------------------------------- data
   schema.push_back(Section{
       "data",
-      "{\"type\": \"fashion_mnist\" | \"synthetic\" | \"text\" | \"npy\" | \"safetensors\" | \"csv\", \"batch_size\": ...}",
+      "{\"type\": \"fashion_mnist\" | \"synthetic\" | \"text\" | \"tokens\" | \"npy\" | \"safetensors\" | \"csv\", "
+      "\"batch_size\": ...}",
       {
           integer("batch_size", 128, 1),
           integer("eval_batch_size", 1000, 1),
@@ -301,6 +304,16 @@ std::vector<Section> make_training_schema() {
                text("path", std::nullopt, {}, "a text file read as bytes, one token per byte"),
                integer("context", 128, 1),
                number("test_fraction", 0.1, 0.0, 1.0, false, true),
+               optional_text("tokenizer", nullptr,
+                             "a SentencePiece .model: the text's token ids instead of its bytes; null: bytes"),
+           }},
+          // Note [Token files] in booster/data/tokens.h.
+          {"tokens",
+           {
+               text("path", std::nullopt, {}, "a token file: flat token ids (nanoGPT's .bin) or an llm.c shard"),
+               optional_text("val_path", nullptr, "the validation token file; null: no evaluation"),
+               text("dtype", "uint16", {"uint16", "uint32"}, "the ids of a flat file; an llm.c shard says its own"),
+               integer("seq_len", 128, 1, std::nullopt, "tokens per sample; sample i is tokens [i*seq_len, (i+1)*seq_len]"),
            }},
           // Note [File data] in booster/data/file_dataset.h; the checks across keys are in
           // config::file_data_options (training.cpp).
@@ -470,6 +483,41 @@ void check_file_data(const json& c, bool classifier) {
                 " features each; set 'model.in' to ", features);
 }
 
+// Note [Checking token data]
+// Text and token data are checked against the model while the config is resolved, so `booster check`
+// reports them: a tokenizer is loaded (a missing or corrupt .model is a DataError naming it) and its
+// vocabulary must fit the model's; token files are mapped, their layout checked and, when small, every
+// id checked against the model's vocabulary (Note [Checking token ids] in booster/data/tokens.h). Only
+// the built-in GPT's context is known here; other models check their own.
+void check_token_data(const json& c, bool gpt) {
+  const json& model = c.at("model");
+  const json& data = c.at("data");
+  const std::string data_type = data.at("type").get<std::string>();
+  const int64_t vocab = model_vocab_size(model);
+  const char* length_key = data_type == "tokens" ? "seq_len" : "context";
+  if (gpt && data.at(length_key).get<int64_t>() > model.at("context").get<int64_t>())
+    throw ConfigError("'data." + std::string(length_key) + "' is " + data.at(length_key).dump() +
+                      " but 'model.context' is " + model.at("context").dump() +
+                      "; the model cannot see more tokens than its context");
+  if (data_type == "text") {
+    if (data.at("tokenizer").is_string()) {
+      const data::SentencePieceTokenizer tokenizer(data.at("tokenizer").get<std::string>());
+      if (vocab > 0 && vocab < tokenizer.vocab_size())
+        throw ConfigError("'model.vocab_size' is " + std::to_string(vocab) + " but the tokenizer " + tokenizer.path() +
+                          " has " + std::to_string(tokenizer.vocab_size()) + " ids; set 'model.vocab_size' to at least " +
+                          std::to_string(tokenizer.vocab_size()));
+    } else if (gpt && vocab < 256) {
+      throw ConfigError("'model.vocab_size' is " + std::to_string(vocab) +
+                        "; text data has one token per byte, so it must be >= 256 (or give 'data.tokenizer')");
+    }
+    return;
+  }
+  const data::TokenDType dtype = data::token_dtype_from_string(data.at("dtype").get<std::string>());
+  const data::TokenDatasetOptions samples{.seq_len = data.at("seq_len").get<int64_t>(), .vocab_size = vocab};
+  data::token_file_dataset(data.at("path").get<std::string>(), dtype, samples);
+  if (data.at("val_path").is_string()) data::token_file_dataset(data.at("val_path").get<std::string>(), dtype, samples);
+}
+
 }  // namespace
 
 void check_training_config(const json& c) {
@@ -486,19 +534,14 @@ void check_training_config(const json& c) {
   const bool builtin_model = std::find(builtins.begin(), builtins.end(), model_type) != builtins.end();
   const bool classifier = model_type == "mlp" || model_type == "linear";
   const bool image_classifier = model_type == "cnn";
-  if (data_type == "text") {
-    if (builtin_model && model_type != "gpt") fail("'data.type' \"text\" needs a language model: set 'model.type' to \"gpt\" (it is \"" + model_type + "\")");
-    if (criterion != "cross_entropy") fail("'criterion.type' must be \"cross_entropy\" for text data (it is \"" + criterion + "\")");
-    if (model_type == "gpt") {
-      if (model.at("vocab_size").get<int64_t>() < 256)
-        fail("'model.vocab_size' is " + num(model.at("vocab_size")) + "; text data has one token per byte, so it must be >= 256");
-      if (data.at("context").get<int64_t>() > model.at("context").get<int64_t>())
-        fail("'data.context' is " + num(data.at("context")) + " but 'model.context' is " + num(model.at("context")) +
-             "; the model cannot see more tokens than its context");
-    }
+  if (data_type == "text" || data_type == "tokens") {
+    const bool language_model = model_type == "gpt" || model_type == "llama" || model_type == "hf";
+    if (builtin_model && !language_model) fail("'data.type' \"" + data_type + "\" needs a language model: set 'model.type' to \"gpt\" (it is \"" + model_type + "\")");
+    if (criterion != "cross_entropy") fail("'criterion.type' must be \"cross_entropy\" for " + data_type + " data (it is \"" + criterion + "\")");
+    check_token_data(c, model_type == "gpt");
   } else {
     if (model_type == "gpt")
-      fail("'model.type' \"" + model_type + "\" needs token data: set 'data.type' to \"text\", or use \"mlp\" for \"" + data_type + "\"");
+      fail("'model.type' \"" + model_type + "\" needs token data: set 'data.type' to \"text\" or \"tokens\", or use \"mlp\" for \"" + data_type + "\"");
     if (is_file_data(data_type)) {
       check_file_data(c, classifier);
     } else if (image_classifier) {

@@ -9,6 +9,8 @@
 #include "booster/common/error.h"
 #include "booster/data/fashion_mnist.h"
 #include "booster/data/synthetic.h"
+#include "booster/data/tokenizer.h"
+#include "booster/data/tokens.h"
 #include "booster/ops/ops.h"
 
 namespace booster::config {
@@ -78,7 +80,7 @@ Criterion make_criterion(const json& criterion) {
   BOOSTER_FAIL(ConfigError, "'criterion.type' is \"", type, "\"; expected one of 'cross_entropy', 'mse'");
 }
 
-DataSplits make_datasets(const json& cfg, uint64_t seed) {
+DataSplits make_datasets(const json& cfg, uint64_t seed, int64_t vocab_size) {
   const std::string type = cfg.at("type").get<std::string>();
   DataSplits split;
   if (type == "fashion_mnist") {
@@ -104,6 +106,54 @@ DataSplits make_datasets(const json& cfg, uint64_t seed) {
                             " features, ", classes, " classes");
     return split;
   }
+  if (type == "text" && cfg.value("tokenizer", json()).is_string()) {
+    const std::string path = cfg.at("path").get<std::string>();
+    const int64_t context = cfg.at("context").get<int64_t>();
+    const double test_fraction = cfg.at("test_fraction").get<double>();
+    const data::SentencePieceTokenizer tokenizer(cfg.at("tokenizer").get<std::string>());
+    std::vector<uint32_t> ids = tokenizer.encode_lines(read_file_bytes(path));
+    const int64_t n_test = int64_t(double(ids.size()) * test_fraction);
+    const int64_t n_train = int64_t(ids.size()) - n_test;
+    BOOSTER_CHECK(n_train > context, DataError, "text data: '", path, "' tokenized by ", tokenizer.path(), " has ",
+                  n_train, " training tokens, fewer than data.context + 1 = ", context + 1,
+                  "; use a longer file or a shorter context");
+    // Every window, as with bytes (Note [Token samples]); the test split counts each token once.
+    const data::TokenDatasetOptions windows{.seq_len = context, .stride = 1, .vocab_size = vocab_size};
+    const std::string name = path + " (tokenized by " + tokenizer.path() + ")";
+    std::vector<uint32_t> test_ids(ids.begin() + n_train, ids.end());
+    ids.resize(size_t(n_train));
+    split.train = std::make_shared<data::TokenDataset>(data::TokenSource::from_ids(std::move(ids), name), windows);
+    if (n_test > context) {
+      split.test = std::make_shared<data::TokenDataset>(
+          data::TokenSource::from_ids(std::move(test_ids), name + ", test split"), windows);
+      split.eval_stride = context;
+    }
+    split.tokens_per_sample = context;
+    split.language_model = true;
+    split.description = str("text ", path, " tokenized by ", tokenizer.path(), " (vocabulary ", tokenizer.vocab_size(),
+                            "): ", n_train, " train tokens, ", n_test, " test tokens, context ", context);
+    return split;
+  }
+  if (type == "tokens") {
+    const int64_t seq_len = cfg.at("seq_len").get<int64_t>();
+    const data::TokenDType dtype = data::token_dtype_from_string(cfg.at("dtype").get<std::string>());
+    const data::TokenDatasetOptions samples{.seq_len = seq_len, .vocab_size = vocab_size};
+    auto train = data::token_file_dataset(cfg.at("path").get<std::string>(), dtype, samples);
+    auto describe = [&](const data::TokenDataset& d) {
+      return str(d.source().name(), ": ", d.source().size(), " ", to_string(d.source().dtype()), " tokens",
+                 d.source().llmc() ? " (llm.c shard)" : "", ", ", d.size(), " samples");
+    };
+    split.description = str("tokens ", describe(*train), ", seq_len ", seq_len);
+    split.train = train;
+    if (cfg.at("val_path").is_string()) {
+      auto val = data::token_file_dataset(cfg.at("val_path").get<std::string>(), dtype, samples);
+      split.description += str("; val ", describe(*val));
+      split.test = val;
+    }
+    split.tokens_per_sample = seq_len;
+    split.language_model = true;
+    return split;
+  }
   if (type == "text") {
     const std::string path = cfg.at("path").get<std::string>();
     const int64_t context = cfg.at("context").get<int64_t>();
@@ -119,6 +169,7 @@ DataSplits make_datasets(const json& cfg, uint64_t seed) {
       split.eval_stride = context;
     }
     split.tokens_per_sample = context;
+    split.language_model = true;
     split.description = str("text ", path, ": ", n_train_bytes, " train bytes, ", n_test_bytes, " test bytes, context ",
                             context);
     return split;
@@ -131,7 +182,21 @@ DataSplits make_datasets(const json& cfg, uint64_t seed) {
     return split;
   }
   BOOSTER_FAIL(ConfigError, "'data.type' is \"", type,
-               "\"; expected one of 'fashion_mnist', 'synthetic', 'text', 'npy', 'safetensors', 'csv'");
+               "\"; expected one of 'fashion_mnist', 'synthetic', 'text', 'tokens', 'npy', 'safetensors', 'csv'");
+}
+
+int64_t model_vocab_size(const json& model) {
+  if (model.contains("vocab_size") && model.at("vocab_size").is_number_integer())
+    return model.at("vocab_size").get<int64_t>();
+  if (model.value("type", json()) == "hf" && model.value("path", json()).is_string()) {
+    // A Hugging Face model directory: its config.json names the vocabulary. Unreadable here is not an
+    // error: the model's own loader reports it.
+    std::ifstream in(model.at("path").get<std::string>() + "/config.json");
+    const json config = json::parse(in, nullptr, /*allow_exceptions=*/false);
+    if (config.is_object() && config.value("vocab_size", json()).is_number_integer())
+      return config.at("vocab_size").get<int64_t>();
+  }
+  return 0;
 }
 
 bool is_file_data(const std::string& type) { return type == "npy" || type == "safetensors" || type == "csv"; }
@@ -243,13 +308,13 @@ std::unique_ptr<optim::LRScheduler> make_lr_scheduler(const json& lr_scheduler, 
 //    its end (a cosine climbs back up). Only a longer run is refused: a shorter one is an exact prefix.
 // Left out because they may legitimately change: max_steps and epochs when the schedule does not
 // depend on them (extending a run), max_grad_norm and the evaluation and logging settings (getting
-// past a loss spike, watching more closely), data.dir and data.path (the data moved),
+// past a loss spike, watching more closely), data.dir, data.path and data.val_path (the data moved),
 // data.eval_batch_size and the device.
 nlohmann::json trajectory_settings(const nlohmann::json& config, int64_t total_steps) {
   using nlohmann::json;
   const json& train = config.at("train");
   json data = config.at("data");
-  for (const char* may_change : {"dir", "path", "eval_batch_size"}) data.erase(may_change);
+  for (const char* may_change : {"dir", "path", "val_path", "eval_batch_size"}) data.erase(may_change);
   json model = config.at("model");
   model.erase("init_from");
   json settings = {{"train.seed", train.at("seed")},

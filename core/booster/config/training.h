@@ -35,18 +35,30 @@ struct DataSplits {
   // Items of the test split to evaluate: every `eval_stride`-th. Overlapping windows of a text would
   // count each character `context` times; a stride of `context` counts each once.
   int64_t eval_stride = 1;
-  int64_t tokens_per_sample = 1;  // `context` for text, 1 for classification
+  int64_t tokens_per_sample = 1;  // `context` for text, `seq_len` for tokens, 1 for classification
+  // Next-token prediction (text, tokens): evaluation reports perplexity too (TrainerOptions::perplexity).
+  bool language_model = false;
   std::string description;       // "Fashion-MNIST: 60000 train, 10000 test", for the log
 };
 
 // From the resolved `data` section:
 //  * fashion_mnist: the train/test splits from `dir` (normalized unless normalize = false);
 //  * synthetic: num_samples + num_test_samples gaussian-blob points (same blobs in both splits);
-//  * text: byte windows of `path`; the last test_fraction of the file is the test split;
+//  * text: byte windows of `path`; the last test_fraction of the file is the test split; with a
+//    `tokenizer` (a SentencePiece .model), windows of its token ids instead (Note [Encoding a text] in
+//    booster/data/tokenizer.h), the last test_fraction of the ids the test split;
+//  * tokens: samples of seq_len tokens of the token file `path` (Note [Token files] in
+//    booster/data/tokens.h), `val_path`'s the test split;
 //  * npy, safetensors, csv: a user's files (Note [File data] in booster/data/file_dataset.h), the
 //    test_fraction split drawn with `seed`.
-// DataError (naming the file) when the data cannot be read.
-DataSplits make_datasets(const nlohmann::json& data, uint64_t seed);
+// `vocab_size`, the model's vocabulary (model_vocab_size), bounds the ids of token data (Note [Checking
+// token ids]); 0: not checked. DataError (naming the file) when the data cannot be read.
+DataSplits make_datasets(const nlohmann::json& data, uint64_t seed, int64_t vocab_size = 0);
+
+// The vocabulary of a resolved `model` section: its integer "vocab_size" (gpt, and any model that
+// names its vocabulary so), else "vocab_size" of "config.json" in the directory `path` of an "hf" model;
+// 0 when neither says.
+int64_t model_vocab_size(const nlohmann::json& model);
 
 // Whether `data.type` names files a user has ("npy", "safetensors", "csv").
 bool is_file_data(const std::string& type);
