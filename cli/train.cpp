@@ -85,7 +85,7 @@ int run_training(const json& config, BoosterComponents components, const Trainin
   Booster booster(std::move(components));
 
   // Data: this process's share (every rank its own part under data parallelism).
-  const config::DataSplits split = config::make_datasets(data_cfg, seed);
+  const config::DataSplits split = config::make_datasets(data_cfg, seed, config::model_vocab_size(config.at("model")));
   data::DataLoaderOptions loader_options;
   loader_options.batch_size = data_cfg.at("batch_size").get<int64_t>();
   loader_options.shuffle = data_cfg.at("shuffle").get<bool>();
@@ -118,6 +118,7 @@ int run_training(const json& config, BoosterComponents components, const Trainin
   options.config = config;
   options.data_description = split.description;
   options.tokens_per_sample = split.tokens_per_sample;
+  options.perplexity = split.language_model;
   options.load_options = {.context = "train.resume", .restore_hint = restore_with_set,
                           .run_length_setting = "train.max_steps",
                           .verify = train_cfg.at("verify_checkpoints").get<bool>(),

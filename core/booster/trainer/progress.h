@@ -18,7 +18,8 @@
 // * stdout is for programs: its last line is the run's summary as one JSON object.
 // * The run directory (`train.run_dir`) holds metrics.jsonl, one JSON object per line (MetricsLog):
 //     {"kind": "train", "step", "epoch", "loss", "lr", "loss_scale", "skipped", "samples_per_second", "time"}
-//     {"kind": "eval", "step", "test_loss", "test_accuracy", "samples", "time"}
+//     {"kind": "eval", "step", "test_loss", "test_accuracy", "samples", "time"} (and "val_loss", "val_ppl"
+//       for a language model: Note [Perplexity] in trainer.cpp)
 //     {"kind": "skipped", "step", "loss_scale", "first_nonfinite": {"module", "type", "pass", "tensor"} | null}
 //     {"kind": "diagnostics", "step", "loss_scale", "modules": [per-module statistics]}
 //   for every logged step, every evaluation, every skipped step (TrainerOptions::diagnostics.name_nonfinite)

@@ -105,8 +105,20 @@ void truncate_metrics_after(const fs::path& file, int64_t step, trainer::Progres
   checkpoint::write_text_file_atomically(file, kept);
 }
 
+// Note [Perplexity]
+// ~~~~~~~~~~~~~~~~~
+// A language model's evaluation is also reported as nanoGPT and llm.c report it: val_loss, the mean
+// cross-entropy per target token (the same number as test_loss, which every evaluation record keeps so
+// that one reader serves all data), and val_ppl = exp(val_loss), the perplexity. It is a perplexity in
+// the strict sense only for the plain loss: with label smoothing the criterion is not the negative
+// log-likelihood, and the figure is exp of what the criterion measured.
 json evaluation_json(const trainer::Evaluation& e, int64_t step) {
-  return {{"step", step}, {"test_loss", e.loss}, {"test_accuracy", e.accuracy}, {"samples", e.samples}};
+  json out = {{"step", step}, {"test_loss", e.loss}, {"test_accuracy", e.accuracy}, {"samples", e.samples}};
+  if (e.perplexity) {
+    out["val_loss"] = e.loss;
+    out["val_ppl"] = *e.perplexity;
+  }
+  return out;
 }
 
 }  // namespace
@@ -165,6 +177,10 @@ json FitResult::to_json() const {
   if (evaluation) {
     out["test_loss"] = evaluation->loss;
     out["test_accuracy"] = evaluation->accuracy;
+    if (evaluation->perplexity) {  // Note [Perplexity]
+      out["val_loss"] = evaluation->loss;
+      out["val_ppl"] = *evaluation->perplexity;
+    }
   }
   out["run_dir"] = run_dir ? json(run_dir->string()) : json(nullptr);
   out["resumed_from"] = resumed_from ? json(resumed_from->string()) : json(nullptr);
@@ -248,7 +264,10 @@ void Trainer::set_eval_data(data::DatasetPtr dataset, int64_t stride) {
 trainer::Evaluation Trainer::evaluate() {
   BOOSTER_CHECK(eval_data_ != nullptr, StateError, "Trainer::evaluate: no eval data; call set_eval_data first");
   const Boosted& parts = booster_.boosted();
-  return trainer::evaluate(*parts.model, *eval_data_, parts.criterion, options_.eval_batch_size, eval_stride_);
+  trainer::Evaluation e =
+      trainer::evaluate(*parts.model, *eval_data_, parts.criterion, options_.eval_batch_size, eval_stride_);
+  if (options_.perplexity) e.perplexity = std::exp(e.loss);
+  return e;
 }
 
 void Trainer::report_skipped_step(int64_t step, const diagnostics::Tracer* tracer) {
@@ -271,9 +290,14 @@ void Trainer::run_evaluation(int64_t step) {
   if (!eval_data_) return;
   const double t0 = now_seconds();
   const trainer::Evaluation result = evaluate();
-  progress_->print(format_line("eval  step %6lld | test loss %.4f | test accuracy %.2f%% | %lld samples in %.2fs",
-                               static_cast<long long>(step), result.loss, 100.0 * result.accuracy,
-                               static_cast<long long>(result.samples), now_seconds() - t0));
+  if (result.perplexity)
+    progress_->print(format_line("eval  step %6lld | val loss %.4f | val ppl %.2f | %lld samples in %.2fs",
+                                 static_cast<long long>(step), result.loss, *result.perplexity,
+                                 static_cast<long long>(result.samples), now_seconds() - t0));
+  else
+    progress_->print(format_line("eval  step %6lld | test loss %.4f | test accuracy %.2f%% | %lld samples in %.2fs",
+                                 static_cast<long long>(step), result.loss, 100.0 * result.accuracy,
+                                 static_cast<long long>(result.samples), now_seconds() - t0));
   position_.evaluation = evaluation_json(result, step);
   json record = {{"kind", "eval"}};
   record.update(position_.evaluation);
@@ -592,6 +616,8 @@ FitResult Trainer::fit() {
     e.loss = position_.evaluation.value("test_loss", 0.0);
     e.accuracy = position_.evaluation.value("test_accuracy", 0.0);
     e.samples = position_.evaluation.value("samples", int64_t(0));
+    if (position_.evaluation.value("val_ppl", json()).is_number())
+      e.perplexity = position_.evaluation.at("val_ppl").get<double>();
     result.evaluation = e;
   }
   result.run_dir = run_dir_;

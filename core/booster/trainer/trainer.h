@@ -52,6 +52,8 @@ struct Evaluation {
   double loss = 0.0;      // mean over the evaluated targets
   double accuracy = 0.0;  // fraction of targets whose argmax over the last dim is right (classification)
   int64_t samples = 0;
+  // exp(loss) of a language model's evaluation (TrainerOptions::perplexity; Note [Perplexity]).
+  std::optional<double> perplexity;
 };
 
 // Evaluates `model` on every `stride`-th item of `dataset` in eval mode under NoGradGuard, `batch_size`
@@ -113,6 +115,9 @@ struct TrainerOptions {
   std::string data_description;
   // Tokens per sample (a language model's context) for a tokens/s figure; 1: none.
   int64_t tokens_per_sample = 1;
+  // The eval data is next-token prediction: evaluations also report val_loss and val_ppl = exp(val_loss)
+  // in metrics.jsonl, on the progress output and in the summary (Note [Perplexity] in trainer.cpp).
+  bool perplexity = false;
   DiagnosticsOptions diagnostics;
   // Progress display; default Progress::detect() (a bar on a terminal, lines otherwise, silent off rank 0).
   std::optional<trainer::Progress::Mode> progress;
