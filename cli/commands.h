@@ -59,6 +59,10 @@ int run(const std::vector<std::string>& args);
 int plugins();
 int compat(const std::string& device);
 
+// `booster tokenize --model tok.model --in text.txt --out train.bin [--val-fraction F]` (tokenize.cpp): a
+// text to token files with a SentencePiece model. `args` follow the subcommand.
+int tokenize(const std::vector<std::string>& args);
+
 // `booster bench --workload mlp|gpt ...` (bench.cpp): times training steps, prints one line of JSON.
 // `args` follow the subcommand.
 int bench(const std::vector<std::string>& args);

@@ -41,6 +41,7 @@ constexpr const char* kUsage =
     "  plugins     list the parallel plugins with their devices, precisions and options\n"
     "  compat      print the compatibility matrix of strategies and plugins [--device cpu|cuda]\n"
     "  bench       time training steps: booster bench --workload mlp|gpt [--precision NAME]\n"
+    "  tokenize    encode a text with a SentencePiece model: booster tokenize --model M --in TEXT --out FILE\n"
     "\n"
     "options:\n"
     "  -h, --help     show this help (or `booster <command> --help`)\n"
@@ -294,8 +295,9 @@ int run(int argc, char** argv) {
     return booster::cli::compat(device);
   }
   if (command == "bench") return booster::cli::bench(rest);
+  if (command == "tokenize") return booster::cli::tokenize(rest);
   std::string msg = "unknown command '" + command + "'";
-  if (auto guess = booster::config::nearest(command, {"train", "check", "doctor", "run", "plot", "precisions", "plugins", "compat", "bench"})) msg += "; did you mean '" + *guess + "'?";
+  if (auto guess = booster::config::nearest(command, {"train", "check", "doctor", "run", "plot", "precisions", "plugins", "compat", "bench", "tokenize"})) msg += "; did you mean '" + *guess + "'?";
   throw UsageError(msg + " (see booster --help)");
 }
 

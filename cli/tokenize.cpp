@@ -1,0 +1,117 @@
+// `booster tokenize`: a text file to token files with a SentencePiece model, for data.type "tokens".
+//
+//   booster tokenize --model tok.model --in corpus.txt --out train.bin [--val-fraction 0.05]
+//                    [--val-out val.bin] [--dtype uint16|uint32] [--no-eos]
+//
+// The text is encoded line by line with each line's end marked by the model's </s> (Note [Encoding a
+// text] in booster/data/tokenizer.h). With --val-fraction F the last F of the ids go to the validation
+// file: --val-out, by default OUT with its extension replaced by ".val.bin" (train.bin -> train.val.bin),
+// and the rest to OUT. Files are flat token ids (nanoGPT's .bin, Note [Token files]), uint16 when the
+// vocabulary fits (at most 65536 ids), else uint32. What was written goes to stderr as a sentence and to
+// stdout as one line of JSON: {"train": {"path", "tokens"}, "val": {...} | null, "dtype", "vocab_size",
+// "model"}.
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <boost/program_options.hpp>
+#include <nlohmann/json.hpp>
+
+#include "booster/common/error.h"
+#include "booster/data/tokenizer.h"
+#include "booster/data/tokens.h"
+#include "commands.h"
+
+namespace po = boost::program_options;
+
+namespace booster::cli {
+namespace {
+
+// train.bin -> train.val.bin, beside it.
+std::string default_val_path(const std::string& out) {
+  const std::filesystem::path p(out);
+  return (p.parent_path() / (p.stem().string() + ".val.bin")).string();
+}
+
+}  // namespace
+
+int tokenize(const std::vector<std::string>& args) {
+  po::options_description desc(
+      "usage: booster tokenize --model tok.model --in text.txt --out train.bin [--val-fraction F]\n\n"
+      "Encodes a text file with a SentencePiece model into token files for data.type \"tokens\" (flat\n"
+      "token ids, nanoGPT's .bin); each line is followed by the model's </s>.\n\noptions");
+  desc.add_options()
+      ("help,h", "show this help")
+      ("model,m", po::value<std::string>()->value_name("FILE"), "the SentencePiece .model (spm_train writes one)")
+      ("in,i", po::value<std::string>()->value_name("FILE"), "the text to encode")
+      ("out,o", po::value<std::string>()->value_name("FILE"), "the training token file to write")
+      ("val-fraction", po::value<double>()->default_value(0.0)->value_name("F"),
+       "the last F of the tokens go to a validation file (0 <= F < 1)")
+      ("val-out", po::value<std::string>()->value_name("FILE"),
+       "the validation file (default: OUT with the extension .val.bin)")
+      ("dtype", po::value<std::string>()->value_name("uint16|uint32"),
+       "the token type (default: uint16 when the vocabulary has at most 65536 ids, else uint32)")
+      ("no-eos", "do not mark line ends with </s>");
+  po::variables_map vm;
+  po::store(po::command_line_parser(args).options(desc).run(), vm);
+  po::notify(vm);
+  if (vm.count("help")) {
+    std::cout << desc;
+    return kExitOk;
+  }
+  for (const char* required : {"model", "in", "out"})
+    BOOSTER_CHECK(vm.count(required), ConfigError, "'booster tokenize' needs --", required,
+                  " (see booster tokenize --help)");
+  const std::string model = vm["model"].as<std::string>(), in = vm["in"].as<std::string>(),
+                    out = vm["out"].as<std::string>();
+  const double val_fraction = vm["val-fraction"].as<double>();
+  BOOSTER_CHECK(val_fraction >= 0.0 && val_fraction < 1.0, ConfigError, "--val-fraction ", val_fraction,
+                ": expected a fraction in [0, 1)");
+  BOOSTER_CHECK(!vm.count("val-out") || val_fraction > 0.0, ConfigError,
+                "--val-out is given but --val-fraction is 0; give a fraction for the validation file");
+  const std::string val_out = vm.count("val-out") ? vm["val-out"].as<std::string>() : default_val_path(out);
+  BOOSTER_CHECK(val_fraction == 0.0 || val_out != out, ConfigError, "--val-out ", val_out,
+                " is the same file as --out; give another");
+
+  const data::SentencePieceTokenizer tokenizer(model);
+  data::TokenDType dtype = tokenizer.vocab_size() <= 65536 ? data::TokenDType::UInt16 : data::TokenDType::UInt32;
+  if (vm.count("dtype")) {
+    dtype = data::token_dtype_from_string(vm["dtype"].as<std::string>());
+    BOOSTER_CHECK(dtype == data::TokenDType::UInt32 || tokenizer.vocab_size() <= 65536, ConfigError,
+                  "--dtype uint16 cannot hold the ", tokenizer.vocab_size(), " ids of ", model, "; use --dtype uint32");
+  }
+
+  std::ifstream text_file(in, std::ios::binary);
+  BOOSTER_CHECK(text_file.good(), DataError, "booster tokenize: cannot open --in ", in, ": ", std::strerror(errno));
+  std::stringstream text;
+  text << text_file.rdbuf();
+  BOOSTER_CHECK(!text_file.bad(), DataError, "booster tokenize: error while reading ", in);
+  std::vector<uint32_t> ids = tokenizer.encode_lines(text.str(), /*eos=*/!vm.count("no-eos"));
+  BOOSTER_CHECK(!ids.empty(), DataError, "booster tokenize: ", in, " gave no tokens (an empty file?)");
+
+  const size_t n_val = size_t(double(ids.size()) * val_fraction);
+  BOOSTER_CHECK(val_fraction == 0.0 || n_val > 0, DataError, "booster tokenize: --val-fraction ", val_fraction, " of the ",
+                ids.size(), " tokens of ", in, " is less than one token; give a larger fraction or a longer text");
+  std::vector<uint32_t> val(ids.end() - std::ptrdiff_t(n_val), ids.end());
+  ids.resize(ids.size() - n_val);
+  data::write_token_file(out, ids, dtype);
+  if (n_val > 0) data::write_token_file(val_out, val, dtype);
+
+  std::cerr << "booster: wrote " << out << " (" << ids.size() << " " << data::to_string(dtype) << " tokens)";
+  if (n_val > 0) std::cerr << " and " << val_out << " (" << n_val << " tokens)";
+  std::cerr << " from " << in << " with " << model << " (vocabulary " << tokenizer.vocab_size() << ")\n";
+  nlohmann::json summary = {{"train", {{"path", out}, {"tokens", ids.size()}}},
+                            {"val", n_val > 0 ? nlohmann::json{{"path", val_out}, {"tokens", n_val}} : nlohmann::json()},
+                            {"dtype", data::to_string(dtype)},
+                            {"vocab_size", tokenizer.vocab_size()},
+                            {"model", model}};
+  std::cout << summary.dump() << std::endl;
+  return kExitOk;
+}
+
+}  // namespace booster::cli

@@ -1,0 +1,244 @@
+// Token data through the `booster` program: `booster tokenize` with a SentencePiece model trained here
+// by spm_train (its ids checked against spm_encode's, an implementation not ours), then `booster check`
+// and `booster train` of the GPT on the token files, whose evaluations report val_loss and val_ppl;
+// every malformed input is one line on stderr and a non-zero exit.
+#include <catch2/catch.hpp>
+
+#include "skip.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "run_booster.h"
+
+namespace fs = std::filesystem;
+using Catch::Contains;
+using nlohmann::json;
+using testing::read_text;
+using testing::RunResult;
+
+namespace {
+
+const fs::path kCorpus = "/usr/share/common-licenses/GPL-3";
+
+fs::path scratch_dir() { return testing::scratch_dir("test_cli_tokens"); }
+
+RunResult run_booster(const std::string& args) { return testing::run_booster_in(scratch_dir(), args); }
+
+bool have(const char* program) { return std::system(("command -v " + std::string(program) + " >/dev/null 2>&1").c_str()) == 0; }
+
+// Why the tests cannot run here, or "" when they can.
+std::string missing_tools() {
+  if (!have("spm_train") || !have("spm_encode")) return "spm_train/spm_encode (Debian's sentencepiece) are missing";
+  if (!fs::exists(kCorpus)) return kCorpus.string() + " is missing";
+  return "";
+}
+
+// A 300-piece BPE model of the GPL, trained once per test process.
+fs::path tokenizer_model() {
+  const fs::path prefix = scratch_dir() / "gpl";
+  if (!fs::exists(prefix.string() + ".model")) {
+    const std::string cmd = "spm_train --input=" + kCorpus.string() + " --model_prefix=" + prefix.string() +
+                            " --vocab_size=300 --model_type=bpe >" + prefix.string() + ".log 2>&1";
+    REQUIRE(std::system(cmd.c_str()) == 0);
+  }
+  return prefix.string() + ".model";
+}
+
+// spm_encode's ids of a text file, each line followed by </s>: what `booster tokenize` must write.
+std::vector<uint32_t> spm_encode_ids(const fs::path& model, const fs::path& text) {
+  const fs::path out = scratch_dir() / "spm_encode.txt";
+  REQUIRE(std::system(("spm_encode --model=" + model.string() + " --output_format=id --extra_options=eos <" +
+                       text.string() + " >" + out.string())
+                          .c_str()) == 0);
+  std::ifstream in(out);
+  std::vector<uint32_t> ids;
+  uint32_t id = 0;
+  while (in >> id) ids.push_back(id);
+  return ids;
+}
+
+// The ids of a flat little-endian token file of `width` bytes each.
+std::vector<uint32_t> read_token_file(const fs::path& p, int width) {
+  const std::string bytes = read_text(p);
+  REQUIRE(bytes.size() % size_t(width) == 0);
+  std::vector<uint32_t> ids;
+  for (size_t k = 0; k < bytes.size(); k += size_t(width)) {
+    uint32_t v = 0;
+    for (int b = 0; b < width; ++b) v |= uint32_t(uint8_t(bytes[k + size_t(b)])) << (8 * b);
+    ids.push_back(v);
+  }
+  return ids;
+}
+
+fs::path write_config(const std::string& name, const json& config) {
+  const fs::path p = scratch_dir() / name;
+  std::ofstream(p) << config.dump(2);
+  return p;
+}
+
+json gpt_tokens_config(const fs::path& train, const fs::path& val, const std::string& run) {
+  return {{"model", {{"type", "gpt"}, {"vocab_size", 300}, {"context", 32}, {"width", 32}, {"layers", 1}, {"heads", 2}}},
+          {"optimizer", {{"type", "adamw"}, {"lr", 0.003}}},
+          {"data", {{"type", "tokens"}, {"path", train.string()}, {"val_path", val.string()}, {"seq_len", 32},
+                    {"batch_size", 8}, {"eval_batch_size", 64}}},
+          {"train", {{"max_steps", 6}, {"eval_every", 3}, {"log_every", 1}, {"seed", 3},
+                     {"run_dir", (scratch_dir() / run).string()}}}};
+}
+
+// A failure as the program must report it: a non-zero exit and exactly one line on stderr.
+void check_one_line_error(const RunResult& r, int exit_code, const std::vector<std::string>& must_contain) {
+  INFO("stderr: " << r.err);
+  CHECK(r.exit_code == exit_code);
+  CHECK(std::count(r.err.begin(), r.err.end(), '\n') == 1);
+  CHECK(r.err.rfind("booster: error: ", 0) == 0);
+  for (const std::string& s : must_contain) CHECK_THAT(r.err, Contains(s));
+}
+
+}  // namespace
+
+TEST_CASE("booster tokenize writes spm_encode's ids; booster train on them reports val_loss and val_ppl",
+          "[cli][tokens]") {
+  if (const std::string why = missing_tools(); !why.empty()) {
+    skip_test(why);
+    return;
+  }
+  const fs::path model = tokenizer_model();
+  const std::vector<uint32_t> reference = spm_encode_ids(model, kCorpus);
+  REQUIRE(reference.size() > 2000);
+
+  const fs::path train = scratch_dir() / "gpl.bin";
+  const RunResult r = run_booster("tokenize --model " + model.string() + " --in " + kCorpus.string() + " --out " +
+                                  train.string() + " --val-fraction 0.1");
+  INFO("stderr: " << r.err);
+  REQUIRE(r.exit_code == 0);
+  const json summary = json::parse(testing::last_line(r.out));
+  const fs::path val = scratch_dir() / "gpl.val.bin";  // OUT with the extension .val.bin
+  CHECK(summary["val"]["path"] == val.string());
+  CHECK(summary["dtype"] == "uint16");  // 300 ids fit
+  CHECK(summary["vocab_size"] == 300);
+  const size_t n_val = size_t(double(reference.size()) * 0.1);
+  CHECK(summary["train"]["tokens"] == reference.size() - n_val);
+  CHECK(summary["val"]["tokens"] == n_val);
+  CHECK_THAT(r.err, Contains(train.string()) && Contains(std::to_string(reference.size() - n_val) + " uint16 tokens"));
+  // The files hold spm_encode's ids: the first 90% and the rest.
+  std::vector<uint32_t> written = read_token_file(train, 2);
+  const std::vector<uint32_t> written_val = read_token_file(val, 2);
+  CHECK(written_val.size() == n_val);
+  written.insert(written.end(), written_val.begin(), written_val.end());
+  CHECK(written == reference);
+
+  // uint32 when asked, and without a validation file when no fraction is given.
+  const fs::path wide = scratch_dir() / "gpl32.bin";
+  REQUIRE(run_booster("tokenize -m " + model.string() + " -i " + kCorpus.string() + " -o " + wide.string() +
+                      " --dtype uint32")
+              .exit_code == 0);
+  CHECK(read_token_file(wide, 4) == reference);
+  CHECK(!fs::exists(scratch_dir() / "gpl32.val.bin"));
+
+  // check, then train: the evaluations report val_loss and val_ppl = exp(val_loss).
+  const fs::path config = write_config("tokens.json", gpt_tokens_config(train, val, "run"));
+  const RunResult checked = run_booster("check --config " + config.string());
+  INFO("check stderr: " << checked.err);
+  CHECK(checked.exit_code == 0);
+  const RunResult trained = run_booster("train --config " + config.string());
+  INFO("train stderr: " << trained.err);
+  REQUIRE(trained.exit_code == 0);
+  const json result = json::parse(testing::last_line(trained.out));
+  CHECK(result["steps"] == 6);
+  REQUIRE(result["val_loss"].is_number());
+  REQUIRE(result["val_ppl"].is_number());
+  CHECK(result["val_ppl"].get<double>() == Approx(std::exp(result["val_loss"].get<double>())).epsilon(1e-12));
+  // Untrained, a 300-way prediction costs about log(300); six steps cannot have made it much better.
+  CHECK(result["val_loss"].get<double>() > 3.0);
+  CHECK(result["val_loss"].get<double>() < 7.0);
+  CHECK(result["tokens_per_second"].is_number());
+  CHECK_THAT(trained.err, Contains("val ppl"));
+  std::istringstream metrics(read_text(scratch_dir() / "run" / "metrics.jsonl"));
+  std::string line;
+  int evals = 0;
+  while (std::getline(metrics, line)) {
+    const json record = json::parse(line);
+    if (record["kind"] != "eval") continue;
+    ++evals;
+    CHECK(record["val_ppl"].get<double>() == Approx(std::exp(record["val_loss"].get<double>())).epsilon(1e-12));
+    CHECK(record["val_loss"] == record["test_loss"]);
+    CHECK(record["samples"] == int64_t(n_val - 1) / 32);  // every val sample, each once
+  }
+  CHECK(evals == 2);  // steps 3 and 6
+}
+
+TEST_CASE("booster tokenize and token data: malformed inputs are one line and a non-zero exit", "[cli][tokens]") {
+  const std::string why = missing_tools();
+  const fs::path dir = scratch_dir();
+  std::ofstream(dir / "corrupt.model", std::ios::binary) << "not a sentencepiece model\n";
+  std::ofstream(dir / "text.txt") << "a few words\n";
+
+  // Usage mistakes: exit 2.
+  check_one_line_error(run_booster("tokenize --in " + (dir / "text.txt").string() + " --out x.bin"), 2, {"--model"});
+  check_one_line_error(run_booster("tokenize --model m --in " + (dir / "text.txt").string()), 2, {"--out"});
+  check_one_line_error(run_booster("tokenize --model m --in t --out o --val-fraction 1.5"), 2, {"--val-fraction 1.5"});
+  check_one_line_error(run_booster("tokenize --model m --in t --out o --bogus"), 2, {"bogus"});
+  // A missing or corrupt model, or a missing text: exit 1, naming the file.
+  check_one_line_error(run_booster("tokenize --model " + (dir / "absent.model").string() + " --in " +
+                                   (dir / "text.txt").string() + " --out " + (dir / "o.bin").string()),
+                       1, {(dir / "absent.model").string()});
+  check_one_line_error(run_booster("tokenize --model " + (dir / "corrupt.model").string() + " --in " +
+                                   (dir / "text.txt").string() + " --out " + (dir / "o.bin").string()),
+                       1, {(dir / "corrupt.model").string(), "not a SentencePiece model"});
+
+  // Token files that are not: each refused by check and by train, naming the file and the offset.
+  std::string odd(201, '\x05');
+  std::ofstream(dir / "odd.bin", std::ios::binary) << odd;
+  std::string good;
+  for (int k = 0; k < 400; ++k) good += std::string{char(k % 250), '\0'};
+  std::ofstream(dir / "good.bin", std::ios::binary) << good;
+  std::string lying(1024, '\0');
+  const int32_t header[3] = {20240520, 1, 1000};
+  std::memcpy(lying.data(), header, sizeof header);
+  lying += std::string(200, '\x01');  // 100 tokens, not 1000
+  std::ofstream(dir / "lying.bin", std::ios::binary) << lying;
+  std::string past = good;
+  past[2 * 77] = char(0x2c), past[2 * 77 + 1] = char(0x01);  // token 77 is 300, past a 300-id vocabulary
+  std::ofstream(dir / "past.bin", std::ios::binary) << past;
+  struct Case {
+    std::string file;
+    std::vector<std::string> expect;
+  };
+  for (const Case& c : {Case{"odd.bin", {"odd.bin", "201 bytes", "byte offset 200"}},
+                        Case{"lying.bin", {"lying.bin", "says 1000 tokens", "byte offset 8"}},
+                        Case{"past.bin", {"past.bin", "token id 300", "token offset 77", "byte offset 154"}}}) {
+    INFO(c.file);
+    for (const bool as_val : {false, true}) {
+      const fs::path config = write_config("bad_" + c.file + ".json",
+                                           gpt_tokens_config(as_val ? dir / "good.bin" : dir / c.file,
+                                                             as_val ? dir / c.file : dir / "good.bin", "bad_run"));
+      check_one_line_error(run_booster("check --config " + config.string()), 1, c.expect);
+      check_one_line_error(run_booster("train --config " + config.string()), 1, c.expect);
+    }
+  }
+  // Text data with a tokenizer that is not one.
+  json text = gpt_tokens_config(dir / "good.bin", dir / "good.bin", "text_run");
+  text["data"] = {{"type", "text"}, {"path", (dir / "text.txt").string()}, {"context", 4},
+                  {"tokenizer", (dir / "corrupt.model").string()}};
+  check_one_line_error(run_booster("train --config " + write_config("bad_text.json", text).string()), 1,
+                       {"corrupt.model"});
+  // A good tokenizer with a vocabulary larger than the model's: a config mistake, exit 2.
+  if (!why.empty()) {
+    skip_test(why);
+    return;
+  }
+  text["data"]["tokenizer"] = tokenizer_model().string();
+  text["model"]["vocab_size"] = 256;
+  check_one_line_error(run_booster("check --config " + write_config("small_vocab.json", text).string()), 2,
+                       {"'model.vocab_size' is 256", "300 ids"});
+}
