@@ -6,6 +6,7 @@
 #include "booster/nn/activation_checkpoint.h"
 #include "booster/nn/cnn.h"
 #include "booster/nn/init.h"
+#include "booster/nn/llama.h"
 #include "booster/ops/ops.h"
 
 namespace booster::nn {
@@ -212,6 +213,7 @@ void register_builtin_model(const std::string& name, ModelFactory factory);
   detail::register_builtin_model("linear", make_linear);
   detail::register_builtin_model("gpt", make_gpt);
   detail::register_builtin_model("cnn", make_cnn);
+  detail::register_builtin_model("llama", make_llama);  // llama.h
   return true;
 }();
 

@@ -10,6 +10,7 @@
 #include "booster/nn/embedding.h"
 #include "booster/nn/init.h"
 #include "booster/nn/linear.h"
+#include "booster/nn/llama.h"
 #include "booster/nn/loss.h"
 #include "booster/nn/model_registry.h"
 #include "booster/nn/models.h"

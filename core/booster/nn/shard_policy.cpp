@@ -1,4 +1,5 @@
-// Shard policies (shard_policy.h) and the built-in ones for the GPT and the MLP classifier.
+// Shard policies (shard_policy.h) and the built-in ones for the GPT and the MLP classifier (the Llama's
+// is in llama.cpp, Note [Llama shard policy]).
 //
 // Note [Shard policies]
 // ~~~~~~~~~~~~~~~~~~~~~
@@ -28,6 +29,7 @@
 #include "booster/common/error.h"
 #include "booster/nn/container.h"
 #include "booster/nn/linear.h"
+#include "booster/nn/llama.h"
 #include "booster/nn/models.h"
 #include "booster/nn/pipeline.h"
 #include "booster/nn/tensor_parallel.h"
@@ -59,6 +61,31 @@ Tensor unshard(const std::vector<Tensor>& pieces, const ShardSpec& spec) {
   for (int64_t c = 0; c < spec.chunks; ++c)
     for (const Tensor& p : pieces) parts.push_back(p.narrow(dim, c * part, part));
   return cat(parts, dim).contiguous();
+}
+
+std::function<Criterion(const Criterion&)> vocab_parallel_criterion(distributed::ProcessGroup& group_ref,
+                                                                int64_t vocab, const std::string& policy) {
+  distributed::ProcessGroup* group = &group_ref;
+  return [group, vocab, policy](const Criterion& user) -> Criterion {
+    auto checked = std::make_shared<bool>(false);
+    return [group, vocab, policy, user, checked](const Tensor& logits, const Tensor& target) {
+      if (logits.size(-1) == vocab) return user(logits, target);  // gathered (evaluation)
+      Tensor loss = tp::vocab_parallel_cross_entropy(logits, target, *group);
+      if (!*checked) {
+        // Once: the criterion passed to boost() must be the plain cross-entropy this replaces.
+        *checked = true;
+        NoGradGuard no_grad;
+        const double want = user(tp::gather_last_dim(logits.detach(), *group), target).item();
+        const double got = loss.item();
+        BOOSTER_CHECK(std::abs(got - want) <= 1e-3 * std::max(1.0, std::abs(want)), IncompatibleError,
+                      "shard policy '", policy, "': with tensor parallelism the loss is the vocabulary-parallel "
+                      "cross-entropy (mean, ignore_index -100), but the criterion passed to boost() gives ", want,
+                      " where it gives ", got, " (label smoothing, weights or another loss); use plain "
+                      "cross_entropy, or tp_size 1");
+      }
+      return loss;
+    };
+  };
 }
 
 namespace {
@@ -113,27 +140,7 @@ ShardedModel gpt_policy(const ModulePtr& model, const ShardContext& c) {
       out.shards[b + "mlp.c_fc.bias"] = {0, 1};
       out.shards[b + "mlp.c_proj.weight"] = {1, 1};
     }
-    const int64_t vocab = cfg.vocab_size;
-    out.criterion = [group, vocab](const Criterion& user) -> Criterion {
-      auto checked = std::make_shared<bool>(false);
-      return [group, vocab, user, checked](const Tensor& logits, const Tensor& target) {
-        if (logits.size(-1) == vocab) return user(logits, target);  // gathered (evaluation)
-        Tensor loss = tp::vocab_parallel_cross_entropy(logits, target, *group);
-        if (!*checked) {
-          // Once: the criterion passed to boost() must be the plain cross-entropy this replaces.
-          *checked = true;
-          NoGradGuard no_grad;
-          const double want = user(tp::gather_last_dim(logits.detach(), *group), target).item();
-          const double got = loss.item();
-          BOOSTER_CHECK(std::abs(got - want) <= 1e-3 * std::max(1.0, std::abs(want)), IncompatibleError,
-                        "shard policy 'GPT': with tensor parallelism the loss is the vocabulary-parallel "
-                        "cross-entropy (mean, ignore_index -100), but the criterion passed to boost() gives ", want,
-                        " where it gives ", got, " (label smoothing, weights or another loss); use plain "
-                        "cross_entropy, or tp_size 1");
-        }
-        return loss;
-      };
-    };
+    out.criterion = vocab_parallel_criterion(*group, cfg.vocab_size, "GPT");
   }
   out.module = pp::gpt_stage(parts, c.stage, c.stages, layers);
   out.module->train(gpt->is_training());
@@ -231,7 +238,8 @@ ShardedModel mlp_policy(const ModulePtr& model, const ShardContext& c) {
 
 struct Registry {
   std::mutex mutex;
-  std::map<std::string, ShardPolicy> policies{{"GPT", gpt_policy}, {"MLPClassifier", mlp_policy}};
+  std::map<std::string, ShardPolicy> policies{
+      {"GPT", gpt_policy}, {"MLPClassifier", mlp_policy}, {"Llama", llama_shard_policy}};
 };
 
 Registry& registry() {

@@ -5,7 +5,7 @@
 // model, so that the parts' state dicts together make the whole model's (Note [Shard policies] in
 // shard_policy.cpp).
 //
-// Built in: "GPT" and "MLPClassifier" (by Module::name()). A user's model gets one with
+// Built in: "GPT", "Llama" and "MLPClassifier" (by Module::name()). A user's model gets one with
 // register_shard_policy(); a model without one is refused by name (IncompatibleError).
 #pragma once
 
@@ -58,6 +58,14 @@ void register_shard_policy(const std::string& model_name, ShardPolicy policy);
 // models that have one, and how to register one, when there is none.
 ShardPolicy find_shard_policy(const std::string& model_name, const std::string& why);
 std::vector<std::string> registered_shard_policies();
+
+// ShardedModel::criterion for a model whose logits leave column-parallel over a vocabulary of `vocab`
+// (split in training, gathered in evaluation): the vocabulary-parallel cross-entropy on split logits,
+// checked once against the user's criterion on the gathered ones (anything but plain cross-entropy is
+// an IncompatibleError naming `policy`), and the user's criterion on gathered logits. The group must
+// outlive it.
+std::function<Criterion(const Criterion&)> vocab_parallel_criterion(distributed::ProcessGroup& group, int64_t vocab,
+                                                                const std::string& policy);
 
 // This rank's piece of `whole` under `spec` (rank of `size`), and the whole from every rank's piece
 // (in rank order): the inverse of each other.

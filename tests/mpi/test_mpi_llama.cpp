@@ -1,0 +1,139 @@
+// The Llama's shard policy under `mpirun -np 2` (llama.cpp, Note [Llama shard policy]): tensor parallel
+// over the two ranks (heads, key/value heads, the MLP and the vocabulary split; tied and untied) and a
+// two-stage pipeline, each against the whole model in one process built from the same seed: the
+// logits, the loss through the policy's criterion, and every rank's gradients (its slice of the
+// whole model's).
+#include <catch2/catch.hpp>
+
+#include <map>
+
+#include "booster/autograd/autograd.h"
+#include "booster/distributed/process_group.h"
+#include "booster/nn/llama.h"
+#include "booster/nn/pipeline.h"
+#include "booster/nn/shard_policy.h"
+#include "booster/ops/ops.h"
+
+using namespace booster;
+using namespace booster::distributed;
+
+namespace {
+
+ProcessGroup& group() { return init_process_group("mpi"); }
+
+// Largest |a - b| / (1 + |b|).
+double max_diff(const Tensor& a, const Tensor& b) {
+  REQUIRE(a.shape() == b.shape());
+  const std::vector<double> x = a.tolist(), y = b.tolist();
+  double m = 0;
+  for (size_t i = 0; i < x.size(); ++i) m = std::max(m, std::abs(x[i] - y[i]) / (1 + std::abs(y[i])));
+  return m;
+}
+
+// float32 sums of at most 64 terms in another order (split GEMMs, all-reduced partial sums) through
+// 2 layers: a few ulps of 2^-24 times sqrt(64), per stage of the 5 in series (test_llama.cpp's Note
+// [Llama fixture tolerance]), with room: 1e-5 on values of about 1.
+constexpr double kTol = 1e-5;
+
+nn::LlamaConfig config(bool tied) {
+  nn::LlamaConfig c;
+  c.vocab_size = 64;
+  c.hidden_size = 32;
+  c.intermediate_size = 48;
+  c.num_hidden_layers = 2;
+  c.num_attention_heads = 4;
+  c.num_key_value_heads = 2;
+  c.max_position_embeddings = 16;
+  c.rope_theta = 1000.0;
+  c.tie_word_embeddings = tied;
+  return c;
+}
+
+Tensor loss_of(const Tensor& logits, const Tensor& y) {
+  return cross_entropy(logits.reshape({-1, logits.size(-1)}), y.reshape({-1}));
+}
+
+}  // namespace
+
+TEST_CASE("llama: tensor parallel over 2 ranks equals the whole model", "[mpi][tp][llama]") {
+  ProcessGroup& pg = group();
+  REQUIRE(pg.size() == 2);
+  for (bool tied : {false, true}) {
+    INFO((tied ? "tied" : "untied"));
+    const nn::LlamaConfig cfg = config(tied);
+    auto reference = std::make_shared<nn::Llama>(cfg, 7);
+    auto source = std::make_shared<nn::Llama>(cfg, 7);
+    nn::ShardContext c;
+    c.tp = &pg;
+    const nn::ShardedModel part = nn::find_shard_policy("Llama", "this test")(source, c);
+    REQUIRE(part.criterion);
+    const nn::Criterion criterion = part.criterion(loss_of);
+
+    Generator data(3);  // the same batch on both ranks
+    const Tensor ids = randint(0, cfg.vocab_size, {2, 9}, &data);
+    const Tensor y = randint(0, cfg.vocab_size, {2, 9}, &data);
+    const Tensor whole = (*reference)(ids);
+    const Tensor split = (*part.module)(ids);  // training: this rank's half of the vocabulary
+    CHECK(split.size(-1) == cfg.vocab_size / 2);
+    CHECK(max_diff(split, whole.narrow(2, pg.rank() * 32, 32)) < kTol);
+    const Tensor want = loss_of(whole, y), got = criterion(split, y);
+    CHECK(std::abs(got.item() - want.item()) < kTol);
+    want.backward();
+    got.backward();
+
+    std::map<std::string, Tensor> full;
+    for (const auto& [name, p] : reference->named_parameters()) full[name] = p;
+    const auto mine = part.module->named_parameters();
+    CHECK(mine.size() == full.size());
+    for (const auto& [name, p] : mine) {
+      INFO(name);
+      REQUIRE(full.count(name));
+      REQUIRE(p.grad().defined());
+      Tensor ref = full.at(name).grad();
+      const auto spec = part.shards.find(name);
+      if (spec != part.shards.end()) {
+        const int64_t n = ref.size(spec->second.dim) / 2;
+        ref = ref.narrow(spec->second.dim, pg.rank() * n, n);
+      }
+      CHECK(max_diff(p.grad(), ref) < kTol);
+    }
+    // Evaluation gathers the head's output: every rank gets the whole logits.
+    autograd::NoGradGuard no_grad;
+    CHECK(max_diff((*part.module)(ids), whole.detach()) < kTol);
+  }
+}
+
+TEST_CASE("llama: a two-stage pipeline equals the whole model", "[mpi][pipeline][llama]") {
+  ProcessGroup& pg = group();
+  REQUIRE(pg.size() == 2);
+  const nn::LlamaConfig cfg = config(false);
+  auto reference = std::make_shared<nn::Llama>(cfg, 8);
+  auto source = std::make_shared<nn::Llama>(cfg, 8);
+  nn::ShardContext c;
+  c.stage = pg.rank();
+  c.stages = 2;
+  const nn::ShardedModel part = nn::find_shard_policy("Llama", "this test")(source, c);
+  nn::pp::PipelineStage stage(part.module, pg, {nn::pp::Schedule::OneFOneB, 2});
+
+  Generator data(4);
+  const Tensor ids = randint(0, cfg.vocab_size, {4, 8}, &data);
+  const Tensor y = randint(0, cfg.vocab_size, {4, 8}, &data);
+  const Tensor want = loss_of((*reference)(ids), y);
+  want.backward();
+  const double got = stage.train_step(ids, y, loss_of);
+  CHECK(std::abs(got - want.item()) < kTol);
+  std::map<std::string, Tensor> full;
+  for (const auto& [name, p] : reference->named_parameters()) full[name] = p;
+  size_t held = 0;
+  for (const auto& [name, p] : part.module->named_parameters()) {
+    INFO(name);
+    REQUIRE(full.count(name));
+    REQUIRE(p.grad().defined());
+    CHECK(max_diff(p.grad(), full.at(name).grad()) < kTol);
+    ++held;
+  }
+  // The two stages hold the model between them.
+  Tensor count = full_like(zeros({1}, DType::Int64), double(held));
+  pg.all_reduce(count);
+  CHECK(count.to_vector<int64_t>()[0] == int64_t(full.size()));
+}
