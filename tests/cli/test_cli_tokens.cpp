@@ -36,9 +36,18 @@ RunResult run_booster(const std::string& args) { return testing::run_booster_in(
 
 bool have(const char* program) { return std::system(("command -v " + std::string(program) + " >/dev/null 2>&1").c_str()) == 0; }
 
+// False when the program's tokenizer is the stub of a build without libsentencepiece.
+bool tokenizer_built() {
+  static const bool built =
+      testing::run_booster_in(scratch_dir() / "probe", "tokenize --model /nonexistent.model --in x --out y")
+          .err.find("built without SentencePiece") == std::string::npos;
+  return built;
+}
+
 // Why the tests cannot run here, or "" when they can.
 std::string missing_tools() {
   if (!have("spm_train") || !have("spm_encode")) return "spm_train/spm_encode (Debian's sentencepiece) are missing";
+  if (!tokenizer_built()) return "this booster was built without SentencePiece (libsentencepiece-dev)";
   if (!fs::exists(kCorpus)) return kCorpus.string() + " is missing";
   return "";
 }
@@ -188,13 +197,15 @@ TEST_CASE("booster tokenize and token data: malformed inputs are one line and a 
   check_one_line_error(run_booster("tokenize --model m --in " + (dir / "text.txt").string()), 2, {"--out"});
   check_one_line_error(run_booster("tokenize --model m --in t --out o --val-fraction 1.5"), 2, {"--val-fraction 1.5"});
   check_one_line_error(run_booster("tokenize --model m --in t --out o --bogus"), 2, {"bogus"});
-  // A missing or corrupt model, or a missing text: exit 1, naming the file.
+  // A missing or corrupt model: exit 1, naming the file (in a build without SentencePiece, the stub's error).
+  const std::vector<std::string> corrupt_says = {(dir / "corrupt.model").string(),
+                                                 tokenizer_built() ? "not a SentencePiece model" : "without SentencePiece"};
   check_one_line_error(run_booster("tokenize --model " + (dir / "absent.model").string() + " --in " +
                                    (dir / "text.txt").string() + " --out " + (dir / "o.bin").string()),
                        1, {(dir / "absent.model").string()});
   check_one_line_error(run_booster("tokenize --model " + (dir / "corrupt.model").string() + " --in " +
                                    (dir / "text.txt").string() + " --out " + (dir / "o.bin").string()),
-                       1, {(dir / "corrupt.model").string(), "not a SentencePiece model"});
+                       1, corrupt_says);
 
   // Token files that are not: each refused by check and by train, naming the file and the offset.
   std::string odd(201, '\x05');
@@ -230,14 +241,24 @@ TEST_CASE("booster tokenize and token data: malformed inputs are one line and a 
   json text = gpt_tokens_config(dir / "good.bin", dir / "good.bin", "text_run");
   text["data"] = {{"type", "text"}, {"path", (dir / "text.txt").string()}, {"context", 4},
                   {"tokenizer", (dir / "corrupt.model").string()}};
-  check_one_line_error(run_booster("train --config " + write_config("bad_text.json", text).string()), 1,
-                       {"corrupt.model"});
+  check_one_line_error(run_booster("train --config " + write_config("bad_text.json", text).string()), 1, corrupt_says);
+
   // A good tokenizer with a vocabulary larger than the model's: a config mistake, exit 2.
   if (!why.empty()) {
     skip_test(why);
     return;
   }
-  text["data"]["tokenizer"] = tokenizer_model().string();
+  const std::string model = tokenizer_model().string();
+  // A missing text, an unknown dtype, a validation share of less than one token.
+  check_one_line_error(run_booster("tokenize --model " + model + " --in " + (dir / "absent.txt").string() + " --out o.bin"),
+                       1, {(dir / "absent.txt").string()});
+  check_one_line_error(run_booster("tokenize --model " + model + " --in " + (dir / "text.txt").string() +
+                                   " --out o.bin --dtype uint8"),
+                       2, {"\"uint8\""});
+  check_one_line_error(run_booster("tokenize --model " + model + " --in " + (dir / "text.txt").string() +
+                                   " --out o.bin --val-fraction 0.01"),
+                       1, {"less than one token"});
+  text["data"]["tokenizer"] = model;
   text["model"]["vocab_size"] = 256;
   check_one_line_error(run_booster("check --config " + write_config("small_vocab.json", text).string()), 2,
                        {"'model.vocab_size' is 256", "300 ids"});
