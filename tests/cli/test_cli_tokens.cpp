@@ -263,3 +263,48 @@ TEST_CASE("booster tokenize and token data: malformed inputs are one line and a 
   check_one_line_error(run_booster("check --config " + write_config("small_vocab.json", text).string()), 2,
                        {"'model.vocab_size' is 256", "300 ids"});
 }
+
+TEST_CASE("token data resumes across world sizes: 2 ranks for 3 steps, then 1 for 3, as 1 for 6", "[cli][tokens][mpi]") {
+  if (const std::string why = missing_tools(); !why.empty()) {
+    skip_test(why);
+    return;
+  }
+  if (!testing::have_mpirun()) {
+    skip_test("mpirun is missing: the two-rank half of this test cannot run");
+    return;
+  }
+  const fs::path model = tokenizer_model();
+  const fs::path train = scratch_dir() / "layout.bin", val = scratch_dir() / "layout.val.bin";
+  REQUIRE(run_booster("tokenize --model " + model.string() + " --in " + kCorpus.string() + " --out " + train.string() +
+                      " --val-fraction 0.1")
+              .exit_code == 0);
+  // SGD, so the only difference between the layouts is the order in which two ranks' gradients are
+  // summed (Note [Resuming across layouts]); shuffled, so a wrong resume position would show.
+  json c = gpt_tokens_config(train, val, "layout_one");
+  c["optimizer"] = {{"type", "sgd"}, {"lr", 0.1}};
+  c["data"]["batch_size"] = 16;
+  c["train"]["checkpoint_every"] = 3;
+  const fs::path config = write_config("layout.json", c);
+  const std::string env = "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1";
+  const RunResult one = testing::run_booster_in(scratch_dir(), "train --config " + config.string(), env);
+  REQUIRE(one.exit_code == 0);
+  const std::string bin = std::string(BOOSTER_BIN_DIR) + "/booster";
+  const std::string two_dir = (scratch_dir() / "layout_two").string();
+  const RunResult two = testing::run_booster_in(
+      scratch_dir(),
+      "run -n 2 -- " + bin + " train --config " + config.string() + " --plugin ddp --set data.batch_size=8" +
+          " --set train.max_steps=3 --set train.run_dir=" + two_dir,
+      env);
+  INFO("two ranks: " << two.err);
+  REQUIRE(two.exit_code == 0);
+  const RunResult resumed = testing::run_booster_in(
+      scratch_dir(), "train --config " + config.string() + " --set train.run_dir=" + two_dir + " --resume latest", env);
+  INFO("resumed: " << resumed.err);
+  REQUIRE(resumed.exit_code == 0);
+  CHECK_THAT(resumed.err, Contains("from a checkpoint of 2 (ddp)"));
+  const json a = json::parse(testing::last_line(one.out)), b = json::parse(testing::last_line(resumed.out));
+  CHECK(b["steps"] == 6);
+  // float32 sums of two halves instead of one whole: a few units of roundoff per step, over 6 steps.
+  CHECK(b["final_loss"].get<double>() == Approx(a["final_loss"].get<double>()).epsilon(1e-5));
+  CHECK(b["val_loss"].get<double>() == Approx(a["val_loss"].get<double>()).epsilon(1e-5));
+}
