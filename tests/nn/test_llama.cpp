@@ -585,3 +585,52 @@ TEST_CASE("llama shard policy: stages hold the model under its names; tp splits 
     CHECK_THROWS_WITH(policy(model, c), Contains("tensor parallel size 3") && Contains("[1, 2]"));
   }
 }
+
+// A rank's part of a deferred Llama (hybrid_parallel builds the whole model under a LazyInitGuard)
+// allocates only what it holds: a middle pipeline stage its layer, a tensor-parallel rank its shards and
+// the replicated norms, with the eager build's values.
+TEST_CASE("llama shard policy: a rank's part of a deferred Llama allocates only that part",
+          "[llama][deferred][pipeline][tp]") {
+  const nn::ShardPolicy policy = nn::find_shard_policy("Llama", "this test");
+  nn::LlamaConfig cfg = tiny_config(false, 2);
+  cfg.hidden_size = 32;
+  cfg.num_attention_heads = 4;
+  cfg.intermediate_size = 48;
+  cfg.vocab_size = 64;
+  cfg.num_hidden_layers = 4;
+  FakeGroup group(1, 2);
+  for (bool tp : {false, true}) {
+    INFO((tp ? "tensor parallel rank 1 of 2" : "stage 1 of 4"));
+    nn::ShardContext c;
+    if (tp) {
+      c.tp = &group;
+    } else {
+      c.stage = 1;
+      c.stages = 4;
+      c.stage_layers = {1, 1, 1, 1};
+    }
+    const auto eager = std::make_shared<nn::Llama>(cfg, 3);
+    const nn::ShardedModel eager_part = policy(eager, c);  // (its shards are copies: made before counting)
+    const size_t before = cpu_bytes_in_use();
+    std::shared_ptr<nn::Llama> lazy;
+    {
+      LazyInitGuard guard;
+      lazy = std::make_shared<nn::Llama>(cfg, 3);
+    }
+    const nn::ShardedModel part = policy(lazy, c);
+    int64_t part_bytes = 0, whole_bytes = 0;
+    for (const Tensor& p : part.module->parameters()) {
+      materialize(p);
+      part_bytes += int64_t(p.nbytes());
+    }
+    for (const Tensor& p : eager->parameters()) whole_bytes += int64_t(p.nbytes());
+    CHECK(part_bytes < whole_bytes * 3 / 5);
+    CHECK(cpu_bytes_in_use() - before == size_t(part_bytes));  // the part, and nothing of the rest
+    const auto want = eager_part.module->state_dict();
+    for (const auto& [name, t] : part.module->state_dict()) {
+      INFO(name);
+      REQUIRE(want.count(name));
+      CHECK(same_bits(t, want.at(name)));
+    }
+  }
+}
