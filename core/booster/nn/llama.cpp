@@ -146,13 +146,14 @@ std::pair<Tensor, Tensor> RotaryEmbedding::cos_sin(int64_t T, Device device, DTy
   return {table.cos.narrow(0, 0, T), table.sin.narrow(0, 0, T)};
 }
 
-Tensor RotaryEmbedding::apply(const Tensor& x) {
+Tensor RotaryEmbedding::apply(const Tensor& x, int64_t start) {
   BOOSTER_CHECK(x.dim() == 4 && x.size(3) == head_dim, ShapeError, "RotaryEmbedding: expected [B, T, heads, ",
                 head_dim, "], got shape ", x.shape());
+  BOOSTER_CHECK(start >= 0, ValueError, "RotaryEmbedding: the first position must be >= 0, got ", start);
   const int64_t T = x.size(1), half = head_dim / 2;
-  auto [cos, sin] = cos_sin(T, x.device(), x.dtype());
-  cos = cos.view({T, 1, head_dim});
-  sin = sin.view({T, 1, head_dim});
+  auto [cos, sin] = cos_sin(start + T, x.device(), x.dtype());
+  cos = cos.narrow(0, start, T).view({T, 1, head_dim});  // the angles of the absolute positions
+  sin = sin.narrow(0, start, T).view({T, 1, head_dim});
   const Tensor swapped = cat({x.narrow(3, half, half), x.narrow(3, 0, half)}, 3);  // cat(x2, x1)
   return x * cos + swapped * sin;
 }
@@ -216,6 +217,20 @@ Tensor LlamaAttention::forward(const Tensor& x) {
   return (*o_proj)(y);
 }
 
+Tensor LlamaAttention::forward_cached(const Tensor& x, LayerKVCache& cache) {
+  BOOSTER_CHECK(x.dim() == 3 && x.size(2) == hidden_size, ShapeError, "LlamaAttention: expected input [B, T, ",
+                hidden_size, "], got shape ", x.shape());
+  const int64_t B = x.size(0), T = x.size(1), start = cache.length();
+  const Tensor h = tp_group_ != nullptr ? tp::copy_to_group(x, *tp_group_) : x;
+  const Tensor q = rotary->apply((*q_proj)(h).view({B, T, heads, head_dim}), start);
+  const Tensor k = rotary->apply((*k_proj)(h).view({B, T, kv_heads, head_dim}), start);
+  const Tensor v = (*v_proj)(h).view({B, T, kv_heads, head_dim});
+  auto [keys, values] = cache.append(k.transpose(1, 2), v.transpose(1, 2));  // [B, kv_heads, start + T, d]
+  Tensor y = cached_attention(q.transpose(1, 2), keys, values, start);    // grouped heads read their kv head
+  y = y.transpose(1, 2).reshape({B, T, heads * head_dim});
+  return (*o_proj)(y);
+}
+
 // ------------------------------------------------------------------------------------------ MLP
 
 LlamaMLP::LlamaMLP(const LlamaConfig& c, Generator* init_gen) {
@@ -262,6 +277,11 @@ Tensor LlamaDecoderLayer::forward(const Tensor& x) {
   return h + (*mlp)((*post_attention_layernorm)(h));
 }
 
+Tensor LlamaDecoderLayer::forward_cached(const Tensor& x, LayerKVCache& cache) {
+  const Tensor h = x + self_attn->forward_cached((*input_layernorm)(x), cache);
+  return h + (*mlp)((*post_attention_layernorm)(h));
+}
+
 // ------------------------------------------------------------------------------------------ model
 
 namespace {
@@ -301,6 +321,25 @@ Tensor LlamaModel::forward(const Tensor& idx) {
   return (*norm)(run_layers(layers->children(), (*embed_tokens)(idx), config.activation_checkpointing));
 }
 
+Tensor LlamaModel::forward_cached(const Tensor& idx, KVCache& cache) {
+  BOOSTER_CHECK(idx.dim() == 2, ShapeError, "Llama: expected token ids [B, T], got shape ", idx.shape());
+  const int64_t start = cache.length(), T = idx.size(1);
+  BOOSTER_CHECK(cache.num_layers() == config.num_hidden_layers, ValueError, "Llama: a key/value cache of ",
+                cache.num_layers(), " layers for a model of ", config.num_hidden_layers, "; make it with make_kv_cache");
+  BOOSTER_CHECK(start + T <= config.max_position_embeddings, ShapeError, "Llama: positions ", start, " .. ",
+                start + T - 1, " pass max_position_embeddings ", config.max_position_embeddings,
+                "; generate at most that many tokens in all or raise max_position_embeddings");
+  Tensor h = (*embed_tokens)(idx);
+  const std::vector<ModulePtr> children = layers->children();
+  for (size_t i = 0; i < children.size(); ++i) {
+    auto* layer = dynamic_cast<LlamaDecoderLayer*>(children[i].get());
+    BOOSTER_CHECK(layer != nullptr, IncompatibleError, "Llama: layer ", i, " is a ", children[i]->name(),
+                  ", not a LlamaDecoderLayer; a pipeline stage has no cached forward");
+    h = layer->forward_cached(h, cache.layer(int64_t(i)));
+  }
+  return (*norm)(h);
+}
+
 Llama::Llama(const LlamaConfig& c, uint64_t seed) : config(c) {
   c.validate();
   Generator gen(seed);
@@ -312,6 +351,8 @@ Llama::Llama(const LlamaConfig& c, uint64_t seed) : config(c) {
 }
 
 Tensor Llama::forward(const Tensor& idx) { return (*lm_head)((*model)(idx)); }
+
+Tensor Llama::forward_cached(const Tensor& idx, KVCache& cache) { return (*lm_head)(model->forward_cached(idx, cache)); }
 
 // ------------------------------------------------------------------------------------------ factory
 

@@ -27,6 +27,7 @@
 #include "booster/distributed/process_group.h"
 #include "booster/nn/container.h"
 #include "booster/nn/embedding.h"
+#include "booster/nn/kv_cache.h"
 #include "booster/nn/linear.h"
 #include "booster/nn/shard_policy.h"
 
@@ -73,9 +74,9 @@ class RMSNorm : public Module {
 class RotaryEmbedding {
  public:
   RotaryEmbedding(int64_t head_dim, double theta);
-  // x [B, T, H, head_dim] rotated by positions 0 .. T-1: x * cos + rotate_half(x) * sin, where
+  // x [B, T, H, head_dim] rotated by positions start .. start+T-1: x * cos + rotate_half(x) * sin, where
   // rotate_half(x) = cat(-x2, x1) of x's halves. Differentiable in x; the tables are constants.
-  Tensor apply(const Tensor& x);
+  Tensor apply(const Tensor& x, int64_t start = 0);
   // cos and sin [T, head_dim] for positions 0 .. T-1 on `device` as `dtype` (views of the cached table).
   std::pair<Tensor, Tensor> cos_sin(int64_t T, Device device, DType dtype);
 
@@ -102,6 +103,9 @@ class LlamaAttention : public Module {
   // and heads must divide by the group size.
   LlamaAttention(const LlamaAttention& full, distributed::ProcessGroup& group);
   Tensor forward(const Tensor& x) override;
+  // forward over new positions x [B, T, hidden], rotated by their absolute positions, attending to the
+  // keys and values in `cache`, to which theirs are appended (Note [Key/value cache] in kv_cache.h).
+  Tensor forward_cached(const Tensor& x, LayerKVCache& cache);
   std::string name() const override { return "LlamaAttention"; }
 
   const int64_t hidden_size, heads, kv_heads, head_dim;  // heads, kv_heads: this rank's
@@ -135,6 +139,7 @@ class LlamaDecoderLayer : public Module {
   // The tensor-parallel twin of `full`: attention and MLP split, the norms `full`'s own (shared).
   LlamaDecoderLayer(const LlamaDecoderLayer& full, distributed::ProcessGroup& group);
   Tensor forward(const Tensor& x) override;
+  Tensor forward_cached(const Tensor& x, LayerKVCache& cache);  // attention through the cache
   std::string name() const override { return "LlamaDecoderLayer"; }
 
   std::shared_ptr<LlamaAttention> self_attn;
@@ -149,6 +154,7 @@ class LlamaModel : public Module {
  public:
   LlamaModel(const LlamaConfig& config, Generator* init_gen);
   Tensor forward(const Tensor& idx) override;
+  Tensor forward_cached(const Tensor& idx, KVCache& cache);  // Llama::forward_cached's hidden states
   std::string name() const override { return "LlamaModel"; }
 
   const LlamaConfig config;
@@ -163,10 +169,15 @@ class LlamaModel : public Module {
 // norms ones; drawn in parameter order from Generator(seed), so deterministic from the seed (and the
 // same under a LazyInitGuard). With tie_word_embeddings, lm_head is a Linear over the embedding's own
 // tensor, listed once, as "model.embed_tokens.weight".
-class Llama : public Module {
+class Llama : public Module, public CausalLM {
  public:
   explicit Llama(const LlamaConfig& config, uint64_t seed = 0);
   Tensor forward(const Tensor& idx) override;
+  // CausalLM (kv_cache.h): the new positions' logits, rotated by their absolute positions.
+  Tensor forward_cached(const Tensor& idx, KVCache& cache) override;
+  KVCache make_kv_cache(int64_t capacity) const override { return KVCache(config.num_hidden_layers, capacity); }
+  int64_t max_positions() const override { return config.max_position_embeddings; }
+  int64_t vocab_size() const override { return config.vocab_size; }
   std::string name() const override { return "Llama"; }
 
   const LlamaConfig config;

@@ -31,12 +31,18 @@ struct GPTConfig {
 //   wte, wpe -> drop -> blocks.0 .. blocks.{layers-1} -> ln_f -> lm_head (no bias).
 // Init as nanoGPT: Linear and Embedding weights N(0, 0.02), biases zero, LayerNorm (1, 0), and every
 // residual projection (attn.c_proj, mlp.c_proj) N(0, 0.02 / sqrt(2 layers)). Deterministic from seed.
-class GPT : public Module {
+class GPT : public Module, public CausalLM {
  public:
   explicit GPT(const GPTConfig& config, uint64_t seed = 0);
 
   // idx int64 [B, T] with T <= context -> logits [B, T, vocab_size].
   Tensor forward(const Tensor& idx) override;
+  // CausalLM (kv_cache.h): the new positions' logits, their position embeddings those of their absolute
+  // positions, attention through the cache.
+  Tensor forward_cached(const Tensor& idx, KVCache& cache) override;
+  KVCache make_kv_cache(int64_t capacity) const override { return KVCache(config.layers, capacity); }
+  int64_t max_positions() const override { return config.context; }
+  int64_t vocab_size() const override { return config.vocab_size; }
   std::string name() const override { return "GPT"; }
   std::vector<std::pair<std::string, Generator*>> own_generators() const override {
     return {{"dropout", dropout_gen_.get()}};

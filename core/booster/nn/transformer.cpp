@@ -26,6 +26,18 @@ Tensor CausalSelfAttention::forward(const Tensor& x) {
   return (*resid_dropout)((*c_proj)(y));
 }
 
+Tensor CausalSelfAttention::forward_cached(const Tensor& x, LayerKVCache& cache) {
+  BOOSTER_CHECK(x.dim() == 3 && x.size(2) == width, ShapeError, "CausalSelfAttention: expected input [B, T, ",
+                width, "], got shape ", x.shape());
+  const int64_t B = x.size(0), T = x.size(1), head_dim = width / heads, start = cache.length();
+  const std::vector<Tensor> qkv = split((*c_attn)(x), width, 2);
+  auto to_heads = [&](const Tensor& t) { return t.view({B, T, heads, head_dim}).transpose(1, 2); };
+  auto [k, v] = cache.append(to_heads(qkv[1]), to_heads(qkv[2]));
+  Tensor y = cached_attention(to_heads(qkv[0]), k, v, start);
+  y = y.transpose(1, 2).reshape({B, T, width});
+  return (*resid_dropout)((*c_proj)(y));
+}
+
 MLP::MLP(int64_t width, double p, Generator* init_gen, std::shared_ptr<Generator> dropout_gen) {
   c_fc = register_module("c_fc", std::make_shared<Linear>(width, 4 * width, true, init_gen));
   gelu = register_module("gelu", std::make_shared<GELU>("tanh"));
@@ -44,6 +56,11 @@ Block::Block(int64_t width, int64_t heads, double p, Generator* init_gen, std::s
 
 Tensor Block::forward(const Tensor& x) {
   Tensor h = x + (*attn)((*ln_1)(x));
+  return h + (*mlp)((*ln_2)(h));
+}
+
+Tensor Block::forward_cached(const Tensor& x, LayerKVCache& cache) {
+  Tensor h = x + attn->forward_cached((*ln_1)(x), cache);
   return h + (*mlp)((*ln_2)(h));
 }
 

@@ -6,6 +6,7 @@
 
 #include "booster/nn/activation.h"
 #include "booster/nn/dropout.h"
+#include "booster/nn/kv_cache.h"
 #include "booster/nn/linear.h"
 #include "booster/nn/normalization.h"
 #include "booster/tensor/random.h"
@@ -23,6 +24,9 @@ class CausalSelfAttention : public Module {
   // heads merged back to [B, T, width]; c_proj; residual dropout. (Dropout on the attention weights
   // themselves is not applied: the fused attention op takes no dropout probability.)
   Tensor forward(const Tensor& x) override;
+  // forward over new positions x [B, T, width] with the earlier ones' keys and values in `cache`, to
+  // which this call's are appended (Note [Key/value cache] in kv_cache.h).
+  Tensor forward_cached(const Tensor& x, LayerKVCache& cache);
   std::string name() const override { return "CausalSelfAttention"; }
 
   const int64_t width, heads;
@@ -51,6 +55,7 @@ class Block : public Module {
   Block(int64_t width, int64_t heads, double dropout = 0.0, Generator* init_gen = nullptr,
         std::shared_ptr<Generator> dropout_gen = nullptr);
   Tensor forward(const Tensor& x) override;
+  Tensor forward_cached(const Tensor& x, LayerKVCache& cache);  // attention through the cache
   std::string name() const override { return "Block"; }
 
   std::shared_ptr<LayerNorm> ln_1;
