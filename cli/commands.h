@@ -63,6 +63,10 @@ int compat(const std::string& device);
 // text to token files with a SentencePiece model. `args` follow the subcommand.
 int tokenize(const std::vector<std::string>& args);
 
+// `booster generate (--checkpoint DIR | --hf DIR) (--prompt TEXT --tokenizer M | --prompt-ids IDS)` (generate.cpp):
+// samples a continuation from a trained model through nn::generate. `args` follow the subcommand.
+int generate(const std::vector<std::string>& args);
+
 // `booster bench --workload mlp|gpt ...` (bench.cpp): times training steps, prints one line of JSON.
 // `args` follow the subcommand.
 int bench(const std::vector<std::string>& args);

@@ -42,6 +42,7 @@ constexpr const char* kUsage =
     "  compat      print the compatibility matrix of strategies and plugins [--device cpu|cuda]\n"
     "  bench       time training steps: booster bench --workload mlp|gpt [--precision NAME]\n"
     "  tokenize    encode a text with a SentencePiece model: booster tokenize --model M --in TEXT --out FILE\n"
+    "  generate    sample from a trained model: booster generate --checkpoint DIR --prompt-ids \"1 2 3\"\n"
     "\n"
     "options:\n"
     "  -h, --help     show this help (or `booster <command> --help`)\n"
@@ -296,8 +297,9 @@ int run(int argc, char** argv) {
   }
   if (command == "bench") return booster::cli::bench(rest);
   if (command == "tokenize") return booster::cli::tokenize(rest);
+  if (command == "generate") return booster::cli::generate(rest);
   std::string msg = "unknown command '" + command + "'";
-  if (auto guess = booster::config::nearest(command, {"train", "check", "doctor", "run", "plot", "precisions", "plugins", "compat", "bench", "tokenize"})) msg += "; did you mean '" + *guess + "'?";
+  if (auto guess = booster::config::nearest(command, {"train", "check", "doctor", "run", "plot", "precisions", "plugins", "compat", "bench", "tokenize", "generate"})) msg += "; did you mean '" + *guess + "'?";
   throw UsageError(msg + " (see booster --help)");
 }
 

@@ -231,6 +231,9 @@ TEST_CASE("generate: sampling with a seed is reproducible; top_k 1 is greedy", "
   CHECK(nn::generate(*model, {1}, other).tokens != a);  // 16 draws at temperature 1.5: equal is ~impossible
   const auto greedy = nn::generate(*model, {1}, {.max_new_tokens = 16, .temperature = 0.0}).tokens;
   CHECK(nn::generate(*model, {1}, {.max_new_tokens = 16, .temperature = 1.5, .top_k = 1, .seed = 3}).tokens == greedy);
+  // vocab_limit: only ids below it come out (a tokenizer smaller than a padded vocabulary).
+  for (int64_t id : nn::generate(*model, {1}, {.max_new_tokens = 40, .temperature = 2.0, .seed = 5, .vocab_limit = 4}).tokens)
+    CHECK(id < 4);
   // A tiny top_p keeps only the most probable id: greedy too.
   CHECK(nn::generate(*model, {1}, {.max_new_tokens = 16, .temperature = 1.5, .top_p = 1e-6, .seed = 3}).tokens == greedy);
 }

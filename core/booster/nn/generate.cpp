@@ -47,6 +47,8 @@ void validate(const GenerateOptions& o) {
   BOOSTER_CHECK(o.top_k >= 0, ValueError, "generate: top_k is ", o.top_k, "; it must be >= 0 (0 keeps every id)");
   BOOSTER_CHECK(o.top_p > 0.0 && o.top_p <= 1.0, ValueError, "generate: top_p is ", o.top_p,
                 "; it must be in (0, 1] (1 keeps every id)");
+  BOOSTER_CHECK(o.vocab_limit >= 0, ValueError, "generate: vocab_limit is ", o.vocab_limit,
+                "; it must be >= 0 (0: the model's vocabulary)");
 }
 
 std::vector<int64_t> top_p_set(const std::vector<double>& probs, double top_p) {
@@ -139,8 +141,9 @@ GenerateResult generate(Module& model, const std::vector<int64_t>& prompt, const
   std::vector<int64_t> sequence = prompt;
   const int64_t total = std::min(limit, P + o.max_new_tokens);
   KVCache cache = lm->make_kv_cache(o.use_cache ? total : 0);
-  auto last_logits = [&](const Tensor& logits) {  // [1, T, V] -> the last position's, float32 on the CPU
-    return logits.select(1, logits.size(1) - 1).reshape({vocab}).to(Device::cpu()).to(DType::Float32).to_vector<float>();
+  const int64_t allowed = o.vocab_limit > 0 ? std::min(o.vocab_limit, vocab) : vocab;
+  auto last_logits = [&](const Tensor& logits) {  // [1, T, V] -> the last position's allowed ids, float32 on the CPU
+    return logits.select(1, logits.size(1) - 1).reshape({vocab}).narrow(0, 0, allowed).to(Device::cpu()).to(DType::Float32).to_vector<float>();
   };
   auto ids_tensor = [&](const int64_t* ids, int64_t n) {
     return from_vector(std::vector<int64_t>(ids, ids + n), {1, n}).to(device);

@@ -27,6 +27,8 @@ struct GenerateOptions {
   uint64_t seed = 0;   // the generator of the draws: one seed, one sequence
   // Stop after this id is generated (it is the last token returned); -1: never.
   int64_t eos_id = -1;
+  // > 0: only ids below it are generated (a tokenizer's vocabulary, when the model's is padded past it).
+  int64_t vocab_limit = 0;
   // false: every step runs the model over the whole sequence so far (no cache): the test oracle and the
   // benchmark's baseline, the same tokens at quadratic cost.
   bool use_cache = true;

@@ -1,0 +1,236 @@
+// `booster generate`: samples tokens from a trained model with nn::generate (booster/nn/generate.h).
+//
+//   booster generate --checkpoint runs/a/checkpoints [--config FILE] --prompt "Once" --tokenizer tok.model
+//   booster generate --hf DIR --prompt-ids "1 2 3" --temperature 0 --max-new-tokens 20
+//
+// The model: --checkpoint is a step directory, or a checkpoint root whose `latest` names one; its weights
+// are model/ and its architecture the "model" section the checkpoint records in trainer_state.json
+// (settings.model, which `booster train` saves; Note [Settings a resume must keep]), else the run's
+// config.json beside the root, else --config (a training config, or a model section alone). --hf is a
+// Hugging Face model directory, read by nn::load_pretrained. The prompt: --prompt TEXT, encoded with
+// --tokenizer (a SentencePiece model, as `booster tokenize` uses), or --prompt-ids, ids separated by
+// spaces or commas. With a tokenizer stdout is the prompt followed by the generated text, and generation
+// stops at the tokenizer's </s> (unless --ignore-eos); without one, stdout is one line: the new ids. A
+// sentence on stderr says how many tokens came, how fast, and why it stopped (the count, </s>, or the
+// model's position limit).
+#include <chrono>
+#include <filesystem>
+#include <iostream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <boost/program_options.hpp>
+#include <nlohmann/json.hpp>
+
+#include "booster/checkpoint/atomic_file.h"
+#include "booster/checkpoint/checkpoint.h"
+#include "booster/checkpoint/safetensors.h"
+#include "booster/common/error.h"
+#include "booster/config/config.h"
+#include "booster/data/tokenizer.h"
+#include "booster/nn/generate.h"
+#include "booster/nn/kv_cache.h"
+#include "booster/nn/models.h"
+#include "commands.h"
+
+namespace po = boost::program_options;
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+
+namespace booster::cli {
+namespace {
+
+// The model section of the run that wrote checkpoint `step`: trainer_state.json's settings.model, else the
+// run's config.json (<run_dir>/config.json for <run_dir>/checkpoints/step-N), else --config.
+json checkpoint_model_config(const fs::path& step, const std::string& config_file) {
+  if (!config_file.empty()) {
+    const json c = config::load_file(config_file);
+    BOOSTER_CHECK(c.is_object(), ConfigError, "--config ", config_file, " is not a JSON object");
+    const json model = c.contains("model") ? c.at("model") : c;
+    BOOSTER_CHECK(model.is_object() && model.contains("type"), ConfigError, "--config ", config_file,
+                  " has no \"model\" section with a \"type\"; give the training config the checkpoint was made with");
+    return model;
+  }
+  const fs::path state_file = step / "trainer_state.json";
+  if (fs::exists(state_file)) {
+    const json state = json::parse(checkpoint::read_text_file(state_file), nullptr, /*allow_exceptions=*/false);
+    if (state.is_object() && state.contains("settings") && state.at("settings").is_object() &&
+        state.at("settings").contains("model") && state.at("settings").at("model").is_object())
+      return state.at("settings").at("model");
+  }
+  for (const fs::path& dir : {step.parent_path(), step.parent_path().parent_path()}) {
+    const fs::path file = dir / "config.json";
+    if (dir.empty() || !fs::exists(file)) continue;
+    const json c = config::load_file(file.string());
+    if (c.is_object() && c.contains("model") && c.at("model").is_object()) return c.at("model");
+  }
+  BOOSTER_FAIL(ConfigError, "the checkpoint ", step.string(), " does not record its model (no settings.model in ",
+               state_file.string(), ", no config.json beside it); pass the training config with --config FILE");
+}
+
+nn::ModulePtr load_checkpoint_model(const std::string& given, const std::string& config_file) {
+  BOOSTER_CHECK(fs::exists(given), ConfigError, "--checkpoint ", given,
+                " does not exist; give a checkpoint step directory (runs/a/checkpoints/step-00000100) or its root");
+  const fs::path step = checkpoint::resolve_checkpoint(given);
+  BOOSTER_CHECK(fs::is_directory(step / "model"), CheckpointError, "--checkpoint ", step.string(),
+                " has no model/ directory; it is not a booster checkpoint with weights");
+  json model_config = checkpoint_model_config(step, config_file);
+  model_config.erase("init_from");
+  nn::ModulePtr model = nn::make_model(model_config, 0);
+  model->load_state_dict(checkpoint::load_model(step / "model"));
+  model->to(DType::Float32);  // a 16-bit strategy may have saved 16-bit weights; generation runs in float32
+  return model;
+}
+
+// The Hugging Face directory's model, through nn::load_pretrained (hf.h), looked up in the model
+// registry as make_model({"type": "hf", "path": DIR}) so this file needs nothing of hf.h.
+nn::ModulePtr load_hf_model(const std::string& dir) {
+  BOOSTER_CHECK(fs::is_directory(dir), ConfigError, "--hf ", dir, " is not a directory; give a Hugging Face model ",
+                "directory (config.json and model.safetensors)");
+  nn::ModulePtr model = nn::make_model(json{{"type", "hf"}, {"path", dir}}, 0);
+  return model;
+}
+
+// "1 2 3" or "1,2,3" -> ids; ConfigError naming the piece that is not a non-negative integer.
+std::vector<int64_t> parse_ids(const std::string& text) {
+  std::string s = text;
+  for (char& c : s)
+    if (c == ',') c = ' ';
+  std::istringstream in(s);
+  std::vector<int64_t> ids;
+  std::string piece;
+  while (in >> piece) {
+    size_t used = 0;
+    long long v = -1;
+    try {
+      v = std::stoll(piece, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    BOOSTER_CHECK(used == piece.size() && v >= 0, ConfigError, "--prompt-ids: '", piece,
+                  "' is not a token id (a non-negative integer); give ids separated by spaces, e.g. \"1 2 3\"");
+    ids.push_back(v);
+  }
+  BOOSTER_CHECK(!ids.empty(), ConfigError, "--prompt-ids is empty; give at least one token id");
+  return ids;
+}
+
+}  // namespace
+
+int generate(const std::vector<std::string>& args) {
+  po::options_description desc(
+      "usage: booster generate (--checkpoint DIR | --hf DIR) (--prompt TEXT --tokenizer tok.model | --prompt-ids \"1 2 3\")\n"
+      "                        [--max-new-tokens N] [--temperature T] [--top-k K] [--top-p P] [--seed S]\n\n"
+      "Samples a continuation of a prompt from a trained model, one position per new token through a\n"
+      "key/value cache. --temperature 0 is greedy.\n\noptions");
+  desc.add_options()
+      ("help,h", "show this help")
+      ("checkpoint", po::value<std::string>()->value_name("DIR"),
+       "a booster checkpoint: a step directory, or a checkpoint root (its latest step)")
+      ("config,c", po::value<std::string>()->value_name("FILE"),
+       "the training config, when the checkpoint does not record its model")
+      ("hf", po::value<std::string>()->value_name("DIR"), "a Hugging Face model directory instead of --checkpoint")
+      ("prompt", po::value<std::string>()->value_name("TEXT"), "the prompt text (needs --tokenizer)")
+      ("tokenizer", po::value<std::string>()->value_name("FILE"), "the SentencePiece .model of the text")
+      ("prompt-ids", po::value<std::string>()->value_name("IDS"), "the prompt as token ids, e.g. \"1 2 3\"")
+      ("max-new-tokens,n", po::value<int64_t>()->default_value(64)->value_name("N"), "tokens to generate at most")
+      ("temperature,t", po::value<double>()->default_value(1.0)->value_name("T"),
+       "divides the logits; 0 is greedy (the most probable token)")
+      ("top-k", po::value<int64_t>()->default_value(0)->value_name("K"), "sample among the K most probable (0: all)")
+      ("top-p", po::value<double>()->default_value(1.0)->value_name("P"),
+       "sample among the most probable tokens that make up probability P (1: all)")
+      ("seed", po::value<uint64_t>()->default_value(0)->value_name("S"), "the seed of the draws")
+      ("device,d", po::value<std::string>()->default_value("cpu")->value_name("DEVICE"), "cpu, cuda or cuda:N")
+      ("ignore-eos", "with a tokenizer, go on past its </s>")
+      ("no-cache", "recompute the whole sequence for every token (slow; for comparison)");
+  po::variables_map vm;
+  po::store(po::command_line_parser(args).options(desc).run(), vm);
+  po::notify(vm);
+  if (vm.count("help")) {
+    std::cout << desc;
+    return kExitOk;
+  }
+  BOOSTER_CHECK(vm.count("checkpoint") + vm.count("hf") == 1, ConfigError,
+                "'booster generate' needs one of --checkpoint DIR or --hf DIR (see booster generate --help)");
+  BOOSTER_CHECK(vm.count("prompt") + vm.count("prompt-ids") == 1, ConfigError,
+                "'booster generate' needs one of --prompt TEXT (with --tokenizer) or --prompt-ids \"1 2 3\"");
+  BOOSTER_CHECK(!vm.count("prompt") || vm.count("tokenizer"), ConfigError,
+                "--prompt needs --tokenizer FILE to turn the text into ids; or give --prompt-ids");
+  nn::GenerateOptions options;
+  options.max_new_tokens = vm["max-new-tokens"].as<int64_t>();
+  options.temperature = vm["temperature"].as<double>();
+  options.top_k = vm["top-k"].as<int64_t>();
+  options.top_p = vm["top-p"].as<double>();
+  options.seed = vm["seed"].as<uint64_t>();
+  options.use_cache = !vm.count("no-cache");
+  BOOSTER_CHECK(options.max_new_tokens >= 0, ConfigError, "--max-new-tokens ", options.max_new_tokens,
+                ": expected a count >= 0");
+  BOOSTER_CHECK(std::isfinite(options.temperature) && options.temperature >= 0.0, ConfigError, "--temperature ",
+                options.temperature, ": expected a number >= 0 (0 is greedy)");
+  BOOSTER_CHECK(options.top_k >= 0, ConfigError, "--top-k ", options.top_k, ": expected a count >= 0 (0 keeps all)");
+  BOOSTER_CHECK(options.top_p > 0.0 && options.top_p <= 1.0, ConfigError, "--top-p ", options.top_p,
+                ": expected a probability in (0, 1] (1 keeps all)");
+  const Device device = device_from_string(vm["device"].as<std::string>());
+
+  std::unique_ptr<data::SentencePieceTokenizer> tokenizer;
+  if (vm.count("tokenizer")) tokenizer = std::make_unique<data::SentencePieceTokenizer>(vm["tokenizer"].as<std::string>());
+  std::vector<int64_t> prompt;
+  if (vm.count("prompt-ids")) {
+    prompt = parse_ids(vm["prompt-ids"].as<std::string>());
+  } else {
+    for (int id : tokenizer->encode(vm["prompt"].as<std::string>())) prompt.push_back(id);
+    BOOSTER_CHECK(!prompt.empty(), ConfigError, "--prompt gave no tokens; give some text");
+  }
+  if (tokenizer && !vm.count("ignore-eos")) options.eos_id = tokenizer->eos_id();
+  if (tokenizer) options.vocab_limit = tokenizer->vocab_size();  // a padded vocabulary's extra ids are never text
+
+  nn::ModulePtr model = vm.count("hf") ? load_hf_model(vm["hf"].as<std::string>())
+                                       : load_checkpoint_model(vm["checkpoint"].as<std::string>(),
+                                                               vm.count("config") ? vm["config"].as<std::string>() : "");
+  const auto* lm = dynamic_cast<const nn::CausalLM*>(model.get());
+  BOOSTER_CHECK(lm != nullptr, ConfigError, "the model is a ", model->name(),
+                ", which cannot generate; booster generate takes a gpt or llama model");
+  for (int64_t id : prompt)
+    BOOSTER_CHECK(id < lm->vocab_size(), ConfigError, "prompt token id ", id, " is past the model's vocabulary of ",
+                  lm->vocab_size(), " ids (0 .. ", lm->vocab_size() - 1, ")");
+  BOOSTER_CHECK(int64_t(prompt.size()) < lm->max_positions(), ConfigError, "the prompt has ", prompt.size(),
+                " tokens; the model takes at most ", lm->max_positions(), " positions in all, so shorten it");
+  if (tokenizer)
+    BOOSTER_CHECK(tokenizer->vocab_size() <= lm->vocab_size(), ConfigError, "the tokenizer ",
+                  tokenizer->path(), " has ", tokenizer->vocab_size(), " ids, the model only ", lm->vocab_size(),
+                  "; give the tokenizer the model was trained with");
+  model->to(device);
+  std::cerr << "booster: " << model->name() << " from " << (vm.count("hf") ? vm["hf"].as<std::string>() : vm["checkpoint"].as<std::string>())
+            << ", prompt of " << prompt.size() << " tokens\n";
+
+  const auto start = std::chrono::steady_clock::now();
+  const nn::GenerateResult result = nn::generate(*model, prompt, options);
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+
+  std::string why;
+  switch (result.stop_reason) {
+    case nn::StopReason::MaxNewTokens: why = "--max-new-tokens reached"; break;
+    case nn::StopReason::EndOfSequence: why = "the end-of-sequence token"; break;
+    case nn::StopReason::MaxPositions:
+      why = "the model's limit of " + std::to_string(lm->max_positions()) + " positions (prompt and new tokens)";
+      break;
+  }
+  std::cerr << "booster: generated " << result.tokens.size() << " tokens in " << seconds << " s ("
+            << (seconds > 0 ? double(result.tokens.size()) / seconds : 0.0) << " tokens/s, "
+            << (options.use_cache ? "with" : "without") << " the key/value cache); stopped at " << why << "\n";
+  if (tokenizer) {
+    std::vector<int> text_ids;
+    for (int64_t id : prompt) text_ids.push_back(int(id));
+    for (int64_t id : result.tokens)
+      if (id != options.eos_id) text_ids.push_back(int(id));
+    std::cout << tokenizer->decode(text_ids) << "\n";
+  } else {
+    std::string line;
+    for (int64_t id : result.tokens) line += (line.empty() ? "" : " ") + std::to_string(id);
+    std::cout << line << "\n";
+  }
+  return kExitOk;
+}
+
+}  // namespace booster::cli
