@@ -17,12 +17,31 @@
 // holds a slice of a weight never holds the whole of it; Tensor::to(device) moves the record. Not
 // thread-safe: a deferred tensor is allocated by whichever thread first uses it, so it must not be
 // first used by several threads at once (kernels take their pointers before their parallel loops).
+//
+// Note [Weights from a file]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~
+// A pretrained model (nn::load_pretrained, hf.h) is built deferred and each parameter records, instead
+// of an initializer, the tensor of a safetensors file it holds (defer_from_file): file, offset, stored
+// dtype and shape, and whether it is stored transposed. Allocating it reads the tensor; select_ranges
+// (a tensor-parallel shard) reads only the elements the shard keeps, through a read-only mapping of the
+// file, so no rank reads, let alone holds, a weight it does not own a part of. F32, F16 and BF16 values
+// are exact in float64, so going through float64 to the storage's dtype (copy_'s rounding) gives
+// exactly what reading the file eagerly and converting it gives. A file that shrank since its header was
+// checked is a CheckpointError naming it, never a read past its end.
 #include "booster/tensor/deferred.h"
 
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
+#include <cstring>
 
 #include "booster/common/error.h"
 #include "booster/tensor/grad_mode.h"
+#include "booster/tensor/half.h"
 
 namespace booster {
 
@@ -45,12 +64,65 @@ struct Replay {
     switch (init_.kind) {
       case DeferredInit::Kind::Uniform: return init_.a + (init_.b - init_.a) * gen_.uniform();
       case DeferredInit::Kind::Normal: return init_.a + init_.b * gen_.normal();
-      case DeferredInit::Kind::Fill: break;
+      case DeferredInit::Kind::Fill:
+      case DeferredInit::Kind::File: break;  // File records are read by FileValues
     }
     return init_.a;
   }
   const DeferredInit& init_;
   Generator gen_;
+};
+
+// A file tensor's elements in the deferred tensor's row-major order, from a read-only mapping.
+class FileValues {
+ public:
+  FileValues(const DeferredFileTensor& f, int64_t numel) : f_(f) {
+    const int fd = ::open(f.path.c_str(), O_RDONLY | O_CLOEXEC);
+    BOOSTER_CHECK(fd >= 0, CheckpointError, "cannot open ", f.path.string(), " to read a deferred weight: ",
+                  std::strerror(errno));
+    struct stat st {};
+    const bool ok = ::fstat(fd, &st) == 0;
+    const uint64_t need = f.offset + uint64_t(numel) * itemsize(f.dtype);
+    if (!ok || uint64_t(st.st_size) < need) {
+      ::close(fd);
+      BOOSTER_FAIL(CheckpointError, "cannot read a deferred weight from ", f.path.string(), ": it needs bytes up to ",
+                   need, " but the file has ", ok ? uint64_t(st.st_size) : 0, " (changed since it was opened?)");
+    }
+    size_ = size_t(st.st_size);
+    map_ = size_ == 0 ? nullptr : ::mmap(nullptr, size_, PROT_READ, MAP_PRIVATE, fd, 0);
+    ::close(fd);
+    BOOSTER_CHECK(map_ != MAP_FAILED, CheckpointError, "cannot map ", f.path.string(), ": ", std::strerror(errno));
+    base_ = static_cast<const uint8_t*>(map_) + f.offset;
+    if (f.transposed) rows_ = f.shape.at(1), cols_ = f.shape.at(0);  // the deferred tensor is [rows, cols]
+  }
+  ~FileValues() {
+    if (map_ != nullptr && map_ != MAP_FAILED) ::munmap(map_, size_);
+  }
+  FileValues(const FileValues&) = delete;
+  FileValues& operator=(const FileValues&) = delete;
+
+  // Element i (row-major) of the deferred tensor.
+  double at(int64_t i) const {
+    if (f_.transposed) i = (i % cols_) * rows_ + i / cols_;
+    switch (f_.dtype) {
+      case DType::Float16: return half_bits_to_float(load<uint16_t>(i));
+      case DType::BFloat16: return bf16_bits_to_float(load<uint16_t>(i));
+      default: return load<float>(i);
+    }
+  }
+
+ private:
+  template <typename T>
+  T load(int64_t i) const {
+    T v;
+    std::memcpy(&v, base_ + size_t(i) * sizeof(T), sizeof(T));
+    return v;
+  }
+  const DeferredFileTensor& f_;
+  void* map_ = nullptr;
+  size_t size_ = 0;
+  const uint8_t* base_ = nullptr;
+  int64_t rows_ = 0, cols_ = 1;
 };
 
 bool defer_draws(const Tensor& t, DeferredInit::Kind kind, double a, double b, Generator& gen) {
@@ -97,6 +169,25 @@ bool defer_uniform(const Tensor& t, double low, double high, Generator& gen) {
 
 bool defer_normal(const Tensor& t, double mean, double std, Generator& gen) {
   return defer_draws(t, DeferredInit::Kind::Normal, mean, std, gen);
+}
+
+bool defer_from_file(const Tensor& t, DeferredFileTensor source) {
+  Storage* s = whole_deferred(t);
+  if (s == nullptr) return false;
+  BOOSTER_CHECK(source.dtype == DType::Float32 || source.dtype == DType::Float16 || source.dtype == DType::BFloat16,
+                DTypeError, "defer_from_file: ", source.path.string(), " stores ", source.dtype,
+                "; only float32, float16 and bfloat16 weights are read");
+  int64_t numel = 1;
+  for (int64_t d : source.shape) numel *= d;
+  BOOSTER_CHECK(numel == t.numel() && (!source.transposed || source.shape.size() == 2), ShapeError,
+                "defer_from_file: the tensor of shape ", source.shape, " in ", source.path.string(),
+                source.transposed ? " (transposed)" : "", " cannot fill a tensor of shape ", t.shape());
+  auto init = std::make_shared<DeferredInit>();
+  init->kind = DeferredInit::Kind::File;
+  init->dtype = t.dtype();
+  init->file = std::make_shared<const DeferredFileTensor>(std::move(source));
+  s->set_deferred_init(std::move(init));
+  return true;
 }
 
 void discard_deferred_values(const Tensor& t) {
@@ -154,6 +245,18 @@ Tensor select_ranges(const Tensor& t, int64_t dim, const std::vector<int64_t>& s
   const int64_t out_size = shape[size_t(dim)];
   Tensor host = Tensor::empty(shape, DType::Float64);
   double* p = host.data<double>();
+  if (init->kind == DeferredInit::Kind::File) {  // random access: read only the kept elements
+    const FileValues file(*init->file, t.numel());
+    for (int64_t o = 0; o < outer; ++o)
+      for (int64_t d = 0; d < size; ++d) {
+        const int64_t w = where[size_t(d)];
+        if (w < 0) continue;
+        double* row = p + (o * out_size + w) * inner;
+        for (int64_t i = 0; i < inner; ++i) row[i] = file.at((o * size + d) * inner + i);
+      }
+    out.copy_(host);
+    return out;
+  }
   Replay replay(*init);
   for (int64_t o = 0; o < outer; ++o)
     for (int64_t d = 0; d < size; ++d) {
@@ -186,6 +289,12 @@ void fill_deferred(Storage& storage, const DeferredInit& init) {
   }
   Tensor host = Tensor::empty(dst.shape(), DType::Float64);
   double* p = host.data<double>();
+  if (init.kind == DeferredInit::Kind::File) {
+    const FileValues file(*init.file, host.numel());
+    for (int64_t i = 0; i < host.numel(); ++i) p[i] = file.at(i);
+    dst.copy_(host);
+    return;
+  }
   Replay replay(init);
   for (int64_t i = 0; i < host.numel(); ++i) p[i] = replay.next();
   dst.copy_(host);

@@ -16,6 +16,7 @@
 #pragma once
 
 #include <cstdint>
+#include <filesystem>
 #include <memory>
 #include <vector>
 
@@ -38,14 +39,28 @@ class LazyInitGuard {
   bool previous_;
 };
 
-// How a deferred storage's values are made when it is allocated: a constant, or draws from a generator
-// in row-major order (the generator's state when the draws were made), converted to `dtype`.
+// One tensor of a safetensors file, read when the deferred tensor it stands for is allocated (Note
+// [Weights from a file] in deferred.cpp). The file's header is the caller's to have checked.
+struct DeferredFileTensor {
+  std::filesystem::path path;
+  uint64_t offset = 0;           // absolute offset of the tensor's first byte in the file
+  DType dtype = DType::Float32;  // as stored: Float32, Float16 or BFloat16
+  Shape shape;                   // as stored
+  // A 2-D tensor stored as its transpose (GPT-2's Conv1D weights, [in, out] for a Linear's [out, in]):
+  // element (r, c) of the tensor is element (c, r) of the file's.
+  bool transposed = false;
+};
+
+// How a deferred storage's values are made when it is allocated: a constant, draws from a generator
+// in row-major order (the generator's state when the draws were made), or a tensor of a file, converted
+// to `dtype`.
 struct DeferredInit {
-  enum class Kind { Fill, Uniform, Normal };
+  enum class Kind { Fill, Uniform, Normal, File };
   Kind kind = Kind::Fill;
   double a = 0.0, b = 0.0;  // Fill: value; Uniform: [low, high); Normal: mean, std
   Generator generator;
   DType dtype = DType::Float32;
+  std::shared_ptr<const DeferredFileTensor> file;  // File only
 };
 
 // True when t's memory is not allocated yet (made under a LazyInitGuard and not used since).
@@ -60,6 +75,11 @@ void materialize(const Tensor& t);
 bool defer_fill(const Tensor& t, double value);
 bool defer_uniform(const Tensor& t, double low, double high, Generator& gen);
 bool defer_normal(const Tensor& t, double mean, double std, Generator& gen);
+
+// Record that a deferred t spanning its storage holds `source` (a tensor of a file, of t's numel and,
+// transposes undone, t's shape): nothing is read now, and allocating t, or select_ranges of it, reads
+// only the bytes it needs. False when t is not such a tensor (the caller reads the file eagerly).
+bool defer_from_file(const Tensor& t, DeferredFileTensor source);
 
 // Forgets the recorded values of a deferred t spanning its storage (t is about to be overwritten whole).
 void discard_deferred_values(const Tensor& t);
