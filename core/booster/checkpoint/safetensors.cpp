@@ -182,7 +182,8 @@ void write_safetensors(const fs::path& path, const TensorMap& tensors, const Met
   // Bring every tensor to contiguous host memory first: saved by value, whatever its strides or device.
   std::vector<std::pair<const std::string*, Tensor>> data;
   data.reserve(tensors.size());
-  json header = json::object();
+  nlohmann::ordered_json header = nlohmann::ordered_json::object();  // keys in the reference writer's order
+  if (!metadata.empty()) header["__metadata__"] = metadata;
   uint64_t offset = 0;
   for (const auto& [name, t] : tensors) {  // std::map: sorted by name, as the reference writer
     BOOSTER_CHECK(!name.empty() && name != "__metadata__", CheckpointError, "write_safetensors ", path.string(),
@@ -191,13 +192,13 @@ void write_safetensors(const fs::path& path, const TensorMap& tensors, const Met
                   "' is undefined");
     Tensor host = t.device().is_cpu() ? t.contiguous() : t.cpu().contiguous();
     const uint64_t nbytes = host.nbytes();
-    header[name] = {{"dtype", safetensors_dtype_name(host.dtype())},
-                    {"shape", host.shape()},
-                    {"data_offsets", {offset, offset + nbytes}}};
+    auto& entry = header[name];
+    entry["dtype"] = safetensors_dtype_name(host.dtype());
+    entry["shape"] = host.shape();
+    entry["data_offsets"] = {offset, offset + nbytes};
     offset += nbytes;
     data.emplace_back(&name, std::move(host));
   }
-  if (!metadata.empty()) header["__metadata__"] = metadata;
 
   std::string text;
   try {
@@ -318,6 +319,16 @@ std::vector<TensorSpan> safetensors_spans(const fs::path& path) {
   for (const Entry& e : header.entries)
     spans.push_back({e.name, header.data_start + e.begin, header.data_start + e.end});
   return spans;
+}
+
+SafetensorsHeader read_safetensors_header(const fs::path& path) {
+  FileReader file(path);
+  Header header = read_header(file, path, /*raw=*/true);
+  SafetensorsHeader out;
+  out.metadata = std::move(header.metadata);
+  for (const Entry& e : header.entries)
+    out.entries.push_back({e.name, e.dtype_name, e.shape, header.data_start + e.begin, header.data_start + e.end});
+  return out;
 }
 
 std::map<std::string, RawTensor> read_safetensors_raw(const fs::path& path) {

@@ -9,8 +9,9 @@
 //   the data  every tensor's elements, row-major, little-endian, at [begin, end) relative to the data's
 //             start. The spans tile the data exactly: no gaps, no overlaps, nothing after the last.
 // dtype names: F64 F32 F16 BF16 I64 I32 BOOL (the ones booster has; BOOL is one byte, 0 or 1).
-// We write tensors sorted by name with contiguous offsets, as the reference writer does, so files are
-// byte-identical for equal inputs and read by PyTorch's tools (safetensors.torch.load_file,
+// We write tensors sorted by name with contiguous offsets, as the reference writer does for tensors of
+// one dtype, and the header as it does (compact JSON, "__metadata__" first, then each tensor's
+// "dtype", "shape", "data_offsets" in that order), so files are byte-identical for equal inputs and read by PyTorch's tools (safetensors.torch.load_file,
 // transformers' from_pretrained).
 //
 // The reader trusts nothing in the file: the header length against the file size, the JSON, every
@@ -75,6 +76,21 @@ struct TensorSpan {
   uint64_t begin = 0, end = 0;
 };
 std::vector<TensorSpan> safetensors_spans(const std::filesystem::path& path);
+
+// A file's validated header (as read_safetensors checks it, any of the format's dtypes) without its
+// data: each tensor's dtype name, shape and absolute byte span, sorted by position, and the metadata.
+// What a reader that takes tensors one by one, or parts of them, needs (nn::load_pretrained).
+struct SafetensorsEntry {
+  std::string name;
+  std::string dtype;  // "F32", "BF16", "I64", ...
+  Shape shape;
+  uint64_t begin = 0, end = 0;
+};
+struct SafetensorsHeader {
+  std::vector<SafetensorsEntry> entries;
+  Metadata metadata;
+};
+SafetensorsHeader read_safetensors_header(const std::filesystem::path& path);
 
 inline constexpr const char* kModelFileName = "model.safetensors";
 inline constexpr const char* kModelIndexFileName = "model.safetensors.index.json";
