@@ -26,9 +26,11 @@ GPT::GPT(const GPTConfig& cfg, uint64_t seed)
   drop = register_module("drop", std::make_shared<Dropout>(cfg.dropout, dropout_gen_));
   blocks = register_module("blocks", std::make_shared<Sequential>());
   for (int64_t i = 0; i < cfg.layers; ++i)
-    blocks->push_back(std::make_shared<Block>(cfg.width, cfg.heads, cfg.dropout, &gen, dropout_gen_));
-  ln_f = register_module("ln_f", std::make_shared<LayerNorm>(cfg.width));
-  lm_head = register_module("lm_head", std::make_shared<Linear>(cfg.width, cfg.vocab_size, false, &gen));
+    blocks->push_back(std::make_shared<Block>(cfg.width, cfg.heads, cfg.dropout, &gen, dropout_gen_, cfg.layer_norm_eps));
+  ln_f = register_module("ln_f", std::make_shared<LayerNorm>(cfg.width, cfg.layer_norm_eps));
+  lm_head = register_module("lm_head", cfg.tie_word_embeddings
+                                           ? std::make_shared<Linear>(wte->weight)
+                                           : std::make_shared<Linear>(cfg.width, cfg.vocab_size, false, &gen));
   // Logits rows 64 apart on a GPU (50257 -> 50304 for GPT-2): aligned rows keep the vocabulary GEMMs on
   // the tensor-core kernels; the padding is never read (the loss takes the row stride).
   lm_head->output_row_multiple = 64;
@@ -38,6 +40,7 @@ GPT::GPT(const GPTConfig& cfg, uint64_t seed)
   const double residual_std = 0.02 / std::sqrt(2.0 * double(cfg.layers));
   for (const auto& [path, m] : named_modules()) {
     if (auto* lin = dynamic_cast<const Linear*>(m)) {
+      if (lin->weight.is_same(wte->weight)) continue;  // tied: drawn once, as the embedding
       const bool residual = path.size() >= 7 && path.compare(path.size() - 7, 7, ".c_proj") == 0;
       init::normal_(lin->weight, 0.0, residual ? residual_std : 0.02, init_gen);
       if (lin->bias.defined()) init::zeros_(lin->bias);

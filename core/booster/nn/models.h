@@ -25,9 +25,13 @@ struct GPTConfig {
   double dropout = 0.0;
   // Recompute each block's activations in backward instead of keeping them (nn::checkpoint).
   bool activation_checkpointing = false;
+  // GPT-2's: lm_head reads wte's table (one tensor, listed once as "wte.weight"), and the layer norms'
+  // epsilon (Hugging Face's tie_word_embeddings and layer_norm_epsilon).
+  bool tie_word_embeddings = false;
+  double layer_norm_eps = 1e-5;
 };
 
-// A GPT-2 style decoder (nanoGPT without weight tying):
+// A GPT-2 style decoder (nanoGPT; its weight tying is tie_word_embeddings, off by default):
 //   wte, wpe -> drop -> blocks.0 .. blocks.{layers-1} -> ln_f -> lm_head (no bias).
 // Init as nanoGPT: Linear and Embedding weights N(0, 0.02), biases zero, LayerNorm (1, 0), and every
 // residual projection (attn.c_proj, mlp.c_proj) N(0, 0.02 / sqrt(2 layers)). Deterministic from seed.

@@ -95,6 +95,7 @@ namespace {
 class VocabParallelHead final : public tp::ColumnParallelLinear {
  public:
   VocabParallelHead(const Linear& full, distributed::ProcessGroup& group) : ColumnParallelLinear(full, group, false) {}
+  using ColumnParallelLinear::ColumnParallelLinear;  // a tied head: the vocabulary-parallel embedding's shard
   Tensor forward(const Tensor& x) override {
     const Tensor y = ColumnParallelLinear::forward(x);
     return autograd::grad_mode_enabled() ? y : tp::gather_last_dim(y, group());
@@ -105,6 +106,10 @@ ShardedModel gpt_policy(const ModulePtr& model, const ShardContext& c) {
   const auto gpt = std::dynamic_pointer_cast<GPT>(model);
   BOOSTER_CHECK(gpt != nullptr, IncompatibleError, "shard policy 'GPT': the model is a ", model->name(),
                 ", not a booster::nn::GPT");
+  BOOSTER_CHECK(!gpt->config.tie_word_embeddings || c.stages == 1, IncompatibleError,
+                "shard policy 'GPT': tie_word_embeddings shares one tensor between wte (first pipeline stage) and "
+                "lm_head (last stage), which a pipeline of ", c.stages, " stages puts on different ranks; use "
+                "pp_size 1, or untie the embeddings");
   pp::GPTParts parts = pp::gpt_parts(*gpt);
   const std::vector<int64_t> layers = c.stage_layers.empty() ? pp::balance_gpt_layers(*gpt, c.stages) : c.stage_layers;
   // This stage's blocks [first_block, end_block) (gpt_stage checks `layers` itself; clamped here).
@@ -124,13 +129,17 @@ ShardedModel gpt_policy(const ModulePtr& model, const ShardContext& c) {
                   ") and the vocabulary (", cfg.vocab_size, ")");
     // Only this stage's layers are split: the others are not this rank's, and split they would take
     // memory (a deferred model's are never allocated at all).
-    if (c.stage == 0) parts.wte = std::make_shared<tp::VocabParallelEmbedding>(*gpt->wte, *group);
+    std::shared_ptr<tp::VocabParallelEmbedding> vocab_wte;
+    if (c.stage == 0) parts.wte = vocab_wte = std::make_shared<tp::VocabParallelEmbedding>(*gpt->wte, *group);
     for (int64_t b = first_block; b < end_block; ++b)
       parts.blocks[size_t(b)] =
           std::make_shared<tp::ParallelBlock>(dynamic_cast<const Block&>(*parts.blocks[size_t(b)]), *group);
-    if (c.stage == c.stages - 1) parts.lm_head = std::make_shared<VocabParallelHead>(*gpt->lm_head, *group);
+    if (c.stage == c.stages - 1)
+      parts.lm_head = cfg.tie_word_embeddings  // one stage (checked above): the head is wte's shard
+                          ? std::make_shared<VocabParallelHead>(vocab_wte->weight, Tensor(), cfg.vocab_size, *group, false)
+                          : std::make_shared<VocabParallelHead>(*gpt->lm_head, *group);
     out.shards["wte.weight"] = {0, 1};
-    out.shards["lm_head.weight"] = {0, 1};
+    if (!cfg.tie_word_embeddings) out.shards["lm_head.weight"] = {0, 1};
     for (int64_t i = 0; i < cfg.layers; ++i) {
       const std::string b = "blocks." + std::to_string(i) + ".";
       out.shards[b + "attn.c_attn.weight"] = {0, 3};

@@ -47,10 +47,11 @@ MLP::MLP(int64_t width, double p, Generator* init_gen, std::shared_ptr<Generator
 
 Tensor MLP::forward(const Tensor& x) { return (*dropout)((*c_proj)((*gelu)((*c_fc)(x)))); }
 
-Block::Block(int64_t width, int64_t heads, double p, Generator* init_gen, std::shared_ptr<Generator> dropout_gen) {
-  ln_1 = register_module("ln_1", std::make_shared<LayerNorm>(width));
+Block::Block(int64_t width, int64_t heads, double p, Generator* init_gen, std::shared_ptr<Generator> dropout_gen,
+             double layer_norm_eps) {
+  ln_1 = register_module("ln_1", std::make_shared<LayerNorm>(width, layer_norm_eps));
   attn = register_module("attn", std::make_shared<CausalSelfAttention>(width, heads, p, init_gen, dropout_gen));
-  ln_2 = register_module("ln_2", std::make_shared<LayerNorm>(width));
+  ln_2 = register_module("ln_2", std::make_shared<LayerNorm>(width, layer_norm_eps));
   mlp = register_module("mlp", std::make_shared<MLP>(width, p, init_gen, dropout_gen));
 }
 

@@ -53,7 +53,7 @@ class MLP : public Module {
 class Block : public Module {
  public:
   Block(int64_t width, int64_t heads, double dropout = 0.0, Generator* init_gen = nullptr,
-        std::shared_ptr<Generator> dropout_gen = nullptr);
+        std::shared_ptr<Generator> dropout_gen = nullptr, double layer_norm_eps = 1e-5);
   Tensor forward(const Tensor& x) override;
   Tensor forward_cached(const Tensor& x, LayerKVCache& cache);  // attention through the cache
   std::string name() const override { return "Block"; }
