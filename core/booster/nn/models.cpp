@@ -5,6 +5,7 @@
 
 #include "booster/nn/activation_checkpoint.h"
 #include "booster/nn/cnn.h"
+#include "booster/nn/hf.h"
 #include "booster/nn/init.h"
 #include "booster/nn/llama.h"
 #include "booster/ops/ops.h"
@@ -236,6 +237,7 @@ void register_builtin_model(const std::string& name, ModelFactory factory);
   detail::register_builtin_model("gpt", make_gpt);
   detail::register_builtin_model("cnn", make_cnn);
   detail::register_builtin_model("llama", make_llama);  // llama.h
+  detail::register_builtin_model("hf", make_hf);        // hf.h: a Hugging Face model directory
   return true;
 }();
 

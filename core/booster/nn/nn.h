@@ -9,6 +9,7 @@
 #include "booster/nn/dropout.h"
 #include "booster/nn/embedding.h"
 #include "booster/nn/generate.h"
+#include "booster/nn/hf.h"
 #include "booster/nn/init.h"
 #include "booster/nn/kv_cache.h"
 #include "booster/nn/linear.h"
