@@ -67,6 +67,10 @@ int tokenize(const std::vector<std::string>& args);
 // samples a continuation from a trained model through nn::generate. `args` follow the subcommand.
 int generate(const std::vector<std::string>& args);
 
+// `booster export --checkpoint DIR --format hf --out OUT` (export.cpp): a checkpoint's model as a
+// Hugging Face model directory (booster/nn/hf.h). `args` follow the subcommand.
+int export_model(const std::vector<std::string>& args);
+
 // `booster bench --workload mlp|gpt ...` (bench.cpp): times training steps, prints one line of JSON.
 // `args` follow the subcommand.
 int bench(const std::vector<std::string>& args);

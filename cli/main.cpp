@@ -43,6 +43,7 @@ constexpr const char* kUsage =
     "  bench       time training steps: booster bench --workload mlp|gpt [--precision NAME]\n"
     "  tokenize    encode a text with a SentencePiece model: booster tokenize --model M --in TEXT --out FILE\n"
     "  generate    sample from a trained model: booster generate --checkpoint DIR --prompt-ids \"1 2 3\"\n"
+    "  export      write a checkpoint's model for Hugging Face: booster export --checkpoint DIR --format hf --out OUT\n"
     "\n"
     "options:\n"
     "  -h, --help     show this help (or `booster <command> --help`)\n"
@@ -298,8 +299,9 @@ int run(int argc, char** argv) {
   if (command == "bench") return booster::cli::bench(rest);
   if (command == "tokenize") return booster::cli::tokenize(rest);
   if (command == "generate") return booster::cli::generate(rest);
+  if (command == "export") return booster::cli::export_model(rest);
   std::string msg = "unknown command '" + command + "'";
-  if (auto guess = booster::config::nearest(command, {"train", "check", "doctor", "run", "plot", "precisions", "plugins", "compat", "bench", "tokenize", "generate"})) msg += "; did you mean '" + *guess + "'?";
+  if (auto guess = booster::config::nearest(command, {"train", "check", "doctor", "run", "plot", "precisions", "plugins", "compat", "bench", "tokenize", "generate", "export"})) msg += "; did you mean '" + *guess + "'?";
   throw UsageError(msg + " (see booster --help)");
 }
 

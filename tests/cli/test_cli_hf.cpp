@@ -1,0 +1,214 @@
+// Hugging Face models through the `booster` program: `booster train` with {"type": "hf"} (a tiny
+// Llama from a sharded index, a tiny tied GPT-2) on token data, on one process and under
+// `booster run -n 2 -- booster train -p hybrid_parallel --set plugin.tp_size=2` (which loads each rank's
+// part straight from the files) ending where one process ends; `booster export` of the checkpoints,
+// which load again with the trained weights in Hugging Face's names and layout; and malformed inputs
+// as one line and a non-zero exit.
+#include <catch2/catch.hpp>
+
+#include "skip.h"
+
+#include <cmath>
+#include <cstdint>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "booster/checkpoint/safetensors.h"
+#include "booster/nn/hf.h"
+#include "booster/ops/ops.h"
+#include "run_booster.h"
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+using testing::RunResult;
+using Catch::Contains;
+
+namespace {
+
+fs::path scratch_dir() { return testing::scratch_dir("test_cli_hf"); }
+
+fs::path fixture_dir(const std::string& name) { return fs::path(BOOSTER_FIXTURE_DIR) / "hf" / name; }
+
+// 2048 uint16 token ids below the fixtures' vocabulary of 48, in a pattern a model can learn.
+fs::path token_file() {
+  const fs::path p = scratch_dir() / "tokens.bin";
+  if (fs::exists(p)) return p;
+  std::vector<uint16_t> ids;
+  for (int i = 0; i < 2048; ++i) ids.push_back(uint16_t((i * 7 + (i / 48) * 3) % 48));
+  std::ofstream(p, std::ios::binary).write(reinterpret_cast<const char*>(ids.data()), std::streamsize(ids.size() * 2));
+  return p;
+}
+
+fs::path write_config(const std::string& name, const json& model, const std::string& run) {
+  const json c = {{"model", model},
+                  {"optimizer", {{"type", "sgd"}, {"lr", 0.05}}},
+                  {"data", {{"type", "tokens"}, {"path", token_file().string()}, {"dtype", "uint16"}, {"seq_len", 8},
+                            {"batch_size", 4}, {"shuffle", false}}},
+                  {"train", {{"max_steps", 4}, {"log_every", 1}, {"seed", 3}, {"checkpoint_every", 4},
+                             {"run_dir", (scratch_dir() / run).string()}}}};
+  const fs::path p = scratch_dir() / name;
+  std::ofstream(p) << c.dump(2);
+  return p;
+}
+
+const char* kEnv = "OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1";
+
+RunResult run_cli(const std::string& args) { return testing::run_booster_in(scratch_dir(), args, kEnv); }
+
+double final_loss(const RunResult& r) { return json::parse(testing::last_line(r.out)).at("final_loss").get<double>(); }
+
+fs::path step4(const std::string& run) { return scratch_dir() / run / "checkpoints" / "step-00000004"; }
+
+// A failure as the program must report it: a non-zero exit and exactly one line on stderr.
+void check_one_line_error(const RunResult& r, int exit_code, const std::vector<std::string>& must_contain) {
+  INFO("stderr: " << r.err);
+  CHECK(r.exit_code == exit_code);
+  CHECK(std::count(r.err.begin(), r.err.end(), '\n') == 1);
+  CHECK(r.err.rfind("booster: error: ", 0) == 0);
+  for (const std::string& s : must_contain) CHECK_THAT(r.err, Contains(s));
+}
+
+double max_diff(const booster::Tensor& a, const booster::Tensor& b) {
+  const std::vector<double> va = a.tolist(), vb = b.tolist();
+  REQUIRE(va.size() == vb.size());
+  double m = 0;
+  for (size_t i = 0; i < va.size(); ++i) m = std::max(m, std::abs(va[i] - vb[i]));
+  return m;
+}
+
+// The exported directory holds the checkpoint's weights, in Hugging Face's names (GPT-2's Conv1D
+// weights transposed back), and loads again as a model with exactly those values.
+void check_export(const fs::path& out, const fs::path& checkpoint_model, const std::string& family) {
+  const booster::checkpoint::TensorMap trained = booster::checkpoint::load_model(checkpoint_model);
+  const booster::checkpoint::TensorMap exported = booster::checkpoint::load_model(out);
+  CHECK(exported.size() == trained.size());
+  const booster::nn::ModulePtr model = booster::nn::load_pretrained(out);
+  const auto params = model->named_parameters();
+  REQUIRE(params.size() == trained.size());
+  for (const auto& [name, t] : params) {
+    INFO(name);
+    REQUIRE(trained.count(name));
+    CHECK(max_diff(t, trained.at(name)) == 0.0);
+  }
+  if (family == "gpt2") {
+    CHECK(exported.count("lm_head.weight") == 0);  // tied
+    const booster::Tensor c_attn = exported.at("transformer.h.0.attn.c_attn.weight");
+    CHECK(c_attn.shape() == booster::Shape{16, 48});
+    CHECK(max_diff(c_attn, trained.at("blocks.0.attn.c_attn.weight").transpose(0, 1)) == 0.0);
+  } else {
+    CHECK(exported.count("lm_head.weight") == 1);
+  }
+  // And it differs from the fixture it started from: the export is of the trained weights.
+  const booster::checkpoint::TensorMap start = booster::checkpoint::load_model(fixture_dir(family));
+  const std::string name = family == "gpt2" ? "transformer.wte.weight" : "model.embed_tokens.weight";
+  CHECK(max_diff(exported.at(name), start.at(name)) > 0.0);
+}
+
+}  // namespace
+
+TEST_CASE("booster train with model.type hf, then booster export, on one process", "[cli][hf]") {
+  for (const std::string family : {"llama", "gpt2"}) {
+    INFO(family);
+    const std::string run = "single_" + family;
+    fs::remove_all(scratch_dir() / run);
+    const fs::path config = write_config(run + ".json", {{"type", "hf"}, {"path", fixture_dir(family).string()}}, run);
+    const RunResult r = run_cli("train --config " + config.string());
+    INFO(r.err);
+    REQUIRE(r.exit_code == 0);
+    CHECK(std::isfinite(final_loss(r)));
+    const fs::path out = scratch_dir() / ("export_" + family);
+    fs::remove_all(out);
+    // A tiny shard limit: the export is an index and shards.
+    const RunResult e = run_cli("export --checkpoint " + step4(run).string() + " --format hf --out " + out.string() +
+                                " --max-shard-size 8000B");
+    INFO(e.err);
+    REQUIRE(e.exit_code == 0);
+    const json summary = json::parse(testing::last_line(e.out));
+    CHECK(summary.at("out") == out.string());
+    CHECK(fs::exists(out / "config.json"));
+    CHECK(fs::exists(out / "model.safetensors.index.json"));
+    const json hf_config = json::parse(testing::read_text(out / "config.json"));
+    CHECK(hf_config.at("model_type") == family);
+    CHECK(hf_config.at("bos_token_id") == json::parse(testing::read_text(fixture_dir(family) / "config.json")).at("bos_token_id"));
+    check_export(out, step4(run) / "model", family);
+    // The checkpoint root works too (its latest step), and the export trains again as model.type hf.
+    const fs::path again = scratch_dir() / ("export_root_" + family);
+    fs::remove_all(again);
+    REQUIRE(run_cli("export --checkpoint " + (scratch_dir() / run / "checkpoints").string() + " --out " + again.string())
+                .exit_code == 0);
+    CHECK(fs::exists(again / "model.safetensors"));
+    const fs::path config2 = write_config(run + "_again.json", {{"type", "hf"}, {"path", again.string()}}, run + "_again");
+    fs::remove_all(scratch_dir() / (run + "_again"));
+    CHECK(run_cli("train --config " + config2.string() + " --set train.max_steps=1 --set train.checkpoint_every=0").exit_code == 0);
+  }
+}
+
+TEST_CASE("booster train with model.type hf under hybrid_parallel tp 2 ends where one process ends", "[cli][hf][mpi]") {
+  if (!testing::have_mpirun()) {
+    skip_test("no mpirun (apt-get install openmpi-bin)");
+    return;
+  }
+  for (const std::string family : {"llama", "gpt2"}) {
+    INFO(family);
+    const std::string one = "tp_one_" + family, two = "tp_two_" + family;
+    fs::remove_all(scratch_dir() / one);
+    fs::remove_all(scratch_dir() / two);
+    const json model = {{"type", "hf"}, {"path", fixture_dir(family).string()}};
+    const RunResult single = run_cli("train --config " + write_config(one + ".json", model, one).string());
+    INFO(single.err);
+    REQUIRE(single.exit_code == 0);
+    const RunResult tp = run_cli("run -n 2 -- " + std::string(BOOSTER_BIN_DIR) + "/booster train --config " +
+                                 write_config(two + ".json", model, two).string() +
+                                 " -p hybrid_parallel --set plugin.tp_size=2");
+    INFO(tp.err);
+    REQUIRE(tp.exit_code == 0);
+    // Float32 sums in another order (the split GEMMs' partial sums and the vocabulary-parallel loss):
+    // 1e-5 relative, as test_cli_hybrid's bound for the same plugin.
+    CHECK(std::abs(final_loss(tp) - final_loss(single)) <= 1e-5 * final_loss(single));
+    // The hybrid checkpoint is the single-process model file: it exports as one process's does.
+    const fs::path out = scratch_dir() / ("export_tp_" + family);
+    fs::remove_all(out);
+    const RunResult e = run_cli("export --checkpoint " + step4(two).string() + " --format hf --out " + out.string());
+    INFO(e.err);
+    REQUIRE(e.exit_code == 0);
+    check_export(out, step4(two) / "model", family);
+  }
+}
+
+TEST_CASE("booster train and export: malformed Hugging Face inputs are one line and a non-zero exit", "[cli][hf]") {
+  const fs::path broken = scratch_dir() / "broken_gpt2";
+  fs::remove_all(broken);
+  fs::copy(fixture_dir("gpt2"), broken, fs::copy_options::recursive);
+  booster::checkpoint::TensorMap t = booster::checkpoint::read_safetensors(broken / "model.safetensors").tensors;
+  t.erase("transformer.ln_f.bias");
+  t["transformer.wpe.weight"] = booster::zeros({15, 16});
+  booster::checkpoint::write_safetensors(broken / "model.safetensors", t);
+  check_one_line_error(
+      run_cli("train --config " + write_config("broken.json", {{"type", "hf"}, {"path", broken.string()}}, "broken").string()),
+      2, {"missing transformer.ln_f.bias [16]", "transformer.wpe.weight has shape [15, 16], expected [16, 16]"});
+  check_one_line_error(
+      run_cli("train --config " +
+              write_config("nowhere.json", {{"type", "hf"}, {"path", (scratch_dir() / "nowhere").string()}}, "nowhere").string()),
+      2, {"nowhere", "is not a directory"});
+  check_one_line_error(
+      run_cli("train --config " +
+              write_config("option.json", {{"type", "hf"}, {"path", fixture_dir("llama").string()}, {"dropout", 0.1}}, "option")
+                  .string()),
+      2, {"'model.dropout' is not an option of a Hugging Face llama model"});
+
+  check_one_line_error(run_cli("export --checkpoint " + scratch_dir().string()), 2, {"needs --out"});
+  check_one_line_error(run_cli("export --checkpoint " + (scratch_dir() / "none").string() + " --out x"), 2,
+                       {"does not exist"});
+  check_one_line_error(run_cli("export --checkpoint " + fixture_dir("gpt2").string() + " --out x --format onnx"), 2,
+                       {"--format onnx", "hf"});
+  check_one_line_error(run_cli("export --checkpoint " + fixture_dir("gpt2").string() + " --out x --max-shard-size big"), 2,
+                       {"'big'"});
+  // A step directory with no run config beside it.
+  const fs::path lone = scratch_dir() / "lone" / "step-00000001";
+  fs::create_directories(lone / "model");
+  check_one_line_error(run_cli("export --checkpoint " + lone.string() + " --out x"), 2, {"--config"});
+}
