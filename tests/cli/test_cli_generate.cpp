@@ -1,6 +1,7 @@
 // `booster generate` through the program: a tiny Llama trained a few steps by `booster train` with
 // checkpoints, then sampled from its checkpoint; the greedy ids it prints equal nn::generate's on the
-// same weights loaded by the library; a SentencePiece prompt and text (skipped without spm_train); every
+// same weights loaded by the library, from a checkpoint and from Hugging Face directories (--hf); a
+// SentencePiece prompt and text (skipped without spm_train); every
 // malformed input is one line on stderr and a non-zero exit.
 #include <catch2/catch.hpp>
 
@@ -21,6 +22,7 @@
 #include "booster/checkpoint/safetensors.h"
 #include "booster/data/tokens.h"
 #include "booster/nn/generate.h"
+#include "booster/nn/hf.h"
 #include "booster/nn/models.h"
 
 namespace fs = std::filesystem;
@@ -126,6 +128,21 @@ TEST_CASE("cli generate: greedy ids from a checkpoint equal the library's", "[cl
   REQUIRE(full.exit_code == 0);
   CHECK(ids_of_line(testing::last_line(full.out)).size() == 29);
   CHECK_THAT(full.err, Contains("the model's limit of 32 positions"));
+}
+
+TEST_CASE("cli generate: --hf reads a Hugging Face directory; greedy ids equal the library's", "[cli][generate][hf]") {
+  for (const char* name : {"llama", "gpt2"}) {
+    INFO(name);
+    const fs::path dir = fs::path(BOOSTER_FIXTURE_DIR) / "hf" / name;
+    const RunResult r = run_booster("generate --hf " + dir.string() + " --prompt-ids \"1 2 3\" --temperature 0 -n 10");
+    INFO(r.err);
+    REQUIRE(r.exit_code == 0);
+    booster::nn::ModulePtr model = booster::nn::load_pretrained(dir);
+    const auto expected = booster::nn::generate(*model, {1, 2, 3}, {.max_new_tokens = 10, .temperature = 0.0}).tokens;
+    CHECK(ids_of_line(testing::last_line(r.out)) == expected);
+    CHECK(expected.size() == 10);
+  }
+  check_refused("generate --hf /nonexistent/hf --prompt-ids 1", "--hf /nonexistent/hf is not a directory");
 }
 
 TEST_CASE("cli generate: a text prompt through a SentencePiece tokenizer", "[cli][generate]") {
