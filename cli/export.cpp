@@ -6,7 +6,8 @@
 // The checkpoint (a step directory, or a checkpoint root whose `latest` names one) holds the model's
 // weights under model/ but not its architecture: that comes from the run's config.json, found beside
 // the checkpoint root (<run_dir>/config.json for <run_dir>/checkpoints/step-N, as `booster train`
-// lays a run out) or given with --config (the training config). The model is built from its `model`
+// lays a run out) or given with --config (the training config). The checkpoint's checksums are checked
+// first, as a resume checks them (--no-verify skips that). The model is built from its `model`
 // section without allocating it, the weights are loaded into it, and nn::save_pretrained writes
 // config.json and the safetensors in Hugging Face's names (booster/nn/hf.h). A model of type "hf"
 // takes its architecture, and the rest of its config.json, from the Hugging Face directory it was
@@ -20,6 +21,7 @@
 #include <nlohmann/json.hpp>
 
 #include "booster/booster/booster.h"
+#include "booster/checkpoint/checksums.h"
 #include "booster/checkpoint/safetensors.h"
 #include "booster/common/error.h"
 #include "booster/config/config.h"
@@ -74,7 +76,8 @@ int export_model(const std::vector<std::string>& args) {
       ("max-shard-size", po::value<std::string>()->default_value("5GB")->value_name("SIZE"),
        "split the weights into shards of at most SIZE (e.g. 2GB, 500MB), as transformers does")
       ("config,c", po::value<std::string>()->value_name("FILE"),
-       "the run's config (default: the config.json booster train wrote beside the checkpoint)");
+       "the run's config (default: the config.json booster train wrote beside the checkpoint)")
+      ("no-verify", "export without checking the checkpoint's files against its checksums");
   po::variables_map vm;
   po::store(po::command_line_parser(args).options(desc).run(), vm);
   po::notify(vm);
@@ -89,6 +92,7 @@ int export_model(const std::vector<std::string>& args) {
   nn::SavePretrainedOptions options;
   options.max_shard_bytes = nn::parse_byte_size(vm["max-shard-size"].as<std::string>());
   const fs::path step = step_directory(vm["checkpoint"].as<std::string>());
+  if (!vm.count("no-verify")) checkpoint::verify_checksums(step);  // a damaged file is refused, naming it
   const fs::path out = vm["out"].as<std::string>();
 
   const json given = run_config(step, vm.count("config") ? vm["config"].as<std::string>() : std::string());

@@ -135,6 +135,21 @@ TEST_CASE("booster train with model.type hf, then booster export, on one process
     CHECK(hf_config.at("model_type") == family);
     CHECK(hf_config.at("bos_token_id") == json::parse(testing::read_text(fixture_dir(family) / "config.json")).at("bos_token_id"));
     check_export(out, step4(run) / "model", family);
+    // A damaged checkpoint is refused, naming the file; --no-verify exports it as it is.
+    const fs::path damaged = scratch_dir() / ("damaged_" + family) / "checkpoints" / "step-00000004";
+    fs::remove_all(damaged.parent_path().parent_path());
+    fs::create_directories(damaged.parent_path());
+    fs::copy(step4(run), damaged, fs::copy_options::recursive);
+    fs::copy_file(scratch_dir() / run / "config.json", damaged.parent_path().parent_path() / "config.json");
+    {
+      std::fstream f(damaged / "model" / "model.safetensors", std::ios::in | std::ios::out | std::ios::binary);
+      f.seekp(-1, std::ios::end);
+      f.put('\x7f');
+    }
+    check_one_line_error(run_cli("export --checkpoint " + damaged.string() + " --out " + (out.string() + "_damaged")), 1,
+                         {"model.safetensors"});
+    CHECK(run_cli("export --checkpoint " + damaged.string() + " --out " + (out.string() + "_damaged") + " --no-verify")
+              .exit_code == 0);
     // The checkpoint root works too (its latest step), and the export trains again as model.type hf.
     const fs::path again = scratch_dir() / ("export_root_" + family);
     fs::remove_all(again);
