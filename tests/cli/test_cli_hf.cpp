@@ -1,7 +1,7 @@
 // Hugging Face models through the `booster` program: `booster train` with {"type": "hf"} (a tiny
 // Llama from a sharded index, a tiny tied GPT-2) on token data, on one process and under
-// `booster run -n 2 -- booster train -p hybrid_parallel --set plugin.tp_size=2` (which loads each rank's
-// part straight from the files) ending where one process ends; `booster export` of the checkpoints,
+// `booster run -n 2 -- booster train -p hybrid_parallel --set plugin.tp_size=2` and with pp_size=2 (which
+// load each rank's part straight from the files) ending where one process ends; `booster export` of the checkpoints,
 // which load again with the trained weights in Hugging Face's names and layout; and malformed inputs
 // as one line and a non-zero exit.
 #include <catch2/catch.hpp>
@@ -191,6 +191,21 @@ TEST_CASE("booster train with model.type hf under hybrid_parallel tp 2 ends wher
     INFO(e.err);
     REQUIRE(e.exit_code == 0);
     check_export(out, step4(two) / "model", family);
+    // Two pipeline stages: each reads only its own layers. A tied GPT-2 cannot be cut (its embedding and
+    // head are one tensor) and is refused, saying so.
+    const std::string pp = "pp_two_" + family;
+    fs::remove_all(scratch_dir() / pp);
+    const RunResult staged = run_cli("run -n 2 -- " + std::string(BOOSTER_BIN_DIR) + "/booster train --config " +
+                                     write_config(pp + ".json", model, pp).string() +
+                                     " -p hybrid_parallel --set plugin.pp_size=2");
+    INFO(staged.err);
+    if (family == "gpt2") {
+      CHECK(staged.exit_code == 2);
+      CHECK_THAT(staged.err, Contains("tie_word_embeddings shares one tensor"));
+    } else {
+      REQUIRE(staged.exit_code == 0);
+      CHECK(std::abs(final_loss(staged) - final_loss(single)) <= 1e-5 * final_loss(single));
+    }
   }
 }
 
