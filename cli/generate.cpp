@@ -10,7 +10,8 @@
 // Hugging Face model directory, read by nn::load_pretrained. The prompt: --prompt TEXT, encoded with
 // --tokenizer (a SentencePiece model, as `booster tokenize` uses), or --prompt-ids, ids separated by
 // spaces or commas. With a tokenizer stdout is the prompt followed by the generated text, and generation
-// stops at the tokenizer's </s> (unless --ignore-eos); without one, stdout is one line: the new ids. A
+// stops at the tokenizer's </s> (with --ignore-eos it goes on, each </s> printed as a line end); without
+// one, stdout is one line: the new ids. A
 // sentence on stderr says how many tokens came, how fast, and why it stopped (the count, </s>, or the
 // model's position limit).
 #include <chrono>
@@ -142,7 +143,7 @@ int generate(const std::vector<std::string>& args) {
        "sample among the most probable tokens that make up probability P (1: all)")
       ("seed", po::value<uint64_t>()->default_value(0)->value_name("S"), "the seed of the draws")
       ("device,d", po::value<std::string>()->default_value("cpu")->value_name("DEVICE"), "cpu, cuda or cuda:N")
-      ("ignore-eos", "with a tokenizer, go on past its </s>")
+      ("ignore-eos", "with a tokenizer, go on past its </s> (printed as a line end)")
       ("no-cache", "recompute the whole sequence for every token (slow; for comparison)");
   po::variables_map vm;
   po::store(po::command_line_parser(args).options(desc).run(), vm);
@@ -220,11 +221,18 @@ int generate(const std::vector<std::string>& args) {
             << (seconds > 0 ? double(result.tokens.size()) / seconds : 0.0) << " tokens/s, "
             << (options.use_cache ? "with" : "without") << " the key/value cache); stopped at " << why << "\n";
   if (tokenizer) {
-    std::vector<int> text_ids;
-    for (int64_t id : prompt) text_ids.push_back(int(id));
-    for (int64_t id : result.tokens)
-      if (id != options.eos_id) text_ids.push_back(int(id));
-    std::cout << tokenizer->decode(text_ids) << "\n";
+    // Each </s> ends a line, as `booster tokenize` put one after every line of the text.
+    std::vector<int> line;
+    for (int64_t id : prompt) line.push_back(int(id));
+    for (int64_t id : result.tokens) {
+      if (id == tokenizer->eos_id()) {
+        std::cout << tokenizer->decode(line) << "\n";
+        line.clear();
+      } else {
+        line.push_back(int(id));
+      }
+    }
+    if (!line.empty()) std::cout << tokenizer->decode(line) << "\n";
   } else {
     std::string line;
     for (int64_t id : result.tokens) line += (line.empty() ? "" : " ") + std::to_string(id);
