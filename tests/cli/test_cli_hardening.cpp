@@ -406,3 +406,30 @@ TEST_CASE("a gzip file whose end is cut is refused, whatever the cut", "[hardeni
   std::ofstream(dir / "t10k-labels-idx1-ubyte.gz", std::ios::binary | std::ios::trunc) << whole;
   CHECK(booster::data::load_fashion_mnist(dir.string(), /*train=*/false)->size() == 10000);
 }
+
+TEST_CASE("a large gzip file cut inside its trailer stops the command", "[hardening][data]") {
+  // The images are read in reads larger than zlib's gz buffer, the path on which gzread took a stream
+  // cut inside its CRC/length trailer for a whole one (Note [Whole gzip streams]).
+  const fs::path source = fs::path(booster::data::kFashionMnistDir);
+  if (!fs::exists(source / "train-images-idx3-ubyte.gz")) {
+    skip_test("Fashion-MNIST is not installed (apt-get install dataset-fashion-mnist)");
+    return;
+  }
+  const fs::path dir = scratch_dir() / "cut_gzip_train";
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  for (const char* name : {"train-labels-idx1-ubyte.gz", "t10k-images-idx3-ubyte.gz", "t10k-labels-idx1-ubyte.gz"})
+    fs::create_symlink(source / name, dir / name);
+  const std::string whole = read_text(source / "train-images-idx3-ubyte.gz");
+  for (size_t cut : {size_t(1), size_t(4), size_t(8)}) {
+    INFO("cut " << cut << " bytes");
+    std::ofstream(dir / "train-images-idx3-ubyte.gz", std::ios::binary | std::ios::trunc)
+        << whole.substr(0, whole.size() - cut);
+    const RunResult r = run_booster("train --config " + std::string(BOOSTER_SOURCE_DIR) +
+                                    "/examples/configs/fashion_mnist_mlp.json --set data.dir=" + dir.string() +
+                                    " --set train.max_steps=1 --set train.run_dir=null");
+    CHECK(r.exit_code != 0);
+    CHECK_THAT(r.err, Catch::Contains("train-images-idx3-ubyte.gz") && Catch::Contains("truncated"));
+  }
+  fs::remove_all(dir);
+}

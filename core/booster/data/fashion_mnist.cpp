@@ -2,9 +2,11 @@
 
 #include <zlib.h>
 
+#include <algorithm>
 #include <array>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <vector>
 
 #include "booster/common/error.h"
@@ -22,7 +24,7 @@ const char* const kInstallHint =
     "install the Debian package dataset-fashion-mnist (apt-get install dataset-fashion-mnist) or pass the "
     "folder that holds the Fashion-MNIST IDX files";
 
-// The path of `name` in `dir`: the .gz file, else an uncompressed copy (gzread reads both).
+// The path of `name` in `dir`: the .gz file, else an uncompressed copy (GzReader reads both).
 std::string find_file(const std::string& dir, const std::string& name) {
   namespace fs = std::filesystem;
   const fs::path gz = fs::path(dir) / (name + ".gz");
@@ -38,43 +40,67 @@ struct IdxFile {
   std::vector<uint8_t> payload;
 };
 
+// Reads an IDX file, gzip-compressed or not. Note [Whole gzip streams]: gzread takes a stream cut
+// inside its CRC/length trailer for the end of a file still being written and returns no error (found
+// with the last 4 bytes of train-images removed), so the reader inflates the file itself: inflate()
+// in gzip mode returns Z_STREAM_END only after it has read and verified the CRC-32 and the length, and
+// anything short of that at the end of the file is an error. Concatenated members are read in turn,
+// as gunzip does; bytes after the last member that do not start another member are refused.
 class GzReader {
  public:
-  explicit GzReader(std::string path) : path_(std::move(path)) {
-    file_ = gzopen(path_.c_str(), "rb");
-    BOOSTER_CHECK(file_ != nullptr, DataError, "load_fashion_mnist: cannot open ", path_, ": ",
-                  std::strerror(errno), "; ", kInstallHint);
-    gzbuffer(file_, 1 << 20);  // fewer, larger reads of the compressed file
+  explicit GzReader(std::string path) : path_(std::move(path)), in_(path_, std::ios::binary) {
+    BOOSTER_CHECK(in_.is_open(), DataError, "load_fashion_mnist: cannot open ", path_, ": ", std::strerror(errno),
+                  "; ", kInstallHint);
+    input_.resize(size_t(1) << 20);
+    refill();
+    gzip_ = avail_ >= 2 && uint8_t(input_[0]) == 0x1f && uint8_t(input_[1]) == 0x8b;
+    if (gzip_) start_member();
   }
   ~GzReader() {
-    if (file_) gzclose_r(file_);
+    if (inflating_) inflateEnd(&z_);
   }
   GzReader(const GzReader&) = delete;
   GzReader& operator=(const GzReader&) = delete;
 
-  // Reads up to n bytes; returns how many were read (fewer only at the end of the data).
+  // Reads up to n bytes; returns how many were read (fewer only at the verified end of the data).
   size_t read(void* dst, size_t n) {
+    auto* out = static_cast<uint8_t*>(dst);
     size_t done = 0;
     while (done < n) {
-      const unsigned chunk = unsigned(std::min<size_t>(n - done, size_t(1) << 30));
-      const int got = gzread(file_, static_cast<char*>(dst) + done, chunk);
-      if (got < 0) {
-        int code = 0;
-        const char* msg = gzerror(file_, &code);
-        BOOSTER_FAIL(DataError, "load_fashion_mnist: ", path_, " is corrupt (zlib: ", msg,
-                     "); replace it with a good copy (apt-get install --reinstall dataset-fashion-mnist)");
+      if (!gzip_) {  // an uncompressed copy: the bytes as they are
+        if (avail_ == 0 && !refill()) break;
+        const size_t take = std::min(n - done, avail_);
+        std::memcpy(out + done, input_.data() + pos_, take);
+        pos_ += take, avail_ -= take, done += take;
+        continue;
       }
-      if (got == 0) break;
-      done += size_t(got);
-    }
-    if (done < n) {
-      // gzread treats a stream that stops early as the end of a file still being written (Z_BUF_ERROR),
-      // not as an error: a gzip file cut inside its data or its CRC/length trailer would read as shorter.
-      int code = 0;
-      const char* msg = gzerror(file_, &code);
-      BOOSTER_CHECK(code == Z_OK, DataError, "load_fashion_mnist: ", path_, " is truncated or corrupt (zlib: ", msg,
-                    "; the gzip stream or its CRC/length trailer is cut short); replace it with a good copy "
-                    "(apt-get install --reinstall dataset-fashion-mnist)");
+      if (!inflating_) {  // between members: another one, or the end of the file
+        if (avail_ == 0 && !refill()) break;
+        BOOSTER_CHECK(avail_ >= 2 || refill(), DataError, "load_fashion_mnist: ", path_,
+                      " has stray bytes after its gzip stream; ", kReplaceHint);
+        BOOSTER_CHECK(uint8_t(input_[pos_]) == 0x1f && uint8_t(input_[pos_ + 1]) == 0x8b, DataError,
+                      "load_fashion_mnist: ", path_, " has bytes after its gzip stream that are not gzip data; ",
+                      kReplaceHint);
+        start_member();
+      }
+      if (avail_ == 0 && !refill())
+        BOOSTER_FAIL(DataError, "load_fashion_mnist: ", path_,
+                     " is truncated: its gzip stream or its CRC/length trailer is cut short; ", kReplaceHint);
+      z_.next_in = reinterpret_cast<Bytef*>(input_.data() + pos_);
+      z_.avail_in = uInt(avail_);
+      z_.next_out = out + done;
+      z_.avail_out = uInt(std::min<size_t>(n - done, size_t(1) << 30));
+      const uInt before = z_.avail_out;
+      const int rc = inflate(&z_, Z_NO_FLUSH);
+      done += before - z_.avail_out;
+      pos_ += avail_ - z_.avail_in, avail_ = z_.avail_in;
+      if (rc == Z_STREAM_END) {
+        inflateEnd(&z_);
+        inflating_ = false;
+      } else {
+        BOOSTER_CHECK(rc == Z_OK || rc == Z_BUF_ERROR, DataError, "load_fashion_mnist: ", path_,
+                      " is corrupt (zlib: ", z_.msg ? z_.msg : zError(rc), "); ", kReplaceHint);
+      }
     }
     return done;
   }
@@ -82,16 +108,40 @@ class GzReader {
   // Reads exactly n bytes of `what`, else throws naming the file and how far it got.
   void read_exact(void* dst, size_t n, const char* what) {
     const size_t got = read(dst, n);
-    BOOSTER_CHECK(got == n, DataError, "load_fashion_mnist: ", path_, " is truncated: its ", what,
-                  " needs ", n, " bytes but the file ended after ", got,
-                  "; replace it with a good copy (apt-get install --reinstall dataset-fashion-mnist)");
+    BOOSTER_CHECK(got == n, DataError, "load_fashion_mnist: ", path_, " is truncated: its ", what, " needs ", n,
+                  " bytes but the file ended after ", got, "; ", kReplaceHint);
   }
 
   const std::string& path() const { return path_; }
 
  private:
+  static constexpr const char* kReplaceHint =
+      "replace it with a good copy (apt-get install --reinstall dataset-fashion-mnist)";
+
+  // Moves the unread bytes to the front and reads more of the file after them; false at its end.
+  bool refill() {
+    if (pos_ > 0 && avail_ > 0) std::memmove(input_.data(), input_.data() + pos_, avail_);
+    pos_ = 0;
+    if (!in_) return false;
+    in_.read(input_.data() + avail_, std::streamsize(input_.size() - avail_));
+    const size_t got = size_t(in_.gcount());
+    avail_ += got;
+    return got > 0;
+  }
+
+  void start_member() {
+    std::memset(&z_, 0, sizeof(z_));
+    BOOSTER_CHECK(inflateInit2(&z_, 16 + MAX_WBITS) == Z_OK, DataError, "load_fashion_mnist: zlib cannot start "
+                  "inflating ", path_);
+    inflating_ = true;
+  }
+
   std::string path_;
-  gzFile file_ = nullptr;
+  std::ifstream in_;
+  std::vector<char> input_;
+  size_t pos_ = 0, avail_ = 0;  // the unread bytes are input_[pos_, pos_ + avail_)
+  bool gzip_ = false, inflating_ = false;
+  z_stream z_{};
 };
 
 uint32_t big_endian_u32(const uint8_t* p) {
