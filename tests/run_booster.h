@@ -26,7 +26,25 @@ inline std::string read_text(const std::filesystem::path& p) {
 
 // `build/bin/booster <args>` through the shell, in `dir` (where its stdout/stderr files go too, and
 // any runs/ directory a train run makes); `env` (e.g. "OMP_NUM_THREADS=1") goes before the program.
-inline RunResult run_booster_in(const std::filesystem::path& dir, const std::string& args, const std::string& env = "") {
+// Under scripts/perturb.sh (BOOSTER_PERTURB_THREADS=N) the thread counts a test sets are replaced by N,
+// so the programs it starts sum in the orders the script asks for.
+inline std::string perturbed_env(std::string env) {
+  const char* threads = std::getenv("BOOSTER_PERTURB_THREADS");
+  if (!threads || !*threads) return env;
+  for (const std::string key : {"OMP_NUM_THREADS=", "OPENBLAS_NUM_THREADS="}) {
+    const size_t at = env.find(key);
+    if (at == std::string::npos) {
+      env = key + threads + " " + env;
+      continue;
+    }
+    const size_t value = at + key.size(), stop = env.find(' ', value);
+    env.replace(value, (stop == std::string::npos ? env.size() : stop) - value, threads);
+  }
+  return env;
+}
+
+inline RunResult run_booster_in(const std::filesystem::path& dir, const std::string& args, std::string env = "") {
+  env = perturbed_env(env);
   std::filesystem::create_directories(dir);
   const std::filesystem::path out = dir / "stdout.txt", err = dir / "stderr.txt";
   const std::string cmd = "cd " + dir.string() + " && " + env + " " + std::string(BOOSTER_BIN_DIR) + "/booster " + args +
