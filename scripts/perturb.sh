@@ -33,7 +33,7 @@ fi
 # Test programs with [roundoff] cases (outside tests/mpi), and the MPI programs with their rank counts.
 tagged=()
 for src in $(grep -l '\[roundoff\]' tests/*/test_*.cpp | grep -v '^tests/mpi/'); do tagged+=("$(basename "$src" .cpp)"); done
-mpi_runs=("2 test_mpi_ddp" "2 test_mpi_zero" "4 test_mpi_zero zero3*" "2 test_mpi_pipeline" "4 test_mpi_pipeline"
+mpi_runs=("2 test_mpi_ddp" "2 test_mpi_llama" "2 test_mpi_zero" "4 test_mpi_zero zero3*" "2 test_mpi_pipeline" "4 test_mpi_pipeline"
           "2 test_mpi_tensor_parallel" "4 test_mpi_hybrid")
 
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_WAIT_POLICY=passive

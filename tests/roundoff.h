@@ -85,6 +85,15 @@ inline double gpt_forward_length(double width, double layers, double heads, doub
   return layers * block + 2 * width + width + vocab + batch * context;
 }
 
+// nn::Llama's (step 2): per layer RMSNorm (C), q, k and v (C), scores (C / heads), softmax and att . v
+// (2T), o_proj (C), RMSNorm (C), gate and up (C), down (the intermediate width I); then the final norm
+// (C), lm_head (C), log-sum-exp (V) and the mean over the batch's B T positions.
+inline double llama_forward_length(double hidden, double layers, double heads, double intermediate, double context,
+                                   double vocab, double batch) {
+  const double layer = hidden + hidden + hidden / heads + 2 * context + hidden + hidden + hidden + intermediate;
+  return layers * layer + hidden + hidden + vocab + batch * context;
+}
+
 // An MLP classifier's: each Linear's input width, the classes (log-sum-exp) and the batch (the mean).
 inline double mlp_forward_length(std::initializer_list<double> inputs, double classes, double batch) {
   double total = classes + batch;
