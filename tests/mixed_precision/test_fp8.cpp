@@ -63,6 +63,38 @@ TEST_CASE("fp8 delayed scaling follows the amax-history formula on scripted sequ
       }
 }
 
+// A NaN amax (a step whose activations or gradients went non-finite, later skipped by the loss
+// scaler) never becomes a scale: the cast keeps the last good one, a NaN among a step's casts marks the
+// whole step's amax, and under "max" the NaN holds the scale for as long as it stays in the history
+// (it is not a number to take a max over); "most_recent" recovers at the next finite step.
+TEST_CASE("fp8 delayed scaling keeps its scale through a NaN amax until the NaN leaves the history") {
+  for (const std::string algo : {"max", "most_recent"}) {
+    INFO(algo);
+    Float8ScalingOptions o;
+    o.amax_history_len = 3;
+    o.amax_compute_algo = algo;
+    Float8Scale s(448.0f, o);
+    s.scale_for(4.0f);
+    s.update();
+    CHECK(s.scale() == 112.0f);
+    CHECK(s.scale_for(NAN) == 112.0f);
+    CHECK(s.scale_for(1.0f) == 112.0f);  // a finite cast after the NaN in the same step
+    CHECK(std::isnan(s.step_amax()));
+    s.update();
+    CHECK(s.scale() == 112.0f);
+    CHECK(std::isnan(s.history().front()));
+    // Steps of amax 1: under "max" the NaN stays in the history of 3 for two more updates.
+    const std::vector<float> want = algo == "max" ? std::vector<float>{112.0f, 112.0f, 448.0f}
+                                                  : std::vector<float>{448.0f, 448.0f, 448.0f};
+    for (float w : want) {
+      CHECK(s.scale_for(1.0f) > 0.0f);
+      s.update();
+      CHECK(s.scale() == w);
+      CHECK(std::isfinite(s.scale()));
+    }
+  }
+}
+
 TEST_CASE("fp8 current scaling uses each tensor's own amax, keeping the last good scale") {
   Float8ScalingOptions o;
   o.delayed = false;

@@ -9,6 +9,7 @@
 
 #include <cmath>
 #include <filesystem>
+#include <limits>
 #include <map>
 #include <memory>
 #include <string>
@@ -386,6 +387,53 @@ TEST_CASE("hybrid: every layout of 4 ranks trains an MLP classifier as one proce
   // Linears of 12, 16, 16 and 16 inputs, 8 classes, batches of 8.
   const Reductions reductions{::testing::roundoff::mlp_forward_length({12, 16, 16, 16}, 8, 8), 8};
   for (const Case& c : kLayouts) check_layout(c, make, loss, batches, "fp32", reductions);
+}
+
+// A gradient that overflows on one pipeline stage only: the found-inf flag is agreed over every rank
+// (every stage and tensor rank, not only the data-parallel group), so every rank skips the step, keeps
+// its weights and halves its loss scale alike. A stage that stepped alone would leave the model's
+// halves from two different steps.
+TEST_CASE("hybrid: an inf on one pipeline stage skips the step on every rank", "[mpi][hybrid][amp]") {
+  REQUIRE(world().size() == 4);
+  const nn::GPTConfig cfg = small_gpt();
+  const std::vector<Batch> batches = gpt_batches(cfg, 2);
+  Booster booster(BoosterConfig{.mixed_precision = "fp16",
+                                .mixed_precision_options = {{"init_scale", 1024.0}},
+                                .plugin = "hybrid_parallel",
+                                .plugin_options = {{"tp_size", 2}, {"pp_size", 2}, {"num_microbatches", 2}}});
+  auto gpt = std::make_shared<nn::GPT>(cfg, 5);
+  Boosted b = booster.boost(gpt, optim::make_optimizer(kAdamW, gpt->parameters()), gpt_loss);
+  bool last_stage = false;
+  for (const auto& [name, p] : b.model->named_parameters()) last_stage = last_stage || name == "lm_head.weight";
+  auto all_ranks = [](bool mine) {  // how many ranks say yes
+    Tensor n = full({1}, mine ? 1.0 : 0.0, DType::Float64);
+    world().all_reduce(n);
+    return int(n.item());
+  };
+  CHECK(all_ranks(last_stage) == 2);  // tp 2 ranks hold the head
+  // A normal step first: nothing overflows at this scale, so the skip below is the injected inf's.
+  b.optimizer->zero_grad();
+  booster.execute_pipeline(batches[0].first, batches[0].second, *b.model, b.criterion, *b.optimizer);
+  b.optimizer->step();
+  CHECK(all_ranks(b.optimizer->step_was_skipped()) == 0);
+  const double scale = booster.precision().loss_scale();
+
+  b.optimizer->zero_grad();
+  booster.execute_pipeline(batches[1].first, batches[1].second, *b.model, b.criterion, *b.optimizer);
+  if (last_stage) {
+    Tensor g = b.model->named_parameters().front().second.grad();
+    REQUIRE(g.defined());
+    NoGradGuard no_grad;
+    g.fill_(std::numeric_limits<double>::infinity());
+  }
+  std::vector<std::vector<double>> before;
+  for (const Tensor& p : b.model->parameters()) before.push_back(p.tolist());
+  b.optimizer->step();
+  CHECK(all_ranks(b.optimizer->step_was_skipped()) == 4);
+  std::vector<std::vector<double>> after;
+  for (const Tensor& p : b.model->parameters()) after.push_back(p.tolist());
+  CHECK(all_ranks(after == before) == 4);
+  CHECK(booster.precision().loss_scale() == scale / 2);
 }
 
 TEST_CASE("hybrid: a model without a shard policy is refused by name", "[mpi][hybrid]") {
