@@ -26,6 +26,7 @@
 
 #include "booster/common/error.h"
 #include "booster/config/config.h"
+#include "booster/data/tokens.h"
 #include "booster/mixed_precision/mixed_precision.h"
 #include "booster/plugin/loader.h"
 
@@ -447,12 +448,23 @@ TEST_CASE("every shipped example config is valid and trains for a few steps", "[
   REQUIRE(configs.size() >= 9);  // the float32 MLP, its seven precision twins, the GPT
   for (const fs::path& cfg : configs) {
     INFO(cfg.string());
-    // A hybrid config is checked for the processes its grid needs (tp_size x pp_size).
     const json raw = config::load_file(cfg);
+    // Token data (llama_fortunes.json) names files its script makes: point it at a small file of ids
+    // below the model's vocabulary, made here, so the config's model and training still run.
+    std::string data_files;
+    if (raw.contains("data") && raw.at("data").value("type", "") == "tokens") {
+      const int64_t vocab = raw.at("model").value("vocab_size", int64_t(256));
+      const fs::path tokens = scratch_dir() / (cfg.stem().string() + ".bin");
+      std::vector<uint32_t> ids;
+      for (uint32_t i = 0; i < 20000; ++i) ids.push_back(uint32_t((i * 7919u + i / 5) % uint32_t(vocab)));
+      booster::data::write_token_file(tokens.string(), ids, booster::data::TokenDType::UInt16);
+      data_files = " --set data.path=" + json(tokens.string()).dump() + " --set data.val_path=" + json(tokens.string()).dump();
+    }
+    // A hybrid config is checked for the processes its grid needs (tp_size x pp_size).
     std::string processes;
     if (raw.contains("plugin") && raw.at("plugin").is_object() && raw.at("plugin").value("name", "") == "hybrid_parallel")
       processes = " -n " + std::to_string(raw.at("plugin").value("tp_size", 1) * raw.at("plugin").value("pp_size", 1));
-    RunResult check = run_booster("check --config " + cfg.string() + processes);
+    RunResult check = run_booster("check --config " + cfg.string() + processes + data_files);
     INFO(check.err);
     REQUIRE(check.exit_code == 0);
     const json resolved = json::parse(check.out);
@@ -463,7 +475,7 @@ TEST_CASE("every shipped example config is valid and trains for a few steps", "[
     }
     // The hybrid configs need tp_size x pp_size processes: test_cli_hybrid trains each under mpirun.
     if (resolved.at("plugin").at("name") == "hybrid_parallel") continue;
-    RunResult r = run_booster("train --config " + cfg.string() + " --set train.max_steps=3 --set train.log_every=1");
+    RunResult r = run_booster("train --config " + cfg.string() + data_files + " --set train.max_steps=3 --set train.log_every=1");
     INFO(r.err);
     REQUIRE(r.exit_code == 0);
     const json summary = summary_line(r.out);
