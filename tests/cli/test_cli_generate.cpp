@@ -130,7 +130,7 @@ TEST_CASE("cli generate: greedy ids from a checkpoint equal the library's", "[cl
   CHECK_THAT(full.err, Contains("the model's limit of 32 positions"));
 }
 
-TEST_CASE("cli generate: --hf reads a Hugging Face directory; greedy ids equal the library's", "[cli][generate][hf]") {
+TEST_CASE("cli generate: --hf reads a Hugging Face directory, and greedy ids equal the library's", "[cli][generate][hf]") {
   for (const char* name : {"llama", "gpt2"}) {
     INFO(name);
     const fs::path dir = fs::path(BOOSTER_FIXTURE_DIR) / "hf" / name;

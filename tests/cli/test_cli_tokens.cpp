@@ -117,7 +117,7 @@ void check_one_line_error(const RunResult& r, int exit_code, const std::vector<s
 
 }  // namespace
 
-TEST_CASE("booster tokenize writes spm_encode's ids; booster train on them reports val_loss and val_ppl",
+TEST_CASE("booster tokenize writes spm_encode's ids, and booster train on them reports val_loss and val_ppl",
           "[cli][tokens]") {
   if (const std::string why = missing_tools(); !why.empty()) {
     skip_test(why);

@@ -164,7 +164,7 @@ TEST_CASE("generate: greedy tokens with the cache equal recomputing the prefix, 
   }
 }
 
-TEST_CASE("generate: stops at the model's length limit and says so; leaves the model's mode", "[generate][nn]") {
+TEST_CASE("generate: stops at the model's length limit and says so, and leaves the model's mode", "[generate][nn]") {
   auto model = tiny_llama(2);  // max_position_embeddings 24
   model->train();
   const nn::GenerateResult r = nn::generate(*model, {1, 2, 3, 4}, {.max_new_tokens = 100, .temperature = 0.0});
@@ -221,7 +221,7 @@ TEST_CASE("generate: a tiny Llama's greedy tokens equal the PyTorch reference", 
   }
 }
 
-TEST_CASE("generate: sampling with a seed is reproducible; top_k 1 is greedy", "[generate][nn]") {
+TEST_CASE("generate: sampling with a seed is reproducible, and top_k 1 is greedy", "[generate][nn]") {
   auto model = tiny_gpt();
   const nn::GenerateOptions o{.max_new_tokens = 16, .temperature = 1.5, .seed = 7};
   const auto a = nn::generate(*model, {1}, o).tokens;

@@ -259,7 +259,7 @@ TEST_CASE("hf: a 16-bit directory exports as float32 with the same values", "[hf
   }
 }
 
-TEST_CASE("hf: a GPT's tied lm_head and layer-norm epsilon; the defaults are unchanged", "[hf][nn]") {
+TEST_CASE("hf: a GPT's tied lm_head and layer-norm epsilon, and the defaults are unchanged", "[hf][nn]") {
   nn::GPTConfig c;
   c.vocab_size = 32, c.context = 8, c.width = 16, c.layers = 1, c.heads = 2;
   nn::GPT plain(c, 7);

@@ -367,7 +367,7 @@ TEST_CASE("llama: make_model validates the config and names the key", "[llama][m
   CHECK_THROWS_WITH((*m)(long_ids), Contains("65") && Contains("max_position_embeddings 64"));
 }
 
-TEST_CASE("llama: a deferred build equals the eager one; checkpointing gives the same gradients",
+TEST_CASE("llama: a deferred build equals the eager one, and checkpointing gives the same gradients",
           "[llama][deferred][nn]") {
   for (bool tied : {false, true}) {
     INFO((tied ? "tied" : "untied"));
@@ -478,7 +478,7 @@ TEST_CASE("llama: under bfloat16 autocast the GEMMs run in bfloat16 and the norm
   }
 }
 
-TEST_CASE("llama shard policy: stages hold the model under its names; tp splits heads or says why",
+TEST_CASE("llama shard policy: stages hold the model under its names, and tp splits heads or says why",
           "[llama][pipeline][tp]") {
   const nn::ShardPolicy policy = nn::find_shard_policy("Llama", "this test");
   nn::LlamaConfig cfg = tiny_config(false, 2);
