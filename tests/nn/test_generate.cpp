@@ -12,6 +12,7 @@
 
 #include "cuda_skip.h"
 #include "fixture.h"
+#include "llama_fixture.h"
 
 #include "booster/nn/generate.h"
 #include "booster/nn/kv_cache.h"
@@ -110,27 +111,6 @@ const json& fixtures() {
   return j;
 }
 
-// make_llama_fixtures.py's weights (its formula, double then rounded once to float).
-void set_fixture_weights(nn::Module& model, const json& params) {
-  std::map<std::string, Tensor> mine;
-  for (const auto& [name, t] : model.named_parameters()) mine[name] = t;
-  NoGradGuard no_grad;
-  for (size_t p = 0; p < params.size(); ++p) {
-    const std::string name = params[p][0];
-    const Shape shape = params[p][1].get<Shape>();
-    INFO(name);
-    REQUIRE(mine.count(name));
-    REQUIRE(mine.at(name).shape() == shape);
-    const bool norm = name.size() >= 11 && name.compare(name.size() - 11, 11, "norm.weight") == 0;
-    std::vector<float> values(size_t(mine.at(name).numel()));
-    for (size_t i = 0; i < values.size(); ++i) {
-      const int64_t n = (int64_t(i) * 7919 + int64_t(p) * 104729 + 17) % 2003;
-      const double u = double(n) / 2003.0 - 0.5;
-      values[i] = float(norm ? 1.0 + u * 0.2 : u * 0.25);
-    }
-    mine.at(name).copy_(from_vector(values, shape));
-  }
-}
 
 }  // namespace
 
@@ -186,20 +166,9 @@ TEST_CASE("generate: a tiny Llama's greedy tokens equal the PyTorch reference", 
   for (const char* name : {"untied_gqa", "tied_mqa"}) {
     INFO(name);
     const json& f = fixtures().at(name);
-    const json& c = f.at("config");
-    nn::LlamaConfig config;
-    config.vocab_size = c.at("vocab_size");
-    config.hidden_size = c.at("hidden_size");
-    config.intermediate_size = c.at("intermediate_size");
-    config.num_hidden_layers = c.at("num_hidden_layers");
-    config.num_attention_heads = c.at("num_attention_heads");
-    config.num_key_value_heads = c.at("num_key_value_heads");
-    config.max_position_embeddings = c.at("max_position_embeddings");
-    config.rms_norm_eps = c.at("rms_norm_eps");
-    config.rope_theta = c.at("rope_theta");
-    config.tie_word_embeddings = c.at("tie_word_embeddings");
+    const nn::LlamaConfig config = booster::testing::llama_config_from(f.at("config"));
     nn::Llama model(config, 0);
-    set_fixture_weights(model, f.at("params"));
+    booster::testing::set_llama_fixture_weights(model, f.at("params"));
     const auto prompt = f.at("prompt").get<std::vector<int64_t>>();
     const auto expected = f.at("tokens").get<std::vector<int64_t>>();
     // The reference's smallest gap between the two best logits must exceed what roundoff can move two

@@ -12,6 +12,7 @@
 
 #include "fixture.h"
 #include "gradcheck.h"
+#include "llama_fixture.h"
 
 #include "booster/autocast/autocast.h"
 #include "booster/distributed/local_process_group.h"
@@ -33,43 +34,8 @@ const json& fixtures() {
   return j;
 }
 
-nn::LlamaConfig config_from(const json& j) {
-  nn::LlamaConfig c;
-  c.vocab_size = j.at("vocab_size");
-  c.hidden_size = j.at("hidden_size");
-  c.intermediate_size = j.at("intermediate_size");
-  c.num_hidden_layers = j.at("num_hidden_layers");
-  c.num_attention_heads = j.at("num_attention_heads");
-  c.num_key_value_heads = j.at("num_key_value_heads");
-  c.max_position_embeddings = j.at("max_position_embeddings");
-  c.rms_norm_eps = j.at("rms_norm_eps");
-  c.rope_theta = j.at("rope_theta");
-  c.tie_word_embeddings = j.at("tie_word_embeddings");
-  return c;
-}
-
-// The fixture's weights: element i of the p-th listed parameter, by the formula of make_llama_fixtures.py
-// (computed in double and rounded once to float, as there).
-void set_fixture_weights(nn::Module& model, const json& params) {
-  std::map<std::string, Tensor> mine;
-  for (const auto& [name, t] : model.named_parameters()) mine[name] = t;
-  NoGradGuard no_grad;
-  for (size_t p = 0; p < params.size(); ++p) {
-    const std::string name = params[p][0];
-    const Shape shape = params[p][1].get<Shape>();
-    INFO(name);
-    REQUIRE(mine.count(name));
-    REQUIRE(mine.at(name).shape() == shape);
-    const bool norm = name.size() >= 11 && name.compare(name.size() - 11, 11, "norm.weight") == 0;
-    std::vector<float> values(size_t(mine.at(name).numel()));
-    for (size_t i = 0; i < values.size(); ++i) {
-      const int64_t n = (int64_t(i) * 7919 + int64_t(p) * 104729 + 17) % 2003;
-      const double u = double(n) / 2003.0 - 0.5;
-      values[i] = float(norm ? 1.0 + u * 0.2 : u * 0.25);
-    }
-    mine.at(name).copy_(from_vector(values, shape));
-  }
-}
+using testing::llama_config_from;
+using testing::set_llama_fixture_weights;
 
 Tensor ids_of(const json& list, const json& batch) {
   return from_vector(list.get<std::vector<int64_t>>(), batch.get<Shape>());
@@ -152,7 +118,7 @@ TEST_CASE("llama: logits, loss and gradients equal a PyTorch implementation of H
   for (const char* name : {"untied_gqa", "tied_mqa"}) {
     INFO(name);
     const json& f = fixtures().at(name);
-    const nn::LlamaConfig cfg = config_from(f.at("config"));
+    const nn::LlamaConfig cfg = llama_config_from(f.at("config"));
     nn::Llama model(cfg, 0);
     // Hugging Face's names, shapes and state-dict order, exactly (the tied table listed once).
     const auto params = model.named_parameters();
@@ -162,7 +128,7 @@ TEST_CASE("llama: logits, loss and gradients equal a PyTorch implementation of H
       CHECK(params[i].second.shape() == f.at("params")[i][1].get<Shape>());
     }
     CHECK(model.state_dict().count("lm_head.weight") == (cfg.tie_word_embeddings ? 0u : 1u));
-    set_fixture_weights(model, f.at("params"));
+    set_llama_fixture_weights(model, f.at("params"));
 
     const Tensor idx = ids_of(f.at("input"), f.at("batch"));
     const Tensor target = ids_of(f.at("target"), f.at("batch"));
