@@ -43,6 +43,7 @@
 #include "booster/optim/optimizer.h"  // AdamW
 #include "booster/tensor/storage.h"  // cpu_peak_bytes
 #include "commands.h"
+#include "options.h"
 
 namespace po = boost::program_options;
 
@@ -219,12 +220,7 @@ int bench(const std::vector<std::string>& args) {
       ("compare-hand-written", "time the Booster's loop and the hand-written one alternately in this process "
                                "and report the Booster's overhead (Note [Booster overhead])");
   po::variables_map vm;
-  po::store(po::command_line_parser(args).options(desc).run(), vm);
-  po::notify(vm);
-  if (vm.count("help")) {
-    std::cout << desc;
-    return kExitOk;
-  }
+  if (!parse_options("bench", desc, args, vm)) return kExitOk;
   BOOSTER_CHECK(vm.count("workload"), ConfigError, "'booster bench' needs --workload mlp|cnn|gpt (see booster bench --help)");
   BOOSTER_CHECK(steps >= 1 && warmup >= 0, ConfigError, "booster bench: --steps must be at least 1 and --warmup at "
                 "least 0, got ", steps, " and ", warmup);

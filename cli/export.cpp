@@ -29,6 +29,7 @@
 #include "booster/nn/models.h"
 #include "booster/tensor/deferred.h"
 #include "commands.h"
+#include "options.h"
 
 namespace po = boost::program_options;
 namespace fs = std::filesystem;
@@ -79,14 +80,7 @@ int export_model(const std::vector<std::string>& args) {
        "the run's config (default: the config.json booster train wrote beside the checkpoint)")
       ("no-verify", "export without checking the checkpoint's files against its checksums");
   po::variables_map vm;
-  po::store(po::command_line_parser(args).options(desc).run(), vm);
-  po::notify(vm);
-  if (vm.count("help")) {
-    std::cout << desc;
-    return kExitOk;
-  }
-  for (const char* required : {"checkpoint", "out"})
-    BOOSTER_CHECK(vm.count(required), ConfigError, "'booster export' needs --", required, " (see booster export --help)");
+  if (!parse_options("export", desc, args, vm, {"checkpoint", "out"})) return kExitOk;
   const std::string format = vm["format"].as<std::string>();
   BOOSTER_CHECK(format == "hf", ConfigError, "--format ", format, ": the only export format is hf (Hugging Face)");
   nn::SavePretrainedOptions options;

@@ -34,6 +34,7 @@
 #include "booster/nn/kv_cache.h"
 #include "booster/nn/models.h"
 #include "commands.h"
+#include "options.h"
 
 namespace po = boost::program_options;
 namespace fs = std::filesystem;
@@ -146,12 +147,7 @@ int generate(const std::vector<std::string>& args) {
       ("ignore-eos", "with a tokenizer, go on past its </s> (printed as a line end)")
       ("no-cache", "recompute the whole sequence for every token (slow; for comparison)");
   po::variables_map vm;
-  po::store(po::command_line_parser(args).options(desc).run(), vm);
-  po::notify(vm);
-  if (vm.count("help")) {
-    std::cout << desc;
-    return kExitOk;
-  }
+  if (!parse_options("generate", desc, args, vm)) return kExitOk;
   BOOSTER_CHECK(vm.count("checkpoint") + vm.count("hf") == 1, ConfigError,
                 "'booster generate' needs one of --checkpoint DIR or --hf DIR (see booster generate --help)");
   BOOSTER_CHECK(vm.count("prompt") + vm.count("prompt-ids") == 1, ConfigError,

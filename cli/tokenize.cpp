@@ -26,6 +26,7 @@
 #include "booster/data/tokenizer.h"
 #include "booster/data/tokens.h"
 #include "commands.h"
+#include "options.h"
 
 namespace po = boost::program_options;
 
@@ -58,15 +59,7 @@ int tokenize(const std::vector<std::string>& args) {
        "the token type (default: uint16 when the vocabulary has at most 65536 ids, else uint32)")
       ("no-eos", "do not mark line ends with </s>");
   po::variables_map vm;
-  po::store(po::command_line_parser(args).options(desc).run(), vm);
-  po::notify(vm);
-  if (vm.count("help")) {
-    std::cout << desc;
-    return kExitOk;
-  }
-  for (const char* required : {"model", "in", "out"})
-    BOOSTER_CHECK(vm.count(required), ConfigError, "'booster tokenize' needs --", required,
-                  " (see booster tokenize --help)");
+  if (!parse_options("tokenize", desc, args, vm, {"model", "in", "out"})) return kExitOk;
   const std::string model = vm["model"].as<std::string>(), in = vm["in"].as<std::string>(),
                     out = vm["out"].as<std::string>();
   const double val_fraction = vm["val-fraction"].as<double>();
