@@ -15,7 +15,8 @@ std::string mesh_size_problem(int world_size, int tp_size, int pp_size) {
          "tp_size x pp_size pairs that fit: " + fits;
 }
 
-DeviceMesh::DeviceMesh(ProcessGroup& world, int tp_size, int pp_size) : tp_size_(tp_size), pp_size_(pp_size) {
+DeviceMesh::DeviceMesh(ProcessGroup& world, int tp_size, int pp_size)
+    : tp_size_(tp_size), pp_size_(pp_size), world_(&world) {
   const std::string problem = mesh_size_problem(world.size(), tp_size, pp_size);
   BOOSTER_CHECK(problem.empty(), ConfigError, problem);
   dp_size_ = world.size() / (tp_size * pp_size);

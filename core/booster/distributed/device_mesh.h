@@ -33,6 +33,8 @@ class DeviceMesh {
   MeshCoord coord_of(int rank) const;
   int rank_of(const MeshCoord& c) const;
 
+  // The group the mesh was made from (it must outlive the mesh): the whole job, on the model's device.
+  ProcessGroup& world() const { return *world_; }
   // The ranks that differ from this one only along that axis; a group's rank is the coordinate.
   ProcessGroup& tp_group() const { return *tp_; }
   ProcessGroup& pp_group() const { return *pp_; }
@@ -41,6 +43,7 @@ class DeviceMesh {
  private:
   int tp_size_, pp_size_, dp_size_;
   MeshCoord coord_;
+  ProcessGroup* world_;
   std::shared_ptr<ProcessGroup> tp_, pp_, dp_;
 };
 

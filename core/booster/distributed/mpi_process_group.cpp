@@ -34,6 +34,8 @@ struct MpiRuntime {
   int thread_provided = -1;
   int world_rank = 0;
   int world_size = 1;
+  int node_rank = 0;  // among the ranks that share this node's memory (MPI_COMM_TYPE_SHARED)
+  int node_size = 1;
   // User-defined reductions for float16 / bfloat16, indexed by reduce_slot().
   MPI_Op half_ops[3] = {MPI_OP_NULL, MPI_OP_NULL, MPI_OP_NULL};
   MPI_Op bf16_ops[3] = {MPI_OP_NULL, MPI_OP_NULL, MPI_OP_NULL};
@@ -164,6 +166,12 @@ void init_mpi_once() {
             "MPI_Comm_set_errhandler");
   check_mpi(MPI_Comm_rank(MPI_COMM_WORLD, &g_mpi.world_rank), "init_process_group", "MPI_Comm_rank");
   check_mpi(MPI_Comm_size(MPI_COMM_WORLD, &g_mpi.world_size), "init_process_group", "MPI_Comm_size");
+  MPI_Comm node = MPI_COMM_NULL;
+  check_mpi(MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, g_mpi.world_rank, MPI_INFO_NULL, &node),
+            "init_process_group", "MPI_Comm_split_type");
+  check_mpi(MPI_Comm_rank(node, &g_mpi.node_rank), "init_process_group", "MPI_Comm_rank");
+  check_mpi(MPI_Comm_size(node, &g_mpi.node_size), "init_process_group", "MPI_Comm_size");
+  MPI_Comm_free(&node);
 
   auto make_op = [](MPI_User_function* fn, MPI_Op* op) {
     check_mpi(MPI_Op_create(fn, /*commute=*/1, op), "init_process_group", "MPI_Op_create");
@@ -644,6 +652,11 @@ std::shared_ptr<ProcessGroup> make_mpi_process_group() { return std::make_shared
 
 std::string mpi_thread_support() { return thread_level_name(g_mpi.thread_provided); }
 
+NodeRanks mpi_node_ranks() {
+  ensure_mpi_initialized();
+  return {g_mpi.node_rank, g_mpi.node_size};
+}
+
 void finalize_mpi_for_agreed_exit() {
   if (g_mpi.we_initialized && !mpi_finalized()) MPI_Finalize();
 }
@@ -667,6 +680,11 @@ std::shared_ptr<ProcessGroup> make_mpi_process_group() {
 }
 
 std::string mpi_thread_support() { return "none"; }
+
+NodeRanks mpi_node_ranks() {
+  ensure_mpi_initialized();  // throws: no MPI in this build
+  return {};
+}
 
 void finalize_mpi_for_agreed_exit() {}
 

@@ -26,6 +26,12 @@ void ensure_mpi_initialized();
 // [Stopping on a signal]): its non-zero exit status then reaches the launcher instead of aborting the job
 // (Note [Failing ranks]). Collective. No-op when booster did not initialize MPI or it is finalized.
 void finalize_mpi_for_agreed_exit();
+// This rank among the ranks on its node (those that share memory with it) and how many there are.
+// Initializes MPI; ConfigError without MPI in the build.
+struct NodeRanks {
+  int rank = 0, size = 1;
+};
+NodeRanks mpi_node_ranks();
 // The thread support MPI provided: "single", "funneled", "serialized", "multiple"; "none" before MPI
 // is initialized by booster.
 std::string mpi_thread_support();

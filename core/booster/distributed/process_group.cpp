@@ -2,11 +2,14 @@
 
 #include <cmath>
 #include <cstdlib>
+#include <algorithm>
 #include <mutex>
 
 #include "booster/distributed/local_process_group.h"
 #include "booster/distributed/nccl_process_group.h"
 #include "booster/distributed/mpi_process_group.h"
+#include "booster/distributed/staged_process_group.h"
+#include "booster/backends/cuda/cuda.h"
 
 namespace booster::distributed {
 
@@ -290,6 +293,43 @@ std::shared_ptr<ProcessGroup> shared_nccl_group() {
   return *g_nccl_group;
 }
 
+// Note [Staged collectives]: under an MPI launcher with more ranks on this node than it has GPUs,
+// NCCL would refuse the ranks that share a GPU; they stage through the mpi group instead.
+// BOOSTER_CUDA_COLLECTIVES=staged or =nccl overrides the choice.
+bool ranks_share_gpus() {
+  static const bool share = [] {
+    const char* forced = std::getenv("BOOSTER_CUDA_COLLECTIVES");
+    const std::string choice = forced ? forced : "";
+    BOOSTER_CHECK(choice.empty() || choice == "staged" || choice == "nccl", ConfigError,
+                  "BOOSTER_CUDA_COLLECTIVES is \"", choice, "\"; expected \"staged\" (through the mpi group and "
+                  "host memory) or \"nccl\", or leave it unset to choose by the ranks per GPU");
+    if (choice == "nccl") return false;
+    if (!launched_by_mpi_launcher() || !mpi_built()) return false;
+    if (choice == "staged") return true;
+    return cuda::device_count() > 0 && mpi_node_ranks().size > cuda::device_count();
+  }();
+  return share;
+}
+
+// This process's staged group for CUDA tensors: the default (mpi) group's ranks, on GPU node rank %
+// number of GPUs. Never deleted, as the NCCL group.
+std::shared_ptr<ProcessGroup> shared_staged_group() {
+  static std::shared_ptr<ProcessGroup>* group = [] {
+    const ProcessGroup& world = default_process_group();
+    BOOSTER_CHECK(world.device().is_cpu(), ConfigError, "collectives on CUDA tensors of ranks that share a GPU "
+                  "stage through the mpi group, but the default group is \"", world.backend(), "\"");
+    std::shared_ptr<ProcessGroup> host;
+    {
+      std::lock_guard<std::mutex> lock(g_default_mutex);
+      host = g_default_group;
+    }
+    const int gpus = std::max(1, cuda::device_count());
+    return new std::shared_ptr<ProcessGroup>(
+        make_staged_process_group(host, Device::cuda(mpi_node_ranks().rank % gpus)));
+  }();
+  return *group;
+}
+
 }  // namespace
 
 bool launched_by_mpi_launcher() {
@@ -352,6 +392,11 @@ ProcessGroup& process_group_for(Device device) {
   }
   BOOSTER_CHECK(device.is_cuda(), DeviceError, "process_group_for: no process group backend for ", device);
   std::shared_ptr<ProcessGroup> group;
+  if (ranks_share_gpus()) {
+    group = shared_staged_group();
+    check_group_serves(*group, device);
+    return *group;
+  }
   try {
     group = shared_nccl_group();  // the default group too when that is "nccl"
   } catch (const ConfigError& e) {

@@ -1,6 +1,9 @@
 // The CUDA entry points of a build without the CUDA backend: nothing is available, and say why.
 #if !defined(BOOSTER_WITH_CUDA)
 #include "booster/backends/cuda/cuda.h"
+#include "booster/backends/cuda/pinned.h"
+
+#include <cstdlib>
 
 namespace booster::cuda {
 
@@ -10,6 +13,8 @@ std::string unavailable_reason() { return "this build has no CUDA backend (nvcc 
 std::string device_name(int) { return ""; }
 void synchronize(int) {}
 void* stream_handle(int) { return nullptr; }
+void* host_alloc_pinned(size_t nbytes) { return std::malloc(nbytes == 0 ? 1 : nbytes); }
+void host_free_pinned(void* p) { std::free(p); }
 size_t bytes_in_use() { return 0; }
 size_t peak_bytes() { return 0; }
 void reset_peak_bytes() {}

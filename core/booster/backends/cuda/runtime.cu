@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "booster/backends/cuda/common.cuh"
+#include "booster/backends/cuda/pinned.h"
 
 namespace booster::cuda {
 
@@ -153,6 +154,21 @@ void* stream_handle(int index) {
 void synchronize(int index) {
   if (device_count() == 0) return;
   BOOSTER_CUDA_CHECK(cudaStreamSynchronize(stream(index)));
+}
+
+void* host_alloc_pinned(size_t nbytes) {
+  void* p = nullptr;
+  const cudaError_t err = cudaHostAlloc(&p, nbytes == 0 ? 1 : nbytes, cudaHostAllocPortable);
+  if (err != cudaSuccess) {
+    (void)cudaGetLastError();
+    BOOSTER_FAIL(CudaError, "cannot allocate ", nbytes, " bytes of pinned host memory: cudaHostAlloc says ",
+                 cudaGetErrorName(err), " (", cudaGetErrorString(err), ")");
+  }
+  return p;
+}
+
+void host_free_pinned(void* p) {
+  if (p) (void)cudaFreeHost(p);
 }
 
 namespace {
