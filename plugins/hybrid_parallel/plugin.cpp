@@ -28,6 +28,7 @@
 #include "booster/config/option_reader.h"
 #include "booster/distributed/device_mesh.h"
 #include "booster/distributed/local_process_group.h"
+#include "booster/distributed/nccl_process_group.h"
 #include "booster/mixed_precision/master_weight_optimizer.h"
 #include "booster/nn/pipeline.h"
 #include "booster/nn/shard_policy.h"
@@ -201,7 +202,7 @@ class HybridPrecision final : public mixed_precision::PrecisionDecorator {
       auto it = owned_arrived.find(p.impl());
       arrived.push_back((it != owned_arrived.end() ? it->second : p.grad().defined()) ? 1.0 : 0.0);
     }
-    Tensor mask = from_vector(arrived, {int64_t(arrived.size())});
+    Tensor mask = from_vector(arrived, {int64_t(arrived.size())}).to(mesh_.dp_group().device());
     mesh_.dp_group().all_reduce(mask, distributed::ReduceOp::Max);
     const std::vector<double> any = mask.tolist();
     std::set<const TensorImpl*> keep;  // owned, and arrived on some rank of the group
@@ -330,8 +331,8 @@ double HybridPrecision::clip_grad_norm(optim::Optimizer& optimizer, double max_n
   const double mine = !std::isfinite(local) || !std::isfinite(replicated_share)
                           ? std::numeric_limits<double>::infinity()
                           : local * local * (1.0 - replicated_share * double(tp - 1) / double(tp));
-  Tensor total = full({1}, mine, DType::Float64);
-  distributed::default_process_group().all_reduce(total);
+  Tensor total = full({1}, mine, DType::Float64, mesh_.world().device());
+  mesh_.world().all_reduce(total);
   const double norm = std::sqrt(std::max(total.item(), 0.0) / double(dp));
   const double factor = max_norm / (norm + 1e-6);
   if (std::isfinite(norm) && factor < 1.0 && local > 0.0) inner_->clip_grad_norm(optimizer, factor * (local + 1e-6));
@@ -434,7 +435,7 @@ class HybridCheckpointIO final : public CheckpointIO {
     } catch (const Error& e) {
       problem = e.what();
     }
-    Tensor failed = full({1}, problem.empty() ? 0.0 : 1.0, DType::Float64);
+    Tensor failed = full({1}, problem.empty() ? 0.0 : 1.0, DType::Float64, group_.device());
     group_.all_reduce(failed, distributed::ReduceOp::Max);
     BOOSTER_CHECK(failed.item() == 0.0, CheckpointError,
                   problem.empty() ? "load_model: another rank could not load its part of " + path.string() +
@@ -477,15 +478,15 @@ class HybridCheckpointIO final : public CheckpointIO {
     }
     const std::string text = meta.dump();
     const std::vector<int64_t> chars(text.begin(), text.end());
-    pp.send(from_vector(std::vector<int64_t>{int64_t(chars.size())}, {1}), 0)->wait();
-    pp.send(from_vector(chars, {int64_t(chars.size())}), 0)->wait();
+    pp.send(from_vector(std::vector<int64_t>{int64_t(chars.size())}, {1}).to(pp.device()), 0)->wait();
+    pp.send(from_vector(chars, {int64_t(chars.size())}).to(pp.device()), 0)->wait();
     for (const auto& [name, t] : local) pp.send(t.contiguous(), 0)->wait();
   }
 
   static void receive_stage(ProcessGroup& pp, int from, nn::StateDict& into) {
-    Tensor n = zeros({1}, DType::Int64);
+    Tensor n = zeros({1}, DType::Int64, pp.device());
     pp.recv(n, from)->wait();
-    Tensor chars = zeros({n.to_vector<int64_t>()[0]}, DType::Int64);
+    Tensor chars = zeros({n.to_vector<int64_t>()[0]}, DType::Int64, pp.device());
     pp.recv(chars, from)->wait();
     const std::vector<int64_t> b = chars.to_vector<int64_t>();
     const json meta = json::parse(std::string(b.begin(), b.end()));
@@ -511,6 +512,11 @@ class HybridParallelPlugin final : public ParallelPlugin {
   std::string version() const override { return "1.0"; }
   json options() const override { return options_.to_json(); }
   bool control_checkpoint_io() const override { return true; }
+  // CUDA models take the group of their device, as ddp's do (Note [A group per device]).
+  std::vector<std::string> supported_devices() const override {
+    if (distributed::nccl_built()) return {"cpu", "cuda"};
+    return {"cpu"};
+  }
   ParallelLayout layout() const override {
     const int world = distributed::default_process_group().size();
     return {.data = std::max(1, world / (options_.tp_size * options_.pp_size)),
@@ -522,10 +528,8 @@ class HybridParallelPlugin final : public ParallelPlugin {
     BOOSTER_CHECK(parts.model != nullptr, ValueError, "plugin 'hybrid_parallel': boost() needs a model");
     BOOSTER_CHECK(mesh_ == nullptr, StateError, "plugin 'hybrid_parallel': boost() was called twice; make one plugin "
                   "per model");
-    ProcessGroup& world = distributed::default_process_group();
-    for (const Tensor& p : parts.model->parameters())
-      BOOSTER_CHECK(p.device().is_cpu(), IncompatibleError, "plugin 'hybrid_parallel' runs on the CPU so far; the "
-                    "model is on ", p.device().str(), "; use device \"cpu\", or ddp / low_level_zero on CUDA");
+    // Note [A group per device]: the model's device decides the group (nccl, or staged mpi, on CUDA).
+    ProcessGroup& world = distributed::process_group_for(parts.model->parameters(), "plugin 'hybrid_parallel'");
     split_->mesh = std::make_unique<distributed::DeviceMesh>(world, options_.tp_size, options_.pp_size);
     split_->layout = options_.to_json();
     split_->layout["world_size"] = world.size();
@@ -593,9 +597,9 @@ class HybridParallelPlugin final : public ParallelPlugin {
     BOOSTER_CHECK(mesh_ != nullptr, StateError, "plugin 'hybrid_parallel': configure() before shard(); boost() "
                   "calls both");
     require_same_replicas(*parts.model);
-    ProcessGroup& world = distributed::default_process_group();
+    ProcessGroup& world = mesh_->world();
     parts.precision->set_found_inf_reducer([&world](bool local) {
-      Tensor flag = full({1}, local ? 1.0 : 0.0, DType::Float32);
+      Tensor flag = full({1}, local ? 1.0 : 0.0, DType::Float32, world.device());
       world.all_reduce(flag, distributed::ReduceOp::Max);
       return flag.item() > 0.0;
     });
@@ -649,7 +653,7 @@ class HybridParallelPlugin final : public ParallelPlugin {
   std::shared_ptr<CheckpointIO> checkpoint_io() override {
     return std::make_shared<HybridCheckpointIO>(process_group(), split_);
   }
-  ProcessGroup& process_group() override { return distributed::default_process_group(); }
+  ProcessGroup& process_group() override { return mesh_ ? mesh_->world() : distributed::default_process_group(); }
 
  private:
   // Every rank must have built the same whole model (the policy slices it where it stands): the sums of
@@ -659,12 +663,12 @@ class HybridParallelPlugin final : public ParallelPlugin {
     if (dp.size() == 1) return;
     double total = 0.0;
     for (const Tensor& p : model.parameters()) total += sum(p.to(DType::Float64)).item();
-    Tensor lo = full({1}, total, DType::Float64), hi = full({1}, total, DType::Float64);
+    Tensor lo = full({1}, total, DType::Float64, dp.device()), hi = full({1}, total, DType::Float64, dp.device());
     dp.all_reduce(lo, distributed::ReduceOp::Min);
     dp.all_reduce(hi, distributed::ReduceOp::Max);
     // One verdict for the world: a rank whose group agreed must not go on waiting for one that did not.
-    Tensor differ = full({1}, lo.item() == hi.item() ? 0.0 : 1.0, DType::Float64);
-    distributed::default_process_group().all_reduce(differ, distributed::ReduceOp::Max);
+    Tensor differ = full({1}, lo.item() == hi.item() ? 0.0 : 1.0, DType::Float64, mesh_->world().device());
+    mesh_->world().all_reduce(differ, distributed::ReduceOp::Max);
     BOOSTER_CHECK(differ.item() == 0.0, ValueError, "plugin 'hybrid_parallel': the ranks built different models "
                   "(their parameters differ across the data-parallel group); build the model from the same seed on "
                   "every rank");
