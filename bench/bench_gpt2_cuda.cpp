@@ -7,17 +7,27 @@
 //
 //   build/bin/bench_gpt2_cuda [--batch 8] [--context 1024] [--steps 10] [--warmup 3] [--precision all|fp32|...]
 //                             [--flash 0|1]   (0: the unfused attention kernels, for a before/after)
+//                             [--trace off|nonfinite|stats]   (the precision doctor's Tracer on the model)
+// --precision and --trace take comma-separated lists (--precision bf16,fp8 --trace off,stats): one
+// line per pair, from one process. --trace nonfinite traces every step as the Trainer does to name a
+// step's first inf/NaN tensor (a fused finiteness check per module output and gradient, read only
+// when the loss is not finite); stats gathers the per-module statistics (diagnostics.every = 1) on
+// every step, the worst case of the doctor's cost.
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <functional>
+#include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <nlohmann/json.hpp>
 
 #include "booster/backends/cuda/cuda.h"
+#include "booster/diagnostics/tracer.h"
 #include "booster/mixed_precision/mixed_precision.h"
 #include "booster/nn/models.h"
 #include "booster/ops/ops.h"
@@ -45,12 +55,21 @@ double measure_bf16_peak_tflops() {
   return 2.0 * double(n) * double(n) * double(n) * reps / seconds_since(t0) / 1e12;
 }
 
+std::vector<std::string> split_commas(const std::string& s) {
+  std::vector<std::string> out;
+  size_t start = 0;
+  for (size_t comma; (comma = s.find(',', start)) != std::string::npos; start = comma + 1)
+    out.push_back(s.substr(start, comma - start));
+  out.push_back(s.substr(start));
+  return out;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   int64_t batch = 8, context = 1024;
   int steps = 10, warmup = 3;
-  std::string which = "all";
+  std::string which = "all", traces = "off";
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string arg = argv[i], v = argv[i + 1];
     if (arg == "--batch") batch = std::atoll(v.c_str());
@@ -59,8 +78,15 @@ int main(int argc, char** argv) {
     else if (arg == "--warmup") warmup = std::atoi(v.c_str());
     else if (arg == "--precision") which = v;
     else if (arg == "--flash") set_flash_attention_enabled(v != "0");
+    else if (arg == "--trace") traces = v;
     else {
       std::fprintf(stderr, "bench_gpt2_cuda: unknown option %s\n", arg.c_str());
+      return 2;
+    }
+  }
+  for (const std::string& t : split_commas(traces)) {
+    if (t != "off" && t != "nonfinite" && t != "stats") {
+      std::fprintf(stderr, "bench_gpt2_cuda: --trace takes off, nonfinite or stats, not %s\n", t.c_str());
       return 2;
     }
   }
@@ -83,8 +109,13 @@ int main(int argc, char** argv) {
     const Tensor target = randint(0, config.vocab_size, {batch * context}, &g).to(Device::cuda());
     const int64_t vocab = config.vocab_size;
     std::vector<std::string> precisions = {"fp32", "fp16", "bf16", "fp16_naive"};
-    if (which != "all") precisions = {which};
-    for (const std::string& precision : precisions) {
+    if (which != "all") precisions = split_commas(which);
+    std::vector<std::pair<std::string, std::string>> runs;  // (precision, trace)
+    for (const std::string& precision : precisions)
+      for (const std::string& trace : split_commas(traces)) runs.emplace_back(precision, trace);
+    for (const auto& run : runs) {
+      const std::string& precision = run.first;
+      const std::string& trace = run.second;
       cuda::set_allow_tf32(precision == "fp32");  // fp32 runs its GEMMs in TF32, as torch with allow_tf32
       nn::ModulePtr model = std::make_shared<nn::GPT>(config, 0);
       model->to(Device::cuda());
@@ -102,21 +133,31 @@ int main(int argc, char** argv) {
         opt = c.optimizer;
         crit = c.criterion;
       }
+      // The tracer watches the (configured) model as the Trainer's does (Note [The first non-finite tensor]).
+      std::optional<diagnostics::Tracer> tracer;
+      if (trace != "off") tracer.emplace(*model);
+      std::string first_nonfinite;
       double last_loss = 0;
       // Phase times of one step (host time to enqueue, and host + device time to finish each phase
       // with a sync after it), to tell a host-bound step from a device-bound one.
       std::vector<double> enqueue_fwd, fwd, bwd, upd;
       auto step = [&](bool phases) {
         auto t = Clock::now();
-        Tensor loss = crit((*model)(idx), target);
-        if (phases) {
-          enqueue_fwd.push_back(seconds_since(t));
-          cuda::synchronize();
-          fwd.push_back(seconds_since(t));
-          t = Clock::now();
+        if (tracer) tracer->begin_step(trace == "stats");
+        Tensor loss;
+        {
+          const auto observing = tracer ? tracer->observe() : nullptr;
+          loss = crit((*model)(idx), target);
+          if (phases) {
+            enqueue_fwd.push_back(seconds_since(t));
+            cuda::synchronize();
+            fwd.push_back(seconds_since(t));
+            t = Clock::now();
+          }
+          if (mp) mp->backward(loss, *opt);
+          else loss.backward();
         }
-        if (mp) mp->backward(loss, *opt);
-        else loss.backward();
+        if (tracer) tracer->end_step();
         if (phases) {
           cuda::synchronize();
           bwd.push_back(seconds_since(t));
@@ -124,8 +165,10 @@ int main(int argc, char** argv) {
         }
         if (mp) mp->step(*opt);
         else opt->step();
-        opt->zero_grad();
         last_loss = loss.item();  // one host sync per step, as a training loop that logs its loss
+        if (tracer && !std::isfinite(last_loss) && first_nonfinite.empty())
+          if (const auto f = tracer->first_nonfinite()) first_nonfinite = f->describe();
+        opt->zero_grad();
         if (phases) upd.push_back(seconds_since(t));
       };
       for (int i = 0; i < warmup; ++i) step(false);
@@ -149,6 +192,7 @@ int main(int argc, char** argv) {
                                          {"precision", precision},
                                          {"batch", batch},
                                          {"flash_attention", flash_attention_enabled()},
+                                         {"trace", trace},
                                          {"context", context},
                                          {"params", params},
                                          {"ms_per_step", s * 1e3},
@@ -160,6 +204,7 @@ int main(int argc, char** argv) {
                                                        {"forward", median(fwd)},
                                                        {"backward", median(bwd)},
                                                        {"update", median(upd)}}},
+                                         {"first_nonfinite", first_nonfinite},
                                          {"peak_mem_gib", double(cuda::peak_bytes()) / double(1 << 30)}}
                                 .dump()
                                 .c_str());
@@ -171,6 +216,7 @@ int main(int argc, char** argv) {
                     warmup + steps + 3, profile.c_str());
         cuda::reset_profile();
       }
+      tracer.reset();  // before the model it watches
       model.reset();
       opt.reset();
       mp.reset();
