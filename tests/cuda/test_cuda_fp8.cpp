@@ -111,7 +111,7 @@ TEST_CASE("cuda: an fp8 linear matches the CPU's forward and backward", "[cuda][
     layer->to(device);
     auto linears = std::make_shared<mixed_precision::Float8Linears>(o);
     linears->bind(*layer);
-    Tensor x = x0.to(device).requires_grad_();
+    Tensor x = x0.to(device).detach().requires_grad_();  // a leaf of its own on either device (x0 untouched)
     Tensor y;
     {
       autocast::AutocastGuard guard(true, DType::BFloat16, nullptr, linears);

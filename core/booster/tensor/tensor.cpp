@@ -442,9 +442,12 @@ Tensor& Tensor::copy_(const Tensor& src) {
   if (s.device() == device()) {
     kernels::copy_kernel(device())(s, *this);
   } else {
-    // Cross-device: move the bytes as they are, then convert on the destination device.
+    // Cross-device: move the bytes as they are, then convert on the destination device. A contiguous
+    // destination of the same dtype takes the bytes directly (no second copy; and float8 tensors, which
+    // no copy kernel converts, move too).
     Tensor packed = s.contiguous();
-    Tensor staged = Tensor::empty(shape(), packed.dtype(), device());
+    const bool direct = is_contiguous() && packed.dtype() == dtype();
+    Tensor staged = direct ? *this : Tensor::empty(shape(), packed.dtype(), device());
     if (packed.device().is_cpu()) {
       allocator_for(device()).copy_from_host(staged.data_ptr(), packed.data_ptr(), packed.nbytes());
     } else if (device().is_cpu()) {
@@ -456,7 +459,7 @@ Tensor& Tensor::copy_(const Tensor& src) {
       Tensor host = packed.to(Device::cpu());
       allocator_for(device()).copy_from_host(staged.data_ptr(), host.data_ptr(), host.nbytes());
     }
-    kernels::copy_kernel(device())(staged, *this);
+    if (!direct) kernels::copy_kernel(device())(staged, *this);
   }
   bump_version();
   return *this;

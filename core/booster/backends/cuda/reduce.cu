@@ -5,6 +5,8 @@
 // As on the CPU (Note [Reduction geometry]) the dims split into kept and reduced ones. Two kernels:
 //   - block per output: a block of threads strides over one output's reduced elements (coalesced when
 //     the innermost reduced dim is contiguous: row sums, softmax-like shapes, full reductions);
+//   - whole: a contiguous input reduced to one value is split over many blocks into partials, which a
+//     second one-block pass combines in a fixed order (deterministic);
 //   - columns: the input is [R, N] row-major and the leading R rows are summed (bias gradients,
 //     sum_to): threads own columns, so each warp reads contiguous row pieces; the rows are split over
 //     blockIdx.y into float partials that a second small pass adds in a fixed order (deterministic).
@@ -27,6 +29,9 @@ struct ReduceGeometry {
   int64_t red_sizes[kMaxDims], red_strides[kMaxDims];
   int64_t red_numel = 1;
 };
+
+// Full reductions of at least this many elements take two passes (flat_partial_kernel).
+constexpr int64_t kFlatReduceMin = 4096;
 
 template <class A>
 __device__ __forceinline__ A max_combine(A acc, A x) {
@@ -117,6 +122,30 @@ __global__ void reduce_block_kernel(ReduceOp op, const T* in, O* out, int64_t no
   }
 }
 
+// One block's share of a whole contiguous input (grid-stride), into partial[blockIdx.x]: the first
+// pass of a full reduction (Note [CUDA reduction geometry]). Sum or Max; NaN propagates through Max.
+template <class T>
+__global__ void flat_partial_kernel(ReduceOp op, const T* in, int64_t n, racc_t<T>* partial) {
+  using A = racc_t<T>;
+  __shared__ A shared[32];
+  A acc = op == ReduceOp::Sum ? A(0) : lowest<A>();
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
+    const A x = load_as<A>(in[i]);
+    acc = op == ReduceOp::Sum ? acc + x : max_combine(acc, x);
+  }
+  if (op == ReduceOp::Sum) {
+    acc = block_sum(acc, shared);
+  } else {
+    for (int s = 16; s > 0; s >>= 1) acc = max_combine(acc, __shfl_xor_sync(0xffffffffu, acc, s));
+    __syncthreads();
+    if ((threadIdx.x & 31) == 0) shared[threadIdx.x >> 5] = acc;
+    __syncthreads();
+    if (threadIdx.x == 0)
+      for (int w = 1; w < int(blockDim.x >> 5); ++w) acc = max_combine(acc, shared[w]);
+  }
+  if (threadIdx.x == 0) partial[blockIdx.x] = acc;
+}
+
 // Sums rows [R, N] (row-major) into partial[split][N] (float or int64 accumulators).
 template <class T>
 __global__ void column_sum_kernel(const T* in, int64_t rows, int64_t cols, racc_t<T>* partial) {
@@ -178,6 +207,26 @@ void reduce_typed(ReduceOp op, const Tensor& a, const std::vector<int64_t>& dims
       BOOSTER_CUDA_CHECK_LAUNCH();
       return;
     }
+  }
+
+  // A whole contiguous input to one value (max(abs(x)) for a float8 scale, sum() of a tensor): a block
+  // per output would leave one SM to read it all, so blocks reduce pieces into partials and one block
+  // combines them, in a fixed order.
+  if (op != ReduceOp::Argmax && nout == 1 && a.is_contiguous() && a.numel() >= kFlatReduceMin) {
+    const int64_t n = a.numel();
+    const int64_t blocks = std::min<int64_t>(int64_t(sm_count(dev)) * 4, (n + 2047) / 2048);
+    Tensor partial = Tensor::empty({blocks}, dtype_of<A>::value, a.device());
+    A* pp = static_cast<A*>(partial.data_ptr());
+    flat_partial_kernel<T><<<unsigned(blocks), 256, 0, stream(dev)>>>(op, in, n, pp);
+    BOOSTER_CUDA_CHECK_LAUNCH();
+    ReduceGeometry pg;
+    pg.nred = 1;
+    pg.red_sizes[0] = blocks;
+    pg.red_strides[0] = 1;
+    pg.red_numel = blocks;
+    reduce_block_kernel<A, O><<<1, 256, 0, stream(dev)>>>(op, pp, po, 1, pg);
+    BOOSTER_CUDA_CHECK_LAUNCH();
+    return;
   }
 
   ReduceGeometry g;
