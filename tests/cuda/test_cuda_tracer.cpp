@@ -5,10 +5,15 @@
 
 #include "cuda_skip.h"
 
+#include <cmath>
+#include <vector>
+
+#include "booster/diagnostics/tensor_stats.h"
 #include "booster/diagnostics/tracer.h"
 #include "booster/nn/nn.h"
 #include "booster/ops/ops.h"
 #include "booster/tensor/grad_mode.h"
+#include "booster/tensor/random.h"
 
 using namespace booster;
 using namespace booster::diagnostics;
@@ -115,4 +120,33 @@ TEST_CASE("cuda tracer: past 1024 traced tensors the flag buffer grows and keeps
   REQUIRE(first);
   CHECK(first->module == "2");
   CHECK(first->tensor == Role::InputGradient);
+}
+
+// The statistics kernel against the CPU's loop, on values at every boundary the statistics count: each
+// format's overflow, underflow and subnormal thresholds (and the float32 patterns either side), float32
+// subnormals, zeros of both signs, inf and NaN, and a million random values over many exponents.
+TEST_CASE("cuda tracer: tensor statistics on the GPU equal the CPU's, boundaries included", "[cuda][diagnostics]") {
+  if (skip_without_gpu()) return;
+  std::vector<float> v = {0.0f, -0.0f, INFINITY, -INFINITY, NAN, 1e-45f, -1e-40f, 3.4e38f, 1.0f, -2.5f};
+  for (Format f : kFormats) {
+    const FormatRange& r = format_range(f);
+    for (float edge : {r.overflow_from, r.underflow_upto, r.normal_from})
+      for (float x : {edge, std::nextafter(edge, 0.0f), std::nextafter(edge, INFINITY)}) v.push_back(x), v.push_back(-x);
+  }
+  Generator gen(11);
+  const std::vector<double> wide = (randn({1 << 20}, &gen) * 8.0).tolist();
+  for (double x : wide) v.push_back(float(std::ldexp(1.0, int(x)) * (x - std::floor(x) + 0.5)));
+  const Tensor host = from_vector(v, {int64_t(v.size())});
+  for (DType dtype : {DType::Float32, DType::BFloat16, DType::Float16}) {
+    INFO(dtype_name(dtype));
+    const Tensor t = host.to(dtype);
+    const TensorStats cpu = tensor_stats(t), gpu = tensor_stats(t.to(Device::cuda()));
+    CHECK(gpu.to_json() == cpu.to_json());
+    CHECK(gpu.count == cpu.count);
+    CHECK(gpu.exponents == cpu.exponents);
+    CHECK(max_abs(t.to(Device::cuda())) == max_abs(t));
+    // A strided view is read as its values.
+    const Tensor strided = t.to(Device::cuda()).reshape({-1, 2}).t();
+    CHECK(tensor_stats(strided).to_json() == cpu.to_json());
+  }
 }

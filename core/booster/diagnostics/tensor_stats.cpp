@@ -2,9 +2,12 @@
 #include "booster/diagnostics/tensor_stats.h"
 
 #include <algorithm>
+#include <optional>
+#include <vector>
 
 #include "booster/common/error.h"
 #include "booster/kernels/fused.h"
+#include "booster/kernels/tensor_stats.h"
 #include "booster/ops/ops.h"
 #include "booster/tensor/float8.h"
 #include "booster/tensor/half.h"
@@ -133,10 +136,43 @@ nlohmann::json TensorStats::to_json() const {
   return out;
 }
 
+namespace {
+
+// The statistics on the tensor's own device, where one is registered (kernels/tensor_stats.h): one
+// pass there and one small copy back, instead of the whole tensor copied to the host.
+std::optional<TensorStats> device_stats(const Tensor& t) {
+  if (t.device().is_cpu() || !kernels::tensor_stats_kernel.has(t.device().type)) return std::nullopt;
+  kernels::StatsThresholds th{};
+  for (size_t f = 0; f < range_bits().size(); ++f) {
+    th.overflow_from[f] = range_bits()[f].overflow_from;
+    th.underflow_upto[f] = range_bits()[f].underflow_upto;
+    th.normal_from[f] = range_bits()[f].normal_from;
+  }
+  const Tensor values = t.detach().to(DType::Float32).contiguous().reshape({-1});
+  Tensor counts = zeros({kernels::kStatsSlots}, DType::Int64, t.device());
+  kernels::tensor_stats_kernel(t.device())(values, th, counts);
+  const std::vector<int64_t> c = counts.to_vector<int64_t>();
+  TensorStats s;
+  s.count = values.numel();
+  s.nonfinite = c[kernels::kStatsNonfinite];
+  s.zeros = c[kernels::kStatsZeros];
+  s.max_abs = bits_float(uint32_t(c[kernels::kStatsMaxBits]));
+  for (int e = 0; e < TensorStats::kExponentBins; ++e) s.exponents[size_t(e)] = c[size_t(kernels::kStatsExponents + e)];
+  for (size_t f = 0; f < s.formats.size(); ++f) {
+    s.formats[f].overflow = c[kernels::kStatsFormats + 3 * f];
+    s.formats[f].underflow = c[kernels::kStatsFormats + 3 * f + 1];
+    s.formats[f].subnormal = c[kernels::kStatsFormats + 3 * f + 2];
+  }
+  return s;
+}
+
+}  // namespace
+
 TensorStats tensor_stats(const Tensor& t) {
   BOOSTER_CHECK(is_floating(t.dtype()), DTypeError, "tensor_stats: needs a floating tensor, got ", t.dtype());
   TensorStats s;
   if (t.numel() == 0) return s;
+  if (std::optional<TensorStats> on_device = device_stats(t)) return *on_device;
   const Tensor values = t.detach().to(DType::Float32).cpu().contiguous();
   const auto* bits = reinterpret_cast<const uint32_t*>(values.data<float>());
   const int64_t n = values.numel();
@@ -168,6 +204,7 @@ TensorStats tensor_stats(const Tensor& t) {
 
 float max_abs(const Tensor& t) {
   if (t.numel() == 0) return 0.0f;
+  if (std::optional<TensorStats> on_device = device_stats(t)) return on_device->max_abs;
   const Tensor values = t.detach().to(DType::Float32).cpu().contiguous();
   const auto* bits = reinterpret_cast<const uint32_t*>(values.data<float>());
   uint32_t max_bits = 0;

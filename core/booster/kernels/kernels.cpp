@@ -2,6 +2,7 @@
 #include "booster/kernels/elementwise.h"
 #include "booster/kernels/float8.h"
 #include "booster/kernels/gemm.h"
+#include "booster/kernels/tensor_stats.h"
 
 namespace booster::kernels {
 
@@ -16,5 +17,6 @@ BOOSTER_DEFINE_KERNEL(gemm_kernel);
 BOOSTER_DEFINE_KERNEL(float8_quantize_kernel);
 BOOSTER_DEFINE_KERNEL(float8_dequantize_kernel);
 BOOSTER_DEFINE_KERNEL(float8_gemm_kernel);
+BOOSTER_DEFINE_KERNEL(tensor_stats_kernel);
 
 }  // namespace booster::kernels
