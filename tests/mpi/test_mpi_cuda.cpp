@@ -7,6 +7,7 @@
 #include <catch2/catch.hpp>
 
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <map>
@@ -253,6 +254,8 @@ TEST_CASE("ddp and ZeRO 1, 2, 3 on CUDA tensors train as one process on the GPU"
     REQUIRE(run.weights.size() == ref.weights.size());
     const double diff = ::testing::l2_distance(::testing::flat_weights(run.weights), ::testing::flat_weights(ref.weights));
     INFO("|difference| " << diff << ", bound " << bound << ", path " << ref.path);
+    if (world().rank() == 0)
+      std::printf("%-7s fp32 SGD: |w - w_single| = %.3g, bound %.3g (path %.3g)\n", name.c_str(), diff, bound, ref.path);
     CHECK(diff <= bound);
     CHECK(ref.path > 0.1);  // it trained: the bound is not vacuous
     for (int s = 0; s < kSteps; ++s) {
@@ -291,6 +294,9 @@ TEST_CASE("ddp under bf16 on CUDA tensors stays within Adam's drift of one proce
   double largest = 0;
   for (size_t i = 0; i < got.size(); ++i) largest = std::max(largest, std::abs(got[i] - ref[i]));
   INFO("largest difference " << largest << ", drift bound " << drift);
+  if (world().rank() == 0)
+    std::printf("ddp bf16 AdamW: max |w - w_single| = %.3g, drift bound %.3g; L2 %.3g of %.3g trained\n", largest,
+                drift, ::testing::l2_distance(got, ref), ::testing::l2_distance(ref, start));
   CHECK(largest <= drift);
   // Most weights move the same way: the difference is a small part of the distance trained.
   CHECK(::testing::l2_distance(got, ref) <= 0.1 * ::testing::l2_distance(ref, start));
@@ -368,6 +374,9 @@ TEST_CASE("hybrid tp 2 x pp 2 on CUDA tensors trains a GPT as one process on the
   const ::testing::Weights want = ::testing::flat_weights(sorted(reference->state_dict()));
   REQUIRE(got.size() == want.size());
   INFO("|difference| " << ::testing::l2_distance(got, want) << ", bound " << bound << ", path " << path);
+  if (world().rank() == 0)
+    std::printf("hybrid tp 2 x pp 2 fp32 SGD: |w - w_single| = %.3g, bound %.3g (path %.3g)\n",
+                ::testing::l2_distance(got, want), bound, path);
   CHECK(::testing::l2_distance(got, want) <= bound);
   CHECK(path > 0.1);
   world().barrier();
