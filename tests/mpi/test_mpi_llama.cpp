@@ -3,8 +3,11 @@
 // two-stage pipeline, each against the whole model in one process built from the same seed: the
 // logits, the loss through the policy's criterion, and every rank's gradients (its slice of the
 // whole model's); then through the Booster's hybrid_parallel plugin, five SGD steps of a deferred
-// build against one process.
+// build against one process; and low_level_zero's stage 3, each rank training on half the batch, against
+// one process on the whole batch, its saved (gathered) model included.
 #include <catch2/catch.hpp>
+
+#include <unistd.h>
 
 #include <cmath>
 #include <filesystem>
@@ -225,4 +228,85 @@ TEST_CASE("llama: hybrid_parallel tp 2 and pp 2 train a deferred Llama as one pr
     pg.barrier();
     if (pg.rank() == 0) std::filesystem::remove_all(dir);
   }
+}
+
+// ZeRO-3 (low_level_zero, stage 3): each rank holds half of every parameter at rest, gathers a module's
+// whole parameters for its forward and backward, and steps its half with the averaged gradient. Each
+// rank trains on its two rows of the four one process trains on; SGD with momentum, whose step is
+// proportional to the gradient (Note [Roundoff bounds], step 3: the tight check).
+TEST_CASE("llama: low_level_zero stage 3 trains a Llama as one process does, and saves the whole model",
+          "[mpi][zero][llama][roundoff]") {
+  ProcessGroup& pg = group();
+  REQUIRE(pg.size() == 2);
+  namespace ro = ::testing::roundoff;
+  const nlohmann::json sgd = {{"type", "sgd"}, {"lr", 0.2}, {"momentum", 0.9}};
+  const double momentum = 0.9;
+  const nn::LlamaConfig cfg = llama_config(false);
+  Generator data(12);
+  std::vector<std::pair<Tensor, Tensor>> batches;
+  for (int s = 0; s < 6; ++s) {
+    const Tensor x = randint(0, cfg.vocab_size, {4, 8}, &data);
+    batches.emplace_back(x, randint(0, cfg.vocab_size, {4, 8}, &data));
+  }
+  // One process on the whole batch. Each step's loss within the forward's roundoff plus |g_t| times the
+  // weights' SGD bound along its path so far (first order in the weights' difference).
+  auto reference = std::make_shared<nn::Llama>(cfg, 13);
+  auto ref_opt = optim::make_optimizer(sgd, reference->parameters());
+  const double eps_gradient = gradient_bound(4, 8);
+  std::vector<double> want, loss_bounds;
+  double path = 0;
+  for (const auto& [x, y] : batches) {
+    ref_opt->zero_grad();
+    const ::testing::Weights before = ::testing::flat_weights(reference->state_dict());
+    const Tensor loss = loss_of((*reference)(x), y);
+    loss.backward();
+    double g2 = 0;
+    for (const Tensor& p : reference->parameters())
+      for (double g : p.grad().tolist()) g2 += g * g;
+    loss_bounds.push_back(forward_bound(4, 8) * std::abs(loss.item()) +
+                          std::sqrt(g2) * ro::sgd_bound(path, eps_gradient, momentum));
+    ref_opt->step();
+    path += ::testing::l2_distance(::testing::flat_weights(reference->state_dict()), before);
+    want.push_back(loss.item());
+  }
+
+  Booster booster(BoosterConfig{.plugin = "low_level_zero", .plugin_options = {{"stage", 3}, {"precision", "fp32"}}});
+  auto model = std::make_shared<nn::Llama>(cfg, 13);
+  Boosted b = booster.boost(model, optim::make_optimizer(sgd, model->parameters()), loss_of);
+  double worst_loss = 0;
+  for (size_t s = 0; s < batches.size(); ++s) {
+    const auto& [x, y] = batches[s];
+    b.optimizer->zero_grad();
+    const Tensor loss = b.criterion((*b.model)(x.narrow(0, 2 * pg.rank(), 2)), y.narrow(0, 2 * pg.rank(), 2));
+    booster.backward(loss, *b.optimizer);
+    b.optimizer->step();
+    Tensor mean = full({1}, loss.item() / 2, DType::Float64);  // the ranks' halves: the batch's mean
+    pg.all_reduce(mean);
+    INFO("step " << s << ": " << mean.item() << " against " << want[s] << ", bound " << loss_bounds[s]);
+    CHECK(std::abs(mean.item() - want[s]) <= loss_bounds[s]);
+    worst_loss = std::max(worst_loss, std::abs(mean.item() - want[s]) / loss_bounds[s]);
+  }
+
+  // The saved model is one process's file (save_model gathers the shards): every name, whole shapes,
+  // and weights within SGD's bound of the reference's; the sharded model evaluates as it does.
+  Tensor pid = full({1}, double(getpid()), DType::Int64);
+  pg.broadcast(pid, 0);
+  const std::filesystem::path dir =
+      std::filesystem::temp_directory_path() / ("booster_mpi_llama_zero3_" + std::to_string(int64_t(pid.item())));
+  booster.save_model(*b.model, dir);
+  pg.barrier();
+  const checkpoint::TensorMap file = checkpoint::load_model(dir);
+  CHECK(file.size() == reference->state_dict().size());
+  auto saved = std::make_shared<nn::Llama>(cfg, 0);
+  saved->load_state_dict(file);
+  const double distance = ::testing::l2_distance(::testing::flat_weights(saved->state_dict()),
+                                                 ::testing::flat_weights(reference->state_dict()));
+  const double bound = ro::sgd_bound(path, eps_gradient, momentum);
+  INFO("losses at most " << worst_loss << " of their bounds; weights " << distance << " apart, bound " << bound
+                         << " (path " << path << ")");
+  CHECK(distance <= bound);
+  autograd::NoGradGuard no_grad;
+  CHECK(max_diff((*b.model)(batches[0].first), (*saved)(batches[0].first)) <= forward_bound(4, 8));
+  pg.barrier();
+  if (pg.rank() == 0) std::filesystem::remove_all(dir);
 }
