@@ -141,3 +141,32 @@ TEST_CASE("booster train: a model from the user's model library, by path and by 
   CHECK(r.exit_code == 2);
   CHECK_THAT(r.err, Contains("hiden"));
 }
+
+// A library model whose children are objects of the library's own classes: the library must stay loaded
+// until the last of them is destroyed. PrecisionModule adopts the model's children, so every strategy
+// (and the plugins that wrap the model) used to destroy a child after the library was closed: exit
+// 139 after the summary.
+TEST_CASE("booster train: a library model with children of its own classes exits cleanly under every strategy",
+          "[cli][models][plugin]") {
+  const json c = {{"model", {{"type", "toy_nested"}, {"library", kToy}, {"in", 8}, {"hidden", 16}, {"classes", 3}}},
+                  {"optimizer", {{"type", "adam"}, {"lr", 0.02}}},
+                  {"data", {{"type", "synthetic"}, {"num_samples", 64}, {"num_test_samples", 32}, {"num_features", 8},
+                            {"num_classes", 3}, {"batch_size", 16}}},
+                  {"train", {{"epochs", 1}, {"seed", 1}, {"run_dir", nullptr}}}};
+  const std::string config = write_config("toy_nested.json", c).string();
+  for (const std::string plugin : {"single", "ddp"})
+    for (const std::string precision : {"fp32", "fp16", "bf16", "fp16_naive", "fp16_apex", "fp8"}) {
+      INFO(plugin << " " << precision);
+      const RunResult r = run_booster("train --config " + config + " --plugin " + plugin + " --mixed-precision " + precision);
+      INFO(r.err);
+      CHECK(r.exit_code == 0);
+      CHECK(summary_line(r.out)["mixed_precision"] == precision);
+    }
+  // ZeRO with its own bfloat16, and the doctor, which builds and drops the model several times.
+  RunResult r = run_booster("train --config " + config + " --plugin low_level_zero --set plugin.precision=bf16");
+  INFO(r.err);
+  CHECK(r.exit_code == 0);
+  r = run_booster("doctor --config " + config + " --mixed-precision fp16");
+  INFO(r.err);
+  CHECK(r.exit_code == 0);
+}

@@ -98,7 +98,7 @@ TEST_CASE("models: a model library's model, built by path and by name on the sea
   CHECK(a->named_parameters()[0].first == "fc1.weight");
   Tensor out = (*a)(ones({2, 6}));
   CHECK(out.shape() == Shape{2, 3});
-  CHECK(nn::library_models(kToy) == std::vector<std::string>{"toy_mlp", "throws", "nothing"});
+  CHECK(nn::library_models(kToy) == std::vector<std::string>{"toy_mlp", "throws", "nothing", "toy_nested"});
 
   PluginPathGuard path(BOOSTER_TEST_MODEL_DIR);
   CHECK(nn::make_model(toy("toy"), 1)->name() == "ToyMLP");
@@ -156,6 +156,16 @@ TEST_CASE("models: the library stays loaded while its model lives, and unloads a
     REQUIRE(is_mapped(kToy));
     NoGradGuard no_grad;
     CHECK((*copy)(ones({1, 6})).shape() == Shape{1, 3});  // the library's forward runs
+  }
+  CHECK_FALSE(is_mapped(kToy));
+  // A child of a class of the library's own, held after the model is gone (as PrecisionModule holds the
+  // children it adopts), keeps the library too: its destructor is the library's code.
+  {
+    nn::ModulePtr block = nn::make_model({{"type", "toy_nested"}, {"library", kToy}, {"in", 6}}, 3)->child("block0");
+    CHECK(block->name() == "ToyBlock");
+    REQUIRE(is_mapped(kToy));
+    NoGradGuard no_grad;
+    CHECK((*block)(ones({1, 6})).shape() == Shape{1, 16});
   }
   CHECK_FALSE(is_mapped(kToy));
   // Resolving a config loads the library to check it and lets it go again.

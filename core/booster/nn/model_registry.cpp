@@ -86,8 +86,8 @@ ModulePtr make_library_model(const json& cfg, const std::string& type, uint64_t 
   ModulePtr model = plugin::call_into(library, "the factory of model \"" + type + "\"", [&] { return it->second(own, seed); });
   BOOSTER_CHECK(model != nullptr, PluginError, "model library '", library.name(), "' (", library.file().string(),
                 ") returned no model for \"", type, "\"");
-  // Note [Plugin lifetime]: the model keeps its library loaded.
-  return plugin::bind(loaded.library, std::move(model));
+  // Note [Plugin lifetime]: the model, and each module below it, keeps its library loaded.
+  return plugin::bind_module(loaded.library, std::move(model));
 }
 
 }  // namespace

@@ -129,6 +129,18 @@ void Module::add_child(const std::string& name, ModulePtr module) {
   children_.emplace_back(name, std::move(module));
 }
 
+void Module::share_children_with(const std::shared_ptr<const void>& owner) {
+  struct Keeper {
+    std::shared_ptr<const void> owner;  // declared first: released after the module
+    ModulePtr module;
+  };
+  for (auto& [name, c] : children_) {
+    c->share_children_with(owner);
+    Module* raw = c.get();
+    c = ModulePtr(std::make_shared<Keeper>(Keeper{owner, std::move(c)}), raw);
+  }
+}
+
 // ------------------------------------------------------------------------------------------ registries
 
 void Module::collect_modules(const std::string& prefix,

@@ -123,6 +123,10 @@ class Module {
   int64_t num_parameters() const;
   // The direct child registered as `name`; throws IndexError naming the children that exist.
   ModulePtr child(const std::string& name) const;
+  // Replaces every registered child, at every depth, by a handle that also owns `owner`, released after
+  // the child is destroyed: a module tree made by a plugin library keeps the library loaded while any
+  // handle to one of its modules lives (Note [Plugin lifetime] in booster/plugin/loader.h).
+  void share_children_with(const std::shared_ptr<const void>& owner);
 
   // Names every parameter and buffer (Tensor::set_name) by its dotted path below this module, so
   // messages from ops and optimizers say "blocks.0.attn.c_attn.weight". Models call it once built.

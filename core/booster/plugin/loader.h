@@ -106,6 +106,16 @@ std::shared_ptr<T> bind(std::shared_ptr<Plugin> plugin, std::shared_ptr<T> objec
   return std::shared_ptr<T>(std::move(keeper), raw);
 }
 
+// A module tree made by `plugin`, bound as bind() does, and every child registered below it too
+// (Module::share_children_with): code that holds one of its modules (PrecisionModule adopts the
+// children of the model it wraps) keeps the library loaded, so no module outlives its vtable.
+template <class M>
+std::shared_ptr<M> bind_module(std::shared_ptr<Plugin> plugin, std::shared_ptr<M> module) {
+  if (!module) return module;
+  module->share_children_with(plugin);
+  return bind(std::move(plugin), std::move(module));
+}
+
 // How many times this process has called a plugin factory (booster_create_<kind>) of `kind`: one per
 // plugin or strategy made from a library. Tests read it to check that a run builds each once (Note
 // [Built once] in booster/booster/booster.h); count_factory_call is for the two proxies that call them.

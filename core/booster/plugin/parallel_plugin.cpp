@@ -74,7 +74,7 @@ class PluginProxy final : public ParallelPlugin {
  private:
   // What the plugin made stays bound to its library (Note [Plugin lifetime]).
   TrainingParts bind(TrainingParts out) const {
-    out.model = plugin::bind(library_, std::move(out.model));
+    out.model = plugin::bind_module(library_, std::move(out.model));
     out.optimizer = plugin::bind(library_, std::move(out.optimizer));
     out.dataloader = plugin::bind(library_, std::move(out.dataloader));
     out.scheduler = plugin::bind(library_, std::move(out.scheduler));

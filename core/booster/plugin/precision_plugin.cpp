@@ -30,7 +30,7 @@ class PluginStrategy final : public MixedPrecision {
       return strategy_->configure(std::move(model), std::move(optimizer), std::move(criterion));
     });
     // The model, optimizer and criterion may be objects (or closures) of the plugin: bind them.
-    c.model = plugin::bind(library_, std::move(c.model));
+    c.model = plugin::bind_module(library_, std::move(c.model));
     c.optimizer = plugin::bind(library_, std::move(c.optimizer));
     if (c.criterion) {
       auto held = plugin::bind(library_, std::make_shared<Criterion>(std::move(c.criterion)));
