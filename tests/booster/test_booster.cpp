@@ -486,7 +486,12 @@ TEST_CASE("compat: devices and precisions a plugin does not list", "[booster][co
 TEST_CASE("compat: apex-style with tensor parallel, and whole-model state with pipeline parallel", "[booster][compat]") {
   const compat::PluginTraits tp = any_plugin({1, 2, 1}), pp = any_plugin({1, 1, 2});
   CHECK_FALSE(compat::check("fp16_apex", tp, "cpu").compatible);
-  CHECK_THAT(compat::check("fp16_apex", tp, "cpu").reason, Catch::Contains("tensor parallelism"));
+  CHECK_THAT(compat::check("fp16_apex", tp, "cpu").reason, Catch::Contains("tensor parallelism") && Catch::Contains("apex"));
+  // A precision plugin's reason is its own: it declares no tensor-parallel support.
+  const compat::Verdict plugin_tp = compat::check("static_fp16", tp, "cpu");
+  CHECK_FALSE(plugin_tp.compatible);
+  CHECK_THAT(plugin_tp.reason, Catch::Contains("precision plugin declares no support"));
+  CHECK_THAT(plugin_tp.reason, !Catch::Contains("apex"));
   for (const char* ok : {"fp32", "fp16", "bf16", "fp16_naive"}) {
     INFO(ok);
     CHECK(compat::check(ok, tp, "cpu").compatible);

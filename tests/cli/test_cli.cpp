@@ -963,3 +963,28 @@ TEST_CASE("a plugin that is not found names the directories searched and BOOSTER
                     Catch::Contains(BOOSTER_LIB_DIR) && Catch::Contains("BOOSTER_PLUGIN_PATH"));
 }
 
+
+// `booster compat` gives each refusal its own reason: a precision plugin under tensor parallelism is
+// refused because it declares no support for it, not for apex-style whole-model casts.
+TEST_CASE("booster compat: a precision plugin under tensor parallelism gets its own reason", "[cli][compat]") {
+  const RunResult r = run_booster("compat");
+  REQUIRE(r.exit_code == 0);
+  std::istringstream lines(r.out);
+  std::string row;
+  std::string apex_note, plugin_note;
+  for (std::string line; std::getline(lines, line);) {
+    if (line.rfind("static_fp16 ", 0) == 0) row = line;
+    if (line.find("tensor parallelism") != std::string::npos && line.find("apex") != std::string::npos) apex_note = line;
+    if (line.find("tensor parallelism") != std::string::npos && line.find("precision plugin") != std::string::npos)
+      plugin_note = line;
+  }
+  INFO(r.out);
+  REQUIRE_FALSE(row.empty());
+  REQUIRE_FALSE(plugin_note.empty());
+  REQUIRE_FALSE(apex_note.empty());
+  // The static_fp16 row points at the plugin's footnote, never at apex's.
+  const std::string plugin_mark = plugin_note.substr(0, plugin_note.find(')') + 1);
+  const std::string apex_mark = apex_note.substr(0, apex_note.find(')') + 1);
+  CHECK(row.find("no " + plugin_mark) != std::string::npos);
+  CHECK(row.find("no " + apex_mark) == std::string::npos);
+}

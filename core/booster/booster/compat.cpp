@@ -42,7 +42,7 @@ PrecisionTraits precision_traits(const std::string& name) {
   };
   auto it = kBuiltIn.find(name);
   if (it != kBuiltIn.end()) return it->second;
-  return {name, true, false, false};
+  return {name, true, false, false, true};
 }
 
 PluginTraits PluginTraits::of(const ParallelPlugin& plugin) {
@@ -76,9 +76,14 @@ Verdict check(const std::string& precision, const PluginTraits& plugin, const st
     return reject("not usable with tensor parallelism: fp8's per-tensor scales would need the amax of every "
                   "shard of a layer agreed across the tensor-parallel group",
                   "use bf16");
+  if (plugin.layout.tensor > 1 && !traits.tensor_parallel && traits.from_plugin)
+    return reject("not usable with tensor parallelism: a precision plugin declares no support for it, and what "
+                  "it keeps per tensor (scales, casts, master copies) cannot be checked to hold when each rank "
+                  "holds a shard of a layer",
+                  "use fp16 (torch-style autocast) or bf16, which run on shards");
   if (plugin.layout.tensor > 1 && !traits.tensor_parallel)
-    return reject("not usable with tensor parallelism: whole-model casts and master copies assume each rank "
-                  "holds whole layers",
+    return reject("not usable with tensor parallelism: apex-style O2/O3 cast the whole model and keep master "
+                  "copies of whole layers, while each rank holds a shard",
                   "use fp16 (torch-style autocast) or bf16");
   if (plugin.layout.pipeline > 1 && !traits.pipeline_parallel)
     return reject("not usable with pipeline parallelism: the strategy keeps state over the whole model "

@@ -7,9 +7,11 @@
 //   2. the plugin controls precision itself (low_level_zero keeps its own float32 masters and loss
 //      scaler) and the Booster's strategy is anything but the identity (fp32);
 //   3. the plugin does not list the strategy (nor "*");
-//   4. the plugin splits layers across ranks (tensor parallel) and the strategy cannot work with that
-//      (apex-style fp16: its O2/O3 whole-model casts and master copies assume each rank holds whole
-//      layers);
+//   4. the plugin splits layers across ranks (tensor parallel) and the strategy is not known to work
+//      with that: apex-style fp16 (its O2/O3 whole-model casts and master copies assume each rank holds
+//      whole layers), fp8 (per-tensor scales of a sharded layer would need one amax over its shards) and
+//      any precision plugin (it declares no tensor-parallel support, and what it keeps per tensor cannot
+//      be checked to hold for a shard);
 //   5. the plugin splits the model into pipeline stages and the strategy keeps state over the whole
 //      model that stages would have to agree on (apex-style, fp8, a precision plugin): fp32, fp16,
 //      bf16 and fp16_naive run there (their scale and skipped steps are agreed across the world).
@@ -30,6 +32,7 @@ struct PrecisionTraits {
   bool scales_loss_or_casts = true;  // false only for the identity (fp32, "no")
   bool tensor_parallel = true;       // works when layers are split across ranks
   bool pipeline_parallel = false;    // works across pipeline stages
+  bool from_plugin = false;          // a precision plugin's strategy (its traits are assumed, not known)
 };
 // The traits of a strategy by name: built-ins from a table, anything else (a precision plugin) is
 // taken as a mixed-precision strategy that supports neither tensor nor pipeline parallelism.
