@@ -267,6 +267,7 @@ json resolve_section(const Section& s, const json& given) {
     std::vector<const Field*> with_disc = fields;
     with_disc.insert(with_disc.begin(), &disc);
     check_fields(with_disc, s.name, rest, out);
+    if (s.finish_variant) s.finish_variant(variant, out);
     return out;
   }
   check_fields(fields, s.name, given, out);

@@ -74,14 +74,29 @@ struct Section {
   // any variant). Returns those keys resolved (their owner checks them when it builds the thing), or
   // throws ConfigError naming the JSON path, the value and what is allowed.
   std::function<json(const std::string& variant, const json& rest)> resolve_other_variant;
+  // Optional: called with a listed variant's resolved keys (the discriminator among them) after the
+  // table has checked them, for a default that follows from another key (a Llama's num_key_value_heads:
+  // its query heads) or a key that is left out when not set (a Hugging Face model's dropout).
+  std::function<void(const std::string& variant, json& resolved)> finish_variant;
 };
 
 // The schema of a whole training config, one Section per top-level key.
 const std::vector<Section>& training_schema();
 // Checks that go across sections of a resolved training config (text data needs a GPT whose context
-// covers data.context; the MLP's in/classes match the data). ConfigError naming both paths. (Whether
-// mixed_precision works with plugin is checked where they are built: build_booster.)
+// covers data.context; the MLP's in/classes match the data; a Llama or Hugging Face model is built and
+// split as the run would: check_model). ConfigError naming both paths. (Whether mixed_precision works
+// with plugin is checked where they are built: build_booster.)
 void check_training_config(const json& resolved);
+// Note [Checking a model before it trains] (model_check.cpp): a resolved config's "llama" or "hf" model
+// is built deferred (no parameter memory; an hf model reads config.json and its weight files' headers,
+// not the weights) through make_model, as `booster train` builds it, so its size errors and missing
+// files are make_model's own ConfigError; data.seq_len / data.context must fit its positions; and under
+// hybrid_parallel with tp_size or pp_size > 1 the model's shard policy is run for every pipeline stage
+// over a stand-in tensor-parallel group of tp_size ranks, so what the policy refuses (key/value heads
+// that tp_size splits, tied embeddings across stages, stage_layers that do not add up) is refused with
+// the policy's own message, before any process group exists. Other models: nothing (their factories
+// and policies are a program's or a library's).
+void check_model(const json& resolved);
 
 // ------------------------------------------------------------------ mixed_precision and plugin
 // Note [The mixed_precision section] and Note [The plugin section] in booster_sections.cpp.

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <fstream>
 #include <iomanip>
+#include <optional>
 #include <sstream>
 
 #include "booster/autograd/autograd.h"
@@ -78,6 +79,101 @@ Precision probe_strategy(const json& section) {
   return p;
 }
 
+// Note [Counting a transformer]
+// The GPT (nn::GPT: learned positions, LayerNorms and Linears with biases, lm_head without) and the
+// Llama (nn::Llama: no biases, RMSNorm weights only, grouped-query attention, SwiGLU), counted from
+// their sizes, as the modules make their parameters:
+//   gpt    v w (wte) + ctx w (wpe) + L (2 x 2w for two LayerNorms + w 3w + 3w (c_attn) + w w + w (c_proj)
+//          + w 4w + 4w (c_fc) + 4w w + w (c_proj)) + 2w (ln_f) + w v (lm_head, unless tied)
+//   llama  v h (embed_tokens) + L (h H d (q_proj) + 2 h K d (k_proj, v_proj) + H d h (o_proj) + 3 h I
+//          (gate, up, down) + 2h (two RMSNorms)) + h (norm) + h v (lm_head, unless tied), with H query
+//          heads, K key/value heads and head size d = h / H
+// Activations per token of one micro-batch (elements): the GPT's are Megatron's count (Note [Memory
+// estimate]); the Llama's, what its forward keeps for backward, per layer: its input and the normed
+// input (2h), q, k, v (h + 2 K d) and q, k after RoPE (h + K d), k and v repeated to every query head
+// when K < H (2h), the attention probabilities (H T, the unfused kernel's) and output (h), the
+// residual sum and its norm (2h), gate, up, silu(gate) and their product (4 I); plus the embedding's
+// output, the final norm's input and output (3h) and the logits with their softmax (2v). With
+// activation_checkpointing a layer keeps only its input (h), and one layer's whole set lives again
+// while backward recomputes it.
+struct Transformer {
+  std::string family;  // "gpt" or "llama"
+  int64_t vocab = 0, width = 0, layers = 0, heads = 0, kv_heads = 0, intermediate = 0, positions = 0;
+  bool tied = false, checkpointing = false;
+
+  int64_t parameters() const {
+    const int64_t v = vocab, w = width, L = layers;
+    const int64_t head = tied ? 0 : w * v;
+    if (family == "gpt") {
+      const int64_t per_block = 2 * 2 * w + (w * 3 * w + 3 * w) + (w * w + w) + (w * 4 * w + 4 * w) + (4 * w * w + w);
+      return v * w + positions * w + L * per_block + 2 * w + head;
+    }
+    const int64_t d = w / heads, q = heads * d, kv = kv_heads * d;
+    const int64_t per_layer = w * q + 2 * w * kv + q * w + 3 * w * intermediate + 2 * w;
+    return v * w + L * per_layer + w + head;
+  }
+
+  double activations_per_token(int64_t T) const {
+    const double w = double(width), v = double(vocab), L = double(layers), H = double(heads);
+    if (family == "gpt") return L * (17.0 * w + 2.5 * H * double(T)) + 3.0 * w + 2.0 * v;
+    const double kv = double(kv_heads) * (w / H);
+    const double per_layer = 2.0 * w + (w + 2.0 * kv) + (w + kv) + (kv_heads < heads ? 2.0 * w : 0.0) +
+                             H * double(T) + w + 2.0 * w + 4.0 * double(intermediate);
+    const double kept = checkpointing ? L * w + per_layer : L * per_layer;
+    return kept + 3.0 * w + 2.0 * v;
+  }
+};
+
+// The model's sizes, for a gpt, a llama, or an hf directory whose config.json describes one (Hugging
+// Face's keys and defaults, as nn::load_pretrained reads them); nullopt for anything else.
+std::optional<Transformer> transformer_of(const json& model) {
+  const std::string type = model.at("type").get<std::string>();
+  auto i = [](const json& j, const char* key, int64_t fallback) {
+    const json v = j.value(key, json());
+    return v.is_number_integer() ? v.get<int64_t>() : fallback;
+  };
+  auto b = [](const json& j, const char* key, bool fallback) {
+    const json v = j.value(key, json());
+    return v.is_boolean() ? v.get<bool>() : fallback;
+  };
+  Transformer t;
+  if (type == "gpt") {
+    // (Megatron's count has no checkpointed variant here: the GPT's activations are counted whole.)
+    t = {"gpt", i(model, "vocab_size", 0), i(model, "width", 0), i(model, "layers", 0), i(model, "heads", 0),
+         i(model, "heads", 0), 4 * i(model, "width", 0), i(model, "context", 0), false, false};
+  } else if (type == "llama") {
+    t = {"llama", i(model, "vocab_size", 0), i(model, "hidden_size", 0), i(model, "num_hidden_layers", 0),
+         i(model, "num_attention_heads", 0), i(model, "num_key_value_heads", i(model, "num_attention_heads", 0)),
+         i(model, "intermediate_size", 0), i(model, "max_position_embeddings", 2048), b(model, "tie_word_embeddings", false),
+         b(model, "activation_checkpointing", false)};
+  } else if (type == "hf" && model.value("path", json()).is_string()) {
+    std::ifstream in(model.at("path").get<std::string>() + "/config.json");
+    const json hf = json::parse(in, nullptr, /*allow_exceptions=*/false);
+    if (!hf.is_object()) return std::nullopt;
+    const std::string family = hf.value("model_type", json()).is_string() ? hf.at("model_type").get<std::string>() : "";
+    const bool checkpointing = b(model, "activation_checkpointing", false);
+    if (family == "llama") {
+      const int64_t heads = i(hf, "num_attention_heads", 0);
+      t = {"llama", i(hf, "vocab_size", 0), i(hf, "hidden_size", 0), i(hf, "num_hidden_layers", 0), heads,
+           i(hf, "num_key_value_heads", heads), i(hf, "intermediate_size", 0), i(hf, "max_position_embeddings", 2048),
+           b(hf, "tie_word_embeddings", false), checkpointing};
+    } else if (family == "gpt2") {
+      const int64_t w = i(hf, "n_embd", 768);
+      t = {"gpt", i(hf, "vocab_size", 50257), w, i(hf, "n_layer", 12), i(hf, "n_head", 12), i(hf, "n_head", 12),
+           4 * w, i(hf, "n_positions", 1024), b(hf, "tie_word_embeddings", true), false};
+    } else {
+      return std::nullopt;
+    }
+  } else {
+    return std::nullopt;
+  }
+  // Sizes the model would refuse (check_model refuses them first): not counted here.
+  if (t.vocab < 1 || t.width < 1 || t.layers < 1 || t.heads < 1 || t.kv_heads < 1 || t.intermediate < 1 ||
+      t.positions < 1 || t.width % t.heads != 0)
+    return std::nullopt;
+  return t;
+}
+
 int64_t shard(int64_t n, int world) { return (n + world - 1) / world; }
 
 std::string thousands(int64_t n) {
@@ -112,18 +208,15 @@ MemoryEstimate estimate_memory(const json& c, int world_size) {
     }
     activation_elements = batch * per_sample;
     activation_detail = type + ", batch " + std::to_string(batch) + " x " + std::to_string(per_sample) + " values";
-  } else if (type == "gpt") {
-    const int64_t v = model.at("vocab_size").get<int64_t>(), ctx = model.at("context").get<int64_t>();
-    const int64_t w = model.at("width").get<int64_t>(), L = model.at("layers").get<int64_t>();
-    const int64_t heads = model.at("heads").get<int64_t>();
-    const int64_t per_block = 2 * 2 * w + (w * 3 * w + 3 * w) + (w * w + w) + (w * 4 * w + 4 * w) + (4 * w * w + w);
-    e.parameters = v * w + ctx * w + L * per_block + 2 * w + w * v;
+  } else if (std::optional<Transformer> t = transformer_of(model)) {
     const int64_t T = data.contains("context")   ? data.at("context").get<int64_t>()
                       : data.contains("seq_len") ? data.at("seq_len").get<int64_t>()  // token data
-                                                 : ctx;
-    const double per_token = double(L) * (17.0 * double(w) + 2.5 * double(heads) * double(T)) + 3.0 * double(w) + 2.0 * double(v);
-    activation_elements = int64_t(std::llround(double(batch * T) * per_token));
-    activation_detail = "gpt, batch " + std::to_string(batch) + " x " + std::to_string(T) + " tokens";
+                                                 : t->positions;
+    e.parameters = t->parameters();
+    activation_elements = int64_t(std::llround(double(batch * T) * t->activations_per_token(T)));
+    activation_detail = t->family + ", batch " + std::to_string(batch) + " x " + std::to_string(T) + " tokens" +
+                        (t->checkpointing ? ", layers checkpointed" : "");
+    if (type == "hf") e.notes.push_back("model 'hf': the sizes of " + model.at("path").get<std::string>() + "/config.json");
   } else {
     json cfg = model;
     cfg.erase("init_from");

@@ -14,8 +14,14 @@
 //                    mlp/linear: the input, each hidden layer's output before and after its activation,
 //                    the logits and their softmax; gpt: Megatron's count per layer and token,
 //                    17 width + 2.5 heads x T elements (Korthikanti et al. 2022, "Reducing Activation
-//                    Recomputation"), plus embeddings, the final norm, and logits with their softmax.
+//                    Recomputation"), plus embeddings, the final norm, and logits with their softmax;
+//                    llama: what its forward keeps per layer and token, grouped-query attention and
+//                    activation checkpointing counted (Note [Counting a transformer] in
+//                    memory_estimate.cpp); hf: as the gpt or llama its config.json describes.
 //                    In 2 bytes under a 16-bit model or autocast, else 4. Other models: not estimated.
+// The parameters of gpt, llama and hf are counted from their sizes (an hf model's from config.json,
+// without reading the weights), equal to the built model's num_parameters(); any other model is built
+// deferred (no memory) to count them.
 // The model dtype, master weights and autocast dtype come from configuring the strategy (built-in or
 // plugin) on a one-layer probe model, so a precision plugin is measured as it behaves. Counts are exact;
 // what is not counted: allocator rounding and caching, communication buckets, the data set itself,
@@ -45,8 +51,9 @@ struct MemoryEstimate {
   int64_t total_bytes() const;
 };
 
-// The estimate for a resolved config (config::resolve) on `world_size` ranks. A model that is not a
-// built-in is built once (on the CPU, from the config's seed) to count its parameters.
+// The estimate for a resolved config (config::resolve) on `world_size` ranks. A model other than mlp,
+// linear, gpt, llama and hf is built once, deferred (on the CPU, from the config's seed), to count its
+// parameters.
 MemoryEstimate estimate_memory(const nlohmann::json& resolved, int world_size);
 
 // The estimate as the table `booster check` prints.

@@ -163,6 +163,27 @@ json resolve_other_model(const std::string& type, const json& rest) {
   return rest;
 }
 
+// Note [Llama and Hugging Face model keys]
+// The table checks a Llama's keys (nn::make_llama's, Hugging Face's LlamaConfig names) and an hf model's
+// (nn::make_hf's: the directory and the overrides it takes), so a typo gets "did you mean" as any other
+// key, and fills their defaults, the ones make_llama would use. What the table cannot see (sizes that
+// must divide, what the directory holds) is checked by building the model deferred (check_model). Two
+// defaults are not constants: num_key_value_heads null becomes the query heads, and an hf model's
+// dropout (nn::GPT's one rate, for a gpt2 directory only) is left out unless set (finish_model).
+Field hf_dropout() {
+  Field f = number("dropout", std::nullopt, 0.0, 1.0, false, true,
+                   "a gpt2 directory only: nn::GPT's dropout rate (config.json's *_pdrop are not applied); null: none");
+  f.nullable = true;
+  f.default_value = nullptr;
+  return f;
+}
+
+void finish_model(const std::string& type, json& model) {
+  if (type == "llama" && model.at("num_key_value_heads").is_null())
+    model["num_key_value_heads"] = model.at("num_attention_heads");
+  if (type == "hf" && model.at("dropout").is_null()) model.erase("dropout");
+}
+
 std::vector<Section> make_training_schema() {
   std::vector<Section> schema;
 
@@ -170,8 +191,8 @@ std::vector<Section> make_training_schema() {
   // Read by nn::make_model (booster/nn/models.h), with the same key names.
   schema.push_back(Section{
       "model",
-      "the network: {\"type\": \"mlp\" | \"linear\" | \"gpt\" | \"cnn\" | a registered model, ...}, or a model library's: "
-      "{\"type\": NAME, \"library\": LIB, its own keys...}",
+      "the network: {\"type\": \"mlp\" | \"linear\" | \"gpt\" | \"cnn\" | \"llama\" | \"hf\" | a registered model, ...}, "
+      "or a model library's: {\"type\": NAME, \"library\": LIB, its own keys...}",
       {optional_text("init_from", nullptr,
                      "start from these weights: a .safetensors file, or a directory with model.safetensors or a "
                      "sharded index (a checkpoint's model/); null: random initialisation")},
@@ -211,11 +232,40 @@ std::vector<Section> make_training_schema() {
                boolean("batch_norm", true),
                number("dropout", 0.0, 0.0, 1.0, false, true),
            }},
+          // Note [Llama and Hugging Face model keys].
+          {"llama",
+           {
+               integer("vocab_size", std::nullopt, 1),
+               integer("hidden_size", std::nullopt, 1, std::nullopt,
+                       "the width; num_attention_heads must divide it into heads of an even size (RoPE)"),
+               integer("intermediate_size", std::nullopt, 1, std::nullopt, "the SwiGLU feed-forward's width"),
+               integer("num_hidden_layers", std::nullopt, 1),
+               integer("num_attention_heads", std::nullopt, 1, std::nullopt, "query heads"),
+               optional_integer("num_key_value_heads", 1,
+                                "key/value heads, dividing num_attention_heads (grouped-query attention); null: "
+                                "as many as the query heads"),
+               integer("max_position_embeddings", 2048, 1, std::nullopt, "longest sequence"),
+               number("rms_norm_eps", 1e-6, 0.0, std::nullopt, true),
+               number("rope_theta", 10000.0, 0.0, std::nullopt, true),
+               boolean("tie_word_embeddings", false, "lm_head reads the embedding table (one tensor)"),
+               boolean("activation_checkpointing", false,
+                       "recompute each decoder layer's activations in backward: less memory, one more forward"),
+           }},
+          {"hf",
+           {
+               text("path", std::nullopt, {},
+                    "a Hugging Face model directory: config.json and model.safetensors (or "
+                    "model.safetensors.index.json and its shards)"),
+               boolean("activation_checkpointing", false,
+                       "recompute each layer's activations in backward: less memory, one more forward"),
+               hf_dropout(),
+           }},
       },
       /*optional=*/false,
       /*default_variant=*/"",
       /*custom_resolve=*/nullptr,
       /*resolve_other_variant=*/resolve_other_model,
+      /*finish_variant=*/finish_model,
   });
 
   // ------------------------------------------------------------------------------------- optimizer
@@ -534,6 +584,9 @@ void check_training_config(const json& c) {
   const bool builtin_model = std::find(builtins.begin(), builtins.end(), model_type) != builtins.end();
   const bool classifier = model_type == "mlp" || model_type == "linear";
   const bool image_classifier = model_type == "cnn";
+  // A Llama or Hugging Face model is built (deferred) and split as the run would: its sizes, its files,
+  // its positions against the data's sequences, its shard policy (Note [Checking a model before it trains]).
+  check_model(c);
   if (data_type == "text" || data_type == "tokens") {
     const bool language_model = model_type == "gpt" || model_type == "llama" || model_type == "hf";
     if (builtin_model && !language_model) fail("'data.type' \"" + data_type + "\" needs a language model: set 'model.type' to \"gpt\" (it is \"" + model_type + "\")");

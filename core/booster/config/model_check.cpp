@@ -1,0 +1,150 @@
+// check_model (config.h): a Llama or Hugging Face model checked as `booster train` would build and split it.
+//
+// Note [Checking a model before it trains]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// The table checks a "llama" or "hf" model's keys one by one (Note [Llama and Hugging Face model keys]
+// in schema.cpp); what depends on several of them, or on files, is checked by the code that builds and
+// splits the model, run here on the resolved config, so `booster check` refuses what `booster train`
+// would refuse with the same message (and train, which resolves the config too, refuses it before it
+// starts any process group):
+//  * the model is built through nn::make_model under a LazyInitGuard, as cli/train.cpp builds it: no
+//    parameter memory, and an hf model reads config.json and its weight files' headers but not the
+//    weights. make_llama's ConfigError names the sizes that do not divide (hidden by heads, heads by
+//    key/value heads) or an odd head size (RoPE turns pairs of features); load_pretrained's names a
+//    missing config.json, model.safetensors / model.safetensors.index.json or shard, and tensors of
+//    the wrong name or shape;
+//  * data.seq_len (tokens) or data.context (text) must fit the model's positions (nn::CausalLM::
+//    max_positions), which the first forward would otherwise refuse;
+//  * under hybrid_parallel with tp_size or pp_size > 1, the shard policy the plugin would look up for the
+//    model (nn::find_shard_policy, by Module::name()) is run for every pipeline stage, with a stand-in
+//    tensor-parallel group of tp_size ranks that only answers rank() and size() (a policy slices without
+//    communicating): so the Llama policy's refusals (tp_size not dividing the query heads, the key/value
+//    heads, the intermediate size or the vocabulary; tied embeddings with pp_size > 1; stage_layers
+//    that do not add up to the layers) come with the policy's own words. The parts it returns are
+//    deferred and dropped. A ValueError of the policy (stage_layers) is a mistake in the config, so it
+//    becomes a ConfigError with the same message. A part with no parameters at all (a middle stage
+//    that got no layer: more stages than the layers + 2) is refused too, naming the stage: the run
+//    would stop on that rank only, when the plugin rebuilds the optimizer over the part ("optimizer got
+//    an empty parameter list").
+// Other models are left alone: a registered or library model's factory and policy belong to a program
+// or a library, which may not expect to be called twice or over a stand-in group.
+#include "booster/config/config.h"
+
+#include "booster/common/error.h"
+#include "booster/distributed/process_group.h"
+#include "booster/nn/kv_cache.h"
+#include "booster/nn/llama.h"
+#include "booster/nn/model_registry.h"
+#include "booster/nn/models.h"
+#include "booster/nn/shard_policy.h"
+#include "booster/tensor/deferred.h"
+
+namespace booster::config {
+namespace {
+
+// tp_size ranks of which this is rank 0, for running a shard policy on one process: any collective is a
+// StateError (Note [Checking a model before it trains]).
+class StandInGroup final : public distributed::ProcessGroup {
+ public:
+  explicit StandInGroup(int size) : size_(size) {}
+  int rank() const override { return 0; }
+  int size() const override { return size_; }
+  std::string backend() const override { return "stand-in"; }
+  Device device() const override { return Device::cpu(); }
+  void barrier() override { fail(); }
+  [[noreturn]] void abort(int, const std::string& why) override { BOOSTER_FAIL(StateError, why); }
+
+ protected:
+  distributed::WorkPtr all_reduce_impl(const distributed::BufferSpan&, distributed::ReduceOp, bool) override { fail(); }
+  distributed::WorkPtr broadcast_impl(const distributed::BufferSpan&, int, bool) override { fail(); }
+  distributed::WorkPtr all_gather_impl(const distributed::BufferSpan&, const distributed::BufferSpan&, bool) override {
+    fail();
+  }
+  distributed::WorkPtr reduce_scatter_impl(const distributed::BufferSpan&, const distributed::BufferSpan&,
+                                           distributed::ReduceOp, bool) override {
+    fail();
+  }
+
+ private:
+  [[noreturn]] static void fail() {
+    BOOSTER_FAIL(StateError, "checking a shard policy: the stand-in tensor-parallel group has no collectives");
+  }
+  int size_;
+};
+
+// Where the model's position limit comes from, for the message.
+std::string positions_source(const json& model) {
+  if (model.at("type") == "llama") return "'model.max_position_embeddings'";
+  return "the config.json of " + model.at("path").get<std::string>() + " (max_position_embeddings or n_positions)";
+}
+
+// The decoder layers a pipeline cuts between (0 where unknown).
+int64_t layers_of(const nn::Module& model) {
+  if (const auto* llama = dynamic_cast<const nn::Llama*>(&model)) return llama->config.num_hidden_layers;
+  if (const auto* gpt = dynamic_cast<const nn::GPT*>(&model)) return gpt->config.layers;
+  return 0;
+}
+
+void check_split(const nn::ModulePtr& model, const json& plugin) {
+  if (plugin.value("name", std::string()) != "hybrid_parallel") return;
+  const int tp = plugin.value("tp_size", 1), pp = plugin.value("pp_size", 1);
+  if (tp <= 1 && pp <= 1) return;  // data parallel only: the plugin splits nothing
+  // The plugin's own words for what needs a policy (plugins/hybrid_parallel/plugin.cpp).
+  const std::string why = "plugin 'hybrid_parallel' with tp_size " + std::to_string(tp) + " and pp_size " + std::to_string(pp);
+  const nn::ShardPolicy policy = nn::find_shard_policy(model->name(), why);
+  StandInGroup group(tp);
+  nn::ShardContext context;
+  context.tp = &group;
+  context.stages = pp;
+  context.stage_layers = plugin.value("stage_layers", std::vector<int64_t>{});
+  for (int stage = 0; stage < pp; ++stage) {
+    context.stage = stage;
+    nn::ShardedModel part;
+    try {
+      part = policy(model, context);
+    } catch (const ValueError& e) {
+      throw ConfigError(e.what());
+    }
+    // A stage between the first (the embedding) and the last (the head) that got no layer has nothing to
+    // train, and the run would stop on that rank when the plugin rebuilds the optimizer over its part
+    // ("optimizer got an empty parameter list").
+    if (part.module != nullptr && part.module->parameters().empty()) {
+      const int64_t layers = layers_of(*model);
+      throw ConfigError(why + ": pipeline stage " + std::to_string(stage) + " of " + std::to_string(pp) +
+                        " would hold no parameters" +
+                        (layers > 0 ? " (the model's " + std::to_string(layers) + " layers do not reach every stage)" : "") +
+                        ", so it would have nothing to train; use a pp_size of at most the layers + 2" +
+                        (layers > 0 ? " (" + std::to_string(layers + 2) + ")" : "") +
+                        ", or plugin.stage_layers giving every stage between the first and the last a layer");
+    }
+  }
+}
+
+}  // namespace
+
+void check_model(const json& c) {
+  const json& model = c.at("model");
+  const std::string type = model.at("type").get<std::string>();
+  if (type != "llama" && type != "hf") return;
+  json section = model;
+  section.erase("init_from");  // the weights replace the initial ones; they do not change the shapes
+  nn::ModulePtr built;
+  {
+    LazyInitGuard lazy;  // counted and split, never allocated
+    built = nn::make_model(section, c.at("train").at("seed").get<uint64_t>());
+  }
+
+  const json& data = c.at("data");
+  const char* length_key = data.contains("seq_len") ? "seq_len" : data.contains("context") ? "context" : nullptr;
+  if (const auto* lm = dynamic_cast<const nn::CausalLM*>(built.get()); lm != nullptr && length_key != nullptr) {
+    const json& length = data.at(length_key);
+    if (length.is_number_integer() && length.get<int64_t>() > lm->max_positions())
+      throw ConfigError("'data." + std::string(length_key) + "' is " + length.dump() + " but the model takes at most " +
+                        std::to_string(lm->max_positions()) + " positions (" + positions_source(model) +
+                        "); the model cannot see more tokens than its positions");
+  }
+
+  check_split(built, c.at("plugin"));
+}
+
+}  // namespace booster::config
