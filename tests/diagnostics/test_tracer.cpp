@@ -100,6 +100,47 @@ TEST_CASE("tracer: a forward overflow is named at the first module whose output 
   }
 }
 
+namespace {
+// Scales its input in place and returns it: the same storage as the previous module's output, changed.
+class ScaleInPlace : public nn::Module {
+ public:
+  explicit ScaleInPlace(double factor) : factor_(factor) {}
+  Tensor forward(const Tensor& x) override {
+    Tensor y = x;
+    return y.mul_(factor_);
+  }
+  std::string name() const override { return "ScaleInPlace"; }
+
+ private:
+  double factor_;
+};
+}  // namespace
+
+// The tracer checks each tensor once per step, but a tensor changed in place since its check is a new
+// value: the in-place module that made it inf is the one named, not the next module.
+TEST_CASE("tracer: a tensor changed in place is checked again and its module named", "[diagnostics]") {
+  for (const bool statistics : {false, true}) {
+    INFO("statistics " << statistics);
+    nn::Sequential model;
+    model.push_back(linear(4, 8, 0.5, 0.0));            // 20 everywhere
+    model.push_back(std::make_shared<ScaleInPlace>(3e38));  // inf, in the same storage
+    model.push_back(linear(8, 2, 1.0, 0.0));
+    Tracer tracer(model);
+    tracer.begin_step(statistics);
+    {
+      const auto observing = tracer.observe();
+      NoGradGuard no_grad;
+      model(full({3, 4}, 10.0));
+    }
+    tracer.end_step();
+    const std::optional<NonFinite> first = tracer.first_nonfinite();
+    REQUIRE(first);
+    CHECK(first->module == "1");
+    CHECK(first->type == "ScaleInPlace");
+    CHECK(first->tensor == Role::Output);
+  }
+}
+
 TEST_CASE("tracer: a backward overflow is named at the first gradient that is not finite", "[diagnostics]") {
   for (const bool statistics : {false, true}) {
     INFO("statistics " << statistics);
