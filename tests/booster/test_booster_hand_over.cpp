@@ -53,9 +53,20 @@ Setup zero(const std::string& precision, DType dtype, int stage = 2) {
   return {"low_level_zero (" + precision + ")", c, "optimizer", dtype};
 }
 
-Boosted boost_mlp(Booster& booster) {
+// With two_groups, the optimizer holds the biases first in a group of their own (another lr, no weight
+// decay) and the weights second, so a parameter's place in its group differs from its global index.
+Boosted boost_mlp(Booster& booster, bool two_groups = false) {
   auto model = std::make_shared<nn::MLPClassifier>(kIn, std::vector<int64_t>{24}, kClasses, "relu", 7);
-  auto optimizer = std::make_shared<optim::AdamW>(model->parameters(), json{{"lr", 1e-2}});
+  std::shared_ptr<optim::Optimizer> optimizer;
+  if (two_groups) {
+    std::vector<Tensor> weights, biases;
+    for (const auto& [name, p] : model->named_parameters()) (name.ends_with("bias") ? biases : weights).push_back(p);
+    optimizer = std::make_shared<optim::AdamW>(
+        std::vector<optim::ParamGroup>{{biases, {{"lr", 5e-3}, {"weight_decay", 0.0}}}, {weights, json::object()}},
+        json{{"lr", 1e-2}, {"weight_decay", 0.1}});
+  } else {
+    optimizer = std::make_shared<optim::AdamW>(model->parameters(), json{{"lr", 1e-2}});
+  }
   data::DataLoaderOptions o;
   o.batch_size = kBatch;
   o.prefetch = 0;
@@ -84,16 +95,23 @@ std::vector<std::string> param_names(const fs::path& step_dir) {
   return meta.at("param_names").get<std::vector<std::string>>();
 }
 
-// The float32 weights of a checkpoint, by optimizer index, read from where `setup` keeps them.
+// The float32 weights of a checkpoint, by optimizer index, read from where `setup` keeps them (the
+// precision SDK's masters by group and place in the group).
 std::vector<std::vector<double>> float32_weights(const fs::path& step_dir, const Setup& setup) {
   const std::vector<std::string> names = param_names(step_dir);
+  const json meta = json::parse(checkpoint::read_text_file(step_dir / "optimizer" / "optimizer.json"));
+  std::vector<std::string> group_key;  // "<g>.<j>" of each global index
+  for (size_t g = 0; g < meta.at("param_groups").size(); ++g)
+    for (size_t j = 0; j < meta.at("param_groups")[g].at("params").size(); ++j)
+      group_key.push_back(std::to_string(g) + "." + std::to_string(j));
+  REQUIRE(group_key.size() == names.size());
   const auto model = checkpoint::load_model(step_dir / "model");
   const auto optimizer = read(step_dir / "optimizer" / "optimizer.safetensors");
   const auto precision = read(step_dir / "optimizer" / "precision.safetensors");
   std::vector<std::vector<double>> out;
   for (size_t i = 0; i < names.size(); ++i) {
     const std::string key = setup.weights_in == "model"       ? names[i]
-                            : setup.weights_in == "precision" ? "master_weights.0." + std::to_string(i)
+                            : setup.weights_in == "precision" ? "master_weights." + group_key[i]
                                                               : "state." + std::to_string(i) + ".master_weight";
     const auto& from = setup.weights_in == "model" ? model : setup.weights_in == "precision" ? precision : optimizer;
     INFO(key);
@@ -166,6 +184,52 @@ TEST_CASE("hand-over: the float32 weights and moments of one precision are exact
     }
     CHECK(moments(again) == moments(saved));
     CHECK(!moments(saved).empty());
+  }
+  fs::remove_all(dir);
+}
+
+// Several parameter groups: each parameter's float32 weight and moments follow it by its global index
+// whatever group it is in, and each group keeps its own hyperparameters.
+TEST_CASE("hand-over: parameters of several groups keep their own weights, moments and options",
+          "[booster][checkpoint][amp]") {
+  const fs::path dir = fs::temp_directory_path() / ("booster_test_hand_over_groups_" + std::to_string(getpid()));
+  const std::vector<std::pair<Setup, Setup>> changes = {{naive(), fp32()},
+                                                        {fp32(), naive()},
+                                                        {naive(), zero("fp16", DType::Float16)},
+                                                        {zero("bf16", DType::BFloat16, 3), naive()}};
+  int n = 0;
+  for (const auto& [from, to] : changes) {
+    INFO(from.label << " -> " << to.label);
+    const fs::path saved_root = dir / ("saved_" + std::to_string(n)), again_root = dir / ("again_" + std::to_string(n));
+    ++n;
+    Booster first(from.config);
+    Boosted a = boost_mlp(first, true);
+    train(first, a, 3);
+    const fs::path saved = first.save_state(saved_root);
+    Booster second(to.config);
+    Boosted b = boost_mlp(second, true);
+    second.load_state(saved_root, {.portable_settings = [](const json& settings, int) { return settings; },
+                                   .precision_setting = "mixed_precision"});
+    const fs::path again = second.save_state(again_root);
+    // By name: the biases are optimizer parameters 0 and 1 (group 0), the weights 2 and 3 (group 1).
+    const std::vector<std::string> names = param_names(again);
+    REQUIRE(names == param_names(saved));
+    CHECK(names.front().ends_with("bias"));
+    const auto want = float32_weights(saved, from), got = float32_weights(again, to);
+    for (size_t i = 0; i < names.size(); ++i) {
+      INFO(names[i]);
+      CHECK(got[i] == want[i]);
+    }
+    CHECK(moments(again) == moments(saved));
+    const json groups_saved = json::parse(checkpoint::read_text_file(saved / "optimizer" / "optimizer.json")).at("param_groups");
+    const json groups_again = json::parse(checkpoint::read_text_file(again / "optimizer" / "optimizer.json")).at("param_groups");
+    REQUIRE(groups_again.size() == 2);
+    for (size_t g = 0; g < 2; ++g) {
+      CHECK(groups_again[g].at("lr") == groups_saved[g].at("lr"));
+      CHECK(groups_again[g].at("weight_decay") == groups_saved[g].at("weight_decay"));
+      CHECK(groups_again[g].at("params") == groups_saved[g].at("params"));
+    }
+    CHECK(groups_again[0].at("weight_decay") == 0.0);
   }
   fs::remove_all(dir);
 }
