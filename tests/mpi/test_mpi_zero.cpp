@@ -961,3 +961,75 @@ TEST_CASE("zero3: a rank holds about 1/N of the parameters at rest (allocator co
   REQUIRE(std::abs(stage2 - (4.0 * params + 4.0 * params / n)) < 0.05 * 4.0 * params);
   REQUIRE(std::abs(stage3 - 4.0 * params / n) < 0.05 * 4.0 * params / n);
 }
+
+namespace {
+// Two heads, one used per step (`use_b`, set by the test): on a step where a head is not run its
+// parameters get no gradient at all, as a branch or a frozen tower in a real model.
+class TwoHeads : public nn::Module {
+ public:
+  explicit TwoHeads(uint64_t seed) {
+    Generator gen(seed);
+    trunk_ = register_module("trunk", std::make_shared<nn::Linear>(kIn, kHidden, true, &gen));
+    a_ = register_module("a", std::make_shared<nn::Linear>(kHidden, kOut, true, &gen));
+    b_ = register_module("b", std::make_shared<nn::Linear>(kHidden, kOut, true, &gen));
+    set_tensor_names();
+  }
+  Tensor forward(const Tensor& x) override {
+    const Tensor h = tanh((*trunk_)(x));
+    const Tensor out = (use_b ? *b_ : *a_)(h);
+    // The other head's exact zero gradient, through autograd (the reference of the Note below).
+    return zero_other ? add(out, mul((use_b ? *a_ : *b_)(h), 0.0)) : out;
+  }
+  std::string name() const override { return "TwoHeads"; }
+  bool use_b = false;
+  bool zero_other = false;
+
+ private:
+  std::shared_ptr<nn::Linear> trunk_, a_, b_;
+};
+}  // namespace
+
+// Note [ZeRO and parameters without a gradient]: a parameter that gets no gradient on a step (a head
+// not run, a frozen branch) is stepped with a zero gradient at every stage, as PyTorch's FSDP and
+// DeepSpeed do with their flat buffers (not skipped, as a plain optimizer skips a None grad): SGD's
+// momentum carries it on and weight decay shrinks it. Every stage must do exactly that, so the
+// reference is one process whose missing gradients are zero-filled; head b runs on steps 2 and 5 only.
+// (A stage that skipped them, or stepped them with stale or garbage gradients, is far outside the
+// roundoff bound: momentum alone moves them by lr x 0.9 x |buffer| a step.)
+TEST_CASE("zero: parameters without a gradient on a step are stepped with zeros, at every stage",
+          "[mpi][zero]") {
+  const json sgd = {{"type", "sgd"}, {"lr", 0.1}, {"momentum", 0.9}, {"weight_decay", 0.1}};
+  constexpr int kSteps = 6;
+  auto uses_b = [](int s) { return s == 2 || s == 5; };
+  auto reference = std::make_shared<TwoHeads>(7);
+  reference->zero_other = true;
+  auto opt = optim::make_optimizer(sgd, reference->parameters());
+  std::vector<Tensor> before = float32_params(*reference);
+  double path = 0;
+  for (int s = 0; s < kSteps; ++s) {
+    reference->use_b = uses_b(s);
+    opt->zero_grad();
+    loss_of(*reference, whole_batch(s)).backward();
+    opt->step();
+    std::vector<Tensor> now = float32_params(*reference);
+    path += l2_distance(now, before);
+    before = std::move(now);
+  }
+  const std::vector<Tensor>& want = before;
+  const double bound = weight_bound(sgd, kSteps, path);
+  for (const json& stage : kAllStages) {
+    INFO(stage.dump() << ", path " << path << ", bound " << bound);
+    auto model = std::make_shared<TwoHeads>(7);
+    Zero z = make_zero(with_stage(stage, {{"precision", "fp32"}}), model, sgd);
+    for (int s = 0; s < kSteps; ++s) {
+      model->use_b = uses_b(s);
+      z.train_step(my_rows(whole_batch(s)));
+    }
+    const std::vector<Tensor> got = gathered_params(z);
+    REQUIRE(got.size() == want.size());
+    for (size_t i = 0; i < got.size(); ++i) {
+      INFO("parameter " << i);
+      CHECK(max_abs_diff(got[i], want[i]) <= bound);
+    }
+  }
+}
