@@ -1033,3 +1033,32 @@ TEST_CASE("zero: parameters without a gradient on a step are stepped with zeros,
     }
   }
 }
+
+// Stage 3 holds whole parameters only for the module running (and the one it prefetches), also in the
+// middle of a forward: 16 layers of 1 MiB, sharded over the ranks; the forward's peak above the resting
+// shards must stay within three layers plus the activations, where gathering the whole model at once
+// would add (1 - 1/N) of 16 MiB.
+TEST_CASE("zero3: during a forward a rank holds about one module's whole parameters at a time", "[mpi][zero]") {
+  constexpr int kLayers = 16;
+  constexpr int64_t kWidth = 512, kRows = 4;
+  auto model = std::make_shared<nn::Sequential>();
+  Generator gen(5);
+  for (int l = 0; l < kLayers; ++l) model->push_back(std::make_shared<nn::Linear>(kWidth, kWidth, true, &gen));
+  model->set_tensor_names();
+  const double layer_bytes = 4.0 * double(kWidth * kWidth + kWidth);
+  Zero z = make_zero({{"stage", 3}, {"precision", "fp32"}}, model, json{{"type", "sgd"}, {"lr", 0.01}});
+  const Tensor x = randn({kRows, kWidth}, &gen), y = randn({kRows, kWidth}, &gen);
+  z.train_step({x, y});  // a first step allocates what steps keep
+  const size_t resting = cpu_bytes_in_use();
+  reset_cpu_peak_bytes();
+  Tensor out = (*z.parts.model)(x);
+  const double peak = double(cpu_peak_bytes()) - double(resting);
+  // Activations saved for the backward: each layer's input and output rows, float32.
+  const double activations = 2.0 * kLayers * kRows * kWidth * 4.0;
+  INFO("forward peak above rest " << peak << " B, layer " << layer_bytes << " B, activations " << activations << " B");
+  CHECK(peak <= 3 * layer_bytes + activations);
+  CHECK(peak >= layer_bytes);  // the gathered module is counted: the check is not vacuous
+  z.parts.optimizer->zero_grad();
+  z.parts.precision->backward(mse_loss(out, y), *z.parts.optimizer);
+  z.parts.precision->step(*z.parts.optimizer);
+}
