@@ -121,6 +121,23 @@ TEST_CASE("failure helper: rank 1 fails while rank 0 waits in all_reduce", "[.fa
     }
     return;
   }
+  if (mode == "subgroup_stall") {
+    // World ranks 1 and 2 form a subgroup (its ranks 0 and 1); world rank 2 stops before its
+    // all_reduce, so world rank 1 times out in it. Rank 0 is not in it and waits in the world barrier.
+    std::shared_ptr<ProcessGroup> sub = pg.new_group({1, 2}, "sub");
+    if (pg.rank() == 2) raise(SIGSTOP);
+    if (sub) {
+      Tensor t = full({1}, 1.0);
+      try {
+        sub->all_reduce(t);
+      } catch (const DistributedError& e) {
+        std::fprintf(stderr, "rank %d: %s\n", pg.rank(), e.what());
+        throw;
+      }
+    }
+    pg.barrier();
+    return;
+  }
   if (mode == "stall_one_of_three") {
     // Rank 2 stops. Rank 1 comes 2.5 s late: inside its wait when rank 0 times out (3 s), and its own
     // deadline (5.5 s) comes after rank 0's census (3 to 5 s), so rank 0 hears of it only by its answer.
@@ -260,6 +277,21 @@ TEST_CASE("distributed: the timeout names the stalled rank among three, and the 
   REQUIRE_THAT(job.output, Catch::Contains("all_reduce on group \"world\" (3 ranks) timed out after 3."));
   REQUIRE_THAT(job.output, Catch::Contains(" s on rank 0: rank 2 did not arrive"));
   REQUIRE_THAT(job.output, Catch::Contains("ranks 0, 1 waited"));
+}
+
+// A subgroup's timeout names processes by world rank (the numbers the launcher, the other ranks'
+// messages and a kill by rank use), with the subgroup's own numbers beside them.
+TEST_CASE("distributed: a subgroup's timeout names world ranks, and the group's beside them", "[distributed][mpi]") {
+  if (skip_without_mpi()) return;
+  const JobResult job = run_job("subgroup_stall", "BOOSTER_COLLECTIVE_TIMEOUT_S=3", 3);
+  INFO(job.output);
+  REQUIRE(job.status != 0);
+  REQUIRE(job.status != 124);
+  REQUIRE(job.status != 137);
+  REQUIRE_THAT(job.output, Catch::Contains("all_reduce on group \"sub\" (2 ranks) timed out after 3."));
+  REQUIRE_THAT(job.output, Catch::Contains(" s on world rank 1 (rank 0 of the group): world rank 2 (rank 1 of the "
+                                           "group) did not arrive"));
+  REQUIRE_THAT(job.output, Catch::Contains("world rank 1 (rank 0 of the group) waited"));
 }
 
 // Note [Collective timeouts], "Waiting": a rank waiting for a late one sleeps between polls instead of

@@ -46,12 +46,26 @@ const char* collective_name(CollectiveOp op) {
   return "a collective";
 }
 
-std::string timeout_message(const Collective& what, const std::string& group, int size, int rank, Seconds waited,
-                            const std::string& who) {
+std::string rank_names(const std::vector<int>& ranks, const std::vector<int>& world_of) {
+  if (world_of.empty()) return rank_list(ranks);
+  std::vector<int> world;
+  for (int r : ranks) world.push_back(r >= 0 && size_t(r) < world_of.size() ? world_of[size_t(r)] : r);
+  std::vector<int> sorted = world;
+  std::sort(sorted.begin(), sorted.end());
+  // The group's numbers in the order of the world ranks listed.
+  std::string own;
+  for (int w : sorted)
+    for (size_t i = 0; i < ranks.size(); ++i)
+      if (world[i] == w) own += str(own.empty() ? "" : ", ", ranks[i]);
+  return str("world ", rank_list(sorted), " (", ranks.size() == 1 ? "rank " : "ranks ", own, " of the group)");
+}
+
+std::string timeout_message(const Collective& what, const std::string& group, int size, int rank,
+                            const std::vector<int>& world_of, Seconds waited, const std::string& who) {
   const std::string which = what.op == CollectiveOp::SendRecv ? std::string("It was a point-to-point batch of the group")
                                                                 : str("It was collective #", what.seq, " of the group");
   return str(collective_name(what.op), " on group \"", group, "\" (", size, " ranks) timed out after ",
-             format_seconds(waited.count()), " s on rank ", rank, ": ", who, ". ", which,
+             format_seconds(waited.count()), " s on ", rank_names({rank}, world_of), ": ", who, ". ", which,
              ", which is unusable now. Raise train.collective_timeout_s or "
              "BOOSTER_COLLECTIVE_TIMEOUT_S (now ", format_seconds(what.timeout.count()),
              " s) if a step legitimately takes longer");
@@ -86,6 +100,24 @@ Census::Census(MPI_Comm parent, std::mutex* mpi_mutex) : mpi_mutex_(mpi_mutex) {
   check_mpi(MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN), "init_process_group", "MPI_Comm_set_errhandler");
   check_mpi(MPI_Comm_rank(comm_, &rank_), "init_process_group", "MPI_Comm_rank");
   check_mpi(MPI_Comm_size(comm_, &size_), "init_process_group", "MPI_Comm_size");
+  world_of_ = world_ranks_of(comm_);
+}
+
+std::vector<int> world_ranks_of(MPI_Comm comm) {
+  MPI_Group group = MPI_GROUP_NULL, world = MPI_GROUP_NULL;
+  int size = 0, world_size = 0;
+  check_mpi(MPI_Comm_size(comm, &size), "init_process_group", "MPI_Comm_size");
+  check_mpi(MPI_Comm_size(MPI_COMM_WORLD, &world_size), "init_process_group", "MPI_Comm_size");
+  check_mpi(MPI_Comm_group(comm, &group), "init_process_group", "MPI_Comm_group");
+  check_mpi(MPI_Comm_group(MPI_COMM_WORLD, &world), "init_process_group", "MPI_Comm_group");
+  std::vector<int> mine(static_cast<size_t>(size)), out(static_cast<size_t>(size));
+  for (int r = 0; r < size; ++r) mine[size_t(r)] = r;
+  check_mpi(MPI_Group_translate_ranks(group, size, mine.data(), world, out.data()), "init_process_group",
+            "MPI_Group_translate_ranks");
+  MPI_Group_free(&group);
+  MPI_Group_free(&world);
+  if (size == world_size && out == mine) return {};
+  return out;
 }
 
 Census::~Census() {
@@ -163,7 +195,7 @@ std::string Census::take(uint64_t started, const Collective& what) {
       arrived.push_back(r);
     } else {
       behind.push_back(r);
-      where += str(where.empty() ? "" : "; ", "rank ", r, " still waits in ",
+      where += str(where.empty() ? "" : "; ", rank_names({r}, world_of_), " still waits in ",
                    collective_name(CollectiveOp(heard[r]->waiting_op)), " #", heard[r]->waiting_seq);
     }
   }
@@ -173,12 +205,12 @@ std::string Census::take(uint64_t started, const Collective& what) {
            "network failed)";
   std::string who;
   if (!silent.empty())
-    who = str(rank_list(silent), " did not arrive (no answer within ", format_seconds(grace.count()),
+    who = str(rank_names(silent, world_of_), " did not arrive (no answer within ", format_seconds(grace.count()),
               " s: stopped, hung, or busy outside collectives)");
   if (!behind.empty())
-    who += str(who.empty() ? "" : "; ", rank_list(behind), " did not arrive (", where,
+    who += str(who.empty() ? "" : "; ", rank_names(behind, world_of_), " did not arrive (", where,
                "; do all ranks run the same collectives in the same order?)");
-  return who + str("; ", rank_list(arrived), " waited");
+  return who + str("; ", rank_names(arrived, world_of_), " waited");
 }
 
 #endif

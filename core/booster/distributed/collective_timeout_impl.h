@@ -66,15 +66,24 @@ class Backoff {
   std::chrono::microseconds sleep_ = kFirstSleep;
 };
 
-// The DistributedError message of `what`, which timed out on `rank` of the `size` ranks of `group`
-// after `waited`; `who` is what the census found (Census::take), or why there was none.
-std::string timeout_message(const Collective& what, const std::string& group, int size, int rank, Seconds waited,
-                            const std::string& who);
+// Ranks of a group as messages name them: "rank 1", "ranks 0, 2-4" where the group is the world
+// (world_of empty); in a subgroup by world rank, the group's own numbers after them: "world rank 5
+// (rank 1 of the group)", so the process named is the one the launcher and the other messages name.
+// world_of[r]: the world rank of group rank r.
+std::string rank_names(const std::vector<int>& ranks, const std::vector<int>& world_of);
+
+// The DistributedError message of `what`, which timed out on group rank `rank` of the `size` ranks of
+// `group` after `waited`; `who` is what the census found (Census::take), or why there was none; ranks
+// are named by rank_names with `world_of`.
+std::string timeout_message(const Collective& what, const std::string& group, int size, int rank,
+                            const std::vector<int>& world_of, Seconds waited, const std::string& who);
 
 #if defined(BOOSTER_WITH_MPI)
 
 // MPI_SUCCESS, or DistributedError naming `op`, the MPI `call`, this rank and MPI's error string.
 void check_mpi(int code, const char* op, const char* call);
+// The world rank of each rank of `comm`, or empty when `comm` holds the world's ranks in its order.
+std::vector<int> world_ranks_of(MPI_Comm comm);
 // Records that a collective timed out in this process: exit then aborts the job (Note [Failing ranks]).
 void note_collective_timeout();
 
@@ -104,6 +113,7 @@ class Census {
   MPI_Comm comm_ = MPI_COMM_NULL;
   int rank_ = 0;
   int size_ = 1;
+  std::vector<int> world_of_;  // world_ranks_of(comm_)
   std::mutex* mpi_mutex_;
   std::mutex sends_mutex_;
   std::vector<std::pair<std::unique_ptr<Record>, MPI_Request>> sends_;  // records in flight

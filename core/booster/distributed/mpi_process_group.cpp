@@ -286,6 +286,7 @@ class MpiComm {
     check_mpi(MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN), "init_process_group", "MPI_Comm_set_errhandler");
     check_mpi(MPI_Comm_rank(comm_, &rank_), "init_process_group", "MPI_Comm_rank");
     check_mpi(MPI_Comm_size(comm_, &size_), "init_process_group", "MPI_Comm_size");
+    world_of_ = detail::world_ranks_of(comm_);
     census_.emplace(comm_, mpi_mutex_ ? &*mpi_mutex_ : nullptr);
   }
   ~MpiComm() {
@@ -367,9 +368,10 @@ class MpiComm {
     // Only the peers of a point-to-point batch take part, so there is nobody else to ask.
     const std::string who =
         what.op == CollectiveOp::SendRecv
-            ? str("rank ", what.peer, " (or another peer of the batch) did not post the matching send or receive")
+            ? str(detail::rank_names({what.peer}, world_of_),
+                  " (or another peer of the batch) did not post the matching send or receive")
             : census_->take(started_.load(), what);
-    BOOSTER_FAIL(DistributedError, timeout_message(what, name_, size_, rank_, now - what.start, who));
+    BOOSTER_FAIL(DistributedError, timeout_message(what, name_, size_, rank_, world_of_, now - what.start, who));
   }
 
   std::string name_;
@@ -378,6 +380,7 @@ class MpiComm {
   int size_ = 1;
   std::optional<std::mutex> mpi_mutex_;  // set when MPI is not MPI_THREAD_MULTIPLE
   std::optional<Census> census_;         // Note [Collective timeouts]
+  std::vector<int> world_of_;            // detail::world_ranks_of(comm_): messages name world ranks
   std::atomic<uint64_t> started_{0};
   std::atomic<bool> broken_{false};
   std::mutex broken_mutex_;

@@ -327,9 +327,10 @@ class NcclProcessGroup final : public ProcessGroup {
     if (census_ && what.op != CollectiveOp::SendRecv) who = census_->take(started_.load(), what);
 #endif
     if (what.op == CollectiveOp::SendRecv)
-      who = str("rank ", what.peer, " (or another peer of the batch) did not post the matching send or receive");
+      who = str(detail::rank_names({what.peer}, world_of_),
+                " (or another peer of the batch) did not post the matching send or receive");
     if (size_ == 1) who = "the GPU did not finish it (this is the only rank)";
-    return detail::timeout_message(what, name_, size_, rank_, now - what.start, who);
+    return detail::timeout_message(what, name_, size_, rank_, world_of_, now - what.start, who);
   }
 
   // The watchdog thread: every 100 ms, forgets the collectives the GPU has finished (they finish in
@@ -368,6 +369,9 @@ class NcclProcessGroup final : public ProcessGroup {
   }
 
   int rank_ = 0, size_ = 1, device_ = 0;
+  // World rank of each rank, for messages; empty: named by this group's ranks (the world group, and
+  // subgroups, whose split does not tell NCCL the members' world ranks).
+  std::vector<int> world_of_;
   cudaStream_t stream_ = nullptr;
   ncclComm_t comm_ = nullptr;
   std::string name_ = "world";
