@@ -24,6 +24,7 @@
 #include "booster/optim/optimizer.h"
 #include "booster/tensor/deferred.h"
 #include "booster/tensor/random.h"
+#include "booster/trainer/progress.h"
 #include "booster/trainer/trainer.h"
 #include "commands.h"
 
@@ -44,7 +45,9 @@ std::string restore_with_set(const std::string& where, const json& saved) {
 // The model of the `model` section, with model.init_from's weights when given. Before boost(): a
 // strategy may convert the model, and a plugin broadcasts rank 0's weights. Built deferred
 // (booster/tensor/deferred.h): boost() allocates it, only this rank's part under hybrid_parallel.
-nn::ModulePtr make_model(json model_config, uint64_t seed) {
+// Weights from a checkpoint are checked against its checksums first, as a resume checks them, unless
+// `verify` is false (--no-verify): Note [Weights from a checkpoint] in booster/checkpoint/checkpoint.cpp.
+nn::ModulePtr make_model(json model_config, uint64_t seed, bool verify) {
   const json init_from = model_config.value("init_from", json());
   model_config.erase("init_from");
   nn::ModulePtr model;
@@ -55,9 +58,10 @@ nn::ModulePtr make_model(json model_config, uint64_t seed) {
   if (init_from.is_string()) {
     const fs::path file = init_from.get<std::string>();
     BOOSTER_CHECK(fs::exists(file), ConfigError, "'model.init_from' is ", file.string(),
-                  ", which does not exist; give a .safetensors file or a checkpoint's model directory");
+                  ", which does not exist; give a .safetensors file, a checkpoint step or its model directory");
     try {
-      model->load_state_dict(checkpoint::load_model(file));
+      model->load_state_dict(
+          checkpoint::load_weights(file, {.verify = verify, .warn = trainer::process_rank() == 0}));
     } catch (const Error& e) {
       BOOSTER_FAIL(CheckpointError, "'model.init_from' ", file.string(), ": ", e.what());
     }
@@ -135,7 +139,7 @@ int run_training(const json& config, BoosterComponents components, const Trainin
 
   // Model, optimizer, loss and schedule, boosted (Note [Booster lifecycle]). The scheduler is built on
   // the user's optimizer, as with torch.
-  nn::ModulePtr model = make_model(config.at("model"), seed);
+  nn::ModulePtr model = make_model(config.at("model"), seed, train_cfg.at("verify_checkpoints").get<bool>());
   std::shared_ptr<optim::Optimizer> optimizer = optim::make_optimizer(config.at("optimizer"), model->parameters());
   std::shared_ptr<optim::LRScheduler> scheduler =
       config::make_lr_scheduler(config.at("lr_scheduler"), *optimizer, total_steps);

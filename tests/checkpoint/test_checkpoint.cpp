@@ -944,3 +944,68 @@ TEST_CASE("checkpoint checksums: a large file is summed whole and a flipped bit 
   write_bytes(dir.path / "blob.bin", bytes);
   CHECK_THROWS_WITH(booster::checkpoint::verify_checksums(dir.path), Catch::Contains("blob.bin fails its checksum"));
 }
+
+// issue 38, item 4: checksums.json covers every file of a step, and model.init_from's reader
+// (load_weights) verifies the model files it reads from a checkpoint (Note [Weights from a checkpoint]).
+TEST_CASE("checkpoint checksums: a file checksums.json does not list is refused, and below limits the check",
+          "[checkpoint]") {
+  TempDir dir;
+  Run run;
+  const fs::path step = save_checkpoint(dir.path, run.state(3));
+  CHECK(verify_checksums(step) == ChecksumStatus::Verified);
+  // An unlisted file in a subfolder, then at the top.
+  fs::create_directories(step / "extra");
+  write_bytes(step / "extra" / "notes.txt", "added after the save");
+  REQUIRE_THROWS_WITH(verify_checksums(step), Catch::Contains((step / "extra" / "notes.txt").string()) &&
+                                                  Catch::Contains("is not covered by") && Catch::Contains("--no-verify"));
+  REQUIRE_THROWS_WITH(load_checkpoint(dir.path), Catch::Contains("is not covered by"));
+  // `below` checks only what lies there: the model file alone passes, the folder of the extra file not.
+  CHECK(verify_checksums(step, "model.safetensors") == ChecksumStatus::Verified);
+  REQUIRE_THROWS_WITH(verify_checksums(step, "extra"), Catch::Contains("notes.txt"));
+  fs::remove_all(step / "extra");
+  // An entry removed: the file it covered is refused, though undamaged.
+  json manifest = json::parse(read_bytes(step / "checksums.json"));
+  manifest["files"].erase("optimizer.safetensors");
+  write_bytes(step / "checksums.json", manifest.dump());
+  REQUIRE_THROWS_WITH(load_checkpoint(dir.path), Catch::Contains((step / "optimizer.safetensors").string()) &&
+                                                     Catch::Contains("is not covered by"));
+  CHECK(verify_checksums(step, "model.safetensors") == ChecksumStatus::Verified);
+  CHECK_NOTHROW(load_checkpoint(dir.path, {.verify = false}));
+}
+
+TEST_CASE("checkpoint: load_weights verifies a checkpoint's model files, and reads other weights as they are",
+          "[checkpoint]") {
+  TempDir dir;
+  Run run;
+  const TrainingState state = run.state(5);
+  const fs::path step = save_checkpoint(dir.path, state);  // the model beside the optimizer
+  const fs::path file = step / "model.safetensors";
+  CHECK(same_maps(load_weights(step), state.model));
+  CHECK(same_maps(load_weights(file), state.model));
+
+  std::string bytes = read_bytes(file);
+  bytes[bytes.size() - 3] ^= 0x01;  // inside the last tensor's data
+  write_bytes(file, bytes);
+  for (const fs::path& from : {step, file}) {
+    INFO(from);
+    REQUIRE_THROWS_AS(load_weights(from), CheckpointError);
+    REQUIRE_THROWS_WITH(load_weights(from), Catch::Contains(file.string()) &&
+                                                Catch::Contains("fails the checksum of tensor '"));
+    CHECK_NOTHROW(load_weights(from, {.verify = false}));
+  }
+
+  // Its checksums removed: the format records them, so it is refused; a version 1 step loads.
+  fs::remove(step / "checksums.json");
+  REQUIRE_THROWS_WITH(load_weights(step), Catch::Contains("has no checksums.json"));
+  json trainer_state = json::parse(read_bytes(step / "trainer_state.json"));
+  trainer_state["version"] = 1;
+  write_bytes(step / "trainer_state.json", trainer_state.dump());
+  CHECK_NOTHROW(load_weights(step, {.warn = false}));
+
+  // A Hugging Face Trainer checkpoint has a trainer_state.json of its own and no checksums: read as is.
+  TempDir hf;
+  save_model(hf.path, state.model);
+  write_bytes(hf / "trainer_state.json", R"({"global_step": 10, "log_history": []})");
+  CHECK(same_maps(load_weights(hf.path), state.model));
+  CHECK(same_maps(load_weights(hf / "model.safetensors"), state.model));
+}

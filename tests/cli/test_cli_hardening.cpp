@@ -433,3 +433,143 @@ TEST_CASE("a large gzip file cut inside its trailer stops the command", "[harden
   }
   fs::remove_all(dir);
 }
+
+// ---------------------------------------------------------------------------------------------------
+// issue 38, item 4: no file of a checkpoint is read unverified (Note [Checkpoint checksums]).
+
+namespace {
+
+// `dir`/checksums.json without the entry of `file` (relative to the step).
+void drop_checksum_entry(const fs::path& dir, const std::string& file) {
+  json manifest = json::parse(read_text(dir / "checksums.json"));
+  REQUIRE(manifest["files"].erase(file) == 1);
+  std::ofstream(dir / "checksums.json", std::ios::trunc | std::ios::binary) << manifest.dump(1) << "\n";
+}
+
+// A copy of step 12 of `root` in a root of its own, named by `latest`; returns the step directory.
+fs::path copy_step(const fs::path& root, const std::string& name) {
+  const fs::path copy = scratch_dir() / name;
+  fs::remove_all(copy);
+  fs::create_directories(copy);
+  fs::copy(step_dir(root, 12), step_dir(copy, 12), fs::copy_options::recursive);
+  std::ofstream(copy / "latest") << "step-00000012\n";
+  return step_dir(copy, 12);
+}
+
+// The tensor in the middle of a safetensors file, after one bit of its middle byte is flipped.
+std::string flip_middle_tensor(const fs::path& file) {
+  const auto spans = booster::checkpoint::safetensors_spans(file);
+  REQUIRE(!spans.empty());
+  const auto& victim = spans[spans.size() / 2];
+  flip_bit(file, (victim.begin + victim.end) / 2);
+  return victim.name;
+}
+
+std::string init_from_args(const fs::path& from) {
+  const fs::path cfg = write_text("init_from.json", small_config().dump());
+  return "train --config " + cfg.string() + " --set train.max_steps=1 --set model.init_from=" + from.string();
+}
+
+}  // namespace
+
+TEST_CASE("a checkpoint file that checksums.json does not list is refused, naming it", "[cli][hardening]") {
+  const fs::path root = train_with_checkpoints("uncovered");
+  SECTION("a file's entry removed, then the file damaged") {
+    // Read unverified, the damage would be trained on.
+    for (const std::string file : {"model/model.safetensors", "optimizer/optimizer.safetensors", "trainer_state.json"}) {
+      INFO(file);
+      const fs::path dir = copy_step(root, "uncovered_entry");
+      drop_checksum_entry(dir, file);
+      if (file.ends_with(".safetensors")) flip_middle_tensor(dir / file);
+      const RunResult r = run_booster(resume_args(dir.parent_path()));
+      INFO(r.err);
+      CHECK(r.exit_code == 1);
+      CHECK_THAT(one_line(r.err), Catch::Contains((dir / file).string()) && Catch::Contains("not covered by") &&
+                                      Catch::Contains("checksums.json") && Catch::Contains("another checkpoint"));
+      CHECK(r.out.empty());
+    }
+  }
+  SECTION("a file added to the step after the save") {
+    const fs::path dir = copy_step(root, "uncovered_added");
+    std::ofstream(dir / "model" / "extra.safetensors") << "added later";
+    const RunResult r = run_booster(resume_args(dir.parent_path()));
+    INFO(r.err);
+    CHECK(r.exit_code == 1);
+    CHECK_THAT(one_line(r.err), Catch::Contains((dir / "model" / "extra.safetensors").string()) &&
+                                    Catch::Contains("not covered by"));
+  }
+  SECTION("--no-verify still loads it as it is") {
+    const fs::path dir = copy_step(root, "uncovered_forced");
+    drop_checksum_entry(dir, "model/model.safetensors");
+    const RunResult r = run_booster(resume_args(dir.parent_path()) + " --no-verify");
+    INFO(r.err);
+    CHECK(r.exit_code == 0);
+  }
+}
+
+TEST_CASE("model.init_from a checkpoint verifies its model files as a resume does", "[cli][hardening]") {
+  const fs::path root = train_with_checkpoints("init_verify");
+  SECTION("a flipped bit in a tensor, from the step or from its model folder") {
+    const fs::path dir = copy_step(root, "init_flip");
+    const fs::path file = dir / "model" / "model.safetensors";
+    const std::string tensor = flip_middle_tensor(file);
+    for (const fs::path& from : {dir / "model", dir, file}) {
+      INFO(from);
+      const RunResult r = run_booster(init_from_args(from));
+      INFO(r.err);
+      CHECK(r.exit_code == 1);
+      CHECK_THAT(one_line(r.err), Catch::Contains("model.init_from") && Catch::Contains(file.string()) &&
+                                      Catch::Contains("'" + tensor + "'") && Catch::Contains("checksum") &&
+                                      Catch::Contains("--no-verify"));
+      CHECK(r.out.empty());
+    }
+    // --no-verify takes the weights as they are.
+    const RunResult forced = run_booster(init_from_args(dir / "model") + " --no-verify");
+    INFO(forced.err);
+    CHECK(forced.exit_code == 0);
+  }
+  SECTION("the model's entry removed from checksums.json") {
+    const fs::path dir = copy_step(root, "init_uncovered");
+    drop_checksum_entry(dir, "model/model.safetensors");
+    const RunResult r = run_booster(init_from_args(dir / "model"));
+    INFO(r.err);
+    CHECK(r.exit_code == 1);
+    CHECK_THAT(one_line(r.err), Catch::Contains((dir / "model" / "model.safetensors").string()) &&
+                                    Catch::Contains("not covered by"));
+  }
+  SECTION("checksums.json removed from a step whose format records one") {
+    const fs::path dir = copy_step(root, "init_no_checksums");
+    fs::remove(dir / "checksums.json");
+    const RunResult r = run_booster(init_from_args(dir / "model"));
+    INFO(r.err);
+    CHECK(r.exit_code == 1);
+    CHECK_THAT(one_line(r.err), Catch::Contains(dir.string()) && Catch::Contains("has no checksums.json"));
+  }
+  SECTION("an undamaged step and its model folder load, and a damaged optimizer does not matter") {
+    const fs::path dir = copy_step(root, "init_whole");
+    flip_middle_tensor(dir / "optimizer" / "optimizer.safetensors");  // init_from reads only the model
+    for (const fs::path& from : {dir / "model", dir, dir / "model" / "model.safetensors"}) {
+      INFO(from);
+      const RunResult r = run_booster(init_from_args(from));
+      INFO(r.err);
+      CHECK(r.exit_code == 0);
+      CHECK(r.err.find("warning") == std::string::npos);
+    }
+  }
+  SECTION("weights outside a checkpoint carry no checksums and load without a word") {
+    // A Hugging Face style folder (the model's files alone) and a plain .safetensors file.
+    const fs::path folder = scratch_dir() / "init_plain_folder";
+    fs::remove_all(folder);
+    fs::copy(step_dir(root, 12) / "model", folder, fs::copy_options::recursive);
+    const fs::path file = scratch_dir() / "init_plain.safetensors";
+    fs::copy_file(folder / "model.safetensors", file, fs::copy_options::overwrite_existing);
+    for (const fs::path& from : {folder, file}) {
+      INFO(from);
+      const RunResult r = run_booster(init_from_args(from));
+      INFO(r.err);
+      CHECK(r.exit_code == 0);
+      CHECK(r.err.find("warning") == std::string::npos);
+      CHECK(r.err.find("checksum") == std::string::npos);
+    }
+  }
+}

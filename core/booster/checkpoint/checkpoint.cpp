@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <optional>
 #include <regex>
 #include <system_error>
 
@@ -414,6 +415,95 @@ TrainingState load_checkpoint(const fs::path& path, const LoadOptions& options) 
     state.optimizer.tensors = read_safetensors(optimizer_file).tensors;
   }
   return state;
+}
+
+// Note [Weights from a checkpoint]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// model.init_from may name a checkpoint step, its model/ folder or a model file in it. Read as a plain
+// directory, those files would skip the checksums a resume checks, and a flipped bit would become the
+// starting weights of a run. So load_weights first looks for the step the path lies in: for a
+// directory, the directory itself or its parent; for a file, its parent or grandparent (as deep as a
+// model file lies in a step: step/model/model.safetensors, or step/model.safetensors in the layout of
+// save_checkpoint). A step is a directory holding checksums.json, or a trainer_state.json of one of
+// booster's formats. Hugging Face's Trainer writes a trainer_state.json of its own beside its weights:
+// its checkpoints, like any Hugging Face directory or plain .safetensors file, carry no checksums and
+// load unverified without a word. The files verified are the ones the load reads (the step's model/
+// folder, the named file, or the index's directory) with verify_checksums' `below`, so a step whose
+// optimizer file is damaged still gives its verified weights; where the model lies beside the other
+// files (save_checkpoint's layout) the whole step is verified. A step whose format records checksums
+// but that has no checksums.json is refused, an older one loads with the warning a resume gives.
+namespace {
+
+// The format and version of `dir`/trainer_state.json when it is one of booster's: "booster-state"
+// (Booster::save_state) or "booster-checkpoint" (save_checkpoint).
+std::optional<std::pair<std::string, int64_t>> booster_state_format(const fs::path& dir) {
+  const fs::path file = dir / kTrainerStateFileName;
+  std::error_code ec;
+  if (!fs::is_regular_file(file, ec)) return std::nullopt;
+  try {
+    const json state = json::parse(read_text_file(file, size_t(256) << 20));
+    if (!state.is_object() || !state.contains("version") || !state.at("version").is_number_integer())
+      return std::nullopt;
+    const json format = state.value("format", json());
+    if (format != kFormatName && format != "booster-state") return std::nullopt;
+    return std::make_pair(format.get<std::string>(), state.at("version").get<int64_t>());
+  } catch (const std::exception&) {
+    return std::nullopt;  // not ours, or unreadable: nothing says it carries checksums
+  }
+}
+
+bool is_checkpoint_step(const fs::path& dir) {
+  std::error_code ec;
+  return fs::exists(fs::symlink_status(dir / kChecksumsFileName, ec)) || booster_state_format(dir).has_value();
+}
+
+bool is_index_file(const fs::path& path) {
+  const std::string name = path.filename().string();
+  return name.size() > 11 && name.compare(name.size() - 11, 11, ".index.json") == 0;
+}
+
+}  // namespace
+
+TensorMap load_weights(const fs::path& path, const LoadWeightsOptions& options) {
+  std::error_code ec;
+  fs::path where = fs::weakly_canonical(path, ec);
+  if (ec) where = fs::absolute(path).lexically_normal();
+  if (!where.has_filename()) where = where.parent_path();
+  const bool is_dir = fs::is_directory(where, ec);
+
+  fs::path step;  // the checkpoint step the path lies in, if any
+  for (const fs::path& candidate : is_dir ? std::vector<fs::path>{where, where.parent_path()}
+                                          : std::vector<fs::path>{where.parent_path(), where.parent_path().parent_path()})
+    if (!candidate.empty() && is_checkpoint_step(candidate)) {
+      step = candidate;
+      break;
+    }
+  if (step.empty()) return load_model(path);
+
+  // A step named whole: the model is its model/ folder (Booster::save_state), or its own model files
+  // (save_checkpoint).
+  fs::path source = where;
+  if (is_dir && where == step && fs::is_directory(step / "model", ec)) source = step / "model";
+  if (options.verify) {
+    // What the load reads: the folder, the index's folder (its shards), or the one file.
+    const fs::path read = fs::is_directory(source, ec) || !is_index_file(source) ? source : source.parent_path();
+    fs::path below = read.lexically_relative(step);
+    if (below == ".") below.clear();
+    if (verify_checksums(step, below) == ChecksumStatus::Absent) {
+      const auto format = booster_state_format(step);
+      const bool records_checksums =
+          format && ((format->first == kFormatName && format->second >= 2) ||
+                     (format->first == "booster-state" && format->second >= 3));  // state.cpp's kStateFormatVersion
+      BOOSTER_CHECK(!records_checksums, CheckpointError, step.string(), " has no ", kChecksumsFileName,
+                    " though its format version records one: it was removed after the save; point model.init_from "
+                    "at another step's model, or pass --no-verify to load it unverified");
+      if (format && options.warn) {
+        std::fprintf(stderr, "booster: warning: %s predates checksums; its files are not verified\n", step.c_str());
+        std::fflush(stderr);
+      }
+    }
+  }
+  return load_model(source);
 }
 
 }  // namespace booster::checkpoint

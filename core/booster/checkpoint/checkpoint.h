@@ -90,6 +90,20 @@ struct LoadOptions {
 // when the caller hands `model` to Module::load_state_dict.
 TrainingState load_checkpoint(const std::filesystem::path& path, const LoadOptions& options = {});
 
+// The weights `model.init_from` names (Note [Weights from a checkpoint] in checkpoint.cpp): a
+// .safetensors file, a model index, a directory holding a model (Hugging Face's, or a checkpoint's
+// `model/`), or a checkpoint step directory (its `model/` is read, or its own model files for the
+// layout of save_checkpoint). Inside a checkpoint, the model files are first checked against the
+// step's checksums.json as a resume checks them, and every model file must be listed there: a damaged
+// or unlisted one is a CheckpointError naming the file (and tensor). A step of a format that records
+// checksums but has no checksums.json is refused; an older one loads with one warning on stderr
+// (`warn`). Files outside any checkpoint carry no checksums and load as load_model reads them.
+struct LoadWeightsOptions {
+  bool verify = true;  // false: read the files as they are (--no-verify)
+  bool warn = true;    // print the warning about a checkpoint that predates checksums (rank 0 only)
+};
+TensorMap load_weights(const std::filesystem::path& path, const LoadWeightsOptions& options = {});
+
 // An exclusive lock on a checkpoint root for as long as it lives: flock() on `<root>/lock`, which the
 // kernel releases when the process ends, crash or not. Creates `root` if needed. CheckpointError
 // naming the root and the holder's hostname:pid when another process (or another RootLock) holds it.

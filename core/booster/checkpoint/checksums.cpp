@@ -30,8 +30,8 @@ namespace {
 constexpr const char* kFormat = "booster-checksums";
 constexpr int kVersion = 1;
 constexpr const char* kEscape =
-    "resume from another checkpoint of the directory, or pass --no-verify (LoadStateOptions::verify = false) to "
-    "load it unverified";
+    "resume from another checkpoint of the directory (or point model.init_from at another step's model), or pass "
+    "--no-verify (LoadStateOptions::verify = false) to load it unverified";
 
 // A whole file mapped read-only.
 class MappedFile {
@@ -225,7 +225,21 @@ void write_checksums(const fs::path& dir) {
   write_text_file_atomically(dir / kChecksumsFileName, manifest.dump(1) + "\n");
 }
 
-ChecksumStatus verify_checksums(const fs::path& dir) {
+namespace {
+
+// Whether `name` (a manifest entry, relative to the step) is `below` or inside it; everything when
+// `below` is empty.
+bool is_below(const std::string& name, const std::string& below) {
+  if (below.empty() || below == ".") return true;
+  return name == below || (name.size() > below.size() && name.compare(0, below.size(), below) == 0 &&
+                           name[below.size()] == '/');
+}
+
+}  // namespace
+
+ChecksumStatus verify_checksums(const fs::path& dir, const fs::path& below_path) {
+  std::string below = below_path.lexically_normal().generic_string();
+  while (!below.empty() && below.back() == '/') below.pop_back();
   const fs::path manifest_file = dir / kChecksumsFileName;
   std::error_code ec;
   if (!fs::exists(fs::symlink_status(manifest_file, ec))) return ChecksumStatus::Absent;
@@ -241,8 +255,19 @@ ChecksumStatus verify_checksums(const fs::path& dir) {
                     manifest.contains("files") && manifest.at("files").is_object(),
                 CheckpointError, "checkpoint file ", manifest_file.string(), " is not a booster-checksums version ",
                 kVersion, " file with crc32c; ", kEscape);
+  // Every file the step holds is covered: a file the manifest does not list would be read unverified
+  // (its entry removed, or the file added after the save).
+  const json& files = manifest.at("files");
+  for (const fs::path& file : files_below(dir)) {
+    const std::string name = file.generic_string();
+    if (!is_below(name, below) || files.contains(name)) continue;
+    BOOSTER_FAIL(CheckpointError, "checkpoint file ", (dir / file).string(), " is not covered by ",
+                 manifest_file.string(), " (its entry was removed, or the file was added after the save), so it "
+                 "cannot be verified; ", kEscape);
+  }
   try {
-    for (const auto& [name, expected] : manifest.at("files").items()) verify_file(dir, name, expected);
+    for (const auto& [name, expected] : files.items())
+      if (is_below(name, below)) verify_file(dir, name, expected);
   } catch (const json::exception& e) {
     BOOSTER_FAIL(CheckpointError, "checkpoint file ", manifest_file.string(), " is malformed (", e.what(),
                  "); it was damaged after it was saved; ", kEscape);

@@ -13,7 +13,11 @@
 // flipped bit and every burst of up to 32 bits; it guards against damage, not against tampering.
 // Loading verifies the whole directory before anything is parsed: a missing file, another size, a
 // header or a tensor that differs is a CheckpointError naming the file (and tensor) and the way out.
-// Checkpoints written before checksums existed have no checksums.json; they load, with one warning.
+// So is a file of the directory that checksums.json does not list: the manifest covers every file a
+// step holds, so a file whose entry was removed (or one added after the save) is refused, never read
+// unverified. Checkpoints written before checksums existed have no checksums.json; they load, with one
+// warning. model.init_from verifies the model files it reads from a checkpoint the same way
+// (load_weights in checkpoint.h).
 #pragma once
 
 #include <cstddef>
@@ -32,8 +36,10 @@ uint32_t crc32c(const void* data, size_t size, uint32_t crc = 0);
 void write_checksums(const std::filesystem::path& dir);
 
 enum class ChecksumStatus { Verified, Absent };
-// Checks every file listed in `dir`/checksums.json; Absent when the directory has none. Throws
-// CheckpointError naming the file and tensor that fail, and `--no-verify` as the escape hatch.
-ChecksumStatus verify_checksums(const std::filesystem::path& dir);
+// Checks every file listed in `dir`/checksums.json, and that every regular file below `dir` is listed;
+// Absent when the directory has none. `below` (relative to `dir`, a file or a folder) limits both to
+// the files there, for a reader of only part of a checkpoint (model.init_from); empty: all of them.
+// Throws CheckpointError naming the file and tensor that fail, and `--no-verify` as the escape hatch.
+ChecksumStatus verify_checksums(const std::filesystem::path& dir, const std::filesystem::path& below = {});
 
 }  // namespace booster::checkpoint
