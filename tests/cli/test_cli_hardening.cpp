@@ -573,3 +573,36 @@ TEST_CASE("model.init_from a checkpoint verifies its model files as a resume doe
     }
   }
 }
+
+// ---------------------------------------------------------------------------------------------------
+// issue 38, item 5: a damaged library file is refused before dlopen (Note [Checking a library before
+// dlopen] in booster/plugin/loader.cpp), not met as SIGBUS inside it.
+
+TEST_CASE("a truncated plugin library is refused naming the file, not a crash", "[cli][hardening][plugin]") {
+  struct Case {
+    std::string library, option;
+  };
+  const fs::path cfg = write_text("truncated_plugin.json", small_config().dump());
+  for (const Case& c : {Case{"libbooster_plugin_ddp.so", "--plugin"},
+                        Case{"libbooster_precision_static_fp16.so", "--mixed-precision"}}) {
+    const fs::path whole = fs::path(BOOSTER_LIB_DIR) / c.library;
+    if (!fs::exists(whole)) {
+      skip_test(whole.string() + " is not built");
+      return;
+    }
+    const std::string bytes = read_text(whole);
+    for (const size_t size : {bytes.size() / 2, size_t(100)}) {
+      INFO(c.option << " " << c.library << " cut to " << size << " bytes");
+      const fs::path cut = scratch_dir() / ("cut_" + std::to_string(size) + "_" + c.library);
+      std::ofstream(cut, std::ios::binary | std::ios::trunc) << bytes.substr(0, size);
+      const RunResult r = run_booster("train --config " + cfg.string() + " " + c.option + " " + cut.string());
+      INFO(r.err);
+      CHECK(r.exit_code == 1);  // a PluginError, as for a plugin path that does not exist (not 128 + SIGBUS)
+      CHECK_THAT(one_line(r.err), Catch::Contains(cut.string()) &&
+                                      Catch::Contains("truncated: " + std::to_string(size) + " bytes, its headers reach ") &&
+                                      Catch::Contains("rebuild or reinstall it"));
+      CHECK(r.out.empty());
+      fs::remove(cut);
+    }
+  }
+}

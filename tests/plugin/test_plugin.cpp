@@ -7,6 +7,7 @@
 #include "skip.h"
 
 #include <cmath>
+#include <cstddef>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -14,10 +15,12 @@
 #include <limits>
 #include <sstream>
 #include <string>
+#include <elf.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include "plugin_path_guard.h"
+#include "run_booster.h"
 #include "booster/autograd/autograd.h"
 #include "booster/data/synthetic.h"
 #include "booster/mixed_precision/mixed_precision.h"
@@ -303,4 +306,81 @@ TEST_CASE("plugin: loading and unloading leaks nothing (valgrind)", "[plugin][va
                                 text.str().find("definitely lost") == std::string::npos;
   CHECK(no_definite_leak);
   CHECK(text.str().find("ERROR SUMMARY: 0 errors") != std::string::npos);
+}
+
+// issue 38, item 5 (Note [Checking a library before dlopen] in booster/plugin/loader.cpp): a library file
+// that dlopen would map past its end (SIGBUS) or cannot run here is refused first, naming the file.
+TEST_CASE("plugin: a cut or foreign library file is refused before dlopen, naming what is wrong", "[plugin]") {
+  std::ifstream in(kExample, std::ios::binary);
+  const std::string whole((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  REQUIRE(whole.size() > 4096);
+  const fs::path file = fs::temp_directory_path() / ("booster_test_plugin_cut_" + std::to_string(::getpid()) + ".so");
+  auto write = [&](const std::string& bytes) { std::ofstream(file, std::ios::binary | std::ios::trunc) << bytes; };
+  // Cut anywhere: in the ELF header, the program headers, the segments or the section headers at the end.
+  for (const size_t size : {size_t(0), size_t(1), size_t(4), size_t(63), size_t(64), size_t(100), size_t(1000),
+                            whole.size() / 3, whole.size() / 2, whole.size() - 64, whole.size() - 1}) {
+    INFO("cut to " << size << " bytes");
+    write(whole.substr(0, size));
+    REQUIRE_THROWS_AS(plugin::load(plugin::kPrecisionKind, file.string()), PluginError);
+    CHECK_THROWS_WITH(plugin::load(plugin::kPrecisionKind, file.string()),
+                      Contains(file.string()) && Contains("truncated: " + std::to_string(size) + " bytes") &&
+                          Contains("rebuild or reinstall it"));
+  }
+  // The whole file still loads (a copy of its own: a loaded file is not written to).
+  const fs::path copy = file.string() + ".whole.so";
+  std::ofstream(copy, std::ios::binary | std::ios::trunc) << whole;
+  CHECK(plugin::load(plugin::kPrecisionKind, copy.string())->name() == "static_fp16");
+
+  auto patched = [&](size_t offset, const std::string& bytes) {
+    std::string copy = whole;
+    copy.replace(offset, bytes.size(), bytes);
+    write(copy);
+  };
+  patched(0, "\x7f" "ELG");
+  CHECK_THROWS_WITH(plugin::load(plugin::kPrecisionKind, file.string()), Contains(file.string()) && Contains("not an ELF file"));
+  patched(EI_CLASS, std::string(1, char(ELFCLASS32)));
+  CHECK_THROWS_WITH(plugin::load(plugin::kPrecisionKind, file.string()), Contains("32-bit"));
+  patched(EI_DATA, std::string(1, char(ELFDATA2MSB)));
+  CHECK_THROWS_WITH(plugin::load(plugin::kPrecisionKind, file.string()), Contains("big-endian"));
+#if defined(__x86_64__)
+  const uint16_t other_machine = EM_AARCH64;
+#else
+  const uint16_t other_machine = EM_X86_64;
+#endif
+  patched(offsetof(Elf64_Ehdr, e_machine), std::string(reinterpret_cast<const char*>(&other_machine), 2));
+  CHECK_THROWS_WITH(plugin::load(plugin::kPrecisionKind, file.string()), Contains("built for") && Contains("not for"));
+  const uint16_t executable = ET_EXEC;
+  patched(offsetof(Elf64_Ehdr, e_type), std::string(reinterpret_cast<const char*>(&executable), 2));
+  CHECK_THROWS_WITH(plugin::load(plugin::kPrecisionKind, file.string()), Contains("not a shared library"));
+  // A section header table claimed past the end, and one whose end overflows 64 bits.
+  for (const uint64_t shoff : {uint64_t(whole.size()), ~uint64_t(0) - 8}) {
+    patched(offsetof(Elf64_Ehdr, e_shoff), std::string(reinterpret_cast<const char*>(&shoff), 8));
+    CHECK_THROWS_WITH(plugin::load(plugin::kPrecisionKind, file.string()),
+                      Contains("truncated: " + std::to_string(whole.size()) + " bytes, its headers reach"));
+  }
+  fs::remove(file);
+  fs::remove(copy);
+}
+
+TEST_CASE("plugin: a library that calls exit(0) while loading ends booster with an error, not success", "[plugin]") {
+  // Note [A library that exits while loading] in booster/plugin/loader.cpp.
+  const std::string library = test_plugin("exits_on_load");
+  const fs::path dir = testing::scratch_dir("test_plugin");
+  const fs::path config = dir / "exits_on_load.json";
+  std::ofstream(config) << R"({"model": {"type": "mlp", "in": 8, "hidden": [16], "classes": 3},
+    "optimizer": {"type": "sgd", "lr": 0.1},
+    "data": {"type": "synthetic", "num_samples": 64, "num_test_samples": 16, "num_features": 8, "num_classes": 3,
+             "batch_size": 16},
+    "train": {"epochs": 1, "max_steps": 2, "run_dir": null}})";
+  for (const std::string option : {"--mixed-precision", "--plugin"}) {
+    INFO(option);
+    const testing::RunResult r =
+        testing::run_booster_in(dir, "train --config " + config.string() + " " + option + " " + library);
+    INFO(r.err);
+    CHECK(r.exit_code == 1);
+    CHECK_THAT(r.err, Contains("exits_on_load: exiting from a static constructor") &&
+                          Contains("booster: error: plugin: " + library + " called exit(0) while it was being loaded"));
+    CHECK(r.out.empty());  // no summary line: nothing was trained
+  }
+  fs::remove_all(dir);
 }

@@ -3,11 +3,18 @@
 #include "booster/plugin/loader.h"
 
 #include <dlfcn.h>
+#include <elf.h>
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
 #include <boost/dll/shared_library.hpp>
+#include <cerrno>
+#include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <map>
 #include <set>
 #include <system_error>
@@ -151,6 +158,174 @@ std::vector<Found> list(const std::string& kind) {
   return out;
 }
 
+// Note [Checking a library before dlopen]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// dlopen() maps a library's segments as its program headers describe them and reads them through the
+// mapping. A file cut short (an interrupted copy or install, a full disk) still has headers that claim
+// the bytes it lost, and the first touch of a page past its end is SIGBUS inside the dynamic loader:
+// the process dies without a word. So before dlopen the file is read as an ELF header would be, and
+// refused with a PluginError naming it when it is not a regular file, is shorter than an ELF header,
+// lacks the ELF magic, is not 64-bit little-endian, is built for another machine (x86-64 on this
+// build's x86-64, the build's own e_machine elsewhere) or is not a shared object, or when the file is
+// shorter than what its headers reach: the program header table (e_phoff + e_phnum * e_phentsize),
+// the section header table (e_shoff + e_shnum * e_shentsize) and the file bytes of every segment
+// (p_offset + p_filesz), all in 64-bit arithmetic checked for overflow. What is checked is the file
+// given; a damaged library it depends on is found by the dynamic loader as before, and a file
+// changed between the check and dlopen is not (the check is for damage, not for an adversary).
+namespace {
+
+#if defined(__x86_64__)
+constexpr int kBuildMachine = EM_X86_64;
+#elif defined(__aarch64__)
+constexpr int kBuildMachine = EM_AARCH64;
+#elif defined(__powerpc64__)
+constexpr int kBuildMachine = EM_PPC64;
+#elif defined(__riscv)
+constexpr int kBuildMachine = EM_RISCV;
+#else
+constexpr int kBuildMachine = -1;  // unknown: the machine is not checked
+#endif
+
+std::string machine_name(int machine) {
+  switch (machine) {
+    case EM_X86_64: return "x86-64";
+    case EM_386: return "i386";
+    case EM_AARCH64: return "AArch64";
+    case EM_ARM: return "ARM";
+    case EM_PPC64: return "PowerPC64";
+    case EM_RISCV: return "RISC-V";
+    case EM_S390: return "s390";
+    default: return "machine " + std::to_string(machine);
+  }
+}
+
+// a + b * c, or UINT64_MAX where it overflows (a table that cannot lie in any file).
+uint64_t table_end(uint64_t offset, uint64_t count, uint64_t entry_size) {
+  uint64_t bytes = 0, end = 0;
+  if (__builtin_mul_overflow(count, entry_size, &bytes) || __builtin_add_overflow(offset, bytes, &end))
+    return UINT64_MAX;
+  return end;
+}
+
+[[noreturn]] void refuse_library(const fs::path& file, const std::string& what) {
+  BOOSTER_FAIL(PluginError, "plugin: cannot load ", file.string(), ": ", what, "; rebuild or reinstall it");
+}
+
+void check_library_file(const fs::path& file) {
+  const int fd = ::open(file.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);  // O_NONBLOCK: a FIFO must not block
+  BOOSTER_CHECK(fd >= 0, PluginError, "plugin: cannot open ", file.string(), ": ", std::strerror(errno));
+  struct Closer {
+    int fd;
+    ~Closer() { ::close(fd); }
+  } closer{fd};
+  struct stat st {};
+  BOOSTER_CHECK(::fstat(fd, &st) == 0, PluginError, "plugin: cannot stat ", file.string(), ": ", std::strerror(errno));
+  BOOSTER_CHECK(S_ISREG(st.st_mode), PluginError, "plugin: ", file.string(),
+                " is not a regular file (a directory, a FIFO or a device); give the path of a plugin's .so");
+  const uint64_t size = uint64_t(st.st_size);
+  auto read_at = [&](void* out, size_t bytes, uint64_t offset) {
+    size_t done = 0;
+    while (done < bytes) {
+      const ssize_t n = ::pread(fd, static_cast<char*>(out) + done, bytes - done, off_t(offset + done));
+      if (n < 0 && errno == EINTR) continue;
+      BOOSTER_CHECK(n >= 0, PluginError, "plugin: cannot read ", file.string(), ": ", std::strerror(errno));
+      if (n == 0) refuse_library(file, "it ended while being read (truncated while loading?)");
+      done += size_t(n);
+    }
+  };
+
+  if (size < sizeof(Elf64_Ehdr))
+    refuse_library(file, "truncated: " + std::to_string(size) + " bytes, shorter than the " +
+                             std::to_string(sizeof(Elf64_Ehdr)) + " bytes of an ELF header; not a shared library");
+  Elf64_Ehdr header{};
+  read_at(&header, sizeof header, 0);
+  if (std::memcmp(header.e_ident, ELFMAG, SELFMAG) != 0)
+    refuse_library(file, "not an ELF file (no ELF magic at its start); not a shared library");
+  if (header.e_ident[EI_CLASS] != ELFCLASS64)
+    refuse_library(file, std::string("a ") + (header.e_ident[EI_CLASS] == ELFCLASS32 ? "32-bit" : "malformed") +
+                             " ELF file; this booster loads 64-bit libraries only");
+  if (header.e_ident[EI_DATA] != ELFDATA2LSB)
+    refuse_library(file, "a big-endian ELF file; this booster is little-endian");
+  if (kBuildMachine >= 0 && header.e_machine != kBuildMachine)
+    refuse_library(file, "built for " + machine_name(header.e_machine) + ", not for " + machine_name(kBuildMachine) +
+                             " as this booster is");
+  if (header.e_type != ET_DYN)
+    refuse_library(file, "an ELF file of type " + std::to_string(header.e_type) +
+                             ", not a shared library (ET_DYN); build it with -shared");
+
+  // How far its headers reach. e_shnum 0 with e_shoff set means 0xff00 sections or more, counted in
+  // section 0: at least that one entry must be there.
+  uint64_t reach = sizeof(Elf64_Ehdr);
+  const uint64_t phnum = header.e_phnum, shnum = header.e_shnum == 0 && header.e_shoff != 0 ? 1 : header.e_shnum;
+  if (phnum > 0 && header.e_phentsize < sizeof(Elf64_Phdr))
+    refuse_library(file, "malformed: program header entries of " + std::to_string(header.e_phentsize) + " bytes");
+  const uint64_t ph_end = phnum > 0 ? table_end(header.e_phoff, phnum, header.e_phentsize) : 0;
+  const uint64_t sh_end = shnum > 0 ? table_end(header.e_shoff, shnum, header.e_shentsize) : 0;
+  reach = std::max({reach, ph_end, sh_end});
+  if (ph_end <= size) {
+    // Every segment's file bytes, which dlopen maps (a cut library is SIGBUS on first touch otherwise).
+    for (uint64_t i = 0; i < phnum; ++i) {
+      Elf64_Phdr ph{};
+      read_at(&ph, sizeof ph, header.e_phoff + i * header.e_phentsize);
+      if (ph.p_type == PT_NULL || ph.p_filesz == 0) continue;  // nothing of the file is mapped for it
+      reach = std::max(reach, table_end(ph.p_offset, 1, ph.p_filesz));
+    }
+  }
+  if (reach > size)
+    refuse_library(file, "truncated: " + std::to_string(size) + " bytes, its headers reach " +
+                             (reach == UINT64_MAX ? std::string("past 2^64") : std::to_string(reach)));
+}
+
+// Note [A library that exits while loading]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// dlopen() runs a library's static constructors. One that calls exit() (a plugin that "checks its
+// environment" and quits, a library linked with a program's main objects) would end booster there,
+// and with exit(0) a CI job would report a run that never trained as a success. exit() cannot be
+// stopped, but it runs the handlers registered with atexit()/on_exit() first, last registered first.
+// So right before each dlopen the loader registers a handler (on_exit, which also receives the
+// status) and marks, in a thread_local, which file this thread is loading; the mark is cleared when
+// dlopen returns or throws. A handler that finds its thread still loading prints one line naming the
+// library and the status it exited with, and ends the process with _exit(1), booster's status for a
+// run-time error (a PluginError). The handlers the library itself registered run before it (they were
+// registered later); booster's own, registered earlier, are skipped by _exit, so nothing of the half
+// loaded state is torn down. An exit on another thread, or after dlopen returned, is untouched: the
+// handler then does nothing. One handler per load is registered (glibc's list grows as needed), so
+// that it runs right after the library's own, whatever else registered handlers since the last load.
+// Not covered: _exit(), quick_exit() and signals, which run no handlers (a signal's status is not 0).
+thread_local const char* loading_library = nullptr;
+
+void exit_while_loading(int status, void*) {
+  if (loading_library == nullptr) return;
+  std::fprintf(stderr,
+               "booster: error: plugin: %s called exit(%d) while it was being loaded (a static constructor of it, "
+               "or of a library it needs, ended the process); fix or rebuild it, or leave it out of the run\n",
+               loading_library, status);
+  std::fflush(stderr);
+  ::_exit(1);
+}
+
+// Marks this thread as loading `file` for as long as it lives (Note [A library that exits while loading]).
+class ExitGuard {
+ public:
+  explicit ExitGuard(const fs::path& file) : path_(file.string()), previous_(loading_library) {
+#if defined(__GLIBC__)
+    ::on_exit(exit_while_loading, nullptr);
+#else
+    std::atexit([] { exit_while_loading(0, nullptr); });
+#endif
+    loading_library = path_.c_str();
+  }
+  ~ExitGuard() { loading_library = previous_; }
+  ExitGuard(const ExitGuard&) = delete;
+  ExitGuard& operator=(const ExitGuard&) = delete;
+
+ private:
+  std::string path_;
+  const char* previous_;
+};
+
+}  // namespace
+
 std::shared_ptr<Plugin> load(const std::string& kind, const std::string& name_or_path) {
   BOOSTER_CHECK(known_kind(kind), ValueError, "plugin: unknown kind '", kind, "'; expected ", kKindChoices);
   const fs::path file = is_path(name_or_path) ? fs::path(name_or_path) : find(kind, name_or_path);
@@ -164,13 +339,19 @@ std::shared_ptr<Plugin> load(const std::string& kind, const std::string& name_or
   // files (or symlinks to them) are opened.
   BOOSTER_CHECK(fs::is_regular_file(file, exists_ec), PluginError, "plugin: ", file.string(),
                 " is not a regular file (a directory, a FIFO or a device); give the path of a plugin's .so");
+  // A truncated or foreign file is refused here, not met as SIGBUS inside dlopen (Note [Checking a
+  // library before dlopen]).
+  check_library_file(file);
 
   std::shared_ptr<Plugin> plugin(new Plugin());
   plugin->library_ = std::make_unique<Plugin::Library>();
   plugin->file_ = file;
   boost::dll::fs::error_code ec;
-  // Local binding: two plugins may define the same internal names without clashing.
-  plugin->library_->library.load(file, ec, boost::dll::load_mode::rtld_local | boost::dll::load_mode::rtld_now);
+  {
+    const ExitGuard guard(file);  // Note [A library that exits while loading]
+    // Local binding: two plugins may define the same internal names without clashing.
+    plugin->library_->library.load(file, ec, boost::dll::load_mode::rtld_local | boost::dll::load_mode::rtld_now);
+  }
   BOOSTER_CHECK(!ec, PluginError, "plugin: cannot load ", file.string(), ": ", ec.message(),
                 " (is it a shared library built for this machine, with its dependencies on the library path?)");
 
