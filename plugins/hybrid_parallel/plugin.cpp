@@ -554,6 +554,7 @@ class HybridParallelPlugin final : public ParallelPlugin {
       split_->shards = std::move(sharded.shards);
       if (sharded.criterion && parts.criterion) parts.criterion = sharded.criterion(parts.criterion);
       part = sharded.module;
+      require_no_empty_stage(*part, why);
     }
     if (zero) {  // Note [Hybrid ZeRO-1]: each parameter's owner, the same table on every rank of the group
       std::vector<int64_t> load(size_t(mesh_->dp_size()), 0);
@@ -656,6 +657,26 @@ class HybridParallelPlugin final : public ParallelPlugin {
   ProcessGroup& process_group() override { return mesh_ ? mesh_->world() : distributed::default_process_group(); }
 
  private:
+  // A pipeline stage without parameters (more stages than the model has layers to give) would stop
+  // its ranks in the optimizer ("empty parameter list") while the others wait: every rank learns which
+  // stages are empty and refuses alike.
+  void require_no_empty_stage(const nn::Module& part, const std::string& why) const {
+    ProcessGroup& world = mesh_->world();
+    std::vector<double> empty(size_t(options_.pp_size), 0.0);
+    empty[size_t(mesh_->coord().pp)] = part.parameters().empty() ? 1.0 : 0.0;
+    Tensor flags = from_vector(empty, {int64_t(empty.size())}).to(world.device());
+    world.all_reduce(flags, distributed::ReduceOp::Max);
+    std::string stages;
+    int count = 0;
+    const std::vector<double> any = flags.tolist();
+    for (size_t s = 0; s < any.size(); ++s)
+      if (any[s] != 0.0) stages += (count++ ? ", " : "") + std::to_string(s);
+    BOOSTER_CHECK(count == 0, ConfigError, why, ": pipeline stage", count > 1 ? "s " : " ", stages, " of ",
+                  options_.pp_size, " would hold no parameters (the model's layers do not reach every stage), so ",
+                  count > 1 ? "they" : "it", " would have nothing to train; use a smaller pp_size, or "
+                  "plugin.stage_layers giving every stage a layer");
+  }
+
   // Every rank must have built the same whole model (the policy slices it where it stands): the sums of
   // the parameters of this rank's part agree across its data-parallel group, or it is a ValueError.
   void require_same_replicas(const nn::Module& model) const {

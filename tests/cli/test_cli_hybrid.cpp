@@ -257,3 +257,18 @@ TEST_CASE("a hybrid checkpoint is the single-process model and resumes bit for b
   CHECK(r.exit_code != 0);
   CHECK_THAT(r.err, Catch::Contains("was saved with plugin.pp_size 2 but this run has 1"));
 }
+
+// More pipeline stages than the model has layers to give: a middle stage would hold no parameters. Every
+// rank refuses alike with a config error (exit 2) that names the stage, instead of one rank stopping in
+// its optimizer ("empty parameter list") while the others wait.
+TEST_CASE("hybrid: a pipeline stage left without layers is a config error on every rank", "[cli][hybrid]") {
+  if (!have_mpirun()) {
+    skip_test("no mpirun (apt-get install openmpi-bin)");
+    return;
+  }
+  const RunResult r = train(4, "gpt_char.json", "--plugin hybrid_parallel --set plugin.pp_size=4 --set model.layers=1");
+  INFO(r.err);
+  CHECK(r.exit_code == 2);
+  CHECK_THAT(r.err, Catch::Contains("would hold no parameters") && Catch::Contains("use a smaller pp_size"));
+  CHECK_THAT(r.err, !Catch::Contains("empty parameter list"));
+}
