@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -17,6 +18,8 @@
 #include "booster/checkpoint/safetensors.h"
 #include "booster/common/error.h"
 #include "booster/data/fashion_mnist.h"
+#include "booster/data/npy.h"
+#include "booster/ops/ops.h"
 #include "run_booster.h"
 #include "skip.h"
 
@@ -432,6 +435,34 @@ TEST_CASE("a large gzip file cut inside its trailer stops the command", "[harden
     CHECK_THAT(r.err, Catch::Contains("train-images-idx3-ubyte.gz") && Catch::Contains("truncated"));
   }
   fs::remove_all(dir);
+}
+
+TEST_CASE("an all-NaN .npy data set is refused, naming the file and the index; allowed, it stops at the first step",
+          "[cli][hardening][data]") {
+  // issue 38: this trained to loss 1.07 and exit 0 (the CPU ReLU turned NaN into 0).
+  const fs::path x = scratch_dir() / "all_nan_x.npy", y = scratch_dir() / "all_nan_y.npy";
+  std::vector<int64_t> labels(64);
+  for (size_t i = 0; i < labels.size(); ++i) labels[i] = int64_t(i % 3);
+  booster::data::write_npy(x, booster::full({64, 8}, NAN, booster::DType::Float32));
+  booster::data::write_npy(y, booster::from_vector(labels, {64}));
+  json cfg = small_config();
+  cfg["data"] = {{"type", "npy"}, {"x", x.string()}, {"y", y.string()}, {"batch_size", 16}};
+  const fs::path path = write_text("all_nan.json", cfg.dump());
+  for (const std::string command : {"train", "check"}) {
+    INFO(command);
+    const RunResult r = run_booster(command + " --config " + path.string());
+    INFO(r.err);
+    CHECK(r.exit_code == 1);  // a DataError, as every other data file a run cannot use
+    CHECK_THAT(one_line(r.err), Catch::Contains("all_nan_x.npy: sample 0, element 0 (index [0, 0]) is nan") &&
+                                    Catch::Contains("data.allow_nonfinite"));
+    CHECK(std::count(r.err.begin(), r.err.end(), '\n') == 1);
+  }
+  // Allowed, the NaN reaches the loss (relu keeps it, as torch's) and the run stops there.
+  const RunResult r = run_booster("train --config " + path.string() + " --set data.allow_nonfinite=true");
+  INFO(r.err);
+  CHECK(r.exit_code == 1);
+  CHECK_THAT(r.err, Catch::Contains("the loss is nan at step 1"));
+  CHECK(r.out.find("final_loss") == std::string::npos);
 }
 
 // ---------------------------------------------------------------------------------------------------

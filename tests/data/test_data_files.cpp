@@ -422,3 +422,74 @@ TEST_CASE("file data configs: resolve fills the defaults and checks the files ag
   c["data"] = {{"type", "safetensors"}, {"path", st.string()}};
   CHECK(config::make_datasets(config::resolve(c)["data"], 0).train->size() == 120);
 }
+
+TEST_CASE("file data: an inf or NaN in x or in float targets is refused by sample and element unless allowed",
+          "[data][files][nonfinite]") {
+  // x [5, 2, 3] float32 with a NaN at sample 3, element 4 (index [3, 1, 1]) and an inf after it.
+  std::vector<float> xv(30);
+  for (size_t i = 0; i < xv.size(); ++i) xv[i] = float(i) * 0.5f - 3.0f;
+  xv[3 * 6 + 4] = NAN;
+  xv[29] = INFINITY;
+  const fs::path x = scratch("nonfinite_x.npy"), y = scratch("nonfinite_y.npy");
+  write_npy(x, from_vector(xv, {5, 2, 3}));
+  write_npy(y, from_vector(std::vector<int64_t>{0, 1, 2, 0, 1}, {5}));
+  FileDataOptions o;
+  o.train = {FileFormat::Npy, x.string(), y.string(), "x", "y", {}};
+  REQUIRE_THROWS_AS(load_file_data(o), DataError);
+  CHECK_THROWS_WITH(load_file_data(o), Contains("nonfinite_x.npy: sample 3, element 4 (index [3, 1, 1]) is nan") &&
+                                           Contains("data.allow_nonfinite"));
+  o.allow_nonfinite = true;
+  const FileData kept = load_file_data(o);
+  CHECK(std::isnan(kept.train->x().to_vector<float>()[22]));
+  CHECK(std::isinf(kept.train->x().to_vector<float>()[29]));
+
+  // Only the inf: the first non-finite value is what is named. Samples of one value name no element.
+  xv[3 * 6 + 4] = 1.0f;
+  write_npy(x, from_vector(xv, {5, 6}));
+  o.allow_nonfinite = false;
+  CHECK_THROWS_WITH(load_file_data(o), Contains("nonfinite_x.npy: sample 4, element 5 (index [4, 5]) is inf"));
+  write_npy(x, from_vector(xv, {30}));
+  write_npy(y, from_vector(std::vector<int64_t>(30, 0), {30}));
+  CHECK_THROWS_WITH(load_file_data(o), Contains("nonfinite_x.npy: sample 29 is inf;"));
+
+  // A float64 value float32 cannot hold becomes inf: named with the value the file holds.
+  std::vector<double> big(6, 1.0);
+  big[2] = 1e300;
+  write_npy(x, from_vector(big, {3, 2}, DType::Float64));
+  write_npy(y, from_vector(std::vector<double>{0, 1, 2}, {3}, DType::Float64));
+  CHECK_THROWS_WITH(load_file_data(o), Contains("sample 1, element 0 (index [1, 0]) is 1e+300, which float32 cannot "
+                                                "hold (inf)"));
+  o.x_dtype = DType::Float64;  // as float64 it is finite
+  CHECK(load_file_data(o).train->size() == 3);
+
+  // Float targets are checked too; class labels were always whole numbers (a NaN label is not one).
+  write_npy(y, from_vector(std::vector<double>{0, -INFINITY, 2}, {3}, DType::Float64));
+  CHECK_THROWS_WITH(load_file_data(o), Contains("element 1 is -inf, not a whole number"));
+  o.integer_labels = false;
+  CHECK_THROWS_WITH(load_file_data(o), Contains("nonfinite_y.npy: sample 1 is -inf"));
+  o.allow_nonfinite = true;
+  CHECK(std::isinf(load_file_data(o).train->y().to_vector<float>()[1]));
+
+  // A CSV cell "nan" (from_chars reads it) and a test split file are named the same way.
+  o = FileDataOptions{};
+  o.train = {FileFormat::Csv, write_bytes("nonfinite.csv", "a,b,label\n1,2,0\n3,nan,1\n").string(), "", "x", "y", {}};
+  CHECK_THROWS_WITH(load_file_data(o), Contains("nonfinite.csv (features): sample 1, element 1 (index [1, 1]) is nan"));
+  o.train = {FileFormat::Npy, kDir + "blobs_x.npy", kDir + "blobs_y.npy", "x", "y", {}};
+  write_npy(x, from_vector(std::vector<float>{1, 2, 3, 4, 5, 6, 7, NAN}, {2, 4}));
+  write_npy(y, from_vector(std::vector<int64_t>{0, 1}, {2}));
+  o.test = ArrayFiles{FileFormat::Npy, x.string(), y.string(), "x", "y", {}};
+  CHECK_THROWS_WITH(load_file_data(o), Contains("nonfinite_x.npy: sample 1, element 3 (index [1, 3]) is nan"));
+
+  // Through the config: the key is known, false by default, and true keeps the data.
+  json c = npy_config();
+  CHECK(config::resolve(c)["data"]["allow_nonfinite"] == false);
+  c["data"]["test_fraction"] = 0.0;
+  c["data"]["test_x"] = x.string();
+  c["data"]["test_y"] = y.string();
+  REQUIRE_THROWS_AS(config::resolve(c), DataError);
+  CHECK_THROWS_WITH(config::resolve(c), Contains("nonfinite_x.npy: sample 1, element 3"));
+  c["data"]["allow_nonfinite"] = true;
+  CHECK(config::make_datasets(config::resolve(c)["data"], 0).test->size() == 2);
+  c["data"]["allow_nonfinte"] = true;
+  CHECK_THROWS_WITH(config::resolve(c), Contains("did you mean 'allow_nonfinite'"));
+}

@@ -3,7 +3,9 @@
 // errors, autocast policies, and dropout's seeded masks.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <cmath>
+#include <functional>
 
 #include "booster/autocast/autocast.h"
 #include "booster/autograd/autograd.h"
@@ -519,5 +521,218 @@ TEST_CASE("large losses and layer_norm parameter gradients sum every thread's pa
     const double xhat = (double(i) - mu) / std::sqrt(var + 1e-5);
     INFO("column " << i);
     CHECK(dw[size_t(i)] == Approx(double(lrows) * xhat).epsilon(double(lrows + 4) * u32));
+  }
+}
+
+// ============================================================================================ NaN
+// Note [NaN propagation] (backends/cpu/elementwise.cpp): every op treats NaN, inf and -0 as PyTorch
+// does, forward and backward (tests/fixtures/nonfinite.json, made by make_nonfinite_fixtures.py).
+// test_ops_nn runs again under each BOOSTER_CPU_ISA level, so every vectorized copy meets them.
+
+namespace {
+
+const nlohmann::json& nonfinite() {
+  static const nlohmann::json j = testing::load_fixture_json("nonfinite.json");
+  return j;
+}
+Tensor nf(const std::string& dtype, const std::string& name) {
+  return tensor_from_json(nonfinite().at(dtype).at(name));
+}
+
+// Same shape and dtype; NaN exactly where `want` has NaN, the same infinities, the sign of every zero
+// when `zero_sign` (forward values: relu(-0) is -0), the rest within atol + rtol |want|.
+void check_nonfinite(const Tensor& got, const Tensor& want, double rtol, double atol, bool zero_sign = false) {
+  INFO("got  " << got.str() << "\nwant " << want.str());
+  REQUIRE(got.shape() == want.shape());
+  REQUIRE(got.dtype() == want.dtype());
+  const auto g = got.tolist(), w = want.tolist();
+  for (size_t i = 0; i < g.size(); ++i) {
+    INFO("element " << i << ": got " << g[i] << ", want " << w[i]);
+    if (std::isnan(w[i]) || std::isnan(g[i])) {
+      CHECK(std::isnan(g[i]) == std::isnan(w[i]));
+    } else if (std::isinf(w[i])) {
+      CHECK(g[i] == w[i]);
+    } else {
+      CHECK(std::abs(g[i] - w[i]) <= atol + rtol * std::abs(w[i]));
+      if (zero_sign && w[i] == 0.0) CHECK(std::signbit(g[i]) == std::signbit(w[i]));
+    }
+  }
+}
+
+struct Tol {
+  double rtol, atol;
+};
+Tol tol_of(const std::string& dtype) { return dtype == "f32" ? Tol{2e-5, 1e-6} : Tol{1e-10, 1e-12}; }
+
+using UnaryFn = std::function<Tensor(const Tensor&)>;
+const std::vector<std::pair<std::string, UnaryFn>>& unary_ops() {
+  static const std::vector<std::pair<std::string, UnaryFn>> ops = {
+      {"relu", [](const Tensor& t) { return relu(t); }},
+      {"gelu", [](const Tensor& t) { return gelu(t); }},
+      {"gelu_tanh", [](const Tensor& t) { return gelu(t, "tanh"); }},
+      {"silu", [](const Tensor& t) { return silu(t); }},
+      {"tanh", [](const Tensor& t) { return booster::tanh(t); }},
+      {"sigmoid", [](const Tensor& t) { return sigmoid(t); }},
+      {"abs", [](const Tensor& t) { return booster::abs(t); }},
+      {"clamp", [](const Tensor& t) { return clamp(t, -0.5, 0.5); }},
+      {"clamp_min", [](const Tensor& t) { return clamp(t, -0.5, std::nullopt); }},
+      {"clamp_max", [](const Tensor& t) { return clamp(t, std::nullopt, 0.5); }},
+  };
+  return ops;
+}
+
+}  // namespace
+
+TEST_CASE("activations keep NaN, inf and -0 as PyTorch, forward and backward", "[ops][nonfinite]") {
+  for (const std::string dt : {"f32", "f64"}) {
+    const Tensor x = nf(dt, "x"), w = nf(dt, "w");
+    const Tol t = tol_of(dt);
+    for (const auto& [name, f] : unary_ops()) {
+      INFO(dt << " " << name);
+      Tensor xi = x.detach().requires_grad_();
+      const Tensor y = f(xi);
+      sum(mul(y, w)).backward();
+      // The sign of a zero output is part of relu's, abs's and clamp's definitions (relu(-0) = -0,
+      // abs(-0) = 0); the smooth activations' zeros may carry either sign.
+      const bool zero_sign = name == "relu" || name == "abs" || name.rfind("clamp", 0) == 0;
+      check_nonfinite(y, nf(dt, name), t.rtol, t.atol, zero_sign);
+      check_nonfinite(xi.grad(), nf(dt, name + "_grad"), t.rtol, t.atol);
+    }
+  }
+  // The exact ones in float16 and bfloat16 too (their kernels convert blocks to float32): the float32
+  // references, rounded. The block paths need a run of contiguous elements, which these 70 are.
+  for (DType d : {DType::Float16, DType::BFloat16}) {
+    for (const std::string name : {"relu", "abs", "clamp", "clamp_min", "clamp_max"}) {
+      INFO(d << " " << name);
+      const UnaryFn& f = std::find_if(unary_ops().begin(), unary_ops().end(), [&](const auto& p) {
+                           return p.first == name;
+                         })->second;
+      Tensor xi = nf("f32", "x").to(d).requires_grad_();
+      const Tensor y = f(xi);
+      sum(mul(y, nf("f32", "w").to(d))).backward();
+      check_nonfinite(y, nf("f32", name).to(d), 0, 0, /*zero_sign=*/true);
+      if (name != "abs") check_nonfinite(xi.grad(), nf("f32", name + "_grad").to(d), 0, 0);
+    }
+  }
+}
+
+TEST_CASE("maximum and minimum return NaN and pass the gradient to both sides of a NaN, as PyTorch",
+          "[ops][nonfinite]") {
+  for (const std::string dt : {"f32", "f64"}) {
+    const Tensor a = nf(dt, "a"), b = nf(dt, "b"), w = nf(dt, "w");
+    for (const std::string name : {"maximum", "minimum"}) {
+      INFO(dt << " " << name);
+      Tensor ai = a.detach().requires_grad_(), bi = b.detach().requires_grad_();
+      const Tensor y = name == "maximum" ? maximum(ai, bi) : minimum(ai, bi);
+      sum(mul(y, w)).backward();
+      check_nonfinite(y, nf(dt, name), 0, 0, /*zero_sign=*/false);
+      check_nonfinite(ai.grad(), nf(dt, name + "_grad_a"), 1e-15, 0);
+      check_nonfinite(bi.grad(), nf(dt, name + "_grad_b"), 1e-15, 0);
+    }
+  }
+  // Broadcast against one NaN: every output is NaN.
+  const Tensor all = maximum(nf("f32", "x"), full({}, NAN, DType::Float32));
+  for (double v : all.tolist()) CHECK(std::isnan(v));
+  for (DType d : {DType::Float16, DType::BFloat16}) {
+    INFO(d);
+    check_nonfinite(maximum(nf("f32", "a").to(d), nf("f32", "b").to(d)), nf("f32", "maximum").to(d), 0, 0);
+    check_nonfinite(minimum(nf("f32", "a").to(d), nf("f32", "b").to(d)), nf("f32", "minimum").to(d), 0, 0);
+  }
+}
+
+TEST_CASE("max and argmax take NaN as the maximum, as PyTorch, with its gradients", "[ops][nonfinite]") {
+  for (const std::string dt : {"f32", "f64"}) {
+    INFO(dt);
+    const Tensor m = nf(dt, "m"), w = nf(dt, "w");
+    for (int64_t dim : {1, 0}) {
+      INFO("dim " << dim);
+      const std::string key = "max_" + std::to_string(dim);
+      Tensor mi = m.detach().requires_grad_();
+      const Tensor v = max(mi, dim);
+      sum(mul(v, w.slice(0, 0, v.numel()))).backward();
+      check_nonfinite(v, nf(dt, key + "_values"), 0, 0);
+      CHECK(argmax(m, dim).tolist() == nf(dt, key + "_indices").tolist());
+      check_nonfinite(mi.grad(), nf(dt, key + "_grad"), 0, 0);
+    }
+    CHECK(argmax(m, 1).tolist() == nf(dt, "argmax_1").tolist());
+    Tensor mi = m.detach().requires_grad_();
+    const Tensor all = max(mi);
+    mul(all, 3.0).backward();
+    check_nonfinite(all, nf(dt, "max_all"), 0, 0);
+    check_nonfinite(mi.grad(), nf(dt, "max_all_grad"), 1e-15, 0);  // shared by the NaNs
+  }
+  // One long run, each dtype (the threaded full reduction, the 16-lane body, 16-bit blocks): a single
+  // NaN anywhere makes the maximum NaN, wherever it sits.
+  for (DType d : {DType::Float32, DType::Float64, DType::Float16, DType::BFloat16}) {
+    for (int64_t at : {int64_t(0), int64_t(15), int64_t(4321), int64_t(4999)}) {
+      INFO(d << ", NaN at " << at);
+      std::vector<double> v(5000);
+      for (size_t i = 0; i < v.size(); ++i) v[i] = double(int64_t(i * 7919 % 1000) - 500);
+      v[size_t(at)] = NAN;
+      const Tensor t = from_vector(v, {5000}).to(d);
+      CHECK(std::isnan(max(t).item()));
+      CHECK(std::isnan(max(t, 0).item()));
+      CHECK(argmax(t, 0).item() == double(at));
+      CHECK(std::isnan(max(t.reshape({50, 100}), 1).tolist()[size_t(at / 100)]));
+      CHECK(std::isnan(max(t.reshape({50, 100}), 0).tolist()[size_t(at % 100)]));
+    }
+  }
+}
+
+TEST_CASE("max_pool2d propagates NaN, as PyTorch, with its gradients", "[ops][nonfinite]") {
+  for (const std::string dt : {"f32", "f64"}) {
+    INFO(dt);
+    const Tensor x = nf(dt, "pool_x");
+    Tensor xi = x.detach().requires_grad_();
+    Tensor y = max_pool2d(xi, {2, 2});
+    sum(mul(y, nf(dt, "pool_k2_w"))).backward();
+    check_nonfinite(y, nf(dt, "pool_k2"), 0, 0);
+    check_nonfinite(xi.grad(), nf(dt, "pool_k2_grad"), 0, 0);
+    xi = x.detach().requires_grad_();
+    y = max_pool2d(xi, {3, 3}, {2, 2}, {1, 1});
+    sum(mul(y, nf(dt, "pool_k3_w"))).backward();
+    check_nonfinite(y, nf(dt, "pool_k3"), 0, 0);
+    check_nonfinite(xi.grad(), nf(dt, "pool_k3_grad"), tol_of(dt).rtol, tol_of(dt).atol);  // overlapping windows add
+  }
+  // A window with two NaNs: NaN out, and its gradient goes to one of the NaNs (the first; torch's
+  // kernels pick the last: where a finite gradient lands inside a window whose output is NaN).
+  Tensor x = from_vector(std::vector<float>{1, NAN, NAN, 2}, {1, 1, 2, 2}).requires_grad_();
+  const Tensor y = max_pool2d(x, {2, 2});
+  CHECK(std::isnan(y.item()));
+  y.backward(full({1, 1, 1, 1}, 5.0));
+  CHECK(x.grad().tolist() == std::vector<double>{0, 5, 0, 0});
+}
+
+TEST_CASE("softmax, log_softmax and cross_entropy propagate NaN and inf, as PyTorch", "[ops][nonfinite]") {
+  for (const std::string dt : {"f32", "f64"}) {
+    INFO(dt);
+    const Tol t = tol_of(dt);
+    const Tensor s = nf(dt, "s"), ws = nf(dt, "ws"), s3 = nf(dt, "s3"), ws3 = nf(dt, "ws3");
+    for (const std::string name : {"softmax", "log_softmax"}) {
+      INFO(name);
+      const bool log = name == "log_softmax";
+      Tensor si = s.detach().requires_grad_();
+      Tensor y = log ? log_softmax(si, -1) : softmax(si, -1);
+      sum(mul(y, ws)).backward();
+      check_nonfinite(y, nf(dt, name), t.rtol, t.atol);
+      check_nonfinite(si.grad(), nf(dt, name + "_grad"), t.rtol, t.atol);
+      si = s3.detach().requires_grad_();  // over dim 1 of [2, 37, 5]: the lane-block loops
+      y = log ? log_softmax(si, 1) : softmax(si, 1);
+      sum(mul(y, ws3)).backward();
+      check_nonfinite(y, nf(dt, name + "_dim1"), t.rtol, t.atol);
+      check_nonfinite(si.grad(), nf(dt, name + "_dim1_grad"), t.rtol, t.atol);
+    }
+    const Tensor target = nf(dt, "ce_target");
+    Tensor si = s.detach().requires_grad_();
+    Tensor loss = cross_entropy(si, target, Reduction::None);
+    sum(mul(loss, nf(dt, "w").slice(0, 0, 5))).backward();
+    check_nonfinite(loss, nf(dt, "ce_none"), t.rtol, t.atol);
+    check_nonfinite(si.grad(), nf(dt, "ce_none_grad"), t.rtol, t.atol);
+    si = s.detach().requires_grad_();
+    loss = cross_entropy(si, target);
+    mul(loss, 2.0).backward();
+    check_nonfinite(loss, nf(dt, "ce_mean"), t.rtol, t.atol);
+    check_nonfinite(si.grad(), nf(dt, "ce_mean_grad"), t.rtol, t.atol);
+    check_nonfinite(cross_entropy(s.slice(0, 0, 1), target.slice(0, 0, 1)), nf(dt, "ce_finite"), t.rtol, t.atol);
   }
 }

@@ -125,6 +125,9 @@ std::vector<Field> with_file_data_fields(std::vector<Field> fields) {
   fields.push_back(text("x_dtype", "float32", {"float32", "float64", "int64"}, "what the inputs become"));
   fields.push_back(text("targets", "classes", {"classes", "values"},
                         "classes: integer labels; values: float targets (regression, with an mse criterion)"));
+  fields.push_back(boolean("allow_nonfinite", false,
+                           "keep inf/NaN inputs and float targets; false: a file holding one is an error naming "
+                           "its sample and element"));
   return fields;
 }
 

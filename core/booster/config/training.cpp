@@ -215,6 +215,7 @@ data::FileDataOptions file_data_options(const json& cfg, uint64_t seed) {
   o.divide_by = cfg.at("divide_by").get<double>();
   o.x_dtype = dtype_from_string(cfg.at("x_dtype").get<std::string>());
   o.integer_labels = cfg.at("targets") == "classes";
+  o.allow_nonfinite = cfg.at("allow_nonfinite").get<bool>();
   BOOSTER_CHECK(o.normalize == data::Normalize::None || is_floating(o.x_dtype), ConfigError, "'data.normalize' is \"",
                 normalize, "\" but 'data.x_dtype' is \"", cfg.at("x_dtype").get<std::string>(),
                 "\"; normalizing needs float32 or float64 inputs");

@@ -2,6 +2,7 @@
 #include "booster/data/file_dataset.h"
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <numeric>
 
@@ -111,6 +112,51 @@ LabeledArrays read_labeled_arrays(const ArrayFiles& files) {
 
 namespace {
 
+// The flat index of the first inf or NaN of a contiguous float tensor, or -1. Blocks are tested
+// branch-free (all exponent bits set; an OR the compiler vectorizes), and only a block that has one is
+// searched element by element.
+template <class T, class U>
+int64_t first_nonfinite_in(const T* p, int64_t n) {
+  constexpr U exponent = sizeof(T) == 4 ? U(0x7f800000u) : U(0x7ff0000000000000ull);
+  constexpr int64_t kBlock = 4096;
+  for (int64_t b = 0; b < n; b += kBlock) {
+    const int64_t e = std::min(n, b + kBlock);
+    U bad = 0;
+    for (int64_t i = b; i < e; ++i) bad |= U((std::bit_cast<U>(p[i]) & exponent) == exponent);
+    if (!bad) continue;
+    for (int64_t i = b; i < e; ++i)
+      if (!std::isfinite(p[i])) return i;
+  }
+  return -1;
+}
+
+int64_t first_nonfinite(const Tensor& t) {
+  if (t.dtype() == DType::Float32) return first_nonfinite_in<float, uint32_t>(t.data<float>(), t.numel());
+  if (t.dtype() == DType::Float64) return first_nonfinite_in<double, uint64_t>(t.data<double>(), t.numel());
+  return -1;  // integers are always finite
+}
+
+// DataError naming `where`, the sample and the element of the first inf/NaN of `t` (converted from
+// `array`), unless there is none (Note [File data]).
+void check_finite(const Tensor& t, const Array& array, const std::string& where) {
+  const int64_t i = first_nonfinite(t);
+  if (i < 0) return;
+  const Shape& shape = t.shape();
+  const int64_t per_sample = shape.empty() || shape[0] == 0 ? 1 : t.numel() / shape[0];
+  Shape index(shape.size());
+  for (int64_t r = i, d = int64_t(shape.size()) - 1; d >= 0; --d) {
+    index[size_t(d)] = r % shape[size_t(d)];
+    r /= shape[size_t(d)];
+  }
+  const double in_file = array.at(i), loaded = t.dtype() == DType::Float32 ? double(t.data<float>()[i]) : t.data<double>()[i];
+  const std::string value = std::isfinite(in_file) ? str(in_file, ", which ", t.dtype(), " cannot hold (", loaded, ")")
+                                                   : str(in_file);
+  BOOSTER_FAIL(DataError, where, ": sample ", i / per_sample,
+               per_sample > 1 ? str(", element ", i % per_sample, " (index ", index, ")") : std::string(), " is ",
+               value, "; a data set must be finite, or every loss is NaN (fix the file, or set "
+               "data.allow_nonfinite to true to train on it as it is)");
+}
+
 // One split's tensors: x converted, y as int64 labels ([N]) or float targets.
 struct SplitTensors {
   Tensor x, y;
@@ -120,6 +166,7 @@ SplitTensors convert(const LabeledArrays& a, const FileDataOptions& o) {
   SplitTensors s;
   s.x = to_tensor(a.x, o.x_dtype == DType::Int64 ? DType::Int64 : (o.x_dtype == DType::Float64 ? DType::Float64 : DType::Float32),
                   a.x_where);
+  if (!o.allow_nonfinite) check_finite(s.x, a.x, a.x_where);
   if (o.integer_labels) {
     Shape shape = a.y.shape;
     BOOSTER_CHECK(shape.size() == 1 || (shape.size() == 2 && shape[1] == 1), DataError, a.y_where, " has shape ",
@@ -136,6 +183,7 @@ SplitTensors convert(const LabeledArrays& a, const FileDataOptions& o) {
   } else {
     s.y = to_tensor(a.y, DType::Float32, a.y_where);
   }
+  if (!o.allow_nonfinite) check_finite(s.y, a.y, a.y_where);
   return s;
 }
 

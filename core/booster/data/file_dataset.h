@@ -15,8 +15,14 @@
 // Normalization: none; standardize, (x - mean) / std per feature with the mean and std of the training
 // split only (a constant feature keeps std 1), applied to both splits; or scale, x / divide_by (255
 // maps uint8 pixels to [0, 1]).
+// Non-finite values: an inf or NaN in the inputs or in float targets (as the file holds them, or a
+// float64 value float32 cannot hold) is refused unless `allow_nonfinite`: a NaN input trains to a NaN
+// loss at best, and a model with a ReLU in front may hide it (Note [NaN propagation] in
+// booster/backends/cpu/elementwise.cpp). The check is one pass at load over each split's converted x
+// and y, and names the first such value's sample and element.
 // Every problem is a DataError naming the file (and the array, row or column): a missing file, a bad
-// header, an unsupported dtype, x and y of different lengths, a label out of range.
+// header, an unsupported dtype, x and y of different lengths, a label out of range, a value that is
+// not finite.
 #pragma once
 
 #include <cstdint>
@@ -52,6 +58,7 @@ struct FileDataOptions {
   DType x_dtype = DType::Float32;  // Float32, Float64 or Int64 (normalizing needs a floating type)
   bool integer_labels = true;      // false: float targets are kept (regression)
   std::optional<int64_t> num_classes;  // when set, every label must lie in [0, num_classes)
+  bool allow_nonfinite = false;        // keep inf/NaN inputs and targets instead of refusing the file
 };
 
 // One split's x and y as the files hold them, checked to have as many rows.

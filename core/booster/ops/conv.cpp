@@ -8,7 +8,9 @@
 // Ho*Wo output positions, the pixel that tap sees (or the padding column) into [N, C, K, L]: im2col
 // as one gather. Then
 //  * conv2d is one batched GEMM of the weight [G, Cout/G, C/G*K] with the columns [N, G, C/G*K, L];
-//  * max_pool2d is max over K (the gradient goes to the first maximum, as torch's);
+//  * max_pool2d is max over K (the gradient goes to the first maximum, as torch's; a NaN in a window
+//    makes its output NaN and takes the gradient, as torch's, though with several NaNs torch picks the
+//    last and this the first);
 //  * avg_pool2d is the mean over K, padding included (torch's count_include_pad=True default);
 //  * adaptive_avg_pool2d is a GEMM with a fixed [H*W, oh*ow] averaging matrix (windows as torch's:
 //    start floor(i*H/oh), end ceil((i+1)*H/oh)).

@@ -142,17 +142,29 @@ Tensor pow(const Tensor& a_in, const Tensor& e_in) {
   return out;
 }
 
+namespace {
+// The gradients of maximum (is_max) or minimum, as derivatives.yaml writes them:
+// a: where(a == b, g / 2, g).masked_fill_(a < b, 0) for maximum (a > b for minimum); b mirrored.
+// Where a or b is NaN no comparison holds and both sides get g (Note [NaN propagation] in
+// backends/cpu/elementwise.cpp).
+grads max_min_grads(const Tensor& g, const Tensor& a, const Tensor& b, bool is_max) {
+  Tensor z = zeros({}, g.dtype(), g.device());
+  Tensor tie = where(eq(a, b), mul(g, 0.5), g);
+  Tensor ga = where(is_max ? lt(a, b) : gt(a, b), z, tie);
+  Tensor gb = where(is_max ? gt(a, b) : lt(a, b), z, tie);
+  return grads{sum_to(ga, a.shape()), sum_to(gb, b.shape())};
+}
+}  // namespace
+
 Tensor maximum(const Tensor& a_in, const Tensor& b_in) {
   BOOSTER_OP_CONTEXT("maximum");
   Tensor a = a_in, b = b_in;
   autocast::apply(autocast::Op::Maximum, {&a, &b});
   Tensor out = binary_forward(BinaryOp::Maximum, "maximum", a, b, 1.0);
   autograd::record(out, "MaximumBackward", {a, b}, [a = a.detach(), b = b.detach()](const Tensor& g) {
-    // Ties split the gradient evenly, as PyTorch does.
-    Tensor half = mul(g, 0.5);
-    Tensor ga = where(gt(a, b), g, where(eq(a, b), half, zeros_like(g)));
-    Tensor gb = where(lt(a, b), g, where(eq(a, b), half, zeros_like(g)));
-    return grads{sum_to(ga, a.shape()), sum_to(gb, b.shape())};
+    // As PyTorch's formula: ties split the gradient evenly, the smaller side gets none, and where
+    // either is NaN (no comparison holds) both get all of it.
+    return max_min_grads(g, a, b, /*is_max=*/true);
   });
   return out;
 }
@@ -163,10 +175,7 @@ Tensor minimum(const Tensor& a_in, const Tensor& b_in) {
   autocast::apply(autocast::Op::Minimum, {&a, &b});
   Tensor out = binary_forward(BinaryOp::Minimum, "minimum", a, b, 1.0);
   autograd::record(out, "MinimumBackward", {a, b}, [a = a.detach(), b = b.detach()](const Tensor& g) {
-    Tensor half = mul(g, 0.5);
-    Tensor ga = where(lt(a, b), g, where(eq(a, b), half, zeros_like(g)));
-    Tensor gb = where(gt(a, b), g, where(eq(a, b), half, zeros_like(g)));
-    return grads{sum_to(ga, a.shape()), sum_to(gb, b.shape())};
+    return max_min_grads(g, a, b, /*is_max=*/false);
   });
   return out;
 }

@@ -112,9 +112,10 @@ Tensor float8_mm(const Tensor& a, const Tensor& b, float scale_a, float scale_b,
 // Empty dims means all. Sums of float16/bfloat16 accumulate in float32 and return the input dtype.
 Tensor sum(const Tensor& a, const std::vector<int64_t>& dims = {}, bool keepdim = false);
 Tensor mean(const Tensor& a, const std::vector<int64_t>& dims = {}, bool keepdim = false);
-// Max over one dim; the gradient flows to the first maximal element.
+// Max over one dim; the gradient flows to the first maximal element. NaN counts as the maximum (the
+// first NaN), as torch.max.
 Tensor max(const Tensor& a, int64_t dim, bool keepdim = false);
-Tensor max(const Tensor& a);  // over all elements
+Tensor max(const Tensor& a);  // over all elements: NaN if one is; ties (or the NaNs) share the gradient
 Tensor argmax(const Tensor& a, int64_t dim, bool keepdim = false);  // int64, no gradient
 // Variance over dims (unbiased like torch.var by default).
 Tensor var(const Tensor& a, const std::vector<int64_t>& dims, bool unbiased = true, bool keepdim = false);

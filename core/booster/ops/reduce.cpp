@@ -140,8 +140,9 @@ Tensor max(const Tensor& a) {
   std::vector<int64_t> dims = normalize_dims({}, a.dim(), "max");
   Tensor out = reduce_raw(ReduceOp::Max, a, dims, /*keepdim=*/false, a.dtype());
   autograd::record(out, "MaxAllBackward", {a}, [a = a.detach(), o = out.detach()](const Tensor& g) {
-    // Ties share the gradient evenly, as torch.max() does.
-    Tensor is_max = eq(a, o);
+    // Ties share the gradient evenly, as torch.max() does; a NaN maximum is shared by the NaNs
+    // (torch's evenly_distribute_backward).
+    Tensor is_max = std::isnan(o.item()) ? ne(a, a) : eq(a, o);
     const double ties = sum(is_max).item();
     Tensor share = ties > 0 ? mul(g, 1.0 / ties) : zeros_like(g);
     return grads{where(is_max, share, zeros({}, g.dtype(), g.device()))};

@@ -23,6 +23,22 @@ using kernels::UnaryOp;
 // Left to GCC's heuristics, gelu_tanh_backward stayed out of line (called per element, through the PLT
 // since this is a shared library) and the GELU backward alone took 10% of the float32 GPT step.
 
+// Note [NaN propagation]
+// Every kernel propagates NaN as PyTorch's does, so that NaN data or a diverging step reaches the
+// loss and the non-finite checks fire instead of training on silently. Selects are written with the
+// comparison that is false for NaN on the side that keeps x: relu is x < 0 ? 0 : x (torch.relu is
+// clamp_min(x, 0): NaN stays NaN, -0 stays -0), its backward y <= 0 ? 0 : g (torch's
+// threshold_backward: a NaN output passes the gradient), abs clears the sign (abs(-0) = 0), clamp
+// returns a NaN first, maximum/minimum test for NaN explicitly, and so do the AMSGrad maximum
+// (optimizers.cpp) and CUDA's clamp of a batch-norm variance at 0. std::max(a, b) and the vector max instructions return one particular
+// operand when the other is NaN (x86's maxps the second), so a max that must keep NaN never relies
+// on operand order: the reductions (reduce.cpp) carry a NaN flag; softmax, log_softmax, the
+// cross-entropy and attention may let their row maximum drop a NaN because exp(NaN - max) still
+// makes the row's sum, and so every output of the row, NaN (as torch). The compiler keeps these
+// semantics in every ISA copy: the build never uses -ffast-math or -ffinite-math-only. The
+// references are PyTorch's (tests/fixtures/nonfinite.json, checked at every BOOSTER_CPU_ISA level by
+// test_ops_nn).
+
 // out[i] = f(x[i], y[i]) for n contiguous 16-bit elements: x (and y unless it is one broadcast value)
 // loaded into float32 blocks (Note [16-bit kernels compute in float32 blocks]).
 template <class T, class O, class F>
@@ -173,8 +189,13 @@ void cpu_unary(UnaryOp op, const Tensor& a, Tensor& out, double p0, double p1) {
         case UnaryOp::Log: return run([](A x) { return A(std::log(x)); });
         case UnaryOp::Sqrt: return run([](A x) { return A(std::sqrt(x)); });
         case UnaryOp::Rsqrt: return run([](A x) { return A(1 / std::sqrt(x)); });
-        case UnaryOp::Abs: return run([](A x) { return x < 0 ? A(-x) : x; });
-        case UnaryOp::Relu: return run([](A x) { return x > 0 ? x : A(0); });
+        case UnaryOp::Abs:
+          return run([](A x) {
+            if constexpr (std::is_floating_point_v<A>) return A(std::abs(x));  // abs(-0) = 0, as torch
+            else return x < 0 ? A(-x) : x;
+          });
+        // x < 0 ? 0 : x keeps NaN and -0, as torch.relu (Note [NaN propagation]).
+        case UnaryOp::Relu: return run([](A x) { return x < A(0) ? A(0) : x; });
         case UnaryOp::Sign: return run([](A x) { return A((x > 0) - (x < 0)); });
         case UnaryOp::GeluErf:
           return run([](A x) { return A(0.5 * x * (1 + std::erf(x * A(kInvSqrt2)))); });
@@ -216,7 +237,8 @@ void cpu_unary_backward(UnaryBackwardOp op, const Tensor& grad, const Tensor& sa
     using A = acc_t<T>;
     auto run = [&](auto f) { binary_loop<T, T>(grad, saved, out, f); };
     switch (op) {
-      case UnaryBackwardOp::Relu: return run([](A g, A y) { return y > 0 ? g : A(0); });
+      // torch's threshold_backward(g, y, 0): a NaN output passes the gradient (Note [NaN propagation]).
+      case UnaryBackwardOp::Relu: return run([](A g, A y) { return y <= 0 ? A(0) : g; });
       case UnaryBackwardOp::Tanh: return run([](A g, A y) { return g * (1 - y * y); });
       case UnaryBackwardOp::Sigmoid: return run([](A g, A y) { return g * y * (1 - y); });
       case UnaryBackwardOp::Silu:

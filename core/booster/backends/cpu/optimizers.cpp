@@ -154,7 +154,10 @@ void adam_update(P* __restrict p, const P* __restrict g, S* __restrict m, S* __r
       mb[i] = mv;
       vb[i] = vv;
       if constexpr (kAmsgrad) {
-        vv = std::max(vmax[b0 + i], vv);
+        // torch.maximum: a NaN in either stays (std::max would drop a NaN vv; Note [NaN propagation]
+        // in elementwise.cpp).
+        const S vm = vmax[b0 + i];
+        vv = (vv < vm || vm != vm) ? vm : vv;
         vmax[b0 + i] = vv;
       }
       root[i] = vv;

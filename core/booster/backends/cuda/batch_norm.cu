@@ -258,7 +258,7 @@ struct TrainStatsFinish {
   C* scale;
   C* shift;
   __device__ void operator()(int64_t c, const Welford<C>& s) const {
-    const C m2 = max(s.m2, C(0));
+    const C m2 = s.m2 < C(0) ? C(0) : s.m2;  // NaN stays, as the CPU's std::max(m2, 0) (fmax would drop it)
     const C rs = C(1) / sqrt(m2 / m + eps);
     mean[c] = s.mean;
     rstd[c] = rs;

@@ -162,7 +162,7 @@ __device__ __forceinline__ C unary_apply(UnaryOp op, C x, C s0, C s1, bool has_l
     switch (op) {
       case UnaryOp::Neg: return -x;
       case UnaryOp::Abs: return x < 0 ? C(-x) : x;
-      case UnaryOp::Relu: return x > 0 ? x : C(0);
+      case UnaryOp::Relu: return x < C(0) ? C(0) : x;
       case UnaryOp::Sign: return C((x > 0) - (x < 0));
       case UnaryOp::AddScalar: return x + s0;
       case UnaryOp::MulScalar: return x * s0;
@@ -182,8 +182,10 @@ __device__ __forceinline__ C unary_apply(UnaryOp op, C x, C s0, C s1, bool has_l
       case UnaryOp::Log: return log(x);
       case UnaryOp::Sqrt: return sqrt(x);
       case UnaryOp::Rsqrt: return C(1) / sqrt(x);
-      case UnaryOp::Abs: return x < 0 ? C(-x) : x;
-      case UnaryOp::Relu: return x > 0 ? x : C(0);
+      case UnaryOp::Abs:  // abs(-0) = 0, as torch and the CPU
+        if constexpr (std::is_same_v<C, float>) return fabsf(x);
+        else return fabs(x);
+      case UnaryOp::Relu: return x < C(0) ? C(0) : x;  // NaN, -0 stay: Note [NaN propagation] (cpu/elementwise.cpp)
       case UnaryOp::Sign: return C((x > 0) - (x < 0));
       case UnaryOp::GeluErf: return C(0.5) * x * (C(1) + erf(x * C(0.7071067811865476)));
       case UnaryOp::GeluTanh: return x * gelu_tanh_s(x);
@@ -250,7 +252,7 @@ void cuda_unary_backward(UnaryBackwardOp op, const Tensor& grad, const Tensor& s
                             const C g = load_as<C>(pg[o[0]]), x = load_as<C>(ps[o[1]]);
                             C r;
                             switch (op) {
-                              case UnaryBackwardOp::Relu: r = x > 0 ? g : C(0); break;
+                              case UnaryBackwardOp::Relu: r = x <= 0 ? C(0) : g; break;  // x is the output; NaN passes g
                               case UnaryBackwardOp::Tanh: r = g * (C(1) - x * x); break;
                               case UnaryBackwardOp::Sigmoid: r = g * x * (C(1) - x); break;
                               case UnaryBackwardOp::Silu: {

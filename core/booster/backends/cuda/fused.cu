@@ -117,7 +117,8 @@ __global__ void adam_kernel(P* p, const P* g, S* m, S* v, S* vmax, int64_t n, S 
     m[i] = mv;
     v[i] = vv;
     if (vmax) {
-      vv = max(vmax[i], vv);
+      const S vm = vmax[i];
+      vv = (vv < vm || vm != vm) ? vm : vv;  // torch.maximum: NaN stays (fmax would drop it)
       vmax[i] = vv;
     }
     if (decoupled) pv = pv * decay;
