@@ -30,11 +30,23 @@ struct Float8ScalingOptions {
 //            per optimizer step) pushes the step's largest recorded amax into a history of
 //            amax_history_len steps and recomputes the scale from the history's max (or its most
 //            recent entry). Transformer Engine's DelayedScaling with interval 1.
+// Only training records: a forward with grad mode off (an evaluation, generation) casts with the scale
+// it finds and leaves the state as it was (Note [Forwards that do not train]).
+//
+// Note [Forwards that do not train]
+// An evaluation's forwards see other data than the training batches. Had their amaxes entered the
+// step's record (delayed) or the scale (current), the next training step would cast with a scale the
+// evaluation chose, and a run with evaluations would train other weights than the same run without:
+// eval_every would change training. So the fp8 layers record only in forwards under grad mode, which
+// every training forward is (an activation-checkpointed block's no-grad first forward records again,
+// the same amaxes, when backward recomputes it under grad mode), and evaluate() runs under
+// NoGradGuard.
 class Float8Scale {
  public:
   Float8Scale(float fp8_max, const Float8ScalingOptions& options);
-  // The scale to cast a tensor whose largest magnitude is `amax` with; records amax for update().
-  float scale_for(float amax);
+  // The scale to cast a tensor whose largest magnitude is `amax` with; records amax for update(). With
+  // record false (a forward that does not train), the same scale, and nothing changes.
+  float scale_for(float amax, bool record = true);
   // End of an optimizer step: delayed scaling moves to the next scale; current scaling forgets the
   // step's amax.
   void update();

@@ -29,7 +29,8 @@ float Float8Scale::from_amax(float amax) const {
   return (fp8_max_ / amax) / std::ldexp(1.0f, options_.margin);
 }
 
-float Float8Scale::scale_for(float amax) {
+float Float8Scale::scale_for(float amax, bool record) {
+  if (!record) return options_.delayed ? scale_ : from_amax(amax);  // Note [Forwards that do not train]
   if (!std::isnan(step_amax_) && (std::isnan(amax) || amax > step_amax_)) step_amax_ = amax;
   if (options_.delayed) return scale_;
   scale_ = from_amax(amax);
@@ -157,14 +158,17 @@ Tensor Float8Linears::linear(const Tensor& x, const Tensor& weight, const Tensor
   // backward GEMMs get x and the weight quantized transposed (the same bytes as x8 and w8, transposed).
   const bool gpu = !x.device().is_cpu();
   const bool backward = autograd::needs_grad({&x, &weight, &bias});
+  // A forward under grad mode trains (a frozen layer's too); one without (evaluation) leaves the
+  // scaling state as it found it (Note [Forwards that do not train] in float8.h).
+  const bool training = autograd::grad_mode_enabled();
   Tensor x8, w8, x_for_dw, w_for_dx, y;
   float sx, sw;
   {
     NoGradGuard no_grad;
     const autocast::AutocastGuard no_autocast(false);  // the GEMM below is float32 over float8 values
     const Tensor x2 = x.detach().reshape({-1, in});
-    sx = layer->input.scale_for(amax_of(x2));
-    sw = layer->weight.scale_for(amax_of(weight.detach()));
+    sx = layer->input.scale_for(amax_of(x2), training);
+    sw = layer->weight.scale_for(amax_of(weight.detach()), training);
     x8 = to_float8(x2, DType::Float8E4M3FN, sx, /*saturate=*/true);
     w8 = to_float8(weight.detach(), DType::Float8E4M3FN, sw, /*saturate=*/true);
     if (gpu) {
