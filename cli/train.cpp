@@ -153,8 +153,7 @@ int run_training(const json& config, BoosterComponents components, const Trainin
                                                              : trainer::process_rank() == 0;
   if (hooks.after_fit) return hooks.after_fit(booster, trainer, result, is_rank0);
 
-  json summary = result.to_json();
-  summary["mixed_precision"] = booster.config().mixed_precision;
+  json summary = result.to_json();  // "mixed_precision": the precision that ran (trainer::running_precision)
   summary["plugin"] = config.at("plugin").at("name");
   summary["device"] = booster.config().device;
   summary["processes"] = booster.process_group().size();

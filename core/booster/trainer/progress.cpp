@@ -109,8 +109,11 @@ void Progress::draw_bar(const StepReport& r) {
                   static_cast<long long>(r.skipped));
   const double fraction = r.total_steps > 0 ? std::clamp(double(r.step) / double(r.total_steps), 0.0, 1.0) : 0.0;
   // Most important first: a narrow terminal cuts the end.
-  std::snprintf(tail, sizeof tail, " %3.0f%% ETA %s | loss %.4f | %s samples/s%s", 100.0 * fraction,
-                human_duration(r.eta_seconds).c_str(), r.loss, human_count(r.samples_per_second).c_str(), scale_text);
+  // Before the first logged step of a run over several processes no global loss is known yet.
+  char loss_text[32] = "-";
+  if (r.loss_step > 0) std::snprintf(loss_text, sizeof loss_text, "%.4f", r.loss);
+  std::snprintf(tail, sizeof tail, " %3.0f%% ETA %s | loss %s | %s samples/s%s", 100.0 * fraction,
+                human_duration(r.eta_seconds).c_str(), loss_text, human_count(r.samples_per_second).c_str(), scale_text);
   // The bar takes what the terminal has left, between 10 and 30 cells; on a narrow terminal the line is
   // cut rather than wrapped (a wrapped line cannot be redrawn with a carriage return).
   const int fixed = int(std::strlen(head) + std::strlen(tail)) + 2;

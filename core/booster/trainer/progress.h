@@ -17,14 +17,22 @@
 //   (OMPI_COMM_WORLD_RANK, PMI_RANK), so it is known before MPI is initialized.
 // * stdout is for programs: its last line is the run's summary as one JSON object.
 // * The run directory (`train.run_dir`) holds metrics.jsonl, one JSON object per line (MetricsLog):
-//     {"kind": "train", "step", "epoch", "loss", "lr", "loss_scale", "skipped", "samples_per_second", "time"}
+//     {"kind": "train", "step", "epoch", "loss", "lr", "loss_scale", "skipped", "samples_per_second", "time",
+//      "precision"}
 //     {"kind": "eval", "step", "test_loss", "test_accuracy", "samples", "time"} (and "val_loss", "val_ppl"
 //       for a language model: Note [Perplexity] in trainer.cpp)
 //     {"kind": "skipped", "step", "loss_scale", "first_nonfinite": {"module", "type", "pass", "tensor"} | null}
 //     {"kind": "diagnostics", "step", "loss_scale", "modules": [per-module statistics]}
 //   for every logged step, every evaluation, every skipped step (TrainerOptions::diagnostics.name_nonfinite)
-//   and every diagnostics.every-th step; `time` is seconds since the run started. `booster plot` draws
-//   the "train" lines.
+//   and every diagnostics.every-th step; `time` is seconds since the run started; `precision` is the
+//   one the step ran in (FitResult::precision: "fp16 (low_level_zero's own)" where a plugin controls it).
+//   `booster plot` draws the "train" lines.
+// * The loss of the log lines, the bar, the "train" records and the summary's final_loss is the mean
+//   over the global batch, every rank's share, not rank 0's (Note [The loss of a data-parallel step] in
+//   trainer.cpp): the same run logs the same curve at any number of processes. Under several processes
+//   it is averaged at logged steps only; the bar between them shows the last logged step's.
+// * The start line names the precision that runs, and a loss scale that starts above float16's range
+//   (low_level_zero's 2^32) gets a line of its own saying how many of the first steps it may skip.
 #pragma once
 
 #include <chrono>
@@ -52,7 +60,11 @@ struct StepReport {
   int64_t step = 0;         // steps done, 1-based
   int64_t total_steps = 0;
   int64_t epoch = 0;        // 1-based
+  // The mean loss of the global batch (every rank's share: Note [The loss of a data-parallel step] in
+  // trainer.cpp) of step `loss_step`: this step, except between logged steps of a run over several
+  // processes, where it is the last logged step's (0: none yet, loss NaN).
   double loss = 0.0;
+  int64_t loss_step = 0;
   double lr = 0.0;          // the lr this step used
   std::optional<double> loss_scale;  // only for strategies that scale the loss
   int64_t skipped = 0;      // skipped steps so far

@@ -164,9 +164,56 @@ trainer::Evaluation trainer::evaluate(nn::Module& model, const data::Dataset& da
   return e;
 }
 
+std::string trainer::running_precision(Booster& booster) {
+  ParallelPlugin& plugin = booster.plugin();
+  if (!plugin.control_precision()) return booster.config().mixed_precision;
+  const json options = plugin.options();
+  if (options.is_object() && options.contains("precision") && options.at("precision").is_string())
+    return options.at("precision").get<std::string>() + " (" + plugin.name() + "'s own)";
+  return plugin.name() + "'s own";
+}
+
+// Note [The loss scale's warm-up]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// float16 ends at 65504, so a gradient of order 1 scaled by 2^16 or more overflows and its step is
+// skipped. A dynamic scale that starts higher (low_level_zero's and ColossalAI's 2^32) comes down by
+// backoff_factor per overflowing step (after hysteresis - 1 overflows it forgives), so about
+// log(scale / 2^16) / log(1 / backoff_factor) + hysteresis - 1 of the first steps are skipped before
+// one trains: 17 from 2^32, where a short run skips every step and looks as if it does not learn. The
+// start of the run says so, with the setting that starts lower. Smaller gradients overflow later (the
+// estimate is "~"); a constant scale (apex's static loss_scale) never comes down and is not a warm-up.
+std::string trainer::loss_scale_warmup(Booster& booster, double scale) {
+  constexpr double kFloat16Range = 65536.0;  // 2^16: the first power of two past float16's 65504
+  if (!std::isfinite(scale) || !(scale > kFloat16Range)) return "";
+  ParallelPlugin& plugin = booster.plugin();
+  const bool own = plugin.control_precision();
+  const json options = own ? plugin.options() : booster.precision().options();
+  if (!options.is_object()) return "";
+  std::string key;
+  for (const char* k : {"initial_scale", "init_scale"})
+    if (options.contains(k)) key = k;
+  if (key.empty()) return "";  // no dynamic scale of a known kind
+  const double backoff = options.value("backoff_factor", 0.5);
+  if (!(backoff > 0.0 && backoff < 1.0)) return "";
+  const int64_t hysteresis = std::max<int64_t>(options.value("hysteresis", int64_t(1)), 1);
+  const int64_t steps =
+      int64_t(std::ceil(std::log(scale / kFloat16Range) / std::log(1.0 / backoff) - 1e-9)) + hysteresis - 1;
+  int exponent = 0;
+  const bool power_of_two = std::frexp(scale, &exponent) == 0.5;
+  const std::string start = power_of_two ? "2^" + std::to_string(exponent - 1) : format_line("%g", scale);
+  const std::string change = backoff == 0.5 ? std::string("halves") : format_line("is multiplied by %g", backoff);
+  const std::string forgiven = hysteresis > 1 ? " after the first " + std::to_string(hysteresis - 1) +
+                                                    " (hysteresis " + std::to_string(hysteresis) + ")"
+                                              : std::string();
+  return "the loss scale starts at " + start + " and " + change + " on each overflowing step" + forgiven +
+         ": the first ~" + std::to_string(steps) + " steps may be skipped; set " + (own ? "plugin." : "mixed_precision.") +
+         key + " to start lower (torch's GradScaler starts at 65536)";
+}
+
 json FitResult::to_json() const {
   json out = json::object();
   out["final_loss"] = final_loss;
+  if (!precision.empty()) out["mixed_precision"] = precision;
   out["steps"] = steps;
   out["skipped_steps"] = skipped_steps;
   out["final_loss_scale"] = final_loss_scale ? json(*final_loss_scale) : json(nullptr);
@@ -416,10 +463,11 @@ FitResult Trainer::fit() {
   const std::string part = whole.num_parameters() == model.num_parameters()
                                ? std::string()
                                : " (" + trainer::human_count(double(model.num_parameters())) + " on this rank)";
+  const std::string running_precision = trainer::running_precision(booster_);
   progress.print("booster: model " + whole.name() + " with " + trainer::human_count(double(whole.num_parameters())) +
                  " parameters" + part + ", optimizer " + optimizer.user_optimizer().name() +
                  (scheduler ? ", lr scheduler " + scheduler->scheduler().name() : std::string()) + ", precision " +
-                 booster_.config().mixed_precision + ", plugin " + booster_.plugin().name() +
+                 running_precision + ", plugin " + booster_.plugin().name() +
                  (group.size() > 1 ? " x " + std::to_string(group.size()) + " processes" : std::string()) +
                  (booster_.config().device != "cpu" ? ", device " + booster_.config().device : std::string()) + ", " +
                  std::to_string(total_steps_) + " steps (" + std::to_string(loader.size()) + " per epoch)" +
@@ -428,6 +476,11 @@ FitResult Trainer::fit() {
     progress.print("booster: resumed from " + result.resumed_from->string() + " at step " + std::to_string(step));
   if (!layout_change.empty()) progress.print("booster: " + layout_change);
   if (!precision_change.empty()) progress.print("booster: " + precision_change);
+  // Note [The loss scale's warm-up]; a resumed scale has come down already, unless the resume changed
+  // the strategy (whose scale then starts afresh).
+  if (step == 0 || !precision_change.empty())
+    if (const std::string warmup = trainer::loss_scale_warmup(booster_, precision.loss_scale()); !warmup.empty())
+      progress.print("booster: " + warmup);
   if (!unchecked.empty())
     progress.print("booster: " + result.resumed_from->string() + " predates the record of " + unchecked +
                    "; they are not checked against this run's");
@@ -451,10 +504,32 @@ FitResult Trainer::fit() {
   // supports it, so data-parallel gradients are communicated once per step. Micro-batches left at the
   // end of an epoch that cannot fill a step are not used (as drop_last does for a batch). Steps,
   // schedules, logs and checkpoints count optimizer steps.
+  // Note [The loss of a data-parallel step]
+  // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+  // Under data parallelism (ddp, low_level_zero, hybrid_parallel with dp > 1) each rank computes the
+  // loss of its share of the batch; the step's gradient is the mean of the ranks' gradients, so the
+  // step's loss is the mean of the ranks' losses (every rank's share is the same size: the sampler pads
+  // the data to a multiple of the ranks). Rank 0's own loss would make the same run log another curve
+  // at every world size. So the loss that is reported (log lines, the bar, "train" records,
+  // final_loss, the checkpoint's position) is that mean: one float64 all-reduce of one value over the
+  // plugin's group, on the group's device, at every logged step and every step whose position is
+  // saved (the last step is both), not at the others, whose loss nobody reads but the bar (which shows
+  // the last logged step's). The ranks of one replica that split its model (tensor and pipeline ranks)
+  // hold the same loss (a vocabulary-parallel loss is reduced over the tensor group; execute_pipeline
+  // broadcasts the last stage's), so the mean over the whole group is the mean over the replicas.
+  const bool several_ranks = group.size() > 1;
+  auto global_mean = [&](double local) {
+    Tensor t = full({1}, local, DType::Float64, group.device());
+    group.all_reduce(t);
+    return t.item() / double(group.size());
+  };
   run_start_ = now_seconds();
   model.train();
   const int64_t first_step = step;
   double last_loss = position_.loss.is_number() ? position_.loss.get<double>() : std::nan("");
+  // The step whose loss last_loss is (Note [The loss of a data-parallel step]); 0: none.
+  int64_t loss_step = position_.loss.is_number() ? step : 0;
+  double step_local_loss = std::nan("");  // this rank's share of the last step's loss
   int64_t window_samples = 0, samples_this_run = 0;
   double train_seconds = 0.0;
   double window_start = now_seconds();
@@ -467,10 +542,19 @@ FitResult Trainer::fit() {
   auto checkpoint_due = [&] { return saves && (step % o.checkpoint_every == 0 || step == total_steps_); };
   auto steps_left_in_epoch = [&] { return (loader.size() - loader.batches_consumed()) / accumulation; };
   // After a step's work: a due checkpoint, and a signal's save and stop.
+  // The step's loss over the global batch, into the position a checkpoint saves.
+  auto reduce_loss = [&] {
+    if (loss_step == step) return;
+    last_loss = several_ranks ? global_mean(step_local_loss) : step_local_loss;
+    loss_step = step;
+    position_.loss = std::isfinite(last_loss) ? json(last_loss) : json(nullptr);
+  };
   auto after_step = [&] {
     check_writes(step, result.last_checkpoint ? result.last_checkpoint : result.resumed_from);
     const int signal = stop_signal();
-    if (checkpoint_due() || (signal && checkpoint_root_)) result.last_checkpoint = save(step);
+    const bool saving = checkpoint_due() || (signal && checkpoint_root_);
+    if (saving && step > first_step) reduce_loss();  // every rank: the signal was agreed
+    if (saving) result.last_checkpoint = save(step);
     if (!signal) return;
     progress.finish();
     const std::string name = trainer::StopOnSignal::signal_name(signal);
@@ -543,8 +627,10 @@ FitResult Trainer::fit() {
         for (const auto& hook : diagnostics_hooks_) hook(step, *tracer);
         tracer->reset_statistics();
       }
-      last_loss = accumulated_loss;
-      position_.loss = std::isfinite(last_loss) ? json(last_loss) : json(nullptr);
+      step_local_loss = accumulated_loss;
+      const bool logged = step % o.log_every == 0 || step == total_steps_;
+      // Note [The loss of a data-parallel step]: one process's loss is the batch's at every step.
+      if (!several_ranks || logged || checkpoint_due()) reduce_loss();
       train_seconds += now_seconds() - step_start;
       position_.samples_seen += batch_samples;
       samples_this_run += batch_samples;
@@ -552,20 +638,23 @@ FitResult Trainer::fit() {
 
       // An overflowing 16-bit loss on a skipped step is the scaler's to handle (it throws itself when
       // the scale would fall below its floor).
-      if (!skipped && !std::isfinite(last_loss)) {
+      // The global loss where it was reduced (a non-finite share on any rank stops every rank), else
+      // this rank's.
+      const double checked_loss = loss_step == step ? last_loss : step_local_loss;
+      if (!skipped && !std::isfinite(checked_loss)) {
         std::string first;
         if (tracer && o.diagnostics.name_nonfinite)
           if (const std::optional<diagnostics::NonFinite> f = tracer->first_nonfinite())
             first = " (the first non-finite tensor: " + f->describe() + ")";
-        BOOSTER_FAIL(TrainingError, "the loss is ", last_loss, " at step ", step, first,
+        BOOSTER_FAIL(TrainingError, "the loss is ", checked_loss, " at step ", step, first,
                      "; lower the learning rate or check the data");
       }
-      const bool logged = step % o.log_every == 0 || step == total_steps_;
       trainer::StepReport report;
       report.step = step;
       report.total_steps = total_steps_;
       report.epoch = epoch + 1;
       report.loss = last_loss;
+      report.loss_step = loss_step;
       report.lr = step_lr;
       if (scales_loss) report.loss_scale = precision.loss_scale();
       report.skipped = position_.skipped_steps;
@@ -584,7 +673,8 @@ FitResult Trainer::fit() {
                         {"loss_scale", report.loss_scale ? json(*report.loss_scale) : json(nullptr)},
                         {"skipped", position_.skipped_steps},
                         {"samples_per_second", report.samples_per_second},
-                        {"time", report.seconds}});
+                        {"time", report.seconds},
+                        {"precision", running_precision}});
         window_samples = 0;
         window_start = now_seconds();
       }
@@ -604,6 +694,7 @@ FitResult Trainer::fit() {
 
   result.steps = step;
   result.final_loss = last_loss;
+  result.precision = running_precision;
   result.skipped_steps = position_.skipped_steps;
   if (scales_loss) result.final_loss_scale = precision.loss_scale();
   result.seconds = now_seconds() - run_start_;

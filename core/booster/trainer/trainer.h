@@ -61,6 +61,16 @@ struct Evaluation {
 Evaluation evaluate(nn::Module& model, const data::Dataset& dataset, const nn::Criterion& criterion,
                     int64_t batch_size, int64_t stride = 1);
 
+// The precision a run trains in, as the start line, metrics.jsonl and the summary name it: the
+// Booster's strategy ("bf16"), or, where the plugin controls precision, the plugin's own ("fp16
+// (low_level_zero's own)": its "precision" option), not the identity strategy the Booster then holds.
+std::string running_precision(Booster& booster);
+
+// Where a loss-scaling run starts above float16's range (low_level_zero's 2^32): how its scale comes
+// down and about how many of the first steps that skips, with the setting that starts it lower; ""
+// when the scale starts within range. `scale` is the strategy's scale before the first step.
+std::string loss_scale_warmup(Booster& booster, double scale);
+
 }  // namespace trainer
 
 // What fit() watches of the model's numbers (booster/diagnostics/tracer.h).
@@ -126,7 +136,10 @@ struct TrainerOptions {
 // What fit() did; to_json() is the summary line `booster train` prints.
 struct FitResult {
   int64_t steps = 0;
-  double final_loss = 0.0;  // the last step's mean loss (NaN before any step)
+  // The last step's mean loss over the global batch (every rank's share; NaN before any step).
+  double final_loss = 0.0;
+  // The precision it trained in (trainer::running_precision); the summary's "mixed_precision".
+  std::string precision;
   int64_t skipped_steps = 0;
   std::optional<double> final_loss_scale;  // strategies that scale the loss
   double seconds = 0.0;                     // the whole of fit()
