@@ -657,14 +657,20 @@ namespace {
 
 // Starts `booster <args>` in the background, sends `signal` once it has logged a step on stderr (so it
 // is mid-run), and returns what it printed and its status.
-RunResult interrupt_booster(const std::string& args, int signal) {
+// `every_process`: the signal goes to every process whose command line holds `every_process` (the
+// launcher, mpirun and each rank: what Slurm and Kubernetes do to a job), not only to the one started.
+RunResult interrupt_booster(const std::string& args, int signal, const std::string& every_process = "") {
   const fs::path dir = scratch_dir();
+  const std::string kill = every_process.empty() ? "kill -" + std::to_string(signal) + " $pid"
+                                                 : "for p in $(pgrep -f " + every_process +
+                                                       "); do [ $p = $$ ] || [ $p = $PPID ] || kill -" +
+                                                       std::to_string(signal) + " $p; done";  // not this shell
   // The files are removed first: a step line left by an earlier run would send the signal too early.
   const std::string script =
       "cd " + dir.string() + " || exit 99; rm -f stdout.txt stderr.txt; " + std::string(BOOSTER_BIN_DIR) +
       "/booster " + args + " >stdout.txt 2>stderr.txt & pid=$!; "
-      "for i in $(seq 1 1200); do grep -q \"^step \" stderr.txt 2>/dev/null && break; sleep 0.05; done; "
-      "kill -" + std::to_string(signal) + " $pid; wait $pid; exit $?";
+      "for i in $(seq 1 1200); do grep -q \"^step \" stderr.txt 2>/dev/null && break; sleep 0.05; done; " +
+      kill + "; wait $pid; exit $?";
   const int status = std::system(("bash -c '" + script + "'").c_str());
   RunResult r;
   r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
@@ -686,16 +692,19 @@ json long_config() {
 
 // Interrupts a run with `signal` through `launcher`, resumes it with --resume latest and checks that it
 // ends with the same bytes as a run that was never interrupted.
-void check_interrupted_resume(const std::string& name, const std::string& launcher, int signal, const json& config) {
+void check_interrupted_resume(const std::string& name, const std::string& launcher, int signal, const json& config,
+                              bool every_process = false) {
   const fs::path whole = scratch_dir() / ("sig_whole_" + name), parts = scratch_dir() / ("sig_parts_" + name);
   const fs::path run = scratch_dir() / ("sig_run_" + name);
   for (const fs::path& p : {whole, parts, run}) fs::remove_all(p);
   const fs::path cfg = write_config("sig_" + name + ".json", config);
   const std::string train = launcher + "train --config " + cfg.string() + " --set train.checkpoint_every=3000 ";
   RunResult stopped = interrupt_booster(train + "--set train.checkpoint_dir=" + parts.string() +
-                                            " --set train.run_dir=" + run.string(), signal);
+                                            " --set train.run_dir=" + run.string(), signal,
+                                        every_process ? cfg.string() : "");
   INFO(stopped.err);
   REQUIRE(stopped.exit_code == 128 + signal);
+  CHECK_THAT(stopped.err, !Catch::Contains("interrupted again"));
   CHECK(stopped.out.empty());  // no summary: the run did not finish
   const std::vector<std::pair<int64_t, fs::path>> saved = booster::checkpoint::list_checkpoints(parts);
   REQUIRE(saved.size() == 1);
@@ -745,6 +754,20 @@ TEST_CASE("Ctrl-C under booster run -n 2 stops every rank after the same step an
   json c = long_config();
   c["plugin"] = "ddp";
   check_interrupted_resume("ddp", "run -n 2 -- booster ", SIGINT, c);
+}
+
+// A cluster's preemption: SIGTERM to every process of the job at once, which the launchers also
+// forward. Each rank gets it two or three times within a moment; that is one stop request, so every
+// rank stops after the same step and saves (Note [Stopping on a signal]).
+TEST_CASE("SIGTERM to every process of a booster run -n 2 job is one request: every rank saves",
+          "[cli][checkpoint][signal][mpi]") {
+  if (!have_mpirun() || !have_plugin("ddp")) {
+    skip_test(!have_mpirun() ? "no mpirun (apt-get install openmpi-bin)" : "the ddp plugin is not built");
+    return;
+  }
+  json c = long_config();
+  c["plugin"] = "ddp";
+  check_interrupted_resume("ddp_preempted", "run -n 2 -- booster ", SIGTERM, c, /*every_process=*/true);
 }
 
 TEST_CASE("an interrupted run with nowhere to save says so and exits 130", "[cli][signal]") {

@@ -1,6 +1,7 @@
 // Note [Stopping on a signal] (signals.h).
 #include "booster/trainer/signals.h"
 
+#include <time.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -18,14 +19,28 @@ volatile std::sig_atomic_t g_requested = 0;
 volatile std::sig_atomic_t g_announce = 1;
 std::atomic<bool> g_installed{false};
 struct sigaction g_previous_int, g_previous_term, g_previous_usr1;
+// When the first request arrived (CLOCK_MONOTONIC, ns). Copies of one request (a job's SIGTERM sent to
+// every process and forwarded again by the launcher, a terminal's Ctrl-C to the process group) arrive
+// within this window and are the same request; a signal after it is the user asking again.
+std::atomic<int64_t> g_first_ns{0};
+constexpr int64_t kSameRequestNs = 1'000'000'000;
+static_assert(std::atomic<int64_t>::is_always_lock_free, "the signal handler needs a lock-free clock");
+
+int64_t monotonic_ns() {
+  timespec now{};
+  ::clock_gettime(CLOCK_MONOTONIC, &now);  // async-signal-safe
+  return int64_t(now.tv_sec) * 1'000'000'000 + now.tv_nsec;
+}
 
 void on_signal(int signal) {
   if (g_requested != 0) {
+    if (monotonic_ns() - g_first_ns.load() < kSameRequestNs) return;  // a copy of the same request
     // The second one: leave now. Only async-signal-safe calls here.
     const char message[] = "\nbooster: interrupted again; exiting without saving\n";
     [[maybe_unused]] ssize_t n = ::write(STDERR_FILENO, message, sizeof message - 1);
     ::_exit(128 + signal);
   }
+  g_first_ns.store(monotonic_ns());
   g_requested = signal;
   if (!g_announce) return;
   const char message[] = "\nbooster: stopping after this step and saving a checkpoint (interrupt again to exit now)\n";

@@ -11,7 +11,9 @@
 // The first SIGINT or SIGTERM only records the signal; the loop finishes its step, saves a checkpoint
 // and exits non-zero (the Trainer throws InterruptedError; `booster train` exits 128 + the signal, as a
 // shell reports a process killed by it). A second one exits at once (status 128 + signal) without
-// saving: the user asked twice. Under several processes the ranks must stop after the same step, or
+// saving: the user asked twice. Copies of one request that arrive within a second of it (a cluster's
+// SIGTERM to every process, which the launcher forwards again; Ctrl-C to a terminal's process group)
+// are that one request, not a second. Under several processes the ranks must stop after the same step, or
 // the collective save would hang: agreed() all-reduces every rank's request (a max of one int) so that
 // one rank's signal (mpirun forwards SIGTERM to all, a terminal's Ctrl-C reaches all, a scheduler may
 // signal one) stops every rank together. SIGUSR1 counts too: it is how `booster run` asks every rank
