@@ -1,9 +1,9 @@
-// The Llama on the CPU: training tokens/s (bench/torch_llama.py times the same model and step in
-// PyTorch; bench/llama_bench.sh runs both and prints the table), and generation tokens/s with and
-// without the key/value cache.
+// The Llama: training tokens/s on the CPU, or on a GPU with --cuda 1 (bench/torch_llama.py times the
+// same model and step in PyTorch; bench/llama_bench.sh runs both and prints the table), and generation
+// tokens/s with and without the key/value cache. --bf16 1 trains under the bf16 strategy (autocast).
 //
 //   build/bin/bench_llama train [--layers 12 --hidden 768 --heads 12 --kv-heads 4 --intermediate 2048
-//                               --vocab 32000 --seq 256 --batch 2 --steps 3 --warmup 1]
+//                               --vocab 32000 --seq 256 --batch 2 --steps 3 --warmup 1 --cuda 0 --bf16 0]
 //   build/bin/bench_llama generate [--prompt 16 --new 64 ...sizes]
 //
 // train: one step = forward, next-token cross-entropy on random tokens, backward, AdamW (lr 1e-4), zero_grad;
@@ -20,6 +20,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "booster/booster/booster.h"
 #include "booster/nn/generate.h"
 #include "booster/nn/llama.h"
 #include "booster/ops/ops.h"
@@ -49,7 +50,8 @@ int main(int argc, char** argv) {
   const std::string mode = argv[1];
   std::map<std::string, int64_t> a = {{"layers", 12}, {"hidden", 768}, {"heads", 12},  {"kv-heads", 4},
                                       {"intermediate", 2048}, {"vocab", 32000}, {"seq", 256}, {"batch", 2},
-                                      {"steps", 3}, {"warmup", 1}, {"prompt", 16}, {"new", 64}};
+                                      {"steps", 3}, {"warmup", 1}, {"prompt", 16}, {"new", 64},
+                                      {"cuda", 0},  {"bf16", 0}};
   for (int i = 2; i + 1 < argc; i += 2) {
     const std::string key = std::string(argv[i]).substr(2);
     if (!a.count(key)) {
@@ -71,7 +73,39 @@ int main(int argc, char** argv) {
   for (const Tensor& p : model->parameters()) params += p.numel();
   nlohmann::json out = {{"model", "llama"}, {"framework", "booster"}, {"params", params}, {"sizes", a}};
 
-  if (mode == "train") {
+  if (mode == "train" && (a["cuda"] || a["bf16"])) {
+    // Through a Booster: the model on the device, the strategy's autocast (the time includes loss.item(),
+    // which waits for the GPU).
+    const int64_t B = a["batch"], T = a["seq"], V = c.vocab_size;
+    const Device device = a["cuda"] ? Device::cuda() : Device::cpu();
+    Booster booster(BoosterConfig{.mixed_precision = a["bf16"] ? "bf16" : "fp32", .device = device.str()});
+    Boosted b = booster.boost(model, std::make_shared<optim::AdamW>(model->parameters(), nlohmann::json{{"lr", 1e-4}}),
+                              [](const Tensor& logits, const Tensor& y) {
+                                return cross_entropy(logits.reshape({-1, logits.size(-1)}), y.reshape({-1}));
+                              });
+    Generator gen(1);
+    std::vector<double> times;
+    double loss_value = 0.0;
+    for (int64_t s = 0; s < a["warmup"] + a["steps"]; ++s) {
+      const Tensor tokens = randint(0, V, {B, T + 1}, &gen).to(device);
+      const Tensor x = tokens.narrow(1, 0, T).contiguous(), y = tokens.narrow(1, 1, T).contiguous();
+      const auto t0 = Clock::now();
+      b.optimizer->zero_grad();
+      Tensor loss = b.criterion((*b.model)(x), y);
+      booster.backward(loss, *b.optimizer);
+      b.optimizer->step();
+      loss_value = loss.item();
+      if (s >= a["warmup"]) times.push_back(seconds_since(t0));
+    }
+    const double ms = 1e3 * median(times);
+    out["mode"] = "train";
+    out["device"] = device.str();
+    out["precision"] = a["bf16"] ? "bf16" : "fp32";
+    out["ms_per_step"] = ms;
+    out["tokens_per_second"] = double(B * T) / (ms / 1e3);
+    out["gflops"] = 6.0 * double(params) * double(B * T) / (ms / 1e3) / 1e9;
+    out["loss"] = loss_value;
+  } else if (mode == "train") {
     const int64_t B = a["batch"], T = a["seq"], V = c.vocab_size;
     Generator gen(1);
     optim::AdamW opt(model->parameters(), nlohmann::json{{"lr", 1e-4}});

@@ -42,7 +42,7 @@ if [ -z "${TARGETS:-}" ]; then
   TARGETS+=" $(grep -E '^booster_(plugin|precision)_' <<<"$known" | tr '\n' ' ')"
   TARGETS+=" $(grep -E '^test_cuda_' <<<"$known" | tr '\n' ' ')"
   # test_mpi_process_group: the launcher's smoke test before test_mpi_cuda (and without it).
-  TARGETS+=" $(grep -xE 'test_mpi_cuda|test_mpi_process_group|bench_gpt2_cuda' <<<"$known" | tr '\n' ' ')"
+  TARGETS+=" $(grep -xE 'test_mpi_cuda|test_mpi_process_group|bench_gpt2_cuda|bench_llama' <<<"$known" | tr '\n' ' ')"
   grep -qx test_mpi_cuda <<<"$known" || log "no test_mpi_cuda target yet: packing without it"
   # bench_llama has no CUDA mode (CPU only): not packed.
 fi

@@ -3,7 +3,8 @@
 
 Run with Debian's Python, which has torch 1.13:
   /usr/bin/python3 bench/torch_llama.py [--layers 12 --hidden 768 --heads 12 --kv-heads 4
-      --intermediate 2048 --vocab 32000 --seq 256 --batch 2 --steps 3 --warmup 1]
+      --intermediate 2048 --vocab 32000 --seq 256 --batch 2 --steps 3 --warmup 1 --cuda 0 --bf16 0]
+On a GPU (--cuda 1, a torch with scaled_dot_product_attention) attention is SDPA; --bf16 1 autocasts.
 Prints one JSON line: {"framework": "pytorch", "ms_per_step", "tokens_per_second", "gflops", "params", ...}.
 
 The model is Hugging Face's LlamaForCausalLM written from its formulas in plain PyTorch (no transformers
@@ -60,6 +61,9 @@ class Attention(nn.Module):
         if rep > 1:
             k = k[:, :, None].expand(B, self.kv_heads, rep, T, self.d).reshape(B, self.heads, T, self.d)
             v = v[:, :, None].expand(B, self.kv_heads, rep, T, self.d).reshape(B, self.heads, T, self.d)
+        if hasattr(F, "scaled_dot_product_attention"):  # torch >= 2 (the GPU machine's): SDPA, flash
+            out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+            return self.o_proj(out.transpose(1, 2).reshape(B, T, -1))
         att = (q @ k.transpose(2, 3)) / math.sqrt(self.d)
         att = F.softmax(att.masked_fill(~mask, float("-inf")), dim=-1)
         return self.o_proj((att @ v).transpose(1, 2).reshape(B, T, -1))
@@ -108,7 +112,8 @@ class Llama(nn.Module):
 def main():
     p = argparse.ArgumentParser()
     for key, default in [("layers", 12), ("hidden", 768), ("heads", 12), ("kv-heads", 4), ("intermediate", 2048),
-                         ("vocab", 32000), ("seq", 256), ("batch", 2), ("steps", 3), ("warmup", 1)]:
+                         ("vocab", 32000), ("seq", 256), ("batch", 2), ("steps", 3), ("warmup", 1),
+                         ("cuda", 0), ("bf16", 0)]:
         p.add_argument("--" + key, type=int, default=default)
     for key in ("prompt", "new"):  # bench_llama's generation sizes, accepted so one option list serves both
         p.add_argument("--" + key, type=int, default=0)
@@ -119,14 +124,17 @@ def main():
         if prm.dim() >= 2:
             nn.init.normal_(prm, 0.0, 0.02)
     params = sum(prm.numel() for prm in model.parameters())
+    device = "cuda" if a.cuda else "cpu"
+    model.to(device)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
     times, loss_value = [], 0.0
     for s in range(a.warmup + a.steps):
-        tokens = torch.randint(0, a.vocab, (a.batch, a.seq + 1))
+        tokens = torch.randint(0, a.vocab, (a.batch, a.seq + 1)).to(device)
         x, y = tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()
         t0 = time.perf_counter()
         opt.zero_grad(set_to_none=False)
-        loss = F.cross_entropy(model(x).reshape(-1, a.vocab), y.reshape(-1))
+        with torch.autocast(device, dtype=torch.bfloat16, enabled=bool(a.bf16)):
+            loss = F.cross_entropy(model(x).reshape(-1, a.vocab).float(), y.reshape(-1))
         loss.backward()
         opt.step()
         loss_value = loss.item()
@@ -135,7 +143,8 @@ def main():
     sec = statistics.median(times)
     tokens = a.batch * a.seq
     print(json.dumps({"model": "llama", "framework": "pytorch", "torch": torch.__version__, "params": params,
-                      "threads": torch.get_num_threads(), "mode": "train", "ms_per_step": 1e3 * sec,
+                      "threads": torch.get_num_threads(), "mode": "train", "device": device,
+                      "precision": "bf16" if a.bf16 else "fp32", "ms_per_step": 1e3 * sec,
                       "tokens_per_second": tokens / sec, "gflops": 6 * params * tokens / sec / 1e9,
                       "loss": loss_value}))
 
