@@ -452,8 +452,8 @@ std::vector<Section> make_training_schema() {
           text("on_write_error", "stop", {"stop", "warn"},
                "a failed write of metrics.jsonl: stop (resume rewrites the lost records) or warn and go on"),
           boolean("verify_checkpoints", true,
-                  "check a checkpoint's files against its checksums before resuming; false (--no-verify) loads a "
-                  "damaged one as it is"),
+                  "check a checkpoint's files against its checksums before resuming or loading model.init_from "
+                  "from one; false (--no-verify) loads a damaged one as it is"),
           // Note [What the doctor recommends] in booster/diagnostics/doctor.h; checked in check_training.
           any("diagnostics", json{{"every", 0}, {"name_nonfinite", true}},
               "{\"every\": N (per-module range statistics into metrics.jsonl every N steps; 0: never), "
