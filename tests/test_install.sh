@@ -78,6 +78,14 @@ JSON
 BOOSTER_PLUGIN_PATH="$ext" "$prefix/bin/booster" train --config "$work/my_net.json" > "$work/my_net.txt"
 tail -1 "$work/my_net.txt" | grep -q '"test_accuracy"'
 "$prefix/bin/booster" check --config "$work/my_net.json" --set model.library="$ext/libbooster_model_my_net.so" >/dev/null
+# Its Residual blocks are objects of the library's own class: under every strategy, and data parallel,
+# the run must end cleanly (the library stays loaded until the last of them is gone).
+for mp in bf16 fp16 fp16_naive fp8; do
+  BOOSTER_PLUGIN_PATH="$ext" "$prefix/bin/booster" train --config "$work/my_net.json" --mixed-precision $mp \
+    --set train.max_steps=2 > /dev/null || { echo "my_net under $mp exited $?"; exit 1; }
+done
+BOOSTER_PLUGIN_PATH="$ext" "$prefix/bin/booster" train --config "$work/my_net.json" --plugin ddp --mixed-precision bf16 \
+  --set train.max_steps=2 > /dev/null || { echo "my_net under ddp bf16 exited $?"; exit 1; }
 if "$prefix/bin/booster" check --config "$work/my_net.json" 2> "$work/my_net_missing.txt"; then echo "my_net found without BOOSTER_PLUGIN_PATH"; exit 1; fi
 grep -q "libbooster_model_my_net.so" "$work/my_net_missing.txt"
 

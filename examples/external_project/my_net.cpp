@@ -11,30 +11,42 @@ using namespace booster;
 
 namespace {
 
-// in -> width, then `blocks` residual blocks x + W2 gelu(W1 x), then a classifier head.
+// x + W2 gelu(W1 x): a module class of the library's own, used as a child of MyNet. (Objects of a
+// library's classes keep the library loaded while anything holds them: Note [Plugin lifetime].)
+class Residual : public nn::Module {
+ public:
+  Residual(int64_t width, Generator* gen) {
+    up_ = register_module("up", std::make_shared<nn::Linear>(width, 2 * width, true, gen));
+    down_ = register_module("down", std::make_shared<nn::Linear>(2 * width, width, true, gen));
+  }
+  Tensor forward(const Tensor& x) override { return x + (*down_)(gelu((*up_)(x))); }
+  std::string name() const override { return "Residual"; }
+
+ private:
+  std::shared_ptr<nn::Linear> up_, down_;
+};
+
+// in -> width, then `blocks` residual blocks, then a classifier head.
 class MyNet : public nn::Module {
  public:
   MyNet(int64_t in, int64_t width, int64_t blocks, int64_t classes, uint64_t seed) {
     Generator gen(seed);
     stem_ = register_module("stem", std::make_shared<nn::Linear>(in, width, true, &gen));
-    for (int64_t b = 0; b < blocks; ++b) {
-      auto up = register_module("up" + std::to_string(b), std::make_shared<nn::Linear>(width, 2 * width, true, &gen));
-      auto down = register_module("down" + std::to_string(b), std::make_shared<nn::Linear>(2 * width, width, true, &gen));
-      blocks_.emplace_back(up, down);
-    }
+    for (int64_t b = 0; b < blocks; ++b)
+      blocks_.push_back(register_module("block" + std::to_string(b), std::make_shared<Residual>(width, &gen)));
     head_ = register_module("head", std::make_shared<nn::Linear>(width, classes, true, &gen));
     set_tensor_names();
   }
   Tensor forward(const Tensor& x) override {
     Tensor h = (*stem_)(x.reshape({x.size(0), -1}));
-    for (auto& [up, down] : blocks_) h = h + (*down)(gelu((*up)(h)));
+    for (const auto& block : blocks_) h = (*block)(h);
     return (*head_)(h);
   }
   std::string name() const override { return "MyNet"; }
 
  private:
   std::shared_ptr<nn::Linear> stem_, head_;
-  std::vector<std::pair<std::shared_ptr<nn::Linear>, std::shared_ptr<nn::Linear>>> blocks_;
+  std::vector<std::shared_ptr<Residual>> blocks_;
 };
 
 // The model section arrives without "library"; OptionReader names a bad or unknown key.
