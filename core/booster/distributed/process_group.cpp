@@ -1,15 +1,22 @@
 #include "booster/distributed/process_group.h"
 
+#include <unistd.h>
+
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
-#include <algorithm>
+#include <cstring>
 #include <mutex>
+#include <set>
+#include <vector>
 
 #include "booster/distributed/local_process_group.h"
 #include "booster/distributed/nccl_process_group.h"
 #include "booster/distributed/mpi_process_group.h"
 #include "booster/distributed/staged_process_group.h"
 #include "booster/backends/cuda/cuda.h"
+#include "booster/backends/cuda/device_id.h"
+#include "booster/ops/ops.h"
 
 namespace booster::distributed {
 
@@ -293,9 +300,11 @@ std::shared_ptr<ProcessGroup> shared_nccl_group() {
   return *g_nccl_group;
 }
 
-// Note [Staged collectives]: under an MPI launcher with more ranks on this node than it has GPUs,
-// NCCL would refuse the ranks that share a GPU; they stage through the mpi group instead.
-// BOOSTER_CUDA_COLLECTIVES=staged or =nccl overrides the choice.
+// Note [Staged collectives]: under an MPI launcher, ranks that share a GPU (two ranks of one node on the
+// same PCI device, whatever CUDA_VISIBLE_DEVICES renumbered) would be refused by NCCL; they stage
+// through the mpi group instead. Every rank decides from the same all-gathered (host, GPU) list, so the
+// choice is the job's, not the rank's. BOOSTER_CUDA_COLLECTIVES=staged or =nccl overrides it. Collective
+// on first use, as the NCCL group's creation is.
 bool ranks_share_gpus() {
   static const bool share = [] {
     const char* forced = std::getenv("BOOSTER_CUDA_COLLECTIVES");
@@ -304,9 +313,30 @@ bool ranks_share_gpus() {
                   "BOOSTER_CUDA_COLLECTIVES is \"", choice, "\"; expected \"staged\" (through the mpi group and "
                   "host memory) or \"nccl\", or leave it unset to choose by the ranks per GPU");
     if (choice == "nccl") return false;
-    if (!launched_by_mpi_launcher() || !mpi_built()) return false;
+    const bool launched = launched_by_mpi_launcher() && mpi_built();
+    BOOSTER_CHECK(launched || choice != "staged", ConfigError, "BOOSTER_CUDA_COLLECTIVES=staged needs a job "
+                  "started by an MPI launcher (mpirun or booster run -n N) in a build with MPI");
+    if (!launched) return false;
     if (choice == "staged") return true;
-    return cuda::device_count() > 0 && mpi_node_ranks().size > cuda::device_count();
+    // This rank's host and GPU, as 128 bytes, gathered from every rank.
+    constexpr size_t kBytes = 128;
+    char host[64] = {};
+    ::gethostname(host, sizeof host - 1);
+    const int gpus = cuda::device_count();
+    const std::string me = std::string(host) + "|" + (gpus > 0 ? cuda::pci_bus_id(mpi_node_ranks().rank % gpus) : "");
+    std::vector<int64_t> packed(kBytes / 8, 0);
+    std::memcpy(packed.data(), me.data(), std::min(me.size(), kBytes - 1));
+    ProcessGroup& world = default_process_group();
+    Tensor mine = from_vector(packed, {int64_t(packed.size())});
+    Tensor all = Tensor::empty({int64_t(packed.size()) * world.size()}, DType::Int64, Device::cpu());
+    world.all_gather(all, mine);
+    const std::vector<int64_t> every = all.to_vector<int64_t>();
+    std::set<std::vector<int64_t>> seen;
+    for (int r = 0; r < world.size(); ++r)
+      if (!seen.insert(std::vector<int64_t>(every.begin() + r * packed.size(), every.begin() + (r + 1) * packed.size()))
+               .second)
+        return true;
+    return false;
   }();
   return share;
 }
@@ -318,11 +348,8 @@ std::shared_ptr<ProcessGroup> shared_staged_group() {
     const ProcessGroup& world = default_process_group();
     BOOSTER_CHECK(world.device().is_cpu(), ConfigError, "collectives on CUDA tensors of ranks that share a GPU "
                   "stage through the mpi group, but the default group is \"", world.backend(), "\"");
-    std::shared_ptr<ProcessGroup> host;
-    {
-      std::lock_guard<std::mutex> lock(g_default_mutex);
-      host = g_default_group;
-    }
+    // A communicator of its own, whose timeout the staged group may set without touching the default's.
+    std::shared_ptr<ProcessGroup> host = default_process_group().split(0, world.rank(), "staged");
     const int gpus = std::max(1, cuda::device_count());
     return new std::shared_ptr<ProcessGroup>(
         make_staged_process_group(host, Device::cuda(mpi_node_ranks().rank % gpus)));

@@ -4,6 +4,7 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <exception>
 #include <functional>
 #include <map>
 #include <mutex>
@@ -20,8 +21,9 @@ namespace booster::distributed {
 namespace {
 
 // Page-locked blocks reused by size: pinning is a system call that costs far more than the copy of a
-// gradient bucket, and a training step stages the same sizes every time. A block is reused for any
-// request of at least half its size. Never freed (CUDA may be torn down before static destructors).
+// gradient bucket, and a training step stages the same sizes every time. A request is rounded up
+// (round_up) and takes a free block of that size up to twice it. Never freed (CUDA may be torn down
+// before static destructors).
 class PinnedPool {
  public:
   static PinnedPool& instance() {
@@ -30,19 +32,20 @@ class PinnedPool {
   }
 
   std::shared_ptr<void> take(size_t nbytes) {
+    const size_t want = round_up(nbytes);
     size_t size = 0;
     void* block = nullptr;
     {
       std::lock_guard<std::mutex> lock(mu_);
-      auto it = free_.lower_bound(nbytes);
-      if (it != free_.end() && it->first / 2 <= nbytes) {
+      auto it = free_.lower_bound(want);
+      if (it != free_.end() && it->first <= 2 * want) {
         size = it->first;
         block = it->second;
         free_.erase(it);
       }
     }
     if (!block) {
-      size = round_up(nbytes);
+      size = want;
       block = cuda::host_alloc_pinned(size);
     }
     return std::shared_ptr<void>(block, [this, size](void* p) {
@@ -97,12 +100,13 @@ Tensor host_tensor(const Stage& s) {
 }
 
 // The host group's Work, then the copies back to the GPU. Dropped without wait(), it still waits and
-// copies (a CPU backend's Work waits in its destructor too), so the result always lands.
+// copies (a CPU backend's Work waits in its destructor too), so the result always lands. A failure is
+// kept and thrown again by every later wait() and is_completed(), as the CPU backends' Works do.
 class StagedWork final : public Work {
  public:
   StagedWork(WorkPtr inner, std::function<void()> finish) : inner_(std::move(inner)), finish_(std::move(finish)) {}
   ~StagedWork() override {
-    if (done_) return;
+    if (done_ || failed_) return;
     try {
       wait();
     } catch (const std::exception& e) {
@@ -110,14 +114,21 @@ class StagedWork final : public Work {
     }
   }
   void wait() override {
+    if (failed_) std::rethrow_exception(failed_);
     if (done_) return;
-    done_ = true;
-    if (inner_) inner_->wait();
-    if (finish_) finish_();
+    try {
+      if (inner_) inner_->wait();
+      if (finish_) finish_();
+    } catch (...) {
+      failed_ = std::current_exception();
+      throw;
+    }
     finish_ = nullptr;
+    done_ = true;
   }
   // Once the host collective is done, copies the result back before saying so.
   bool is_completed() override {
+    if (failed_) std::rethrow_exception(failed_);
     if (done_) return true;
     if (inner_ && !inner_->is_completed()) return false;
     wait();
@@ -128,6 +139,7 @@ class StagedWork final : public Work {
   WorkPtr inner_;
   std::function<void()> finish_;
   bool done_ = false;
+  std::exception_ptr failed_;
 };
 
 WorkPtr finish_work(bool async, WorkPtr inner, std::function<void()> finish) {
@@ -241,7 +253,8 @@ class StagedProcessGroup final : public ProcessGroup {
   }
 
  private:
-  // The host group, running with this group's timeout (set_timeout on this group applies to it).
+  // The host group (a communicator of this group's own, split from the default one), running with
+  // this group's timeout (set_timeout on this group applies to it).
   ProcessGroup& host() {
     host_->set_timeout(timeout());
     return *host_;

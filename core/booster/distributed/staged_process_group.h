@@ -10,8 +10,9 @@
 
 namespace booster::distributed {
 
-// A group over the ranks of `host` (a CPU group) whose buffers live on `device` (a GPU): backend
-// "mpi (staged)", device() `device`. Its subgroups (split) are staged alike.
+// A group over the ranks of `host` (a CPU group of its own: the staged group sets its timeout) whose
+// buffers live on `device` (a GPU): backend "mpi (staged)", device() `device`. Its subgroups (split)
+// are staged alike.
 std::shared_ptr<ProcessGroup> make_staged_process_group(std::shared_ptr<ProcessGroup> host, Device device);
 
 }  // namespace booster::distributed

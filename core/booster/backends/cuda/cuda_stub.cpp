@@ -1,6 +1,7 @@
 // The CUDA entry points of a build without the CUDA backend: nothing is available, and say why.
 #if !defined(BOOSTER_WITH_CUDA)
 #include "booster/backends/cuda/cuda.h"
+#include "booster/backends/cuda/device_id.h"
 #include "booster/backends/cuda/pinned.h"
 
 #include <cstdlib>
@@ -15,6 +16,7 @@ void synchronize(int) {}
 void* stream_handle(int) { return nullptr; }
 void* host_alloc_pinned(size_t nbytes) { return std::malloc(nbytes == 0 ? 1 : nbytes); }
 void host_free_pinned(void* p) { std::free(p); }
+std::string pci_bus_id(int) { return ""; }
 size_t bytes_in_use() { return 0; }
 size_t peak_bytes() { return 0; }
 void reset_peak_bytes() {}

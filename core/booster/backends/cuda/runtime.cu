@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "booster/backends/cuda/common.cuh"
+#include "booster/backends/cuda/device_id.h"
 #include "booster/backends/cuda/pinned.h"
 
 namespace booster::cuda {
@@ -169,6 +170,16 @@ void* host_alloc_pinned(size_t nbytes) {
 
 void host_free_pinned(void* p) {
   if (p) (void)cudaFreeHost(p);
+}
+
+std::string pci_bus_id(int index) {
+  if (index < 0 || index >= device_count()) return "";
+  char id[64] = {};
+  if (cudaDeviceGetPCIBusId(id, int(sizeof id), index) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return "";
+  }
+  return id;
 }
 
 namespace {
