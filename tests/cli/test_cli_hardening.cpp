@@ -437,7 +437,7 @@ TEST_CASE("a large gzip file cut inside its trailer stops the command", "[harden
   fs::remove_all(dir);
 }
 
-TEST_CASE("an all-NaN .npy data set is refused, naming the file and the index; allowed, it stops at the first step",
+TEST_CASE("an all-NaN .npy data set is refused naming the file and the index, and when allowed stops at the first step",
           "[cli][hardening][data]") {
   // issue 38: this trained to loss 1.07 and exit 0 (the CPU ReLU turned NaN into 0).
   const fs::path x = scratch_dir() / "all_nan_x.npy", y = scratch_dir() / "all_nan_y.npy";
