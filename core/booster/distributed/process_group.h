@@ -266,7 +266,8 @@ void set_default_collective_timeout(std::chrono::duration<double> timeout);
 // A plugin takes the group of its model's device: the CPU's is the default group (mpi under mpirun,
 // else local); CUDA's is this process's one NCCL group over the same ranks, made on first use (under
 // mpirun it bootstraps through MPI, which then serves both groups: MPI is initialized once by booster
-// and finalized at exit, Note [MPI progress]). init_process_group("nccl") makes the default group that
+// and finalized at exit, Note [MPI progress]), or, when ranks of the job share a GPU, the staged mpi
+// group (Note [Staged collectives] in README.md). init_process_group("nccl") makes the default group that
 // same NCCL group (or takes it, if process_group_for(cuda) made it first), so there is never a second
 // communicator over the same ranks. Both groups have the same rank and size, so code that only needs
 // those may use either. The NCCL group lives until the process ends, also when it is the default
