@@ -58,28 +58,29 @@ std::string run_name(const fs::path& file) {
   return file.stem().string();
 }
 
-// The "train" records of a metrics file (Note [What booster train prints] in booster/trainer/progress.h) that
-// have a finite `key`.
+// The records of a metrics file (Note [What booster train prints] in booster/trainer/progress.h) that have a
+// finite `key`: "eval" records for the evaluation keys (test_*, val_*: test_loss, test_accuracy, val_loss,
+// val_ppl), "train" records for the others. Empty when there is none (a run stopped before its first
+// logged step).
 Series read_series(const fs::path& file, const std::string& key) {
   std::ifstream in(file);
   BOOSTER_CHECK(in.good(), ConfigError, "plot: cannot open '", file.string(), "'; expected a metrics.jsonl file");
   Series s;
   s.name = run_name(file);
+  const bool evaluation_key = key.rfind("test_", 0) == 0 || key.rfind("val_", 0) == 0;
   std::string line;
   for (int number = 1; std::getline(in, line); ++number) {
     if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
     const json record = json::parse(line, nullptr, /*allow_exceptions=*/false);
     BOOSTER_CHECK(record.is_object(), ConfigError, "plot: '", file.string(), "' line ", number,
                   " is not a JSON object; expected one record per line as booster train writes them");
-    if (record.value("kind", "train") != "train") continue;
+    if (record.value("kind", "train") != (evaluation_key ? "eval" : "train")) continue;
     const auto step = record.find("step");
     const auto value = record.find(key);
     if (step == record.end() || value == record.end() || !step->is_number() || !value->is_number()) continue;
     const double v = value->get<double>();
     if (std::isfinite(v)) s.points.emplace_back(step->get<double>(), v);
   }
-  BOOSTER_CHECK(!s.points.empty(), ConfigError, "plot: '", file.string(), "' has no training record with a numeric '",
-                key, "'; expected lines like {\"kind\": \"train\", \"step\": 10, \"", key, "\": ...}");
   return s;
 }
 
@@ -201,7 +202,8 @@ int plot(const std::vector<std::string>& args) {
   desc.add_options()("help,h", "show this help")("out,o", po::value<std::string>()->value_name("FILE.png"),
                                                   "the PNG to write")(
       "key,k", po::value<std::string>()->default_value("loss")->value_name("KEY"),
-      "the value to plot: loss, lr, loss_scale, samples_per_second, skipped")(
+      "the value to plot: loss, lr, loss_scale, samples_per_second, skipped, or an evaluation's test_loss, "
+      "test_accuracy, val_loss, val_ppl")(
       "width", po::value<int>()->default_value(960), "image width in pixels")(
       "height", po::value<int>()->default_value(600), "image height in pixels")(
       "doctor", po::value<std::string>()->value_name("REPORT"),
@@ -232,8 +234,24 @@ int plot(const std::vector<std::string>& args) {
                 height, " is not a size to draw; expected --width in [320, 8192] and --height in [240, 8192]");
   const std::string key = vm["key"].as<std::string>();
 
+  // A run without a record of the key (one that stopped before its first logged step) is left out with a
+  // warning; with none left there is nothing to draw.
   std::vector<Series> runs;
-  for (const std::string& file : vm["runs"].as<std::vector<std::string>>()) runs.push_back(read_series(file, key));
+  std::vector<std::string> files = vm["runs"].as<std::vector<std::string>>(), empty;
+  for (const std::string& file : files) {
+    Series s = read_series(file, key);
+    if (s.points.empty()) {
+      empty.push_back(file);
+      continue;
+    }
+    runs.push_back(std::move(s));
+  }
+  BOOSTER_CHECK(!runs.empty(), ConfigError, "plot: ", files.size() == 1 ? "'" + files[0] + "' has" : "none of the runs has",
+                " no record with a numeric '", key, "'; expected lines like {\"kind\": \"train\", \"step\": 10, \"",
+                key, "\": ...} (or an \"eval\" record for test_loss, test_accuracy, val_loss, val_ppl)");
+  for (const std::string& file : empty)
+    std::cerr << "booster: warning: plot: skipping '" << file << "': it has no record with a numeric '" << key
+              << "' (a run that stopped before its first logged step?)\n";
   Canvas canvas(width, height);
   render(canvas, runs, key);
   const std::string png = encode_png(canvas);

@@ -177,7 +177,7 @@ TEST_CASE("booster plot mistakes exit 2 with one line naming the problem", "[cli
            {"plot" + out, "at least one metrics file"},
            {"plot" + out + "/nonexistent/metrics.jsonl", "/nonexistent/metrics.jsonl"},
            {"plot" + out + broken.string(), "line 2 is not a JSON object"},
-           {"plot" + out + empty.string(), "no training record with a numeric 'loss'"},
+           {"plot" + out + empty.string(), "has no record with a numeric 'loss'"},
            {"plot" + out + "--key nope " + good.string(), "numeric 'nope'"},
            {"plot" + out + "--width 10 " + good.string(), "expected --width in [320, 8192]"},
            {"plot --out /nonexistent/dir/x.png " + good.string(), "cannot write '/nonexistent/dir/x.png'"},
@@ -232,6 +232,29 @@ size_t pixels_of(const Image& image, uint8_t r, uint8_t g, uint8_t b) {
 }
 
 }  // namespace
+
+// A run with no record of the key (stopped before its first logged step) is skipped with a warning,
+// not the end of the plot; evaluation keys come from the "eval" records.
+TEST_CASE("booster plot skips a run without records and plots evaluation keys", "[cli][plot]") {
+  const fs::path good = write_run("good_with_eval", falling);
+  std::ofstream(good, std::ios::app) << R"({"kind":"eval","step":5,"test_loss":1.5,"test_accuracy":0.6})" << "\n"
+                                     << R"({"kind":"eval","step":10,"test_loss":1.2,"test_accuracy":0.7})" << "\n";
+  const fs::path stopped = scratch_dir() / "stopped.jsonl";
+  std::ofstream(stopped) << "";
+  const fs::path png = scratch_dir() / "skip.png";
+  RunResult r = run_booster("plot --out " + png.string() + " " + good.string() + " " + stopped.string());
+  INFO(r.err);
+  CHECK(r.exit_code == 0);
+  CHECK_THAT(r.err, Catch::Contains("warning: plot: skipping '" + stopped.string() + "'"));
+  CHECK_THAT(r.err, Catch::Contains("(1 run,"));
+  CHECK(fs::file_size(png) > 0);
+  for (const std::string key : {"test_accuracy", "test_loss"}) {
+    INFO(key);
+    r = run_booster("plot --key " + key + " --out " + png.string() + " " + good.string());
+    CHECK(r.exit_code == 0);
+    CHECK_THAT(r.err, !Catch::Contains("skipping"));
+  }
+}
 
 TEST_CASE("booster plot --doctor draws a row per module and colours what leaves a format's range", "[cli][plot]") {
   const fs::path png = scratch_dir() / "doctor.png";
