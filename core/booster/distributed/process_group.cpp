@@ -317,6 +317,8 @@ bool ranks_share_gpus() {
     BOOSTER_CHECK(launched || choice != "staged", ConfigError, "BOOSTER_CUDA_COLLECTIVES=staged needs a job "
                   "started by an MPI launcher (mpirun or booster run -n N) in a build with MPI");
     if (!launched) return false;
+    // A default group made with init_process_group("nccl") is NCCL already: the job chose it.
+    if (!default_process_group().device().is_cpu()) return false;
     if (choice == "staged") return true;
     // This rank's host and GPU, as 128 bytes, gathered from every rank.
     constexpr size_t kBytes = 128;
