@@ -85,6 +85,33 @@ std::string one_line(const std::string& message) {
   return out;
 }
 
+// Note [Errors of several processes]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// Under a launcher every rank that fails prints its own error, and the launcher copies the ranks'
+// output to one terminal as it arrives. So an error is written with one write (std::cerr is unbuffered:
+// `<<` piece by piece let two ranks' pieces run together on one line) and, when the job has several
+// processes, names its rank as the library's other per-rank lines do: "booster: rank 1 of 2: error:
+// ...". `booster run` prints each distinct message once (Note [What booster run prints] in run.cpp).
+void print_line(const std::string& line) {
+  const std::string text = line + "\n";
+  std::fwrite(text.data(), 1, text.size(), stderr);
+  std::fflush(stderr);
+}
+
+// The processes of the job this one belongs to, from the launcher's variables (1 without one).
+int job_size() {
+  for (const char* var : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE"})
+    if (const char* v = std::getenv(var)) return std::max(1, std::atoi(v));
+  return 1;
+}
+
+void print_error(const std::string& message) {
+  std::string head = "booster: ";
+  if (const int size = job_size(); size > 1)
+    head += "rank " + std::to_string(booster::trainer::process_rank()) + " of " + std::to_string(size) + ": ";
+  print_line(head + "error: " + one_line(message));
+}
+
 // A mistake on the command line: exit code 2 like a config mistake.
 struct UsageError : booster::Error {
   using booster::Error::Error;
@@ -312,27 +339,27 @@ int main(int argc, char** argv) {
   try {
     return run(argc, argv);
   } catch (const UsageError& e) {
-    std::cerr << "booster: error: " << one_line(e.what()) << "\n";
+    print_error(e.what());
     return booster::cli::kExitUsageError;
   } catch (const po::error& e) {
-    std::cerr << "booster: error: " << one_line(e.what()) << " (see booster --help)\n";
+    print_error(std::string(e.what()) + " (see booster --help)");
     return booster::cli::kExitUsageError;
   } catch (const booster::InterruptedError& e) {
     // Stopped by SIGINT/SIGTERM after saving: the status a shell gives a process the signal ended.
-    if (booster::trainer::process_rank() == 0) std::cerr << "booster: " << one_line(e.what()) << "\n";
+    if (booster::trainer::process_rank() == 0) print_line("booster: " + one_line(e.what()));
     booster::distributed::finalize_mpi_for_agreed_exit();  // every rank stops here, by agreement
     return e.exit_code();
   } catch (const booster::IncompatibleError& e) {
-    std::cerr << "booster: error: " << one_line(e.what()) << "\n";
+    print_error(e.what());
     return booster::cli::kExitUsageError;
   } catch (const booster::ConfigError& e) {
-    std::cerr << "booster: error: " << one_line(e.what()) << "\n";
+    print_error(e.what());
     return booster::cli::kExitUsageError;
   } catch (const std::exception& e) {
-    std::cerr << "booster: error: " << one_line(e.what()) << "\n";
+    print_error(e.what());
     return booster::cli::kExitRuntimeError;
   } catch (...) {
-    std::cerr << "booster: error: unknown failure\n";
+    print_error("unknown failure");
     return booster::cli::kExitRuntimeError;
   }
 }
