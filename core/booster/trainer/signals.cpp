@@ -19,6 +19,12 @@ volatile std::sig_atomic_t g_requested = 0;
 volatile std::sig_atomic_t g_announce = 1;
 std::atomic<bool> g_installed{false};
 struct sigaction g_previous_int, g_previous_term, g_previous_usr1;
+// SIGHUP and the three launcher signals (Note [Signals under booster run] in cli/run.cpp), and what was
+// installed for them before.
+constexpr int kLauncherOffset = 4;  // SIGRTMIN + 4, + 5, + 6: clear of the few low ones libraries take
+constexpr int kLauncherOriginals[] = {SIGINT, SIGTERM, SIGHUP};
+volatile std::sig_atomic_t g_launcher_base = 0;
+struct sigaction g_previous_more[4];
 // When the first request arrived (CLOCK_MONOTONIC, ns). Copies of one request (a job's SIGTERM sent to
 // every process and forwarded again by the launcher, a terminal's Ctrl-C to the process group) arrive
 // within this window and are the same request; a signal after it is the user asking again.
@@ -33,6 +39,9 @@ int64_t monotonic_ns() {
 }
 
 void on_signal(int signal) {
+  // booster run's stop request stands for the signal booster run got.
+  if (g_launcher_base != 0 && signal >= g_launcher_base && signal < g_launcher_base + 3)
+    signal = kLauncherOriginals[signal - g_launcher_base];
   if (g_requested != 0) {
     if (monotonic_ns() - g_first_ns.load() < kSameRequestNs) return;  // a copy of the same request
     // The second one: leave now. Only async-signal-safe calls here.
@@ -61,12 +70,15 @@ StopOnSignal::StopOnSignal(bool announce) {
   sigaction(SIGINT, &action, &g_previous_int);
   sigaction(SIGTERM, &action, &g_previous_term);
   sigaction(SIGUSR1, &action, &g_previous_usr1);
+  g_launcher_base = SIGRTMIN + kLauncherOffset;
+  for (int k = 0; k < 4; ++k) sigaction(k == 0 ? SIGHUP : g_launcher_base + k - 1, &action, &g_previous_more[k]);
 }
 
 StopOnSignal::~StopOnSignal() {
   sigaction(SIGINT, &g_previous_int, nullptr);
   sigaction(SIGTERM, &g_previous_term, nullptr);
   sigaction(SIGUSR1, &g_previous_usr1, nullptr);
+  for (int k = 0; k < 4; ++k) sigaction(k == 0 ? SIGHUP : g_launcher_base + k - 1, &g_previous_more[k], nullptr);
   g_installed = false;
 }
 
@@ -79,11 +91,18 @@ int StopOnSignal::agreed(distributed::ProcessGroup& group) const {
   return int(flag.item());
 }
 
+int StopOnSignal::launcher_signal(int original) {
+  for (int k = 0; k < 3; ++k)
+    if (kLauncherOriginals[k] == original) return SIGRTMIN + kLauncherOffset + k;
+  return 0;
+}
+
 const char* StopOnSignal::signal_name(int signal) {
   switch (signal) {
     case SIGINT: return "SIGINT";
     case SIGTERM: return "SIGTERM";
-    case SIGUSR1: return "SIGUSR1 (booster run's stop request)";
+    case SIGHUP: return "SIGHUP";
+    case SIGUSR1: return "SIGUSR1";
     default: return "a signal";
   }
 }

@@ -1,4 +1,4 @@
-// Stopping a run cleanly on SIGINT (Ctrl-C) and SIGTERM (a cluster's preemption).
+// Stopping a run cleanly on SIGINT (Ctrl-C), SIGTERM (a cluster's preemption) and SIGHUP (a closed terminal).
 //
 //   trainer::StopOnSignal stop;                       // handlers installed while it lives
 //   for (...) {
@@ -8,7 +8,7 @@
 //
 // Note [Stopping on a signal]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~
-// The first SIGINT or SIGTERM only records the signal; the loop finishes its step, saves a checkpoint
+// The first SIGINT, SIGTERM or SIGHUP only records the signal; the loop finishes its step, saves a checkpoint
 // and exits non-zero (the Trainer throws InterruptedError; `booster train` exits 128 + the signal, as a
 // shell reports a process killed by it). A second one exits at once (status 128 + signal) without
 // saving: the user asked twice. Copies of one request that arrive within a second of it (a cluster's
@@ -16,8 +16,11 @@
 // are that one request, not a second. Under several processes the ranks must stop after the same step, or
 // the collective save would hang: agreed() all-reduces every rank's request (a max of one int) so that
 // one rank's signal (mpirun forwards SIGTERM to all, a terminal's Ctrl-C reaches all, a scheduler may
-// signal one) stops every rank together. SIGUSR1 counts too: it is how `booster run` asks every rank
-// to stop, as mpirun passes it on (Note [Signals under booster run] in cli/run.cpp). The handlers are those of the process, so one StopOnSignal
+// signal one) stops every rank together. SIGHUP (a closed terminal or ssh session) is a request as
+// SIGTERM is, and so is SIGUSR1 (a scheduler's warning before it ends a job). `booster run` asks every
+// rank to stop with a real-time signal per original (launcher_signal), which mpirun passes on and the
+// handler takes as the original, so the ranks report the Ctrl-C, SIGTERM or SIGHUP booster run got
+// (Note [Signals under booster run] in cli/run.cpp). The handlers are those of the process, so one StopOnSignal
 // lives at a time; its destructor puts back the handlers that were there before.
 #pragma once
 
@@ -34,12 +37,15 @@ class StopOnSignal {
   StopOnSignal(const StopOnSignal&) = delete;
   StopOnSignal& operator=(const StopOnSignal&) = delete;
 
-  // The signal this process received (SIGINT, SIGTERM, SIGUSR1), 0 for none.
+  // The signal this process received (SIGINT, SIGTERM, SIGHUP, SIGUSR1), 0 for none.
   int requested() const;
   // The signal any rank of `group` received, 0 for none. Collective: every rank calls it at the same point.
   int agreed(distributed::ProcessGroup& group) const;
-  // "SIGINT", "SIGTERM".
+  // "SIGINT", "SIGTERM", "SIGHUP", "SIGUSR1".
   static const char* signal_name(int signal);
+  // The signal `booster run` sends mpirun to forward for `original` (SIGINT, SIGTERM or SIGHUP; 0 for
+  // another): SIGRTMIN + 4, 5 or 6, which every rank's handler takes as `original`.
+  static int launcher_signal(int original);
 };
 
 }  // namespace booster::trainer
