@@ -6,6 +6,7 @@
 #include <exception>
 #include <iostream>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include <boost/program_options.hpp>
@@ -226,6 +227,13 @@ bool parse_config_args(const std::string& command, const std::vector<std::string
   if (steps) {
     *steps = vm["steps"].as<int64_t>();
     if (*steps < 1) throw UsageError("--steps " + std::to_string(*steps) + ": expected at least 1 step");
+  }
+  // What `booster run --mixed-precision NAME --plugin NAME` set for its processes counts as these
+  // options do (Note [Switching by launcher] in booster/config/booster_sections.cpp); the command's own win.
+  for (const auto& [option, variable, key] : {std::tuple{"mixed-precision", booster::kMixedPrecisionVariable, "mixed_precision"},
+                                              std::tuple{"plugin", booster::kPluginVariable, "plugin"}}) {
+    const char* value = std::getenv(variable);
+    if (!vm.count(option) && value && *value) overrides.push_back(std::string(key) + "=" + nlohmann::json(value).dump());
   }
   // --mixed-precision NAME goes first, so --set mixed_precision.KEY=VALUE can add options to it.
   if (vm.count("mixed-precision")) overrides.push_back("mixed_precision=" + vm["mixed-precision"].as<std::string>());

@@ -44,6 +44,7 @@
 // The Booster, the compatibility matrix and the plugin boundary (parallel plugins, the loader, ABI).
 #include "booster/booster/booster.h"
 #include "booster/booster/compat.h"
+#include "booster/trainer/main_process.h"
 #include "booster/trainer/progress.h"
 #include "booster/trainer/signals.h"
 #include "booster/trainer/trainer.h"

@@ -59,8 +59,15 @@ struct BoosterConfig {
   // <options>}, "device": "cpu"}; every key optional. ConfigError naming the key for anything else.
   // The sections are read by config::parse_named_section, the one parser of their shape.
   static BoosterConfig from_json(const nlohmann::json& config);
+  // The strategy and plugin `booster run --mixed-precision NAME --plugin NAME` chose for this process,
+  // as Accelerate's Accelerator() reads `accelerate launch`'s choices (Note [Switching by launcher]
+  // in booster/config/booster_sections.cpp): kMixedPrecisionVariable and kPluginVariable, defaults where
+  // unset; an unknown name is the ConfigError a config's section gives, naming the variable.
+  static BoosterConfig from_env();
   nlohmann::json to_json() const;
 };
+inline constexpr const char* kMixedPrecisionVariable = "BOOSTER_MIXED_PRECISION";
+inline constexpr const char* kPluginVariable = "BOOSTER_PLUGIN";
 
 // The device named by `name` ("cpu", "cuda", "cuda:1"): ConfigError when it names none, DeviceError
 // (one line: none was found, or which exist) when it is a GPU this process cannot use.

@@ -3,7 +3,9 @@
 // with every error addressed to its JSON path.
 #include <algorithm>
 #include <cctype>
+#include <cstdlib>
 #include <functional>
+#include <optional>
 
 #include "booster/booster/booster.h"
 #include "booster/common/error.h"
@@ -225,3 +227,34 @@ json resolved_sections(const BoosterComponents& components) {
 }
 
 }  // namespace booster::config
+
+namespace booster {
+
+// Note [Switching by launcher]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// `booster run --mixed-precision bf16 --plugin ddp -n 2 -- PROGRAM` exports BOOSTER_MIXED_PRECISION=bf16
+// and BOOSTER_PLUGIN=ddp to every process (mpirun -x), as `accelerate launch --mixed_precision bf16`
+// exports ACCELERATE_MIXED_PRECISION. A program built on BoosterConfig::from_env() then switches
+// precision and parallelism without a change or a flag of its own; `booster train`, `check` and
+// `doctor` read the variables as their --mixed-precision and --plugin (their own flags win). Each
+// variable holds a name or a plugin's path, checked as a config's section is (name_section: the names
+// that would do, a near miss, where plugins were looked for), with the variable named in the message.
+// Unset or empty: the defaults, fp32 and the built-in single-process plugin.
+BoosterConfig BoosterConfig::from_env() {
+  BoosterConfig out;
+  // The name a variable holds (checked), or nullopt when it is unset.
+  auto read = [](const char* variable, const char* section, const char* flag) -> std::optional<std::string> {
+    const char* value = std::getenv(variable);
+    if (!value || !*value) return std::nullopt;
+    try {
+      return config::name_section(nlohmann::json(value), section).at("name").get<std::string>();
+    } catch (const ConfigError& e) {
+      throw ConfigError(str(variable, "=", value, " (booster run ", flag, "): ", e.what()));
+    }
+  };
+  if (auto name = read(kMixedPrecisionVariable, "mixed_precision", "--mixed-precision")) out.mixed_precision = *name;
+  if (auto name = read(kPluginVariable, "plugin", "--plugin")) out.plugin = *name == config::kDefaultPlugin ? "" : *name;
+  return out;
+}
+
+}  // namespace booster
