@@ -16,8 +16,10 @@
 #include <algorithm>
 #include <cmath>
 
+#include "booster/autograd/autograd.h"
 #include "booster/config/option_reader.h"
 #include "booster/plugin/data_parallel.h"  // DataParallelPlugin: group, sampler, checkpoint IO, broadcast
+#include "booster/tensor/deferred.h"
 #include "zero_optimizer.h"
 
 namespace booster::zero {
@@ -190,6 +192,9 @@ class LowLevelZeroPlugin final : public DataParallelPlugin {
   std::vector<std::string> supported_precisions() const override { return {"fp32"}; }
   bool control_precision() const override { return true; }
   bool support_no_sync() const override { return options_.zero.stage == 1; }
+  // Stage 3 reads each rank's shard of a deferred model straight from its initializers (Note [ZeRO-3
+  // shards from the parameters] in zero_optimizer.cpp).
+  bool take_deferred_parameters() const override { return options_.zero.stage == 3; }
   // Stage 3 gathers the parameters for the files; they are a single process's either way.
   std::shared_ptr<CheckpointIO> checkpoint_io() override {
     if (options_.zero.stage != 3) return DataParallelPlugin::checkpoint_io();
@@ -205,7 +210,7 @@ class LowLevelZeroPlugin final : public DataParallelPlugin {
     BOOSTER_CHECK(!configured_, StateError, "low_level_zero: configure() was called twice; boost once per plugin");
     distributed::ProcessGroup& pg = bind_process_group(*parts.model);
     configured_ = true;
-    broadcast_from_rank0(*parts.model);
+    broadcast_or_agree(*parts.model);
     const DType dtype = options_.zero.working_dtype;
     if (parts.optimizer) {
       optimizer_ = std::make_shared<ZeroOptimizer>(*parts.optimizer, parts.model, pg, options_.zero);
@@ -242,6 +247,39 @@ class LowLevelZeroPlugin final : public DataParallelPlugin {
   // Checkpoints: laid out as a single process's (Note [Resuming across layouts]): the base's default
   // IO, which for stage 3 gathers the sharded parameters first (Zero3CheckpointIO); the optimizer's
   // state_dict() gathers the shards (every rank calls it) and rank 0 writes it into one file.
+  // Note [One model on every rank, deferred]
+  // Data parallelism starts from rank 0's weights, broadcast. A parameter stage 3 left deferred is not
+  // broadcast (that would allocate it whole): every rank reads its own shard from the initializer it
+  // recorded, so the ranks must have recorded the same ones. A digest of every parameter's record (0
+  // for the allocated ones, so it covers which are which) must agree across the group, or every rank
+  // stops with the same ValueError; then the allocated ones and the buffers are broadcast as usual.
+  void broadcast_or_agree(nn::Module& model) const {
+    distributed::ProcessGroup& pg = group();
+    if (pg.size() == 1) return;
+    autograd::NoGradGuard no_grad;
+    uint64_t digest = 0;
+    std::vector<Tensor> allocated;
+    for (const Tensor& t : model.parameters()) {
+      const uint64_t d = deferred_digest(t);
+      digest = (digest ^ d) * 0x100000001b3ull + 1;
+      if (d == 0) allocated.push_back(t);
+    }
+    // Max of (hi, lo, -hi, -lo) in one all-reduce: the largest and smallest halves across the group.
+    const double hi = double(digest >> 32), lo = double(digest & 0xffffffffull);
+    Tensor v = Tensor::empty({4}, DType::Float64);
+    double* q = v.data<double>();
+    q[0] = hi, q[1] = lo, q[2] = -hi, q[3] = -lo;
+    v = v.to(pg.device());
+    pg.all_reduce(v, distributed::ReduceOp::Max);
+    const Tensor r = v.to(Device::cpu());
+    const double* m = r.data<double>();
+    BOOSTER_CHECK(m[0] == -m[2] && m[1] == -m[3], ValueError, "plugin 'low_level_zero': the ranks built different "
+                  "models (their deferred parameters' initializers or weight files differ); build the model from the "
+                  "same seed and files on every rank");
+    for (Tensor t : allocated) pg.broadcast(t, 0);
+    for (Tensor t : model.buffers()) pg.broadcast(t, 0);
+  }
+
   PluginOptions options_;
   std::shared_ptr<ZeroOptimizer> optimizer_;
   std::shared_ptr<OptimizerSlot> slot_ = std::make_shared<OptimizerSlot>();

@@ -9,6 +9,7 @@
 
 #include "booster/autograd/autograd.h"
 #include "booster/ops/ops.h"
+#include "booster/tensor/deferred.h"
 #include "booster/tensor/storage.h"
 #include "booster/mixed_precision/master_weight_optimizer.h"
 
@@ -92,8 +93,11 @@ ZeroOptimizer::ZeroOptimizer(const optim::Optimizer& original, const nn::ModuleP
     p.shard = p.padded / world;
   }
 
-  // 16-bit training: float32 masters of this rank's shard, taken before the model loses precision.
-  if (dtype != DType::Float32) {
+  if (options_.stage == 3) {
+    bind_stage3_shards();  // Note [ZeRO-3 shards from the parameters]
+    if (dtype != DType::Float32) model.to(dtype);  // what stays whole: buffers, parameters not trained
+  } else if (dtype != DType::Float32) {
+    // 16-bit training: float32 masters of this rank's shard, taken before the model loses precision.
     for (Partition& p : parts_) {
       p.master = zeroed(p.shard, DType::Float32, device_);
       const int64_t begin = shard_offset(size_t(&p - parts_.data()));
@@ -108,6 +112,19 @@ ZeroOptimizer::ZeroOptimizer(const optim::Optimizer& original, const nn::ModuleP
   // shards need), and give each a gradient slot: stage 1 for the whole run, stage 2 per backward.
   for (size_t g = 0; g < parts_.size(); ++g) {
     Partition& p = parts_[g];
+    if (options_.stage == 3) {
+      // The shard's gradient exists only from a reduction to the step (release_shard_grads): made
+      // released, it takes no memory before the first backward either.
+      Tensor grad;
+      {
+        LazyInitGuard lazy;
+        grad = Tensor::empty({p.shard}, DType::Float32, device_);
+      }
+      grad.storage()->release();
+      p.master.requires_grad_(true);
+      p.master.set_grad(grad);
+      continue;
+    }
     p.flat_params = zeroed(p.padded, dtype, device_);
     if (options_.stage == 1) p.flat_grads = zeroed(p.padded, dtype, device_);
     for (size_t j = 0; j < p.params.size(); ++j) {
@@ -123,13 +140,7 @@ ZeroOptimizer::ZeroOptimizer(const optim::Optimizer& original, const nn::ModuleP
       if (options_.stage == 1 && t.requires_grad())
         t.set_grad(make_view(p.flat_grads, t.shape(), strides, p.offsets[j]));
     }
-    if (options_.stage == 3) {
-      // Note [ZeRO-3: parameters by module]: at rest a rank holds its shard only.
-      p.shard_params = Tensor::empty({p.shard}, dtype, device_);
-      p.shard_params.copy_(shard_of(p.flat_params, p));
-      if (dtype == DType::Float32) p.master = p.shard_params;
-      p.flat_params.storage()->release();
-    } else if (dtype == DType::Float32) {
+    if (dtype == DType::Float32) {
       // Float32 training: the master is this rank's slice of the model's own buffer.
       p.master = span(p.flat_params, shard_offset(g), p.shard);
     }
@@ -479,6 +490,48 @@ void ZeroOptimizer::set_gradient_sync(bool enabled) {
 }
 
 // ------------------------------------------------------------------------------------------- stage 3
+
+// Note [ZeRO-3 shards from the parameters]
+// At rest a rank holds its shard of each partition only (Note [ZeRO-3: parameters by module]). The
+// shard is copied piece by piece from the parameters it spans (copy_span), into the float32 master and
+// the working-dtype shard, and the parameters become views of the partition's flat buffer, released:
+// the full buffer is never allocated here. A parameter still deferred (take_deferred_parameters: a
+// model built under a LazyInitGuard, or a pretrained model whose weights wait in their files) is read
+// only where it overlaps this rank's shard, so no rank ever holds the whole model, not even while
+// boosting. The values are bit for bit those of the eager path: the master takes the float32 values,
+// the shard their rounding to the working dtype, as model.to(dtype) would round them.
+void ZeroOptimizer::bind_stage3_shards() {
+  const DType dtype = options_.working_dtype;
+  for (size_t k = 0; k < parts_.size(); ++k) {
+    Partition& p = parts_[k];
+    const int64_t begin = shard_offset(k);
+    p.master = zeroed(p.shard, DType::Float32, device_);  // the padding past the last parameter stays 0
+    for_each_piece(p.offsets, begin, begin + p.shard, [&](size_t j, int64_t lo, int64_t hi) {
+      copy_span(p.params[j], lo - p.offsets[j], span(p.master, lo - begin, hi - lo));
+    });
+    if (dtype == DType::Float32) {
+      p.shard_params = p.master;
+    } else {
+      p.shard_params = Tensor::empty({p.shard}, dtype, device_);
+      p.shard_params.copy_(p.master);
+    }
+    {
+      LazyInitGuard lazy;  // no memory until the first gather
+      p.flat_params = Tensor::empty({p.padded}, dtype, device_);
+    }
+    p.flat_params.storage()->release();
+    for (size_t j = 0; j < p.params.size(); ++j) {
+      Tensor& t = p.params[j];
+      TensorImpl* impl = t.impl();
+      impl->storage = p.flat_params.storage();  // the whole parameter (or its record) is dropped here
+      impl->strides = contiguous_strides(t.shape());
+      impl->offset = p.offsets[j];
+      impl->dtype = dtype;
+      t.bump_version();
+      t.set_grad(Tensor());
+    }
+  }
+}
 
 // Note [ZeRO-3: parameters by module]
 void ZeroOptimizer::gather(size_t k, bool async) {

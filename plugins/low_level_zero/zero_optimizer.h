@@ -138,6 +138,7 @@ class ZeroOptimizer final : public optim::Optimizer {
   Tensor unit_forward_end(size_t u, const Tensor& out);
   void unit_backward_begin(size_t u);
   void on_grad_ready_stage3(size_t k);
+  void bind_stage3_shards();
   void reduce_unit_partition(size_t k);
   void release_shard_grads();
   std::vector<Unit> units_;

@@ -10,18 +10,21 @@
 #include <unistd.h>
 
 #include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <map>
 
 #include "booster/autograd/autograd.h"
 #include "booster/booster/booster.h"
 #include "booster/distributed/process_group.h"
+#include "booster/nn/hf.h"
 #include "booster/nn/llama.h"
 #include "booster/nn/pipeline.h"
 #include "booster/nn/shard_policy.h"
 #include "booster/ops/ops.h"
 #include "booster/optim/optimizer.h"
 #include "booster/tensor/deferred.h"
+#include "booster/tensor/storage.h"
 #include "booster/checkpoint/safetensors.h"
 #include "roundoff.h"
 #include "trajectory.h"
@@ -65,6 +68,13 @@ nn::LlamaConfig llama_config(bool tied) {
   c.rope_theta = 1000.0;
   c.tie_word_embeddings = tied;
   return c;
+}
+
+// Same dtype, shape and bytes.
+bool equal(const Tensor& a, const Tensor& b) {
+  if (a.dtype() != b.dtype() || a.shape() != b.shape()) return false;
+  const Tensor x = a.contiguous(), y = b.contiguous();
+  return std::memcmp(x.data_ptr(), y.data_ptr(), x.nbytes()) == 0;
 }
 
 Tensor loss_of(const Tensor& logits, const Tensor& y) {
@@ -309,4 +319,118 @@ TEST_CASE("llama: low_level_zero stage 3 trains a Llama as one process does, and
   CHECK(max_diff((*b.model)(batches[0].first), (*saved)(batches[0].first)) <= forward_bound(4, 8));
   pg.barrier();
   if (pg.rank() == 0) std::filesystem::remove_all(dir);
+}
+
+// Note [ZeRO-3 shards from the parameters] (plugins/low_level_zero/zero_optimizer.cpp): a pretrained
+// Llama loaded deferred (its weights waiting in model.safetensors) and boosted under stage 3 allocates
+// only this rank's shard: the float32 master of half the parameters (plus, in bf16, its bf16 copy), never
+// the whole model, not even for a moment while boosting. Allocating the whole model first (what boost()
+// did before) would put the peak at the model's size or more. The shards hold the file's values bit for
+// bit: the gathered model saved by the Booster equals the written one (in bf16, its rounding).
+TEST_CASE("llama: low_level_zero stage 3 reads each rank's shard of a pretrained Llama, never the whole model",
+          "[mpi][zero][llama][memory]") {
+  ProcessGroup& pg = group();
+  REQUIRE(pg.size() == 2);
+  nn::LlamaConfig cfg = llama_config(false);
+  cfg.vocab_size = 512;
+  cfg.hidden_size = 256;
+  cfg.intermediate_size = 512;
+  cfg.num_hidden_layers = 4;
+  auto whole = std::make_shared<nn::Llama>(cfg, 21);
+  double model_bytes = 0;
+  for (const Tensor& p : whole->parameters()) model_bytes += 4.0 * double(p.numel());
+  Tensor pid = full({1}, double(getpid()), DType::Int64);
+  pg.broadcast(pid, 0);
+  const std::filesystem::path dir =
+      std::filesystem::temp_directory_path() / ("booster_mpi_llama_hf_zero3_" + std::to_string(int64_t(pid.item())));
+  if (pg.rank() == 0) nn::save_pretrained(*whole, dir / "hf");
+  pg.barrier();
+  const nlohmann::json adamw = {{"type", "adamw"}, {"lr", 1e-3}};
+
+  for (const std::string precision : {"fp32", "bf16"}) {
+    INFO("precision " << precision);
+    nn::ModulePtr model;
+    {
+      LazyInitGuard lazy;
+      model = nn::load_pretrained(dir / "hf");
+    }
+    for (const Tensor& p : model->parameters()) REQUIRE(is_deferred(p));
+    std::shared_ptr<optim::Optimizer> optimizer = optim::make_optimizer(adamw, model->parameters());
+    Booster booster(BoosterConfig{.plugin = "low_level_zero", .plugin_options = {{"stage", 3}, {"precision", precision}}});
+    const size_t resting = cpu_bytes_in_use();
+    reset_cpu_peak_bytes();
+    Boosted b = booster.boost(model, optimizer, loss_of);
+    const double peak = double(cpu_peak_bytes()) - double(resting);
+    // Kept: the float32 master of half the parameters, and in bf16 its 2-byte copy; transient: staging
+    // of 2^14 elements and the small buffers, well under a tenth of the model here.
+    const double shard = (precision == "fp32" ? 1.0 : 1.5) * model_bytes / 2;
+    INFO("boost's peak above rest " << peak << " B; the model " << model_bytes << " B, this rank's shard " << shard << " B");
+    CHECK(peak <= shard + 0.1 * model_bytes);
+    CHECK(peak >= shard);  // the shard is counted: the check is not vacuous
+
+    booster.save_model(*b.model, dir / precision);
+    pg.barrier();
+    const checkpoint::TensorMap saved = checkpoint::load_model(dir / precision);
+    const nn::StateDict want = whole->state_dict();
+    REQUIRE(saved.size() == want.size());
+    for (const auto& [name, t] : want) {
+      const Tensor expected = precision == "fp32" ? t : t.to(DType::BFloat16);
+      REQUIRE(saved.count(name) == 1);
+      INFO(name);
+      CHECK(saved.at(name).dtype() == expected.dtype());
+      CHECK(equal(saved.at(name), expected));
+    }
+    // And it trains: one step from the shards.
+    Generator data(3);
+    const Tensor x = randint(0, cfg.vocab_size, {2, 8}, &data), y = randint(0, cfg.vocab_size, {2, 8}, &data);
+    b.optimizer->zero_grad();
+    const Tensor loss = b.criterion((*b.model)(x), y);
+    booster.backward(loss, *b.optimizer);
+    b.optimizer->step();
+    CHECK(std::isfinite(loss.item()));
+  }
+  pg.barrier();
+  if (pg.rank() == 0) std::filesystem::remove_all(dir);
+}
+
+// Note [One model on every rank, deferred] (plugins/low_level_zero/plugin.cpp): stage 3 reads the
+// shards of a deferred model from what each rank recorded, without broadcasting rank 0's weights; a
+// random initialization made deferred gives the eager model's values bit for bit, and ranks that built
+// different models (seeds differ) are one ValueError on every rank, not a model made of two.
+TEST_CASE("llama: low_level_zero stage 3 shards a deferred random init as the eager one, and refuses ranks that differ",
+          "[mpi][zero][llama]") {
+  ProcessGroup& pg = group();
+  const nn::LlamaConfig cfg = llama_config(true);
+  const nlohmann::json sgd = {{"type", "sgd"}, {"lr", 0.1}};
+  auto boosted = [&](uint64_t seed, Booster& booster) {
+    std::shared_ptr<nn::Llama> model;
+    {
+      LazyInitGuard lazy;
+      model = std::make_shared<nn::Llama>(cfg, seed);
+    }
+    return booster.boost(model, optim::make_optimizer(sgd, model->parameters()), loss_of);
+  };
+  {
+    Booster booster(BoosterConfig{.plugin = "low_level_zero", .plugin_options = {{"stage", 3}, {"precision", "fp32"}}});
+    Boosted b = boosted(13, booster);
+    const nn::StateDict want = nn::Llama(cfg, 13).state_dict();
+    Tensor pid = full({1}, double(getpid()), DType::Int64);
+    pg.broadcast(pid, 0);
+    const std::filesystem::path dir =
+        std::filesystem::temp_directory_path() / ("booster_mpi_llama_lazy_zero3_" + std::to_string(int64_t(pid.item())));
+    booster.save_model(*b.model, dir);
+    pg.barrier();
+    const checkpoint::TensorMap saved = checkpoint::load_model(dir);
+    REQUIRE(saved.size() == want.size());
+    for (const auto& [name, t] : want) {
+      INFO(name);
+      REQUIRE(saved.count(name) == 1);
+      CHECK(equal(saved.at(name), t));
+    }
+    pg.barrier();
+    if (pg.rank() == 0) std::filesystem::remove_all(dir);
+  }
+  Booster booster(BoosterConfig{.plugin = "low_level_zero", .plugin_options = {{"stage", 3}, {"precision", "fp32"}}});
+  CHECK_THROWS_WITH(boosted(40 + uint64_t(pg.rank()), booster),
+                    Catch::Matchers::Contains("the ranks built different models"));
 }

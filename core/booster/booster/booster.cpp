@@ -189,8 +189,10 @@ Boosted Booster::boost(nn::ModulePtr model, std::shared_ptr<optim::Optimizer> op
   parts = plugin_->shard(std::move(parts));
   BOOSTER_CHECK(parts.model != nullptr, PluginError, "plugin '", plugin_->name(), "' shard() returned no model");
   // A model built under a LazyInitGuard (booster/tensor/deferred.h) takes its memory now: only the part
-  // this rank holds, where the plugin split it (moved to the device above, it was still deferred).
-  for (const Tensor& t : parts.model->parameters()) materialize(t);
+  // this rank holds, where the plugin split it (moved to the device above, it was still deferred). A
+  // plugin that shards parameters itself (ZeRO-3) allocates its shard of them in configure().
+  if (!plugin_->take_deferred_parameters())
+    for (const Tensor& t : parts.model->parameters()) materialize(t);
   for (const Tensor& t : parts.model->buffers()) materialize(t);
   if (!plugin_->control_precision()) {
     // A strategy that keeps master weights needs an optimizer to rebuild; without one it still

@@ -12,8 +12,8 @@
 // (a strategy converts them later). Under a LazyInitGuard the model stays deferred and each parameter
 // reads its tensor from the file only when allocated, a tensor-parallel shard only its own part (Note
 // [Weights from a file] in booster/tensor/deferred.cpp): under hybrid_parallel (tp, pp) `booster train`
-// with {"type": "hf"} reads on each rank only the parts of the weights that rank holds. (ZeRO-3 still
-// fills its flat buffer from every whole weight before it keeps its own shard.)
+// with {"type": "hf"} reads on each rank only the parts of the weights that rank holds, and under
+// low_level_zero stage 3 only the rank's shard (Note [ZeRO-3 shards from the parameters]).
 #pragma once
 
 #include <cstdint>

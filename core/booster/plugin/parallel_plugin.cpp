@@ -42,6 +42,9 @@ class PluginProxy final : public ParallelPlugin {
   bool control_checkpoint_io() const override {
     return call("control_checkpoint_io()", [&] { return plugin_->control_checkpoint_io(); });
   }
+  bool take_deferred_parameters() const override {
+    return call("take_deferred_parameters()", [&] { return plugin_->take_deferred_parameters(); });
+  }
   ParallelLayout layout() const override { return call("layout()", [&] { return plugin_->layout(); }); }
 
   TrainingParts shard(TrainingParts parts) override {

@@ -137,6 +137,11 @@ class BOOST_SYMBOL_VISIBLE ParallelPlugin {
   // checkpoints then resume only under the same plugin and world size (Note [Resuming across layouts]
   // in booster/booster/state.cpp). Default: false.
   virtual bool control_checkpoint_io() const { return false; }
+  // Optional: true when configure() takes the model's parameters still deferred (built under a
+  // LazyInitGuard, booster/tensor/deferred.h) and allocates only this rank's part of them itself
+  // (ZeRO-3 reads its shard straight from the initializer or file). Otherwise boost() allocates what
+  // shard() returned, whole, before configure(). Default: false.
+  virtual bool take_deferred_parameters() const { return false; }
   // Optional: how many ways it splits the work. Default: one process.
   virtual ParallelLayout layout() const { return {}; }
 

@@ -38,6 +38,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <optional>
 
 #include "booster/common/error.h"
 #include "booster/tensor/grad_mode.h"
@@ -269,6 +270,79 @@ Tensor select_ranges(const Tensor& t, int64_t dim, const std::vector<int64_t>& s
     }
   out.copy_(host);
   return out;
+}
+
+void copy_span(const Tensor& t, int64_t start, const Tensor& dst_view) {
+  Tensor dst = dst_view;  // the same view: its values are what is written
+  const int64_t n = dst.numel();
+  BOOSTER_CHECK(dst.dim() == 1 && dst.is_contiguous(), ShapeError, "copy_span: the destination must be a contiguous "
+                "1-D tensor, got shape ", dst.shape());
+  BOOSTER_CHECK(start >= 0 && start + n <= t.numel(), IndexError, "copy_span: elements [", start, ", ", start + n,
+                ") are outside a tensor of ", t.numel());
+  EagerScope eager;
+  NoGradGuard no_grad;
+  Storage* s = whole_deferred(t);
+  if (s == nullptr) {
+    dst.copy_(t.contiguous().reshape({-1}).narrow(0, start, n));
+    return;
+  }
+  const std::shared_ptr<const DeferredInit> init = s->deferred_init();
+  if (!init) return;  // never initialized: as uninitialized as the eager tensor
+  if (init->kind == DeferredInit::Kind::Fill) {
+    dst.fill_(init->a);
+    return;
+  }
+  std::optional<FileValues> file;
+  std::optional<Replay> replay;
+  if (init->kind == DeferredInit::Kind::File) {
+    file.emplace(*init->file, t.numel());
+  } else {
+    replay.emplace(*init);
+    for (int64_t i = 0; i < start; ++i) replay->next();  // the draws before the span, made and dropped
+  }
+  constexpr int64_t kChunk = int64_t(1) << 14;
+  Tensor host = Tensor::empty({std::min(n, kChunk)}, DType::Float64);
+  double* p = host.data<double>();
+  for (int64_t c = 0; c < n; c += kChunk) {
+    const int64_t m = std::min(kChunk, n - c);
+    for (int64_t i = 0; i < m; ++i) p[i] = file ? file->at(start + c + i) : replay->next();
+    // Through t's dtype first, as the eager tensor holds them, then into dst's.
+    make_view(dst, {m}, {1}, dst.offset() + c).copy_(host.narrow(0, 0, m).to(t.dtype()));
+  }
+}
+
+uint64_t deferred_digest(const Tensor& t) {
+  const Storage* s = whole_deferred(t);
+  if (s == nullptr) return 0;
+  uint64_t h = 0x9e3779b97f4a7c15ull;
+  auto mix = [&h](uint64_t v) {  // splitmix64 over the running value
+    h ^= v + 0x9e3779b97f4a7c15ull + (h << 6) + (h >> 2);
+    h ^= h >> 30, h *= 0xbf58476d1ce4e5b9ull, h ^= h >> 27, h *= 0x94d049bb133111ebull, h ^= h >> 31;
+  };
+  auto bits = [](double d) {
+    uint64_t u;
+    std::memcpy(&u, &d, sizeof u);
+    return u;
+  };
+  mix(uint64_t(t.numel()));
+  const std::shared_ptr<const DeferredInit>& init = s->deferred_init();
+  if (!init) return h;
+  mix(uint64_t(init->kind) + 1);
+  mix(uint64_t(init->dtype));
+  mix(bits(init->a));
+  mix(bits(init->b));
+  if (init->kind == DeferredInit::Kind::Uniform || init->kind == DeferredInit::Kind::Normal)
+    for (uint64_t w : init->generator.state()) mix(w);
+  if (init->kind == DeferredInit::Kind::File) {
+    const DeferredFileTensor& f = *init->file;
+    // The file's name, not its directory: ranks on other hosts may read copies kept elsewhere.
+    for (char c : f.path.filename().string()) mix(uint64_t(uint8_t(c)));
+    mix(f.offset);
+    mix(uint64_t(f.dtype));
+    for (int64_t d : f.shape) mix(uint64_t(d));
+    mix(f.transposed ? 1 : 0);
+  }
+  return h;
 }
 
 // Storage::materialize's filling of a deferred storage (declared in storage.h's terms: the storage

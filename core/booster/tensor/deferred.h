@@ -87,6 +87,17 @@ void discard_deferred_values(const Tensor& t);
 // storage; an undefined tensor otherwise (Tensor::to copies then).
 Tensor deferred_to(const Tensor& t, Device device);
 
+// Elements [start, start + dst.numel()) of t in row-major order, written into `dst` (1-D, contiguous,
+// any floating dtype and device) as copying them through t's dtype would write them; for a deferred
+// tensor spanning its storage, made from its initializer without allocating the whole (a file's tensor
+// reads only those elements), in chunks, so the staging memory stays small whatever the span.
+void copy_span(const Tensor& t, int64_t start, const Tensor& dst);
+
+// A digest of the values a deferred t spanning its storage will take (its initializer: kind, constants,
+// generator state; or the file tensor's name, offset, dtype, shape and layout), so that ranks can check
+// they recorded the same values without making them. 0 for any other tensor.
+uint64_t deferred_digest(const Tensor& t);
+
 // Elements [start, start + length) along `dim` for each start (ranges that do not overlap),
 // concatenated along `dim`, as a new contiguous tensor; for a deferred tensor spanning its storage,
 // made from its initializer without allocating the whole. Anything else: the same from the values.
