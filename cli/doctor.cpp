@@ -38,11 +38,9 @@ int doctor(const json& config, BoosterComponents components, int64_t steps) {
   hooks.after_fit = [&](Booster& booster, Trainer& trainer, const FitResult& result, bool is_rank0) {
     diagnostics::DoctorInput input;
     input.format = diagnostics::compute_format(config.at("mixed_precision"), config.at("plugin"));
-    // low_level_zero manages precision itself (its "precision" option).
-    const json& plugin = config.at("plugin");
-    input.precision = plugin.value("name", std::string()) == "low_level_zero"
-                          ? plugin.value("precision", std::string("fp32")) + " (low_level_zero)"
-                          : booster.config().mixed_precision;
+    // The precision that ran, as the start line and the summary name it (a plugin that controls
+    // precision, low_level_zero, names its own: "fp16 (low_level_zero's own)").
+    input.precision = trainer::running_precision(booster);
     input.loss_scale = booster.precision().loss_scale();
     input.steps = result.steps;
     input.modules = totals;

@@ -187,4 +187,8 @@ TEST_CASE("booster doctor runs under low_level_zero stage 3, whose parameters ar
   const json report = last_line(r.out);
   CHECK(module_in(report, "layers.0").at("output").at("count") == 2 * 32 * 16);
   CHECK(report.at("recommendation").get<std::string>().find("low_level_zero") != std::string::npos);
+  // The precision that ran, named as the start line and train's summary name it.
+  CHECK(report.at("precision") == "bf16 (low_level_zero's own)");
+  CHECK(r.out.rfind("precision doctor: bf16 (low_level_zero's own) (", 0) == 0);
+  CHECK(r.err.find("precision bf16 (low_level_zero's own)") != std::string::npos);
 }
