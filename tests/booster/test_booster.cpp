@@ -374,6 +374,104 @@ TEST_CASE("booster: a plugin with only the required slots gets the documented de
   CHECK_THROWS_AS(booster.no_sync(), IncompatibleError);
 }
 
+// Note [Gradient accumulation in a loop] (booster.h): the README's loop with booster.accumulate(4) over
+// micro-batches of kBatch takes the step one batch of 4 kBatch takes, whether zero_grad() opens the
+// body or follows step(); the optimizer and scheduler step once per cycle.
+namespace {
+// `cycles` optimizer steps of SGD (momentum 0.9) over micro-batches of kBatch, 4 per step, through
+// `booster` (fp32, its plugin) and the README's accumulation loop. Returns the final weights.
+std::vector<double> accumulated_run(Booster& booster, int cycles, bool zero_grad_first) {
+  nn::ModulePtr model = make_mlp();
+  auto opt = std::make_shared<optim::SGD>(model->parameters(), json{{"lr", 0.1}, {"momentum", 0.9}});
+  auto sched = std::make_shared<optim::StepLR>(*opt, 1, 0.5);
+  Boosted b = booster.boost(model, opt, cross_entropy(), std::make_shared<data::DataLoader>(dataset(), loader_options()),
+                            sched);
+  int micro = 0;
+  while (micro < 4 * cycles)
+    for (data::Batch& batch : *b.dataloader) {
+      auto micro_step = booster.accumulate(4);
+      CHECK(micro_step.micro_step() == micro % 4);
+      CHECK(micro_step.sync() == (micro % 4 == 3));
+      if (zero_grad_first) b.optimizer->zero_grad();
+      booster.backward(b.criterion((*b.model)(batch.x), batch.y), *b.optimizer);
+      const double norm = booster.clip_grad_norm(*b.optimizer, 1e9);
+      CHECK(std::isnan(norm) == !micro_step.sync());
+      b.optimizer->step();
+      b.scheduler->step();
+      if (!zero_grad_first) b.optimizer->zero_grad();
+      CHECK(b.optimizer->steps() == (micro + 1) / 4);
+      if (++micro == 4 * cycles) break;
+    }
+  CHECK(b.scheduler->get_last_lr()[0] == Approx(0.1 * std::pow(0.5, cycles)));
+  return values(*b.model);
+}
+}  // namespace
+
+TEST_CASE("booster: accumulate(n) over n micro-batches steps as one batch of all of them", "[booster][roundoff]") {
+  constexpr int kCycles = 2;
+  auto data = dataset();  // 4 kBatch samples: one loader epoch is one cycle
+  // Reference: kCycles SGD steps on the whole 4 kBatch batch (its mean loss), the lr halved each step.
+  nn::ModulePtr ref = make_mlp();
+  auto ref_opt = std::make_shared<optim::SGD>(ref->parameters(), json{{"lr", 0.1}, {"momentum", 0.9}});
+  optim::StepLR ref_sched(*ref_opt, 1, 0.5);
+  std::vector<double> before = values(*ref);
+  double path = 0.0;  // sum_t |w_t - w_{t-1}| of the reference (tests/roundoff.h step 3)
+  for (int t = 0; t < kCycles; ++t) {
+    ref_opt->zero_grad();
+    cross_entropy((*ref)(data->x()), data->y()).backward();
+    ref_opt->step();
+    ref_sched.step();
+    const std::vector<double> now = values(*ref);
+    path += ::testing::l2_distance(now, before);
+    before = now;
+  }
+  const std::vector<double> want = values(*ref);
+  // Note [Roundoff bounds] (tests/roundoff.h): both runs compute a step's gradient through the MLP's
+  // forward and backward reductions (twice mlp_forward_length over the 4 kBatch samples); they differ in
+  // how the batch sum of the weight gradients is ordered (four partial sums of kBatch, each divided by
+  // 4, against one of 4 kBatch: a reduction of 4 kBatch terms either way) and in the division, one
+  // rounding. So a gradient differs by reduction_bound of those lengths, and the SGD runs by sgd_bound
+  // of the reference's path with momentum 0.9.
+  namespace ro = ::testing::roundoff;
+  const double bound =
+      ro::sgd_bound(path, ro::reduction_bound({2 * ro::mlp_forward_length({kIn, 24}, kClasses, 4 * kBatch), 4 * kBatch, 1}),
+                    0.9);
+  for (bool zero_grad_first : {true, false}) {
+    INFO((zero_grad_first ? "zero_grad() at the top of the body" : "zero_grad() after step()"));
+    Booster booster;
+    const std::vector<double> got = accumulated_run(booster, kCycles, zero_grad_first);
+    CHECK(::testing::l2_distance(got, want) <= bound);
+    CHECK(booster.step() == kCycles);
+  }
+  // A plugin that cannot skip gradient synchronisation accumulates without no_sync, to the same weights.
+  {
+    auto plugin = std::make_shared<MinimalPlugin>();
+    Booster booster(BoosterComponents(BoosterConfig{}, plugin, mixed_precision::create("fp32")));
+    CHECK(::testing::l2_distance(accumulated_run(booster, kCycles, true), want) <= bound);
+  }
+}
+
+TEST_CASE("booster: accumulate() refuses a bad count, nested guards and a count changed mid-cycle", "[booster]") {
+  Booster booster;
+  nn::ModulePtr model = make_mlp();
+  Boosted b = booster.boost(model, make_adamw(model), cross_entropy());
+  CHECK_THROWS_AS(booster.accumulate(0), ValueError);
+  {
+    auto first = booster.accumulate(3);
+    CHECK_THROWS_WITH(booster.accumulate(3), Catch::Contains("open already"));
+  }
+  CHECK_THROWS_WITH(booster.accumulate(2), Catch::Contains("middle of a cycle of 3"));
+  { auto second = booster.accumulate(3); }
+  { auto third = booster.accumulate(3); CHECK(third.sync()); }
+  CHECK_NOTHROW(booster.accumulate(2));  // a new cycle may take another count
+  // Outside a guard nothing is gated.
+  b.optimizer->zero_grad();
+  booster.backward(b.criterion((*b.model)(randn({4, kIn})), from_vector(std::vector<int64_t>{0, 1, 2, 0}, {4})),
+                   *b.optimizer);
+  b.optimizer->step();
+  CHECK(b.optimizer->steps() == 1);
+}
+
 TEST_CASE("booster: a missing plugin lists the directories searched, a non-plugin file says so", "[booster][plugin]") {
   try {
     Booster b(BoosterConfig{.plugin = "no_such_plugin"});

@@ -815,6 +815,56 @@ TEST_CASE("ddp through the Booster: prepare_dataloader, no_sync and the boosted 
   CHECK(same_bytes_on_every_rank(all_parameters(*boosted.model)));
 }
 
+// Note [Gradient accumulation in a loop] (booster/booster/booster.h): the README's loop with
+// booster.accumulate(3) takes, per optimizer step, 3 micro-batches of kMicroBatch rows on each rank;
+// it must end where one process stepping once on the 2 x 3 micro-batches' rows at once does, with one
+// gradient all-reduce per step (the first two micro-batches of each run under no_sync).
+TEST_CASE("ddp through the Booster: accumulate(3) over micro-batches steps as one process on their whole batch",
+          "[mpi][ddp]") {
+  ProcessGroup& pg = group();
+  constexpr int64_t kMicroBatch = 4, kAccumulation = 3, kSteps = 4;
+  const int64_t whole_rows = pg.size() * kAccumulation * kMicroBatch;
+  nn::Criterion criterion = [](const Tensor& out, const Tensor& target) { return cross_entropy(out, target); };
+  auto make_sgd = [](const nn::ModulePtr& model) {
+    return std::make_shared<optim::SGD>(model->parameters(), json{{"lr", 0.1}, {"momentum", 0.9}});
+  };
+  Booster booster(BoosterConfig{.plugin = "ddp", .plugin_options = {{"bucket_cap_mb", 0.01}}});
+  nn::ModulePtr user_model = make_mlp(50 + uint64_t(pg.rank()));  // rank 1's start is overwritten
+  Boosted boosted = booster.boost(user_model, make_sgd(user_model), criterion);
+  nn::ModulePtr reference = make_mlp(50);
+  auto reference_optimizer = make_sgd(reference);
+  Path path;
+  path.add(parameters_of(*reference));
+  for (int64_t step = 0; step < kSteps; ++step) {
+    const data::Batch whole = job_batch(step, whole_rows);
+    for (int64_t k = 0; k < kAccumulation; ++k) {
+      // Micro-batch k of rank r: rows (k * ranks + r) * kMicroBatch on; all of them make the whole batch.
+      const data::Batch micro = rows_of(whole, (k * pg.size() + pg.rank()) * kMicroBatch, kMicroBatch);
+      auto micro_step = booster.accumulate(kAccumulation);
+      boosted.optimizer->zero_grad();
+      booster.backward(boosted.criterion((*boosted.model)(micro.x), micro.y), *boosted.optimizer);
+      boosted.optimizer->step();
+    }
+    CHECK(boosted.optimizer->steps() == step + 1);
+    reference_optimizer->zero_grad();
+    criterion((*reference)(whole.x), whole.y).backward();
+    reference_optimizer->step();
+    path.add(parameters_of(*reference));
+  }
+  const auto* owner = dynamic_cast<const distributed::GradientBucketerOwner*>(&booster.precision());
+  CHECK(owner != nullptr);
+  if (owner) CHECK(owner->gradient_bucketer().stats().synced_backwards == kSteps);
+  // Note [Roundoff bounds]: the runs order the gradient's sums differently (3 micro-batch sums per rank,
+  // averaged over the ranks, then divided by 3, against one sum over the whole batch), so a gradient
+  // differs within the reductions of the whole batch plus the accumulation's sum and division; the
+  // weights by SGD's bound along the reference's path.
+  const double forward = ::testing::roundoff::mlp_forward_length({kIn, 64, 64}, kClasses, double(whole_rows));
+  const double eps = ::testing::roundoff::reduction_bound({2 * forward, double(whole_rows), kAccumulation + 1.0});
+  CHECK(l2_difference(parameters_of(*boosted.model), parameters_of(*reference)) <=
+        ::testing::roundoff::sgd_bound(path.length, eps, 0.9));
+  CHECK(same_bytes_on_every_rank(all_parameters(*boosted.model)));
+}
+
 TEST_CASE("ddp through the Booster: rank 0 saves model and optimizer, every rank loads them", "[mpi][ddp]") {
   ProcessGroup& pg = group();
   constexpr int64_t B = 8;

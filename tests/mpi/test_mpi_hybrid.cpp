@@ -116,11 +116,15 @@ std::vector<double> difference(const std::vector<double>& a, const std::vector<d
 // tensor within sgd_bound of the sum of its step lengths, each loss within the forward's roundoff plus
 // |g_t| times the weights' bound; under Adam(W) each element within adam_drift_bound and each loss
 // within the forward's roundoff plus |g_t|_1 times that drift (first order in the weights' difference).
+// With `accumulation` > 1 each rank runs its rows of a batch as that many micro-batches under
+// booster.accumulate() (Note [Gradient accumulation in a loop] in booster/booster/booster.h), the
+// optimizer stepping once per batch, against the reference's one step on the whole batch.
 void check_layout(const Case& c, const ModelFactory& make, const nn::Criterion& criterion,
                   const std::vector<Batch>& batches, const std::string& precision, const Check& check,
-                  double max_norm = 0.0, const json& optimizer = kAdamW) {
+                  double max_norm = 0.0, const json& optimizer = kAdamW, int accumulation = 1) {
   namespace ro = ::testing::roundoff;
-  INFO(c.name << " " << precision << (max_norm > 0 ? " clipped" : ""));
+  INFO(c.name << " " << precision << (max_norm > 0 ? " clipped" : "")
+              << (accumulation > 1 ? " accumulating " + std::to_string(accumulation) : std::string()));
   const json& adamw = optimizer;
   nn::ModulePtr reference = make();
   std::vector<double> ref_losses, ref_norms, grad_l1, grad_l2;
@@ -182,10 +186,15 @@ void check_layout(const Case& c, const ModelFactory& make, const nn::Criterion& 
   if (derived) {
     REQUIRE(precision == "fp32");
     const Reductions& r = std::get<Reductions>(check);
-    eps_forward = ro::reduction_bound({r.forward});
+    // Accumulating adds the mean of the micro-batches' losses (a sum of `accumulation` terms) to the
+    // loss, and to each gradient the sum of the micro-batches' gradients and their division by the count
+    // (one rounding): reductions of those lengths beside the others.
+    const double accumulated = accumulation > 1 ? double(accumulation) + 1 : 0.0;
+    eps_forward = ro::reduction_bound({r.forward, accumulated});
     // The gradient: the forward chain, the chain back, the weight's sum over positions, and the
     // gradient norm that clipping divides by (a sum over every parameter).
-    eps_gradient = ro::reduction_bound({2 * r.forward, r.positions, double(reference->num_parameters())});
+    eps_gradient =
+        ro::reduction_bound({2 * r.forward, r.positions, double(reference->num_parameters()), accumulated});
     if (!sgd) {
       const auto betas = adamw.value("betas", std::vector<double>{0.9, 0.999});
       drift = ro::adam_drift_bound(adamw.at("lr").get<double>(), int(batches.size()), betas[0], betas[1]);
@@ -228,17 +237,26 @@ void check_layout(const Case& c, const ModelFactory& make, const nn::Criterion& 
   size_t clipped = 0;
   for (size_t s = 0; s < batches.size(); ++s) {
     const auto& [x, y] = batches[s];
-    const int64_t rows = x.size(0) / dp;
-    b.optimizer->zero_grad();
-    double loss = booster.execute_pipeline(x.narrow(0, dp_rank * rows, rows), y.narrow(0, dp_rank * rows, rows),
-                                           *b.model, b.criterion, *b.optimizer);
-    if (max_norm > 0) {
-      const double norm = booster.clip_grad_norm(*b.optimizer, max_norm);
-      CHECK(std::abs(norm - ref_norms[s]) <= (eps_gradient + ro::sgd_bound(path_before[s], eps_gradient, momentum) *
-                                                                    grad_l2[s] / ref_norms[s]) * ref_norms[s]);
-      clipped += ref_norms[s] > max_norm;
+    const int64_t rows = x.size(0) / dp, micro_rows = rows / accumulation;
+    REQUIRE(micro_rows * accumulation == rows);
+    double loss = 0;
+    // The README's accumulation loop: every call in the body, the Booster deciding which act.
+    for (int k = 0; k < accumulation; ++k) {
+      const Booster::Accumulate micro_step = booster.accumulate(accumulation);
+      b.optimizer->zero_grad();
+      const int64_t first = dp_rank * rows + k * micro_rows;
+      loss += booster.execute_pipeline(x.narrow(0, first, micro_rows), y.narrow(0, first, micro_rows), *b.model,
+                                       b.criterion, *b.optimizer) /
+              accumulation;
+      if (max_norm > 0 && micro_step.sync()) {
+        const double norm = booster.clip_grad_norm(*b.optimizer, max_norm);
+        CHECK(std::abs(norm - ref_norms[s]) <= (eps_gradient + ro::sgd_bound(path_before[s], eps_gradient, momentum) *
+                                                                      grad_l2[s] / ref_norms[s]) * ref_norms[s]);
+        clipped += ref_norms[s] > max_norm;
+      }
+      b.optimizer->step();
     }
-    b.optimizer->step();
+    CHECK(b.optimizer->steps() == int64_t(s) + 1);
     // Every rank of a replica has its part's loss; the parts' mean is the batch's.
     Tensor mean = full({1}, loss / n, DType::Float64);
     world().all_reduce(mean);
@@ -388,6 +406,27 @@ TEST_CASE("hybrid: every layout of 4 ranks trains an MLP classifier as one proce
   // Linears of 12, 16, 16 and 16 inputs, 8 classes, batches of 8.
   const Reductions reductions{::testing::roundoff::mlp_forward_length({12, 16, 16, 16}, 8, 8), 8};
   for (const Case& c : kLayouts) check_layout(c, make, loss, batches, "fp32", reductions);
+}
+
+// Note [Gradient accumulation in a loop] (booster/booster/booster.h): hybrid_parallel cannot skip its
+// gradient synchronisation (no_sync), so booster.accumulate() lets each backward add into the local
+// gradients, which the plugin averages over the data-parallel group once, before the step. Two
+// micro-batches per rank and step under every layout end where one step on each whole batch does.
+TEST_CASE("hybrid: accumulate(2) over micro-batches trains every layout as one step per whole batch does",
+          "[mpi][hybrid]") {
+  REQUIRE(world().size() == 4);
+  Generator gen(5);
+  std::vector<Batch> batches;
+  for (int s = 0; s < 8; ++s) {
+    const Tensor x = randn({16, 12}, &gen);
+    batches.emplace_back(x, randint(0, 8, {16}, &gen));
+  }
+  auto make = [] { return std::make_shared<nn::MLPClassifier>(12, std::vector<int64_t>{16, 16, 16}, 8, "relu", 4); };
+  auto loss = [](const Tensor& out, const Tensor& y) { return cross_entropy(out, y); };
+  // Linears of 12, 16, 16 and 16 inputs, 8 classes, batches of 16.
+  const Reductions reductions{::testing::roundoff::mlp_forward_length({12, 16, 16, 16}, 8, 16), 16};
+  for (const Case& c : kLayouts)
+    check_layout(c, make, loss, batches, "fp32", reductions, 0.0, {{"type", "sgd"}, {"lr", 0.1}, {"momentum", 0.9}}, 2);
 }
 
 // A gradient that overflows on one pipeline stage only: the found-inf flag is agreed over every rank

@@ -724,6 +724,57 @@ TEST_CASE("zero: through the Booster, a scheduler on the user's optimizer drives
   }
 }
 
+// Note [Gradient accumulation in a loop] (booster/booster/booster.h): the README's loop with
+// booster.accumulate(3), 3 micro-batches of kBatch rows per rank and step, ends where one process
+// stepping once on all of their rows does, at every stage: stage 1 accumulates under no_sync, stages 2
+// and 3 (which cannot skip the reduction) add each micro-batch's reduced gradient into the shard.
+TEST_CASE("zero: accumulate(3) over micro-batches steps as one process on their whole batch, every stage",
+          "[mpi][zero][booster]") {
+  constexpr int kAccumulation = 3, kSteps = 4;
+  const int64_t whole_rows = group().size() * kAccumulation * kBatch;
+  const json sgd = {{"type", "sgd"}, {"lr", 0.1}, {"momentum", 0.9}};
+  // Reference: one process, one step per whole batch.
+  nn::ModulePtr ref = make_model(7);
+  auto ref_opt = optim::make_optimizer(sgd, ref->parameters());
+  std::vector<Tensor> before = float32_params(*ref);
+  double path = 0;
+  for (int s = 0; s < kSteps; ++s) {
+    ref_opt->zero_grad();
+    loss_of(*ref, whole_batch(s, whole_rows)).backward();
+    ref_opt->step();
+    std::vector<Tensor> now = float32_params(*ref);
+    path += l2_distance(now, before);
+    before = std::move(now);
+  }
+  // Note [Roundoff bounds]: the gradient's reductions over the whole batch, plus the accumulation's sum
+  // of 3 micro-batch gradients and its division by 3; the weights within SGD's bound along the path.
+  const double eps = ::testing::roundoff::reduction_bound(
+      {2 * (kIn + kHidden + double(whole_rows * kOut)), double(whole_rows), kAccumulation + 1.0});
+  const double bound = ::testing::roundoff::sgd_bound(path, eps, 0.9);
+  for (const json& stage : kAllStages) {
+    INFO(stage.dump());
+    Booster booster(BoosterConfig{.plugin = "low_level_zero", .plugin_options = with_stage(stage, {{"precision", "fp32"}})});
+    nn::ModulePtr model = make_model(group().rank() == 0 ? 7 : 8);
+    Boosted b = booster.boost(model, optim::make_optimizer(sgd, model->parameters()), mse());
+    for (int s = 0; s < kSteps; ++s) {
+      const Batch whole = whole_batch(s, whole_rows);
+      for (int k = 0; k < kAccumulation; ++k) {
+        // Micro-batch k of rank r: rows (k * ranks + r) * kBatch on; all of them make the whole batch.
+        const int64_t first = (k * group().size() + group().rank()) * kBatch;
+        auto micro_step = booster.accumulate(kAccumulation);
+        b.optimizer->zero_grad();
+        booster.backward(b.criterion((*b.model)(whole.x.narrow(0, first, kBatch)), whole.y.narrow(0, first, kBatch)),
+                         *b.optimizer);
+        b.optimizer->step();
+      }
+      CHECK(b.optimizer->steps() == s + 1);
+    }
+    std::vector<Tensor> got;
+    booster.plugin().with_full_parameters([&] { got = float32_params(*b.model); });
+    CHECK(l2_distance(got, before) <= bound);
+  }
+}
+
 TEST_CASE("zero: Booster save and load (optimizer gathered into one file by rank 0) continue bit-identically",
           "[mpi][zero][booster][checkpoint]") {
   const std::filesystem::path dir = shared_dir("booster_test_mpi_zero_");

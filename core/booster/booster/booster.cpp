@@ -2,6 +2,7 @@
 #include "booster/booster/booster.h"
 
 #include <algorithm>
+#include <limits>
 #include <tuple>
 
 #include "booster/backends/cuda/cuda.h"
@@ -46,10 +47,17 @@ json BoosterConfig::to_json() const {
 
 // ------------------------------------------------------------------------- BoostedOptimizer/Scheduler
 BoostedOptimizer::BoostedOptimizer(std::shared_ptr<optim::Optimizer> user, std::shared_ptr<optim::Optimizer> stepped,
-                                   std::shared_ptr<mixed_precision::MixedPrecision> precision)
-    : user_(std::move(user)), stepped_(std::move(stepped)), precision_(std::move(precision)) {}
+                                   std::shared_ptr<mixed_precision::MixedPrecision> precision,
+                                   std::shared_ptr<AccumulationState> accumulation)
+    : user_(std::move(user)),
+      stepped_(std::move(stepped)),
+      precision_(std::move(precision)),
+      accumulation_(std::move(accumulation)) {}
 
-void BoostedOptimizer::zero_grad(bool set_to_none) { stepped_->zero_grad(set_to_none); }
+void BoostedOptimizer::zero_grad(bool set_to_none) {
+  if (accumulation_ && accumulation_->holds_gradients()) return;  // Note [Gradient accumulation in a loop]
+  stepped_->zero_grad(set_to_none);
+}
 
 void BoostedOptimizer::copy_options_to_stepped() const {
   if (user_ == stepped_) return;
@@ -62,9 +70,11 @@ void BoostedOptimizer::copy_options_to_stepped() const {
 }
 
 void BoostedOptimizer::step() {
+  if (accumulation_ && accumulation_->holds_step()) return;  // Note [Gradient accumulation in a loop]
   copy_options_to_stepped();
   precision_->step(*stepped_);
   ++steps_;
+  if (accumulation_ && accumulation_->open) accumulation_->stepped = true;
 }
 
 optim::OptimizerState BoostedOptimizer::state_dict() const {
@@ -86,10 +96,12 @@ void BoostedOptimizer::copy_options_from_stepped() {
 }
 
 BoostedScheduler::BoostedScheduler(std::shared_ptr<optim::LRScheduler> scheduler,
-                                   std::shared_ptr<mixed_precision::MixedPrecision> precision)
-    : scheduler_(std::move(scheduler)), precision_(std::move(precision)) {}
+                                   std::shared_ptr<mixed_precision::MixedPrecision> precision,
+                                   std::shared_ptr<const AccumulationState> accumulation)
+    : scheduler_(std::move(scheduler)), precision_(std::move(precision)), accumulation_(std::move(accumulation)) {}
 
 void BoostedScheduler::step() {
+  if (accumulation_ && accumulation_->holds_step()) return;  // Note [Gradient accumulation in a loop]
   if (!precision_->step_was_skipped()) scheduler_->step();
 }
 
@@ -218,19 +230,26 @@ Boosted Booster::boost(nn::ModulePtr model, std::shared_ptr<optim::Optimizer> op
   out.dataloader = parts.dataloader;
   if (parts.optimizer)
     out.optimizer = std::make_shared<BoostedOptimizer>(user_optimizer ? user_optimizer : parts.optimizer,
-                                                       parts.optimizer, precision_);
-  if (parts.scheduler) out.scheduler = std::make_shared<BoostedScheduler>(parts.scheduler, precision_);
+                                                       parts.optimizer, precision_, accumulation_);
+  if (parts.scheduler) out.scheduler = std::make_shared<BoostedScheduler>(parts.scheduler, precision_, accumulation_);
   parts_ = out;
   return out;
 }
 
 void Booster::backward(const Tensor& loss, BoostedOptimizer& optimizer) {
-  precision_->backward(loss, optimizer.stepped_optimizer());
+  AccumulationState& a = *accumulation_;
+  if (a.open) a.backward_done = true;
+  precision_->backward(a.open && a.steps > 1 ? mul(loss, 1.0 / double(a.steps)) : loss, optimizer.stepped_optimizer());
 }
 
 double Booster::execute_pipeline(const Tensor& x, const Tensor& y, nn::Module& model, const nn::Criterion& criterion,
                                  BoostedOptimizer& optimizer, double loss_factor) {
   BOOSTER_CHECK(criterion != nullptr, ValueError, "Booster::execute_pipeline: the criterion is empty");
+  AccumulationState& a = *accumulation_;
+  if (a.open) {
+    a.backward_done = true;
+    if (a.steps > 1) loss_factor *= 1.0 / double(a.steps);
+  }
   auto backward = [&](const Tensor& loss) {
     precision_->backward(loss_factor == 1.0 ? loss : mul(loss, loss_factor), optimizer.stepped_optimizer());
   };
@@ -241,6 +260,9 @@ double Booster::execute_pipeline(const Tensor& x, const Tensor& y, nn::Module& m
 }
 
 double Booster::clip_grad_norm(BoostedOptimizer& optimizer, double max_norm) {
+  // Note [Gradient accumulation in a loop]: the gradients are not complete before the cycle's last
+  // micro-step, and unscaling them there would mix scaled and unscaled ones.
+  if (accumulation_->holds_step()) return std::numeric_limits<double>::quiet_NaN();
   return precision_->clip_grad_norm(optimizer.stepped_optimizer(), max_norm);
 }
 
@@ -260,6 +282,43 @@ Booster::NoSync::~NoSync() {
 }
 
 Booster::NoSync Booster::no_sync() { return NoSync(*plugin_); }
+
+Booster::Accumulate::Accumulate(Booster& booster, int64_t steps) : booster_(booster) {
+  AccumulationState& a = *booster_.accumulation_;
+  BOOSTER_CHECK(steps >= 1, ValueError, "Booster::accumulate: steps is ", steps,
+                "; give the micro-batches per optimizer step, 1 or more");
+  BOOSTER_CHECK(!a.open, StateError, "Booster::accumulate: a micro-step's guard is open already; open one per "
+                "micro-batch, each ending before the next begins");
+  BOOSTER_CHECK(a.micro == 0 || a.steps == steps, StateError, "Booster::accumulate: ", steps,
+                " steps asked in the middle of a cycle of ", a.steps, " (", a.micro,
+                " micro-steps done); change the number only after a cycle's optimizer step");
+  micro_ = a.micro;
+  sync_ = micro_ == steps - 1;
+  // Every micro-step but the last accumulates locally where the plugin can skip its communication;
+  // elsewhere each backward accumulates as it is (Note [Gradient accumulation in a loop]).
+  if (!sync_ && booster_.plugin_->support_no_sync()) {
+    booster_.plugin_->set_gradient_sync(false);
+    gradient_sync_off_ = true;
+  }
+  a.steps = steps;
+  a.open = true;
+  a.backward_done = false;
+  a.stepped = false;
+}
+
+Booster::Accumulate::~Accumulate() {
+  AccumulationState& a = *booster_.accumulation_;
+  a.open = false;
+  a.micro = sync_ ? 0 : micro_ + 1;
+  if (!gradient_sync_off_) return;
+  try {
+    booster_.plugin_->set_gradient_sync(true);
+  } catch (...) {
+    // A destructor must not throw; the next synced backward reports a broken plugin.
+  }
+}
+
+Booster::Accumulate Booster::accumulate(int64_t steps) { return Accumulate(*this, steps); }
 
 std::shared_ptr<data::DataLoader> Booster::prepare_dataloader(data::DatasetPtr dataset,
                                                               const data::DataLoaderOptions& options) {

@@ -95,16 +95,36 @@ struct BoosterComponents {
   std::shared_ptr<mixed_precision::MixedPrecision> precision;
 };
 
+// Where a loop stands in its gradient accumulation (Note [Gradient accumulation in a loop]): what
+// Booster::accumulate() shares with the boosted optimizer and scheduler, which it gates.
+struct AccumulationState {
+  int64_t steps = 1;           // micro-steps per optimizer step in the current cycle
+  int64_t micro = 0;           // the open micro-step's place in its cycle (the next one's while none is open)
+  bool open = false;           // a Booster::Accumulate guard lives
+  bool backward_done = false;  // the open micro-step ran a backward
+  bool stepped = false;        // the open micro-step stepped the optimizer
+  // True while a guard holds back the optimizer step (and the scheduler's, and clipping).
+  bool holds_step() const { return open && micro != steps - 1; }
+  // True while a guard keeps the gradients of the cycle's backwards (zero_grad does nothing).
+  bool holds_gradients() const { return open && !stepped && (micro > 0 || backward_done); }
+};
+
 // The optimizer a boosted loop uses: zero_grad() and step() as torch's, with the strategy deciding
 // whether the step happens (Note [The mixed-precision step]).
 class BoostedOptimizer {
  public:
+  // `accumulation` (the Booster's): gates zero_grad() and step() inside Booster::accumulate(); null:
+  // never gated.
   BoostedOptimizer(std::shared_ptr<optim::Optimizer> user, std::shared_ptr<optim::Optimizer> stepped,
-                   std::shared_ptr<mixed_precision::MixedPrecision> precision);
+                   std::shared_ptr<mixed_precision::MixedPrecision> precision,
+                   std::shared_ptr<AccumulationState> accumulation = nullptr);
 
+  // Inside Booster::accumulate(), does nothing once a backward of the cycle ran and until its step
+  // (the gradients being accumulated stay).
   void zero_grad(bool set_to_none = true);
   // Copies the user optimizer's options (lr, ...) into the stepped optimizer, then steps through the
-  // strategy: skipped when a gradient is inf/NaN.
+  // strategy: skipped when a gradient is inf/NaN. Inside Booster::accumulate(), does nothing but on the
+  // cycle's last micro-step (not counted in steps()).
   void step();
   bool step_was_skipped() const { return precision_->step_was_skipped(); }
   // Calls of step() so far, skipped ones included (saved and restored by Booster::save_state).
@@ -133,14 +153,17 @@ class BoostedOptimizer {
   std::shared_ptr<optim::Optimizer> user_;
   std::shared_ptr<optim::Optimizer> stepped_;
   std::shared_ptr<mixed_precision::MixedPrecision> precision_;
+  std::shared_ptr<AccumulationState> accumulation_;
   int64_t steps_ = 0;
 };
 
-// The LR scheduler of a boosted loop: step() does nothing after a skipped optimizer step.
+// The LR scheduler of a boosted loop: step() does nothing after a skipped optimizer step, nor inside
+// Booster::accumulate() but on the cycle's last micro-step.
 class BoostedScheduler {
  public:
   BoostedScheduler(std::shared_ptr<optim::LRScheduler> scheduler,
-                   std::shared_ptr<mixed_precision::MixedPrecision> precision);
+                   std::shared_ptr<mixed_precision::MixedPrecision> precision,
+                   std::shared_ptr<const AccumulationState> accumulation = nullptr);
   void step();
   const std::vector<double>& get_last_lr() const { return scheduler_->get_last_lr(); }
   nlohmann::json state_dict() const { return scheduler_->state_dict(); }
@@ -150,6 +173,7 @@ class BoostedScheduler {
  private:
   std::shared_ptr<optim::LRScheduler> scheduler_;
   std::shared_ptr<mixed_precision::MixedPrecision> precision_;
+  std::shared_ptr<const AccumulationState> accumulation_;
 };
 
 // What boost() returns; absent inputs stay null/empty.
@@ -217,17 +241,19 @@ class Booster {
                 std::shared_ptr<optim::LRScheduler> scheduler = nullptr);
 
   // The scaled backward of the strategy; under data parallelism the gradient all-reduce starts here.
+  // Inside accumulate(n), backpropagates loss / n.
   void backward(const Tensor& loss, BoostedOptimizer& optimizer);
   // One training step's forward and backward over the batch (x, y) (ColossalAI's execute_pipeline):
   // under a plugin that cuts the model into pipeline stages, its micro-batches flow through the stages
   // (ParallelPlugin::train_step); otherwise criterion(model(x), y), then backward(loss * loss_factor).
   // The loss of each micro-batch is multiplied by loss_factor before its backward (1 / accumulation
-  // steps when accumulating). Returns the batch's loss (unscaled) on every rank. Pass the boosted
-  // parts. Collective under a pipeline.
+  // steps when accumulating; inside accumulate(n) it is divided by n as well). Returns the batch's loss
+  // (unscaled) on every rank. Pass the boosted parts. Collective under a pipeline.
   double execute_pipeline(const Tensor& x, const Tensor& y, nn::Module& model, const nn::Criterion& criterion,
                           BoostedOptimizer& optimizer, double loss_factor = 1.0);
   // Unscales first, then clips the joint L2 norm of all gradients to max_norm; returns the norm before
-  // clipping (inf when a gradient is inf/NaN: the step will be skipped).
+  // clipping (inf when a gradient is inf/NaN: the step will be skipped). Inside accumulate() on a
+  // micro-step that does not step, does nothing and returns NaN (the gradients are not complete yet).
   double clip_grad_norm(BoostedOptimizer& optimizer, double max_norm);
 
   // While the returned guard lives, backward accumulates gradients without communication (gradient
@@ -244,6 +270,52 @@ class Booster {
     ParallelPlugin& plugin_;
   };
   [[nodiscard]] NoSync no_sync();
+
+  // Note [Gradient accumulation in a loop]
+  // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+  // One optimizer step over n micro-batches, written the same for every plugin (Accelerate's
+  // accelerator.accumulate(model)): open one guard per micro-batch around the usual loop body.
+  //
+  //   for (data::Batch& batch : *loader) {
+  //     auto micro_step = booster.accumulate(4);  // this batch is one of 4 per optimizer step
+  //     optimizer->zero_grad();                   // only before the cycle's first backward
+  //     Tensor loss = criterion((*model)(batch.x), batch.y);
+  //     booster.backward(loss, *optimizer);       // backpropagates loss / 4
+  //     optimizer->step();                        // only at the 4th micro-batch
+  //     scheduler->step();                        // likewise
+  //   }
+  //
+  // While a guard lives, backward divides the loss by n, so the accumulated gradient is that of the
+  // micro-batches' mean loss, as one batch of all of them would give; every micro-step but the
+  // cycle's last skips the gradient synchronisation where the plugin can (support_no_sync(): ddp,
+  // low_level_zero stage 1), and where it cannot (ZeRO-2/3, which add each backward into the shard;
+  // hybrid_parallel, which reduces once before the step) backward accumulates as it is. optimizer.step(),
+  // scheduler.step() and clip_grad_norm() act only on the cycle's last micro-step; zero_grad() acts
+  // only while no backward of the cycle has run (at the cycle's start, or after its step), so it may
+  // be called at the top of the body or after step(). The cycle is counted by the guards, not by the
+  // loader: a loader whose length n does not divide carries the rest into the next epoch. Outside a
+  // guard nothing is gated. The Trainer's gradient accumulation is this (Note [Gradient accumulation]
+  // in booster/trainer/trainer.cpp).
+  class Accumulate {
+   public:
+    // ValueError for steps < 1; StateError inside another guard, or for another n in mid-cycle.
+    Accumulate(Booster& booster, int64_t steps);
+    ~Accumulate();
+    Accumulate(const Accumulate&) = delete;
+    Accumulate& operator=(const Accumulate&) = delete;
+    // True on the cycle's last micro-step: the optimizer steps and gradients are synchronised.
+    bool sync() const { return sync_; }
+    // This micro-step's place in its cycle, 0 to steps - 1.
+    int64_t micro_step() const { return micro_; }
+
+   private:
+    Booster& booster_;
+    int64_t micro_;
+    bool sync_;
+    bool gradient_sync_off_ = false;  // this guard turned the plugin's gradient sync off
+  };
+  [[nodiscard]] Accumulate accumulate(int64_t steps);
+  const AccumulationState& accumulation() const { return *accumulation_; }
 
   // A loader for this process over `dataset` (each rank its own part under data parallelism).
   std::shared_ptr<data::DataLoader> prepare_dataloader(data::DatasetPtr dataset, const data::DataLoaderOptions& options);
@@ -325,6 +397,8 @@ class Booster {
   std::shared_ptr<mixed_precision::MixedPrecision> precision_;
   std::shared_ptr<CheckpointIO> checkpoint_io_;
   bool boosted_ = false;
+  // Shared with the boosted optimizer and scheduler (Note [Gradient accumulation in a loop]).
+  std::shared_ptr<AccumulationState> accumulation_ = std::make_shared<AccumulationState>();
 
   // Booster state (state.cpp).
   struct RegisteredState {

@@ -498,12 +498,14 @@ FitResult Trainer::fit() {
   //
   // Note [Gradient accumulation]
   // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~
-  // One optimizer step takes grad_accumulation micro-batches: each one's loss is divided by their
-  // number, so the accumulated gradient is that of their mean loss, as one batch of all of them would
-  // give. Every micro-batch but the last runs its backward inside booster.no_sync() when the plugin
-  // supports it, so data-parallel gradients are communicated once per step. Micro-batches left at the
-  // end of an epoch that cannot fill a step are not used (as drop_last does for a batch). Steps,
-  // schedules, logs and checkpoints count optimizer steps.
+  // One optimizer step takes grad_accumulation micro-batches, each run inside booster.accumulate()
+  // (Note [Gradient accumulation in a loop] in booster/booster/booster.h): each one's loss is divided
+  // by their number, so the accumulated gradient is that of their mean loss, as one batch of all of
+  // them would give, and every micro-batch but the last skips the gradient synchronisation where the
+  // plugin can, so data-parallel gradients are communicated once per step. Micro-batches left at the
+  // end of an epoch that cannot fill a step are not used (as drop_last does for a batch), so the
+  // Booster's cycles and this loop's steps stay aligned. Steps, schedules, logs and checkpoints count
+  // optimizer steps.
   // Note [The loss of a data-parallel step]
   // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
   // Under data parallelism (ddp, low_level_zero, hybrid_parallel with dp > 1) each rank computes the
@@ -588,18 +590,16 @@ FitResult Trainer::fit() {
       double micro_loss = 0.0;
       {
         const auto observing = tracer ? tracer->observe() : nullptr;
+        const Booster::Accumulate accumulating = booster_.accumulate(accumulation);
+        BOOSTER_CHECK(accumulating.sync() == last_micro, StateError, "Trainer: the Booster is at micro-step ",
+                      accumulating.micro_step() + 1, " of ", accumulation, " where the step's micro-batch ", micro,
+                      " runs; a loop outside fit() left an accumulation cycle of this Booster unfinished");
         if (pipelined) {
           // The plugin runs the stages' micro-batches (Booster::execute_pipeline).
-          micro_loss = booster_.execute_pipeline(batch.x, batch.y, model, criterion, optimizer, 1.0 / double(accumulation));
+          micro_loss = booster_.execute_pipeline(batch.x, batch.y, model, criterion, optimizer);
         } else {
           const Tensor loss = criterion(model(batch.x), batch.y);
-          const Tensor scaled = accumulation > 1 ? mul(loss, 1.0 / double(accumulation)) : loss;
-          if (!last_micro && booster_.plugin().support_no_sync()) {
-            Booster::NoSync no_sync = booster_.no_sync();
-            booster_.backward(scaled, optimizer);
-          } else {
-            booster_.backward(scaled, optimizer);
-          }
+          booster_.backward(loss, optimizer);
           micro_loss = loss.item();
         }
       }
