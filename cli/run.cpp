@@ -1,5 +1,5 @@
-// `booster run -n N [mpirun options] -- COMMAND ...`: starts COMMAND as N processes with mpirun, the
-// way `accelerate launch` or `colossalai run` start a distributed run.
+// `booster run -n N [options] -- COMMAND ...`: starts COMMAND as N processes with mpirun, the way
+// `accelerate launch` or `colossalai run` start a distributed run.
 //
 // Note [booster run]
 // ~~~~~~~~~~~~~~~~~~
@@ -11,21 +11,29 @@
 //    which OpenMPI otherwise refuses;
 //  * OPENBLAS_NUM_THREADS and OMP_NUM_THREADS = cores / N (at least 1), so N ranks do not each start a
 //    thread per core and fight over them; a value the user already exported wins. They are exported to
-//    the ranks with -x (OpenMPI's option), so they reach ranks on other hosts too.
-// Options between -n and `--` go to mpirun unchanged (e.g. --hostfile FILE, --bind-to none). A command
-// that starts with `booster` runs this very executable, so `booster run -n 2 -- booster train ...` uses
-// the same build. mpirun is looked up as $BOOSTER_MPIRUN, then `mpirun` on PATH, then the MPIEXEC_EXECUTABLE
-// CMake found at build time. --dry-run prints the command line instead of running it. Ctrl-C and SIGTERM
-// stop a training run cleanly on every rank (Note [Signals under booster run]).
+//    the ranks with -x (OpenMPI's option), so they reach ranks on other hosts too;
+//  * --mixed-precision NAME and --plugin NAME export BOOSTER_MIXED_PRECISION and BOOSTER_PLUGIN the same
+//    way, which `booster train` and BoosterConfig::from_env() read (Note [Switching by launcher] in
+//    booster/config/booster_sections.cpp); the names are checked here, once, before anything starts.
+// Only the options the usage lists are taken before `--`: an unknown one is a usage error, not an mpirun
+// option that silently changes how the job fails (--max-restarts); --hostfile and --bind-to are passed
+// on, anything else of mpirun's with --mpirun-arg, one word each. A command that starts with `booster`
+// runs this very executable, so `booster run -n 2 -- booster train ...` uses the same build. mpirun is
+// looked up as $BOOSTER_MPIRUN, then `mpirun` on PATH, then the MPIEXEC_EXECUTABLE CMake found at build
+// time. --dry-run prints the command line instead of running it. Ctrl-C, SIGTERM and SIGHUP stop a
+// training run cleanly on every rank (Note [Signals under booster run]); what the job prints comes
+// through booster run (Note [What booster run prints]).
 #include <fcntl.h>
+#include <poll.h>
 #include <sched.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
 #include <csignal>
 #include <cstdio>
-
-#include <cerrno>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -36,6 +44,8 @@
 #include <vector>
 
 #include "booster/common/error.h"
+#include "booster/config/config.h"
+#include "booster/trainer/signals.h"
 #include "commands.h"
 
 namespace booster::cli {
@@ -45,19 +55,30 @@ namespace fs = std::filesystem;
 namespace {
 
 constexpr const char* kRunUsage =
-    "usage: booster run -n N [--dry-run] [mpirun options] -- COMMAND [ARGS ...]\n"
+    "usage: booster run -n N [--mixed-precision NAME] [--plugin NAME] [--hostfile FILE] [--bind-to POLICY]\n"
+    "                   [--mpirun-arg ARG ...] [--dry-run] -- COMMAND [ARGS ...]\n"
     "\n"
     "Starts COMMAND as N processes with mpirun, e.g.\n"
-    "  booster run -n 2 -- booster train --config examples/configs/synthetic_ddp.json\n"
+    "  booster run -n 2 -- booster train --config examples/configs/fashion_mnist_ddp.json\n"
+    "  booster run -n 2 --mixed-precision bf16 --plugin ddp -- my_program   # BoosterConfig::from_env()\n"
     "\n"
     "It adds -np N, --oversubscribe when N exceeds the cores, OMPI_ALLOW_RUN_AS_ROOT(_CONFIRM)=1 as root,\n"
-    "and OPENBLAS_NUM_THREADS = OMP_NUM_THREADS = cores / N unless already set. Options before `--` other\n"
-    "than -n and --dry-run go to mpirun unchanged; a COMMAND `booster` is this executable.\n"
+    "and OPENBLAS_NUM_THREADS = OMP_NUM_THREADS = cores / N unless already set; a COMMAND `booster` is this\n"
+    "executable. Ctrl-C, SIGTERM or SIGHUP asks every rank to stop after the same step and save; a second\n"
+    "one ends the job at once. An error every rank reports is printed once.\n"
     "\n"
-    "options:\n"
-    "  -n, --nproc N   number of processes (ranks)\n"
-    "  --dry-run       print the environment and the mpirun command line instead of running it\n"
-    "  -h, --help      show this help\n";
+    "options (only these go before `--`):\n"
+    "  -n, --nproc N            number of processes (ranks)\n"
+    "  --mixed-precision NAME   every process gets BOOSTER_MIXED_PRECISION=NAME: the strategy of booster\n"
+    "                           train (as its --mixed-precision) and of BoosterConfig::from_env()\n"
+    "                           (`booster precisions` lists them)\n"
+    "  --plugin NAME            every process gets BOOSTER_PLUGIN=NAME: the parallel plugin, likewise\n"
+    "                           (`booster plugins` lists them)\n"
+    "  --hostfile FILE          the machines to start the processes on (mpirun --hostfile)\n"
+    "  --bind-to POLICY         none, core, socket, ...: how processes are bound to cores (mpirun --bind-to)\n"
+    "  --mpirun-arg ARG         pass ARG to mpirun unchanged; once per word, e.g. --mpirun-arg --tag-output\n"
+    "  --dry-run                print the environment and the mpirun command line instead of running it\n"
+    "  -h, --help               show this help\n";
 
 // The cores this process may run on (its affinity mask: a container's or taskset's limit counts).
 int usable_cores() {
@@ -128,9 +149,27 @@ struct LaunchPlan {
   bool help = false;
   bool dry_run = false;
   int nproc = 0;
+  std::string mixed_precision, plugin;  // --mixed-precision, --plugin ("": not given)
   std::vector<std::pair<std::string, std::string>> env;
   std::vector<std::string> argv;
+  std::string program;  // the command's first word (`booster` already replaced by this executable)
 };
+
+// The options before `--`, as the usage lists them; each but --dry-run takes a value.
+const std::vector<std::string> kRunOptions = {"-n", "--nproc", "--mixed-precision", "--plugin", "--hostfile",
+                                              "--bind-to", "--mpirun-arg", "--dry-run", "--help"};
+
+// A word before `--` that is none of kRunOptions: a usage error naming it (Note [booster run]).
+[[noreturn]] void refuse_option(const std::string& word, int nproc) {
+  if (word.empty() || word[0] != '-')
+    BOOSTER_FAIL(ConfigError, "booster run: '", word, "' comes before `--`; the command goes after it, e.g. booster run -n ",
+                 std::max(nproc, 2), " -- booster train --config FILE");
+  std::string msg = "booster run: unknown option '" + word + "'";
+  if (auto guess = config::nearest(word.substr(0, word.find('=')), kRunOptions)) msg += " (did you mean '" + *guess + "'?)";
+  BOOSTER_FAIL(ConfigError, msg, "; before `--` booster run takes -n N, --mixed-precision NAME, --plugin NAME, ",
+               "--hostfile FILE, --bind-to POLICY, --mpirun-arg ARG and --dry-run (see booster run --help); give an ",
+               "option of mpirun's with --mpirun-arg, one word each: --mpirun-arg ", word);
+}
 
 LaunchPlan plan_launch(const std::vector<std::string>& args, const LaunchContext& context) {
   LaunchPlan plan;
@@ -145,13 +184,36 @@ LaunchPlan plan_launch(const std::vector<std::string>& args, const LaunchContext
     }
     if (a == "--dry-run") {
       plan.dry_run = true;
-    } else if (a == "-n" || a == "--nproc" || a == "-np") {
-      BOOSTER_CHECK(i + 1 < args.size(), ConfigError, "booster run: ", a, " needs a number of processes");
-      plan.nproc = parse_count(args[++i]);
-    } else if (a.rfind("--nproc=", 0) == 0) {
-      plan.nproc = parse_count(a.substr(8));
+      continue;
+    }
+    // An option with a value: `--name value` or `--name=value`.
+    std::string name = a, value;
+    const size_t equals = a.find('=');
+    const bool inline_value = a.rfind("--", 0) == 0 && equals != std::string::npos;
+    if (inline_value) name = a.substr(0, equals);
+    if (name == "-np") name = "-n";  // mpirun's spelling
+    if (name == "--nproc") name = "-n";
+    if (std::find(kRunOptions.begin(), kRunOptions.end(), name) == kRunOptions.end() || name == "--help" ||
+        name == "--dry-run")
+      refuse_option(a, plan.nproc);
+    if (inline_value) {
+      value = a.substr(equals + 1);
     } else {
-      mpirun_options.push_back(a);
+      BOOSTER_CHECK(i + 1 < args.size() && args[i + 1] != "--", ConfigError, "booster run: ", a, " needs a value",
+                    name == "-n" ? " (a number of processes)" : "");
+      value = args[++i];
+    }
+    if (name == "-n") {
+      plan.nproc = parse_count(value);
+    } else if (name == "--mixed-precision") {
+      plan.mixed_precision = value;
+    } else if (name == "--plugin") {
+      plan.plugin = value;
+    } else if (name == "--mpirun-arg") {
+      mpirun_options.push_back(value);
+    } else {  // --hostfile, --bind-to: mpirun's own options of that name
+      mpirun_options.push_back(name);
+      mpirun_options.push_back(value);
     }
   }
   BOOSTER_CHECK(plan.nproc > 0, ConfigError, "booster run: -n N is missing (see booster run --help)");
@@ -160,6 +222,7 @@ LaunchPlan plan_launch(const std::vector<std::string>& args, const LaunchContext
                 " -- booster train --config FILE");
   std::vector<std::string> command(args.begin() + long(i) + 1, args.end());
   if (command.front() == "booster") command.front() = context.self;
+  plan.program = command.front();
 
   const int threads = std::max(1, context.cores / plan.nproc);
   if (context.as_root) {
@@ -171,9 +234,22 @@ LaunchPlan plan_launch(const std::vector<std::string>& args, const LaunchContext
     if (!context.user_env.count(name)) plan.env.emplace_back(name, std::to_string(threads));
     exported.push_back(name);
   }
+  // The launcher's choices (Note [Switching by launcher]): set, unlike the thread counts, even when the
+  // user exported others, since they were asked for on this command line.
+  for (const auto& [variable, value] : {std::pair{kMixedPrecisionVariable, plan.mixed_precision},
+                                        std::pair{kPluginVariable, plan.plugin}}) {
+    if (value.empty()) continue;
+    plan.env.emplace_back(variable, value);
+    exported.push_back(variable);
+  }
 
   plan.argv = {context.mpirun, "-np", std::to_string(plan.nproc)};
   if (plan.nproc > context.cores) plan.argv.push_back("--oversubscribe");
+  // mpirun passes these stop requests on to every rank (Note [Signals under booster run]).
+  std::string forwarded;
+  for (const int signal : {SIGINT, SIGTERM, SIGHUP})
+    forwarded += (forwarded.empty() ? "" : ",") + std::to_string(trainer::StopOnSignal::launcher_signal(signal));
+  plan.argv.insert(plan.argv.end(), {"--mca", "ess_base_forward_signals", forwarded});
   for (const std::string& name : exported) {
     plan.argv.push_back("-x");
     plan.argv.push_back(name);
@@ -185,14 +261,17 @@ LaunchPlan plan_launch(const std::vector<std::string>& args, const LaunchContext
 
 // Note [Signals under booster run]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
-// mpirun answers SIGINT and SIGTERM by killing the job: SIGTERM to every rank a second later and
+// mpirun answers SIGINT, SIGTERM and SIGHUP by killing the job: SIGTERM to every rank a second later and
 // SIGKILL a second after that, too soon for the ranks to finish a step and save (Note [Stopping on a
-// signal]). It passes SIGUSR1 on to every rank, though. So booster run starts mpirun as its child, in a
-// process group of its own (a terminal's Ctrl-C then reaches booster run alone), and turns the first
-// SIGINT or SIGTERM into SIGUSR1 for mpirun to forward: every rank stops after the same step and saves.
-// A second one sends mpirun SIGTERM, which ends the job at once. booster run exits with mpirun's status,
-// or 128 + the signal it got when the job stopped on it. The child's stdin, when it is a terminal, is
-// /dev/null: a process outside the terminal's foreground group that read it would be stopped.
+// signal]). It passes on the signals its ess_base_forward_signals parameter lists, though. So booster
+// run starts mpirun as its child, in a process group of its own (a terminal's Ctrl-C then reaches
+// booster run alone), and turns the first SIGINT, SIGTERM or SIGHUP into the real-time signal
+// StopOnSignal::launcher_signal gives for it, which mpirun forwards to every rank and the rank takes as
+// the original: every rank stops after the same step, saves, and says "stopped by SIGINT", as one
+// process would. A second one sends mpirun SIGTERM, which ends the job at once. booster run exits with
+// mpirun's status, or 128 + the signal it got when the job stopped on it. The child's stdin, when it is
+// a terminal, is /dev/null: a process outside the terminal's foreground group that read it would be
+// stopped.
 volatile std::sig_atomic_t g_stop_signal = 0;
 volatile std::sig_atomic_t g_signals = 0;
 
@@ -201,7 +280,171 @@ void on_stop_signal(int signal) {
   g_signals = g_signals + 1;
 }
 
-int supervise(const std::vector<char*>& argv) {
+const char* stop_signal_name(int signal) {
+  switch (signal) {
+    case SIGINT: return "Ctrl-C (SIGINT)";
+    case SIGTERM: return "SIGTERM";
+    case SIGHUP: return "SIGHUP";
+    default: return "a signal";
+  }
+}
+
+// Note [What booster run prints]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// mpirun copies every rank's stdout and stderr to its own and adds banners of its own. booster run
+// reads both through pipes and passes them on as they come, except:
+//  * an error several ranks report alike ("booster: rank R of N: error: MSG", Note [Errors of several
+//    processes] in main.cpp) is printed once, the first copy: a config mistake that every rank makes is
+//    one line, as it is for one process. Different errors each keep their own line;
+//  * mpirun's banners about a rank's non-zero exit ("Primary job terminated normally, but ...", "mpirun
+//    detected that one or more processes exited with non-zero status ...", MPI_ABORT's and their
+//    "N more processes have sent help message" lines) when the command is booster, whose ranks said why
+//    on lines of their own, or when a stop was asked for (the ranks then exit 128 + the signal on
+//    purpose); and its "Forwarding signal" line for the stop request booster run sent. Every other
+//    banner (a rank killed by a signal, a program not found) passes;
+//  * stdout is copied whole. When it cannot be written (a full disk, a closed pipe) booster run says so
+//    on stderr once, goes on reading the job's output so the job is not blocked, and exits 1 where the
+//    job succeeded: a lost summary is a failed run, as it is for one process.
+// A line is held back only while it may still be one of those (it starts like one and its newline has
+// not come); any other is passed on at once, so a progress bar's redraw is not delayed.
+class Relay {
+ public:
+  explicit Relay(bool booster_command) : booster_command_(booster_command) {}
+
+  void stop_requested() { stop_requested_ = true; }
+  bool stdout_failed() const { return stdout_error_ != 0; }
+
+  void out(const char* data, size_t n) {
+    if (stdout_error_ != 0) return;
+    if (const int error = write_all(STDOUT_FILENO, data, n); error != 0) {
+      stdout_error_ = error;
+      err_line(str("booster run: error: cannot write the job's output to stdout (", std::strerror(error),
+                   "); the job goes on, its output is lost\n"));
+    }
+  }
+
+  void err(const char* data, size_t n) {
+    for (size_t i = 0; i < n;) {
+      const char* newline = static_cast<const char*>(std::memchr(data + i, '\n', n - i));
+      const size_t end = newline ? size_t(newline - data) + 1 : n;
+      if (passing_) {
+        write_all(STDERR_FILENO, data + i, end - i);
+        passing_ = newline == nullptr;
+      } else {
+        pending_.append(data + i, end - i);
+        if (newline) {
+          std::string line;
+          line.swap(pending_);
+          take_line(line);
+        } else if (!in_banner_ && !may_be_held(pending_)) {
+          err_line(pending_);
+          pending_.clear();
+          passing_ = true;
+        }
+      }
+      i = end;
+    }
+  }
+
+  // The job has ended: whatever is held is passed on.
+  void finish() {
+    err_line(banner_ + pending_);
+    banner_.clear();
+    pending_.clear();
+    in_banner_ = passing_ = false;
+  }
+
+ private:
+  static constexpr size_t kRuleLength = 74;   // OpenMPI's banners open and close with a line of dashes
+  static constexpr int kMaxBannerLines = 40;  // a longer "banner" is a program's own dashes: passed on
+
+  static int write_all(int fd, const char* data, size_t n) {
+    while (n > 0) {
+      const ssize_t written = ::write(fd, data, n);
+      if (written < 0) {
+        if (errno == EINTR) continue;
+        return errno;
+      }
+      data += written;
+      n -= size_t(written);
+    }
+    return 0;
+  }
+  static void err_line(const std::string& text) { write_all(STDERR_FILENO, text.data(), text.size()); }
+  static bool starts_with(const std::string& s, const std::string& prefix) { return s.rfind(prefix, 0) == 0; }
+  static bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
+  static bool is_rule(const std::string& line) {
+    return line.size() == kRuleLength + 1 && line.find_first_not_of('-') == kRuleLength;  // dashes, then '\n'
+  }
+
+  // Whether a line that starts with `partial` may be one that is dropped.
+  static bool may_be_held(const std::string& partial) {
+    for (const std::string prefix : {"-", "mpirun: ", "[", "booster: rank "})
+      if (starts_with(partial, prefix) || starts_with(prefix, partial)) return true;
+    return false;
+  }
+
+  bool drop_banner(const std::string& banner) const {
+    const bool explained = booster_command_ || stop_requested_;
+    if (contains(banner, "terminated normally, but") || contains(banner, "exited with non-zero status")) return explained;
+    if (contains(banner, "MPI_ABORT was invoked")) return booster_command_;
+    return false;
+  }
+
+  // One whole line of mpirun's stderr, its newline included.
+  void take_line(const std::string& line) {
+    if (in_banner_) {
+      banner_ += line;
+      if (is_rule(line)) {
+        if (!drop_banner(banner_)) err_line(banner_);
+        banner_.clear();
+        in_banner_ = false;
+      } else if (++banner_lines_ > kMaxBannerLines) {
+        err_line(banner_);
+        banner_.clear();
+        in_banner_ = false;
+      }
+      return;
+    }
+    if (is_rule(line)) {
+      in_banner_ = true;
+      banner_ = line;
+      banner_lines_ = 0;
+      return;
+    }
+    if (stop_requested_ && starts_with(line, "mpirun: Forwarding signal ")) return;
+    // "[host:pid] 1 more process has sent help message help-mpi-api.txt / mpi-abort", then "[host:pid]
+    // Set MCA parameter "orte_base_help_aggregate" to 0 to see all help / error messages".
+    if (starts_with(line, "[") && contains(line, "sent help message")) {
+      dropped_aggregate_ = booster_command_ && contains(line, "mpi-abort");
+      if (dropped_aggregate_) return;
+    } else if (starts_with(line, "[") && contains(line, "orte_base_help_aggregate")) {
+      if (dropped_aggregate_) return;
+    } else if (starts_with(line, "[") && contains(line, "ORTE_ERROR_LOG") && contains(line, "show_help.c")) {
+      if (booster_command_) return;  // mpirun failing to show one of those banners when ranks abort together
+    } else if (starts_with(line, "booster: rank ")) {
+      const size_t at = line.find(": error: ");
+      if (at != std::string::npos && !errors_.insert(line.substr(at)).second) return;  // said already
+    }
+    err_line(line);
+  }
+
+  const bool booster_command_;
+  bool stop_requested_ = false;
+  int stdout_error_ = 0;
+  std::string pending_;     // the start of a line that may be dropped, until its newline
+  bool passing_ = false;    // the current line is being passed on as it comes
+  bool in_banner_ = false;  // between the opening and the closing rule of a banner
+  std::string banner_;
+  int banner_lines_ = 0;
+  bool dropped_aggregate_ = false;
+  std::set<std::string> errors_;  // error messages printed, without their rank
+};
+
+int supervise(const std::vector<char*>& argv, Relay& relay) {
+  int out_pipe[2], err_pipe[2];
+  BOOSTER_CHECK(::pipe2(out_pipe, O_CLOEXEC) == 0 && ::pipe2(err_pipe, O_CLOEXEC) == 0, DistributedError,
+                "booster run: cannot make a pipe: ", std::strerror(errno));
   const pid_t child = ::fork();
   BOOSTER_CHECK(child >= 0, DistributedError, "booster run: cannot start '", argv[0], "': fork: ", std::strerror(errno));
   if (child == 0) {
@@ -210,35 +453,76 @@ int supervise(const std::vector<char*>& argv) {
       const int null = ::open("/dev/null", O_RDONLY);
       if (null >= 0) ::dup2(null, STDIN_FILENO);
     }
+    ::dup2(out_pipe[1], STDOUT_FILENO);  // dup2 clears O_CLOEXEC on the copies
+    ::dup2(err_pipe[1], STDERR_FILENO);
     ::execvp(argv[0], argv.data());
     std::fprintf(stderr, "booster: error: booster run: cannot start '%s': %s\n", argv[0], std::strerror(errno));
     ::_exit(kExitRuntimeError);
   }
   ::setpgid(child, child);  // as the child does: whichever runs first
+  ::close(out_pipe[1]);
+  ::close(err_pipe[1]);
   struct sigaction action {};
   action.sa_handler = on_stop_signal;
   sigemptyset(&action.sa_mask);
-  sigaction(SIGINT, &action, nullptr);
-  sigaction(SIGTERM, &action, nullptr);
+  for (const int signal : {SIGINT, SIGTERM, SIGHUP}) sigaction(signal, &action, nullptr);
+  ::signal(SIGPIPE, SIG_IGN);  // a closed stdout is a write error (Relay::out), not the end of booster run
+
+  std::vector<pollfd> fds = {{out_pipe[0], POLLIN, 0}, {err_pipe[0], POLLIN, 0}};
+  for (const pollfd& fd : fds) ::fcntl(fd.fd, F_SETFL, ::fcntl(fd.fd, F_GETFL) | O_NONBLOCK);
   int forwarded = 0;  // signals passed on so far
   int status = 0;
-  while (true) {
-    const pid_t done = ::waitpid(child, &status, 0);
-    if (done == child) break;
-    if (done < 0 && errno != EINTR)
-      BOOSTER_FAIL(DistributedError, "booster run: waiting for mpirun: ", std::strerror(errno));
-    for (; forwarded < g_signals; ++forwarded) {
+  bool exited = false;
+  auto forward_signals = [&] {
+    for (; forwarded < g_signals && !exited; ++forwarded) {
       if (forwarded == 0) {
         std::fprintf(stderr, "\nbooster run: %s: asking every rank to stop after this step and save "
-                     "(again to end the job at once)\n", g_stop_signal == SIGINT ? "SIGINT" : "SIGTERM");
-        ::kill(child, SIGUSR1);
+                     "(again to end the job at once)\n", stop_signal_name(g_stop_signal));
+        relay.stop_requested();
+        ::kill(child, trainer::StopOnSignal::launcher_signal(g_stop_signal));
       } else {
         ::kill(child, SIGTERM);
       }
     }
+  };
+  std::chrono::steady_clock::time_point exited_at;
+  char buffer[65536];
+  while (fds[0].fd >= 0 || fds[1].fd >= 0) {
+    const int ready = ::poll(fds.data(), fds.size(), 100);
+    if (ready < 0 && errno != EINTR) BOOSTER_FAIL(DistributedError, "booster run: poll: ", std::strerror(errno));
+    forward_signals();
+    for (size_t k = 0; k < fds.size(); ++k) {
+      if (fds[k].fd < 0) continue;
+      // One read per pipe and round, so a flood on one still leaves time for the other and for signals.
+      const ssize_t n = ::read(fds[k].fd, buffer, sizeof buffer);
+      if (n > 0) {
+        k == 0 ? relay.out(buffer, size_t(n)) : relay.err(buffer, size_t(n));
+      } else if (n == 0 || (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) {  // the end
+        ::close(fds[k].fd);
+        fds[k].fd = -1;
+      }
+    }
+    if (!exited && ::waitpid(child, &status, WNOHANG) == child) {
+      exited = true;
+      exited_at = std::chrono::steady_clock::now();
+    }
+    // mpirun has exited; a process it left behind may hold the pipes open: what it writes within two
+    // seconds is passed on.
+    if (exited && std::chrono::steady_clock::now() - exited_at > std::chrono::seconds(2)) break;
   }
-  const int code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + (WIFSIGNALED(status) ? WTERMSIG(status) : 0);
-  return code != 0 && g_stop_signal != 0 ? 128 + g_stop_signal : code;
+  for (const pollfd& fd : fds)
+    if (fd.fd >= 0) ::close(fd.fd);
+  while (!exited) {
+    const pid_t done = ::waitpid(child, &status, 0);
+    if (done == child) break;
+    forward_signals();
+    if (done < 0 && errno != EINTR) BOOSTER_FAIL(DistributedError, "booster run: waiting for mpirun: ", std::strerror(errno));
+  }
+  relay.finish();
+  int code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + (WIFSIGNALED(status) ? WTERMSIG(status) : 0);
+  if (code != 0 && g_stop_signal != 0) code = 128 + g_stop_signal;
+  if (code == 0 && relay.stdout_failed()) code = kExitRuntimeError;
+  return code;
 }
 
 }  // namespace
@@ -264,6 +548,9 @@ int run(const std::vector<std::string>& args) {
   }
   context.mpirun = find_mpirun();
   const LaunchPlan plan = plan_launch(args, context);
+  // The names are checked here, once, rather than by every rank (the same ConfigError as a config's).
+  if (!plan.mixed_precision.empty()) config::name_section(plan.mixed_precision, "mixed_precision");
+  if (!plan.plugin.empty()) config::name_section(plan.plugin, "plugin");
 
   if (plan.dry_run) {
     std::string line;
@@ -278,7 +565,9 @@ int run(const std::vector<std::string>& args) {
   argv.push_back(nullptr);
   std::cout.flush();
   std::cerr.flush();
-  return supervise(argv);
+  // booster explains its own failures (Note [What booster run prints]).
+  Relay relay(plan.program == context.self || fs::equivalent(plan.program, context.self, ec));
+  return supervise(argv, relay);
 }
 
 }  // namespace booster::cli
