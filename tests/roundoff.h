@@ -28,6 +28,24 @@
 //    element's difference that holds with no assumption. It is loose by design: where Adam runs are
 //    compared, the tight check is on the loss curve (which near-zero gradients barely move) or on a
 //    second run under SGD.
+// 5. Other dtypes, worst case. The GPU tests compare float16, bfloat16 and float64 results, and
+//    float32 ones against float64, where nothing was measured per case: a chain of k roundings of
+//    unit u (each op's result rounded once to its dtype, each float32 evaluation within its ulps) is
+//    within gamma_k = k u / (1 - k u) relative (Higham, Lemma 3.1), whatever the signs and the order:
+//    gamma(). Units: float16 2^-11, bfloat16 2^-8, float32 2^-24, float64 2^-53. Sums accumulate in
+//    float32 for the 16-bit dtypes (float64 for float64), so reduction_bound(lengths, unit) adds their
+//    order term in the accumulator's unit. float32 GEMMs run in full float32 on CUDA unless a program
+//    calls cuda::set_allow_tf32 (only bench_gpt2_cuda does); TF32 would make u 2^-11 for them, so
+//    the CUDA tests that compare float32 GEMMs check that it is off.
+// 6. Adam's loss curve. To first order two Adam(W) runs' losses at step t differ by g_t . dw_t. A
+//    weight whose gradient may flip sign (|g_i| within its error delta_i) moves by at most D_t
+//    (adam_drift_bound over the t steps) and so changes the loss by at most delta_i D_t; one whose
+//    gradient keeps its sign has its update m_hat / sqrt(v_hat), of degree 0 in the gradients, moved
+//    by at most 2 delta_i / |g_i| a step (gradients that vary slowly over the few steps compared), so
+//    |g_i dw_i| <= delta_i D_t too. Each parameter's elements err by eps of its rms gradient, so
+//    sum_i delta_i = eps sum_p sqrt(n_p) |g_p|_2 (the gradient's spread, >= |g|_1, measured from the
+//    reference), and with kDrift for the growth through the Hessian:
+//      |dL_t| <= kDrift eps spread_t D_t   (adam_loss_bound), plus the forward's own roundoff.
 #pragma once
 
 #include <algorithm>
@@ -41,6 +59,13 @@ namespace testing::roundoff {
 constexpr double kUnit = 0x1p-24;  // float32 unit roundoff
 constexpr double kLambda = 6.0;    // spreads allowed (step 2 of the Note)
 constexpr double kDrift = 2.0;     // growth of a weight difference through the Hessian (step 3)
+// The other dtypes' unit roundoffs (step 5).
+constexpr double kUnitFloat16 = 0x1p-11;
+constexpr double kUnitBFloat16 = 0x1p-8;
+constexpr double kUnitFloat64 = 0x1p-53;
+
+// Higham's gamma_k: the worst-case relative error of a chain of k roundings of unit u (step 5).
+inline double gamma(double k, double u) { return k * u / (1.0 - k * u); }
 
 // The relative difference of a quantity computed through reductions of these lengths, between two
 // summation orders (steps 1 and 2 of Note [Roundoff bounds]).
@@ -48,6 +73,11 @@ inline double reduction_bound(std::initializer_list<double> lengths) {
   double total = 0.0;
   for (double n : lengths) total += n;
   return kLambda * kUnit * std::sqrt(total);
+}
+
+// reduction_bound for sums accumulated in another type, of unit roundoff `unit` (step 5).
+inline double reduction_bound(std::initializer_list<double> lengths, double unit) {
+  return reduction_bound(lengths) / kUnit * unit;
 }
 
 // The difference of the weights of two SGD runs (step 3): path = sum_t lr_t |g_t| (the reference's
@@ -73,6 +103,25 @@ inline double adam_drift_bound(const std::vector<double>& lrs, double beta1, dou
 
 inline double adam_drift_bound(double lr, int steps, double beta1, double beta2) {
   return adam_drift_bound(std::vector<double>(size_t(steps), lr), beta1, beta2);
+}
+
+// sum_p sqrt(n_p) |g_p|_2 over a model's parameter gradients, each a flat list (step 6): the sum of
+// the elements' errors when each parameter's err by one relative unit of its rms.
+inline double gradient_spread(const std::vector<std::vector<double>>& grads) {
+  double spread = 0.0;
+  for (const std::vector<double>& g : grads) {
+    double s = 0.0;
+    for (double v : g) s += v * v;
+    spread += std::sqrt(double(g.size()) * s);
+  }
+  return spread;
+}
+
+// The loss difference of two Adam(W) runs after the steps with these learning rates, their gradients
+// within eps (relative to each parameter's rms) of each other, spread = gradient_spread of the
+// reference's gradient at the step compared (step 6); the forward's own roundoff comes on top.
+inline double adam_loss_bound(double eps, double spread, const std::vector<double>& lrs, double beta1, double beta2) {
+  return kDrift * eps * spread * adam_drift_bound(lrs, beta1, beta2);
 }
 
 // The forward reductions of nn::GPT along the path to one logit and the mean loss (step 2), on

@@ -1,15 +1,20 @@
 // The cross-backend runner (in the spirit of ggml's test-backend-ops): every op that the CUDA backend
 // implements runs on the GPU in float32, float16 and bfloat16, and its value and its input gradients
 // are compared with the same op on the CPU in float64, fed the same (rounded) inputs. The error is
-// ||cuda - ref|| / ||ref||, held to a per-dtype bound; NaN never passes. Without a GPU every test here
-// is reported as skipped, with the reason (cuda_skip.h).
+// ||cuda - ref|| / ||ref||, held to a bound derived from the dtype's unit roundoff and the case's
+// reductions (Note [CUDA runner bounds]); NaN never passes. Without a GPU every test here is reported
+// as skipped, with the reason (cuda_skip.h).
 #include <catch2/catch.hpp>
 
 #include "cuda_skip.h"
+#include "roundoff.h"
 
 #include <cmath>
 #include <cstdio>
+#include <algorithm>
 #include <functional>
+#include <map>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -25,6 +30,7 @@ using namespace booster;
 namespace {
 
 using testing::skip_without_gpu;
+namespace ro = ::testing::roundoff;
 
 struct OpCase {
   std::string name;
@@ -32,7 +38,8 @@ struct OpCase {
   std::function<Tensor(const std::vector<Tensor>&)> fn;
   bool grad = true;      // also compare the gradients of every input
   bool positive = false;
-  double tol_scale = 1;  // multiplies the dtype's bound (ops that amplify rounding)
+  double kappa = 1;      // the conditioning of ops whose result cancels (Note [CUDA runner bounds])
+  double length = 1;     // the longest chain of sums, forward or backward, in terms (ditto)
 };
 
 // Relative L2 error; infinity when either side has a NaN where the other has not.
@@ -49,13 +56,41 @@ double rel_error(const Tensor& got, const Tensor& ref) {
   return den == 0 ? std::sqrt(num) : std::sqrt(num / den);
 }
 
-double bound(DType d) {
+// The unit roundoff of a dtype, and of the type its kernels compute and accumulate in (float32 for the
+// 16-bit dtypes, Note [Roundoff bounds] step 5).
+double unit(DType d) {
   switch (d) {
-    case DType::Float32: return 2e-5;
-    case DType::Float16: return 4e-3;
-    case DType::Float64: return 1e-10;
-    default: return 3e-2;  // bfloat16: 8 significant bits
+    case DType::Float32: return ro::kUnit;
+    case DType::Float16: return ro::kUnitFloat16;
+    case DType::Float64: return ro::kUnitFloat64;
+    default: return ro::kUnitBFloat16;
   }
+}
+double compute_unit(DType d) { return d == DType::Float64 ? ro::kUnitFloat64 : ro::kUnit; }
+
+// Note [CUDA runner bounds]
+// A case's result against float64 on the same rounded inputs (Note [Roundoff bounds], step 5):
+// - each op rounds its result once to the dtype (u) after evaluating it in the compute type (unit u_c)
+//   within 4 ulp = 8 u_c (CUDA's powf; expf, erff, tanhf are 2 ulp; no fast-math flags), and a case
+//   chains at most kChain = 4 ops (scalar_ops; unfused attention's scores, scale, softmax and product):
+//   gamma(kChain, u + 8 u_c) in the worst case;
+// - its sums, forward and backward, accumulate in the compute type in the kernel's order: the
+//   order term reduction_bound({length}, u_c) of their chained lengths (OpCase::length);
+// - kappa 2 where the result cancels (variance, layer and batch norm, attention, pow's log y, and
+//   sqrt_rsqrt's gradient 1 / (2 sqrt x) - 1 / (2 x^1.5) near x = 1);
+// - a gradient passes the chain twice (each op's backward multiplies its derivative, evaluated from the
+//   rounded saved values, by the rounded incoming gradient): gamma(2 kChain, ...).
+// float32 GEMMs run without TF32 (checked before the cases run). Float16 and bfloat16 come to
+// 4 u and 8 u (value and gradient); float32 and float64 to their reductions' order term.
+constexpr double kChain = 4;
+
+double value_bound(const OpCase& c, DType dt) {
+  const double per_op = unit(dt) + 8 * compute_unit(dt);
+  return c.kappa * (ro::gamma(kChain, per_op) + ro::reduction_bound({c.length}, compute_unit(dt)));
+}
+double gradient_bound(const OpCase& c, DType dt) {
+  const double per_op = unit(dt) + 8 * compute_unit(dt);
+  return c.kappa * (ro::gamma(2 * kChain, per_op) + ro::reduction_bound({c.length}, compute_unit(dt)));
 }
 
 // Integer tensors a case needs (targets, indices), made on the CPU and moved where the inputs are.
@@ -83,7 +118,7 @@ std::vector<OpCase> cases() {
       {"neg_abs", {{4, 5}}, [](const V& x) { return abs(neg(x[0])); }},
       {"exp", {{4, 5}}, [](const V& x) { return exp(x[0]); }},
       {"log", {{4, 5}}, [](const V& x) { return log(x[0]); }, true, true},
-      {"sqrt_rsqrt", {{4, 5}}, [](const V& x) { return add(sqrt(x[0]), rsqrt(x[0])); }, true, true},
+      {"sqrt_rsqrt", {{4, 5}}, [](const V& x) { return add(sqrt(x[0]), rsqrt(x[0])); }, true, true, 2},
       {"pow_scalar", {{4, 5}}, [](const V& x) { return add(pow(x[0], 2.0), pow(x[0], 3.0)); }, true, true},
       {"clamp", {{4, 5}}, [](const V& x) { return clamp(x[0], -0.5, 0.7); }},
       {"relu", {{4, 5}}, [](const V& x) { return relu(x[0]); }},
@@ -173,6 +208,30 @@ std::vector<OpCase> cases() {
          return dropout(x[0], 0.3, true, &dg);
        }},
   };
+  // Each case's chained sums in terms, forward and backward (Note [CUDA runner bounds]): a broadcast
+  // input's gradient sums over the rows it was broadcast to; a GEMM sums over its inner dimension (its
+  // transposed products' over the others, which are shorter here), plus a bias's term; softmax over its
+  // row forward and again backward; a norm over its row (or a channel's N L values) twice forward and
+  // twice backward, then its weight gradient over the rows; attention over E for the scores, S for the
+  // softmax and the product, and each of them again backward; a loss over its classes, then the batch;
+  // a gradient scattered to repeated indices over the repeats.
+  const std::map<std::string, double> lengths = {
+      {"add_broadcast", 4}, {"mul_broadcast", 4}, {"minimum", 4}, {"sum_dims", 5 * 7}, {"sum_rows_columns", 300},
+      {"mean_all", 17 * 19}, {"var", 2 * 9}, {"matmul", 24}, {"matmul_transposed", 24},
+      {"matmul_batched_broadcast", 16}, {"bmm", 16}, {"linear", 16 + 1}, {"softmax_last", 2 * 33},
+      {"softmax_inner", 2 * 6}, {"log_softmax", 2 * 1000}, {"layer_norm", 4 * 48 + 6},
+      {"layer_norm_many_rows", 4 * 40 + 700}, {"attention", 2 * (8 + 9 + 9)}, {"attention_causal", 2 * (8 + 9 + 9)},
+      {"cross_entropy", 11 + 6}, {"cross_entropy_smooth_ignore", 2 * 11 + 6}, {"cross_entropy_none", 11},
+      {"nll_loss", 2 * 11 + 6}, {"mse_loss", 20}, {"embedding", 15}, {"index_select", 4}, {"gather", 3},
+      {"batch_norm_train_2d", 5 * 32}, {"batch_norm_train_2d_many_rows", 5 * 700},
+      {"batch_norm_train_short_rows", 5 * 9 * 7}, {"batch_norm_train_long_rows", 5 * 3 * 80},
+      {"batch_norm_train_split_rows", 5 * 2 * 2100}, {"batch_norm_train_2d_many_partials", 5 * 4096},
+      {"batch_norm_train_no_affine", 5 * 16 * 33}, {"batch_norm_eval", 8 * 40}, {"batch_norm_eval_2d", 8}};
+  for (const auto& [name, length] : lengths) {
+    auto it = std::find_if(c.begin(), c.end(), [&](const OpCase& k) { return k.name == name; });
+    if (it == c.end()) throw std::logic_error("no runner case named " + name);
+    it->length = length;
+  }
   return c;
 }
 
@@ -208,7 +267,7 @@ TEST_CASE("every case of the CUDA cross-backend runner has a finite float64 CPU 
 namespace {
 
 // Runs case c in dtype dt on `device` and on the CPU in float64 from the same rounded inputs, and
-// checks the value and every input gradient against the dtype's bound.
+// checks the value and every input gradient against their bounds (Note [CUDA runner bounds]).
 void check_case(const OpCase& c, DType dt, Device device, uint64_t seed) {
   Generator g(seed);
   std::vector<Tensor> ref_in, dev_in;
@@ -224,7 +283,7 @@ void check_case(const OpCase& c, DType dt, Device device, uint64_t seed) {
   INFO("op " << c.name << " in " << dt << " on " << device);
   REQUIRE(got.device() == device);
   REQUIRE(got.shape() == ref.shape());
-  const double tol = bound(dt) * c.tol_scale;
+  const double tol = value_bound(c, dt), grad_tol = gradient_bound(c, dt);
   const double err = rel_error(got.to(Device::cpu()).to(DType::Float64), ref);
   std::printf("%-30s %-9s %-7s value err %.2e (bound %.1e)", c.name.c_str(), dtype_name(dt), device.str().c_str(), err,
               tol);
@@ -238,18 +297,29 @@ void check_case(const OpCase& c, DType dt, Device device, uint64_t seed) {
       REQUIRE(dev_in[i].grad().defined());
       const double ge = rel_error(dev_in[i].grad().to(Device::cpu()).to(DType::Float64), ref_in[i].grad());
       INFO("gradient of input " << i);
-      CHECK(ge <= tol * 2);
+      CHECK(ge <= grad_tol);
       worst = std::max(worst, ge);
     }
-    std::printf("  grad err %.2e", worst);
+    std::printf("  grad err %.2e (bound %.1e)", worst, grad_tol);
   }
   std::printf("\n");
 }
 
 }  // namespace
 
+// The same bounds hold for the CPU's own float32, float16 and bfloat16 kernels, which follow the
+// contract the derivation assumes (evaluate in float32, round once to the dtype; sums in float32): a
+// bound that misses a term fails here, on any machine, before a GPU sees it.
+TEST_CASE("the CUDA runner's derived bounds hold for the CPU kernels in float32, float16 and bfloat16", "[cuda]") {
+  uint64_t seed = 100;
+  for (const OpCase& c : cases())
+    for (DType dt : {DType::Float32, DType::Float16, DType::BFloat16}) check_case(c, dt, Device::cpu(), ++seed);
+}
+
 TEST_CASE("every op on CUDA matches the CPU float64 result in float32, float16 and bfloat16", "[cuda]") {
   if (skip_without_gpu()) return;
+  // Note [CUDA runner bounds] counts float32 GEMMs in float32's unit: TF32 (u = 2^-11) must be off.
+  REQUIRE_FALSE(cuda::allow_tf32());
   int checked = 0;
   uint64_t seed = 100;
   int float64_cases = 0;
@@ -400,8 +470,13 @@ TEST_CASE("batch_norm's running statistics on CUDA follow the CPU after training
       std::printf("batch_norm running stats %-12s %-9s mean err %.2e var err %.2e\n", str(c.shape).c_str(),
                   dtype_name(dt), err_mean, err_var);
       INFO("shape " << str(c.shape) << " in " << dt);
-      CHECK(err_mean <= 1e-5);
-      CHECK(err_var <= 1e-5);
+      // The inputs are exact in float32 and the statistics are float32: the mean, then the variance
+      // about it, sum n = N L terms each (order term of 2 n); two momentum updates of three roundings
+      // each and the unbiased factor n / (n - 1) (7 roundings, gamma_8 with the mean's division).
+      const double n = double(x0.numel() / x0.size(1));
+      const double bound = ro::gamma(8, ro::kUnit) + ro::reduction_bound({2 * n});
+      CHECK(err_mean <= bound);
+      CHECK(err_var <= bound);
     }
   }
 }
@@ -427,6 +502,14 @@ std::vector<SGDCase> sgd_cases() {
 }
 
 constexpr double kSGDLr = 0.1;
+constexpr int kSGDSteps = 6;
+
+// CPU and CUDA run the same SGD operations in the same order on the same dtype; only the compilers'
+// contraction of a multiply-add into an FMA may differ, moving a result by one rounding. Each step
+// rounds at most 4 results per element (weight decay's d, the buffer, nesterov's d, the parameter),
+// and a rounding that went the other way stays in the parameter (and, shrunk by the momentum, in the
+// buffer): over the steps a chain of 6 x 4 roundings of the dtype, gamma_24.
+double sgd_trajectory_bound(DType dt) { return ro::gamma(4 * kSGDSteps, unit(dt)); }
 
 // Parameters made from `init` on `device` take one SGD step per entry of `grads`; parameter 1 gets no
 // gradient on step 0, so its momentum buffer starts a step later than the others' (a run of its own,
@@ -468,7 +551,7 @@ SGDProblem sgd_problem(DType dt, uint64_t seed) {
   const std::vector<Shape> shapes = {{5, 7}, {13}, {3, 4}};
   SGDProblem pr;
   for (const Shape& s : shapes) pr.init.push_back(randn(s, &g, DType::Float64).to(dt));
-  for (int step = 0; step < 6; ++step) {
+  for (int step = 0; step < kSGDSteps; ++step) {
     pr.grads.emplace_back();
     for (const Shape& s : shapes) pr.grads.back().push_back(randn(s, &g, DType::Float64).to(dt));
   }
@@ -503,9 +586,11 @@ TEST_CASE("SGD on CUDA follows CPU SGD over several steps for every option combi
           p[k] -= kSGDLr * d;
         }
       }
+      // float32 against float64: every one of the 6 x 4 roundings counts, gamma_24 in float32.
       const Shape shape = pr.init[i].shape();
-      CHECK(rel_error(got.params[i], from_vector(p, shape)) <= 1e-6);
-      if (c.momentum != 0.0) CHECK(rel_error(got.buffers[i], from_vector(buf, shape)) <= 1e-6);
+      CHECK(rel_error(got.params[i], from_vector(p, shape)) <= sgd_trajectory_bound(DType::Float32));
+      if (c.momentum != 0.0)
+        CHECK(rel_error(got.buffers[i], from_vector(buf, shape)) <= sgd_trajectory_bound(DType::Float32));
     }
   }
   if (skip_without_gpu()) return;
@@ -524,8 +609,7 @@ TEST_CASE("SGD on CUDA follows CPU SGD over several steps for every option combi
         worst = std::max(worst, rel_error(got.buffers[i], ref.buffers[i]));
       std::printf("SGD m=%.1f d=%.1f wd=%.2f nesterov=%d %-9s worst err %.2e\n", c.momentum, c.dampening,
                   c.weight_decay, int(c.nesterov), dtype_name(dt), worst);
-      // Same operations in the same order on both sides; only contraction into FMAs may differ.
-      CHECK(worst <= bound(dt));
+      CHECK(worst <= sgd_trajectory_bound(dt));
       ++checked;
     }
   }
@@ -565,8 +649,8 @@ TEST_CASE("ops, copies and SGD on a second CUDA device follow the CPU while the 
   const SGDResult got = run_sgd(c, pr.init, pr.grads, second);
   REQUIRE(got.buffers.size() == ref.buffers.size());
   for (size_t i = 0; i < ref.params.size(); ++i)
-    CHECK(rel_error(got.params[i], ref.params[i]) <= bound(DType::Float32));
+    CHECK(rel_error(got.params[i], ref.params[i]) <= sgd_trajectory_bound(DType::Float32));
   for (size_t i = 0; i < ref.buffers.size(); ++i)
-    CHECK(rel_error(got.buffers[i], ref.buffers[i]) <= bound(DType::Float32));
+    CHECK(rel_error(got.buffers[i], ref.buffers[i]) <= sgd_trajectory_bound(DType::Float32));
   cuda::synchronize(1);
 }
