@@ -173,11 +173,16 @@ json check_value(const Field& f, const std::string& path, const json& v) {
       throw ConfigError("'" + path + "' is " + show(v) + "; expected an array of " + std::to_string(*f.length) +
                         " items, got " + std::to_string(v.size()));
     }
+    if (f.max_length && v.size() > *f.max_length) {
+      throw ConfigError("'" + path + "' has " + std::to_string(v.size()) + " items, past " + f.max_length_name + " of " +
+                        std::to_string(*f.max_length) + "; check the list (a generated config gone wrong?)");
+    }
     json out = json::array();
     Field item = f;
     item.kind = f.item_kind;
     item.nullable = false;
     item.length.reset();
+    item.max_length.reset();
     for (size_t i = 0; i < v.size(); ++i) {
       std::string item_path = path + "[" + std::to_string(i) + "]";
       if (!kind_matches(f.item_kind, v[i])) {

@@ -61,8 +61,8 @@ std::string printable(std::string_view s, size_t limit = 60) {
 
 class DocumentBuilder {
  public:
-  DocumentBuilder(std::string_view text, const std::string& source, const char** furthest, int max_depth)
-      : text_(text), source_(source), furthest_(furthest), max_depth_(max_depth) {}
+  DocumentBuilder(std::string_view text, const std::string& source, const char** furthest, const JsonLimits& limits)
+      : text_(text), source_(source), furthest_(furthest), max_depth_(limits.max_depth), max_items_(limits.max_items) {}
 
   json take() { return std::move(root_); }
 
@@ -125,9 +125,18 @@ class DocumentBuilder {
     if (frame.node->is_object()) {
       (*frame.node)[frame.key] = std::move(value);
     } else {
+      check_items(frame);
       frame.node->push_back(std::move(value));
     }
     return true;
+  }
+
+  // An array past max_items stops here, before the rest is read (Note [Reading config text]).
+  void check_items(const Frame& frame) const {
+    if (frame.node->size() < max_items_) return;
+    fail("an array holds more than " + std::to_string(max_items_) + " items",
+         "a config never needs that: data belongs in the files a config names, and a model's layers stop at the "
+         "depth limit of " + std::to_string(kMaxModelDepth));
   }
 
   bool open(json&& container) {
@@ -146,6 +155,7 @@ class DocumentBuilder {
       if (frame.node->is_object()) {
         node = &((*frame.node)[frame.key] = std::move(container));
       } else {
+        check_items(frame);
         frame.node->push_back(std::move(container));
         node = &frame.node->back();
       }
@@ -205,6 +215,7 @@ class DocumentBuilder {
   const std::string& source_;
   const char** furthest_;
   int max_depth_;
+  size_t max_items_;
   json root_;
   std::vector<Frame> frames_;
 };
@@ -225,7 +236,7 @@ json parse_json_text(std::string_view text, const std::string& source, const Jso
   }
   const char* furthest = text.data();
   TrackedIterator first{text.data(), &furthest}, last{text.data() + text.size(), &furthest};
-  DocumentBuilder builder(text, source, &furthest, limits.max_depth);
+  DocumentBuilder builder(text, source, &furthest, limits);
   json::sax_parse(first, last, &builder, json::input_format_t::json, /*strict=*/true, /*ignore_comments=*/true);
   return builder.take();
 }

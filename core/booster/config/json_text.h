@@ -8,9 +8,10 @@
 // "\u0000" in it cuts every message that names it; a 75 MB file takes minutes before the first error.
 // parse_json_text builds the document through its own SAX handler, which refuses each of these at the
 // point it is read, with the source, line and column and the JSON path: duplicate keys name both
-// positions, nesting stops at `max_depth`, text longer than `max_bytes` is refused before parsing, and
-// no string may contain NUL (no key may contain any control character). Comments are allowed, as in
-// config files before.
+// positions, nesting stops at `max_depth`, an array at `max_items` (16 MB holds a list of 5 000 000
+// layers, most of a second to read, where kMaxModelDepth allows 4096), text longer than `max_bytes` is
+// refused before parsing, and no string may contain NUL (no key may contain any control character).
+// Comments are allowed, as in config files before.
 #pragma once
 
 #include <cstddef>
@@ -23,9 +24,13 @@
 
 namespace booster::config {
 
+// The most layers a config's model may have (Note [The depth limit] in schema.cpp).
+inline constexpr int64_t kMaxModelDepth = 4096;
+
 struct JsonLimits {
   size_t max_bytes = 16'000'000;  // a config is small; data belongs in the files it names
   int max_depth = 64;                   // objects and arrays open at once
+  size_t max_items = 65536;             // items of one array (Note [The depth limit] in schema.cpp)
 };
 
 // The text is not JSON at all (as opposed to JSON that breaks a rule above, which is a ConfigError):

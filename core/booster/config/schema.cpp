@@ -8,6 +8,7 @@
 #include <algorithm>
 
 #include "booster/common/error.h"
+#include "booster/config/json_text.h"
 #include "booster/config/training.h"
 #include "booster/data/file_dataset.h"
 #include "booster/data/tokenizer.h"
@@ -18,6 +19,14 @@
 namespace booster::config {
 namespace {
 
+// Note [The depth limit]
+// ~~~~~~~~~~~~~~~~~~~~~~
+// A config's model names its layers: an MLP's "hidden" widths, a CNN's "channels", a GPT's "layers",
+// a Llama's "num_hidden_layers". Nothing else bounds them, and 16 MB of config text holds a list of
+// 5 000 000 layers, which builds for minutes before anything is printed. No network trained here comes
+// near kMaxModelDepth layers, so a deeper one is a generated config gone wrong: resolve() refuses it at
+// once, naming the limit, before any item is checked or any layer built; a list far longer than that
+// stops where the config text is read (JsonLimits::max_items in json_text.h).
 // Small builders so each row of the table reads as one line.
 Field boolean(std::string key, bool def, std::string help = "") {
   Field f;
@@ -78,6 +87,14 @@ Field numbers(std::string key, json def, Kind item_kind, std::optional<double> m
   f.max_exclusive = max_exclusive;
   f.length = length;
   f.help = std::move(help);
+  return f;
+}
+
+// A list with one item per layer of a model (Note [The depth limit]).
+Field layer_list(std::string key, json def) {
+  Field f = numbers(std::move(key), std::move(def), Kind::Int, 1, std::nullopt, std::nullopt);
+  f.max_length = size_t(kMaxModelDepth);
+  f.max_length_name = "the depth limit";
   return f;
 }
 
@@ -204,7 +221,7 @@ std::vector<Section> make_training_schema() {
           {"mlp",
            {
                integer("in", 784, 1, std::nullopt, "input features per sample"),
-               numbers("hidden", json::array({1024, 1024}), Kind::Int, 1, std::nullopt, std::nullopt),
+               layer_list("hidden", json::array({1024, 1024})),
                integer("classes", 10, 1),
                text("activation", "relu", {"relu", "gelu", "gelu_tanh", "tanh"}),
            }},
@@ -218,7 +235,7 @@ std::vector<Section> make_training_schema() {
                integer("vocab_size", 256, 1),
                integer("context", 128, 1, std::nullopt, "longest sequence"),
                integer("width", 256, 1),
-               integer("layers", 4, 1),
+               integer("layers", 4, 1, double(kMaxModelDepth), "transformer blocks (Note [The depth limit])"),
                integer("heads", 4, 1, std::nullopt, "must divide width"),
                number("dropout", 0.0, 0.0, 1.0, false, true),
                boolean("activation_checkpointing", false,
@@ -229,7 +246,7 @@ std::vector<Section> make_training_schema() {
                integer("in_channels", 1, 1),
                integer("height", 28, 1),
                integer("width", 28, 1),
-               numbers("channels", json::array({32, 64}), Kind::Int, 1, std::nullopt, std::nullopt),
+               layer_list("channels", json::array({32, 64})),
                integer("hidden", 128, 1),
                integer("classes", 10, 1),
                boolean("batch_norm", true),
@@ -242,7 +259,7 @@ std::vector<Section> make_training_schema() {
                integer("hidden_size", std::nullopt, 1, std::nullopt,
                        "the width; num_attention_heads must divide it into heads of an even size (RoPE)"),
                integer("intermediate_size", std::nullopt, 1, std::nullopt, "the SwiGLU feed-forward's width"),
-               integer("num_hidden_layers", std::nullopt, 1),
+               integer("num_hidden_layers", std::nullopt, 1, double(kMaxModelDepth), "decoder layers (Note [The depth limit])"),
                integer("num_attention_heads", std::nullopt, 1, std::nullopt, "query heads"),
                optional_integer("num_key_value_heads", 1,
                                 "key/value heads, dividing num_attention_heads (grouped-query attention); null: "
