@@ -47,6 +47,7 @@ std::pair<std::shared_ptr<data::TensorDataset>, std::shared_ptr<data::TensorData
 }
 
 std::string read_file_bytes(const std::string& path) {
+  data::check_data_file(path, "text data: ", "set data.path to a readable text file");
   std::ifstream in(path, std::ios::binary);
   BOOSTER_CHECK(in.good(), DataError, "text data: cannot open '", path, "'; set data.path to a readable text file");
   std::stringstream ss;

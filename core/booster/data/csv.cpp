@@ -10,6 +10,7 @@
 #include <sstream>
 
 #include "booster/common/error.h"
+#include "booster/data/dataset.h"
 
 namespace booster::data {
 
@@ -59,6 +60,7 @@ CsvTable read_csv(const std::filesystem::path& path, const CsvOptions& options) 
   std::error_code exists_ec;
   BOOSTER_CHECK(std::filesystem::exists(path, exists_ec), DataError, "csv data: ", file,
                 " does not exist; expected a CSV file of numeric features and a label column");
+  check_data_file(path, "csv data: ", "expected a CSV file of numeric features and a label column");
   std::ifstream in(path, std::ios::binary);
   BOOSTER_CHECK(in.good(), DataError, "csv data: cannot open ", file, ": ", std::strerror(errno));
 

@@ -1,6 +1,7 @@
 #include "booster/data/dataset.h"
 
 #include <cstring>
+#include <system_error>
 
 #include "booster/common/error.h"
 
@@ -84,6 +85,17 @@ Batch TensorDataset::get(int64_t i) const {
 
 Batch TensorDataset::get_batch(const std::vector<int64_t>& indices) const {
   return {gather_rows(x_, indices, "TensorDataset::get_batch"), gather_rows(y_, indices, "TensorDataset::get_batch")};
+}
+
+// Note [A data file that is not a file] (dataset.h).
+void check_data_file(const std::filesystem::path& path, const std::string& who, const std::string& fix) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  const fs::file_status status = fs::status(path, ec);
+  if (ec || !fs::exists(status)) return;
+  BOOSTER_CHECK(!fs::is_directory(status), DataError, who, path.string(), " is a directory; ", fix);
+  BOOSTER_CHECK(fs::is_regular_file(status), DataError, who, path.string(),
+                " is not a regular file (a FIFO, a socket or a device); ", fix);
 }
 
 }  // namespace booster::data

@@ -6,6 +6,8 @@
 #pragma once
 
 #include <cstdint>
+#include <filesystem>
+#include <string>
 #include <memory>
 #include <vector>
 
@@ -52,5 +54,15 @@ class TensorDataset : public Dataset {
 // Copies rows `indices` of the contiguous tensor `src` ([N, ...]) into a new tensor [len(indices), ...],
 // one memcpy per row. Throws IndexError (naming `who`) for an index outside [0, N).
 Tensor gather_rows(const Tensor& src, const std::vector<int64_t>& indices, const char* who);
+
+// Note [A data file that is not a file]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// A directory opens as an ifstream on Linux, and its size reads as 2^63 - 1: a reader that sizes its
+// buffer from it throws std::bad_alloc, one that reads on gets nothing. A FIFO blocks the run forever.
+// Every reader of a data file (.npy, .npz, .safetensors, CSV, text, token files, Fashion-MNIST's IDX
+// files, a tokenizer's model) calls this first: a DataError "<who><path> is a directory; <fix>" (or
+// "is not a regular file"), naming the path. A path that does not exist is left to the reader's own
+// message.
+void check_data_file(const std::filesystem::path& path, const std::string& who, const std::string& fix);
 
 }  // namespace booster::data

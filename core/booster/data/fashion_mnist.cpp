@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "booster/common/error.h"
+#include "booster/data/dataset.h"
 
 namespace booster::data {
 
@@ -27,10 +28,15 @@ const char* const kInstallHint =
 // The path of `name` in `dir`: the .gz file, else an uncompressed copy (GzReader reads both).
 std::string find_file(const std::string& dir, const std::string& name) {
   namespace fs = std::filesystem;
+  BOOSTER_CHECK(!fs::exists(dir) || fs::is_directory(dir), DataError, "load_fashion_mnist: ", dir,
+                " is a file, not a directory; pass the folder that holds the Fashion-MNIST IDX files");
   const fs::path gz = fs::path(dir) / (name + ".gz");
-  if (fs::exists(gz)) return gz.string();
   const fs::path raw = fs::path(dir) / name;
-  if (fs::exists(raw)) return raw.string();
+  for (const fs::path& file : {gz, raw}) {
+    if (!fs::exists(file)) continue;
+    check_data_file(file, "load_fashion_mnist: ", std::string("expected the IDX file ") + name + "(.gz)");
+    return file.string();
+  }
   BOOSTER_FAIL(DataError, "load_fashion_mnist: missing ", gz.string(), "; ", kInstallHint);
 }
 

@@ -8,6 +8,7 @@
 
 #include "booster/checkpoint/safetensors.h"
 #include "booster/common/error.h"
+#include "booster/data/dataset.h"
 #include "booster/ops/ops.h"
 #include "booster/tensor/random.h"
 
@@ -80,6 +81,8 @@ LabeledArrays read_labeled_arrays(const ArrayFiles& files) {
       BOOSTER_CHECK(fs::exists(files.x_path, ec), DataError, files.x_path,
                     " does not exist; expected a .safetensors file with tensors '", files.x_key, "' and '",
                     files.y_key, "'");
+      check_data_file(files.x_path, "", "expected a .safetensors file with tensors '" + files.x_key + "' and '" +
+                                            files.y_key + "'");
       std::map<std::string, checkpoint::RawTensor> tensors;
       try {
         tensors = checkpoint::read_safetensors_raw(files.x_path);

@@ -12,6 +12,7 @@
 
 #include "booster/checkpoint/atomic_file.h"
 #include "booster/common/error.h"
+#include "booster/data/dataset.h"
 
 namespace booster::data {
 
@@ -273,6 +274,7 @@ size_t data_bytes(const NpyHeader& h, const std::string& where) {
 std::vector<uint8_t> read_whole_file(const fs::path& path, const char* what) {
   std::error_code ec;
   BOOSTER_CHECK(fs::exists(path, ec), DataError, path.string(), " does not exist; expected ", what);
+  check_data_file(path, "", std::string("expected ") + what);
   std::ifstream in(path, std::ios::binary);
   BOOSTER_CHECK(in.good(), DataError, "cannot open ", path.string(), ": ", std::strerror(errno));
   in.seekg(0, std::ios::end);

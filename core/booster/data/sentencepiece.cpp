@@ -7,6 +7,7 @@
 #include <fstream>
 
 #include "booster/common/error.h"
+#include "booster/data/dataset.h"
 #include "booster/data/tokenizer.h"
 
 namespace booster::data {
@@ -18,6 +19,7 @@ struct SentencePieceTokenizer::Impl {
 SentencePieceTokenizer::SentencePieceTokenizer(const std::string& model_path)
     : impl_(std::make_unique<Impl>()), path_(model_path) {
   // The library's own message for a missing file is terse; say which key or flag names it.
+  check_data_file(model_path, "tokenizer: ", "give a SentencePiece .model file (spm_train --model_prefix=P writes P.model)");
   std::ifstream probe(model_path, std::ios::binary);
   BOOSTER_CHECK(probe.good(), DataError, "tokenizer: cannot open ", model_path, ": ", std::strerror(errno),
                 "; give a SentencePiece .model file (spm_train --model_prefix=P writes P.model)");

@@ -7,6 +7,7 @@
 #include <sstream>
 
 #include "booster/common/error.h"
+#include "booster/data/dataset.h"
 #include "booster/tensor/random.h"
 
 namespace booster::data {
@@ -79,6 +80,7 @@ Batch CharDataset::get_batch(const std::vector<int64_t>& indices) const {
 }
 
 std::shared_ptr<CharDataset> char_dataset(const std::string& text_file, int64_t context) {
+  check_data_file(text_file, "char_dataset: ", "pass the path of a readable text file");
   std::ifstream in(text_file, std::ios::binary);
   BOOSTER_CHECK(in.good(), DataError, "char_dataset: cannot open ", text_file, ": ", std::strerror(errno),
                 "; pass the path of a readable text file");

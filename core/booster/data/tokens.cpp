@@ -16,6 +16,7 @@
 #include <fstream>
 
 #include "booster/common/error.h"
+#include "booster/data/dataset.h"
 
 namespace booster::data {
 
@@ -32,6 +33,7 @@ const char* to_string(TokenDType dtype) { return dtype == TokenDType::UInt16 ? "
 
 // ------------------------------------------------------------------------------------ TokenSource
 std::shared_ptr<const TokenSource> TokenSource::map_file(const std::string& path, TokenDType dtype) {
+  check_data_file(path, "token data: ", "give a token file (booster tokenize writes one)");
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   BOOSTER_CHECK(fd >= 0, DataError, "token data: cannot open ", path, ": ", std::strerror(errno),
                 "; set data.path (or data.val_path) to a token file (booster tokenize writes one)");
