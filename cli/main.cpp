@@ -5,6 +5,7 @@
 #include <cstdlib>
 #include <exception>
 #include <iostream>
+#include <optional>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -17,6 +18,7 @@
 #include "booster/config/memory_estimate.h"
 #include "booster/distributed/device_mesh.h"
 #include "booster/distributed/mpi_process_group.h"
+#include "booster/trainer/signals.h"
 #include "booster/trainer/trainer.h"
 #include "commands.h"
 
@@ -135,6 +137,7 @@ void print_version() {
     std::cout << "\n";
   }
   std::cout << "  CPU kernels: " << info.value("cpu_kernels", std::string("?")) << "\n";
+  std::cout << "  bfloat16 GEMMs: " << info.value("bf16_gemm", std::string("?")) << "\n";
   std::cout << "  NCCL: " << (info.value("nccl", false) ? "on" : "off") << "\n"
             << "  MPI: " << (info.value("mpi", false) ? "on (booster run -n N starts N processes)" : "off (one process only)")
             << "\n"
@@ -270,10 +273,16 @@ int run(int argc, char** argv) {
     if (!parse_config_args(command, rest, config_path, overrides, command == "check" ? &world_size : nullptr,
                            command == "doctor" ? &steps : nullptr))
       return booster::cli::kExitOk;
+    // A run's SIGINT, SIGTERM or SIGUSR1 is a stop request from here on, while the ranks start (data,
+    // model, checkpoint) and as they end, not only in the loop: Note [Stopping on a signal].
+    std::optional<booster::trainer::StopOnSignal> stop;
+    if (command != "check") stop.emplace(/*announce=*/booster::trainer::process_rank() == 0);
     // Resolving builds the strategy and the plugin, once; train hands them to its Booster.
     booster::config::ResolvedRun resolved = booster::config::load_run(config_path, overrides);
     const nlohmann::json& config = resolved.config;
     if (command == "check") {
+      // A library model's input and classes against the data: one forward, as train's first step.
+      booster::config::trial_forward(config);
       // resolve() has run the compatibility matrix: reaching here means the combination works.
       std::cerr << "booster: compatible: mixed precision '" << config.at("mixed_precision").at("name").get<std::string>()
                 << "' with plugin '" << config.at("plugin").at("name").get<std::string>() << "' on "
@@ -291,8 +300,15 @@ int run(int argc, char** argv) {
       std::cout << config.dump(2) << "\n";
       return booster::cli::kExitOk;
     }
-    if (command == "doctor") return booster::cli::doctor(config, std::move(resolved.booster), steps);
-    return booster::cli::train(config, std::move(resolved.booster));
+    const int code = command == "doctor" ? booster::cli::doctor(config, std::move(resolved.booster), steps)
+                                         : booster::cli::train(config, std::move(resolved.booster));
+    // A signal after the Trainer last looked (its summary was being printed): the run is complete, and
+    // still a stop was asked for, so the status says so.
+    if (const int signal = stop->requested(); signal != 0 && code == booster::cli::kExitOk)
+      throw booster::InterruptedError(signal, std::string("stopped by ") +
+                                                  booster::trainer::StopOnSignal::signal_name(signal) +
+                                                  " as the run ended; it is complete");
+    return code;
   }
   if (command == "precisions") {
     if (!rest.empty()) {

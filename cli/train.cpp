@@ -148,15 +148,26 @@ int run_training(const json& config, BoosterComponents components, const Trainin
   Trainer trainer(booster, std::move(options));
   if (split.test && hooks.evaluate) trainer.set_eval_data(split.test, split.eval_stride);
   if (hooks.before_fit) hooks.before_fit(trainer);
-  const FitResult result = trainer.fit();
   const bool is_rank0 = booster.process_group().size() > 1 ? booster.process_group().rank() == 0
                                                              : trainer::process_rank() == 0;
+  auto with_run = [&](json summary) {
+    summary["plugin"] = config.at("plugin").at("name");
+    summary["device"] = booster.config().device;
+    summary["processes"] = booster.process_group().size();
+    return summary;
+  };
+  FitResult result;
+  try {
+    result = trainer.fit();
+  } catch (const InterruptedError& e) {
+    // A run stopped by a signal still ends with its summary, saying so ("interrupted"); main() prints
+    // the stop line and exits 128 + the signal.
+    if (is_rank0 && !hooks.after_fit && e.summary().is_object()) std::cout << with_run(e.summary()).dump() << std::endl;
+    throw;
+  }
   if (hooks.after_fit) return hooks.after_fit(booster, trainer, result, is_rank0);
 
-  json summary = result.to_json();  // "mixed_precision": the precision that ran (trainer::running_precision)
-  summary["plugin"] = config.at("plugin").at("name");
-  summary["device"] = booster.config().device;
-  summary["processes"] = booster.process_group().size();
+  const json summary = with_run(result.to_json());  // "mixed_precision": the precision that ran
   if (is_rank0) {
     std::cout << summary.dump() << std::endl;
     BOOSTER_CHECK(std::cout.good(), IOError, "cannot write the summary to stdout (", std::strerror(errno),

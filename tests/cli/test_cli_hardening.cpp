@@ -12,6 +12,8 @@
 #include <fstream>
 #include <sstream>
 #include <string>
+#include <tuple>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -636,4 +638,192 @@ TEST_CASE("a truncated plugin library is refused naming the file, not a crash", 
       fs::remove(cut);
     }
   }
+}
+
+namespace {
+
+// Starts `booster <args>` in the background, waits until its stderr holds `marker` (a line start; ""
+// waits `delay` seconds instead), sends SIGINT, and returns what it printed and its status.
+RunResult interrupt_when(const std::string& args, const std::string& marker, double delay = 0.0) {
+  const fs::path dir = scratch_dir() / "interrupt";
+  fs::create_directories(dir);
+  const std::string wait =
+      marker.empty() ? "sleep " + std::to_string(delay) + "; "
+                     : "for i in $(seq 1 2400); do grep -q \"^" + marker + "\" stderr.txt 2>/dev/null && break; sleep 0.01; done; ";
+  const std::string script = "cd " + dir.string() + " || exit 99; rm -f stdout.txt stderr.txt; " +
+                             std::string(BOOSTER_BIN_DIR) + "/booster " + args +
+                             " >stdout.txt 2>stderr.txt & pid=$!; " + wait + "kill -INT $pid; wait $pid; exit $?";
+  const int status = std::system(("bash -c '" + script + "'").c_str());
+  RunResult r;
+  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  r.out = read_text(dir / "stdout.txt");
+  r.err = read_text(dir / "stderr.txt");
+  return r;
+}
+
+}  // namespace
+
+// Note [Stopping on a signal]: a run is stopped cleanly wherever the signal finds it.
+TEST_CASE("Ctrl-C while the run starts stops it before the first step, exit 130, with a summary", "[cli][hardening][signal]") {
+  // Millions of synthetic points take seconds to make, before any step: the signal comes meanwhile.
+  json config = small_config();
+  config["data"]["num_samples"] = 8000000;
+  const fs::path cfg = write_text("signal_start.json", config.dump());
+  const RunResult r = interrupt_when("train --config " + cfg.string(), "", 1.0);
+  INFO(r.err);
+  CHECK(r.exit_code == 130);
+  CHECK_THAT(r.err, Catch::Contains("stopped by SIGINT before step 1 of 12"));
+  CHECK_THAT(r.err, !Catch::Contains("step      1/"));
+  const json summary = json::parse(testing::last_line(r.out));
+  CHECK(summary["interrupted"] == "SIGINT");
+  CHECK(summary["steps"] == 0);
+}
+
+TEST_CASE("Ctrl-C during the final evaluation or save ends the run with exit 130 and a summary saying so",
+          "[cli][hardening][signal]") {
+  json config = small_config();
+  SECTION("during the final evaluation") {
+    // A test split large enough that its evaluation takes a while after the last step's line.
+    config["model"]["hidden"] = {512, 512};
+    config["data"]["num_test_samples"] = 400000;
+    config["train"]["log_every"] = 1;
+    const fs::path cfg = write_text("signal_eval.json", config.dump());
+    const RunResult r = interrupt_when("train --config " + cfg.string(), "step     12/12");
+    INFO(r.err);
+    CHECK(r.exit_code == 130);
+    CHECK_THAT(r.err, Catch::Contains("stopped by SIGINT after step 12 of 12"));
+    const json summary = json::parse(testing::last_line(r.out));
+    CHECK(summary["interrupted"] == "SIGINT");
+    CHECK(summary["steps"] == 12);
+    CHECK(summary["test_accuracy"].is_number());  // the evaluation finished first
+  }
+  SECTION("during the final checkpoint's save") {
+    // A model large enough that saving it takes a while after the evaluation's line.
+    config["model"]["hidden"] = {2500, 2500, 2500};
+    config["train"]["max_steps"] = 2;
+    const fs::path root = scratch_dir() / "signal_save";
+    fs::remove_all(root);
+    const fs::path cfg = write_text("signal_save.json", config.dump());
+    const RunResult r = interrupt_when("train --config " + cfg.string() + " --set train.checkpoint_every=2 " +
+                                           "--set train.checkpoint_dir=" + root.string(),
+                                       "eval ");
+    INFO(r.err);
+    CHECK(r.exit_code == 130);
+    CHECK_THAT(r.err, Catch::Contains("stopped by SIGINT"));
+    const json summary = json::parse(testing::last_line(r.out));
+    CHECK(summary["interrupted"] == "SIGINT");
+    CHECK(summary["steps"] == 2);
+    CHECK(fs::exists(step_dir(root, 2)));
+  }
+}
+
+// Note [The depth limit] in booster/config/schema.cpp.
+TEST_CASE("a model of millions of layers is refused at once, naming the depth limit", "[cli][hardening][config]") {
+  json config = small_config();
+  SECTION("5,000,000 hidden layers: stopped where the text is read") {
+    std::string text = config.dump();
+    std::string layers = "[1";
+    layers.reserve(10'000'000);
+    for (int i = 1; i < 5'000'000; ++i) layers += ",1";
+    layers += "]";
+    const std::string hidden = "\"hidden\":[16]";
+    text.replace(text.find(hidden), hidden.size(), "\"hidden\":" + layers);
+    const RunResult r = run_booster("train --config " + write_text("layers_5m.json", text).string());
+    CHECK(r.exit_code == 2);
+    CHECK_THAT(r.err, Catch::Contains("'model.hidden[65536]'") && Catch::Contains("depth limit of 4096"));
+    CHECK(r.err.size() < 1000);
+  }
+  SECTION("5,000 hidden layers: the schema's limit") {
+    config["model"]["hidden"] = std::vector<int>(5000, 2);
+    const RunResult r = run_booster("train --config " + write_text("layers_5k.json", config.dump()).string());
+    CHECK(r.exit_code == 2);
+    CHECK_THAT(r.err, Catch::Contains("'model.hidden' has 5000 items, past the depth limit of 4096"));
+  }
+  SECTION("a GPT of 5,000,000 blocks") {
+    config["model"] = {{"type", "gpt"}, {"vocab_size", 16}, {"context", 8}, {"width", 16}, {"layers", 5000000}, {"heads", 2}};
+    const RunResult r = run_booster("check --config " + write_text("gpt_5m.json", config.dump()).string());
+    CHECK(r.exit_code == 2);
+    CHECK_THAT(r.err, Catch::Contains("'model.layers' is 5000000") && Catch::Contains("4096"));
+  }
+}
+
+TEST_CASE("a resume whose metrics.jsonl is gone or short warns that its records are lost", "[cli][hardening]") {
+  const fs::path run_dir = scratch_dir() / "lost_metrics_run", root = scratch_dir() / "lost_metrics_ckpt";
+  const fs::path cfg = write_text("lost_metrics.json", small_config().dump());
+  const std::string args = "train --config " + cfg.string() + " --set train.checkpoint_every=8 --set train.run_dir=" +
+                           run_dir.string() + " --set train.checkpoint_dir=" + root.string();
+  auto first_part = [&] {
+    fs::remove_all(run_dir);
+    fs::remove_all(root);
+    REQUIRE(run_booster(args + " --set train.max_steps=8").exit_code == 0);
+  };
+  SECTION("missing") {
+    first_part();
+    fs::remove(run_dir / "metrics.jsonl");
+    const RunResult r = run_booster(args + " --resume latest");
+    INFO(r.err);
+    CHECK(r.exit_code == 0);
+    CHECK_THAT(r.err, Catch::Contains("warning: " + (run_dir / "metrics.jsonl").string() + " is missing") &&
+                          Catch::Contains("new records append from step 9"));
+  }
+  SECTION("shorter than the resumed step implies") {
+    first_part();
+    const std::string text = read_text(run_dir / "metrics.jsonl");
+    write_text("lost_metrics_first_line", text.substr(0, text.find('\n') + 1));
+    fs::copy_file(scratch_dir() / "lost_metrics_first_line", run_dir / "metrics.jsonl",
+                  fs::copy_options::overwrite_existing);
+    const RunResult r = run_booster(args + " --resume latest");
+    INFO(r.err);
+    CHECK(r.exit_code == 0);
+    CHECK_THAT(r.err, Catch::Contains("holds records up to step 4, short of step 8") &&
+                          Catch::Contains("new records append from step 9"));
+  }
+  SECTION("whole: no warning") {
+    first_part();
+    const RunResult r = run_booster(args + " --resume latest");
+    CHECK(r.exit_code == 0);
+    CHECK_THAT(r.err, !Catch::Contains("warning"));
+  }
+}
+
+// Note [A data file that is not a file] in booster/data/dataset.h.
+TEST_CASE("a directory given as a data file is a DataError naming it, exit 1", "[cli][hardening][data]") {
+  const fs::path dir = scratch_dir() / "a_directory";
+  fs::create_directories(dir);
+  const std::string d = dir.string();
+  const json mlp = {{"type", "mlp"}, {"in", 4}, {"hidden", {4}}, {"classes", 2}};
+  const json gpt = {{"type", "gpt"}, {"vocab_size", 256}, {"context", 8}, {"width", 16}, {"layers", 1}, {"heads", 2}};
+  const fs::path text = write_text("some_text.txt", std::string(200, 'a'));
+  const std::vector<std::tuple<std::string, json, json>> cases = {
+      {"npy x", mlp, {{"type", "npy"}, {"x", d}, {"y", d}}},
+      {"npz", mlp, {{"type", "npy"}, {"path", d}}},
+      {"safetensors", mlp, {{"type", "safetensors"}, {"path", d}}},
+      {"csv", mlp, {{"type", "csv"}, {"path", d}}},
+      {"text", gpt, {{"type", "text"}, {"path", d}, {"context", 8}}},
+      {"tokenizer", gpt, {{"type", "text"}, {"path", text.string()}, {"tokenizer", d}, {"context", 8}}},
+      {"tokens", gpt, {{"type", "tokens"}, {"path", d}, {"seq_len", 8}}},
+  };
+  for (size_t i = 0; i < cases.size(); ++i) {
+    const auto& [name, model, data] = cases[i];
+    INFO(name);
+    json config = small_config();
+    config["model"] = model;
+    config["data"] = data;
+    config["data"]["batch_size"] = 4;
+    const RunResult r = run_booster("train --config " + write_text("dir_" + std::to_string(i) + ".json", config.dump()).string());
+    INFO(r.err);
+    CHECK(r.exit_code == 1);
+    CHECK_THAT(r.err, Catch::Contains(d + " is a directory"));
+    CHECK(std::count(r.err.begin(), r.err.end(), '\n') == 1);
+  }
+  // Fashion-MNIST's IDX files.
+  const fs::path idx = scratch_dir() / "idx_dir";
+  fs::create_directories(idx / "train-images-idx3-ubyte.gz");
+  json config = small_config();
+  config["model"] = {{"type", "mlp"}, {"in", 784}, {"hidden", {4}}, {"classes", 10}};
+  config["data"] = {{"type", "fashion_mnist"}, {"dir", idx.string()}, {"batch_size", 4}};
+  const RunResult r = run_booster("train --config " + write_text("dir_idx.json", config.dump()).string());
+  INFO(r.err);
+  CHECK(r.exit_code == 1);
+  CHECK_THAT(r.err, Catch::Contains((idx / "train-images-idx3-ubyte.gz").string() + " is a directory"));
 }

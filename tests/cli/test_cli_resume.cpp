@@ -705,10 +705,14 @@ void check_interrupted_resume(const std::string& name, const std::string& launch
   INFO(stopped.err);
   REQUIRE(stopped.exit_code == 128 + signal);
   CHECK_THAT(stopped.err, !Catch::Contains("interrupted again"));
-  CHECK(stopped.out.empty());  // no summary: the run did not finish
   const std::vector<std::pair<int64_t, fs::path>> saved = booster::checkpoint::list_checkpoints(parts);
   REQUIRE(saved.size() == 1);
   const int64_t at = saved.front().first;
+  // The summary says the run was interrupted, where, and what it saved.
+  const json summary = json::parse(testing::last_line(stopped.out));
+  CHECK(summary["interrupted"] == (signal == SIGINT ? "SIGINT" : "SIGTERM"));
+  CHECK(summary["steps"] == at);
+  CHECK(summary["last_checkpoint"] == saved.front().second.string());
   CHECK(at > 0);
   CHECK(at < 3000);
   CHECK_THAT(stopped.err, Catch::Contains("stopped by") && Catch::Contains("after step " + std::to_string(at) +

@@ -17,7 +17,8 @@ namespace {
 
 volatile std::sig_atomic_t g_requested = 0;
 volatile std::sig_atomic_t g_announce = 1;
-std::atomic<bool> g_installed{false};
+volatile std::sig_atomic_t g_in_loop = 0;  // a training loop runs: it stops after its step
+std::atomic<int> g_depth{0};               // StopOnSignal objects alive (nested: Note [Stopping on a signal])
 struct sigaction g_previous_int, g_previous_term, g_previous_usr1;
 // SIGHUP and the three launcher signals (Note [Signals under booster run] in cli/run.cpp), and what was
 // installed for them before.
@@ -52,15 +53,20 @@ void on_signal(int signal) {
   g_first_ns.store(monotonic_ns());
   g_requested = signal;
   if (!g_announce) return;
-  const char message[] = "\nbooster: stopping after this step and saving a checkpoint (interrupt again to exit now)\n";
-  [[maybe_unused]] ssize_t n = ::write(STDERR_FILENO, message, sizeof message - 1);
+  if (g_in_loop) {
+    const char message[] = "\nbooster: stopping after this step and saving a checkpoint (interrupt again to exit now)\n";
+    [[maybe_unused]] ssize_t n = ::write(STDERR_FILENO, message, sizeof message - 1);
+  } else {
+    const char message[] = "\nbooster: stopping before the first step or once the last is saved (interrupt again to "
+                           "exit now)\n";
+    [[maybe_unused]] ssize_t n = ::write(STDERR_FILENO, message, sizeof message - 1);
+  }
 }
 
 }  // namespace
 
 StopOnSignal::StopOnSignal(bool announce) {
-  BOOSTER_CHECK(!g_installed.exchange(true), StateError,
-                "StopOnSignal: one is installed already; one training loop handles the signals at a time");
+  if (g_depth.fetch_add(1) > 0) return;  // nested: the outer one's handlers and request stand
   g_requested = 0;
   g_announce = announce;
   struct sigaction action {};
@@ -75,12 +81,15 @@ StopOnSignal::StopOnSignal(bool announce) {
 }
 
 StopOnSignal::~StopOnSignal() {
+  if (g_depth.fetch_sub(1) > 1) return;
   sigaction(SIGINT, &g_previous_int, nullptr);
   sigaction(SIGTERM, &g_previous_term, nullptr);
   sigaction(SIGUSR1, &g_previous_usr1, nullptr);
   for (int k = 0; k < 4; ++k) sigaction(k == 0 ? SIGHUP : g_launcher_base + k - 1, &g_previous_more[k], nullptr);
-  g_installed = false;
+  g_in_loop = 0;
 }
+
+void StopOnSignal::set_in_loop(bool in_loop) { g_in_loop = in_loop; }
 
 int StopOnSignal::requested() const { return g_requested; }
 

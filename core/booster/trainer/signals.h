@@ -20,8 +20,16 @@
 // SIGTERM is, and so is SIGUSR1 (a scheduler's warning before it ends a job). `booster run` asks every
 // rank to stop with a real-time signal per original (launcher_signal), which mpirun passes on and the
 // handler takes as the original, so the ranks report the Ctrl-C, SIGTERM or SIGHUP booster run got
-// (Note [Signals under booster run] in cli/run.cpp). The handlers are those of the process, so one StopOnSignal
-// lives at a time; its destructor puts back the handlers that were there before.
+// (Note [Signals under booster run] in cli/run.cpp). The handlers are those of the process: the
+// outermost StopOnSignal installs them, and its destructor puts back those that were there before.
+//
+// A run is not only its loop: reading the data, building the model and loading a checkpoint come
+// before it, the last evaluation and save after it. `booster train` holds a StopOnSignal for the whole
+// command, and the Trainer's own nests in it: a nested one installs nothing and keeps the request, so
+// a signal while the ranks are starting stops the run before its first step (fit() looks before it),
+// one during the last evaluation or save is seen once they are done (fit() looks again), and one after
+// fit() is seen by the command; none is lost, and none ends the run with status 0 or without a line
+// saying so.
 #pragma once
 
 #include "booster/distributed/process_group.h"
@@ -46,6 +54,9 @@ class StopOnSignal {
   // The signal `booster run` sends mpirun to forward for `original` (SIGINT, SIGTERM or SIGHUP; 0 for
   // another): SIGRTMIN + 4, 5 or 6, which every rank's handler takes as `original`.
   static int launcher_signal(int original);
+  // Whether a training loop runs, which stops after its step; else the run stops at its next safe point
+  // (before the first step, after the last is saved). Only the first signal's announcement differs.
+  static void set_in_loop(bool in_loop);
 };
 
 }  // namespace booster::trainer

@@ -74,14 +74,24 @@ fs::path resolve_run_dir(std::string dir, distributed::ProcessGroup& group) {
 // interrupted run after its last checkpoint) are dropped, so each step appears once (Note [What a
 // step's checkpoint holds]), and so is a torn last line (a crash mid-write). Other lines that are not
 // records mean the file is not what this run wrote: it is kept aside, with a warning, not discarded.
-void truncate_metrics_after(const fs::path& file, int64_t step, trainer::Progress& progress) {
-  if (!fs::exists(file)) return;
+// A file that is missing, or whose "train" records stop short of the last step up to `step` that
+// logged one (every `log_every`), lost records the run cannot write again: one warning says so, and the
+// run appends its new records from step + 1.
+void truncate_metrics_after(const fs::path& file, int64_t step, int64_t log_every, trainer::Progress& progress) {
+  const int64_t last_logged = log_every > 0 ? step / log_every * log_every : 0;
+  if (!fs::exists(file)) {
+    progress.print("booster: warning: " + file.string() + " is missing at the resume from step " +
+                   std::to_string(step) + "; the records before that step are gone, and new records append from step " +
+                   std::to_string(step + 1));
+    return;
+  }
   std::ifstream in(file);
   std::string kept, line;
   std::vector<std::string> lines;
   while (std::getline(in, line)) lines.push_back(std::move(line));
   in.close();
   int64_t unreadable = 0;
+  int64_t last_train = 0;  // the last "train" record kept
   for (size_t i = 0; i < lines.size(); ++i) {
     const json record = json::parse(lines[i], nullptr, /*allow_exceptions=*/false);
     if (!record.is_object() || !record.contains("step")) {
@@ -89,8 +99,14 @@ void truncate_metrics_after(const fs::path& file, int64_t step, trainer::Progres
       continue;
     }
     if (record.value("step", int64_t(0)) > step) continue;
+    if (record.value("kind", json()) == "train") last_train = std::max(last_train, record.value("step", int64_t(0)));
     kept += lines[i] + "\n";
   }
+  if (last_train < last_logged)
+    progress.print("booster: warning: " + file.string() + " holds records up to step " + std::to_string(last_train) +
+                   ", short of step " + std::to_string(last_logged) + " that the resume from step " +
+                   std::to_string(step) + " implies; those records are gone, and new records append from step " +
+                   std::to_string(step + 1));
   if (unreadable > 0) {
     const fs::path aside = file.string() + ".unreadable";
     std::error_code ec;
@@ -231,6 +247,10 @@ json FitResult::to_json() const {
   }
   out["run_dir"] = run_dir ? json(run_dir->string()) : json(nullptr);
   out["resumed_from"] = resumed_from ? json(resumed_from->string()) : json(nullptr);
+  if (!interrupted.empty()) {
+    out["interrupted"] = interrupted;
+    out["last_checkpoint"] = last_checkpoint ? json(last_checkpoint->string()) : json(nullptr);
+  }
   return out;
 }
 
@@ -417,6 +437,9 @@ FitResult Trainer::fit() {
   std::optional<trainer::StopOnSignal> stop;
   if (o.handle_signals) stop.emplace(/*announce=*/is_rank0_);
   auto stop_signal = [&] { return stop ? stop->agreed(group) : 0; };
+  struct LeaveLoop {
+    ~LeaveLoop() { trainer::StopOnSignal::set_in_loop(false); }
+  } leave_loop;
 
   // The process that saves holds the checkpoint directory for the whole run: a second run started on
   // it is refused rather than clearing this one's save in progress as a crash's leftover.
@@ -452,7 +475,7 @@ FitResult Trainer::fit() {
                   "; choose a writable run directory, or none for no files");
     if (!o.config.is_null()) checkpoint::write_text_file_atomically(*run_dir_ / "config.json", o.config.dump(2) + "\n");
     const fs::path metrics_file = *run_dir_ / trainer::kMetricsFileName;
-    if (step > 0) truncate_metrics_after(metrics_file, step, progress);
+    if (step > 0) truncate_metrics_after(metrics_file, step, o.log_every, progress);
     metrics_.open(metrics_file, /*append=*/step > 0);
     write_failure_reported_ = false;
   }
@@ -551,6 +574,37 @@ FitResult Trainer::fit() {
     loss_step = step;
     position_.loss = std::isfinite(last_loss) ? json(last_loss) : json(nullptr);
   };
+  // The summary of the run so far (FitResult::to_json()): at its end, and in an InterruptedError.
+  auto fill_result = [&] {
+    result.steps = step;
+    result.final_loss = last_loss;
+    result.precision = running_precision;
+    result.skipped_steps = position_.skipped_steps;
+    if (scales_loss) result.final_loss_scale = precision.loss_scale();
+    result.seconds = now_seconds() - run_start_;
+    result.train_seconds = train_seconds;
+    result.samples_per_second = double(samples_this_run) / std::max(train_seconds, 1e-9);
+    if (o.tokens_per_sample > 1)
+      result.tokens_per_second = double(samples_this_run * o.tokens_per_sample) / std::max(train_seconds, 1e-9);
+    if (position_.evaluation.is_object()) {
+      trainer::Evaluation e;
+      e.loss = position_.evaluation.value("test_loss", 0.0);
+      e.accuracy = position_.evaluation.value("test_accuracy", 0.0);
+      e.samples = position_.evaluation.value("samples", int64_t(0));
+      if (position_.evaluation.value("val_ppl", json()).is_number())
+        e.perplexity = position_.evaluation.at("val_ppl").get<double>();
+      result.evaluation = e;
+    }
+    result.run_dir = run_dir_;
+  };
+  // Ends fit() on an agreed signal: "stopped by SIGINT <where>", with the summary so far.
+  auto interrupt = [&](int signal, const std::string& where) {
+    progress.finish();
+    fill_result();
+    result.interrupted = trainer::StopOnSignal::signal_name(signal);
+    throw InterruptedError(signal, std::string("stopped by ") + trainer::StopOnSignal::signal_name(signal) + " " + where,
+                           result.to_json());
+  };
   auto after_step = [&] {
     check_writes(step, result.last_checkpoint ? result.last_checkpoint : result.resumed_from);
     const int signal = stop_signal();
@@ -558,18 +612,25 @@ FitResult Trainer::fit() {
     if (saving && step > first_step) reduce_loss();  // every rank: the signal was agreed
     if (saving) result.last_checkpoint = save(step);
     if (!signal) return;
-    progress.finish();
-    const std::string name = trainer::StopOnSignal::signal_name(signal);
     if (!checkpoint_root_)
-      throw InterruptedError(signal, "stopped by " + name + " after step " + std::to_string(step) + " of " +
-                                         std::to_string(total_steps_) +
-                                         "; nothing was saved: there is no run or checkpoint directory");
+      interrupt(signal, "after step " + std::to_string(step) + " of " + std::to_string(total_steps_) +
+                            "; nothing was saved: there is no run or checkpoint directory");
     const fs::path& saved = *result.last_checkpoint;
     const std::string hint =
         o.resume_hint ? o.resume_hint(saved) : "resume with TrainerOptions::resume = \"" + saved.string() + "\"";
-    throw InterruptedError(signal, "stopped by " + name + " after step " + std::to_string(step) + " of " +
-                                       std::to_string(total_steps_) + "; saved " + saved.string() + "; " + hint);
+    interrupt(signal, "after step " + std::to_string(step) + " of " + std::to_string(total_steps_) + "; saved " +
+                          saved.string() + "; " + hint);
   };
+
+  // A signal while the run was starting (reading the data, building the model, loading the checkpoint)
+  // stops it here, before its first step: Note [Stopping on a signal].
+  if (const int signal = stop_signal()) {
+    const std::string where = result.resumed_from ? "; " + result.resumed_from->string() + " is where it stands"
+                                                  : std::string();
+    interrupt(signal, "before step " + std::to_string(step + 1) + " of " + std::to_string(total_steps_) +
+                          "; nothing new to save" + where);
+  }
+  trainer::StopOnSignal::set_in_loop(stop.has_value());
 
   for (int64_t epoch = loader.epoch(); epoch < o.epochs && step < total_steps_; ++epoch) {
     loader.set_epoch(epoch);  // keeps a resumed position in this epoch
@@ -688,30 +749,18 @@ FitResult Trainer::fit() {
     if (o.eval_every == 0 || step >= total_steps_) run_evaluation(step);
     after_step();
   }
+  trainer::StopOnSignal::set_in_loop(false);
+  // A signal during the last step's evaluation or save came after after_step() looked: the run is
+  // complete, but a stop was asked for, so it ends as interrupted (Note [Stopping on a signal]).
+  if (const int signal = stop_signal()) {
+    const std::optional<fs::path>& saved = result.last_checkpoint;
+    interrupt(signal, "after the last step, " + std::to_string(step) + " of " + std::to_string(total_steps_) +
+                          ", as the run ended; it is complete" + (saved ? "; saved " + saved->string() : std::string()));
+  }
   progress.finish();
   metrics_.close();
   check_writes(step, result.last_checkpoint ? result.last_checkpoint : result.resumed_from);
-
-  result.steps = step;
-  result.final_loss = last_loss;
-  result.precision = running_precision;
-  result.skipped_steps = position_.skipped_steps;
-  if (scales_loss) result.final_loss_scale = precision.loss_scale();
-  result.seconds = now_seconds() - run_start_;
-  result.train_seconds = train_seconds;
-  result.samples_per_second = double(samples_this_run) / std::max(train_seconds, 1e-9);
-  if (o.tokens_per_sample > 1)
-    result.tokens_per_second = double(samples_this_run * o.tokens_per_sample) / std::max(train_seconds, 1e-9);
-  if (position_.evaluation.is_object()) {
-    trainer::Evaluation e;
-    e.loss = position_.evaluation.value("test_loss", 0.0);
-    e.accuracy = position_.evaluation.value("test_accuracy", 0.0);
-    e.samples = position_.evaluation.value("samples", int64_t(0));
-    if (position_.evaluation.value("val_ppl", json()).is_number())
-      e.perplexity = position_.evaluation.at("val_ppl").get<double>();
-    result.evaluation = e;
-  }
-  result.run_dir = run_dir_;
+  fill_result();
   return result;
 }
 

@@ -14,7 +14,8 @@
 // booster train prints] in progress.h), checkpoints through Booster::save_state every checkpoint_every
 // steps (Note [What a step's checkpoint holds]), and resumes bit for bit from one (TrainerOptions::resume).
 // SIGINT and SIGTERM finish the step, save, print how to resume and end fit() with InterruptedError
-// (Note [Stopping on a signal] in signals.h).
+// (Note [Stopping on a signal] in signals.h); one that came before the first step (while the run was
+// starting) or during the last step's evaluation and save ends it too, before or after them.
 #pragma once
 
 #include <cstdint>
@@ -37,13 +38,18 @@ namespace booster {
 // fit() stopped on SIGINT or SIGTERM after saving (when it had somewhere to save).
 class InterruptedError : public Error {
  public:
-  InterruptedError(int signal, const std::string& what) : Error(what), signal_(signal) {}
+  InterruptedError(int signal, const std::string& what, nlohmann::json summary = nullptr)
+      : Error(what), signal_(signal), summary_(std::move(summary)) {}
   int signal() const { return signal_; }
   // The exit status a shell reports for a process the signal ended: 128 + signal.
   int exit_code() const { return 128 + signal_; }
+  // What the run did until it stopped: FitResult::to_json() with "interrupted" set; null when fit()
+  // did not throw it.
+  const nlohmann::json& summary() const { return summary_; }
 
  private:
   int signal_;
+  nlohmann::json summary_;
 };
 
 namespace trainer {
@@ -150,6 +156,8 @@ struct FitResult {
   std::optional<std::filesystem::path> run_dir;
   std::optional<std::filesystem::path> resumed_from;
   std::optional<std::filesystem::path> last_checkpoint;
+  // The signal that stopped the run ("SIGINT"), in the summary of an InterruptedError; "": none.
+  std::string interrupted;
   nlohmann::json to_json() const;
 };
 
