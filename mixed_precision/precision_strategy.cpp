@@ -2,6 +2,7 @@
 #include "booster/mixed_precision/precision_strategy.h"
 
 #include <cmath>
+#include <cstdio>
 #include <limits>
 
 #include "booster/autograd/autograd.h"
@@ -68,6 +69,7 @@ void PrecisionStrategy::backward(const Tensor& loss, optim::Optimizer& optimizer
   unscaled_this_step_ = false;
   found_inf_ = false;
   if (uses_masters()) masters_of(optimizer);  // refuses an optimizer other than configure()'s
+  scaled_backward_ = true;
   // A model held in 16 bits gives its loss float32 through scale_loss even at scale 1.
   if (uses_masters() || recipe_.scaler) scale_loss(loss, loss_scale()).backward();
   else loss.backward();
@@ -109,6 +111,27 @@ double PrecisionStrategy::clip_grad_norm(optim::Optimizer& optimizer, double max
 }
 
 void PrecisionStrategy::step(optim::Optimizer& optimizer) {
+  // Note [A backward the scaler did not see]: looked for only when no scaled backward came.
+  if (recipe_.scaler && !scaled_backward_ && !warned_unseen_backward_) {
+    std::vector<Tensor> grads;
+    int64_t elements = 0;
+    for (const optim::ParamGroup& group : optimizer.param_groups())
+      for (const Tensor& p : group.params)
+        if (p.grad().defined()) {
+          grads.push_back(p.grad());
+          elements += p.grad().numel();
+        }
+    if (elements > 0 && count_zeros(grads) < elements) {
+      warned_unseen_backward_ = true;
+      std::fprintf(stderr,
+                   "booster: warning: %s: the optimizer steps on gradients of a backward the loss scaler did not "
+                   "see (loss.backward()?); call booster.backward(loss, optimizer) so the loss is scaled and the "
+                   "gradients unscaled and checked for inf/NaN\n",
+                   name_.c_str());
+      std::fflush(stderr);
+    }
+  }
+  scaled_backward_ = false;
   unscale_gradients(optimizer);
   stats_ = StepStats{};
   stats_.loss_scale = loss_scale();  // the scale this step's backward used

@@ -10,11 +10,14 @@
 // Megatron-LM's DynamicGradScaler.update), independently of the code under test.
 #include <catch2/catch.hpp>
 
+#include <unistd.h>
+
 #include <cmath>
 #include <cstring>
 #include <limits>
 
 #include "booster/autograd/autograd.h"
+#include "booster/booster/booster.h"
 #include "booster/data/synthetic.h"
 #include "booster/mixed_precision/mixed_precision.h"
 #include "booster/nn/activation.h"
@@ -825,4 +828,70 @@ TEST_CASE("fp16: gradients created outside the flat buffer (module zero_grad to 
     CHECK(a.mp->last_step_stats().grad_norm == b.mp->last_step_stats().grad_norm);
   }
   CHECK(snapshot(a.c.model->parameters()) == snapshot(b.c.model->parameters()));
+}
+
+namespace {
+
+// What `body` wrote to stderr (fd 2), read back from a temporary file.
+template <class Body>
+std::string captured_stderr(Body body) {
+  std::fflush(stderr);
+  char path[] = "/tmp/booster_test_amp_stderr_XXXXXX";
+  const int fd = ::mkstemp(path);
+  REQUIRE(fd >= 0);
+  const int saved = ::dup(STDERR_FILENO);
+  ::dup2(fd, STDERR_FILENO);
+  body();
+  std::fflush(stderr);
+  ::dup2(saved, STDERR_FILENO);
+  ::close(saved);
+  std::string text;
+  ::lseek(fd, 0, SEEK_SET);
+  char buf[4096];
+  for (ssize_t n; (n = ::read(fd, buf, sizeof buf)) > 0;) text.append(buf, size_t(n));
+  ::close(fd);
+  ::unlink(path);
+  return text;
+}
+
+int64_t occurrences(const std::string& text, const std::string& what) {
+  int64_t n = 0;
+  for (size_t at = text.find(what); at != std::string::npos; at = text.find(what, at + 1)) ++n;
+  return n;
+}
+
+}  // namespace
+
+// Note [A backward the scaler did not see] (precision_strategy.h).
+TEST_CASE("loss.backward() instead of booster.backward() under a loss scale warns once", "[amp][booster]") {
+  const std::vector<std::pair<std::string, json>> strategies = {
+      {"fp16", json::object()},
+      {"fp16_apex", {{"opt_level", "O1"}}},
+      {"fp16_apex", {{"opt_level", "O2"}}},
+      {"fp16_naive", json::object()},
+  };
+  const std::string warning = "call booster.backward(loss, optimizer)";
+  for (const auto& [name, options] : strategies) {
+    for (const bool through_booster : {false, true}) {
+      INFO(name << " " << options.dump() << (through_booster ? " booster.backward" : " loss.backward"));
+      manual_seed(5);
+      Booster booster(BoosterConfig{.mixed_precision = name, .mixed_precision_options = options});
+      nn::ModulePtr model = nn::make_model({{"type", "mlp"}, {"in", 8}, {"hidden", {16}}, {"classes", 3}}, 3);
+      auto adamw = std::make_shared<optim::AdamW>(model->parameters(), json{{"lr", 0.01}});
+      booster.boost(model, adamw, cross_entropy_criterion());
+      const Boosted& parts = booster.boosted();
+      const Tensor x = randn({16, 8});
+      const Tensor y = from_vector(std::vector<float>(16, 1.0f), {16}).to(DType::Int64);
+      const std::string err = captured_stderr([&] {
+        for (int step = 0; step < 3; ++step) {
+          parts.optimizer->zero_grad();
+          const Tensor loss = parts.criterion((*parts.model)(x), y);
+          if (through_booster) booster.backward(loss, *parts.optimizer);
+          else loss.backward();
+          parts.optimizer->step();
+        }
+      });
+      CHECK(occurrences(err, warning) == (through_booster ? 0 : 1));
+    }
+  }
 }

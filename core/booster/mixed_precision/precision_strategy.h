@@ -17,6 +17,13 @@
 //   state      meta["scaler"] = the scaler's state; with masters, tensors "master_weights.<g>.<i>".
 // Without a scaler nothing is scaled, checked or agreed on (fp32, bf16): the reducer is not called.
 // A scaler that does not skip (apex's static loss_scale) has its gradients divided, never checked.
+//
+// Note [A backward the scaler did not see]
+// A loop that calls loss.backward() where it should call booster.backward(loss, optimizer) makes
+// unscaled gradients, which step() would divide by the scale: the step silently moves the weights
+// by 1/scale of what it should (and float16 gradients underflow unscaled). So under a scaler, step()
+// looks for gradients when no scaled backward came since the last step: non-zero ones mean a backward
+// the strategy did not see, and it warns once (stderr) naming the call to use.
 #pragma once
 
 #include <memory>
@@ -84,6 +91,8 @@ class PrecisionStrategy : public MixedPrecision {
   PrecisionRecipe recipe_;
   std::shared_ptr<MasterWeightOptimizer> masters_;  // set by configure() when uses_masters()
   bool found_inf_ = false;                          // this step's agreed verdict, once unscaled
+  bool scaled_backward_ = false;  // a backward() since the last step (Note [A backward the scaler did not see])
+  bool warned_unseen_backward_ = false;
 };
 
 }  // namespace booster::mixed_precision
