@@ -137,7 +137,6 @@ void print_version() {
     std::cout << "\n";
   }
   std::cout << "  CPU kernels: " << info.value("cpu_kernels", std::string("?")) << "\n";
-  std::cout << "  bfloat16 GEMMs: " << info.value("bf16_gemm", std::string("?")) << "\n";
   std::cout << "  NCCL: " << (info.value("nccl", false) ? "on" : "off") << "\n"
             << "  MPI: " << (info.value("mpi", false) ? "on (booster run -n N starts N processes)" : "off (one process only)")
             << "\n"
@@ -281,8 +280,6 @@ int run(int argc, char** argv) {
     booster::config::ResolvedRun resolved = booster::config::load_run(config_path, overrides);
     const nlohmann::json& config = resolved.config;
     if (command == "check") {
-      // A library model's input and classes against the data: one forward, as train's first step.
-      booster::config::trial_forward(config);
       // resolve() has run the compatibility matrix: reaching here means the combination works.
       std::cerr << "booster: compatible: mixed precision '" << config.at("mixed_precision").at("name").get<std::string>()
                 << "' with plugin '" << config.at("plugin").at("name").get<std::string>() << "' on "
