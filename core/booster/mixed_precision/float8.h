@@ -56,7 +56,9 @@ class Float8Scale {
   void set_step_amax(float amax) { step_amax_ = amax; }
   // The amax history, most recent first (delayed scaling; empty for current scaling).
   std::vector<float> history() const;
-  // State for checkpoints: [scale, step_amax, history (oldest slot first as stored), position].
+  // State for checkpoints, as state_dict() saves it (one float32 tensor of 3 + amax_history_len values):
+  // [scale, step_amax, position (the history slot the next amax goes into), the history's slots in
+  // storage order, slot 0 first (not most recent first); none for current scaling].
   std::vector<float> state() const;
   void load_state(const std::vector<float>& state);
 
