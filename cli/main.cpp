@@ -137,6 +137,7 @@ void print_version() {
     std::cout << "\n";
   }
   std::cout << "  CPU kernels: " << info.value("cpu_kernels", std::string("?")) << "\n";
+  std::cout << "  bfloat16 GEMMs: " << info.value("bf16_gemm", std::string("?")) << "\n";
   std::cout << "  NCCL: " << (info.value("nccl", false) ? "on" : "off") << "\n"
             << "  MPI: " << (info.value("mpi", false) ? "on (booster run -n N starts N processes)" : "off (one process only)")
             << "\n"

@@ -1,6 +1,7 @@
 #include "booster/booster/build_info.h"
 
 #include "booster/backends/cuda/cuda.h"
+#include "booster/backends/onednn/onednn.h"
 #include "booster/common/cpu_features.h"
 
 namespace booster {
@@ -24,7 +25,11 @@ nlohmann::json build_info() {
 #else
   const bool mpi = false;
 #endif
-  return {{"cuda", cuda_info}, {"nccl", nccl}, {"mpi", mpi}, {"cpu_kernels", cpu::isa_description()}};
+  return {{"cuda", cuda_info},
+          {"nccl", nccl},
+          {"mpi", mpi},
+          {"cpu_kernels", cpu::isa_description()},
+          {"bf16_gemm", onednn::bf16_gemm_description()}};
 }
 
 std::string build_info_line() {

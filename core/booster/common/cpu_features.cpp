@@ -1,6 +1,10 @@
 // Picks the CPU kernel level once per process (Note [CPU kernels per ISA level]).
 #include "booster/common/cpu_features.h"
 
+#if defined(__x86_64__) || defined(__i386__)
+#include <cpuid.h>
+#endif
+
 #include <cstdio>
 #include <cstdlib>
 #include <string>
@@ -52,6 +56,37 @@ bool isa_supported(IsaLevel level) {
 #else
   return level == IsaLevel::Baseline;
 #endif
+}
+
+namespace {
+
+struct Bf16Features {
+  bool avx512_bf16 = false, amx_bf16 = false;
+};
+
+Bf16Features bf16_features() {
+  Bf16Features f;
+#if defined(__x86_64__) || defined(__i386__)
+  unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+  if (!isa_supported(IsaLevel::Avx512)) return f;  // both need the AVX-512 (or AMX) state the OS enables
+  if (__get_cpuid_count(7, 0, &eax, &ebx, &ecx, &edx)) f.amx_bf16 = (edx >> 22) & 1;
+  if (eax >= 1 && __get_cpuid_count(7, 1, &eax, &ebx, &ecx, &edx)) f.avx512_bf16 = (eax >> 5) & 1;
+#endif
+  return f;
+}
+
+}  // namespace
+
+bool has_bf16_instructions() {
+  static const Bf16Features f = bf16_features();
+  return f.avx512_bf16 || f.amx_bf16;
+}
+
+const char* bf16_instructions_name() {
+  static const Bf16Features f = bf16_features();
+  if (f.amx_bf16 && f.avx512_bf16) return "amx_bf16, avx512_bf16";
+  if (f.amx_bf16) return "amx_bf16";
+  return f.avx512_bf16 ? "avx512_bf16" : "none";
 }
 
 IsaLevel isa_level() {

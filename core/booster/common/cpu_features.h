@@ -17,6 +17,12 @@ enum class IsaLevel : int {
   Avx512 = 2,    // x86-64-v4: AVX-512 F, BW, CD, DQ, VL
 };
 
+// Whether this CPU computes bfloat16 dot products in hardware (AVX512-BF16 or AMX-BF16): where it does
+// not, bfloat16 saves memory but not time (its GEMMs widen to float32).
+bool has_bf16_instructions();
+// "avx512_bf16", "amx_bf16, avx512_bf16", or "none".
+const char* bf16_instructions_name();
+
 // The level whose kernels run (fixed at the first call, before any kernel registers).
 IsaLevel isa_level();
 // Whether this CPU (and its OS) can run code of `level`.

@@ -3,13 +3,15 @@
 // Operands are passed as they lie (Note [GEMM operand layouts] in booster/kernels/gemm.h).
 // float16/bfloat16 operands are converted once per call into thread-local float32 scratch that
 // keeps its capacity between calls (no allocation in steady state), multiplied with sgemm, and the
-// result is rounded to the 16-bit type once.
+// result is rounded to the 16-bit type once; bfloat16 goes to oneDNN instead where the CPU computes
+// it natively (booster/backends/onednn/onednn.h).
 #include <cblas.h>
 
 #include <algorithm>
 #include <vector>
 
 #include "booster/backends/cpu/convert.h"
+#include "booster/backends/onednn/onednn.h"
 #include "booster/backends/cpu/loops.h"
 #include "booster/kernels/elementwise.h"
 #include "booster/kernels/gemm.h"
@@ -82,6 +84,9 @@ void gemm_rowmajor_c(const GemmArgs& args, const Tensor& a, const Tensor& b, Ten
                 ldc, m, n, k, args.alpha, args.beta);
     }
   } else {
+    if constexpr (std::is_same_v<T, BFloat16>) {  // Note [bfloat16 GEMMs through oneDNN]
+      if (onednn::gemm_bf16(oa, ob, c.data_ptr(), ldc, c_bs, batch, m, n, k, args.alpha, args.beta)) return;
+    }
     const GemmOperand wa = widen<T>(oa, batch, 0), wb = widen<T>(ob, batch, 1);
     float* cf = scratch(2, m * n);
     T* pc = static_cast<T*>(c.data_ptr());
