@@ -640,3 +640,33 @@ TEST_CASE("out of memory names the op, the shape and dtype, the module and what 
                     Contains("while building model 'linear'") && Contains("shape [4194304, 4194304]") &&
                         Contains("shrink the model"));
 }
+
+// Note [Errors name the module] (booster/nn/module.cpp): an error thrown inside a module's forward gets
+// the module's path below the model and its class in front, once, keeping its type; the path is built
+// only when something throws.
+TEST_CASE("an error inside a module's forward names the module's path, once, and keeps its type", "[nn][errors]") {
+  using Catch::Matchers::Contains;
+  using Catch::Matchers::StartsWith;
+  auto mlp = std::make_shared<nn::MLPClassifier>(4, std::vector<int64_t>{8, 8}, 3, "relu", 0);
+  // An op's error in a child: the child's path and class, then the op's own words.
+  CHECK_THROWS_AS((*mlp)(randn({2, 4}).to(DType::BFloat16)), DTypeError);
+  CHECK_THROWS_WITH((*mlp)(randn({2, 4}).to(DType::BFloat16)),
+                    StartsWith("layers.0 (Linear): linear: ") && Contains("bfloat16") && Contains("float32"));
+  // Deeper: a Sequential inside a Sequential, "1.0 (Linear)"; the layer's own "Linear: " is not repeated.
+  auto inner = std::make_shared<nn::Sequential>();
+  inner->push_back(std::make_shared<nn::Linear>(8, 5));
+  auto outer = std::make_shared<nn::Sequential>();
+  outer->push_back(std::make_shared<nn::Linear>(4, 6));
+  outer->push_back(inner);
+  CHECK_THROWS_AS((*outer)(randn({2, 4})), ShapeError);
+  CHECK_THROWS_WITH((*outer)(randn({2, 4})), StartsWith("1.0 (Linear): expected input [..., 8], got shape [2, 6]"));
+  // The model's own check, thrown by the outermost module: its class once.
+  CHECK_THROWS_WITH((*mlp)(randn({2, 5})), StartsWith("MLPClassifier: expected input") &&
+                                               !Contains("MLPClassifier: MLPClassifier"));
+  // A module called on its own is the outermost: named by its class.
+  nn::Linear lone(3, 2);
+  CHECK_THROWS_WITH(lone(randn({2, 4})), StartsWith("Linear: expected input [..., 3]"));
+  // Out of memory names the module itself (Note [Error context]); it is not prefixed.
+  const Tensor huge = ones({1, 4}).expand({int64_t(1) << 40, 4});
+  CHECK_THROWS_WITH((*mlp)(huge), StartsWith("out of host memory"));
+}

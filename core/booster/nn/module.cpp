@@ -88,6 +88,69 @@ std::string describe_module(const void* module_ptr, const void* root_ptr) {
 [[maybe_unused]] const bool kModuleDescriberSet = (set_module_describer(&describe_module), true);
 }  // namespace
 
+// Note [Errors name the module]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// An op's error names the op and the values ("linear: bfloat16 input, float32 weight"), but in a model
+// of many Linears the user needs to know which one. So Module::operator() catches a ShapeError,
+// DTypeError, IndexError, ValueError, DeviceError or NotImplementedError thrown inside its forward and
+// rethrows it with the module's dotted path below the outermost module being run and its class in
+// front: "layers.0 (Linear): linear: bfloat16 input, float32 weight" (a message that starts with the
+// class's own name, "Linear: expected input ...", loses that repetition). The innermost module does it,
+// while the frames of its ancestors are still on the error context stack (Note [Error context]); the
+// error it throws is of a type derived from the original one (ShapeError stays a ShapeError) and from
+// ModuleNamedError, which the ancestors' handlers rethrow untouched. On the success path this costs
+// nothing: the try block is free, and the path is built only in the handler. Other errors (out of
+// memory, which names the module itself; distributed failures; configuration) pass unchanged.
+namespace {
+struct ModuleNamedError {
+  virtual ~ModuleNamedError() = default;
+};
+template <class E>
+class NamedError final : public E, public ModuleNamedError {
+ public:
+  explicit NamedError(const std::string& message) : E(message) {}
+};
+
+// "layers.0 (Linear): " for `module` below the outermost module on the stack, "GPT: " for that one.
+std::string module_prefix(const Module& module) {
+  const ErrorContextStack& s = error_context_stack();
+  const Module* root = nullptr;
+  for (size_t i = 0; i < std::min(s.depth, kMaxErrorContextDepth) && !root; ++i)
+    if (s.frames[i].kind == ErrorContextFrame::Kind::Module) root = static_cast<const Module*>(s.frames[i].what);
+  if (root && root != &module)
+    for (const auto& [path, m] : root->named_modules())
+      if (m == &module) return path + " (" + module.name() + "): ";
+  return module.name() + ": ";
+}
+
+template <class E>
+[[noreturn]] void throw_named(const Module& module, const E& error) {
+  std::string message = error.what();
+  if (const std::string own = module.name() + ": "; message.rfind(own, 0) == 0) message.erase(0, own.size());
+  throw NamedError<E>(module_prefix(module) + message);
+}
+}  // namespace
+
+void Module::rethrow_naming_module() const {
+  try {
+    throw;
+  } catch (const ModuleNamedError&) {
+    throw;
+  } catch (const ShapeError& e) {
+    throw_named(*this, e);
+  } catch (const DTypeError& e) {
+    throw_named(*this, e);
+  } catch (const IndexError& e) {
+    throw_named(*this, e);
+  } catch (const ValueError& e) {
+    throw_named(*this, e);
+  } catch (const DeviceError& e) {
+    throw_named(*this, e);
+  } catch (const NotImplementedError& e) {
+    throw_named(*this, e);
+  }
+}
+
 Tensor Module::forward(const Tensor&) {
   BOOSTER_FAIL(NotImplementedError, name(), ".forward: this module does not take a single tensor input");
 }

@@ -69,12 +69,18 @@ class Module {
   // Single-input forward. The base throws NotImplementedError naming the module.
   virtual Tensor forward(const Tensor& x);
   // forward(x), with the module on the error context stack (Note [Error context]), so an error deep
-  // inside names the module: call children as (*child)(x), as in PyTorch.
+  // inside names the module: call children as (*child)(x), as in PyTorch. A shape, dtype, index,
+  // value or device error thrown inside gets the module's path in front (Note [Errors name the
+  // module]): "layers.0 (Linear): expected input [..., 8], got shape [16, 10]".
   Tensor operator()(const Tensor& x) {
     const ErrorContextScope context(ErrorContextFrame::Kind::Module, this);
-    if (hooks_ && !hooks_->empty()) [[unlikely]]
-      return call_with_hooks(x);
-    return call_forward(x);
+    try {
+      if (hooks_ && !hooks_->empty()) [[unlikely]]
+        return call_with_hooks(x);
+      return call_forward(x);
+    } catch (const Error&) {
+      rethrow_naming_module();
+    }
   }
 
   // --- forward hooks (torch's register_forward_pre_hook / register_forward_hook) ---
@@ -180,6 +186,9 @@ class Module {
     return forward(x);
   }
   Tensor call_with_hooks(const Tensor& x);
+  // Inside operator()'s handler: rethrows the error in flight with this module's path in front, once
+  // (the innermost module names it; Note [Errors name the module]).
+  [[noreturn]] void rethrow_naming_module() const;
   struct ForwardHooks {
     std::vector<std::pair<int64_t, ForwardPreHook>> pre;
     std::vector<std::pair<int64_t, ForwardHook>> post;
