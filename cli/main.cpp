@@ -281,6 +281,8 @@ int run(int argc, char** argv) {
     booster::config::ResolvedRun resolved = booster::config::load_run(config_path, overrides);
     const nlohmann::json& config = resolved.config;
     if (command == "check") {
+      // A library model's input and classes against the data: one forward, as train's first step.
+      booster::config::trial_forward(config);
       // resolve() has run the compatibility matrix: reaching here means the combination works.
       std::cerr << "booster: compatible: mixed precision '" << config.at("mixed_precision").at("name").get<std::string>()
                 << "' with plugin '" << config.at("plugin").at("name").get<std::string>() << "' on "

@@ -299,3 +299,72 @@ TEST_CASE("booster check's memory estimate counts a Llama's parameters as nn::Ll
   CHECK(estimated_parameters(r.err) == n);
   CHECK(table_bytes(r.err, "parameters") == Approx(double((n + 1) / 2 * 4)).epsilon(0.01));
 }
+
+// ------------------------------------------------------------------------------ models from a library
+// A model from a model library (tests/models/toy) on synthetic data of `features` and `classes`.
+namespace {
+const std::string kToy = std::string(BOOSTER_TEST_MODEL_DIR) + "/libbooster_model_toy.so";
+
+fs::path write_toy_config(const std::string& name, int64_t features, int64_t classes, const json& plugin) {
+  const json c = {{"model", {{"type", "toy_mlp"}, {"library", kToy}, {"in", 8}, {"hidden", 16}, {"classes", 3}}},
+                  {"optimizer", {{"type", "sgd"}, {"lr", 0.05}}},
+                  {"plugin", plugin},
+                  {"data", {{"type", "synthetic"}, {"num_samples", 64}, {"num_test_samples", 16},
+                            {"num_features", features}, {"num_classes", classes}, {"batch_size", 16}}},
+                  {"train", {{"max_steps", 2}, {"seed", 3}, {"run_dir", nullptr}}}};
+  const fs::path p = scratch_dir() / name;
+  std::ofstream(p) << c.dump(2);
+  return p;
+}
+}  // namespace
+
+// hybrid_parallel looks the model's shard policy up by its class at boost(); check (and train, which
+// resolves the config first) find it missing before any process starts, with the plugin's message.
+TEST_CASE("booster check: a library model without a shard policy under tp or pp is refused as train refuses it",
+          "[cli][check][models]") {
+  for (const json& plugin : {json{{"name", "hybrid_parallel"}, {"tp_size", 2}},
+                             json{{"name", "hybrid_parallel"}, {"pp_size", 2}}}) {
+    INFO(plugin.dump());
+    const fs::path cfg = write_toy_config("toy_split.json", 8, 3, plugin);
+    check_refused_as_train(cfg, "", {"needs a shard policy for the model 'ToyMLP'", "register_shard_policy"}, 2);
+  }
+  // Data parallel only: nothing is split, so no policy is needed.
+  const RunResult r =
+      run_cli("check --config " + write_toy_config("toy_dp.json", 8, 3, {{"name", "hybrid_parallel"}}).string() + " -n 2");
+  INFO(r.err);
+  CHECK(r.exit_code == 0);
+}
+
+// Note [A trial forward of a library model] (core/booster/config/model_check.cpp): a library model's
+// input width and classes are its own keys, so check runs one forward on two samples and reports the
+// mismatch with the error (type, exit code, words) train's first step gives; the layer is named by its
+// path (Note [Errors name the module]).
+TEST_CASE("booster check: a library model whose input or classes do not fit the data fails as train's first step",
+          "[cli][check][models]") {
+  // 10 features for a model of 8 inputs: fc1 refuses the batch (2 rows in check, 16 in train).
+  const fs::path wide = write_toy_config("toy_wide.json", 10, 3, {{"name", "single"}});
+  const RunResult check = run_cli("check --config " + wide.string());
+  const RunResult train = run_cli("train --config " + wide.string());
+  INFO("check: " << check.err << "\ntrain: " << train.err);
+  CHECK(check.exit_code == 1);
+  CHECK(train.exit_code == check.exit_code);
+  CHECK(std::count(check.err.begin(), check.err.end(), '\n') == 1);
+  CHECK(check.err == "booster: error: fc1 (Linear): expected input [..., 8], got shape [2, 10]\n");
+  CHECK_THAT(train.err, Contains("booster: error: fc1 (Linear): expected input [..., 8], got shape [16, 10]\n"));
+  // 5 classes for a model of 3 outputs: the criterion refuses the largest target, which check includes.
+  const fs::path classes = write_toy_config("toy_classes.json", 8, 5, {{"name", "single"}});
+  const RunResult check_classes = run_cli("check --config " + classes.string());
+  const RunResult train_classes = run_cli("train --config " + classes.string());
+  INFO("check: " << check_classes.err << "\ntrain: " << train_classes.err);
+  CHECK(check_classes.exit_code == 1);
+  CHECK(train_classes.exit_code == check_classes.exit_code);
+  CHECK(std::count(check_classes.err.begin(), check_classes.err.end(), '\n') == 1);
+  for (const RunResult* r : {&check_classes, &train_classes})
+    CHECK_THAT(r->err, Contains("booster: error: cross_entropy: target ") && Contains("is out of bounds for 3 classes"));
+  // A library model that fits passes, printing the config.
+  const RunResult fits = run_cli("check --config " + write_toy_config("toy_fits.json", 8, 3, {{"name", "single"}}).string());
+  INFO(fits.err);
+  CHECK(fits.exit_code == 0);
+  CHECK_THAT(fits.out, Contains("\"toy_mlp\""));
+}
+

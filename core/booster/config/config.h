@@ -98,9 +98,15 @@ void check_training_config(const json& resolved);
 // hybrid_parallel with tp_size or pp_size > 1 the model's shard policy is run for every pipeline stage
 // over a stand-in tensor-parallel group of tp_size ranks, so what the policy refuses (key/value heads
 // that tp_size splits, tied embeddings across stages, stage_layers that do not add up) is refused with
-// the policy's own message, before any process group exists. Other models: nothing (their factories
-// and policies are a program's or a library's).
+// the policy's own message, before any process group exists. Other models under such a plugin are
+// built deferred to find their policy (refused with the plugin's message when there is none); their
+// policies are not run (they are a program's or a library's).
 void check_model(const json& resolved);
+// Note [A trial forward of a library model] (model_check.cpp): for a model from a model library, one
+// forward without gradients on two samples of the training split and the criterion on its output, so
+// `booster check` reports an input size or class count that does not fit the data with the error the
+// first training step would give. Nothing for other models. Called by `booster check`, not by resolve.
+void trial_forward(const json& resolved);
 
 // ------------------------------------------------------------------ mixed_precision and plugin
 // Note [The mixed_precision section] and Note [The plugin section] in booster_sections.cpp.

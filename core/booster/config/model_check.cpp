@@ -26,8 +26,23 @@
 //    that got no layer: more stages than the layers + 2) is refused too, naming the stage: the run
 //    would stop on that rank only, when the plugin rebuilds the optimizer over the part ("optimizer got
 //    an empty parameter list").
-// Other models are left alone: a registered or library model's factory and policy belong to a program
-// or a library, which may not expect to be called twice or over a stand-in group.
+// Other models are not split here: a registered or library model's policy belongs to a program or a
+// library, which may not expect to be called over a stand-in group. But under hybrid_parallel with
+// tp_size or pp_size > 1 every model is built deferred (a library's factory runs once more, allocating
+// nothing) to look its shard policy up by Module::name(), as the plugin does at boost(): a model without
+// one is refused with the plugin's own message (nn::find_shard_policy's IncompatibleError), before any
+// process starts.
+//
+// Note [A trial forward of a library model]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// A built-in model's input width and classes are checked against the data by the schema; a library
+// model's keys are its own, so `booster check` (trial_forward, not train, which meets the same error
+// at its first step) builds it and runs one forward, without gradients and in eval mode, on two samples
+// of the training split: the first, and, where the targets are class indices in a tensor, the one with
+// the largest class, so the criterion sees a class the model's outputs may not cover. A model whose
+// input size does not fit the data fails in the layer that takes it ("fc1 (Linear): expected input
+// [..., 8], got shape [2, 10]", Note [Errors name the module] in booster/nn/module.cpp), one with too
+// few classes in the criterion, each with the error train would give.
 #include "booster/config/config.h"
 
 #include "booster/common/error.h"
@@ -37,6 +52,10 @@
 #include "booster/nn/model_registry.h"
 #include "booster/nn/models.h"
 #include "booster/nn/shard_policy.h"
+#include "booster/autograd/autograd.h"
+#include "booster/config/training.h"
+#include "booster/data/dataset.h"
+#include "booster/ops/ops.h"
 #include "booster/tensor/deferred.h"
 
 namespace booster::config {
@@ -85,13 +104,33 @@ int64_t layers_of(const nn::Module& model) {
   return 0;
 }
 
+// True when the plugin section splits the model (hybrid_parallel with tp_size or pp_size > 1).
+bool splits_model(const json& plugin) {
+  return plugin.value("name", std::string()) == "hybrid_parallel" &&
+         (plugin.value("tp_size", 1) > 1 || plugin.value("pp_size", 1) > 1);
+}
+
+// The plugin's shard policy for `model`: its own words for a model that has none
+// (plugins/hybrid_parallel/plugin.cpp).
+nn::ShardPolicy shard_policy_of(const nn::Module& model, const json& plugin) {
+  const std::string why = "plugin 'hybrid_parallel' with tp_size " + std::to_string(plugin.value("tp_size", 1)) +
+                          " and pp_size " + std::to_string(plugin.value("pp_size", 1));
+  return nn::find_shard_policy(model.name(), why);
+}
+
+// The model section as train builds it, deferred (no parameter memory).
+nn::ModulePtr build_deferred(const json& c) {
+  json section = c.at("model");
+  section.erase("init_from");  // the weights replace the initial ones; they do not change the shapes
+  LazyInitGuard lazy;
+  return nn::make_model(section, c.at("train").at("seed").get<uint64_t>());
+}
+
 void check_split(const nn::ModulePtr& model, const json& plugin) {
-  if (plugin.value("name", std::string()) != "hybrid_parallel") return;
+  if (!splits_model(plugin)) return;  // data parallel only: the plugin splits nothing
   const int tp = plugin.value("tp_size", 1), pp = plugin.value("pp_size", 1);
-  if (tp <= 1 && pp <= 1) return;  // data parallel only: the plugin splits nothing
-  // The plugin's own words for what needs a policy (plugins/hybrid_parallel/plugin.cpp).
   const std::string why = "plugin 'hybrid_parallel' with tp_size " + std::to_string(tp) + " and pp_size " + std::to_string(pp);
-  const nn::ShardPolicy policy = nn::find_shard_policy(model->name(), why);
+  const nn::ShardPolicy policy = shard_policy_of(*model, plugin);
   StandInGroup group(tp);
   nn::ShardContext context;
   context.tp = &group;
@@ -125,14 +164,12 @@ void check_split(const nn::ModulePtr& model, const json& plugin) {
 void check_model(const json& c) {
   const json& model = c.at("model");
   const std::string type = model.at("type").get<std::string>();
-  if (type != "llama" && type != "hf") return;
-  json section = model;
-  section.erase("init_from");  // the weights replace the initial ones; they do not change the shapes
-  nn::ModulePtr built;
-  {
-    LazyInitGuard lazy;  // counted and split, never allocated
-    built = nn::make_model(section, c.at("train").at("seed").get<uint64_t>());
+  if (type != "llama" && type != "hf") {
+    // Only whether the plugin finds a policy (Note [Checking a model before it trains]).
+    if (splits_model(c.at("plugin"))) shard_policy_of(*build_deferred(c), c.at("plugin"));
+    return;
   }
+  const nn::ModulePtr built = build_deferred(c);  // counted and split, never allocated
 
   const json& data = c.at("data");
   const char* length_key = data.contains("seq_len") ? "seq_len" : data.contains("context") ? "context" : nullptr;
@@ -145,6 +182,28 @@ void check_model(const json& c) {
   }
 
   check_split(built, c.at("plugin"));
+}
+
+// Note [A trial forward of a library model].
+void trial_forward(const json& c) {
+  const json& model = c.at("model");
+  if (!model.contains("library")) return;
+  const uint64_t seed = c.at("train").at("seed").get<uint64_t>();
+  const DataSplits split = make_datasets(c.at("data"), seed, model_vocab_size(model));
+  if (!split.train || split.train->size() == 0) return;
+  std::vector<int64_t> rows = {0};
+  if (const auto* tensors = dynamic_cast<const data::TensorDataset*>(split.train.get());
+      tensors && tensors->y().dim() == 1 && !is_floating(tensors->y().dtype()) && tensors->size() > 1)
+    rows.push_back(argmax(tensors->y().to(DType::Int64), 0).to_vector<int64_t>()[0]);
+  else if (split.train->size() > 1)
+    rows.push_back(1);
+  const data::Batch batch = split.train->get_batch(rows);
+  json section = model;
+  section.erase("init_from");
+  const nn::ModulePtr built = nn::make_model(section, seed);
+  built->eval();
+  NoGradGuard no_grad;
+  make_criterion(c.at("criterion"))((*built)(batch.x), batch.y);
 }
 
 }  // namespace booster::config
