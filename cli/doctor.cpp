@@ -50,6 +50,9 @@ int doctor(const json& config, BoosterComponents components, int64_t steps) {
     std::cout << "precision doctor: " << input.precision << " (" << input.format << "), " << result.steps
               << " steps, loss scale " << input.loss_scale << "\n\n"
               << diagnostics::format_table(input.modules) << "\n";
+    if (const std::string note = diagnostics::cpu_time_note(input.format, config.at("device").get<std::string>());
+        !note.empty())
+      std::cout << "note: " << note << "\n";
     for (const std::string& finding : diagnosis.findings) std::cout << "finding: " << finding << "\n";
     std::cout << "recommendation: " << diagnosis.recommendation << "\n";
     std::cout << diagnostics::doctor_report(input, diagnosis).dump() << std::endl;

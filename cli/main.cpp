@@ -16,6 +16,7 @@
 #include "booster/common/error.h"
 #include "booster/config/config.h"
 #include "booster/config/memory_estimate.h"
+#include "booster/diagnostics/doctor.h"
 #include "booster/distributed/device_mesh.h"
 #include "booster/distributed/mpi_process_group.h"
 #include "booster/trainer/signals.h"
@@ -297,6 +298,10 @@ int run(int argc, char** argv) {
                                      problem + "; check with -n N for the N processes you will start");
       }
       print_memory_estimate(config, world_size);
+      const std::string format = booster::diagnostics::compute_format(config.at("mixed_precision"), config.at("plugin"));
+      if (const std::string note = booster::diagnostics::cpu_time_note(format, config.at("device").get<std::string>());
+          !note.empty())
+        std::cerr << "booster: note: " << note << "\n";
       std::cout << config.dump(2) << "\n";
       return booster::cli::kExitOk;
     }

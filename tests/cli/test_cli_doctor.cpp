@@ -19,12 +19,15 @@
 namespace fs = std::filesystem;
 using nlohmann::json;
 using testing::RunResult;
+using Catch::Contains;
 
 namespace {
 
 fs::path scratch_dir() { return testing::scratch_dir("test_cli_doctor"); }
 
-RunResult run_booster(const std::string& args) { return testing::run_booster_in(scratch_dir(), args); }
+RunResult run_booster(const std::string& args, const std::string& env = "") {
+  return testing::run_booster_in(scratch_dir(), args, env);
+}
 
 fs::path write_config(const std::string& name, const json& config) {
   fs::path p = scratch_dir() / name;
@@ -191,4 +194,42 @@ TEST_CASE("booster doctor runs under low_level_zero stage 3, whose parameters ar
   CHECK(report.at("precision") == "bf16 (low_level_zero's own)");
   CHECK(r.out.rfind("precision doctor: bf16 (low_level_zero's own) (", 0) == 0);
   CHECK(r.err.find("precision bf16 (low_level_zero's own)") != std::string::npos);
+}
+
+// Issue: on a CPU a 16-bit format may save memory and not time. check and the doctor say so where the
+// GEMMs widen to float32 (float16 always; bfloat16 when oneDNN's path is off: switched off here, so the
+// case runs on any CPU), and say nothing for float32 or where bfloat16 runs natively.
+TEST_CASE("booster check and doctor say where a 16-bit format saves memory but not time on the CPU",
+          "[cli][diagnostics][onednn]") {
+  const fs::path cfg = write_config("doctor_cpu_note.json", synthetic_config());
+  const std::string not_time = "saves memory here but not time";
+  {
+    const RunResult r = run_booster("check --config " + cfg.string() + " --mixed-precision bf16", "BOOSTER_ONEDNN=0");
+    INFO(r.err);
+    REQUIRE(r.exit_code == 0);
+    CHECK_THAT(r.err, Contains("booster: note: bfloat16 " + not_time) && Contains("BOOSTER_ONEDNN=0"));
+  }
+  {
+    const RunResult r = run_booster("doctor --config " + cfg.string() + " --mixed-precision bf16 --steps 1",
+                                    "BOOSTER_ONEDNN=0");
+    INFO(r.err);
+    REQUIRE(r.exit_code == 0);
+    CHECK_THAT(r.out, Contains("note: bfloat16 " + not_time));
+  }
+  {
+    const RunResult r = run_booster("check --config " + cfg.string() + " --mixed-precision fp16");
+    REQUIRE(r.exit_code == 0);
+    CHECK_THAT(r.err, Contains("booster: note: float16 saves memory on the CPU but not time"));
+  }
+  {
+    const RunResult r = run_booster("check --config " + cfg.string());
+    REQUIRE(r.exit_code == 0);
+    CHECK_THAT(r.err, !Contains("booster: note:"));
+  }
+  const RunResult version = run_booster("--version");
+  if (version.out.find("bfloat16 GEMMs: oneDNN") != std::string::npos) {
+    const RunResult r = run_booster("check --config " + cfg.string() + " --mixed-precision bf16");
+    REQUIRE(r.exit_code == 0);
+    CHECK_THAT(r.err, !Contains(not_time));
+  }
 }

@@ -5,6 +5,8 @@
 #include <cmath>
 #include <cstdio>
 
+#include "booster/backends/onednn/onednn.h"
+
 namespace booster::diagnostics {
 
 using nlohmann::json;
@@ -105,6 +107,16 @@ std::string compute_format(const json& mixed_precision, const json& plugin) {
   if (name == "fp16_apex" && mixed_precision.value("opt_level", std::string("O1")) == "O0") return "float32";
   if (name.find("fp16") != std::string::npos) return "float16";
   return "float32";
+}
+
+std::string cpu_time_note(const std::string& format, const std::string& device) {
+  if (device.rfind("cpu", 0) != 0) return "";
+  if (format == "float16")
+    return "float16 saves memory on the CPU but not time: OpenBLAS has no float16 GEMM, so every product is "
+           "widened to float32 (bf16 runs on the CPU's bfloat16 instructions where it has them)";
+  if ((format == "bfloat16" || format == "fp8") && !onednn::bf16_gemm_enabled())
+    return "bfloat16 saves memory here but not time: its GEMMs are " + onednn::bf16_gemm_description();
+  return "";
 }
 
 Diagnosis diagnose(const DoctorInput& in) {

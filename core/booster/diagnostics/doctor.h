@@ -57,6 +57,11 @@ struct Diagnosis {
 // sections (low_level_zero keeps its own "precision").
 std::string compute_format(const nlohmann::json& mixed_precision, const nlohmann::json& plugin);
 
+// What a 16-bit `format` (compute_format's) buys on `device` ("cpu", "cuda:0", ...): "" where it computes
+// natively (a GPU; bfloat16 GEMMs through oneDNN on a CPU with bfloat16 instructions), otherwise a
+// sentence saying that it saves memory there but not time, and why. `booster check` and the doctor say it.
+std::string cpu_time_note(const std::string& format, const std::string& device);
+
 Diagnosis diagnose(const DoctorInput& input);
 
 // The report's JSON: {"precision", "format", "loss_scale", "steps", "modules": [...], "skipped_steps":
