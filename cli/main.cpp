@@ -139,6 +139,7 @@ void print_version() {
   }
   std::cout << "  CPU kernels: " << info.value("cpu_kernels", std::string("?")) << "\n";
   std::cout << "  bfloat16 GEMMs: " << info.value("bf16_gemm", std::string("?")) << "\n";
+  std::cout << "  convolutions: " << info.value("conv", std::string("?")) << "\n";
   std::cout << "  NCCL: " << (info.value("nccl", false) ? "on" : "off") << "\n"
             << "  MPI: " << (info.value("mpi", false) ? "on (booster run -n N starts N processes)" : "off (one process only)")
             << "\n"

@@ -29,7 +29,8 @@ nlohmann::json build_info() {
           {"nccl", nccl},
           {"mpi", mpi},
           {"cpu_kernels", cpu::isa_description()},
-          {"bf16_gemm", onednn::bf16_gemm_description()}};
+          {"bf16_gemm", onednn::bf16_gemm_description()},
+          {"conv", onednn::conv_description()}};
 }
 
 std::string build_info_line() {

@@ -16,15 +16,19 @@
 //    start floor(i*H/oh), end ceil((i+1)*H/oh)).
 // So the gradient of the gather is index_add (col2im), autocast treats conv2d as the GEMM it is
 // (Op::Conv2d: lower precision, as torch's CUDA autocast lists conv2d), and CUDA runs the same code
-// with cuBLAS. The index of a geometry is built once and cached per device.
+// with cuBLAS. The index of a geometry is built once and cached per device. On the CPU, conv2d itself
+// runs through oneDNN where it can (Note [Convolutions through oneDNN] in backends/onednn/onednn.cpp):
+// this composition is then the fallback and the tests' reference.
 #include <array>
 #include <limits>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <tuple>
 
 #include "booster/autocast/autocast.h"
 #include "booster/autograd/autograd.h"
+#include "booster/backends/onednn/onednn.h"
 #include "booster/common/error.h"
 #include "booster/ops/ops.h"
 
@@ -83,6 +87,87 @@ Tensor gather_columns(const Tensor& x, const Geometry& g, double pad_value, cons
   return cols.reshape({n, c, g.kh * g.kw, g.oh() * g.ow()});
 }
 
+// conv2d as gather + GEMM (Note [Convolution as gather + GEMM]), inputs checked.
+Tensor conv2d_gather(const Tensor& x, const Tensor& weight, const Tensor& bias, const Geometry& g, int64_t groups) {
+  const int64_t n = x.size(0), c = x.size(1), cout = weight.size(0);
+  const int64_t k = g.kh * g.kw, per_group = c / groups * k, L = g.oh() * g.ow();
+  Tensor cols = gather_columns(x, g, 0.0, "conv2d").reshape({n, groups, per_group, L});
+  Tensor w = weight.reshape({groups, cout / groups, per_group});
+  Tensor out = matmul(w, cols).reshape({n, cout, g.oh(), g.ow()});
+  if (bias.defined()) out = add(out, bias.reshape({1, cout, 1, 1}));
+  return out;
+}
+
+// The gradients of conv2d_gather for the inputs flagged in `need`, as its recorded backward computes
+// them: where oneDNN refuses a backward product of a convolution it ran forward.
+autograd::grads conv2d_gather_grads(const Tensor& x, const Tensor& weight, const Tensor& bias, const Geometry& g,
+                                    int64_t groups, const Tensor& grad, std::array<bool, 3> need) {
+  const bool previous = autograd::grad_mode_enabled();
+  autograd::set_grad_mode(true);
+  std::vector<Tensor> inputs = {x.detach(), weight.detach(), bias.defined() ? bias.detach() : Tensor()};
+  for (size_t i = 0; i < 3; ++i)
+    if (need[i]) inputs[i].requires_grad_();
+  try {
+    autograd::backward(conv2d_gather(inputs[0], inputs[1], inputs[2], g, groups), grad, false);
+  } catch (...) {
+    autograd::set_grad_mode(previous);
+    throw;
+  }
+  autograd::set_grad_mode(previous);
+  autograd::grads out(3);
+  for (size_t i = 0; i < 3; ++i)
+    if (need[i]) out[i] = inputs[i].grad();
+  return out;
+}
+
+// The oneDNN element type for x's dtype, or nothing when the oneDNN path does not take this
+// convolution (Note [Convolutions through oneDNN]).
+std::optional<onednn::ConvType> onednn_conv_type(const Tensor& x, const Tensor& bias, const Geometry& g) {
+  if (!x.device().is_cpu() || x.size(0) == 0 || g.oh() < 1 || g.ow() < 1) return std::nullopt;
+  if (bias.defined() && (bias.dtype() != x.dtype() || !bias.device().is_cpu())) return std::nullopt;
+  if (x.dtype() == DType::Float32 && onednn::conv_enabled()) return onednn::ConvType::Float32;
+  if (x.dtype() == DType::BFloat16 && onednn::conv_bf16_enabled()) return onednn::ConvType::BFloat16;
+  return std::nullopt;
+}
+
+// conv2d through oneDNN, with its own backward (both products through oneDNN). Empty when oneDNN
+// refuses the problem, before anything is recorded.
+Tensor conv2d_onednn(const Tensor& x_in, const Tensor& weight_in, const Tensor& bias_in, const Geometry& g,
+                     int64_t groups, onednn::ConvType type) {
+  const onednn::ConvShape s{x_in.size(0), x_in.size(1), g.h,  g.w,  weight_in.size(0), groups, g.kh,   g.kw,
+                            g.sh,         g.sw,         g.ph, g.pw, g.dh,              g.dw,   g.oh(), g.ow()};
+  const Tensor x = x_in.contiguous(), weight = weight_in.contiguous();
+  const Tensor bias = bias_in.defined() ? bias_in.contiguous() : Tensor();
+  Tensor out = Tensor::empty({s.n, s.cout, s.oh, s.ow}, x.dtype());
+  if (!onednn::conv_forward(s, type, x.data_ptr(), weight.data_ptr(), bias.defined() ? bias.data_ptr() : nullptr,
+                            out.data_ptr()))
+    return Tensor();
+  const bool need_x = x_in.requires_grad(), need_w = weight_in.requires_grad(),
+             need_b = bias_in.defined() && bias_in.requires_grad();
+  autograd::record(
+      out, "Conv2dBackward", {x_in, weight_in, bias_in},
+      [x = x.detach(), weight = weight.detach(), bias = bias.defined() ? bias.detach() : Tensor(), g, groups, s, type, need_x, need_w,
+       need_b](const Tensor& grad_in) {
+        const Tensor grad = grad_in.to(x.dtype()).contiguous();
+        Tensor dx, dw, db;
+        bool ok = true;
+        if (need_x) {
+          dx = Tensor::empty(x.shape(), x.dtype());
+          ok = onednn::conv_backward_data(s, type, grad.data_ptr(), weight.data_ptr(), dx.data_ptr());
+        }
+        if (ok && (need_w || need_b)) {
+          dw = Tensor::empty(weight.shape(), x.dtype());
+          if (need_b) db = Tensor::empty({s.cout}, x.dtype());
+          ok = onednn::conv_backward_weights(s, type, x.data_ptr(), grad.data_ptr(), dw.data_ptr(),
+                                             need_b ? db.data_ptr() : nullptr);
+          if (!need_w) dw = Tensor();
+        }
+        if (!ok) return conv2d_gather_grads(x, weight, bias, g, groups, grad, {need_x, need_w, need_b});
+        return autograd::grads{dx, dw, db};
+      });
+  return out;
+}
+
 }  // namespace
 
 Tensor conv2d(const Tensor& x_in, const Tensor& weight_in, const Tensor& bias_in, std::array<int64_t, 2> stride,
@@ -95,7 +180,7 @@ Tensor conv2d(const Tensor& x_in, const Tensor& weight_in, const Tensor& bias_in
   check_pair(stride, 1, "conv2d", "stride");
   check_pair(padding, 0, "conv2d", "padding");
   check_pair(dilation, 1, "conv2d", "dilation");
-  const int64_t n = x.size(0), c = x.size(1), cout = weight.size(0);
+  const int64_t c = x.size(1), cout = weight.size(0);
   BOOSTER_CHECK(groups >= 1 && c % groups == 0 && cout % groups == 0, ValueError, "conv2d: groups ", groups,
                 " must divide in_channels ", c, " and out_channels ", cout);
   BOOSTER_CHECK(weight.size(1) * groups == c, ShapeError, "conv2d: weight ", weight.shape(), " expects ",
@@ -108,12 +193,11 @@ Tensor conv2d(const Tensor& x_in, const Tensor& weight_in, const Tensor& bias_in
                 ") must have the same dtype and device");
   const Geometry g{x.size(2), x.size(3), weight.size(2), weight.size(3), stride[0], stride[1],
                    padding[0], padding[1], dilation[0], dilation[1]};
-  const int64_t k = g.kh * g.kw, per_group = c / groups * k, L = g.oh() * g.ow();
-  Tensor cols = gather_columns(x, g, 0.0, "conv2d").reshape({n, groups, per_group, L});
-  Tensor w = weight.reshape({groups, cout / groups, per_group});
-  Tensor out = matmul(w, cols).reshape({n, cout, g.oh(), g.ow()});
-  if (bias.defined()) out = add(out, bias.reshape({1, cout, 1, 1}));
-  return out;
+  if (const auto type = onednn_conv_type(x, bias, g)) {
+    Tensor out = conv2d_onednn(x, weight, bias, g, groups, *type);
+    if (out.defined()) return out;
+  }
+  return conv2d_gather(x, weight, bias, g, groups);
 }
 
 Tensor max_pool2d(const Tensor& x, std::array<int64_t, 2> kernel, std::array<int64_t, 2> stride,

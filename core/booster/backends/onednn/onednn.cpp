@@ -19,6 +19,8 @@
 #include <cstdlib>
 #include <cstring>
 #include <map>
+#include <unordered_map>
+#include <vector>
 #include <oneapi/dnnl/dnnl.hpp>
 
 #include "booster/common/cpu_features.h"
@@ -38,6 +40,11 @@ bool can_run() { return cpu::has_bf16_instructions() && cpu::isa_level() == cpu:
 
 std::atomic<bool>& enabled_flag() {
   static std::atomic<bool> on{can_run() && switched_on_by_env()};
+  return on;
+}
+
+std::atomic<bool>& conv_flag() {
+  static std::atomic<bool> on{switched_on_by_env()};
   return on;
 }
 
@@ -131,6 +138,181 @@ bool gemm_bf16(const GemmOperand& a, const GemmOperand& b, void* c, int64_t ldc,
   e.matmul.execute(stream, {{DNNL_ARG_SRC, e.src}, {DNNL_ARG_WEIGHTS, e.weights}, {DNNL_ARG_DST, e.dst}});
   stream.wait();
   return true;
+}
+
+// Note [Convolutions through oneDNN]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// conv2d's forward and both backward products run as oneDNN's direct convolutions
+// (convolution_forward / convolution_backward_data / convolution_backward_weights) on the CPU, in
+// float32 and, where the bfloat16 GEMMs run through oneDNN, in bfloat16 (float32 accumulation, one
+// rounding of each result, as the gather path rounds its GEMM). The gather + GEMM of Note
+// [Convolution as gather + GEMM] stays the path for what oneDNN does not take here (float16, float64,
+// CUDA tensors, empty batches, the switch off) and is the reference the tests compare with.
+// Tensors stay NCHW/OIHW: the primitive is created with format_tag::any (oneDNN picks its blocked
+// layouts, nChw16c and friends) and each argument whose chosen layout differs from the tensor's is
+// reordered into (or out of) a buffer owned by the cached entry, once per call. Creating primitives
+// JITs code, so each (direction, type, shape) gets one entry per thread, holding primitives and
+// memory objects; a call sets data handles and executes. Every output element is one sum in the
+// same order (input channel blocks, then taps) at every position, which Note [Position-independent
+// rounding] in ops/conv.cpp relies on.
+namespace {
+
+enum class ConvKind : int64_t { Forward, BackwardData, BackwardWeights };
+
+using ConvKey = std::array<int64_t, 19>;
+
+// A primitive argument: the tensor's memory (plain layout, handle set per call) and, when the
+// primitive wants another layout, its own buffer and the reorder between the two.
+struct ConvArg {
+  int arg = 0;
+  memory user, prim;
+  dnnl::reorder reorder;  // user -> prim for inputs, prim -> user for outputs
+  bool reordered = false;
+};
+
+struct ConvEntry {
+  bool ok = false;
+  dnnl::primitive primitive;
+  std::vector<ConvArg> inputs, outputs;
+};
+
+memory::data_type dnnl_type(ConvType t) { return t == ConvType::BFloat16 ? memory::data_type::bf16 : memory::data_type::f32; }
+
+ConvArg make_arg(int arg, const memory::desc& user_desc, const memory::desc& prim_desc, bool input) {
+  ConvArg a;
+  a.arg = arg;
+  a.user = memory(user_desc, engine(), DNNL_MEMORY_NONE);
+  if (prim_desc == user_desc) {
+    a.prim = a.user;
+  } else {
+    a.prim = memory(prim_desc, engine());
+    a.reorder = input ? dnnl::reorder(a.user, a.prim) : dnnl::reorder(a.prim, a.user);
+    a.reordered = true;
+  }
+  return a;
+}
+
+ConvEntry make_conv_entry(ConvKind kind, const ConvShape& s, ConvType t, bool with_bias) {
+  using tag = memory::format_tag;
+  ConvEntry e;
+  try {
+    const memory::data_type dt = dnnl_type(t);
+    const bool grouped = s.groups > 1;
+    const memory::dims src_dims = {s.n, s.c, s.h, s.w}, dst_dims = {s.n, s.cout, s.oh, s.ow};
+    const memory::dims w_dims = grouped ? memory::dims{s.groups, s.cout / s.groups, s.c / s.groups, s.kh, s.kw}
+                                        : memory::dims{s.cout, s.c, s.kh, s.kw};
+    const memory::desc src_user(src_dims, dt, tag::nchw), dst_user(dst_dims, dt, tag::nchw);
+    const memory::desc w_user(w_dims, dt, grouped ? tag::goihw : tag::oihw);
+    const memory::desc bias_user = with_bias ? memory::desc({s.cout}, dt, tag::a) : memory::desc();
+    const memory::desc src_any(src_dims, dt, tag::any), dst_any(dst_dims, dt, tag::any), w_any(w_dims, dt, tag::any);
+    const memory::dims strides = {s.sh, s.sw}, dilates = {s.dh - 1, s.dw - 1}, pad = {s.ph, s.pw};
+    const auto algo = dnnl::algorithm::convolution_direct;
+    const dnnl::convolution_forward::desc fwd_desc(dnnl::prop_kind::forward_training, algo, src_any, w_any, bias_user,
+                                                   dst_any, strides, dilates, pad, pad);
+    const dnnl::convolution_forward::primitive_desc fwd_pd(fwd_desc, engine());
+    switch (kind) {
+      case ConvKind::Forward:
+        e.primitive = dnnl::convolution_forward(fwd_pd);
+        e.inputs.push_back(make_arg(DNNL_ARG_SRC, src_user, fwd_pd.src_desc(), true));
+        e.inputs.push_back(make_arg(DNNL_ARG_WEIGHTS, w_user, fwd_pd.weights_desc(), true));
+        if (with_bias) e.inputs.push_back(make_arg(DNNL_ARG_BIAS, bias_user, fwd_pd.bias_desc(), true));
+        e.outputs.push_back(make_arg(DNNL_ARG_DST, dst_user, fwd_pd.dst_desc(), false));
+        break;
+      case ConvKind::BackwardData: {
+        const dnnl::convolution_backward_data::primitive_desc pd(
+            dnnl::convolution_backward_data::desc(algo, src_any, w_any, dst_any, strides, dilates, pad, pad), engine(),
+            fwd_pd);
+        e.primitive = dnnl::convolution_backward_data(pd);
+        e.inputs.push_back(make_arg(DNNL_ARG_DIFF_DST, dst_user, pd.diff_dst_desc(), true));
+        e.inputs.push_back(make_arg(DNNL_ARG_WEIGHTS, w_user, pd.weights_desc(), true));
+        e.outputs.push_back(make_arg(DNNL_ARG_DIFF_SRC, src_user, pd.diff_src_desc(), false));
+        break;
+      }
+      case ConvKind::BackwardWeights: {
+        const dnnl::convolution_backward_weights::primitive_desc pd(
+            dnnl::convolution_backward_weights::desc(algo, src_any, w_any, bias_user, dst_any, strides, dilates, pad,
+                                                     pad),
+            engine(), fwd_pd);
+        e.primitive = dnnl::convolution_backward_weights(pd);
+        e.inputs.push_back(make_arg(DNNL_ARG_SRC, src_user, pd.src_desc(), true));
+        e.inputs.push_back(make_arg(DNNL_ARG_DIFF_DST, dst_user, pd.diff_dst_desc(), true));
+        e.outputs.push_back(make_arg(DNNL_ARG_DIFF_WEIGHTS, w_user, pd.diff_weights_desc(), false));
+        if (with_bias) e.outputs.push_back(make_arg(DNNL_ARG_DIFF_BIAS, bias_user, pd.diff_bias_desc(), false));
+        break;
+      }
+    }
+    e.ok = true;
+  } catch (const dnnl::error&) {
+    e.ok = false;
+  }
+  return e;
+}
+
+bool conv_type_enabled(ConvType t) { return t == ConvType::BFloat16 ? conv_bf16_enabled() : conv_enabled(); }
+
+// Runs one convolution product: `in` and `out` are the data pointers of the entry's inputs and
+// outputs in the order make_conv_entry lists them.
+bool run_conv(ConvKind kind, const ConvShape& s, ConvType t, bool with_bias, std::initializer_list<const void*> in,
+              std::initializer_list<void*> out) {
+  if (!conv_type_enabled(t) || s.n <= 0 || s.c <= 0 || s.cout <= 0 || s.oh <= 0 || s.ow <= 0) return false;
+  const ConvKey key = {int64_t(kind), int64_t(t), with_bias, s.n, s.c, s.h, s.w, s.cout, s.groups, s.kh,
+                       s.kw, s.sh, s.sw, s.ph, s.pw, s.dh, s.dw, s.oh, s.ow};
+  thread_local std::map<ConvKey, ConvEntry> cache;
+  thread_local dnnl::stream stream(engine());
+  auto it = cache.find(key);
+  if (it == cache.end()) it = cache.emplace(key, make_conv_entry(kind, s, t, with_bias)).first;
+  ConvEntry& e = it->second;
+  if (!e.ok) return false;
+  std::unordered_map<int, memory> args;
+  auto ptr = in.begin();
+  for (ConvArg& a : e.inputs) {
+    a.user.set_data_handle(const_cast<void*>(*ptr++));
+    if (a.reordered) a.reorder.execute(stream, a.user, a.prim);
+    args.emplace(a.arg, a.prim);
+  }
+  auto optr = out.begin();
+  for (ConvArg& a : e.outputs) {
+    a.user.set_data_handle(*optr++);
+    args.emplace(a.arg, a.prim);
+  }
+  e.primitive.execute(stream, args);
+  for (ConvArg& a : e.outputs)
+    if (a.reordered) a.reorder.execute(stream, a.prim, a.user);
+  stream.wait();
+  return true;
+}
+
+}  // namespace
+
+bool conv_enabled() { return conv_flag().load(std::memory_order_relaxed); }
+
+bool conv_bf16_enabled() { return conv_enabled() && can_run(); }
+
+bool set_conv(bool enabled) { return conv_flag().exchange(enabled); }
+
+std::string conv_description() {
+  const dnnl_version_t* v = dnnl_version();
+  const std::string onednn = "oneDNN " + std::to_string(v->major) + "." + std::to_string(v->minor) + "." +
+                             std::to_string(v->patch);
+  if (!conv_enabled()) return "gather + GEMM: switched off (BOOSTER_ONEDNN=0); " + onednn + " is built in";
+  std::string bf16 = "bfloat16 on " + std::string(cpu::bf16_instructions_name());
+  if (!cpu::has_bf16_instructions()) bf16 = "bfloat16 as gather + GEMM (no bfloat16 instructions)";
+  else if (cpu::isa_level() != cpu::IsaLevel::Avx512) bf16 = "bfloat16 as gather + GEMM (kernel level below avx512)";
+  return onednn + " direct convolutions, float32 and " + bf16 + " (BOOSTER_ONEDNN=0 turns it off)";
+}
+
+bool conv_forward(const ConvShape& s, ConvType t, const void* x, const void* w, const void* bias, void* y) {
+  if (bias) return run_conv(ConvKind::Forward, s, t, true, {x, w, bias}, {y});
+  return run_conv(ConvKind::Forward, s, t, false, {x, w}, {y});
+}
+
+bool conv_backward_data(const ConvShape& s, ConvType t, const void* dy, const void* w, void* dx) {
+  return run_conv(ConvKind::BackwardData, s, t, false, {dy, w}, {dx});
+}
+
+bool conv_backward_weights(const ConvShape& s, ConvType t, const void* x, const void* dy, void* dw, void* dbias) {
+  if (dbias) return run_conv(ConvKind::BackwardWeights, s, t, true, {x, dy}, {dw, dbias});
+  return run_conv(ConvKind::BackwardWeights, s, t, false, {x, dy}, {dw});
 }
 
 }  // namespace booster::onednn

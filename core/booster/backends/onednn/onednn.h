@@ -1,8 +1,9 @@
 // oneDNN on the CPU: bfloat16 GEMMs on the bfloat16 instructions of the CPU (AVX512-BF16, AMX), which
-// OpenBLAS does not reach (Debian's exports no bfloat16 GEMM; the fallback widens to float32 sgemm).
-// Used only where it pays: a CPU with those instructions, the avx512 kernel level, and the switch
+// OpenBLAS does not reach (Debian's exports no bfloat16 GEMM; the fallback widens to float32 sgemm),
+// and direct convolutions in float32 and bfloat16 (Note [Convolutions through oneDNN]). Used only
+// where it pays: bfloat16 on a CPU with those instructions at the avx512 kernel level, and the switch
 // BOOSTER_ONEDNN not "0" (Note [bfloat16 GEMMs through oneDNN] in onednn.cpp). Without libdnnl-dev
-// at build time, a stub reports the path as unavailable.
+// at build time, a stub reports both paths as unavailable.
 #pragma once
 
 #include <cstdint>
@@ -29,5 +30,35 @@ std::string bf16_gemm_description();
 // problem: the caller computes it the other way.
 bool gemm_bf16(const kernels::GemmOperand& a, const kernels::GemmOperand& b, void* c, int64_t ldc,
                int64_t c_batch_stride, int64_t batch, int64_t m, int64_t n, int64_t k, double alpha, double beta);
+
+// Convolutions (Note [Convolutions through oneDNN] in onednn.cpp).
+//
+// Whether conv2d runs through oneDNN now: built, BOOSTER_ONEDNN is not "0" and set_conv has not
+// turned it off. float32 runs on any x86-64 CPU; bfloat16 additionally needs what the bfloat16 GEMMs
+// need (conv_bf16_enabled).
+bool conv_enabled();
+bool conv_bf16_enabled();
+// Turns the convolution path on or off for this process (tests and benchmarks compare both); returns
+// the previous setting. Turning it on where it cannot run (not built) leaves it off.
+bool set_conv(bool enabled);
+// One line for `booster --version`: which path convolutions take here, and why.
+std::string conv_description();
+
+// One 2-D convolution: images [n, c, h, w] and outputs [n, cout, oh, ow] in NCHW, weights
+// [cout, c / groups, kh, kw], bias [cout], all contiguous, of one dtype; dilation as torch counts it
+// (1: none); oh and ow by torch's formula, padding the same on both sides.
+struct ConvShape {
+  int64_t n, c, h, w, cout, groups, kh, kw, sh, sw, ph, pw, dh, dw, oh, ow;
+};
+// Element types the convolution path takes.
+enum class ConvType { Float32, BFloat16 };
+
+// y = conv(x, w) + bias (bias may be null). False (y unspecified) when oneDNN takes no such problem
+// or the path is off for this type: the caller computes it the other way.
+bool conv_forward(const ConvShape& s, ConvType t, const void* x, const void* w, const void* bias, void* y);
+// dx = the gradient of the input from dy and w.
+bool conv_backward_data(const ConvShape& s, ConvType t, const void* dy, const void* w, void* dx);
+// dw (and dbias unless null) = the gradients of the weights and bias from x and dy.
+bool conv_backward_weights(const ConvShape& s, ConvType t, const void* x, const void* dy, void* dw, void* dbias);
 
 }  // namespace booster::onednn

@@ -1,4 +1,4 @@
-// The oneDNN path where the build has no oneDNN (libdnnl-dev not installed): never taken.
+// The oneDNN paths where the build has no oneDNN (libdnnl-dev not installed): never taken.
 #include "booster/backends/onednn/onednn.h"
 
 namespace booster::onednn {
@@ -13,5 +13,15 @@ bool gemm_bf16(const kernels::GemmOperand&, const kernels::GemmOperand&, void*, 
                int64_t, int64_t, double, double) {
   return false;
 }
+
+bool conv_enabled() { return false; }
+bool conv_bf16_enabled() { return false; }
+bool set_conv(bool) { return false; }
+std::string conv_description() {
+  return "gather + GEMM; this build has no oneDNN (install libdnnl-dev and rebuild)";
+}
+bool conv_forward(const ConvShape&, ConvType, const void*, const void*, const void*, void*) { return false; }
+bool conv_backward_data(const ConvShape&, ConvType, const void*, const void*, void*) { return false; }
+bool conv_backward_weights(const ConvShape&, ConvType, const void*, const void*, void*, void*) { return false; }
 
 }  // namespace booster::onednn
