@@ -10,6 +10,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <cstdio>
@@ -271,4 +272,50 @@ TEST_CASE("hybrid: a pipeline stage left without layers is a config error on eve
   CHECK(r.exit_code == 2);
   CHECK_THAT(r.err, Catch::Contains("would hold no parameters") && Catch::Contains("use a smaller pp_size"));
   CHECK_THAT(r.err, !Catch::Contains("empty parameter list"));
+}
+
+// optimizer.json's param_names are the parameters' whole module paths, as the model file names them,
+// also where a layer is built alone (the CNN's) or the plugin makes the parameter (a tensor-parallel
+// shard): bare "weight" and "bias" would name no parameter of the model file.
+TEST_CASE("optimizer.json names every parameter by its module path: the CNN and a tp 2 rank",
+          "[cli][hybrid][checkpoint]") {
+  auto names_of = [](const fs::path& dir) {
+    std::vector<std::string> all;
+    for (const auto& entry : fs::recursive_directory_iterator(dir))
+      if (entry.path().filename() == "optimizer.json") {
+        const json meta = json::parse(std::ifstream(entry.path()));
+        for (const json& n : meta.at("param_names")) all.push_back(n.get<std::string>());
+      }
+    return all;
+  };
+  auto check_paths = [](const std::vector<std::string>& names, const std::string& first_prefix) {
+    REQUIRE_FALSE(names.empty());
+    for (const std::string& n : names) {
+      INFO(n);
+      CHECK(n.find('.') != std::string::npos);
+    }
+    CHECK(names.front().rfind(first_prefix, 0) == 0);
+  };
+  const fs::path cnn_dir = scratch_dir() / "names_cnn";
+  fs::remove_all(cnn_dir);
+  {
+    const RunResult r = testing::run_booster_in(
+        scratch_dir(), "train --config " + config("fashion_mnist_cnn.json") +
+                           " --set train.max_steps=1 --set train.checkpoint_every=1 --set train.eval_every=0 "
+                           "--set train.run_dir=" + cnn_dir.string(),
+        "OMP_NUM_THREADS=1");
+    INFO(r.err);
+    REQUIRE(r.exit_code == 0);
+    check_paths(names_of(cnn_dir), "features.0.");
+  }
+  if (!have_mpirun()) return skip_test("the tp 2 half needs mpirun (openmpi-bin)");
+  const fs::path tp_dir = scratch_dir() / "names_tp2";
+  fs::remove_all(tp_dir);
+  const RunResult r = train(2, "gpt_char_tp2.json", "--set train.max_steps=1 --set train.checkpoint_every=1 "
+                                                    "--set train.run_dir=" + tp_dir.string());
+  INFO(r.err);
+  REQUIRE(r.exit_code == 0);
+  const std::vector<std::string> names = names_of(tp_dir);
+  check_paths(names, "wte.");
+  CHECK(std::find(names.begin(), names.end(), "blocks.0.attn.c_attn.weight") != names.end());
 }

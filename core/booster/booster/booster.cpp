@@ -200,6 +200,16 @@ Boosted Booster::boost(nn::ModulePtr model, std::shared_ptr<optim::Optimizer> op
   // A plugin that splits the model takes this rank's part first, so the strategy sees only that.
   parts = plugin_->shard(std::move(parts));
   BOOSTER_CHECK(parts.model != nullptr, PluginError, "plugin '", plugin_->name(), "' shard() returned no model");
+  // Messages and checkpoints (optimizer.json's param_names) name parameters by their module path. A
+  // parameter that has none, or only its last part (a layer built alone, a tensor-parallel shard made by
+  // the plugin), takes its path in the model now; one named otherwise (a pipeline stage's parameters
+  // keep the whole model's paths) keeps its name.
+  for (const auto& [path, t] : parts.model->named_parameters()) {
+    const std::string name = t.name();
+    if (name.empty() || (path.size() > name.size() && path.compare(path.size() - name.size(), name.size(), name) == 0 &&
+                         path[path.size() - name.size() - 1] == '.'))
+      t.set_name(path);
+  }
   // A model built under a LazyInitGuard (booster/tensor/deferred.h) takes its memory now: only the part
   // this rank holds, where the plugin split it (moved to the device above, it was still deferred). A
   // plugin that shards parameters itself (ZeRO-3) allocates its shard of them in configure().

@@ -565,9 +565,16 @@ Booster::HandOver Booster::read_hand_over(const fs::path& dir, const std::string
     refuse(str("its optimizer has parameter groups of ", show_sizes(sizes_saved), " parameters but this run's has ",
                show_sizes(sizes_now), " (another model or optimizer)"));
   const json names = h.optimizer.meta.value("param_names", json());
+  // Checkpoints written before parameters were named by their whole path hold the last part only
+  // ("weight" for "features.0.weight"): a name that is the end of this run's path matches it.
+  auto same_parameter = [](const std::string& saved, const std::string& now) {
+    return saved == now || (saved.find('.') == std::string::npos && now.size() > saved.size() &&
+                            now.compare(now.size() - saved.size(), saved.size(), saved) == 0 &&
+                            now[now.size() - saved.size() - 1] == '.');
+  };
   if (names.is_array() && names.size() == n)
     for (size_t i = 0; i < n; ++i)
-      if (names[i].is_string() && !params[i].name().empty() && names[i] != params[i].name())
+      if (names[i].is_string() && !params[i].name().empty() && !same_parameter(names[i], params[i].name()))
         refuse(str("its optimizer's parameter ", i, " is '", names[i].get<std::string>(), "' but this run's is '",
                    params[i].name(), "' (another model)"));
 

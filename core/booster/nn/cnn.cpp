@@ -32,6 +32,7 @@ CNNClassifier::CNNClassifier(const CNNConfig& c, uint64_t seed) : config(c) {
   classifier->push_back(std::make_shared<ReLU>());
   if (c.dropout > 0.0) classifier->push_back(std::make_shared<Dropout>(c.dropout, std::make_shared<Generator>(seed + 1)));
   classifier->push_back(std::make_shared<Linear>(c.hidden, c.classes, true, &gen));
+  set_tensor_names();
 }
 
 Tensor CNNClassifier::forward(const Tensor& x) {
