@@ -43,23 +43,24 @@ struct Geometry {
   auto key() const { return std::make_tuple(h, w, kh, kw, sh, sw, ph, pw, dh, dw); }
 };
 
-// The gather index of Note [Convolution as gather + GEMM]: int64 [K * L] on `device`, tap-major;
-// h*w stands for a padded position.
-Tensor gather_index(const Geometry& g, Device device) {
+// The gather index of Note [Convolution as gather + GEMM]: int64 [K * positions] on `device`,
+// tap-major; h*w stands for a padded pixel, and positions past Ho*Wo (positions >= Ho*Wo, Note
+// [Position-independent rounding]) see only padded pixels.
+Tensor gather_index(const Geometry& g, int64_t positions, Device device) {
   static std::mutex mutex;
-  static std::map<std::pair<decltype(g.key()), std::string>, Tensor> cache;
+  static std::map<std::tuple<decltype(g.key()), int64_t, std::string>, Tensor> cache;
   const std::lock_guard<std::mutex> lock(mutex);
-  auto& slot = cache[{g.key(), device.str()}];
+  auto& slot = cache[{g.key(), positions, device.str()}];
   if (slot.defined()) return slot;
-  const int64_t oh = g.oh(), ow = g.ow(), L = oh * ow;
-  std::vector<int64_t> index(size_t(g.kh * g.kw * L));
+  const int64_t oh = g.oh(), ow = g.ow();
+  std::vector<int64_t> index(size_t(g.kh * g.kw * positions), g.h * g.w);
   for (int64_t ki = 0; ki < g.kh; ++ki)
     for (int64_t kj = 0; kj < g.kw; ++kj)
       for (int64_t i = 0; i < oh; ++i)
         for (int64_t j = 0; j < ow; ++j) {
           const int64_t y = i * g.sh - g.ph + ki * g.dh, x = j * g.sw - g.pw + kj * g.dw;
           const bool inside = y >= 0 && y < g.h && x >= 0 && x < g.w;
-          index[size_t(((ki * g.kw + kj) * oh + i) * ow + j)] = inside ? y * g.w + x : g.h * g.w;
+          index[size_t((ki * g.kw + kj) * positions + i * ow + j)] = inside ? y * g.w + x : g.h * g.w;
         }
   slot = from_vector(index, {int64_t(index.size())}).to(device);
   return slot;
@@ -75,25 +76,45 @@ void check_pair(const std::array<int64_t, 2>& v, int64_t min, const char* op, co
                 v[1], ")");
 }
 
-// [N, C, K, L]: every tap's pixel for every output position (Note [Convolution as gather + GEMM]).
-Tensor gather_columns(const Tensor& x, const Geometry& g, double pad_value, const char* op) {
+// [N, C, K, positions]: every tap's pixel for every output position (Note [Convolution as gather +
+// GEMM]), and the padding value for the positions past Ho*Wo. positions 0 means Ho*Wo.
+Tensor gather_columns(const Tensor& x, const Geometry& g, double pad_value, const char* op, int64_t positions = 0) {
   BOOSTER_CHECK(g.oh() >= 1 && g.ow() >= 1, ShapeError, op, ": the input ", x.shape(), " is smaller than the kernel (",
                 g.kh, "x", g.kw, " with dilation (", g.dh, ", ", g.dw, ") and padding (", g.ph, ", ", g.pw,
                 ")); the output would be ", g.oh(), "x", g.ow());
   const int64_t n = x.size(0), c = x.size(1);
   Tensor flat = x.reshape({n, c, g.h * g.w});
   Tensor padded = cat({flat, full({n, c, 1}, pad_value, x.dtype(), x.device())}, 2);
-  Tensor cols = index_select(padded, 2, gather_index(g, x.device()));
-  return cols.reshape({n, c, g.kh * g.kw, g.oh() * g.ow()});
+  if (positions == 0) positions = g.oh() * g.ow();
+  Tensor cols = index_select(padded, 2, gather_index(g, positions, x.device()));
+  return cols.reshape({n, c, g.kh * g.kw, positions});
 }
+
+// Note [Position-independent rounding]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// Identical input patches must give identical outputs, bit for bit, at every position: otherwise
+// exact ties (a max-pool window over equal activations) break differently from place to place. oneDNN's
+// direct convolutions compute every output element in the same order (Note [Convolutions through
+// oneDNN]). The gather path's GEMM does not by itself: in row-major [Cout, K] x [K, L] the L output
+// positions are the BLAS M dimension, which OpenBLAS cuts into tiles of its kernel's unroll (16 or 32
+// rows) and its threads' shares, and the rows left over at the end go through edge kernels whose
+// rounding differs by an ulp (seen here: the last 3 of 99 positions). So the gather pads the positions
+// to a multiple of kPositionTile = 64 with all-padding columns (zero products, cut off after the
+// GEMM): every real position then lies in a full tile for any unroll up to 64, and in a full share of
+// each thread for the thread counts the test checks (1 to 4). Costs under 64 columns a GEMM.
+constexpr int64_t kPositionTile = 64;
 
 // conv2d as gather + GEMM (Note [Convolution as gather + GEMM]), inputs checked.
 Tensor conv2d_gather(const Tensor& x, const Tensor& weight, const Tensor& bias, const Geometry& g, int64_t groups) {
   const int64_t n = x.size(0), c = x.size(1), cout = weight.size(0);
   const int64_t k = g.kh * g.kw, per_group = c / groups * k, L = g.oh() * g.ow();
-  Tensor cols = gather_columns(x, g, 0.0, "conv2d").reshape({n, groups, per_group, L});
+  // Note [Position-independent rounding]: the GEMM sees a whole number of position tiles.
+  const int64_t positions = (L + kPositionTile - 1) / kPositionTile * kPositionTile;
+  Tensor cols = gather_columns(x, g, 0.0, "conv2d", positions).reshape({n, groups, per_group, positions});
   Tensor w = weight.reshape({groups, cout / groups, per_group});
-  Tensor out = matmul(w, cols).reshape({n, cout, g.oh(), g.ow()});
+  Tensor out = matmul(w, cols);
+  if (positions != L) out = out.narrow(3, 0, L);
+  out = out.reshape({n, cout, g.oh(), g.ow()});
   if (bias.defined()) out = add(out, bias.reshape({1, cout, 1, 1}));
   return out;
 }
