@@ -260,3 +260,26 @@ TEST_CASE("evaluating during training changes nothing the run saves, under fp8, 
     }
   }
 }
+
+// A resume under the precision the checkpoint was saved with continues it without a word about a
+// change of precision ("resumed under X from a checkpoint of Y" is for a resume that switched), for
+// strategies whose labels carry options (fp16_apex O1, bf16 pure, fp8) and a plugin's own precision.
+TEST_CASE("a resume under the same precision says nothing of a precision change", "[cli][resume]") {
+  const std::string configs = std::string(BOOSTER_SOURCE_DIR) + "/examples/configs/";
+  for (const std::string name : {"fashion_mnist_fp16", "fashion_mnist_apex_O1", "fashion_mnist_bf16_pure",
+                                 "fashion_mnist_fp8", "fashion_mnist_zero1_fp16"}) {
+    INFO(name);
+    const fs::path first = scratch_dir() / ("same_precision_" + name), second = first.string() + "_resumed";
+    fs::remove_all(first);
+    fs::remove_all(second);
+    const std::string common = "train --config " + configs + name + ".json --set train.max_steps=4 " +
+                               "--set train.checkpoint_every=2 --set train.eval_every=0 --set train.run_dir=";
+    const RunResult a = run_booster(common + first.string());
+    REQUIRE(a.exit_code == 0);
+    const RunResult b = run_booster(common + second.string() + " --resume " + (first / "checkpoints" / "step-00000002").string());
+    INFO(b.err);
+    REQUIRE(b.exit_code == 0);
+    CHECK_THAT(b.err, Contains("resumed from"));
+    CHECK_THAT(b.err, !Contains("resumed under"));
+  }
+}
