@@ -239,3 +239,19 @@ TEST_CASE("device mesh: coordinates put tp innermost, and sizes that do not fit 
         "pairs that fit: 1x1, 1x2, 1x4, 1x8, 2x1, 2x2, 2x4, 4x1, 4x2, 8x1");
   CHECK_THROWS_AS(DeviceMesh(pg, 2, 1), ConfigError);
 }
+
+// The NCCL group's subgroups name their ranks by world rank in timeout messages (NCCL's split does not
+// tell the members' world ranks; the group gathers {color, key, world rank} first): split_world_ranks
+// orders a color's members as MPI_Comm_split and ncclCommSplit do, by key, ties by rank in the parent.
+TEST_CASE("distributed: split_world_ranks orders a color's members by key, then parent rank", "[distributed]") {
+  // Parent ranks 0..5 of a subgroup whose world ranks are 10..15: a tp x dp style split into colors.
+  const std::vector<std::array<int, 3>> parent = {{0, 0, 10}, {1, 0, 11}, {0, 1, 12}, {1, 1, 13}, {0, 2, 14}, {1, 2, 15}};
+  CHECK(split_world_ranks(parent, 0) == std::vector<int>{10, 12, 14});
+  CHECK(split_world_ranks(parent, 1) == std::vector<int>{11, 13, 15});
+  // Keys reverse the order; equal keys keep the parent's.
+  const std::vector<std::array<int, 3>> reversed = {{0, 5, 3}, {0, 4, 7}, {0, 4, 1}, {2, 0, 9}};
+  CHECK(split_world_ranks(reversed, 0) == std::vector<int>{7, 1, 3});
+  CHECK(split_world_ranks(reversed, 2) == std::vector<int>{9});
+  CHECK(split_world_ranks(reversed, -1).empty());
+  CHECK(split_world_ranks(reversed, 5).empty());
+}

@@ -153,7 +153,8 @@ class NcclProcessGroup final : public ProcessGroup {
     watchdog_ = std::thread([this] { watch(); });
   }
   // A subgroup: `comm` comes from ncclCommSplit of a group on `device`. No census (the MPI side has no
-  // matching subcommunicator): a timeout names no ranks, but still ends the job.
+  // matching subcommunicator): a timeout names this rank by its world rank (split() sets world_of_),
+  // not the ranks that did not arrive, and still ends the job.
   NcclProcessGroup(ncclComm_t comm, int device, std::string name) : device_(device), comm_(comm), name_(std::move(name)) {
     stream_ = static_cast<cudaStream_t>(cuda::stream_handle(device_));
     BOOSTER_NCCL_CHECK(ncclCommUserRank(comm_, &rank_));
@@ -181,11 +182,25 @@ class NcclProcessGroup final : public ProcessGroup {
 
   // ncclCommSplit: collective over this group, as ProcessGroup::split.
   std::shared_ptr<ProcessGroup> split(int color, int key, const std::string& name) override {
+    if (key < 0) key = rank_;
+    // The members' world ranks, for the subgroup's messages (NCCL's split does not tell them): every
+    // rank's {color, key, world rank}, gathered over this group first.
+    Tensor mine = Tensor::empty({3}, DType::Float64);
+    mine.data<double>()[0] = color, mine.data<double>()[1] = key;
+    mine.data<double>()[2] = world_of_.empty() ? rank_ : world_of_[size_t(rank_)];
+    Tensor all = Tensor::empty({3 * int64_t(size_)}, DType::Float64, device());
+    all_gather(all, mine.to(device()));
+    const Tensor host = all.to(Device::cpu());
+    std::vector<std::array<int, 3>> parent(static_cast<size_t>(size_));
+    for (int r = 0; r < size_; ++r)
+      for (int i = 0; i < 3; ++i) parent[size_t(r)][size_t(i)] = int(host.data<double>()[3 * r + i]);
     enter();
     ncclComm_t sub = nullptr;
-    BOOSTER_NCCL_CHECK(ncclCommSplit(comm_, color < 0 ? NCCL_SPLIT_NOCOLOR : color, key < 0 ? rank_ : key, &sub, nullptr));
+    BOOSTER_NCCL_CHECK(ncclCommSplit(comm_, color < 0 ? NCCL_SPLIT_NOCOLOR : color, key, &sub, nullptr));
     if (sub == nullptr) return nullptr;
-    return std::make_shared<NcclProcessGroup>(sub, device_, name);
+    auto group = std::make_shared<NcclProcessGroup>(sub, device_, name);
+    group->world_of_ = split_world_ranks(parent, color);
+    return group;
   }
 
   // Blocks the host until the stream has run the barrier, polling with back-off rather than in
@@ -369,8 +384,8 @@ class NcclProcessGroup final : public ProcessGroup {
   }
 
   int rank_ = 0, size_ = 1, device_ = 0;
-  // World rank of each rank, for messages; empty: named by this group's ranks (the world group, and
-  // subgroups, whose split does not tell NCCL the members' world ranks).
+  // World rank of each rank, for messages; empty: named by this group's ranks (the world group). A
+  // subgroup learns its members' world ranks in split().
   std::vector<int> world_of_;
   cudaStream_t stream_ = nullptr;
   ncclComm_t comm_ = nullptr;

@@ -520,4 +520,15 @@ std::shared_ptr<ProcessGroup> ProcessGroup::new_group(const std::vector<int>& ra
   return split(position < 0 ? -1 : 0, position, name);
 }
 
+std::vector<int> split_world_ranks(const std::vector<std::array<int, 3>>& parent, int color) {
+  if (color < 0) return {};
+  std::vector<std::array<int, 3>> members;  // {key, parent rank, world rank}
+  for (size_t r = 0; r < parent.size(); ++r)
+    if (parent[r][0] == color) members.push_back({parent[r][1], int(r), parent[r][2]});
+  std::sort(members.begin(), members.end());
+  std::vector<int> world;
+  for (const auto& m : members) world.push_back(m[2]);
+  return world;
+}
+
 }  // namespace booster::distributed

@@ -6,6 +6,7 @@
 // in this folder's README.md.
 #pragma once
 
+#include <array>
 #include <atomic>
 #include <chrono>
 #include <cstdint>
@@ -289,5 +290,10 @@ bool launched_by_mpi_launcher();
 // process_group_for's check that `group` takes buffers on `device` (DeviceError saying what to do when
 // not); public so tests can reach it without a GPU.
 void check_group_serves(const ProcessGroup& group, Device device);
+// The world ranks of the members of the subgroup that split(color, key) makes for `color`, in its rank
+// order (by key, ties by rank in the parent, as MPI_Comm_split and ncclCommSplit order them), from every
+// parent rank's {color, key, world rank} in parent rank order; empty for a negative color. The NCCL
+// group names a subgroup's ranks by world rank in its messages with it.
+std::vector<int> split_world_ranks(const std::vector<std::array<int, 3>>& parent, int color);
 
 }  // namespace booster::distributed
