@@ -9,6 +9,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -86,7 +87,8 @@ double worst_ratio(const Tensor& got, const Tensor& want, const Tensor& bound) {
 // kh * kw where its scatter-add sums the taps' bfloat16 column gradients one at a time).
 void check_case(const Case& c, DType dtype, uint64_t seed, bool expect_onednn) {
   INFO(describe(c) << " " << dtype << (expect_onednn ? " through oneDNN" : " through gather + GEMM"));
-  Tensor x = random({c.n, c.c, c.h, c.w}, dtype, seed), w = random({c.cout, c.c / c.groups, c.kh, c.kw}, dtype, seed + 1);
+  Tensor x = random({c.n, c.c, c.h, c.w}, dtype, seed),
+         w = random({c.cout, c.c / c.groups, c.kh, c.kw}, dtype, seed + 1);
   Tensor b = c.bias ? random({c.cout}, dtype, seed + 2) : Tensor();
   x.requires_grad_();
   w.requires_grad_();
@@ -118,7 +120,8 @@ void check_case(const Case& c, DType dtype, uint64_t seed, bool expect_onednn) {
   const double u16 = bf16 ? kUnitBFloat16 : 0.0;
   const double k_fwd = double(c.c / c.groups * c.kh * c.kw) + 1, k_dx = double(c.cout / c.groups * c.kh * c.kw),
                k_dw = double(c.n * out.size(2) * out.size(3));
-  const double fwd_roundings = (!expect_onednn && c.bias) ? 2 : 1, dx_roundings = expect_onednn ? 1 : double(c.kh * c.kw) + 1;
+  const double fwd_roundings = (!expect_onednn && c.bias) ? 2 : 1,
+               dx_roundings = expect_onednn ? 1 : double(c.kh * c.kw) + 1;
   const auto bound = [&](const Tensor& m, double k, double roundings) {
     return mul(m.detach(), gamma(k + 1, kUnit) + (bf16 ? gamma(roundings, u16) * (1 + gamma(k + 1, kUnit)) : 0.0));
   };
@@ -241,7 +244,8 @@ TEST_CASE("conv2d: identical input patches give identical outputs at every posit
             for (const auto& [r, s] : at)
               for (int64_t a = 0; a < 3; ++a)
                 for (int64_t e = 0; e < 3; ++e)
-                  image[size_t(((img * c + ch) * h + r + a) * wd + s + e)] = patch[size_t(((img * c + ch) * 3 + a) * 3 + e)];
+                  image[size_t(((img * c + ch) * h + r + a) * wd + s + e)] =
+                      patch[size_t(((img * c + ch) * 3 + a) * 3 + e)];
         const Tensor x = from_vector(image, {n, c, h, wd}).to(dtype);
         const Tensor out = conv2d(x, w, b, {1, 1}, {1, 1}, {1, 1}, 1);
         std::vector<std::pair<int64_t, int64_t>> centres;
@@ -250,4 +254,69 @@ TEST_CASE("conv2d: identical input patches give identical outputs at every posit
         CHECK(same_at(out, centres));
       }
     }
+}
+
+TEST_CASE("max_pool2d through oneDNN equals the gather path bit for bit, ties and gradients included",
+          "[ops][onednn][conv]") {
+  struct Pool {
+    int64_t kh, kw, sh, sw, ph, pw;
+  };
+  const std::vector<Pool> pools = {{2, 2, 2, 2, 0, 0}, {3, 3, 2, 2, 1, 1}, {3, 3, 1, 1, 1, 1}, {2, 3, 1, 2, 1, 1}};
+  for (DType dtype : {DType::Float32, DType::BFloat16}) {
+    const std::string missing = onednn_missing(dtype);
+    if (!missing.empty()) {
+      skip_test(missing);
+      continue;
+    }
+    for (const Pool& p : pools) {
+      INFO(dtype << " kernel (" << p.kh << ", " << p.kw << ") stride (" << p.sh << ", " << p.sw << ") padding ("
+                 << p.ph << ", " << p.pw << ")");
+      // Few distinct values, so most windows hold several equal maxima: the gradient must go to the
+      // first, in the window's row-major order, on both paths.
+      Generator gen(20);
+      std::vector<double> values(3 * 5 * 11 * 12);
+      for (double& v : values) v = double(int(gen.uniform() * 4)) * 0.5 - 1.0;
+      const Tensor x = from_vector(values, {3, 5, 11, 12}).to(dtype);
+      const Tensor dy = random({3, 5, (11 + 2 * p.ph - p.kh) / p.sh + 1, (12 + 2 * p.pw - p.kw) / p.sw + 1}, dtype, 21);
+      auto run = [&](bool on, const Tensor& input, const Tensor& seed) {
+        ConvPathGuard path(on);
+        Tensor leaf = input.detach().clone();
+        leaf.requires_grad_();
+        const Tensor out = max_pool2d(leaf, {p.kh, p.kw}, {p.sh, p.sw}, {p.ph, p.pw}, {1, 1});
+        CHECK((out.grad_fn() && out.grad_fn()->name() == "MaxPool2dBackward") == (on && input.dtype() == dtype));
+        autograd::backward(out, seed, false);
+        return std::vector<Tensor>{out.detach(), leaf.grad()};
+      };
+      const std::vector<Tensor> on = run(true, x, dy), off = run(false, x, dy);
+      // The maxima are exact; so is the gradient where windows do not overlap. Where they do, an
+      // input's gradient sums up to (kh / sh) * (kw / sw) windows' in an order of each path's own:
+      // within that many roundings (float32's, or bfloat16's where the gather path's scatter-add
+      // rounds each sum) of the same sum of |dy|, and exactly zero off the first maxima, which are
+      // the float64 gather path's.
+      CHECK(on[0].to(DType::Float64).tolist() == off[0].to(DType::Float64).tolist());
+      const std::vector<double> a = on[1].to(DType::Float64).tolist(), b = off[1].to(DType::Float64).tolist(),
+                                mag = run(false, x.to(DType::Float64), abs(dy.to(DType::Float64)))[1].tolist();
+      if (p.kh <= p.sh && p.kw <= p.sw) CHECK(a == b);
+      const double windows = double((p.kh + p.sh - 1) / p.sh * ((p.kw + p.sw - 1) / p.sw));
+      const double unit = dtype == DType::BFloat16 ? kUnitBFloat16 : kUnit;
+      double worst = 0;
+      for (size_t i = 0; i < a.size(); ++i)
+        worst = std::max(worst, std::abs(a[i] - b[i]) / (2 * gamma(windows, unit) * mag[i] + 1e-300));
+      CHECK(worst <= 1.0);
+    }
+  }
+}
+
+TEST_CASE("max_pool2d with oneDNN on: a NaN anywhere in a window and an all -inf window come out as torch's",
+          "[ops][onednn][conv]") {
+  ConvPathGuard on(true);
+  const double inf = std::numeric_limits<double>::infinity();
+  // One image, one channel, 2x4, pooled 2x2: the first window holds a NaN after its maximum, the
+  // second is all -inf.
+  const Tensor x = from_vector(std::vector<double>{1.0, 2.0, -inf, -inf, 3.0, std::nan(""), -inf, -inf}, {1, 1, 2, 4})
+                       .to(DType::Float32);
+  const std::vector<double> out = max_pool2d(x, {2, 2}, {2, 2}, {0, 0}, {1, 1}).to(DType::Float64).tolist();
+  REQUIRE(out.size() == 2);
+  CHECK(std::isnan(out[0]));
+  CHECK(out[1] == -inf);
 }

@@ -16,10 +16,13 @@
 //    start floor(i*H/oh), end ceil((i+1)*H/oh)).
 // So the gradient of the gather is index_add (col2im), autocast treats conv2d as the GEMM it is
 // (Op::Conv2d: lower precision, as torch's CUDA autocast lists conv2d), and CUDA runs the same code
-// with cuBLAS. The index of a geometry is built once and cached per device. On the CPU, conv2d itself
-// runs through oneDNN where it can (Note [Convolutions through oneDNN] in backends/onednn/onednn.cpp):
-// this composition is then the fallback and the tests' reference.
+// with cuBLAS. The index of a geometry is built once and cached per device. On the CPU, conv2d and
+// max_pool2d themselves run through oneDNN where they can (Note [Convolutions through oneDNN] in
+// backends/onednn/onednn.cpp): this composition is then the fallback and the tests' reference.
 #include <array>
+#include <cmath>
+#include <functional>
+#include <memory>
 #include <limits>
 #include <map>
 #include <mutex>
@@ -119,24 +122,26 @@ Tensor conv2d_gather(const Tensor& x, const Tensor& weight, const Tensor& bias, 
   return out;
 }
 
-// The gradients of conv2d_gather for the inputs flagged in `need`, as its recorded backward computes
-// them: where oneDNN refuses a backward product of a convolution it ran forward.
-autograd::grads conv2d_gather_grads(const Tensor& x, const Tensor& weight, const Tensor& bias, const Geometry& g,
-                                    int64_t groups, const Tensor& grad, std::array<bool, 3> need) {
+// The gradients of `composed` (a gather-path op) for the inputs flagged in `need`, as its recorded
+// backward computes them: where oneDNN refuses a backward product of an op it ran forward.
+autograd::grads composed_grads(const std::function<Tensor(const std::vector<Tensor>&)>& composed,
+                               const std::vector<Tensor>& saved, const Tensor& grad, const std::vector<bool>& need) {
   const bool previous = autograd::grad_mode_enabled();
   autograd::set_grad_mode(true);
-  std::vector<Tensor> inputs = {x.detach(), weight.detach(), bias.defined() ? bias.detach() : Tensor()};
-  for (size_t i = 0; i < 3; ++i)
+  std::vector<Tensor> inputs;
+  for (size_t i = 0; i < saved.size(); ++i) {
+    inputs.push_back(saved[i].defined() ? saved[i].detach() : Tensor());
     if (need[i]) inputs[i].requires_grad_();
+  }
   try {
-    autograd::backward(conv2d_gather(inputs[0], inputs[1], inputs[2], g, groups), grad, false);
+    autograd::backward(composed(inputs), grad, false);
   } catch (...) {
     autograd::set_grad_mode(previous);
     throw;
   }
   autograd::set_grad_mode(previous);
-  autograd::grads out(3);
-  for (size_t i = 0; i < 3; ++i)
+  autograd::grads out(inputs.size());
+  for (size_t i = 0; i < inputs.size(); ++i)
     if (need[i]) out[i] = inputs[i].grad();
   return out;
 }
@@ -167,8 +172,8 @@ Tensor conv2d_onednn(const Tensor& x_in, const Tensor& weight_in, const Tensor& 
              need_b = bias_in.defined() && bias_in.requires_grad();
   autograd::record(
       out, "Conv2dBackward", {x_in, weight_in, bias_in},
-      [x = x.detach(), weight = weight.detach(), bias = bias.defined() ? bias.detach() : Tensor(), g, groups, s, type, need_x, need_w,
-       need_b](const Tensor& grad_in) {
+      [x = x.detach(), weight = weight.detach(), bias = bias.defined() ? bias.detach() : Tensor(), g, groups, s, type,
+       need_x, need_w, need_b](const Tensor& grad_in) {
         const Tensor grad = grad_in.to(x.dtype()).contiguous();
         Tensor dx, dw, db;
         bool ok = true;
@@ -183,9 +188,49 @@ Tensor conv2d_onednn(const Tensor& x_in, const Tensor& weight_in, const Tensor& 
                                              need_b ? db.data_ptr() : nullptr);
           if (!need_w) dw = Tensor();
         }
-        if (!ok) return conv2d_gather_grads(x, weight, bias, g, groups, grad, {need_x, need_w, need_b});
+        if (!ok)
+          return composed_grads(
+              [&](const std::vector<Tensor>& in) { return conv2d_gather(in[0], in[1], in[2], g, groups); },
+              {x, weight, bias}, grad, {need_x, need_w, need_b});
         return autograd::grads{dx, dw, db};
       });
+  return out;
+}
+
+// max_pool2d as the max over the gathered windows (Note [Convolution as gather + GEMM]).
+Tensor max_pool2d_gather(const Tensor& x, const Geometry& g) {
+  Tensor cols = gather_columns(x, g, -std::numeric_limits<double>::infinity(), "max_pool2d");
+  return max(cols, 2).reshape({x.size(0), x.size(1), g.oh(), g.ow()});
+}
+
+// max_pool2d through oneDNN's max pooling (the first of equal maxima takes the gradient, as the
+// gather path's max), or empty when it does not take this problem. Only for finite inputs: oneDNN's
+// max skips a NaN that is not first in its window, and starts from the lowest finite value (an
+// all--inf window), where the gather path's max (and torch's) returns NaN and -inf.
+Tensor max_pool2d_onednn(const Tensor& x_in, const Geometry& g) {
+  std::optional<onednn::ConvType> type;
+  if (x_in.dtype() == DType::Float32 && onednn::conv_enabled()) type = onednn::ConvType::Float32;
+  if (x_in.dtype() == DType::BFloat16 && onednn::conv_bf16_enabled()) type = onednn::ConvType::BFloat16;
+  if (!type || !x_in.device().is_cpu() || x_in.size(0) == 0 || g.oh() < 1 || g.ow() < 1 || g.dh != 1 || g.dw != 1)
+    return Tensor();
+  const int64_t n = x_in.size(0), c = x_in.size(1);
+  const onednn::ConvShape s{n, c, g.h, g.w, c, 1, g.kh, g.kw, g.sh, g.sw, g.ph, g.pw, 1, 1, g.oh(), g.ow()};
+  const int64_t bytes = onednn::max_pool_workspace_bytes(s, *type);
+  if (bytes < 0) return Tensor();
+  const Tensor x = x_in.contiguous();
+  if (!std::isfinite(sum(x).item())) return Tensor();
+  auto workspace = std::shared_ptr<char[]>(new char[size_t(std::max<int64_t>(bytes, 1))]);
+  Tensor out = Tensor::empty({n, c, g.oh(), g.ow()}, x.dtype());
+  if (!onednn::max_pool_forward(s, *type, x.data_ptr(), out.data_ptr(), workspace.get())) return Tensor();
+  autograd::record(out, "MaxPool2dBackward", {x_in},
+                   [x = x.detach(), g, s, type = *type, workspace](const Tensor& grad_in) {
+                     const Tensor grad = grad_in.to(x.dtype()).contiguous();
+                     Tensor dx = Tensor::empty(x.shape(), x.dtype());
+                     if (onednn::max_pool_backward(s, type, grad.data_ptr(), workspace.get(), dx.data_ptr()))
+                       return autograd::grads{dx};
+                     return composed_grads([&](const std::vector<Tensor>& in) { return max_pool2d_gather(in[0], g); },
+                                           {x}, grad, {true});
+                   });
   return out;
 }
 
@@ -233,8 +278,8 @@ Tensor max_pool2d(const Tensor& x, std::array<int64_t, 2> kernel, std::array<int
                 ") must be at most half the kernel size (", kernel[0], ", ", kernel[1], "), as in torch");
   const Geometry g{x.size(2), x.size(3), kernel[0], kernel[1], stride[0], stride[1],
                    padding[0], padding[1], dilation[0], dilation[1]};
-  Tensor cols = gather_columns(x, g, -std::numeric_limits<double>::infinity(), "max_pool2d");
-  return max(cols, 2).reshape({x.size(0), x.size(1), g.oh(), g.ow()});
+  if (Tensor out = max_pool2d_onednn(x, g); out.defined()) return out;
+  return max_pool2d_gather(x, g);
 }
 
 Tensor avg_pool2d(const Tensor& x, std::array<int64_t, 2> kernel, std::array<int64_t, 2> stride,

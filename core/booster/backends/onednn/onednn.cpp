@@ -155,9 +155,13 @@ bool gemm_bf16(const GemmOperand& a, const GemmOperand& b, void* c, int64_t ldc,
 // memory objects; a call sets data handles and executes. Every output element is one sum in the
 // same order (input channel blocks, then taps) at every position, which Note [Position-independent
 // rounding] in ops/conv.cpp relies on.
+// max_pool2d runs through oneDNN's max pooling on the same switch and cache, in NCHW (a pooling
+// primitive takes the layout of its source), with a workspace holding each window's argmax from the
+// forward for the backward; ops/conv.cpp keeps non-finite inputs on the gather path, whose NaN and
+// -inf semantics (torch's) oneDNN's max does not share.
 namespace {
 
-enum class ConvKind : int64_t { Forward, BackwardData, BackwardWeights };
+enum class ConvKind : int64_t { Forward, BackwardData, BackwardWeights, PoolForward, PoolBackward };
 
 using ConvKey = std::array<int64_t, 19>;
 
@@ -174,9 +178,12 @@ struct ConvEntry {
   bool ok = false;
   dnnl::primitive primitive;
   std::vector<ConvArg> inputs, outputs;
+  int64_t workspace_bytes = -1;  // max pooling
 };
 
-memory::data_type dnnl_type(ConvType t) { return t == ConvType::BFloat16 ? memory::data_type::bf16 : memory::data_type::f32; }
+memory::data_type dnnl_type(ConvType t) {
+  return t == ConvType::BFloat16 ? memory::data_type::bf16 : memory::data_type::f32;
+}
 
 ConvArg make_arg(int arg, const memory::desc& user_desc, const memory::desc& prim_desc, bool input) {
   ConvArg a;
@@ -192,7 +199,44 @@ ConvArg make_arg(int arg, const memory::desc& user_desc, const memory::desc& pri
   return a;
 }
 
+// Max pooling in the tensors' own NCHW layout: a pooling primitive takes no format_tag::any for its
+// source, and the images come and go between NCHW ops (batch norm, ReLU) anyway.
+ConvEntry make_pool_entry(ConvKind kind, const ConvShape& s, ConvType t) {
+  using tag = memory::format_tag;
+  ConvEntry e;
+  try {
+    const memory::data_type dt = dnnl_type(t);
+    const memory::desc src({s.n, s.c, s.h, s.w}, dt, tag::nchw), dst({s.n, s.c, s.oh, s.ow}, dt, tag::nchw);
+    const memory::dims strides = {s.sh, s.sw}, kernel = {s.kh, s.kw}, pad = {s.ph, s.pw};
+    const dnnl::pooling_forward::primitive_desc fwd_pd(
+        dnnl::pooling_forward::desc(dnnl::prop_kind::forward_training, dnnl::algorithm::pooling_max, src, dst, strides,
+                                    kernel, pad, pad),
+        engine());
+    const memory::desc ws = fwd_pd.workspace_desc();
+    e.workspace_bytes = int64_t(ws.get_size());
+    if (kind == ConvKind::PoolForward) {
+      e.primitive = dnnl::pooling_forward(fwd_pd);
+      e.inputs.push_back(make_arg(DNNL_ARG_SRC, src, fwd_pd.src_desc(), true));
+      e.outputs.push_back(make_arg(DNNL_ARG_DST, dst, fwd_pd.dst_desc(), false));
+      e.outputs.push_back(make_arg(DNNL_ARG_WORKSPACE, ws, ws, false));
+    } else {
+      const dnnl::pooling_backward::primitive_desc pd(
+          dnnl::pooling_backward::desc(dnnl::algorithm::pooling_max, src, dst, strides, kernel, pad, pad), engine(),
+          fwd_pd);
+      e.primitive = dnnl::pooling_backward(pd);
+      e.inputs.push_back(make_arg(DNNL_ARG_DIFF_DST, dst, pd.diff_dst_desc(), true));
+      e.inputs.push_back(make_arg(DNNL_ARG_WORKSPACE, ws, ws, true));
+      e.outputs.push_back(make_arg(DNNL_ARG_DIFF_SRC, src, pd.diff_src_desc(), false));
+    }
+    e.ok = true;
+  } catch (const dnnl::error&) {
+    e.ok = false;
+  }
+  return e;
+}
+
 ConvEntry make_conv_entry(ConvKind kind, const ConvShape& s, ConvType t, bool with_bias) {
+  if (kind == ConvKind::PoolForward || kind == ConvKind::PoolBackward) return make_pool_entry(kind, s, t);
   using tag = memory::format_tag;
   ConvEntry e;
   try {
@@ -250,19 +294,25 @@ ConvEntry make_conv_entry(ConvKind kind, const ConvShape& s, ConvType t, bool wi
 
 bool conv_type_enabled(ConvType t) { return t == ConvType::BFloat16 ? conv_bf16_enabled() : conv_enabled(); }
 
-// Runs one convolution product: `in` and `out` are the data pointers of the entry's inputs and
-// outputs in the order make_conv_entry lists them.
-bool run_conv(ConvKind kind, const ConvShape& s, ConvType t, bool with_bias, std::initializer_list<const void*> in,
-              std::initializer_list<void*> out) {
-  if (!conv_type_enabled(t) || s.n <= 0 || s.c <= 0 || s.cout <= 0 || s.oh <= 0 || s.ow <= 0) return false;
+// The cached entry of one problem (per thread), or null when the path is off or oneDNN refuses it.
+ConvEntry* conv_entry(ConvKind kind, const ConvShape& s, ConvType t, bool with_bias) {
+  if (!conv_type_enabled(t) || s.n <= 0 || s.c <= 0 || s.cout <= 0 || s.oh <= 0 || s.ow <= 0) return nullptr;
   const ConvKey key = {int64_t(kind), int64_t(t), with_bias, s.n, s.c, s.h, s.w, s.cout, s.groups, s.kh,
                        s.kw, s.sh, s.sw, s.ph, s.pw, s.dh, s.dw, s.oh, s.ow};
   thread_local std::map<ConvKey, ConvEntry> cache;
-  thread_local dnnl::stream stream(engine());
   auto it = cache.find(key);
   if (it == cache.end()) it = cache.emplace(key, make_conv_entry(kind, s, t, with_bias)).first;
-  ConvEntry& e = it->second;
-  if (!e.ok) return false;
+  return it->second.ok ? &it->second : nullptr;
+}
+
+// Runs one convolution or pooling product: `in` and `out` are the data pointers of the entry's
+// inputs and outputs in the order make_conv_entry lists them.
+bool run_conv(ConvKind kind, const ConvShape& s, ConvType t, bool with_bias, std::initializer_list<const void*> in,
+              std::initializer_list<void*> out) {
+  ConvEntry* entry = conv_entry(kind, s, t, with_bias);
+  if (!entry) return false;
+  ConvEntry& e = *entry;
+  thread_local dnnl::stream stream(engine());
   std::unordered_map<int, memory> args;
   auto ptr = in.begin();
   for (ConvArg& a : e.inputs) {
@@ -298,7 +348,7 @@ std::string conv_description() {
   std::string bf16 = "bfloat16 on " + std::string(cpu::bf16_instructions_name());
   if (!cpu::has_bf16_instructions()) bf16 = "bfloat16 as gather + GEMM (no bfloat16 instructions)";
   else if (cpu::isa_level() != cpu::IsaLevel::Avx512) bf16 = "bfloat16 as gather + GEMM (kernel level below avx512)";
-  return onednn + " direct convolutions, float32 and " + bf16 + " (BOOSTER_ONEDNN=0 turns it off)";
+  return onednn + " direct convolutions and max pooling, float32 and " + bf16 + " (BOOSTER_ONEDNN=0 turns it off)";
 }
 
 bool conv_forward(const ConvShape& s, ConvType t, const void* x, const void* w, const void* bias, void* y) {
@@ -313,6 +363,24 @@ bool conv_backward_data(const ConvShape& s, ConvType t, const void* dy, const vo
 bool conv_backward_weights(const ConvShape& s, ConvType t, const void* x, const void* dy, void* dw, void* dbias) {
   if (dbias) return run_conv(ConvKind::BackwardWeights, s, t, true, {x, dy}, {dw, dbias});
   return run_conv(ConvKind::BackwardWeights, s, t, false, {x, dy}, {dw});
+}
+
+namespace {
+bool pool_shape_ok(const ConvShape& s) { return s.cout == s.c && s.groups == 1 && s.dh == 1 && s.dw == 1; }
+}  // namespace
+
+int64_t max_pool_workspace_bytes(const ConvShape& s, ConvType t) {
+  if (!pool_shape_ok(s)) return -1;
+  const ConvEntry* e = conv_entry(ConvKind::PoolForward, s, t, false);
+  return e ? e->workspace_bytes : -1;
+}
+
+bool max_pool_forward(const ConvShape& s, ConvType t, const void* x, void* y, void* workspace) {
+  return pool_shape_ok(s) && run_conv(ConvKind::PoolForward, s, t, false, {x}, {y, workspace});
+}
+
+bool max_pool_backward(const ConvShape& s, ConvType t, const void* dy, const void* workspace, void* dx) {
+  return pool_shape_ok(s) && run_conv(ConvKind::PoolBackward, s, t, false, {dy, workspace}, {dx});
 }
 
 }  // namespace booster::onednn

@@ -33,9 +33,9 @@ bool gemm_bf16(const kernels::GemmOperand& a, const kernels::GemmOperand& b, voi
 
 // Convolutions (Note [Convolutions through oneDNN] in onednn.cpp).
 //
-// Whether conv2d runs through oneDNN now: built, BOOSTER_ONEDNN is not "0" and set_conv has not
-// turned it off. float32 runs on any x86-64 CPU; bfloat16 additionally needs what the bfloat16 GEMMs
-// need (conv_bf16_enabled).
+// Whether conv2d (and max_pool2d) run through oneDNN now: built, BOOSTER_ONEDNN is not "0" and
+// set_conv has not turned it off. float32 runs on any x86-64 CPU; bfloat16 additionally needs what
+// the bfloat16 GEMMs need (conv_bf16_enabled).
 bool conv_enabled();
 bool conv_bf16_enabled();
 // Turns the convolution path on or off for this process (tests and benchmarks compare both); returns
@@ -60,5 +60,14 @@ bool conv_forward(const ConvShape& s, ConvType t, const void* x, const void* w, 
 bool conv_backward_data(const ConvShape& s, ConvType t, const void* dy, const void* w, void* dx);
 // dw (and dbias unless null) = the gradients of the weights and bias from x and dy.
 bool conv_backward_weights(const ConvShape& s, ConvType t, const void* x, const void* dy, void* dw, void* dbias);
+
+// Max pooling over the same shapes (cout == c, groups 1, no dilation), on the same switch and types:
+// the bytes of the workspace (the index of each window's maximum) that the forward writes and the
+// backward reads, or -1 when oneDNN takes no such problem or the path is off for this type.
+int64_t max_pool_workspace_bytes(const ConvShape& s, ConvType t);
+// y = the maximum of each window (the first of equal maxima), its index into `workspace`.
+bool max_pool_forward(const ConvShape& s, ConvType t, const void* x, void* y, void* workspace);
+// dx = dy scattered to each window's maximum (from the forward's workspace), zero elsewhere.
+bool max_pool_backward(const ConvShape& s, ConvType t, const void* dy, const void* workspace, void* dx);
 
 }  // namespace booster::onednn

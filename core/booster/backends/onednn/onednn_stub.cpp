@@ -23,5 +23,8 @@ std::string conv_description() {
 bool conv_forward(const ConvShape&, ConvType, const void*, const void*, const void*, void*) { return false; }
 bool conv_backward_data(const ConvShape&, ConvType, const void*, const void*, void*) { return false; }
 bool conv_backward_weights(const ConvShape&, ConvType, const void*, const void*, void*, void*) { return false; }
+int64_t max_pool_workspace_bytes(const ConvShape&, ConvType) { return -1; }
+bool max_pool_forward(const ConvShape&, ConvType, const void*, void*, void*) { return false; }
+bool max_pool_backward(const ConvShape&, ConvType, const void*, const void*, void*) { return false; }
 
 }  // namespace booster::onednn
