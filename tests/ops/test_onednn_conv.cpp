@@ -9,6 +9,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <dlfcn.h>
 #include <limits>
 #include <string>
 #include <vector>
@@ -201,16 +202,32 @@ bool same_at(const Tensor& out, const std::vector<std::pair<int64_t, int64_t>>& 
   return true;
 }
 
+// The OpenBLAS kernel set the GEMMs run on (openblas_get_corename), or "" when the process has no
+// OpenBLAS.
+std::string openblas_core() {
+  using CoreName = char* (*)();
+  const auto fn = reinterpret_cast<CoreName>(dlsym(RTLD_DEFAULT, "openblas_get_corename"));
+  return fn ? std::string(fn()) : std::string();
+}
+
 }  // namespace
 
 TEST_CASE("conv2d: identical input patches give identical outputs at every position, on both paths",
-          "[ops][onednn][conv]") {
+          "[ops][onednn][conv][roundoff]") {
   // Note [Position-independent rounding] in ops/conv.cpp. Wide reductions (C_in * 9 = 288) and output
-  // widths that are not multiples of a GEMM kernel's tile, so that edge tiles are exercised.
+  // widths that are not multiples of a GEMM kernel's tile, so that edge tiles are exercised. The
+  // gather path holds it on the OpenBLAS kernels the Note names, and is checked there.
+  const std::string core = openblas_core();
+  const bool gather_holds = core == "SkylakeX" || core == "Cooperlake" || core == "Sandybridge";
   for (bool on : {true, false})
     for (DType dtype : {DType::Float32, DType::BFloat16}) {
       if (on && !onednn_missing(dtype).empty()) {
         skip_test(onednn_missing(dtype));
+        continue;
+      }
+      if (!on && !gather_holds) {
+        skip_test("the gather path's GEMMs run on OpenBLAS's " + (core.empty() ? "(no OpenBLAS)" : core) +
+                  " kernels, which round some positions differently (Note [Position-independent rounding])");
         continue;
       }
       ConvPathGuard path(on);

@@ -98,13 +98,19 @@ Tensor gather_columns(const Tensor& x, const Geometry& g, double pad_value, cons
 // Identical input patches must give identical outputs, bit for bit, at every position: otherwise
 // exact ties (a max-pool window over equal activations) break differently from place to place. oneDNN's
 // direct convolutions compute every output element in the same order (Note [Convolutions through
-// oneDNN]). The gather path's GEMM does not by itself: in row-major [Cout, K] x [K, L] the L output
-// positions are the BLAS M dimension, which OpenBLAS cuts into tiles of its kernel's unroll (16 or 32
-// rows) and its threads' shares, and the rows left over at the end go through edge kernels whose
-// rounding differs by an ulp (seen here: the last 3 of 99 positions). So the gather pads the positions
-// to a multiple of kPositionTile = 64 with all-padding columns (zero products, cut off after the
-// GEMM): every real position then lies in a full tile for any unroll up to 64, and in a full share of
-// each thread for the thread counts the test checks (1 to 4). Costs under 64 columns a GEMM.
+// oneDNN]; checked with its avx512, avx2 and sse4.1 kernels). The gather path's GEMM does not by
+// itself: in row-major [Cout, K] x [K, L] the L output positions are the BLAS M dimension, which
+// OpenBLAS cuts into tiles of its kernel's unroll and its threads' shares, and the rows left over at
+// the end go through edge kernels whose rounding differs by an ulp (seen here: the last 3 of 99
+// positions). So the gather pads the positions to a multiple of kPositionTile = 64 with all-padding
+// columns (zero products, cut off after the GEMM): every real position then lies in a full tile. That
+// makes the gather path position-independent with OpenBLAS's SkylakeX, Cooperlake and Sandybridge
+// kernels (AVX-512 and AVX CPUs; checked with 1 to 4 threads). It cannot with its Haswell kernels
+// (Haswell to Broadwell, Zen 1 to 3): single-threaded, the first and last 8 rows of each of their row
+// blocks round differently from the rest wherever the blocks fall, and with other BLAS kernels nothing
+// is known. There the guarantee holds on the oneDNN path, which float32 takes on every x86-64 CPU
+// unless switched off; the tests check the gather path on the kernels named above. Padding costs
+// under 64 columns a GEMM.
 constexpr int64_t kPositionTile = 64;
 
 // conv2d as gather + GEMM (Note [Convolution as gather + GEMM]), inputs checked.
