@@ -128,6 +128,8 @@ TEST_CASE("a flipped bit in a checkpoint's tensor data is refused, naming the fi
   }
 }
 
+// Named by its path, a damaged step is refused (a root's `latest` falls back to an older step instead:
+// "resume from latest falls back past a damaged newest step and keeps it").
 TEST_CASE("damage to a checkpoint's other files is refused too", "[cli][hardening]") {
   const fs::path root = train_with_checkpoints("damage");
   const fs::path dir = step_dir(root, 12);
@@ -137,30 +139,30 @@ TEST_CASE("damage to a checkpoint's other files is refused too", "[cli][hardenin
     REQUIRE(at != std::string::npos);
     text[at + 9] = '3';  // a still valid JSON that claims step 13
     std::ofstream(dir / "trainer_state.json", std::ios::trunc | std::ios::binary) << text;
-    const RunResult r = run_booster(resume_args(root));
+    const RunResult r = run_booster(resume_args(root, dir.string()));
     CHECK(r.exit_code == 1);
     CHECK_THAT(r.err, Catch::Contains("trainer_state.json") && Catch::Contains("checksum"));
   }
   SECTION("a safetensors header") {
     flip_bit(dir / "model" / "model.safetensors", 20);
-    const RunResult r = run_booster(resume_args(root));
+    const RunResult r = run_booster(resume_args(root, dir.string()));
     CHECK(r.exit_code == 1);
     CHECK_THAT(r.err, Catch::Contains("model.safetensors") && Catch::Contains("header"));
   }
   SECTION("a file cut short") {
     fs::resize_file(dir / "optimizer" / "optimizer.safetensors", fs::file_size(dir / "optimizer" / "optimizer.safetensors") - 4);
-    const RunResult r = run_booster(resume_args(root));
+    const RunResult r = run_booster(resume_args(root, dir.string()));
     CHECK(r.exit_code == 1);
     CHECK_THAT(r.err, Catch::Contains("optimizer.safetensors") && Catch::Contains("bytes"));
   }
   SECTION("the checksums removed") {
     fs::remove(dir / "checksums.json");
-    const RunResult r = run_booster(resume_args(root));
+    const RunResult r = run_booster(resume_args(root, dir.string()));
     CHECK(r.exit_code == 1);
     CHECK_THAT(r.err, Catch::Contains("checksums.json") && Catch::Contains("--no-verify"));
   }
   SECTION("an undamaged checkpoint resumes") {
-    const RunResult r = run_booster(resume_args(root));
+    const RunResult r = run_booster(resume_args(root, dir.string()));
     INFO(r.err);
     CHECK(r.exit_code == 0);
     CHECK(json::parse(r.out)["resumed_from"] == dir.string());
@@ -826,4 +828,49 @@ TEST_CASE("a directory given as a data file is a DataError naming it, exit 1", "
   INFO(r.err);
   CHECK(r.exit_code == 1);
   CHECK_THAT(r.err, Catch::Contains((idx / "train-images-idx3-ubyte.gz").string() + " is a directory"));
+}
+
+// Note [Falling back from a damaged checkpoint] (core/booster/booster/state.cpp): --resume latest
+// loads the newest step that passes its checksums. A damaged newer step is named in one warning (file
+// and tensor) and left on disk byte for byte; when the resumed run saves that step again, the damaged
+// one is kept beside as step-N.damaged. A root where no step passes is an error naming the damage.
+TEST_CASE("resume from latest falls back past a damaged newest step and keeps it", "[cli][checkpoint][resume]") {
+  const fs::path dir = testing::scratch_dir("test_cli_hardening") / "fallback";
+  fs::remove_all(dir);
+  const std::string common = "train --config " + std::string(BOOSTER_SOURCE_DIR) +
+                             "/examples/configs/fashion_mnist_mlp.json --set train.max_steps=4 "
+                             "--set train.checkpoint_every=2 --set train.eval_every=0 --set train.run_dir=" + dir.string();
+  auto run = [&](const std::string& extra) {
+    return testing::run_booster_in(dir.parent_path(), common + extra, "OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1");
+  };
+  REQUIRE(run("").exit_code == 0);
+  const fs::path root = dir / "checkpoints", newest = root / "step-00000004", file = newest / "model" / "model.safetensors";
+  std::string bytes = read_text(file);
+  bytes[bytes.size() - 100] ^= 0x40;  // inside the last tensor's data
+  std::ofstream(file, std::ios::binary | std::ios::trunc) << bytes;
+
+  const RunResult resumed = run(" --resume latest");
+  INFO(resumed.err);
+  REQUIRE(resumed.exit_code == 0);
+  CHECK_THAT(resumed.err, Catch::Contains("booster: warning: checkpoint file " + file.string()) &&
+                              Catch::Contains("tensor 'layers.4.weight'") &&
+                              Catch::Contains("resuming from " + (root / "step-00000002").string() + " instead"));
+  CHECK_THAT(resumed.err, Catch::Contains("resumed from " + (root / "step-00000002").string() + " at step 2"));
+  // The resumed run saved step 4 again: the damaged one is kept beside it, byte for byte.
+  REQUIRE(fs::exists(root / "step-00000004.damaged"));
+  CHECK(read_text(root / "step-00000004.damaged" / "model" / "model.safetensors") == bytes);
+  const RunResult again = run(" --resume latest");
+  CHECK(again.exit_code == 0);
+  CHECK_THAT(again.err, !Catch::Contains("warning") && Catch::Contains("resumed from " + newest.string()));
+
+  // No step passes: the error, naming the damage.
+  for (const char* step : {"step-00000002", "step-00000004"}) {
+    const fs::path f = root / step / "model" / "model.safetensors";
+    std::string b = read_text(f);
+    b[b.size() - 100] ^= 0x40;
+    std::ofstream(f, std::ios::binary | std::ios::trunc) << b;
+  }
+  const RunResult none = run(" --resume latest");
+  CHECK(none.exit_code != 0);
+  CHECK_THAT(none.err, Catch::Contains("passes its checksums") && Catch::Contains("layers.4.weight"));
 }

@@ -358,9 +358,14 @@ class Booster {
   // CheckpointErrors naming the file. Collective.
   LoadedState load_state(const std::filesystem::path& path, const LoadStateOptions& options = {});
   // The step directory load_state(path) would read; nullopt when `path` does not exist or is a root
-  // that holds nothing yet (checkpoint::holds_no_checkpoint). A root whose `latest` names a missing
-  // step, or that holds something but no checkpoint, is a CheckpointError naming it.
-  static std::optional<std::filesystem::path> find_state(const std::filesystem::path& path);
+  // that holds nothing yet (checkpoint::holds_no_checkpoint). Of a root, the newest step that passes
+  // its checksums (Note [Falling back from a damaged checkpoint] in state.cpp): each newer one that does
+  // not, or a `latest` naming a step that is gone, adds a line to `passed_over` (file and tensor); a root
+  // where no step passes, or that holds something but no checkpoint, is a CheckpointError naming it.
+  // `verify` false: the step `latest` names, unchecked (--no-verify).
+  static std::optional<std::filesystem::path> find_state(const std::filesystem::path& path,
+                                                         std::vector<std::string>* passed_over = nullptr,
+                                                         bool verify = true);
 
   // Optimizer steps taken so far (BoostedOptimizer::steps of the boosted optimizer; 0 without one).
   int64_t step() const;

@@ -300,22 +300,50 @@ fs::path Booster::save_state(const fs::path& root, const SaveStateOptions& optio
 }
 
 // ------------------------------------------------------------------------------------------ load
-std::optional<fs::path> Booster::find_state(const fs::path& path) {
+// Note [Falling back from a damaged checkpoint]
+// A root resumes from its newest step that passes its checksums: the one `latest` names, else each
+// committed step from the newest down (checkpoint::checkpoint_candidates). A step that fails them (a
+// flipped byte, a truncated or missing file) is passed over with one warning naming the file and
+// tensor, and left as it is on disk: a later save of the same step keeps it beside as step-N.damaged
+// instead of replacing it (commit_checkpoint). With no step passing, the error names the newest one's
+// damage. A `latest` naming a step that is gone stays the error it was (it lists the steps there), and
+// a step directory named explicitly is loaded or refused as it is: no fallback.
+std::optional<fs::path> Booster::find_state(const fs::path& path, std::vector<std::string>* passed_over, bool verify) {
   // A step named while caught between the renames of a replace is read from its stand-in
   // (checkpoint::resolve_checkpoint knows it).
   const fs::path named = path.lexically_normal().has_filename() ? path.lexically_normal()
                                                                 : path.lexically_normal().parent_path();
   if (!fs::exists(path) && !fs::is_directory(named.string() + checkpoint::kReplacedSuffix)) return std::nullopt;
-  if (fs::is_directory(path) && !fs::exists(path / checkpoint::kTrainerStateFileName) &&
-      checkpoint::holds_no_checkpoint(path))
-    return std::nullopt;
-  return checkpoint::resolve_checkpoint(path);
+  if (!fs::is_directory(path) || fs::exists(path / checkpoint::kTrainerStateFileName))
+    return checkpoint::resolve_checkpoint(path);
+  if (checkpoint::holds_no_checkpoint(path)) return std::nullopt;
+  const std::vector<fs::path> candidates = checkpoint::checkpoint_candidates(path);
+  if (!verify || candidates.empty()) return checkpoint::resolve_checkpoint(path);  // or its error
+  checkpoint::resolve_checkpoint(path);  // a `latest` naming a step that is gone stays an error
+  std::vector<std::string> damaged;
+  for (const fs::path& dir : candidates) {
+    try {
+      checkpoint::verify_checksums(dir);
+    } catch (const CheckpointError& e) {
+      damaged.push_back(e.what());
+      continue;
+    }
+    if (passed_over)
+      for (const std::string& d : damaged)
+        passed_over->push_back(str(d, "; resuming from ", dir.string(), " instead, the damaged step left as it is"));
+    return dir;
+  }
+  BOOSTER_FAIL(CheckpointError, "no checkpoint in ", path.string(), " passes its checksums: ", damaged.front(),
+               damaged.size() > 1 ? str(" (and ", damaged.size() - 1, " more)") : std::string());
 }
 
 LoadedState Booster::load_state(const fs::path& path, const LoadStateOptions& options) {
   const std::string& context = options.context;
   BOOSTER_CHECK(boosted_, StateError, context, ": call boost() first, then load the state into what it returned");
-  const std::optional<fs::path> found = find_state(path);
+  std::vector<std::string> passed_over;
+  const std::optional<fs::path> found = find_state(path, &passed_over, options.verify);
+  if (process_group().rank() == 0)
+    for (const std::string& line : passed_over) std::fprintf(stderr, "booster: warning: %s\n", line.c_str());
   BOOSTER_CHECK(found || fs::exists(path), CheckpointError, context, ": ", path.string(),
                 " does not exist; expected a checkpoint directory or a root of them");
   BOOSTER_CHECK(found.has_value(), CheckpointError, context, ": ", path.string(), " holds no committed checkpoint");

@@ -187,6 +187,26 @@ fs::path commit_checkpoint(const fs::path& root, int64_t step, int keep_last) {
   // where `step-N.replaced/` stands in for it. `latest` follows the commit at once, before any cleanup
   // (Note [Cleanup after the commit]).
   fs::path replaced_copy;  // the old checkpoint of this step, once the new one stands in its place
+  // Note [Falling back from a damaged checkpoint]: a step that fails its checksums (a resume passed it
+  // over) is kept beside, never replaced.
+  if (fs::exists(final_dir)) {
+    std::string damage;
+    try {
+      verify_checksums(final_dir);
+    } catch (const CheckpointError& e) {
+      damage = e.what();
+    }
+    if (!damage.empty()) {
+      fs::path kept = root / (name + kDamagedSuffix);
+      for (int k = 2; fs::exists(kept); ++k) kept = root / (name + kDamagedSuffix + "-" + std::to_string(k));
+      rename_or_throw(final_dir, kept);
+      sync_directory(root);
+      std::fprintf(stderr, "booster: warning: %s fails its checksums (%s); it is kept as %s and the new "
+                   "checkpoint of step %lld takes its name\n", final_dir.c_str(), damage.c_str(), kept.c_str(),
+                   static_cast<long long>(step));
+      std::fflush(stderr);
+    }
+  }
   if (!fs::exists(final_dir)) {
     rename_or_throw(tmp_dir, final_dir);
     sync_directory(root);
@@ -320,6 +340,23 @@ RootLock::RootLock(const fs::path& root) {
 
 RootLock::~RootLock() {
   if (fd_ >= 0) ::close(fd_);  // releases the flock
+}
+
+std::vector<fs::path> checkpoint_candidates(const fs::path& root) {
+  std::vector<fs::path> out;
+  std::error_code ec;
+  const fs::path latest_file = root / kLatestFileName;
+  if (fs::exists(fs::symlink_status(latest_file, ec))) {
+    try {
+      out.push_back(resolve_checkpoint(root));
+    } catch (const CheckpointError&) {
+      // `latest` names nothing loadable: the committed steps still are candidates.
+    }
+  }
+  const auto committed = list_checkpoints(root);
+  for (auto it = committed.rbegin(); it != committed.rend(); ++it)
+    if (std::find(out.begin(), out.end(), it->second) == out.end()) out.push_back(it->second);
+  return out;
 }
 
 fs::path resolve_checkpoint(const fs::path& given) {

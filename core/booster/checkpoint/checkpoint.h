@@ -42,6 +42,9 @@ inline constexpr const char* kLockFileName = "lock";
 // The suffix of a committed checkpoint caught between the renames of a replace (Note [Replacing a
 // checkpoint]).
 inline constexpr const char* kReplacedSuffix = ".replaced";
+// A step that failed its checksums when a new checkpoint of its step was committed, kept under this
+// suffix (and "-2", "-3", ... after it) rather than replaced (Note [Falling back from a damaged checkpoint]).
+inline constexpr const char* kDamagedSuffix = ".damaged";
 
 // The pieces of a run that a checkpoint holds. Null JSON and an empty optimizer mean "not saved".
 struct TrainingState {
@@ -125,6 +128,11 @@ std::vector<std::pair<int64_t, std::filesystem::path>> list_checkpoints(const st
 // The checkpoint directory load_checkpoint(path) would read. A `<root>/step-N` that does not exist
 // while `<root>/step-N.replaced/` does resolves to the latter (Note [Replacing a checkpoint]).
 std::filesystem::path resolve_checkpoint(const std::filesystem::path& path);
+
+// The step directories of `root` a resume may load, best first: the one `latest` names (when it names
+// one that exists), then every committed step from the newest down (Note [Falling back from a damaged
+// checkpoint] in booster/booster/state.cpp).
+std::vector<std::filesystem::path> checkpoint_candidates(const std::filesystem::path& root);
 
 // True when `root` does not exist, or holds nothing but the lock file and the `.tmp` leftovers of
 // saves interrupted before their commit: where `resume: "latest"` starts afresh. A `latest` file (even
