@@ -115,6 +115,8 @@ int run_training(const json& config, BoosterComponents components, const Trainin
   options.checkpoint_every = train_cfg.at("checkpoint_every").get<int64_t>();
   options.keep_last = train_cfg.at("keep_last").get<int>();
   options.stop_on_write_error = train_cfg.at("on_write_error") == "stop";
+  options.async_checkpoint = train_cfg.at("async_checkpoint").get<bool>();
+  options.stop_on_save_error = train_cfg.at("on_save_error") == "stop";
   const json& diagnostics = train_cfg.at("diagnostics");
   options.diagnostics.every = diagnostics.value("every", int64_t(0));
   options.diagnostics.name_nonfinite = diagnostics.value("name_nonfinite", true);

@@ -189,6 +189,10 @@ struct Boosted {
 struct SaveStateOptions {
   int keep_last = 0;            // committed checkpoints to keep, the new one included; 0 keeps all
   std::optional<int64_t> step;  // the directory's step; step() by default
+  // false: write every file into `step-N.tmp/` (or into a checkpoint::WriteCapture active on this
+  // thread) but leave the commit (checkpoint::commit_checkpoint) to the caller: the Trainer's
+  // asynchronous checkpoints (Note [Asynchronous checkpoints] in trainer/async_save.h). One process only.
+  bool commit = true;
 };
 struct LoadStateOptions {
   // Starts error messages ("load_state", "train.resume").

@@ -30,6 +30,10 @@ FileWriter::~FileWriter() {
 }
 
 void FileWriter::write(const void* data, size_t nbytes) {
+  if (memory_) {
+    memory_->append(static_cast<const char*>(data), nbytes);
+    return;
+  }
   BOOSTER_CHECK(fd_ >= 0, CheckpointError, "write to ", path_.string(), " after it was closed");
   const char* p = static_cast<const char*>(data);
   while (nbytes > 0) {
@@ -43,7 +47,7 @@ void FileWriter::write(const void* data, size_t nbytes) {
 }
 
 void FileWriter::sync_and_close() {
-  if (fd_ < 0) return;
+  if (memory_ || fd_ < 0) return;
   const int fd = fd_;
   fd_ = -1;
   if (::fsync(fd) != 0) {
@@ -64,7 +68,42 @@ void sync_directory(const fs::path& dir) {
   BOOSTER_CHECK(ok, CheckpointError, "cannot flush directory ", dir.string(), ": ", why);
 }
 
+namespace {
+thread_local WriteCapture* current_capture = nullptr;
+}  // namespace
+
+WriteCapture::WriteCapture() : outer_(current_capture) { current_capture = this; }
+WriteCapture::~WriteCapture() { current_capture = outer_; }
+WriteCapture* WriteCapture::active() { return current_capture; }
+
+void WriteCapture::add(fs::path path, std::string bytes) {
+  for (File& f : files_)
+    if (f.path == path) {
+      f.bytes = std::move(bytes);
+      return;
+    }
+  files_.push_back({std::move(path), std::move(bytes)});
+}
+
+void write_captured(const std::vector<WriteCapture::File>& files) {
+  for (const WriteCapture::File& f : files) {
+    if (f.path.has_parent_path() && !fs::is_directory(f.path.parent_path())) {
+      std::error_code ec;
+      fs::create_directories(f.path.parent_path(), ec);
+      BOOSTER_CHECK(!ec, CheckpointError, "cannot create directory ", f.path.parent_path().string(), ": ", ec.message());
+    }
+    write_file_atomically(f.path, [&](FileWriter& out) { out.write(f.bytes); });
+  }
+}
+
 void write_file_atomically(const fs::path& path, const std::function<void(FileWriter&)>& fill) {
+  if (WriteCapture* capture = WriteCapture::active()) {  // Note [Capturing a checkpoint's files]
+    std::string bytes;
+    FileWriter out(path, bytes);
+    fill(out);
+    capture->add(path, std::move(bytes));
+    return;
+  }
   fs::path tmp = path;
   tmp += ".tmp-" + std::to_string(::getpid());
   try {

@@ -13,6 +13,7 @@
 #include <filesystem>
 #include <functional>
 #include <string>
+#include <vector>
 
 namespace booster::checkpoint {
 
@@ -22,6 +23,8 @@ class FileWriter {
  public:
   // Creates or truncates `path`.
   explicit FileWriter(std::filesystem::path path);
+  // Collects the bytes into `memory` instead (Note [Capturing a checkpoint's files]).
+  FileWriter(std::filesystem::path path, std::string& memory) : path_(std::move(path)), memory_(&memory) {}
   ~FileWriter();  // closes without syncing; use close() to see errors
   FileWriter(const FileWriter&) = delete;
   FileWriter& operator=(const FileWriter&) = delete;
@@ -35,12 +38,44 @@ class FileWriter {
  private:
   std::filesystem::path path_;
   int fd_ = -1;
+  std::string* memory_ = nullptr;
 };
 
 // Writes `path` atomically (Note [Atomic checkpoint writes]): fill() writes the content into a
 // temporary file beside it. If fill() throws, the temporary file is removed and `path` is unchanged.
 void write_file_atomically(const std::filesystem::path& path, const std::function<void(FileWriter&)>& fill);
 void write_text_file_atomically(const std::filesystem::path& path, const std::string& text);
+
+// Note [Capturing a checkpoint's files]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// While a WriteCapture lives, write_file_atomically on the same thread writes nothing: it keeps each
+// file's bytes in memory (in the order written; a path written twice keeps its last bytes). An
+// asynchronous checkpoint (train.async_checkpoint) thus snapshots the very bytes the synchronous save
+// would write, at the step, and write_captured puts them on disk later, from another thread, through
+// write_file_atomically as the synchronous save does. Directories are still created on disk.
+class WriteCapture {
+ public:
+  struct File {
+    std::filesystem::path path;
+    std::string bytes;
+  };
+  WriteCapture();
+  ~WriteCapture();
+  WriteCapture(const WriteCapture&) = delete;
+  WriteCapture& operator=(const WriteCapture&) = delete;
+  // The files captured so far, moved out.
+  std::vector<File> take() { return std::move(files_); }
+  // The capture on this thread, or null.
+  static WriteCapture* active();
+  void add(std::filesystem::path path, std::string bytes);
+
+ private:
+  std::vector<File> files_;
+  WriteCapture* outer_;
+};
+
+// Writes captured files, each atomically (creating its directory where missing).
+void write_captured(const std::vector<WriteCapture::File>& files);
 
 // fsyncs a directory, so that renames and new entries in it are durable.
 void sync_directory(const std::filesystem::path& dir);

@@ -468,6 +468,13 @@ std::vector<Section> make_training_schema() {
           optional_text("resume", nullptr, "\"latest\" (the newest in checkpoint_dir, if any), a checkpoint path, or null"),
           text("on_write_error", "stop", {"stop", "warn"},
                "a failed write of metrics.jsonl: stop (resume rewrites the lost records) or warn and go on"),
+          // Note [Asynchronous checkpoints] in booster/trainer/async_save.h.
+          boolean("async_checkpoint", false,
+                  "save checkpoints in the background: the state is copied to host memory at the step and "
+                  "written and committed on a thread while training goes on (the same files; one process only)"),
+          text("on_save_error", "warn", {"warn", "stop"},
+               "a failed background checkpoint (async_checkpoint): warn and go on, `latest` at the previous "
+               "step, or stop; a failed synchronous save always stops"),
           boolean("verify_checkpoints", true,
                   "check a checkpoint's files against its checksums before resuming or loading model.init_from "
                   "from one; false (--no-verify) loads a damaged one as it is"),

@@ -4,6 +4,8 @@
 
 #include <algorithm>
 #include <chrono>
+#include <csignal>
+#include <cstdlib>
 #include <cmath>
 #include <cstdio>
 #include <ctime>
@@ -27,6 +29,23 @@ namespace {
 
 double now_seconds() {
   return std::chrono::duration<double>(Clock::now().time_since_epoch()).count();
+}
+
+// A test hook for `booster run --max-restarts` (cli/run.cpp): BOOSTER_TEST_KILL_AT_STEP=S[:FILE] makes
+// the group's last rank SIGKILL itself once step S is done, before it is saved, as a lost node would;
+// with :FILE only while FILE does not exist (it is created first), so a restarted job goes on.
+void kill_here_if_testing(int64_t step, distributed::ProcessGroup& group) {
+  const char* hook = std::getenv("BOOSTER_TEST_KILL_AT_STEP");
+  if (!hook || !*hook || group.rank() != group.size() - 1) return;
+  const std::string spec = hook;
+  const size_t colon = spec.find(':');
+  if (std::atoll(spec.substr(0, colon).c_str()) != step) return;
+  if (colon != std::string::npos) {
+    const std::string file = spec.substr(colon + 1);
+    if (fs::exists(file)) return;
+    std::ofstream(file) << step << "\n";
+  }
+  std::raise(SIGKILL);
 }
 
 template <class... Values>
@@ -278,6 +297,10 @@ Trainer::Trainer(Booster& booster, TrainerOptions options) : booster_(booster), 
                 "; it must be >= 0 (0: no per-module statistics)");
   BOOSTER_CHECK(o.checkpoint_every == 0 || o.run_dir || o.checkpoint_dir, ConfigError, "Trainer: checkpoint_every is ",
                 o.checkpoint_every, " but there is no run_dir or checkpoint_dir to save into; set one");
+  // Note [Asynchronous checkpoints] in async_save.h: the commit of several ranks' files needs barriers.
+  BOOSTER_CHECK(!o.async_checkpoint || booster_.process_group().size() == 1, ConfigError,
+                "Trainer: async_checkpoint (train.async_checkpoint) saves on one process only, but this run has ",
+                booster_.process_group().size(), " processes; set it to false for a multi-process run");
   BOOSTER_CHECK(o.resume != "latest" || o.run_dir || o.checkpoint_dir, ConfigError,
                 "Trainer: resume \"latest\" looks in the checkpoint directory, but there is no run_dir or checkpoint_dir");
 
@@ -401,16 +424,56 @@ void Trainer::check_writes(int64_t step, const std::optional<fs::path>& last_che
                 " once there is space; or set train.on_write_error to \"warn\" to go on without the records");
 }
 
-fs::path Trainer::save(int64_t step) {
+std::optional<fs::path> Trainer::save(int64_t step, std::optional<fs::path> last) {
   const double t0 = now_seconds();
   // N copies of a one-process run started by mpirun train the same thing: only the launcher's rank 0
   // writes, or they would all commit into one checkpoint directory at once.
-  fs::path saved;
-  if (booster_.process_group().size() > 1 || is_rank0_)
-    saved = booster_.save_state(*checkpoint_root_, {.keep_last = options_.keep_last, .step = step});
-  progress_->print(format_line("saved step %6lld | %s in %.2fs", static_cast<long long>(step), saved.c_str(),
-                               now_seconds() - t0));
-  return saved;
+  if (booster_.process_group().size() > 1 || is_rank0_) {
+    if (options_.async_checkpoint && async_save_) {
+      // Note [Asynchronous checkpoints] in async_save.h: one save in flight; snapshot, then write behind.
+      collect_async_save(last, /*wait=*/true);
+      const double t_snapshot = now_seconds();
+      std::vector<checkpoint::WriteCapture::File> files;
+      try {
+        checkpoint::WriteCapture capture;
+        booster_.save_state(*checkpoint_root_, {.keep_last = options_.keep_last, .step = step, .commit = false});
+        files = capture.take();
+      } catch (const std::exception& e) {
+        if (options_.stop_on_save_error) throw;
+        progress_->print(format_line("booster: warning: the checkpoint of step %lld failed: ", static_cast<long long>(step)) +
+                         e.what() + "; training goes on, " +
+                         (last ? "the last checkpoint is " + last->string() : std::string("nothing is saved yet")) +
+                         " (train.on_save_error is \"warn\")");
+        return last;
+      }
+      async_snapshot_seconds_ = now_seconds() - t_snapshot;
+      async_save_->start(*checkpoint_root_, step, options_.keep_last, std::move(files));
+      return last;
+    }
+    last = booster_.save_state(*checkpoint_root_, {.keep_last = options_.keep_last, .step = step});
+  }
+  progress_->print(format_line("saved step %6lld | %s in %.2fs", static_cast<long long>(step),
+                               last ? last->c_str() : "", now_seconds() - t0));
+  return last;
+}
+
+void Trainer::collect_async_save(std::optional<fs::path>& last, bool wait) {
+  if (!async_save_) return;
+  const std::optional<trainer::AsyncSave::Outcome> done = wait ? async_save_->wait() : async_save_->poll();
+  if (!done) return;
+  const long long step = static_cast<long long>(done->step);
+  if (done->error.empty()) {
+    last = done->dir;
+    progress_->print(format_line("saved step %6lld | %s in %.2fs in the background (training paused %.3fs)", step,
+                                 done->dir.c_str(), done->seconds, async_snapshot_seconds_));
+    return;
+  }
+  const std::string previous =
+      last ? "latest still names " + last->string() : std::string("no checkpoint of this run is committed");
+  BOOSTER_CHECK(!options_.stop_on_save_error, CheckpointError, "the background checkpoint of step ", step,
+                " failed: ", done->error, "; ", previous, "; the run stops (train.on_save_error is \"stop\")");
+  progress_->print(format_line("booster: warning: the background checkpoint of step %lld failed: ", step) + done->error +
+                   "; training goes on and " + previous + " (train.on_save_error is \"warn\")");
 }
 
 FitResult Trainer::fit() {
@@ -445,6 +508,13 @@ FitResult Trainer::fit() {
   // it is refused rather than clearing this one's save in progress as a crash's leftover.
   const bool saves = o.checkpoint_every > 0 && checkpoint_root_ && (group.size() > 1 || is_rank0_);
   if (saves) booster_.lock_state_root(*checkpoint_root_);
+  // Note [Asynchronous checkpoints] in async_save.h. Leaving fit() (an error, an interrupt) waits for a
+  // save in flight, so it is committed or cleanly failed before the Booster's state moves on.
+  struct EndAsyncSave {
+    std::unique_ptr<trainer::AsyncSave>& save;
+    ~EndAsyncSave() { save.reset(); }
+  } end_async_save{async_save_};
+  if (o.async_checkpoint && checkpoint_root_) async_save_ = std::make_unique<trainer::AsyncSave>();
 
   // ---- resume
   FitResult result;
@@ -607,14 +677,19 @@ FitResult Trainer::fit() {
   };
   auto after_step = [&] {
     check_writes(step, result.last_checkpoint ? result.last_checkpoint : result.resumed_from);
+    collect_async_save(result.last_checkpoint, /*wait=*/false);  // Note [Asynchronous checkpoints]
     const int signal = stop_signal();
     const bool saving = checkpoint_due() || (signal && checkpoint_root_);
     if (saving && step > first_step) reduce_loss();  // every rank: the signal was agreed
-    if (saving) result.last_checkpoint = save(step);
+    if (saving) result.last_checkpoint = save(step, result.last_checkpoint);
     if (!signal) return;
+    collect_async_save(result.last_checkpoint, /*wait=*/true);  // a stop names a committed step
     if (!checkpoint_root_)
       interrupt(signal, "after step " + std::to_string(step) + " of " + std::to_string(total_steps_) +
                             "; nothing was saved: there is no run or checkpoint directory");
+    if (!result.last_checkpoint)
+      interrupt(signal, "after step " + std::to_string(step) + " of " + std::to_string(total_steps_) +
+                            "; its checkpoint failed and this run committed none");
     const fs::path& saved = *result.last_checkpoint;
     const std::string hint =
         o.resume_hint ? o.resume_hint(saved) : "resume with TrainerOptions::resume = \"" + saved.string() + "\"";
@@ -679,6 +754,7 @@ FitResult Trainer::fit() {
       if (skipped) ++position_.skipped_steps;
       if (scheduler) scheduler->step();
       step = booster_.step();
+      kill_here_if_testing(step, group);
       if (skipped) report_skipped_step(step, tracer ? &*tracer : nullptr);
       if (tracer && statistics_step(step)) {
         metrics_.write({{"kind", "diagnostics"},
@@ -750,6 +826,7 @@ FitResult Trainer::fit() {
     after_step();
   }
   trainer::StopOnSignal::set_in_loop(false);
+  collect_async_save(result.last_checkpoint, /*wait=*/true);  // the run's end waits for its last save
   // A signal during the last step's evaluation or save came after after_step() looked: the run is
   // complete, but a stop was asked for, so it ends as interrupted (Note [Stopping on a signal]).
   if (const int signal = stop_signal()) {

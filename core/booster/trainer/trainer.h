@@ -21,6 +21,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <functional>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -31,6 +32,7 @@
 #include "booster/common/error.h"
 #include "booster/data/dataset.h"
 #include "booster/diagnostics/doctor.h"  // SkippedStep, Tracer
+#include "booster/trainer/async_save.h"
 #include "booster/trainer/progress.h"
 
 namespace booster {
@@ -114,6 +116,13 @@ struct TrainerOptions {
   // checkpoint, so a resume rewrites the lost records (Note [Failed writes]); false: one warning, and
   // the run goes on without them.
   bool stop_on_write_error = true;
+  // Save checkpoints in the background (Note [Asynchronous checkpoints] in trainer/async_save.h): the
+  // step's state is snapshotted into host memory at the step and written and committed on a thread
+  // while training goes on. One process only (ConfigError on several).
+  bool async_checkpoint = false;
+  // A failed background save stops the run (CheckpointError) instead of one warning per failure, the
+  // run going on with `latest` at the previous step. A failed synchronous save always stops it.
+  bool stop_on_save_error = false;
   // Settings a resume must keep (Note [Settings a resume must keep] in booster/booster/state.cpp) and
   // how a refused resume is told to restore one.
   nlohmann::json resume_settings = nlohmann::json::object();
@@ -210,7 +219,13 @@ class Trainer {
   void run_evaluation(int64_t step);
   // A skipped step's line on the progress output and record in metrics.jsonl.
   void report_skipped_step(int64_t step, const diagnostics::Tracer* tracer);
-  std::filesystem::path save(int64_t step);
+  // Saves `step`; returns the newest committed checkpoint (an asynchronous save commits later: then
+  // `last`, or a background save that finished meanwhile).
+  std::optional<std::filesystem::path> save(int64_t step, std::optional<std::filesystem::path> last);
+  // Reports the background save (Note [Asynchronous checkpoints]) if it has finished (or, with `wait`,
+  // once it has), moving `last` to it when it committed; CheckpointError for a failure with
+  // stop_on_save_error.
+  void collect_async_save(std::optional<std::filesystem::path>& last, bool wait);
   // Note [Failed writes] in trainer.cpp.
   void check_writes(int64_t step, const std::optional<std::filesystem::path>& last_checkpoint);
 
@@ -232,6 +247,8 @@ class Trainer {
   bool write_failure_reported_ = false;
   double run_start_ = 0.0;
   bool is_rank0_ = true;
+  std::unique_ptr<trainer::AsyncSave> async_save_;  // while fit() runs with async_checkpoint
+  double async_snapshot_seconds_ = 0.0;             // the step's stall for the save in flight
 };
 
 }  // namespace booster
