@@ -16,13 +16,14 @@
 //    way, which `booster train` and BoosterConfig::from_env() read (Note [Switching by launcher] in
 //    booster/config/booster_sections.cpp); the names are checked here, once, before anything starts.
 // Only the options the usage lists are taken before `--`: an unknown one is a usage error, not an mpirun
-// option that silently changes how the job fails (--max-restarts); --hostfile and --bind-to are passed
+// option that silently changes how the job fails (--timeout); --hostfile and --bind-to are passed
 // on, anything else of mpirun's with --mpirun-arg, one word each. A command that starts with `booster`
 // runs this very executable, so `booster run -n 2 -- booster train ...` uses the same build. mpirun is
 // looked up as $BOOSTER_MPIRUN, then `mpirun` on PATH, then the MPIEXEC_EXECUTABLE CMake found at build
 // time. --dry-run prints the command line instead of running it. Ctrl-C, SIGTERM and SIGHUP stop a
 // training run cleanly on every rank (Note [Signals under booster run]); what the job prints comes
-// through booster run (Note [What booster run prints]).
+// through booster run (Note [What booster run prints]). --max-restarts restarts a failed job
+// (Note [Restarting a failed job]).
 #include <fcntl.h>
 #include <poll.h>
 #include <sched.h>
@@ -37,6 +38,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <optional>
 #include <iostream>
 #include <set>
 #include <string>
@@ -56,7 +58,8 @@ namespace {
 
 constexpr const char* kRunUsage =
     "usage: booster run -n N [--mixed-precision NAME] [--plugin NAME] [--hostfile FILE] [--bind-to POLICY]\n"
-    "                   [--mpirun-arg ARG ...] [--dry-run] -- COMMAND [ARGS ...]\n"
+    "                   [--mpirun-arg ARG ...] [--max-restarts K [--min-processes M]] [--dry-run]\n"
+    "                   -- COMMAND [ARGS ...]\n"
     "\n"
     "Starts COMMAND as N processes with mpirun, e.g.\n"
     "  booster run -n 2 -- booster train --config examples/configs/fashion_mnist_ddp.json\n"
@@ -77,6 +80,11 @@ constexpr const char* kRunUsage =
     "  --hostfile FILE          the machines to start the processes on (mpirun --hostfile)\n"
     "  --bind-to POLICY         none, core, socket, ...: how processes are bound to cores (mpirun --bind-to)\n"
     "  --mpirun-arg ARG         pass ARG to mpirun unchanged; once per word, e.g. --mpirun-arg --tag-output\n"
+    "  --max-restarts K         restart the job when it fails at run time (a rank died, a collective timed\n"
+    "                           out, a non-zero exit but 2), at most K times; booster train resumes from the\n"
+    "                           newest checkpoint (--resume latest). Default 0\n"
+    "  --min-processes M        when fewer than N slots are left at a restart, restart on as few as M\n"
+    "                           processes, raising data.batch_size to keep the global batch. Default N\n"
     "  --dry-run                print the environment and the mpirun command line instead of running it\n"
     "  -h, --help               show this help\n";
 
@@ -122,7 +130,8 @@ std::string shell_quote(const std::string& s) {
   return q + "'";
 }
 
-int parse_count(const std::string& text) {
+int parse_count(const std::string& text, const char* option = "-n", long lowest = 1,
+                const char* what = "a number of processes") {
   size_t used = 0;
   long n = 0;
   try {
@@ -130,8 +139,8 @@ int parse_count(const std::string& text) {
   } catch (const std::exception&) {
     used = 0;
   }
-  BOOSTER_CHECK(used == text.size() && n >= 1 && n <= 4096, ConfigError, "booster run: -n is '", text,
-                "'; expected a number of processes from 1 to 4096");
+  BOOSTER_CHECK(used == text.size() && n >= lowest && n <= 4096, ConfigError, "booster run: ", option, " is '", text,
+                "'; expected ", what, " from ", lowest, " to 4096");
   return int(n);
 }
 
@@ -149,15 +158,20 @@ struct LaunchPlan {
   bool help = false;
   bool dry_run = false;
   int nproc = 0;
+  int max_restarts = 0;
+  int min_processes = 0;  // --min-processes (0: not given, i.e. nproc)
   std::string mixed_precision, plugin;  // --mixed-precision, --plugin ("": not given)
   std::vector<std::pair<std::string, std::string>> env;
   std::vector<std::string> argv;
   std::string program;  // the command's first word (`booster` already replaced by this executable)
+  std::vector<std::string> mpirun_options;  // --hostfile, --bind-to, --mpirun-arg
+  std::vector<std::string> command;         // after `--`, `booster` replaced
 };
 
 // The options before `--`, as the usage lists them; each but --dry-run takes a value.
 const std::vector<std::string> kRunOptions = {"-n", "--nproc", "--mixed-precision", "--plugin", "--hostfile",
-                                              "--bind-to", "--mpirun-arg", "--dry-run", "--help"};
+                                              "--bind-to", "--mpirun-arg", "--max-restarts", "--min-processes",
+                                              "--dry-run", "--help"};
 
 // A word before `--` that is none of kRunOptions: a usage error naming it (Note [booster run]).
 [[noreturn]] void refuse_option(const std::string& word, int nproc) {
@@ -167,13 +181,52 @@ const std::vector<std::string> kRunOptions = {"-n", "--nproc", "--mixed-precisio
   std::string msg = "booster run: unknown option '" + word + "'";
   if (auto guess = config::nearest(word.substr(0, word.find('=')), kRunOptions)) msg += " (did you mean '" + *guess + "'?)";
   BOOSTER_FAIL(ConfigError, msg, "; before `--` booster run takes -n N, --mixed-precision NAME, --plugin NAME, ",
-               "--hostfile FILE, --bind-to POLICY, --mpirun-arg ARG and --dry-run (see booster run --help); give an ",
+               "--hostfile FILE, --bind-to POLICY, --mpirun-arg ARG, --max-restarts K, --min-processes M and ",
+               "--dry-run (see booster run --help); give an ",
                "option of mpirun's with --mpirun-arg, one word each: --mpirun-arg ", word);
+}
+
+// Fills plan.env and plan.argv to start plan.command as `nproc` processes.
+void fill_launch(LaunchPlan& plan, const LaunchContext& context, int nproc) {
+  plan.env.clear();
+  const int threads = std::max(1, context.cores / nproc);
+  if (context.as_root) {
+    plan.env.emplace_back("OMPI_ALLOW_RUN_AS_ROOT", "1");
+    plan.env.emplace_back("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1");
+  }
+  std::vector<std::string> exported;
+  for (const char* name : {"OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS"}) {
+    if (!context.user_env.count(name)) plan.env.emplace_back(name, std::to_string(threads));
+    exported.push_back(name);
+  }
+  // The launcher's choices (Note [Switching by launcher]): set, unlike the thread counts, even when the
+  // user exported others, since they were asked for on this command line.
+  for (const auto& [variable, value] : {std::pair{kMixedPrecisionVariable, plan.mixed_precision},
+                                        std::pair{kPluginVariable, plan.plugin}}) {
+    if (value.empty()) continue;
+    plan.env.emplace_back(variable, value);
+    exported.push_back(variable);
+  }
+
+  plan.argv = {context.mpirun, "-np", std::to_string(nproc)};
+  if (nproc > context.cores) plan.argv.push_back("--oversubscribe");
+  // mpirun passes these stop requests on to every rank (Note [Signals under booster run]).
+  std::string forwarded;
+  for (const int signal : {SIGINT, SIGTERM, SIGHUP})
+    forwarded += (forwarded.empty() ? "" : ",") + std::to_string(trainer::StopOnSignal::launcher_signal(signal));
+  plan.argv.insert(plan.argv.end(), {"--mca", "ess_base_forward_signals", forwarded});
+  for (const std::string& name : exported) {
+    plan.argv.push_back("-x");
+    plan.argv.push_back(name);
+  }
+  plan.argv.insert(plan.argv.end(), plan.mpirun_options.begin(), plan.mpirun_options.end());
+  plan.argv.insert(plan.argv.end(), plan.command.begin(), plan.command.end());
 }
 
 LaunchPlan plan_launch(const std::vector<std::string>& args, const LaunchContext& context) {
   LaunchPlan plan;
-  std::vector<std::string> mpirun_options;
+  std::vector<std::string>& mpirun_options = plan.mpirun_options;
+  bool min_given = false;
   size_t i = 0;
   for (; i < args.size(); ++i) {
     const std::string& a = args[i];
@@ -205,6 +258,11 @@ LaunchPlan plan_launch(const std::vector<std::string>& args, const LaunchContext
     }
     if (name == "-n") {
       plan.nproc = parse_count(value);
+    } else if (name == "--max-restarts") {
+      plan.max_restarts = parse_count(value, "--max-restarts", 0, "a number of restarts");
+    } else if (name == "--min-processes") {
+      plan.min_processes = parse_count(value, "--min-processes");
+      min_given = true;
     } else if (name == "--mixed-precision") {
       plan.mixed_precision = value;
     } else if (name == "--plugin") {
@@ -220,42 +278,13 @@ LaunchPlan plan_launch(const std::vector<std::string>& args, const LaunchContext
   BOOSTER_CHECK(i < args.size() && i + 1 < args.size(), ConfigError,
                 "booster run: no command after `--`; e.g. booster run -n ", plan.nproc,
                 " -- booster train --config FILE");
-  std::vector<std::string> command(args.begin() + long(i) + 1, args.end());
-  if (command.front() == "booster") command.front() = context.self;
-  plan.program = command.front();
-
-  const int threads = std::max(1, context.cores / plan.nproc);
-  if (context.as_root) {
-    plan.env.emplace_back("OMPI_ALLOW_RUN_AS_ROOT", "1");
-    plan.env.emplace_back("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1");
-  }
-  std::vector<std::string> exported;
-  for (const char* name : {"OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS"}) {
-    if (!context.user_env.count(name)) plan.env.emplace_back(name, std::to_string(threads));
-    exported.push_back(name);
-  }
-  // The launcher's choices (Note [Switching by launcher]): set, unlike the thread counts, even when the
-  // user exported others, since they were asked for on this command line.
-  for (const auto& [variable, value] : {std::pair{kMixedPrecisionVariable, plan.mixed_precision},
-                                        std::pair{kPluginVariable, plan.plugin}}) {
-    if (value.empty()) continue;
-    plan.env.emplace_back(variable, value);
-    exported.push_back(variable);
-  }
-
-  plan.argv = {context.mpirun, "-np", std::to_string(plan.nproc)};
-  if (plan.nproc > context.cores) plan.argv.push_back("--oversubscribe");
-  // mpirun passes these stop requests on to every rank (Note [Signals under booster run]).
-  std::string forwarded;
-  for (const int signal : {SIGINT, SIGTERM, SIGHUP})
-    forwarded += (forwarded.empty() ? "" : ",") + std::to_string(trainer::StopOnSignal::launcher_signal(signal));
-  plan.argv.insert(plan.argv.end(), {"--mca", "ess_base_forward_signals", forwarded});
-  for (const std::string& name : exported) {
-    plan.argv.push_back("-x");
-    plan.argv.push_back(name);
-  }
-  plan.argv.insert(plan.argv.end(), mpirun_options.begin(), mpirun_options.end());
-  plan.argv.insert(plan.argv.end(), command.begin(), command.end());
+  BOOSTER_CHECK(!min_given || plan.min_processes <= plan.nproc, ConfigError, "booster run: --min-processes ",
+                plan.min_processes, " is more than -n ", plan.nproc, "; expected at most the processes it starts with");
+  if (!min_given) plan.min_processes = plan.nproc;
+  plan.command.assign(args.begin() + long(i) + 1, args.end());
+  if (plan.command.front() == "booster") plan.command.front() = context.self;
+  plan.program = plan.command.front();
+  fill_launch(plan, context, plan.nproc);
   return plan;
 }
 
@@ -323,7 +352,12 @@ class Relay {
     }
   }
 
+  // The first error line the job printed, else mpirun's line about a rank that died of a signal ("":
+  // neither): the reason a restart names (Note [Restarting a failed job]).
+  std::string failure() const { return first_error_.empty() ? died_ : first_error_; }
+
   void err(const char* data, size_t n) {
+    scan(data, n);
     for (size_t i = 0; i < n;) {
       const char* newline = static_cast<const char*>(std::memchr(data + i, '\n', n - i));
       const size_t end = newline ? size_t(newline - data) + 1 : n;
@@ -373,6 +407,21 @@ class Relay {
   static void err_line(const std::string& text) { write_all(STDERR_FILENO, text.data(), text.size()); }
   static bool starts_with(const std::string& s, const std::string& prefix) { return s.rfind(prefix, 0) == 0; }
   static bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
+
+  // Keeps the lines that explain a failure, whether passed on or dropped.
+  void scan(const char* data, size_t n) {
+    for (size_t i = 0; i < n; ++i) {
+      if (data[i] == '\r') {  // a progress bar's redraw: only what follows counts
+        scanned_.clear();
+      } else if (data[i] != '\n') {
+        if (scanned_.size() < 2000) scanned_ += data[i];
+      } else {
+        if (first_error_.empty() && contains(scanned_, "error:")) first_error_ = scanned_;
+        if (died_.empty() && contains(scanned_, "exited on signal")) died_ = scanned_;
+        scanned_.clear();
+      }
+    }
+  }
   static bool is_rule(const std::string& line) {
     return line.size() == kRuleLength + 1 && line.find_first_not_of('-') == kRuleLength;  // dashes, then '\n'
   }
@@ -439,6 +488,8 @@ class Relay {
   int banner_lines_ = 0;
   bool dropped_aggregate_ = false;
   std::set<std::string> errors_;  // error messages printed, without their rank
+  std::string scanned_;           // the line scan() is reading
+  std::string first_error_, died_;
 };
 
 int supervise(const std::vector<char*>& argv, Relay& relay) {
@@ -525,6 +576,98 @@ int supervise(const std::vector<char*>& argv, Relay& relay) {
   return code;
 }
 
+// Note [Restarting a failed job]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// With --max-restarts K, booster run starts the job again when it fails at run time: a rank died (mpirun
+// then exits 128 + the signal), a collective timed out, or the job exited non-zero otherwise. Exit status 2
+// is a config or usage mistake, which a restart would only repeat: never restarted; nor is a job stopped
+// by a signal booster run was sent, nor one whose stdout could not be written. Each restart prints one
+// line with its number, the exit status and the job's first error line (else mpirun's line naming the
+// rank that died of a signal). A `booster train` command gets --resume latest unless it names a
+// --resume, so it goes on from the newest checkpoint that passes its checksums (Note [Falling back from
+// a damaged checkpoint] in booster/booster/state.cpp); a run without a fixed checkpoint directory
+// (train.run_dir null or with {time}, and no train.checkpoint_dir) starts over, and the line says so.
+// After K restarts the last failure is booster run's, with its exit status.
+//
+// A node that is lost leaves fewer slots. How many are left is the hostfile's business and mpirun's; the
+// test hook BOOSTER_TEST_MAX_PROCESSES=k makes booster run believe that only k are left after a failure.
+// With --min-processes M the job is then restarted on the most processes, from M to the slots left, that
+// divide the global batch (data.batch_size x processes): a checkpoint of single, ddp or low_level_zero
+// resumes at any number of processes when the global batch is the same (Note [Resuming across layouts]),
+// so booster run adds --set data.batch_size=B that keeps it (train.grad_accumulation is a setting a
+// resume must keep, and the saved data position counts batches, so it cannot change instead).
+namespace restart {
+
+// The value of `name` (long or short form) in a booster train command, or nullopt; all of them when
+// `all` is given.
+std::optional<std::string> option_value(const std::vector<std::string>& command, const std::string& name,
+                                        const std::string& short_name, std::vector<std::string>* all = nullptr) {
+  std::optional<std::string> found;
+  for (size_t k = 2; k < command.size(); ++k) {
+    const std::string& a = command[k];
+    std::optional<std::string> value;
+    if ((a == name || a == short_name) && k + 1 < command.size()) value = command[++k];
+    else if (a.rfind(name + "=", 0) == 0) value = a.substr(name.size() + 1);
+    if (!value) continue;
+    found = value;
+    if (all) all->push_back(*value);
+  }
+  return found;
+}
+
+bool is_train(const std::vector<std::string>& command, const std::string& self) {
+  std::error_code ec;
+  return command.size() >= 2 && command[1] == "train" &&
+         (command[0] == self || fs::equivalent(command[0], self, ec));
+}
+
+// The config a booster train command runs, before resolving (its file and its --set); null when it cannot
+// be read (the job itself then says why).
+nlohmann::json train_config(const std::vector<std::string>& command) {
+  try {
+    const std::optional<std::string> path = option_value(command, "--config", "-c");
+    if (!path) return nullptr;
+    nlohmann::json config = config::load_file(*path);
+    std::vector<std::string> sets;
+    option_value(command, "--set", "-s", &sets);
+    for (const std::string& s : sets) config::apply_override(config, s);
+    return config;
+  } catch (const std::exception&) {
+    return nullptr;
+  }
+}
+
+// Whether `--resume latest` finds this run's checkpoints again: a fixed checkpoint directory.
+bool resumable(const nlohmann::json& config) {
+  if (!config.is_object() || !config.contains("train") || !config.at("train").is_object()) return true;
+  const nlohmann::json& train = config.at("train");
+  if (train.contains("checkpoint_dir") && train.at("checkpoint_dir").is_string()) return true;
+  const nlohmann::json run_dir = train.contains("run_dir") ? train.at("run_dir") : nlohmann::json(config::kDefaultRunDir);
+  return run_dir.is_string() && run_dir.get<std::string>().find("{time}") == std::string::npos;
+}
+
+std::string exit_status(int code) {
+  std::string text = "exit status " + std::to_string(code);
+  if (code > 128 && code < 128 + 65) {
+    const char* name = ::strsignal(code - 128);
+    text += " (signal " + std::to_string(code - 128) + (name ? std::string(", ") + name : std::string()) + ")";
+  }
+  return text;
+}
+
+std::string reason(int code, const std::string& failure) {
+  return exit_status(code) + (failure.empty() ? std::string() : ": " + failure);
+}
+
+// The slots left after a failure: BOOSTER_TEST_MAX_PROCESSES (a test hook: a lost node), else all.
+int slots_left(int nproc) {
+  const char* hook = std::getenv("BOOSTER_TEST_MAX_PROCESSES");
+  if (!hook || !*hook) return nproc;
+  return std::clamp(std::atoi(hook), 0, nproc);
+}
+
+}  // namespace restart
+
 }  // namespace
 
 int run(const std::vector<std::string>& args) {
@@ -559,15 +702,91 @@ int run(const std::vector<std::string>& args) {
     std::cout << line << "\n";
     return kExitOk;
   }
-  for (const auto& [name, value] : plan.env) ::setenv(name.c_str(), value.c_str(), /*overwrite=*/1);
-  std::vector<char*> argv;
-  for (const std::string& a : plan.argv) argv.push_back(const_cast<char*>(a.c_str()));
-  argv.push_back(nullptr);
-  std::cout.flush();
-  std::cerr.flush();
-  // booster explains its own failures (Note [What booster run prints]).
-  Relay relay(plan.program == context.self || fs::equivalent(plan.program, context.self, ec));
-  return supervise(argv, relay);
+  const bool booster_command = plan.program == context.self || fs::equivalent(plan.program, context.self, ec);
+  const bool train = restart::is_train(plan.command, context.self);
+  const nlohmann::json train_config = train && plan.max_restarts > 0 ? restart::train_config(plan.command) : nullptr;
+  LaunchPlan attempt = plan;
+  for (int restarts = 0;; ++restarts) {
+    for (const auto& [name, value] : attempt.env) ::setenv(name.c_str(), value.c_str(), /*overwrite=*/1);
+    std::vector<char*> argv;
+    for (const std::string& a : attempt.argv) argv.push_back(const_cast<char*>(a.c_str()));
+    argv.push_back(nullptr);
+    std::cout.flush();
+    std::cerr.flush();
+    // booster explains its own failures (Note [What booster run prints]).
+    Relay relay(booster_command);
+    const int code = supervise(argv, relay);
+    // Note [Restarting a failed job]
+    if (code == kExitOk || plan.max_restarts == 0 || g_stop_signal != 0 || relay.stdout_failed()) return code;
+    if (code == kExitUsageError) {
+      std::cerr << "booster run: not restarted: exit status 2 is a config or usage error, which a restart would "
+                   "repeat\n";
+      return code;
+    }
+    const std::string why = restart::reason(code, relay.failure());
+    if (restarts == plan.max_restarts) {
+      std::cerr << "booster run: error: the job failed after " << restarts << (restarts == 1 ? " restart" : " restarts")
+                << " (--max-restarts " << plan.max_restarts << "), giving up: " << why << "\n";
+      return code;
+    }
+    std::string line = "booster run: restart " + std::to_string(restarts + 1) + " of " +
+                       std::to_string(plan.max_restarts) + " after " + why;
+    attempt = plan;
+    // Fewer slots left: as many processes as divide the global batch, down to --min-processes.
+    const int slots = restart::slots_left(plan.nproc);
+    int processes = plan.nproc;
+    if (slots < plan.nproc) {
+      if (slots < plan.min_processes) {
+        std::cerr << line << "\nbooster run: error: only " << slots << (slots == 1 ? " slot is" : " slots are")
+                  << " left for the " << plan.nproc << " processes and --min-processes is " << plan.min_processes
+                  << "; cannot restart (give --min-processes " << std::max(slots, 1) << " to go on with fewer)\n";
+        return code;
+      }
+      std::string batch_change;
+      if (train) {
+        const nlohmann::json& data = train_config.is_object() && train_config.contains("data") ? train_config.at("data")
+                                                                                             : nlohmann::json();
+        const int64_t batch = data.is_object() && data.contains("batch_size") && data.at("batch_size").is_number_integer()
+                                  ? data.at("batch_size").get<int64_t>()
+                                  : 128;  // the schema's default
+        const int64_t global = batch * plan.nproc;
+        processes = 0;
+        for (int n = slots; n >= plan.min_processes && processes == 0; --n)
+          if (global % n == 0) processes = n;
+        if (processes == 0) {
+          std::cerr << line << "\nbooster run: error: cannot restart on " << plan.min_processes << " to " << slots
+                    << " processes: none divides the global batch of " << global << " (data.batch_size " << batch
+                    << " x " << plan.nproc << " processes), which a resume must keep; lower --min-processes or "
+                    << "choose a batch size they divide\n";
+          return code;
+        }
+        const int64_t new_batch = global / processes;
+        attempt.command.push_back("--set");
+        attempt.command.push_back("data.batch_size=" + std::to_string(new_batch));
+        batch_change = ", data.batch_size " + std::to_string(batch) + " -> " + std::to_string(new_batch) +
+                       " keeps the global batch of " + std::to_string(global);
+      } else {
+        processes = slots;
+      }
+      line += "; on " + std::to_string(processes) + (processes == 1 ? " process" : " processes") + " instead of " +
+              std::to_string(plan.nproc) + " (" + std::to_string(slots) + (slots == 1 ? " slot" : " slots") +
+              " left)" + batch_change;
+    }
+    if (train) {
+      if (restart::option_value(plan.command, "--resume", "-r")) {
+        line += "; booster train resumes as its --resume says";
+      } else if (restart::resumable(train_config)) {
+        attempt.command.push_back("--resume");
+        attempt.command.push_back("latest");
+        line += "; resuming from the newest valid checkpoint (--resume latest)";
+      } else {
+        line += "; starting over: the run has no fixed checkpoint directory (set train.run_dir without {time}, "
+                "or train.checkpoint_dir, to resume)";
+      }
+    }
+    std::cerr << line << "\n";
+    fill_launch(attempt, context, processes);
+  }
 }
 
 }  // namespace booster::cli

@@ -232,7 +232,7 @@ TEST_CASE("booster run -n 2 with the single plugin warns once that every process
 // ------------------------------------------------------------------------------------------ options
 TEST_CASE("booster run refuses an option it does not document, naming it", "[cli][run]") {
   for (const auto& [args, expect] : std::vector<std::pair<std::string, std::string>>{
-           {"run -n 2 --max-restarts 2 --dry-run -- echo hi", "unknown option '--max-restarts'"},
+           {"run -n 2 --timeout 2 --dry-run -- echo hi", "unknown option '--timeout'"},
            {"run --dry-run -n 2 --oversubscribe -- echo hi", "unknown option '--oversubscribe'"},
            {"run -n 2 --dryrun -- echo hi", "(did you mean '--dry-run'?)"},
            {"run -n 2 booster train", "'booster' comes before `--`"},
