@@ -637,6 +637,21 @@ nlohmann::json train_config(const std::vector<std::string>& command) {
   }
 }
 
+// The parallel plugin the job runs: train's --plugin, else booster run's own --plugin or an exported
+// BOOSTER_PLUGIN, else the config's, else the single-process one.
+std::string plugin_of(const std::vector<std::string>& command, const std::string& run_plugin,
+                      const nlohmann::json& config) {
+  if (const std::optional<std::string> p = option_value(command, "--plugin", "-p")) return *p;
+  if (!run_plugin.empty()) return run_plugin;
+  if (const char* env = std::getenv(kPluginVariable); env && *env) return env;
+  if (config.is_object() && config.contains("plugin")) {
+    const nlohmann::json& p = config.at("plugin");
+    if (p.is_string()) return p.get<std::string>();
+    if (p.is_object() && p.contains("name") && p.at("name").is_string()) return p.at("name").get<std::string>();
+  }
+  return "single";
+}
+
 // Whether `--resume latest` finds this run's checkpoints again: a fixed checkpoint directory.
 bool resumable(const nlohmann::json& config) {
   if (!config.is_object() || !config.contains("train") || !config.at("train").is_object()) return true;
@@ -744,6 +759,16 @@ int run(const std::vector<std::string>& args) {
       }
       std::string batch_change;
       if (train) {
+        // Only data-parallel checkpoints resume on another number of processes (Note [Resuming across
+        // layouts]); single's processes are copies, hybrid's layout is fixed.
+        const std::string plugin = restart::plugin_of(plan.command, plan.plugin, train_config);
+        if (plugin != "ddp" && plugin != "low_level_zero") {
+          std::cerr << line << "\nbooster run: error: only " << slots << (slots == 1 ? " slot is" : " slots are")
+                    << " left for the " << plan.nproc << " processes, and a checkpoint of plugin '" << plugin
+                    << "' resumes only on as many processes as saved it (ddp and low_level_zero resume on fewer); "
+                    << "cannot restart\n";
+          return code;
+        }
         const nlohmann::json& data = train_config.is_object() && train_config.contains("data") ? train_config.at("data")
                                                                                              : nlohmann::json();
         const int64_t batch = data.is_object() && data.contains("batch_size") && data.at("batch_size").is_number_integer()
@@ -785,6 +810,8 @@ int run(const std::vector<std::string>& args) {
       }
     }
     std::cerr << line << "\n";
+    // A stop asked for while this restart was planned: no new job to start and kill.
+    if (g_stop_signal != 0) return 128 + g_stop_signal;
     fill_launch(attempt, context, processes);
   }
 }

@@ -137,6 +137,15 @@ TEST_CASE("booster run --min-processes restarts on fewer processes with the same
   CHECK(refused.exit_code == 137);
   CHECK_THAT(refused.err, Catch::Contains("booster run: error: only 1 slot is left for the 2 processes and "
                                           "--min-processes is 2; cannot restart"));
+
+  // Only data-parallel checkpoints resume on fewer processes: the single plugin's processes are copies.
+  fs::remove(once);
+  RunResult single = run_booster("run -n 2 --max-restarts 1 --min-processes 1 -- booster train --config " +
+                                     ddp_config("single").string() + " --plugin single", killed);
+  INFO(single.err);
+  CHECK(single.exit_code == 137);
+  CHECK_THAT(single.err, Catch::Contains("a checkpoint of plugin 'single' resumes only on as many processes as "
+                                         "saved it"));
 }
 
 TEST_CASE("booster run checks --max-restarts and --min-processes", "[cli][run][elastic]") {
