@@ -309,11 +309,16 @@ int run(int argc, char** argv) {
     const int code = command == "doctor" ? booster::cli::doctor(config, std::move(resolved.booster), steps)
                                          : booster::cli::train(config, std::move(resolved.booster));
     // A signal after the Trainer last looked (its summary was being printed): the run is complete, and
-    // still a stop was asked for, so the status says so.
-    if (const int signal = stop->requested(); signal != 0 && code == booster::cli::kExitOk)
-      throw booster::InterruptedError(signal, std::string("stopped by ") +
-                                                  booster::trainer::StopOnSignal::signal_name(signal) +
-                                                  " as the run ended; it is complete");
+    // still a stop was asked for, so the status says so. Only this rank may have got it (the ranks no
+    // longer agree on anything here): a rank other than 0, whose errors the handler below leaves to rank
+    // 0, says so itself.
+    if (const int signal = stop->requested(); signal != 0 && code == booster::cli::kExitOk) {
+      const std::string what = std::string("stopped by ") + booster::trainer::StopOnSignal::signal_name(signal) +
+                               " as the run ended; it is complete";
+      if (const int rank = booster::trainer::process_rank(); rank != 0)
+        print_line("booster: rank " + std::to_string(rank) + ": " + what);
+      throw booster::InterruptedError(signal, what);
+    }
     return code;
   }
   if (command == "precisions") {
