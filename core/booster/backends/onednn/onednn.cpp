@@ -9,9 +9,9 @@
 // stride, a broadcast one a batch of 1), alpha is an output scale and beta a sum post-op, so nothing
 // is copied. Creating a primitive JITs code (tens of microseconds to milliseconds), so each problem
 // (sizes, strides, alpha, beta) gets one primitive, kept per thread with its memory objects, whose
-// data handles are the only thing set per call. On a CPU without bfloat16 instructions oneDNN would
-// emulate them, slower than sgemm: the path is off there (and below the avx512 kernel level, so that
-// BOOSTER_CPU_ISA=avx2 tests the other path on any machine).
+// data handles are the only thing set per call (up to kMaxCachedProblems of them). On a CPU without
+// bfloat16 instructions oneDNN would emulate them, slower than sgemm: the path is off there (and below
+// the avx512 kernel level, so that BOOSTER_CPU_ISA=avx2 tests the other path on any machine).
 #include "booster/backends/onednn/onednn.h"
 
 #include <array>
@@ -63,6 +63,11 @@ memory::desc operand_desc(const GemmOperand& op, int64_t batch, int64_t rows, in
 }
 
 using Key = std::array<int64_t, 16>;
+
+// Problems kept per thread and kind (GEMM, convolution). A training loop reuses a few dozen; a loop
+// whose shapes keep changing (generation's growing context, batches of varying length) would grow the
+// cache without end, so past this many it is emptied and refilled.
+constexpr size_t kMaxCachedProblems = 512;
 
 struct Entry {
   bool ok = false;  // false: oneDNN refused this problem; the caller's path computes it
@@ -128,8 +133,10 @@ bool gemm_bf16(const GemmOperand& a, const GemmOperand& b, void* c, int64_t ldc,
   thread_local std::map<Key, Entry> cache;
   thread_local dnnl::stream stream(engine());
   auto it = cache.find(full);
-  if (it == cache.end())
+  if (it == cache.end()) {
+    if (cache.size() >= kMaxCachedProblems) cache.clear();  // shapes that keep changing: start over
     it = cache.emplace(full, make_entry(a, b, ldc, c_batch_stride, batch, m, n, k, alpha, beta)).first;
+  }
   Entry& e = it->second;
   if (!e.ok) return false;
   e.src.set_data_handle(const_cast<void*>(a.data));
@@ -301,7 +308,10 @@ ConvEntry* conv_entry(ConvKind kind, const ConvShape& s, ConvType t, bool with_b
                        s.kw, s.sh, s.sw, s.ph, s.pw, s.dh, s.dw, s.oh, s.ow};
   thread_local std::map<ConvKey, ConvEntry> cache;
   auto it = cache.find(key);
-  if (it == cache.end()) it = cache.emplace(key, make_conv_entry(kind, s, t, with_bias)).first;
+  if (it == cache.end()) {
+    if (cache.size() >= kMaxCachedProblems) cache.clear();  // Note [bfloat16 GEMMs through oneDNN]
+    it = cache.emplace(key, make_conv_entry(kind, s, t, with_bias)).first;
+  }
   return it->second.ok ? &it->second : nullptr;
 }
 
@@ -336,7 +346,7 @@ bool run_conv(ConvKind kind, const ConvShape& s, ConvType t, bool with_bias, std
 
 bool conv_enabled() { return conv_flag().load(std::memory_order_relaxed); }
 
-bool conv_bf16_enabled() { return conv_enabled() && can_run(); }
+bool conv_bf16_enabled() { return conv_enabled() && bf16_gemm_enabled(); }
 
 bool set_conv(bool enabled) { return conv_flag().exchange(enabled); }
 
