@@ -9,8 +9,9 @@ log="${1:-.}/Testing/Temporary/LastTest.log"
 [ -f "$log" ] || exit 0
 awk '
   /^[0-9]+\/[0-9]+ Test: / { sub(/^[0-9]+\/[0-9]+ Test: /, ""); name = $0; reasons = ""; next }
-  /^BOOSTER_TEST_SKIPPED: / || /is not supported by this CPU/ {
-    line = $0; sub(/^BOOSTER_TEST_SKIPPED: /, "", line)
+  /BOOSTER_TEST_SKIPPED: / || /is not supported by this CPU/ {
+    # The marker may follow a colour code or another rank'"'"'s output on the same line.
+    line = $0; if (match(line, /BOOSTER_TEST_SKIPPED: /)) line = substr(line, RSTART + RLENGTH)
     if (index(reasons, "\t" line "\t") == 0) reasons = reasons "\t" line "\t"
     next
   }
