@@ -736,3 +736,27 @@ TEST_CASE("softmax, log_softmax and cross_entropy propagate NaN and inf, as PyTo
     check_nonfinite(cross_entropy(s.slice(0, 0, 1), target.slice(0, 0, 1)), nf(dt, "ce_finite"), t.rtol, t.atol);
   }
 }
+
+// BatchNorm's float32 forward against float64 on the same float32 input, data far from zero (1000 +
+// N(0, 1)): y = (x - mean) * rstd * w + b. Its error is the mean's and the variance's sums over the M
+// values of a channel (Note [Roundoff bounds] 1: reduction_bound({M}) relative) plus three roundings,
+// relative to |y| + 1. Folding it into x * scale + shift (scale = rstd * w) would round x * scale, about
+// 1000 here, and lose u * 1000 = 6e-5 of every output, far above that bound.
+TEST_CASE("batch_norm's float32 forward keeps float32 accuracy for data far from zero", "[ops][nn_functional]") {
+  for (const Shape& s : {Shape{512, 4}, Shape{16, 4, 32}}) {
+    const Tensor x = (rnd(s, 31) + 1000.0).to(DType::Float32);
+    const int64_t M = s.size() == 2 ? s[0] : s[0] * s[2];
+    const Tensor w = (rnd({4}, 32) + 2.0).to(DType::Float32), b = rnd({4}, 33).to(DType::Float32);
+    Tensor rm64 = zeros({4}, DType::Float64), rv64 = ones({4}, DType::Float64), rm32 = zeros({4}), rv32 = ones({4});
+    const Tensor ref = batch_norm(x.to(DType::Float64), rm64, rv64, w.to(DType::Float64), b.to(DType::Float64), true);
+    const Tensor got = batch_norm(x, rm32, rv32, w, b, true);
+    const std::vector<double> r = ref.tolist(), g = got.to(DType::Float64).tolist();
+    const double u = std::ldexp(1.0, -24);
+    // kLambda (6) spreads of u sqrt(M), as tests/roundoff.h's reduction_bound({M}), plus gamma_3.
+    const double rel = 6.0 * u * std::sqrt(double(M)) + 3 * u / (1 - 3 * u);
+    double worst = 0;
+    for (size_t i = 0; i < r.size(); ++i) worst = std::max(worst, std::abs(g[i] - r[i]) / (rel * (std::abs(r[i]) + 3.0)));
+    INFO("M " << M << ": worst error " << worst << " of the bound (relative " << rel << ")");
+    CHECK(worst <= 1.0);
+  }
+}

@@ -92,6 +92,10 @@ void batch_norm_impl(const Tensor& x, const Tensor& weight, const Tensor& bias, 
   A* sm = mptr<A>(save_mean);
   A* sr = mptr<A>(save_rstd);
   A* vu = batch_var_unbiased.defined() ? mptr<A>(batch_var_unbiased) : nullptr;
+  // The mean as shift + deviation (training: the channel's first value and the mean of x - shift), so
+  // that x - mean is computed as (x - shift) - deviation: the float32 mean alone would round it by u
+  // |mean|, far above u |x - mean| for data far from zero.
+  std::vector<A> base(static_cast<size_t>(C)), deviation(static_cast<size_t>(C), A(0));
   if (training) {
     for_channel_blocks(N, C, L, [&](int64_t c0, int64_t c1) {
       // One pass with the data shifted by the channel's first value: sums of d and d^2, d = x - shift,
@@ -107,6 +111,8 @@ void batch_norm_impl(const Tensor& x, const Tensor& weight, const Tensor& bias, 
       for (int64_t c = c0; c < c1; ++c) {
         const A s1 = sd[c - c0], s2 = sd2[c - c0];
         const A m2 = std::max(s2 - s1 * s1 / A(M), A(0));  // sum of squared deviations
+        base[size_t(c)] = shift[c - c0];
+        deviation[size_t(c)] = s1 / A(M);
         sm[c] = shift[c - c0] + s1 / A(M);
         sr[c] = A(1) / std::sqrt(m2 / A(M) + A(eps));
         if (vu) vu[c] = M > 1 ? m2 / A(M - 1) : std::numeric_limits<A>::quiet_NaN();
@@ -116,19 +122,38 @@ void batch_norm_impl(const Tensor& x, const Tensor& weight, const Tensor& bias, 
     const A* rm = cptr<A>(running_mean);
     const A* rv = cptr<A>(running_var);
     for (int64_t c = 0; c < C; ++c) {
-      sm[c] = rm[c];
+      sm[c] = base[size_t(c)] = rm[c];
       sr[c] = A(1) / std::sqrt(rv[c] + A(eps));
     }
   }
-  // (x - mean) * rstd * w + b folded into x * scale + shift per channel.
+  // ((x - base) - deviation) * (rstd * w) + b. Not folded into x * scale + (b - mean * scale): for data
+  // far from zero x * scale is large, and its rounding would cost every output u |x * scale|, not u |y|.
   const T* pw = weight.defined() ? cptr<T>(weight) : nullptr;
   const T* pb = bias.defined() ? cptr<T>(bias) : nullptr;
-  std::vector<A> scale(static_cast<size_t>(C)), shift(static_cast<size_t>(C));
+  std::vector<A> scale(static_cast<size_t>(C)), offset(static_cast<size_t>(C));
   for (int64_t c = 0; c < C; ++c) {
     scale[size_t(c)] = sr[c] * (pw ? A(pw[c]) : A(1));
-    shift[size_t(c)] = (pb ? A(pb[c]) : A(0)) - sm[c] * scale[size_t(c)];
+    offset[size_t(c)] = pb ? A(pb[c]) : A(0);
   }
-  channel_affine<T, A>(nullptr, px, N, C, L, nullptr, scale.data(), shift.data(), mptr<T>(out));
+  T* y = mptr<T>(out);
+  const A* sc = scale.data();
+  const A* of = offset.data();
+  const A* bs = base.data();
+  const A* dv = deviation.data();
+  if (L == 1) {
+    parallel_for(N, C * 2, [&](int64_t n0, int64_t n1) {
+      for (int64_t n = n0; n < n1; ++n)
+        for (int64_t c = 0; c < C; ++c) y[n * C + c] = T(((A(px[n * C + c]) - bs[c]) - dv[c]) * sc[c] + of[c]);
+    });
+    return;
+  }
+  parallel_for(N * C, L * 2, [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) {
+      const int64_t c = r % C, row = r * L;
+      const A b0 = bs[c], d = dv[c], k = sc[c], o = of[c];
+      for (int64_t l = 0; l < L; ++l) y[row + l] = T(((A(px[row + l]) - b0) - d) * k + o);
+    }
+  });
 }
 
 void cpu_batch_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, const Tensor& running_mean,
