@@ -57,6 +57,31 @@ inline RunResult run_booster_in(const std::filesystem::path& dir, const std::str
   return r;
 }
 
+// A bash loop that returns once `dir`'s stderr.txt holds a line starting with `marker`, polling every
+// `pause` seconds, at most `tries` times.
+inline std::string wait_for_line(const std::string& marker, int tries = 1200, double pause = 0.05) {
+  return "for i in $(seq 1 " + std::to_string(tries) + "); do grep -q \"^" + marker +
+         "\" stderr.txt 2>/dev/null && break; sleep " + std::to_string(pause) + "; done; ";
+}
+
+// Starts `env booster <args>` in the background in `dir`, runs the bash snippet `wait` (wait_for_line,
+// a sleep), then `kill` (a snippet that signals it; the process is $pid), waits for it to end, and
+// returns what it printed and its exit status. The output files are removed first, so a line an earlier
+// run left cannot end the wait.
+inline RunResult run_booster_interrupted(const std::filesystem::path& dir, const std::string& args,
+                                         const std::string& wait, const std::string& kill, const std::string& env = "") {
+  std::filesystem::create_directories(dir);
+  const std::string script = "cd " + dir.string() + " || exit 99; rm -f stdout.txt stderr.txt; " + env + " " +
+                             std::string(BOOSTER_BIN_DIR) + "/booster " + args + " >stdout.txt 2>stderr.txt & pid=$!; " +
+                             wait + kill + "; wait $pid; exit $?";
+  const int status = std::system(("bash -c '" + script + "'").c_str());
+  RunResult r;
+  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  r.out = read_text(dir / "stdout.txt");
+  r.err = read_text(dir / "stderr.txt");
+  return r;
+}
+
 // A scratch directory of one test program (`name`, e.g. "test_cli_resume") for this process, created.
 inline std::filesystem::path scratch_dir(const std::string& name) {
   const std::filesystem::path dir =

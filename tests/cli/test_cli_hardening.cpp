@@ -647,20 +647,9 @@ namespace {
 // Starts `booster <args>` in the background, waits until its stderr holds `marker` (a line start; ""
 // waits `delay` seconds instead), sends SIGINT, and returns what it printed and its status.
 RunResult interrupt_when(const std::string& args, const std::string& marker, double delay = 0.0) {
-  const fs::path dir = scratch_dir() / "interrupt";
-  fs::create_directories(dir);
   const std::string wait =
-      marker.empty() ? "sleep " + std::to_string(delay) + "; "
-                     : "for i in $(seq 1 2400); do grep -q \"^" + marker + "\" stderr.txt 2>/dev/null && break; sleep 0.01; done; ";
-  const std::string script = "cd " + dir.string() + " || exit 99; rm -f stdout.txt stderr.txt; " +
-                             std::string(BOOSTER_BIN_DIR) + "/booster " + args +
-                             " >stdout.txt 2>stderr.txt & pid=$!; " + wait + "kill -INT $pid; wait $pid; exit $?";
-  const int status = std::system(("bash -c '" + script + "'").c_str());
-  RunResult r;
-  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  r.out = read_text(dir / "stdout.txt");
-  r.err = read_text(dir / "stderr.txt");
-  return r;
+      marker.empty() ? "sleep " + std::to_string(delay) + "; " : testing::wait_for_line(marker, 2400, 0.01);
+  return testing::run_booster_interrupted(scratch_dir() / "interrupt", args, wait, "kill -INT $pid");
 }
 
 }  // namespace

@@ -660,23 +660,11 @@ namespace {
 // `every_process`: the signal goes to every process whose command line holds `every_process` (the
 // launcher, mpirun and each rank: what Slurm and Kubernetes do to a job), not only to the one started.
 RunResult interrupt_booster(const std::string& args, int signal, const std::string& every_process = "") {
-  const fs::path dir = scratch_dir();
   const std::string kill = every_process.empty() ? "kill -" + std::to_string(signal) + " $pid"
                                                  : "for p in $(pgrep -f " + every_process +
                                                        "); do [ $p = $$ ] || [ $p = $PPID ] || kill -" +
                                                        std::to_string(signal) + " $p; done";  // not this shell
-  // The files are removed first: a step line left by an earlier run would send the signal too early.
-  const std::string script =
-      "cd " + dir.string() + " || exit 99; rm -f stdout.txt stderr.txt; " + std::string(BOOSTER_BIN_DIR) +
-      "/booster " + args + " >stdout.txt 2>stderr.txt & pid=$!; "
-      "for i in $(seq 1 1200); do grep -q \"^step \" stderr.txt 2>/dev/null && break; sleep 0.05; done; " +
-      kill + "; wait $pid; exit $?";
-  const int status = std::system(("bash -c '" + script + "'").c_str());
-  RunResult r;
-  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  r.out = read_text(dir / "stdout.txt");
-  r.err = read_text(dir / "stderr.txt");
-  return r;
+  return testing::run_booster_interrupted(scratch_dir(), args, testing::wait_for_line("step "), kill);
 }
 
 // Long enough (3000 small steps, a few seconds) that the signal arrives mid-run.

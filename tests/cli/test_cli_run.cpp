@@ -102,18 +102,8 @@ std::vector<std::string> lines_of(const std::string& text) {
 // `booster <args>` started in the background, `signal` sent to it once its first step line is out,
 // then waited for.
 RunResult interrupt_booster(const std::string& args, int signal) {
-  const fs::path dir = scratch_dir();
-  const std::string script =
-      "cd " + dir.string() + " || exit 99; rm -f stdout.txt stderr.txt; " + kOneThread + " " + kBin + " " + args +
-      " >stdout.txt 2>stderr.txt & pid=$!; "
-      "for i in $(seq 1 1200); do grep -q \"^step \" stderr.txt 2>/dev/null && break; sleep 0.05; done; "
-      "kill -" + std::to_string(signal) + " $pid; wait $pid; exit $?";
-  const int status = std::system(("bash -c '" + script + "'").c_str());
-  RunResult r;
-  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  r.out = read_text(dir / "stdout.txt");
-  r.err = read_text(dir / "stderr.txt");
-  return r;
+  return testing::run_booster_interrupted(scratch_dir(), args, testing::wait_for_line("step "),
+                                          "kill -" + std::to_string(signal) + " $pid", kOneThread);
 }
 
 }  // namespace
