@@ -7,6 +7,7 @@
 
 #include "booster/backends/cpu/nn_common.h"
 #include "booster/backends/cpu/convert.h"
+#include "booster/backends/onednn/onednn.h"
 
 namespace booster::cpu {
 namespace {
@@ -89,9 +90,113 @@ void store(const A* result, T* dst, int64_t n) {
   if constexpr (!std::is_same_v<T, A>) store_block(result, dst, n);
 }
 
+// Softmax of one row of scores in place over the `valid` keys it may attend; the rest become 0.
+template <class A>
+void softmax_row(A* row, int64_t valid, int64_t S) {
+  A mx = -std::numeric_limits<A>::infinity();
+  #pragma omp simd reduction(max : mx)
+  for (int64_t j = 0; j < valid; ++j) mx = std::max(mx, row[j]);
+  A s = 0;
+  #pragma omp simd reduction(+ : s)
+  for (int64_t j = 0; j < valid; ++j) {
+    row[j] = exp_acc(row[j] - mx);
+    s += row[j];
+  }
+  const A inv = A(1) / s;
+  for (int64_t j = 0; j < valid; ++j) row[j] *= inv;
+  for (int64_t j = valid; j < S; ++j) row[j] = 0;
+}
+
+// Note [Attention through oneDNN]
+// Where bfloat16 GEMMs run through oneDNN (Note [bfloat16 GEMMs through oneDNN]), a bfloat16 attention
+// runs its six products there as well, each one batched matmul over every head (oneDNN threads it),
+// instead of widening each head to float32 for sgemm. The scores Q K^T and dP = dO V^T come out in
+// float32, unrounded, for the softmax and its gradient; the products with the probabilities P and with
+// dS multiply bfloat16 by bfloat16 only, so P and dS are rounded once to bfloat16 first (into per-thread
+// scratch that grows and is reused), as PyTorch's bfloat16 attention holds them. That adds one bfloat16
+// rounding of each factor, 2^-8 relative, to sums whose results are rounded to bfloat16 anyway; probs,
+// saved for the backward, stays float32. A problem oneDNN refuses goes back to the widening path.
+
+// Per-thread scratch of the oneDNN path, by slot; grows, never shrinks.
+template <class E>
+E* attention_scratch(int slot, int64_t n) {
+  thread_local std::vector<E> buffers[2];
+  std::vector<E>& b = buffers[slot];
+  if (b.size() < size_t(n)) b.resize(size_t(n));
+  return b.data();
+}
+
+// Contiguous [batch, rows, cols] bfloat16 or float32 matrices as a GEMM operand, op(X) = X or X^T.
+kernels::GemmOperand heads(const void* data, bool trans, int64_t rows, int64_t cols) {
+  return kernels::GemmOperand{data, trans, cols, rows * cols, rows, cols};
+}
+
+bool attention_onednn(const Tensor& q, const Tensor& k, const Tensor& v, bool is_causal, double scale, Tensor& out,
+                      Tensor& probs) {
+  const int64_t B = q.size(0), L = q.size(1), E = q.size(2), S = k.size(1), Ev = v.size(2);
+  if (B == 0 || L == 0 || S == 0 || E == 0 || Ev == 0) return false;
+  float* P = mptr<float>(probs);
+  if (!onednn::gemm_bf16(heads(q.data_ptr(), false, L, E), heads(k.data_ptr(), true, S, E), P, S, L * S, B, L, S, E,
+                         scale, 0.0, /*float32_result=*/true))
+    return false;
+  BFloat16* P16 = attention_scratch<BFloat16>(0, B * L * S);
+  parallel_for(B * L, S * 8, [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) {
+      const int64_t i = r % L;
+      softmax_row(P + r * S, is_causal ? std::min(i + 1, S) : S, S);
+      store_block(P + r * S, P16 + r * S, S);
+    }
+  });
+  return onednn::gemm_bf16(heads(P16, false, L, S), heads(v.data_ptr(), false, S, Ev), out.data_ptr(), Ev, L * Ev, B, L,
+                           Ev, S, 1.0, 0.0);
+}
+
+bool attention_backward_onednn(const Tensor& grad_out, const Tensor& q, const Tensor& k, const Tensor& v,
+                               const Tensor& probs, double scale, Tensor& dq, Tensor& dk, Tensor& dv) {
+  const int64_t B = q.size(0), L = q.size(1), E = q.size(2), S = k.size(1), Ev = v.size(2);
+  if (B == 0 || L == 0 || S == 0 || E == 0 || Ev == 0) return false;
+  const float* P = cptr<float>(probs);
+  BFloat16* P16 = attention_scratch<BFloat16>(0, B * L * S);
+  // dS is rounded into P16's buffer once dV no longer needs P16; its float32 form has a slot of its own.
+  float* dS = dq.defined() || dk.defined() ? attention_scratch<float>(1, B * L * S) : nullptr;
+  const kernels::GemmOperand dO = heads(grad_out.data_ptr(), false, L, Ev);
+  if (dv.defined()) {  // dV = P^T dO
+    parallel_for(B * L, S, [&](int64_t r0, int64_t r1) { store_block(P + r0 * S, P16 + r0 * S, (r1 - r0) * S); });
+    if (!onednn::gemm_bf16(heads(P16, true, L, S), dO, dv.data_ptr(), Ev, S * Ev, B, S, Ev, L, 1.0, 0.0)) return false;
+  }
+  if (!dS) return true;
+  // dP = dO V^T, then dS = P * (dP - rowsum(dP * P)); masked entries have P = 0, so dS = 0.
+  if (!onednn::gemm_bf16(dO, heads(v.data_ptr(), true, S, Ev), dS, S, L * S, B, L, S, Ev, 1.0, 0.0,
+                         /*float32_result=*/true))
+    return false;
+  parallel_for(B * L, S * 4, [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) {
+      const float* pr = P + r * S;
+      float* dr = dS + r * S;
+      float dot = 0;
+      #pragma omp simd reduction(+ : dot)
+      for (int64_t j = 0; j < S; ++j) dot += dr[j] * pr[j];
+      for (int64_t j = 0; j < S; ++j) dr[j] = pr[j] * (dr[j] - dot);
+      store_block(dr, P16 + r * S, S);
+    }
+  });
+  if (dq.defined() &&  // dQ = dS K * scale
+      !onednn::gemm_bf16(heads(P16, false, L, S), heads(k.data_ptr(), false, S, E), dq.data_ptr(), E, L * E, B, L, E, S,
+                         scale, 0.0))
+    return false;
+  if (dk.defined() &&  // dK = dS^T Q * scale
+      !onednn::gemm_bf16(heads(P16, true, L, S), heads(q.data_ptr(), false, L, E), dk.data_ptr(), E, S * E, B, S, E, L,
+                         scale, 0.0))
+    return false;
+  return true;
+}
+
 template <class T>
 void attention_impl(const Tensor& q, const Tensor& k, const Tensor& v, bool is_causal, double scale, Tensor& out,
                     Tensor& probs) {
+  if constexpr (std::is_same_v<T, BFloat16>) {
+    if (onednn::bf16_gemm_enabled() && attention_onednn(q, k, v, is_causal, scale, out, probs)) return;
+  }
   using A = acc_t<T>;
   const int64_t B = q.size(0), L = q.size(1), E = q.size(2), S = k.size(1), Ev = v.size(2);
   const T* pq = cptr<T>(q);
@@ -109,19 +214,7 @@ void attention_impl(const Tensor& q, const Tensor& k, const Tensor& v, bool is_c
       if (S > 0) blas_gemm(false, true, L, S, E, A(scale), Q, E, K, E, A(0), P, S);
       for (int64_t i = 0; i < L; ++i) {
         A* row = P + i * S;
-        const int64_t valid = is_causal ? std::min(i + 1, S) : S;  // keys this query may attend
-        A mx = -std::numeric_limits<A>::infinity();
-        #pragma omp simd reduction(max : mx)
-        for (int64_t j = 0; j < valid; ++j) mx = std::max(mx, row[j]);
-        A s = 0;
-        #pragma omp simd reduction(+ : s)
-        for (int64_t j = 0; j < valid; ++j) {
-          row[j] = exp_acc(row[j] - mx);
-          s += row[j];
-        }
-        const A inv = A(1) / s;
-        for (int64_t j = 0; j < valid; ++j) row[j] *= inv;
-        for (int64_t j = valid; j < S; ++j) row[j] = 0;
+        softmax_row(row, is_causal ? std::min(i + 1, S) : S, S);  // over the keys this query may attend
       }
       A* O = result_buffer(po + b * L * Ev, L * Ev, os);
       if (S > 0) {
@@ -143,6 +236,9 @@ void cpu_attention(const Tensor& q, const Tensor& k, const Tensor& v, bool is_ca
 template <class T>
 void attention_backward_impl(const Tensor& grad_out, const Tensor& q, const Tensor& k, const Tensor& v,
                              const Tensor& probs, double scale, Tensor& dq, Tensor& dk, Tensor& dv) {
+  if constexpr (std::is_same_v<T, BFloat16>) {
+    if (onednn::bf16_gemm_enabled() && attention_backward_onednn(grad_out, q, k, v, probs, scale, dq, dk, dv)) return;
+  }
   using A = acc_t<T>;
   const int64_t B = q.size(0), L = q.size(1), E = q.size(2), S = k.size(1), Ev = v.size(2);
   const T* pg = cptr<T>(grad_out);

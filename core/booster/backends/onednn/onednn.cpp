@@ -62,7 +62,7 @@ memory::desc operand_desc(const GemmOperand& op, int64_t batch, int64_t rows, in
   return memory::desc({broadcast ? 1 : batch, rows, cols}, memory::data_type::bf16, strides);
 }
 
-using Key = std::array<int64_t, 16>;
+using Key = std::array<int64_t, 17>;
 
 // Problems kept per thread and kind (GEMM, convolution). A training loop reuses a few dozen; a loop
 // whose shapes keep changing (generation's growing context, batches of varying length) would grow the
@@ -76,11 +76,11 @@ struct Entry {
 };
 
 Entry make_entry(const GemmOperand& a, const GemmOperand& b, int64_t ldc, int64_t c_batch_stride, int64_t batch,
-                 int64_t m, int64_t n, int64_t k, double alpha, double beta) {
+                 int64_t m, int64_t n, int64_t k, double alpha, double beta, bool float32_result) {
   Entry e;
   try {
     const memory::desc src = operand_desc(a, batch, m, k), weights = operand_desc(b, batch, k, n);
-    const memory::desc dst({batch, m, n}, memory::data_type::bf16,
+    const memory::desc dst({batch, m, n}, float32_result ? memory::data_type::f32 : memory::data_type::bf16,
                            {std::max<int64_t>(c_batch_stride, m * ldc), ldc, 1});
     dnnl::primitive_attr attr;
     if (alpha != 1.0) attr.set_output_scales(0, {float(alpha)});
@@ -122,10 +122,10 @@ std::string bf16_gemm_description() {
 }
 
 bool gemm_bf16(const GemmOperand& a, const GemmOperand& b, void* c, int64_t ldc, int64_t c_batch_stride,
-               int64_t batch, int64_t m, int64_t n, int64_t k, double alpha, double beta) {
+               int64_t batch, int64_t m, int64_t n, int64_t k, double alpha, double beta, bool float32_result) {
   if (!bf16_gemm_enabled() || batch <= 0 || m <= 0 || n <= 0 || k <= 0) return false;
   const Key key = {a.trans, a.ld, a.batch_stride, b.trans, b.ld, b.batch_stride, ldc, c_batch_stride, batch, m, n, k,
-                   0, 0, a.stored_rows, b.stored_rows};
+                   0, 0, a.stored_rows, b.stored_rows, float32_result};
   Key full = key;
   float fa = float(alpha), fb = float(beta);
   std::memcpy(&full[12], &fa, sizeof fa);
@@ -135,7 +135,7 @@ bool gemm_bf16(const GemmOperand& a, const GemmOperand& b, void* c, int64_t ldc,
   auto it = cache.find(full);
   if (it == cache.end()) {
     if (cache.size() >= kMaxCachedProblems) cache.clear();  // shapes that keep changing: start over
-    it = cache.emplace(full, make_entry(a, b, ldc, c_batch_stride, batch, m, n, k, alpha, beta)).first;
+    it = cache.emplace(full, make_entry(a, b, ldc, c_batch_stride, batch, m, n, k, alpha, beta, float32_result)).first;
   }
   Entry& e = it->second;
   if (!e.ok) return false;

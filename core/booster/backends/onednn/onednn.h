@@ -26,10 +26,12 @@ std::string bf16_gemm_description();
 
 // C[i] = alpha op(A[i]) op(B[i]) + beta C[i] for i < batch, bfloat16 operands and result (row-major C,
 // unit column stride, ldc and c_batch_stride in elements), float32 accumulation and one rounding of
-// each result, as the widening path rounds it. False (and C untouched) when oneDNN takes no such
-// problem: the caller computes it the other way.
+// each result, as the widening path rounds it; with float32_result, C is float32 and not rounded
+// (attention's scores). False (and C untouched) when oneDNN takes no such problem: the caller computes
+// it the other way.
 bool gemm_bf16(const kernels::GemmOperand& a, const kernels::GemmOperand& b, void* c, int64_t ldc,
-               int64_t c_batch_stride, int64_t batch, int64_t m, int64_t n, int64_t k, double alpha, double beta);
+               int64_t c_batch_stride, int64_t batch, int64_t m, int64_t n, int64_t k, double alpha, double beta,
+               bool float32_result = false);
 
 // Convolutions (Note [Convolutions through oneDNN] in onednn.cpp).
 //

@@ -10,7 +10,7 @@ std::string bf16_gemm_description() {
   return "widened to float32 (OpenBLAS sgemm); this build has no oneDNN (install libdnnl-dev and rebuild)";
 }
 bool gemm_bf16(const kernels::GemmOperand&, const kernels::GemmOperand&, void*, int64_t, int64_t, int64_t, int64_t,
-               int64_t, int64_t, double, double) {
+               int64_t, int64_t, double, double, bool) {
   return false;
 }
 
