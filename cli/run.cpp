@@ -23,7 +23,8 @@
 // time. --dry-run prints the command line instead of running it. Ctrl-C, SIGTERM and SIGHUP stop a
 // training run cleanly on every rank (Note [Signals under booster run]); what the job prints comes
 // through booster run (Note [What booster run prints]). --max-restarts restarts a failed job
-// (Note [Restarting a failed job]).
+// (Note [Restarting a failed job]). --hostfile is read here too: a malformed one, or -n beyond the
+// slots it lists, is refused before mpirun starts (Note [Hostfiles under booster run] in hostfile.h).
 #include <fcntl.h>
 #include <poll.h>
 #include <sched.h>
@@ -49,6 +50,7 @@
 #include "booster/config/config.h"
 #include "booster/trainer/signals.h"
 #include "commands.h"
+#include "hostfile.h"
 
 namespace booster::cli {
 
@@ -77,7 +79,9 @@ constexpr const char* kRunUsage =
     "                           (`booster precisions` lists them)\n"
     "  --plugin NAME            every process gets BOOSTER_PLUGIN=NAME: the parallel plugin, likewise\n"
     "                           (`booster plugins` lists them)\n"
-    "  --hostfile FILE          the machines to start the processes on (mpirun --hostfile)\n"
+    "  --hostfile FILE          the machines to start the processes on, a line `HOST slots=N` each (mpirun\n"
+    "                           --hostfile); -n must not exceed the slots unless oversubscribing is asked\n"
+    "                           for (--mpirun-arg --oversubscribe); read again at each restart\n"
     "  --bind-to POLICY         none, core, socket, ...: how processes are bound to cores (mpirun --bind-to)\n"
     "  --mpirun-arg ARG         pass ARG to mpirun unchanged; once per word, e.g. --mpirun-arg --tag-output\n"
     "  --max-restarts K         restart the job when it fails at run time (a rank died, a collective timed\n"
@@ -165,6 +169,7 @@ struct LaunchPlan {
   std::vector<std::string> argv;
   std::string program;  // the command's first word (`booster` already replaced by this executable)
   std::vector<std::string> mpirun_options;  // --hostfile, --bind-to, --mpirun-arg
+  std::string hostfile;                     // --hostfile's path ("": none)
   std::vector<std::string> command;         // after `--`, `booster` replaced
 };
 
@@ -209,7 +214,8 @@ void fill_launch(LaunchPlan& plan, const LaunchContext& context, int nproc) {
   }
 
   plan.argv = {context.mpirun, "-np", std::to_string(nproc)};
-  if (nproc > context.cores) plan.argv.push_back("--oversubscribe");
+  // A hostfile's slots are mpirun's count, not this machine's cores (Note [Hostfiles under booster run]).
+  if (nproc > context.cores && plan.hostfile.empty()) plan.argv.push_back("--oversubscribe");
   // mpirun passes these stop requests on to every rank (Note [Signals under booster run]).
   std::string forwarded;
   for (const int signal : {SIGINT, SIGTERM, SIGHUP})
@@ -270,6 +276,7 @@ LaunchPlan plan_launch(const std::vector<std::string>& args, const LaunchContext
     } else if (name == "--mpirun-arg") {
       mpirun_options.push_back(value);
     } else {  // --hostfile, --bind-to: mpirun's own options of that name
+      if (name == "--hostfile") plan.hostfile = value;
       mpirun_options.push_back(name);
       mpirun_options.push_back(value);
     }
@@ -589,8 +596,12 @@ int supervise(const std::vector<char*>& argv, Relay& relay) {
 // (train.run_dir null or with {time}, and no train.checkpoint_dir) starts over, and the line says so.
 // After K restarts the last failure is booster run's, with its exit status.
 //
-// A node that is lost leaves fewer slots. How many are left is the hostfile's business and mpirun's; the
-// test hook BOOSTER_TEST_MAX_PROCESSES=k makes booster run believe that only k are left after a failure.
+// A node that is lost leaves fewer slots. booster run learns how many are left by reading --hostfile
+// again before each restart (a cluster's health check, or the user, drops the lost node's line); the
+// test hook BOOSTER_TEST_MAX_PROCESSES=k makes it believe that at most k are left, and
+// BOOSTER_TEST_BEFORE_RESTART=CMD runs CMD with /bin/sh before the slots are counted (a test rewrites the
+// hostfile there, at a known moment). A hostfile that can no longer be read, or is malformed, ends the
+// job with that error instead of a restart.
 // With --min-processes M the job is then restarted on the most processes, from M to the slots left, that
 // divide the global batch (data.batch_size x processes): a checkpoint of single, ddp or low_level_zero
 // resumes at any number of processes when the global batch is the same (Note [Resuming across layouts]),
@@ -674,14 +685,80 @@ std::string reason(int code, const std::string& failure) {
   return exit_status(code) + (failure.empty() ? std::string() : ": " + failure);
 }
 
-// The slots left after a failure: BOOSTER_TEST_MAX_PROCESSES (a test hook: a lost node), else all.
-int slots_left(int nproc) {
+// The slots left after a failure: BOOSTER_TEST_MAX_PROCESSES (a test hook: a lost node), else all; no
+// more than `hostfile` lists when it is given and can be read again (ConfigError when it cannot).
+int slots_left(int nproc, const std::string& hostfile) {
+  if (const char* hook = std::getenv("BOOSTER_TEST_BEFORE_RESTART"); hook && *hook) (void)std::system(hook);
+  int slots = nproc;
+  if (!hostfile.empty())
+    if (const std::optional<int> listed = read_hostfile(hostfile).total_slots()) slots = std::min(slots, *listed);
   const char* hook = std::getenv("BOOSTER_TEST_MAX_PROCESSES");
-  if (!hook || !*hook) return nproc;
-  return std::clamp(std::atoi(hook), 0, nproc);
+  if (!hook || !*hook) return slots;
+  return std::clamp(std::atoi(hook), 0, slots);
 }
 
 }  // namespace restart
+
+// Note [Hostfiles under booster run], continued: the hostfile mpirun reads. A regular file is passed on as
+// it is, and read again at each restart; anything else (a pipe, e.g. --hostfile <(scontrol show ...))
+// can be read only once, so booster run passes mpirun a private copy, removed when booster run ends, and
+// the copy's slots stay those of every restart.
+struct HostfileForMpirun {
+  std::string copy;  // the private copy's path ("": none)
+  HostfileForMpirun() = default;
+  HostfileForMpirun(const HostfileForMpirun&) = delete;
+  HostfileForMpirun& operator=(const HostfileForMpirun&) = delete;
+  ~HostfileForMpirun() {
+    if (!copy.empty()) ::unlink(copy.c_str());
+  }
+};
+
+bool oversubscribing(const std::vector<std::string>& mpirun_options) {
+  for (std::string word : mpirun_options) {
+    std::transform(word.begin(), word.end(), word.begin(), [](unsigned char c) { return char(std::tolower(c)); });
+    if (word.find("oversubscribe") != std::string::npos) return true;
+  }
+  return false;
+}
+
+// Reads plan.hostfile and refuses -n beyond its slots (Note [Hostfiles under booster run]); `contents`
+// gets the file's text.
+void check_hostfile(const LaunchPlan& plan, std::string& contents) {
+  const Hostfile hosts = read_hostfile(plan.hostfile, &contents);
+  const std::optional<int> slots = hosts.total_slots();
+  BOOSTER_CHECK(!slots || plan.nproc <= *slots || oversubscribing(plan.mpirun_options), ConfigError,
+                "booster run: -n ", plan.nproc, " is more than the ", slots.value_or(0),
+                *slots == 1 ? " slot" : " slots", " the hostfile '", plan.hostfile, "' lists (",
+                hosts.entries.size(), hosts.entries.size() == 1 ? " host" : " hosts", "); give -n ",
+                slots.value_or(0), " or less, add slots to the hostfile, or oversubscribe with --mpirun-arg ",
+                "--oversubscribe");
+}
+
+// A private copy of a hostfile that is not a regular file, for mpirun: plan's --hostfile then names it.
+void copy_hostfile_for_mpirun(LaunchPlan& plan, const std::string& contents, HostfileForMpirun& copy) {
+  std::error_code ec;
+  if (fs::is_regular_file(plan.hostfile, ec)) return;
+  const char* tmp = std::getenv("TMPDIR");
+  std::string path = std::string(tmp && *tmp ? tmp : "/tmp") + "/booster-hostfile-XXXXXX";
+  const int fd = ::mkstemp(path.data());
+  BOOSTER_CHECK(fd >= 0, IOError, "booster run: cannot copy the hostfile '", plan.hostfile, "' to ", path, " (",
+                std::strerror(errno), "); write it to a file and give that to --hostfile");
+  copy.copy = path;
+  size_t done = 0;
+  while (done < contents.size()) {
+    const ssize_t n = ::write(fd, contents.data() + done, contents.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) break;
+    done += size_t(n);
+  }
+  const bool written = done == contents.size();
+  ::close(fd);
+  BOOSTER_CHECK(written, IOError, "booster run: cannot copy the hostfile '", plan.hostfile, "' to ", path,
+                "; write it to a file and give that to --hostfile");
+  for (size_t k = 0; k + 1 < plan.mpirun_options.size(); ++k)
+    if (plan.mpirun_options[k] == "--hostfile" && plan.mpirun_options[k + 1] == plan.hostfile)
+      plan.mpirun_options[k + 1] = path;
+}
 
 }  // namespace
 
@@ -705,10 +782,12 @@ int run(const std::vector<std::string>& args) {
     return kExitOk;
   }
   context.mpirun = find_mpirun();
-  const LaunchPlan plan = plan_launch(args, context);
+  LaunchPlan plan = plan_launch(args, context);
   // The names are checked here, once, rather than by every rank (the same ConfigError as a config's).
   if (!plan.mixed_precision.empty()) config::name_section(plan.mixed_precision, "mixed_precision");
   if (!plan.plugin.empty()) config::name_section(plan.plugin, "plugin");
+  std::string hostfile_text;
+  if (!plan.hostfile.empty()) check_hostfile(plan, hostfile_text);
 
   if (plan.dry_run) {
     std::string line;
@@ -716,6 +795,11 @@ int run(const std::vector<std::string>& args) {
     for (size_t k = 0; k < plan.argv.size(); ++k) line += (k ? " " : "") + shell_quote(plan.argv[k]);
     std::cout << line << "\n";
     return kExitOk;
+  }
+  HostfileForMpirun hostfile_copy;
+  if (!plan.hostfile.empty()) {
+    copy_hostfile_for_mpirun(plan, hostfile_text, hostfile_copy);
+    fill_launch(plan, context, plan.nproc);
   }
   const bool booster_command = plan.program == context.self || fs::equivalent(plan.program, context.self, ec);
   const bool train = restart::is_train(plan.command, context.self);
@@ -748,7 +832,16 @@ int run(const std::vector<std::string>& args) {
                        std::to_string(plan.max_restarts) + " after " + why;
     attempt = plan;
     // Fewer slots left: as many processes as divide the global batch, down to --min-processes.
-    const int slots = restart::slots_left(plan.nproc);
+    int slots = plan.nproc;
+    try {
+      // A private copy of a pipe's hostfile is not read again.
+      slots = restart::slots_left(plan.nproc, hostfile_copy.copy.empty() ? plan.hostfile : std::string());
+    } catch (const ConfigError& e) {  // the hostfile, read again (Note [Hostfiles under booster run])
+      std::string what = e.what();
+      if (what.rfind("booster run: ", 0) == 0) what.erase(0, 13);
+      std::cerr << line << "\nbooster run: error: cannot restart: " << what << "\n";
+      return code;
+    }
     int processes = plan.nproc;
     if (slots < plan.nproc) {
       if (slots < plan.min_processes) {

@@ -235,7 +235,9 @@ TEST_CASE("booster run refuses an option it does not document, naming it", "[cli
     CHECK(std::count(r.err.begin(), r.err.end(), '\n') == 1);
     CHECK(r.out.empty());
   }
-  // mpirun's options go through --mpirun-arg, word by word; --hostfile and --bind-to are passed on.
+  // mpirun's options go through --mpirun-arg, word by word; --hostfile (read first: test_cli_hostfile)
+  // and --bind-to are passed on.
+  std::ofstream(scratch_dir() / "hosts.txt") << "localhost slots=2\n";
   RunResult r = run_booster("run -n 2 --dry-run --mpirun-arg --max-restarts --mpirun-arg=2 --hostfile hosts.txt "
                             "--bind-to=none -- echo hi");
   INFO(r.err);
