@@ -10,12 +10,15 @@
 #include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <deque>
 #include <optional>
 #include <thread>
+#include <vector>
 
 #include "booster/distributed/collective_timeout_impl.h"
 #include "booster/distributed/mpi_process_group.h"
+#include "booster/distributed/rendezvous.h"
 #if defined(BOOSTER_WITH_MPI)
 #define OMPI_SKIP_MPICXX 1
 #include <mpi.h>
@@ -123,6 +126,7 @@ class NcclProcessGroup final : public ProcessGroup {
     BOOSTER_CHECK(cuda::is_available(), ConfigError, "backend \"nccl\" needs a GPU: ", cuda::unavailable_reason(),
                   "; train on the CPU, or run on a machine with a GPU");
     ncclUniqueId id;
+    int local_rank = -1;  // from the environment (Note [Rendezvous without MPI]); -1: not known
     if (launched_by_mpi_launcher()) {
       // Note [NCCL process group]: NCCL is there; MPI, which hands out the id, is what is missing.
       BOOSTER_CHECK(mpi_built(), ConfigError, "backend \"nccl\" under an MPI launcher needs MPI to hand "
@@ -138,10 +142,31 @@ class NcclProcessGroup final : public ProcessGroup {
       BOOSTER_CHECK(rc == MPI_SUCCESS, DistributedError, "init_process_group: MPI_Bcast of the NCCL id failed on rank ",
                     rank_, " (MPI error ", rc, ")");
 #endif
+    } else if (const std::optional<EnvRanks> env = ranks_from_environment(); env && env->world_size > 1) {
+      // Note [Rendezvous without MPI]: rank and size from torchrun's (or booster's) variables, the id
+      // from rank 0 through a shared file or TCP.
+      const std::optional<RendezvousSpec> spec = rendezvous_from_environment();
+      BOOSTER_CHECK(spec.has_value(), ConfigError, "backend \"nccl\" with ", env->world_size, " processes from the ",
+                    "environment (WORLD_SIZE or BOOSTER_WORLD_SIZE) needs a way to hand NCCL's unique id to every ",
+                    "rank: set BOOSTER_NCCL_ID_FILE to a path on a file system every rank shares, or MASTER_ADDR and ",
+                    "MASTER_PORT to rank 0's host and a free port there");
+      rank_ = env->rank;
+      size_ = env->world_size;
+      local_rank = env->local_rank;
+      std::vector<uint8_t> blob(sizeof id);
+      if (rank_ == 0) {
+        BOOSTER_NCCL_CHECK(ncclGetUniqueId(&id));
+        std::memcpy(blob.data(), &id, sizeof id);
+      }
+      blob = share_from_rank0(*spec, rank_, size_, blob, default_collective_timeout());
+      BOOSTER_CHECK(blob.size() == sizeof id, DistributedError, "init_process_group: rank 0 sent an NCCL id of ",
+                    blob.size(), " bytes; expected ", sizeof id, " (every rank must run the same booster build)");
+      std::memcpy(&id, blob.data(), sizeof id);
     } else {
       BOOSTER_NCCL_CHECK(ncclGetUniqueId(&id));
     }
-    device_ = rank_ % cuda::device_count();
+    // The GPU: the rank on this machine when the environment says it (LOCAL_RANK), else the rank.
+    device_ = (local_rank >= 0 ? local_rank : rank_) % cuda::device_count();
     stream_ = static_cast<cudaStream_t>(cuda::stream_handle(device_));
     BOOSTER_NCCL_CHECK(ncclCommInitRank(&comm_, size_, id, rank_));
     BOOSTER_NCCL_CUDA_CHECK(cudaMalloc(&barrier_buf_, sizeof(float)));

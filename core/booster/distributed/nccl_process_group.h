@@ -5,7 +5,10 @@
 //   booster, ensure_mpi_initialized, so it can serve an mpi group beside this one), rank 0 makes the
 //   ncclUniqueId and MPI broadcasts it; otherwise the group is the world of one process. Each rank
 //   uses GPU rank % device_count(). Under a launcher without MPI in the build: ConfigError (each rank
-//   would silently make a world of its own).
+//   would silently make a world of its own). Without an MPI launcher, a world size over 1 in the
+//   environment (torchrun's RANK/WORLD_SIZE/LOCAL_RANK, or BOOSTER_RANK/BOOSTER_WORLD_SIZE) makes the
+//   group from those, with the id handed out through BOOSTER_NCCL_ID_FILE or MASTER_ADDR/MASTER_PORT
+//   (rendezvous.h, Note [Rendezvous without MPI]), and GPU LOCAL_RANK % device_count().
 // * Stream order: collectives are queued on the CUDA backend's stream of that GPU, the stream every
 //   kernel and copy of the backend uses, so they run after the kernels that produced their buffers (a
 //   gradient bucket) and before everything queued later, without any host sync. Blocking forms

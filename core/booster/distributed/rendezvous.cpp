@@ -1,0 +1,403 @@
+// Note [Rendezvous without MPI] in distributed/README.md: the file and TCP exchanges of rank 0's blob.
+#include "booster/distributed/rendezvous.h"
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <set>
+#include <sstream>
+#include <thread>
+
+#include "booster/common/error.h"
+
+namespace booster::distributed {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+constexpr char kMagic[8] = {'B', 'O', 'O', 'S', 'T', 'R', 'D', '1'};  // file and TCP framing
+constexpr char kGaveUp[8] = {'B', 'O', 'O', 'S', 'T', 'R', 'D', 'X'};  // a file rank 0 gave up on
+constexpr size_t kMaxBlob = size_t(1) << 20;
+constexpr auto kPoll = std::chrono::milliseconds(20);
+
+const char* env(const char* name) {
+  const char* v = std::getenv(name);
+  return v && *v ? v : nullptr;
+}
+
+std::optional<long> whole_number(const char* text) {
+  if (!text) return std::nullopt;
+  char* end = nullptr;
+  errno = 0;
+  const long v = std::strtol(text, &end, 10);
+  if (end == text || *end != '\0' || errno != 0) return std::nullopt;
+  return v;
+}
+
+int number_variable(const char* name, long lowest, long highest, const char* what) {
+  const char* text = env(name);
+  const std::optional<long> v = whole_number(text);
+  BOOSTER_CHECK(v && *v >= lowest && *v <= highest, ConfigError, name, " is \"", text ? text : "", "\"; expected ",
+                what, " from ", lowest, " to ", highest);
+  return int(*v);
+}
+
+std::string seconds(std::chrono::duration<double> d) {
+  std::ostringstream os;
+  os << d.count() << " s";
+  return os.str();
+}
+
+std::string missing_ranks(const std::set<int>& arrived, int world_size) {
+  std::vector<int> missing;
+  for (int r = 1; r < world_size; ++r)
+    if (!arrived.count(r)) missing.push_back(r);
+  return str(missing);
+}
+
+// ------------------------------------------------------------------------------------------ file
+
+std::string header(size_t n) {
+  std::string h(kMagic, sizeof kMagic);
+  for (int k = 0; k < 8; ++k) h += char((uint64_t(n) >> (8 * k)) & 0xff);
+  return h;
+}
+
+bool gave_up(const fs::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  char magic[sizeof kGaveUp] = {};
+  return in.read(magic, sizeof magic) && std::memcmp(magic, kGaveUp, sizeof kGaveUp) == 0;
+}
+
+// The blob of a complete file at `path`, or nullopt when there is none (yet) or rank 0 gave up on it.
+std::optional<std::vector<uint8_t>> read_blob_file(const fs::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return std::nullopt;
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  if (text.size() < 16 || text.compare(0, sizeof kMagic, kMagic, sizeof kMagic) != 0) return std::nullopt;
+  uint64_t n = 0;
+  for (int k = 0; k < 8; ++k) n |= uint64_t(uint8_t(text[sizeof kMagic + size_t(k)])) << (8 * k);
+  if (text.size() != 16 + n) return std::nullopt;
+  return std::vector<uint8_t>(text.begin() + 16, text.end());
+}
+
+fs::path ack_path(const fs::path& path, int rank) { return fs::path(path.string() + ".ack." + std::to_string(rank)); }
+
+// Writes `bytes` to `path` whole or not at all: a temporary beside it, renamed over it.
+void write_atomically(const fs::path& path, const std::string& bytes, const std::string& what) {
+  const fs::path tmp = path.string() + ".tmp." + std::to_string(::getpid());
+  {
+    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
+    out.write(bytes.data(), std::streamsize(bytes.size()));
+    out.flush();
+    BOOSTER_CHECK(out.good(), ConfigError, "rendezvous: cannot write ", tmp.string(), " (", std::strerror(errno),
+                  "); ", what, " must name a file in a directory every rank can write");
+  }
+  std::error_code ec;
+  fs::rename(tmp, path, ec);
+  if (ec) fs::remove(tmp);
+  BOOSTER_CHECK(!ec, ConfigError, "rendezvous: cannot rename ", tmp.string(), " to ", path.string(), " (",
+                ec.message(), "); ", what, " must name a file in a directory every rank can write");
+}
+
+// Note [Rendezvous without MPI], "file": rank 0 refuses a file with a blob that is there already
+// (another job's, which a peer may have read), writes the blob atomically and waits for an
+// acknowledgement file of every other rank, then removes them and the file last; a peer reads the file,
+// acknowledges it and waits until the file is gone, i.e. until rank 0 of this job took its
+// acknowledgement. So nobody leaves with a stale blob, and a finished job leaves no file behind. When
+// rank 0 times out it replaces the blob with a marker that it gave up: a peer that acknowledged fails
+// too, one that is still waiting goes on waiting, and the next job's rank 0 writes over the marker.
+std::vector<uint8_t> share_through_file(const RendezvousSpec& spec, int rank, int world_size,
+                                        const std::vector<uint8_t>& blob, std::chrono::duration<double> timeout) {
+  const fs::path path = spec.file;
+  const auto deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(timeout);
+  std::error_code ec;
+  if (rank == 0) {
+    BOOSTER_CHECK(!fs::exists(path, ec) || gave_up(path), ConfigError, "rendezvous: ", spec.source, " ", path.string(),
+                  " exists already (left by an earlier job?); remove it, or give each job a file of its own (e.g. "
+                  "with $SLURM_JOB_ID in its name)");
+    for (int r = 1; r < world_size; ++r) fs::remove(ack_path(path, r), ec);  // a crashed job's
+    std::string bytes = header(blob.size());
+    bytes.append(blob.begin(), blob.end());
+    write_atomically(path, bytes, spec.source);
+    std::set<int> arrived;
+    while (true) {
+      for (int r = 1; r < world_size; ++r)
+        if (!arrived.count(r) && fs::exists(ack_path(path, r), ec)) arrived.insert(r);
+      if (int(arrived.size()) == world_size - 1) break;
+      if (Clock::now() > deadline) {
+        write_atomically(path, std::string(kGaveUp, sizeof kGaveUp), spec.source);
+        for (int r = 1; r < world_size; ++r) fs::remove(ack_path(path, r), ec);
+        BOOSTER_FAIL(DistributedError, "rendezvous: rank 0 waited ", seconds(timeout), " for ranks ",
+                     missing_ranks(arrived, world_size), " of ", world_size, " to read ", path.string(), " (",
+                     spec.source, "); are they running, with the same file on a file system they share?");
+      }
+      std::this_thread::sleep_for(kPoll);
+    }
+    for (int r = 1; r < world_size; ++r) fs::remove(ack_path(path, r), ec);
+    fs::remove(path, ec);
+    return blob;
+  }
+  std::optional<std::vector<uint8_t>> got;
+  while (!(got = read_blob_file(path))) {
+    BOOSTER_CHECK(Clock::now() <= deadline, DistributedError, "rendezvous: rank ", rank, " waited ", seconds(timeout),
+                  " for rank 0 to write ", path.string(), " (", spec.source,
+                  "); is rank 0 running, with the same file on a file system they share?");
+    std::this_thread::sleep_for(kPoll);
+  }
+  write_atomically(ack_path(path, rank), "ack\n", spec.source);
+  while (fs::exists(path, ec)) {
+    BOOSTER_CHECK(!gave_up(path), DistributedError, "rendezvous: rank ", rank, " read ", path.string(), " (",
+                  spec.source, ") but rank 0 gave up waiting for the other ranks; see rank 0's error");
+    BOOSTER_CHECK(Clock::now() <= deadline, DistributedError, "rendezvous: rank ", rank, " read ", path.string(),
+                  " (", spec.source, ") but waited ", seconds(timeout), " for rank 0 to take it back; a file left by "
+                  "an earlier job? remove it and start again");
+    std::this_thread::sleep_for(kPoll);
+  }
+  return *got;
+}
+
+// ------------------------------------------------------------------------------------------- TCP
+
+struct Socket {
+  int fd = -1;
+  explicit Socket(int f = -1) : fd(f) {}
+  Socket(Socket&& o) noexcept : fd(o.fd) { o.fd = -1; }
+  Socket(const Socket&) = delete;
+  ~Socket() {
+    if (fd >= 0) ::close(fd);
+  }
+};
+
+// Waits until `fd` is ready for `events` or the deadline passes (false).
+bool wait_ready(int fd, short events, Clock::time_point deadline) {
+  while (true) {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
+    if (left <= 0) return false;
+    pollfd p{fd, events, 0};
+    const int n = ::poll(&p, 1, int(std::min<long long>(left, 1000)));
+    if (n > 0) return true;
+    if (n < 0 && errno != EINTR) return false;
+  }
+}
+
+// Sends or receives all `n` bytes before the deadline; false when the peer went away or time ran out.
+bool send_all(int fd, const void* data, size_t n, Clock::time_point deadline) {
+  const char* p = static_cast<const char*>(data);
+  while (n > 0) {
+    if (!wait_ready(fd, POLLOUT, deadline)) return false;
+    const ssize_t k = ::send(fd, p, n, MSG_NOSIGNAL);
+    if (k < 0 && (errno == EINTR || errno == EAGAIN)) continue;
+    if (k <= 0) return false;
+    p += k;
+    n -= size_t(k);
+  }
+  return true;
+}
+
+bool recv_all(int fd, void* data, size_t n, Clock::time_point deadline) {
+  char* p = static_cast<char*>(data);
+  while (n > 0) {
+    if (!wait_ready(fd, POLLIN, deadline)) return false;
+    const ssize_t k = ::recv(fd, p, n, 0);
+    if (k < 0 && (errno == EINTR || errno == EAGAIN)) continue;
+    if (k <= 0) return false;
+    p += k;
+    n -= size_t(k);
+  }
+  return true;
+}
+
+// The hello a peer sends: magic, its rank, the world size it was told.
+struct Hello {
+  char magic[8];
+  int32_t rank;
+  int32_t world_size;
+};
+
+std::string where(const RendezvousSpec& spec) {
+  return spec.address + ":" + std::to_string(spec.port) + " (" + spec.source + ")";
+}
+
+std::vector<uint8_t> serve_tcp(const RendezvousSpec& spec, int world_size, const std::vector<uint8_t>& blob,
+                               std::chrono::duration<double> timeout) {
+  const auto deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(timeout);
+  Socket listener(::socket(AF_INET6, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  bool v6 = listener.fd >= 0;
+  if (!v6) listener.fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  BOOSTER_CHECK(listener.fd >= 0, DistributedError, "rendezvous: socket: ", std::strerror(errno));
+  const int one = 1, zero = 0;
+  ::setsockopt(listener.fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+  int rc;
+  if (v6) {
+    ::setsockopt(listener.fd, IPPROTO_IPV6, IPV6_V6ONLY, &zero, sizeof zero);  // IPv4 peers too
+    sockaddr_in6 a{};
+    a.sin6_family = AF_INET6;
+    a.sin6_addr = in6addr_any;
+    a.sin6_port = htons(uint16_t(spec.port));
+    rc = ::bind(listener.fd, reinterpret_cast<sockaddr*>(&a), sizeof a);
+  } else {
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_ANY);
+    a.sin_port = htons(uint16_t(spec.port));
+    rc = ::bind(listener.fd, reinterpret_cast<sockaddr*>(&a), sizeof a);
+  }
+  BOOSTER_CHECK(rc == 0, ConfigError, "rendezvous: rank 0 cannot listen on port ", spec.port, " (", spec.source,
+                "): ", std::strerror(errno), errno == EADDRINUSE ? "; another program (or job) uses it: choose another "
+                "MASTER_PORT" : "; choose another MASTER_PORT");
+  BOOSTER_CHECK(::listen(listener.fd, std::max(world_size, 16)) == 0, DistributedError, "rendezvous: listen: ",
+                std::strerror(errno));
+  std::set<int> served;
+  const uint64_t n = blob.size();
+  while (int(served.size()) < world_size - 1) {
+    BOOSTER_CHECK(wait_ready(listener.fd, POLLIN, deadline), DistributedError, "rendezvous: rank 0 waited ",
+                  seconds(timeout), " on port ", spec.port, " (", spec.source, ") for ranks ",
+                  missing_ranks(served, world_size), " of ", world_size,
+                  " to connect; are they running, with MASTER_ADDR naming this host?");
+    Socket peer(::accept4(listener.fd, nullptr, nullptr, SOCK_CLOEXEC));
+    if (peer.fd < 0) continue;
+    Hello hello{};
+    // A connection that is not a peer (a port scan) or that says nothing is dropped.
+    if (!recv_all(peer.fd, &hello, sizeof hello, std::min(deadline, Clock::now() + std::chrono::seconds(10))) ||
+        std::memcmp(hello.magic, kMagic, sizeof kMagic) != 0)
+      continue;
+    BOOSTER_CHECK(hello.world_size == world_size, ConfigError, "rendezvous: rank ", hello.rank, " was started with a ",
+                  "world size of ", hello.world_size, " and rank 0 with ", world_size,
+                  "; every rank needs the same WORLD_SIZE");
+    BOOSTER_CHECK(hello.rank >= 1 && hello.rank < world_size && !served.count(hello.rank), ConfigError,
+                  "rendezvous: two processes say they are rank ", hello.rank, " of ", world_size,
+                  " (or it is out of range); every rank needs its own RANK");
+    if (!send_all(peer.fd, kMagic, sizeof kMagic, deadline) || !send_all(peer.fd, &n, sizeof n, deadline) ||
+        !send_all(peer.fd, blob.data(), blob.size(), deadline))
+      continue;  // it went away: it may connect again
+    // Its acknowledgement, so that rank 0 returns only once the blob has arrived.
+    char ack = 0;
+    if (!recv_all(peer.fd, &ack, 1, deadline) || ack != 'k') continue;
+    served.insert(hello.rank);
+  }
+  return blob;
+}
+
+std::vector<uint8_t> fetch_tcp(const RendezvousSpec& spec, int rank, int world_size,
+                               std::chrono::duration<double> timeout) {
+  const auto deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(timeout);
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* found = nullptr;
+  const std::string port = std::to_string(spec.port);
+  const int gai = ::getaddrinfo(spec.address.c_str(), port.c_str(), &hints, &found);
+  BOOSTER_CHECK(gai == 0 && found, ConfigError, "rendezvous: MASTER_ADDR \"", spec.address, "\" cannot be resolved (",
+                ::gai_strerror(gai), "); set it to rank 0's host name or address");
+  std::unique_ptr<addrinfo, void (*)(addrinfo*)> addresses(found, ::freeaddrinfo);
+  std::string last_error = "no answer";
+  while (Clock::now() < deadline) {
+    for (addrinfo* a = found; a; a = a->ai_next) {
+      Socket s(::socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol));
+      if (s.fd < 0) continue;
+      if (::connect(s.fd, a->ai_addr, a->ai_addrlen) != 0) {
+        last_error = std::strerror(errno);
+        continue;
+      }
+      const int one = 1;
+      ::setsockopt(s.fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+      Hello hello{};
+      std::memcpy(hello.magic, kMagic, sizeof kMagic);
+      hello.rank = rank;
+      hello.world_size = world_size;
+      char magic[sizeof kMagic];
+      uint64_t n = 0;
+      if (!send_all(s.fd, &hello, sizeof hello, deadline) || !recv_all(s.fd, magic, sizeof magic, deadline) ||
+          std::memcmp(magic, kMagic, sizeof kMagic) != 0 || !recv_all(s.fd, &n, sizeof n, deadline) || n > kMaxBlob) {
+        last_error = "the connection ended before the id came";
+        continue;
+      }
+      std::vector<uint8_t> blob(n);
+      if (!recv_all(s.fd, blob.data(), n, deadline) || !send_all(s.fd, "k", 1, deadline)) {
+        last_error = "the connection ended before the id came";
+        continue;
+      }
+      return blob;
+    }
+    std::this_thread::sleep_for(kPoll * 5);  // rank 0 may not listen yet
+  }
+  BOOSTER_FAIL(DistributedError, "rendezvous: rank ", rank, " waited ", seconds(timeout), " for rank 0 at ",
+               where(spec), " (last: ", last_error, "); is rank 0 running, and MASTER_ADDR/MASTER_PORT the same on "
+               "every rank?");
+}
+
+}  // namespace
+
+std::optional<EnvRanks> ranks_from_environment() {
+  const bool booster = env("BOOSTER_WORLD_SIZE") != nullptr;
+  if (!booster && !env("WORLD_SIZE")) {
+    BOOSTER_CHECK(!env("BOOSTER_RANK"), ConfigError, "BOOSTER_RANK is set without BOOSTER_WORLD_SIZE; set both");
+    return std::nullopt;
+  }
+  const char* size_name = booster ? "BOOSTER_WORLD_SIZE" : "WORLD_SIZE";
+  const char* rank_name = booster ? "BOOSTER_RANK" : "RANK";
+  const char* local_name = booster ? "BOOSTER_LOCAL_RANK" : "LOCAL_RANK";
+  EnvRanks ranks;
+  ranks.world_size = number_variable(size_name, 1, 1 << 20, "the number of processes");
+  BOOSTER_CHECK(env(rank_name), ConfigError, size_name, " is set but ", rank_name, " is not; set each process's ",
+                rank_name, " (0 to ", ranks.world_size - 1, ")");
+  ranks.rank = number_variable(rank_name, 0, ranks.world_size - 1, "this process's rank");
+  ranks.local_rank = env(local_name) ? number_variable(local_name, 0, 1 << 20, "the rank on this machine") : ranks.rank;
+  return ranks;
+}
+
+std::optional<RendezvousSpec> rendezvous_from_environment() {
+  RendezvousSpec spec;
+  if (const char* file = env("BOOSTER_NCCL_ID_FILE")) {
+    spec.kind = RendezvousSpec::Kind::File;
+    spec.file = file;
+    spec.source = "BOOSTER_NCCL_ID_FILE";
+    return spec;
+  }
+  const char* address = env("MASTER_ADDR");
+  const char* port = env("MASTER_PORT");
+  if (!address && !port) return std::nullopt;
+  BOOSTER_CHECK(address, ConfigError, "MASTER_PORT is set but MASTER_ADDR is not; set MASTER_ADDR to rank 0's host");
+  BOOSTER_CHECK(port, ConfigError, "MASTER_ADDR is set but MASTER_PORT is not; set MASTER_PORT to a free port on "
+                "rank 0's host (e.g. 29500)");
+  spec.kind = RendezvousSpec::Kind::Tcp;
+  spec.address = address;
+  spec.port = number_variable("MASTER_PORT", 1, 65535, "a port number");
+  spec.source = "MASTER_ADDR/MASTER_PORT";
+  return spec;
+}
+
+std::vector<uint8_t> share_from_rank0(const RendezvousSpec& spec, int rank, int world_size,
+                                      const std::vector<uint8_t>& blob, std::chrono::duration<double> timeout) {
+  BOOSTER_CHECK(world_size >= 1 && rank >= 0 && rank < world_size, ValueError, "share_from_rank0: rank ", rank,
+                " of ", world_size, " is out of range");
+  BOOSTER_CHECK(rank != 0 || blob.size() <= kMaxBlob, ValueError, "share_from_rank0: the blob is ", blob.size(),
+                " bytes; at most ", kMaxBlob);
+  BOOSTER_CHECK(timeout.count() > 0, ValueError, "share_from_rank0: the timeout is ", timeout.count(),
+                " s; expected a positive number of seconds");
+  if (spec.kind == RendezvousSpec::Kind::Tcp)
+    BOOSTER_CHECK(spec.port >= 1 && spec.port <= 65535, ConfigError, "rendezvous: port ", spec.port, " (",
+                  spec.source, ") is not from 1 to 65535");
+  if (world_size == 1) return blob;
+  if (spec.kind == RendezvousSpec::Kind::File) return share_through_file(spec, rank, world_size, blob, timeout);
+  return rank == 0 ? serve_tcp(spec, world_size, blob, timeout) : fetch_tcp(spec, rank, world_size, timeout);
+}
+
+}  // namespace booster::distributed

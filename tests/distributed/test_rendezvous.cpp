@@ -1,0 +1,326 @@
+// The rendezvous without MPI (distributed/rendezvous.h, Note [Rendezvous without MPI]): ranks from
+// torchrun's or booster's variables, and rank 0's blob handed to every rank through a file and through
+// TCP, run here as threads of one process (each thread a rank); timeouts and bad settings.
+#include <catch2/catch.hpp>
+
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "booster/common/error.h"
+#include "booster/distributed/rendezvous.h"
+#include "run_booster.h"
+
+namespace fs = std::filesystem;
+using namespace booster;
+using namespace booster::distributed;
+using std::chrono::duration;
+
+namespace {
+
+const std::vector<const char*> kVariables = {"BOOSTER_RANK", "BOOSTER_WORLD_SIZE", "BOOSTER_LOCAL_RANK", "RANK",
+                                             "WORLD_SIZE", "LOCAL_RANK", "BOOSTER_NCCL_ID_FILE", "MASTER_ADDR",
+                                             "MASTER_PORT"};
+
+// Sets exactly `values` of the rendezvous variables for the test's lifetime, and restores them after.
+class EnvGuard {
+ public:
+  explicit EnvGuard(const std::map<std::string, std::string>& values) {
+    for (const char* name : kVariables) {
+      if (const char* v = std::getenv(name)) saved_[name] = v;
+      ::unsetenv(name);
+    }
+    for (const auto& [name, value] : values) ::setenv(name.c_str(), value.c_str(), 1);
+  }
+  ~EnvGuard() {
+    for (const char* name : kVariables) ::unsetenv(name);
+    for (const auto& [name, value] : saved_) ::setenv(name.c_str(), value.c_str(), 1);
+  }
+
+ private:
+  std::map<std::string, std::string> saved_;
+};
+
+std::string config_error(const std::map<std::string, std::string>& values, bool spec) {
+  EnvGuard env(values);
+  try {
+    spec ? (void)rendezvous_from_environment() : (void)ranks_from_environment();
+  } catch (const ConfigError& e) {
+    return e.what();
+  }
+  return "(no error)";
+}
+
+std::vector<uint8_t> id_blob() {
+  std::vector<uint8_t> blob(128);  // the size of ncclUniqueId
+  for (size_t i = 0; i < blob.size(); ++i) blob[i] = uint8_t(i * 7 + 3);
+  return blob;
+}
+
+// Runs `world` ranks as threads; each returns its blob, or the message of what it threw.
+struct Outcome {
+  std::vector<uint8_t> blob;
+  std::string error;
+  std::string type;
+};
+
+std::vector<Outcome> run_ranks(const RendezvousSpec& spec, int world, const std::vector<int>& ranks, double timeout_s) {
+  std::vector<Outcome> out(ranks.size());
+  std::vector<std::thread> threads;
+  for (size_t k = 0; k < ranks.size(); ++k)
+    threads.emplace_back([&, k] {
+      try {
+        out[k].blob = share_from_rank0(spec, ranks[k], world, ranks[k] == 0 ? id_blob() : std::vector<uint8_t>{},
+                                       duration<double>(timeout_s));
+      } catch (const ConfigError& e) {
+        out[k] = {{}, e.what(), "ConfigError"};
+      } catch (const DistributedError& e) {
+        out[k] = {{}, e.what(), "DistributedError"};
+      } catch (const std::exception& e) {
+        out[k] = {{}, e.what(), "other"};
+      }
+    });
+  for (std::thread& t : threads) t.join();
+  return out;
+}
+
+std::vector<int> all_ranks(int world) {
+  std::vector<int> r(size_t(world), 0);
+  for (int i = 0; i < world; ++i) r[size_t(i)] = i;
+  return r;
+}
+
+fs::path scratch() {
+  const fs::path dir = testing::scratch_dir("test_rendezvous");
+  fs::create_directories(dir);
+  return dir;
+}
+
+// A port nobody listens on now (the kernel's choice for a socket bound to port 0, released).
+int free_port() {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  a.sin_port = 0;
+  REQUIRE(::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);
+  socklen_t len = sizeof a;
+  ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
+  ::close(fd);
+  return ntohs(a.sin_port);
+}
+
+RendezvousSpec tcp_spec(int port, const std::string& address = "127.0.0.1") {
+  RendezvousSpec spec;
+  spec.kind = RendezvousSpec::Kind::Tcp;
+  spec.address = address;
+  spec.port = port;
+  spec.source = "MASTER_ADDR/MASTER_PORT";
+  return spec;
+}
+
+RendezvousSpec file_spec(const fs::path& path) {
+  RendezvousSpec spec;
+  spec.kind = RendezvousSpec::Kind::File;
+  spec.file = path.string();
+  spec.source = "BOOSTER_NCCL_ID_FILE";
+  return spec;
+}
+
+}  // namespace
+
+TEST_CASE("ranks come from torchrun's RANK, WORLD_SIZE and LOCAL_RANK, or booster's own", "[distributed][rendezvous]") {
+  {
+    EnvGuard env({});
+    CHECK_FALSE(ranks_from_environment().has_value());
+  }
+  {
+    EnvGuard env({{"RANK", "3"}, {"WORLD_SIZE", "4"}, {"LOCAL_RANK", "1"}});
+    const std::optional<EnvRanks> r = ranks_from_environment();
+    REQUIRE(r);
+    CHECK(r->rank == 3);
+    CHECK(r->world_size == 4);
+    CHECK(r->local_rank == 1);
+  }
+  {
+    // booster's variables win over torchrun's; the local rank defaults to the rank.
+    EnvGuard env({{"RANK", "3"}, {"WORLD_SIZE", "4"}, {"BOOSTER_RANK", "1"}, {"BOOSTER_WORLD_SIZE", "2"}});
+    const std::optional<EnvRanks> r = ranks_from_environment();
+    REQUIRE(r);
+    CHECK(r->rank == 1);
+    CHECK(r->world_size == 2);
+    CHECK(r->local_rank == 1);
+  }
+}
+
+TEST_CASE("a missing or bad rank variable is a ConfigError naming it", "[distributed][rendezvous]") {
+  CHECK_THAT(config_error({{"WORLD_SIZE", "2"}}, false), Catch::Contains("WORLD_SIZE is set but RANK is not"));
+  CHECK_THAT(config_error({{"WORLD_SIZE", "2"}, {"RANK", "2"}}, false),
+             Catch::Contains("RANK is \"2\"; expected this process's rank from 0 to 1"));
+  CHECK_THAT(config_error({{"WORLD_SIZE", "two"}, {"RANK", "0"}}, false), Catch::Contains("WORLD_SIZE is \"two\""));
+  CHECK_THAT(config_error({{"BOOSTER_WORLD_SIZE", "2"}, {"BOOSTER_RANK", "-1"}}, false),
+             Catch::Contains("BOOSTER_RANK is \"-1\""));
+  CHECK_THAT(config_error({{"BOOSTER_RANK", "0"}}, false), Catch::Contains("BOOSTER_RANK is set without"));
+}
+
+TEST_CASE("the rendezvous is a file, or MASTER_ADDR and MASTER_PORT, and a bad port is a ConfigError",
+          "[distributed][rendezvous]") {
+  {
+    EnvGuard env({{"MASTER_ADDR", "node01"}, {"MASTER_PORT", "29500"}});
+    const std::optional<RendezvousSpec> s = rendezvous_from_environment();
+    REQUIRE(s);
+    CHECK(s->kind == RendezvousSpec::Kind::Tcp);
+    CHECK(s->address == "node01");
+    CHECK(s->port == 29500);
+  }
+  {
+    EnvGuard env({{"MASTER_ADDR", "node01"}, {"MASTER_PORT", "29500"}, {"BOOSTER_NCCL_ID_FILE", "/shared/id"}});
+    const std::optional<RendezvousSpec> s = rendezvous_from_environment();
+    REQUIRE(s);
+    CHECK(s->kind == RendezvousSpec::Kind::File);
+    CHECK(s->file == "/shared/id");
+  }
+  {
+    EnvGuard env({});
+    CHECK_FALSE(rendezvous_from_environment().has_value());
+  }
+  for (const std::string port : {"0", "65536", "http", "29500x", "-1"})
+    CHECK_THAT(config_error({{"MASTER_ADDR", "node01"}, {"MASTER_PORT", port}}, true),
+               Catch::Contains("MASTER_PORT is \"" + port + "\"; expected a port number from 1 to 65535"));
+  CHECK_THAT(config_error({{"MASTER_ADDR", "node01"}}, true), Catch::Contains("MASTER_PORT is not"));
+  CHECK_THAT(config_error({{"MASTER_PORT", "29500"}}, true), Catch::Contains("MASTER_ADDR is not"));
+}
+
+TEST_CASE("rank 0's blob reaches every rank through a shared file, which is gone afterwards",
+          "[distributed][rendezvous]") {
+  const fs::path path = scratch() / "nccl_id";
+  fs::remove(path);
+  for (const Outcome& o : run_ranks(file_spec(path), 4, all_ranks(4), 30)) {
+    INFO(o.error);
+    CHECK(o.blob == id_blob());
+  }
+  CHECK_FALSE(fs::exists(path));
+  for (int r = 1; r < 4; ++r) CHECK_FALSE(fs::exists(path.string() + ".ack." + std::to_string(r)));
+  // Again on the same path: nothing of the first exchange is in the way.
+  for (const Outcome& o : run_ranks(file_spec(path), 2, all_ranks(2), 30)) CHECK(o.blob == id_blob());
+}
+
+TEST_CASE("waiting on the file past the timeout is a DistributedError naming what did not come",
+          "[distributed][rendezvous]") {
+  const fs::path path = scratch() / "nccl_id_timeout";
+  fs::remove(path);
+  // A peer without rank 0.
+  std::vector<Outcome> o = run_ranks(file_spec(path), 3, {2}, 0.3);
+  CHECK(o[0].type == "DistributedError");
+  CHECK_THAT(o[0].error, Catch::Contains("rendezvous: rank 2 waited 0.3 s for rank 0 to write " + path.string() +
+                                         " (BOOSTER_NCCL_ID_FILE)"));
+  // Rank 0 and rank 1 without rank 2: rank 0 names rank 2 and leaves a marker that it gave up; rank 1,
+  // which read the blob, fails too rather than go on with a job that will not start.
+  o = run_ranks(file_spec(path), 3, {0, 1}, 0.5);
+  CHECK(o[0].type == "DistributedError");
+  CHECK_THAT(o[0].error, Catch::Contains("rank 0 waited 0.5 s for ranks [2] of 3 to read " + path.string()));
+  CHECK(o[1].type == "DistributedError");
+  CHECK_THAT(o[1].error, Catch::Contains("rank 0 gave up waiting for the other ranks"));
+  // The next job writes over the marker.
+  for (const Outcome& next : run_ranks(file_spec(path), 2, all_ranks(2), 30)) {
+    INFO(next.error);
+    CHECK(next.blob == id_blob());
+  }
+  CHECK_FALSE(fs::exists(path));
+  // A file already there (another job's) is refused by rank 0.
+  std::ofstream(path) << "old";
+  o = run_ranks(file_spec(path), 2, {0}, 0.3);
+  CHECK(o[0].type == "ConfigError");
+  CHECK_THAT(o[0].error, Catch::Contains(path.string() + " exists already"));
+  fs::remove(path);
+}
+
+TEST_CASE("rank 0's blob reaches every rank over TCP", "[distributed][rendezvous]") {
+  const int port = free_port();
+  // Peers start first and retry until rank 0 listens.
+  std::vector<int> ranks = {3, 1, 2, 0};
+  for (const Outcome& o : run_ranks(tcp_spec(port), 4, ranks, 30)) {
+    INFO(o.error);
+    CHECK(o.blob == id_blob());
+  }
+  // By host name too, and the port is free again at once.
+  for (const Outcome& o : run_ranks(tcp_spec(port, "localhost"), 2, all_ranks(2), 30)) {
+    INFO(o.error);
+    CHECK(o.blob == id_blob());
+  }
+}
+
+TEST_CASE("waiting over TCP past the timeout is a DistributedError naming what did not come",
+          "[distributed][rendezvous]") {
+  const int port = free_port();
+  std::vector<Outcome> o = run_ranks(tcp_spec(port), 2, {1}, 0.3);
+  CHECK(o[0].type == "DistributedError");
+  CHECK_THAT(o[0].error, Catch::Contains("rendezvous: rank 1 waited 0.3 s for rank 0 at 127.0.0.1:" +
+                                         std::to_string(port) + " (MASTER_ADDR/MASTER_PORT)"));
+  o = run_ranks(tcp_spec(port), 3, {0, 2}, 0.5);
+  CHECK(o[0].type == "DistributedError");
+  CHECK_THAT(o[0].error, Catch::Contains("rendezvous: rank 0 waited 0.5 s on port " + std::to_string(port) +
+                                         " (MASTER_ADDR/MASTER_PORT) for ranks [1] of 3 to connect"));
+  CHECK(o[1].blob == id_blob());  // rank 2 had its blob
+}
+
+TEST_CASE("an address that does not resolve, a port in use or another world size is a ConfigError",
+          "[distributed][rendezvous]") {
+  std::vector<Outcome> o = run_ranks(tcp_spec(free_port(), "no-such-host.invalid"), 2, {1}, 5);
+  CHECK(o[0].type == "ConfigError");
+  CHECK_THAT(o[0].error, Catch::Contains("MASTER_ADDR \"no-such-host.invalid\" cannot be resolved"));
+
+  // A port another socket holds.
+  const int fd = ::socket(AF_INET6, SOCK_STREAM, 0);
+  sockaddr_in6 a{};
+  a.sin6_family = AF_INET6;
+  a.sin6_addr = in6addr_any;
+  const int zero = 0;
+  ::setsockopt(fd, IPPROTO_IPV6, IPV6_V6ONLY, &zero, sizeof zero);
+  REQUIRE(::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);
+  REQUIRE(::listen(fd, 1) == 0);
+  socklen_t len = sizeof a;
+  ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
+  const int busy = ntohs(a.sin6_port);
+  o = run_ranks(tcp_spec(busy), 2, {0}, 5);
+  ::close(fd);
+  CHECK(o[0].type == "ConfigError");
+  CHECK_THAT(o[0].error, Catch::Contains("rank 0 cannot listen on port " + std::to_string(busy)) &&
+                             Catch::Contains("choose another MASTER_PORT"));
+
+  // A peer told another world size.
+  const int port = free_port();
+  std::vector<Outcome> mixed(2);
+  std::thread zero_thread([&] {
+    try {
+      share_from_rank0(tcp_spec(port), 0, 2, id_blob(), duration<double>(10));
+    } catch (const ConfigError& e) {
+      mixed[0].error = e.what();
+    }
+  });
+  std::thread one_thread([&] {
+    try {
+      share_from_rank0(tcp_spec(port), 1, 3, {}, duration<double>(2));
+    } catch (const std::exception& e) {
+      mixed[1].error = e.what();
+    }
+  });
+  zero_thread.join();
+  one_thread.join();
+  CHECK_THAT(mixed[0].error, Catch::Contains("rank 1 was started with a world size of 3 and rank 0 with 2"));
+}
+
+TEST_CASE("a world of one needs no rendezvous", "[distributed][rendezvous]") {
+  CHECK(share_from_rank0(tcp_spec(1, "no-such-host.invalid"), 0, 1, id_blob(), duration<double>(1)) == id_blob());
+  CHECK_THROWS_AS(share_from_rank0(tcp_spec(1), 2, 2, {}, duration<double>(1)), ValueError);
+}
