@@ -340,7 +340,9 @@ TEST_CASE("ddp under bf16 on CUDA tensors stays within Adam's drift of one proce
     std::printf("ddp bf16 AdamW: max |w - w_single| = %.3g, drift bound %.3g; L2 %.3g of %.3g trained\n", largest,
                 drift, ::testing::l2_distance(got, ref), ::testing::l2_distance(ref, start));
   CHECK(largest <= drift);
-  // Most weights move the same way: the difference is a small part of the distance trained.
+  // A detection threshold, not a roundoff bound (the drift bound above is that): a gradient lost in the
+  // staged all-reduce leaves its parameter where it started, so the L2 difference is at least that
+  // parameter's share of the distance trained, above 10% for any tensor holding 1% of its square.
   CHECK(::testing::l2_distance(got, ref) <= 0.1 * ::testing::l2_distance(ref, start));
 }
 
