@@ -723,6 +723,31 @@ TEST_CASE("train.run_dir: {time} gives every run its own directory, null writes 
   CHECK(fs::exists(scratch_dir() / default_dir / "metrics.jsonl"));
 }
 
+TEST_CASE("train.run_dir: a resume into a new {time} directory says where the earlier records are",
+          "[cli][progress][resume]") {
+  // Checkpoints in a fixed directory, the run directory new each run: the resumed run's metrics file
+  // starts after the checkpoint, and nothing was lost, so there is no warning that records are gone.
+  const fs::path base = scratch_dir() / "timed_resume";
+  fs::remove_all(base);
+  const fs::path cfg = write_config("timed_resume.json", synthetic_config());
+  const std::string common = " --set 'train.run_dir=" + (base / "run-{time}").string() + "' --set 'train.checkpoint_dir=" +
+                             (base / "checkpoints").string() + "' --set train.checkpoint_every=2 --set train.log_every=1";
+  RunResult first = run_booster("train --config " + cfg.string() + common + " --set train.max_steps=4");
+  REQUIRE(first.exit_code == 0);
+  RunResult resumed = run_booster("train --config " + cfg.string() + common + " --set train.max_steps=6 --resume latest");
+  INFO(resumed.err);
+  REQUIRE(resumed.exit_code == 0);
+  const fs::path dir = std::string(summary_line(resumed.out)["run_dir"]);
+  CHECK(dir.string() != std::string(summary_line(first.out)["run_dir"]));
+  CHECK(resumed.err.find("are gone") == std::string::npos);
+  CHECK(resumed.err.find("booster: warning") == std::string::npos);
+  CHECK(resumed.err.find("resuming from step 4 in the new run directory " + dir.string()) != std::string::npos);
+  std::ifstream metrics(dir / "metrics.jsonl");
+  std::string line;
+  REQUIRE(std::getline(metrics, line));
+  CHECK(json::parse(line)["step"] == 5);
+}
+
 TEST_CASE("progress: plain lines off a terminal, a bar redrawn in place on one, nothing when silenced", "[cli][progress]") {
   const fs::path cfg = write_config("progress.json", synthetic_config());
   const std::string args = "train --config " + cfg.string() + " --set train.run_dir=null --mixed-precision fp16";

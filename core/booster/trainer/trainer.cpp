@@ -95,9 +95,17 @@ fs::path resolve_run_dir(std::string dir, distributed::ProcessGroup& group) {
 // records mean the file is not what this run wrote: it is kept aside, with a warning, not discarded.
 // A file that is missing, or whose "train" records stop short of the last step up to `step` that
 // logged one (every `log_every`), lost records the run cannot write again: one warning says so, and the
-// run appends its new records from step + 1.
-void truncate_metrics_after(const fs::path& file, int64_t step, int64_t log_every, trainer::Progress& progress) {
+// run appends its new records from step + 1. A run directory made new for this run ({time} in run_dir)
+// has no file to continue: the earlier records are in the earlier run's directory, which one line says.
+void truncate_metrics_after(const fs::path& file, int64_t step, int64_t log_every, bool new_run_dir,
+                            trainer::Progress& progress) {
   const int64_t last_logged = log_every > 0 ? step / log_every * log_every : 0;
+  if (new_run_dir && !fs::exists(file)) {
+    progress.print("booster: resuming from step " + std::to_string(step) + " in the new run directory " +
+                   file.parent_path().string() + " ({time} in train.run_dir): its " + file.filename().string() +
+                   " starts at step " + std::to_string(step + 1) + ", the earlier records stay in the earlier run's");
+    return;
+  }
   if (!fs::exists(file)) {
     progress.print("booster: warning: " + file.string() + " is missing at the resume from step " +
                    std::to_string(step) + "; the records before that step are gone, and new records append from step " +
@@ -545,7 +553,9 @@ FitResult Trainer::fit() {
                   "; choose a writable run directory, or none for no files");
     if (!o.config.is_null()) checkpoint::write_text_file_atomically(*run_dir_ / "config.json", o.config.dump(2) + "\n");
     const fs::path metrics_file = *run_dir_ / trainer::kMetricsFileName;
-    if (step > 0) truncate_metrics_after(metrics_file, step, o.log_every, progress);
+    if (step > 0)
+      truncate_metrics_after(metrics_file, step, o.log_every, o.run_dir->string().find("{time}") != std::string::npos,
+                             progress);
     metrics_.open(metrics_file, /*append=*/step > 0);
     write_failure_reported_ = false;
   }
