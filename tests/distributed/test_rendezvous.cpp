@@ -74,14 +74,16 @@ struct Outcome {
   std::string type;
 };
 
-std::vector<Outcome> run_ranks(const RendezvousSpec& spec, int world, const std::vector<int>& ranks, double timeout_s) {
+// Each rank waits timeout_s, or its own entry of `timeouts` when given.
+std::vector<Outcome> run_ranks(const RendezvousSpec& spec, int world, const std::vector<int>& ranks, double timeout_s,
+                               const std::vector<double>& timeouts = {}) {
   std::vector<Outcome> out(ranks.size());
   std::vector<std::thread> threads;
   for (size_t k = 0; k < ranks.size(); ++k)
     threads.emplace_back([&, k] {
       try {
         out[k].blob = share_from_rank0(spec, ranks[k], world, ranks[k] == 0 ? id_blob() : std::vector<uint8_t>{},
-                                       duration<double>(timeout_s));
+                                       duration<double>(timeouts.empty() ? timeout_s : timeouts[k]));
       } catch (const ConfigError& e) {
         out[k] = {{}, e.what(), "ConfigError"};
       } catch (const DistributedError& e) {
@@ -225,8 +227,9 @@ TEST_CASE("waiting on the file past the timeout is a DistributedError naming wha
   CHECK_THAT(o[0].error, Catch::Contains("rendezvous: rank 2 waited 0.3 s for rank 0 to write " + path.string() +
                                          " (BOOSTER_NCCL_ID_FILE)"));
   // Rank 0 and rank 1 without rank 2: rank 0 names rank 2 and leaves a marker that it gave up; rank 1,
-  // which read the blob, fails too rather than go on with a job that will not start.
-  o = run_ranks(file_spec(path), 3, {0, 1}, 0.5);
+  // which read the blob, fails too rather than go on with a job that will not start (it waits longer
+  // than rank 0 here, so that it is the marker that ends its wait, not its own timeout).
+  o = run_ranks(file_spec(path), 3, {0, 1}, 0.5, {0.5, 30});
   CHECK(o[0].type == "DistributedError");
   CHECK_THAT(o[0].error, Catch::Contains("rank 0 waited 0.5 s for ranks [2] of 3 to read " + path.string()));
   CHECK(o[1].type == "DistributedError");
