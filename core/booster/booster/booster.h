@@ -424,6 +424,8 @@ class Booster {
     optim::OptimizerState optimizer;  // without master weights
     std::vector<Tensor> weights;      // float32, per optimizer parameter index
   };
+  // The step every rank of several loads (Note [Ranks resume from one step] in state.cpp): a collective.
+  std::optional<std::filesystem::path> agree_on_state(const std::filesystem::path& path, const LoadStateOptions& options);
   HandOver read_hand_over(const std::filesystem::path& dir, const std::string& refusal) const;
   void apply_hand_over(HandOver& handover);
   void check_state_name(const std::string& name) const;

@@ -41,7 +41,9 @@
 // option the checkpoint used. The run-length setting (LoadStateOptions::run_length_setting) may shrink:
 // a shorter run is an exact prefix of the saved one.
 #include <algorithm>
+#include <cstdio>
 #include <fstream>
+#include <regex>
 #include <set>
 
 #include "booster/autograd/autograd.h"
@@ -52,6 +54,8 @@
 #include "booster/checkpoint/safetensors.h"
 #include "booster/common/error.h"
 #include "booster/data/dataloader.h"
+#include "booster/distributed/process_group.h"
+#include "booster/ops/ops.h"
 
 namespace booster {
 
@@ -311,7 +315,52 @@ fs::path Booster::save_state(const fs::path& root, const SaveStateOptions& optio
 // instead of replacing it (commit_checkpoint). With no step passing, the error names the newest one's
 // damage. A `latest` naming a step that is gone stays the error it was (it lists the steps there), and
 // a step directory named explicitly is loaded or refused as it is: no fallback.
-std::optional<fs::path> Booster::find_state(const fs::path& path, std::vector<std::string>* passed_over, bool verify) {
+//
+// Note [Ranks resume from one step]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// With several processes each rank looks in its own view of the root: per-host copies of it, or a
+// file damaged only in one host's copy or cache, can make ranks find different newest steps, and
+// ranks that load different steps train on from different states without a word. So load_state
+// exchanges every rank's newest step that passes its checksums (one all-reduce of one int64 per rank)
+// and every rank resumes from the oldest of them: a rank whose own is newer looks again at or below
+// it (verifying the older steps it had not reached), and the exchange repeats until the ranks agree,
+// which in the usual case (one shared root) is the first time. Rank 0 names the steps passed over and
+// the rank that made them so; a rank's damage that rank 0 did not see is named by that rank. A rank
+// that finds nothing it can load (no step passes, or a `latest` naming a step that is gone) fails
+// every rank, each naming that rank, rather than leaving the others waiting in the next collective.
+namespace {
+
+// The step of a step directory (step-XXXXXXXX, or its .replaced stand-in); -1 for any other name.
+int64_t step_of_dir(const fs::path& dir) {
+  static const std::regex name(R"(step-(\d{8})(\.replaced)?)");
+  std::smatch m;
+  const std::string base = dir.filename().string();
+  return std::regex_match(base, m, name) ? std::stoll(m[1].str()) : -1;
+}
+
+// The first of `candidates` (best first) at or below step `at_most` (-1: any) that passes its
+// checksums; the failures before it go to `damaged`.
+std::optional<fs::path> first_passing(const std::vector<fs::path>& candidates, int64_t at_most,
+                                      std::vector<std::string>& damaged) {
+  for (const fs::path& dir : candidates) {
+    if (at_most >= 0 && step_of_dir(dir) > at_most) continue;
+    try {
+      checkpoint::verify_checksums(dir);
+    } catch (const CheckpointError& e) {
+      damaged.push_back(e.what());
+      continue;
+    }
+    return dir;
+  }
+  return std::nullopt;
+}
+
+}  // namespace
+
+namespace {
+
+// find_state, with the damage of the steps passed over (file and tensor) in `damaged`.
+std::optional<fs::path> find_newest(const fs::path& path, bool verify, std::vector<std::string>& damaged) {
   // A step named while caught between the renames of a replace is read from its stand-in
   // (checkpoint::resolve_checkpoint knows it).
   const fs::path named = path.lexically_normal().has_filename() ? path.lexically_normal()
@@ -323,28 +372,110 @@ std::optional<fs::path> Booster::find_state(const fs::path& path, std::vector<st
   const std::vector<fs::path> candidates = checkpoint::checkpoint_candidates(path);
   if (!verify || candidates.empty()) return checkpoint::resolve_checkpoint(path);  // or its error
   checkpoint::resolve_checkpoint(path);  // a `latest` naming a step that is gone stays an error
-  std::vector<std::string> damaged;
-  for (const fs::path& dir : candidates) {
-    try {
-      checkpoint::verify_checksums(dir);
-    } catch (const CheckpointError& e) {
-      damaged.push_back(e.what());
-      continue;
-    }
-    if (passed_over)
-      for (const std::string& d : damaged)
-        passed_over->push_back(str(d, "; resuming from ", dir.string(), " instead, the damaged step left as it is"));
-    return dir;
-  }
+  if (std::optional<fs::path> dir = first_passing(candidates, -1, damaged)) return dir;
   BOOSTER_FAIL(CheckpointError, "no checkpoint in ", path.string(), " passes its checksums: ", damaged.front(),
                damaged.size() > 1 ? str(" (and ", damaged.size() - 1, " more)") : std::string());
+}
+
+std::string passed_over_line(const std::string& damage, const fs::path& dir) {
+  return str(damage, "; resuming from ", dir.string(), " instead, the damaged step left as it is");
+}
+
+}  // namespace
+
+std::optional<fs::path> Booster::find_state(const fs::path& path, std::vector<std::string>* passed_over, bool verify) {
+  std::vector<std::string> damaged;
+  std::optional<fs::path> dir = find_newest(path, verify, damaged);
+  if (passed_over && dir)
+    for (const std::string& d : damaged) passed_over->push_back(passed_over_line(d, *dir));
+  return dir;
+}
+
+// Note [Ranks resume from one step]: find_state on every rank, and the step they all load.
+std::optional<fs::path> Booster::agree_on_state(const fs::path& path, const LoadStateOptions& options) {
+  distributed::ProcessGroup& group = process_group();
+  const int world = group.size(), me = group.rank();
+  constexpr int64_t kNothing = -2;  // find_state found nothing there (the caller's errors follow)
+  constexpr int64_t kFailed = -3;   // no step this rank can load: `failure` says why
+  constexpr int64_t kUnnumbered = -1;  // a directory named explicitly, not step-XXXXXXXX: loaded as named
+  std::vector<std::string> damaged;
+  std::optional<fs::path> found;
+  std::string failure;
+  try {
+    found = find_newest(path, options.verify, damaged);
+  } catch (const std::exception& e) {
+    failure = e.what();
+  }
+  auto code = [&] { return !failure.empty() ? kFailed : !found ? kNothing : step_of_dir(*found); };
+  // Every rank's code, in rank order: one all-reduce (a sum of one slot each).
+  auto exchange = [&](int64_t mine) {
+    std::vector<int64_t> slots(size_t(world), 0);
+    slots[size_t(me)] = mine;
+    Tensor t = from_vector(slots, {int64_t(world)}).to(group.device());
+    group.all_reduce(t);
+    const Tensor host = t.cpu().contiguous();
+    return std::vector<int64_t>(host.data<int64_t>(), host.data<int64_t>() + world);
+  };
+  const bool fallback = options.verify && fs::is_directory(path) && !fs::exists(path / checkpoint::kTrainerStateFileName);
+  std::vector<int64_t> first;  // what each rank found on its own
+  std::vector<std::string> agreed;  // rank 0's lines about steps passed over for another rank
+  for (;;) {
+    const std::vector<int64_t> all = exchange(code());
+    if (first.empty()) first = all;
+    for (int r = 0; r < world; ++r) {
+      if (all[size_t(r)] != kFailed) continue;
+      BOOSTER_CHECK(r != me, CheckpointError, options.context, ": rank ", r, " of ", world, ": ", failure,
+                    "; every rank must resume from the same step, so none does");
+      BOOSTER_FAIL(CheckpointError, options.context, ": rank ", r, " of ", world, " finds no checkpoint it can load in ",
+                   "its checkpoint directory (its own message says why); every rank must resume from the same step, so none "
+                   "does: give every rank a root holding a step that passes its checksums");
+    }
+    const bool none = std::find(all.begin(), all.end(), kNothing) != all.end();
+    if (none) {
+      const bool every = std::count(all.begin(), all.end(), kNothing) == world;
+      if (every) break;  // nothing saved anywhere: the caller's own error or fresh start
+      const int r = int(std::find(all.begin(), all.end(), kNothing) - all.begin());
+      BOOSTER_FAIL(CheckpointError, options.context, ": rank ", r, " of ", world, " finds no checkpoint in ",
+                   r == me ? path.string() : std::string("its checkpoint directory"), " while other ranks do; every rank must resume from the same step, so none does: give every rank "
+                   "the same checkpoints");
+    }
+    if (!fallback || std::find(all.begin(), all.end(), kUnnumbered) != all.end()) break;
+    const int64_t oldest = *std::min_element(all.begin(), all.end());
+    if (std::count(all.begin(), all.end(), oldest) == world) break;
+    const int lowest = int(std::find(all.begin(), all.end(), oldest) - all.begin());
+    const int64_t mine = code();
+    if (mine <= oldest) continue;
+    // Rank `lowest` can load nothing newer: look again at or below its step.
+    if (me == 0)
+      agreed.push_back(str(found->string(), " passes its checksums, but rank ", lowest, " of ", world,
+                           " has no step newer than ", oldest, " that does (its own warning says why); every "
+                           "rank resumes from the same step, so this one is passed over"));
+    std::vector<std::string> older_damage;
+    try {
+      found = first_passing(checkpoint::checkpoint_candidates(path), oldest, older_damage);
+      if (!found) failure = str("no checkpoint in ", path.string(), " at or below step ", oldest, " (rank ", lowest,
+                                "'s newest) passes its checksums", older_damage.empty() ? std::string() : ": " + older_damage.front());
+    } catch (const std::exception& e) {
+      failure = e.what();
+    }
+    for (std::string& d : older_damage) damaged.push_back(std::move(d));
+  }
+  // Rank 0 names what it passed over; another rank names damage only it saw.
+  const bool own_view = me == 0 || first[size_t(me)] != first[0];
+  if (own_view && found)
+    for (const std::string& d : damaged)
+      std::fprintf(stderr, "booster: warning: %s%s\n", me == 0 ? "" : str("rank ", me, ": ").c_str(),
+                   passed_over_line(d, *found).c_str());
+  for (const std::string& line : agreed) std::fprintf(stderr, "booster: warning: %s\n", line.c_str());
+  return found;
 }
 
 LoadedState Booster::load_state(const fs::path& path, const LoadStateOptions& options) {
   const std::string& context = options.context;
   BOOSTER_CHECK(boosted_, StateError, context, ": call boost() first, then load the state into what it returned");
   std::vector<std::string> passed_over;
-  const std::optional<fs::path> found = find_state(path, &passed_over, options.verify);
+  const std::optional<fs::path> found =
+      process_group().size() > 1 ? agree_on_state(path, options) : find_state(path, &passed_over, options.verify);
   if (process_group().rank() == 0)
     for (const std::string& line : passed_over) std::fprintf(stderr, "booster: warning: %s\n", line.c_str());
   BOOSTER_CHECK(found || fs::exists(path), CheckpointError, context, ": ", path.string(),

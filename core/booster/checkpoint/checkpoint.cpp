@@ -232,6 +232,20 @@ fs::path commit_checkpoint(const fs::path& root, int64_t step, int keep_last) {
   // not let go) leaves a leftover for the next save to clear, never a half checkpoint counted as one.
   if (keep_last > 0) {
     auto committed = list_checkpoints(root);
+    // Note [Falling back from a damaged checkpoint]: a step newer than this one is there only when a
+    // resume went back past it (it failed its checksums) or was pointed at an older step. A damaged one
+    // is kept on disk until a save of its step moves it beside as step-N.damaged: it neither counts
+    // toward keep_last (that would leave fewer good steps) nor is pruned. Only those newer steps are
+    // verified, so a save reads back nothing in a run that went straight on.
+    std::erase_if(committed, [&](const std::pair<int64_t, fs::path>& c) {
+      if (c.first <= step) return false;
+      try {
+        verify_checksums(c.second);
+        return false;
+      } catch (const CheckpointError&) {
+        return true;
+      }
+    });
     const size_t keep = size_t(keep_last);
     std::vector<fs::path> doomed;
     for (size_t i = 0; i + keep < committed.size(); ++i) {

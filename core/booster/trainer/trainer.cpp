@@ -532,7 +532,24 @@ FitResult Trainer::fit() {
     const fs::path where = latest ? *checkpoint_root_ : fs::path(o.resume);
     // "latest" with nothing saved yet starts afresh, so the same command serves the first run and
     // every restart after a crash; a directory holding anything else is resumed from or refused.
-    if (latest && checkpoint::holds_no_checkpoint(where)) {
+    bool fresh = latest && checkpoint::holds_no_checkpoint(where);
+    if (latest && group.size() > 1) {
+      // Note [Ranks resume from one step] in state.cpp: every rank starts afresh, or every rank
+      // resumes; a rank whose root is empty while another's holds steps stops them all.
+      Tensor empty = full({1}, fresh ? 1.0 : 0.0, DType::Int64, group.device());
+      group.all_reduce(empty, distributed::ReduceOp::Min);
+      const bool all_fresh = empty.item() > 0.5;
+      Tensor any = full({1}, fresh ? double(group.rank() + 1) : 0.0, DType::Int64, group.device());
+      group.all_reduce(any, distributed::ReduceOp::Max);
+      const int64_t empty_rank = int64_t(any.item()) - 1;
+      BOOSTER_CHECK(all_fresh || empty_rank < 0, CheckpointError, o.load_options.context, ": rank ", empty_rank, " of ",
+                    group.size(), " finds no checkpoint in ",
+                    empty_rank == group.rank() ? where.string() : std::string("its checkpoint directory"),
+                    " while other ranks do; every rank must resume from the same step, so none does: give every "
+                    "rank the same checkpoints");
+      fresh = all_fresh;
+    }
+    if (fresh) {
       progress.print("booster: no checkpoint in " + where.string() + " yet; starting from step 0");
     } else {
       const LoadedState loaded = booster_.load_state(where, o.load_options);
