@@ -289,6 +289,46 @@ TEST_CASE("Trainer: a user's model trains with metrics, checkpoints and hooks", 
   CHECK(fs::exists(dir / "run" / "metrics.jsonl"));
 }
 
+TEST_CASE("Trainer: a fit() that failed between micro-batches leaves the next fit() a fresh cycle", "[trainer]") {
+  // grad_accumulation 2: the third criterion call is the first micro-batch of step 2. It throws once;
+  // the Booster is then in mid cycle, which the next fit() abandons instead of refusing.
+  manual_seed(3);
+  Booster booster(BoosterConfig{});
+  auto model = std::make_shared<NoisyResidual>(7);
+  auto adamw = std::make_shared<optim::AdamW>(model->parameters(), json{{"lr", 0.01}});
+  auto loader = booster.prepare_dataloader(points(), {.batch_size = 16, .shuffle = true, .seed = 9});
+  int calls = 0;
+  nn::Criterion ce = [&calls](const Tensor& out, const Tensor& y) {
+    if (++calls == 3) throw DataError("a bad micro-batch");
+    return cross_entropy(out, y);
+  };
+  booster.boost(model, adamw, ce, loader, nullptr);
+  TrainerOptions o;
+  o.epochs = 1;
+  o.grad_accumulation = 2;
+  o.progress = trainer::Progress::Mode::Silent;
+  Trainer trainer(booster, o);
+  // A cycle that a loop outside fit() left open is refused, naming that loop.
+  {
+    const Booster::Accumulate outside = booster.accumulate(2);
+  }
+  CHECK_THROWS_WITH(trainer.fit(), Catch::Contains("a loop outside fit()"));
+  CHECK_THROWS_AS(
+      [&] {
+        const Booster::Accumulate open = booster.accumulate(2);
+        booster.abandon_accumulation();
+      }(),
+      StateError);
+  booster.abandon_accumulation();
+  CHECK(calls == 0);
+  CHECK_THROWS_WITH(trainer.fit(), Catch::Contains("a bad micro-batch"));
+  CHECK(booster.accumulation().micro == 1);
+  CHECK(booster.step() == 1);
+  const FitResult again = trainer.fit();
+  CHECK(again.steps == 3);  // 6 micro-batches an epoch: 3 steps
+  CHECK(booster.accumulation().micro == 0);
+}
+
 TEST_CASE("Trainer: stopped by SIGTERM mid-run, resumed from latest, ends with the same bytes", "[trainer][signal]") {
   const fs::path whole_dir = scratch("whole"), parts_dir = scratch("parts");
   struct sigaction before {};

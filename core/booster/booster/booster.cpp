@@ -316,6 +316,13 @@ Booster::Accumulate::Accumulate(Booster& booster, int64_t steps) : booster_(boos
   a.stepped = false;
 }
 
+void Booster::abandon_accumulation() {
+  AccumulationState& a = *accumulation_;
+  BOOSTER_CHECK(!a.open, StateError, "Booster::abandon_accumulation: a micro-step's guard is open; call it after "
+                "the guard's scope ends");
+  a.micro = 0;
+}
+
 Booster::Accumulate::~Accumulate() {
   AccumulationState& a = *booster_.accumulation_;
   a.open = false;

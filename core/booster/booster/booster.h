@@ -320,6 +320,10 @@ class Booster {
   };
   [[nodiscard]] Accumulate accumulate(int64_t steps);
   const AccumulationState& accumulation() const { return *accumulation_; }
+  // Ends an unfinished accumulation cycle without an optimizer step, as a loop does after a micro-batch
+  // failed: the next accumulate() starts a new cycle (zero the gradients first, or they carry over).
+  // StateError while a guard is open.
+  void abandon_accumulation();
 
   // A loader for this process over `dataset` (each rank its own part under data parallelism).
   std::shared_ptr<data::DataLoader> prepare_dataloader(data::DatasetPtr dataset, const data::DataLoaderOptions& options);

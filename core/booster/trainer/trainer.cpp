@@ -3,6 +3,7 @@
 #include "booster/trainer/trainer.h"
 
 #include <algorithm>
+#include <exception>
 #include <chrono>
 #include <csignal>
 #include <cstdlib>
@@ -486,6 +487,19 @@ void Trainer::collect_async_save(std::optional<fs::path>& last, bool wait) {
 
 FitResult Trainer::fit() {
   const TrainerOptions& o = options_;
+  // A fit() that stopped with an error between the micro-batches of a step leaves the Booster in mid
+  // cycle; this one starts a new cycle (its first micro-batch zeroes the gradients). A cycle left open
+  // by a loop outside fit() is still an error (the StateError in the loop below).
+  if (abandoned_cycle_) booster_.abandon_accumulation();
+  abandoned_cycle_ = false;
+  struct MidCycleOnError {
+    Trainer& trainer;
+    int uncaught = std::uncaught_exceptions();
+    ~MidCycleOnError() {
+      if (std::uncaught_exceptions() > uncaught && trainer.booster_.accumulation().micro != 0)
+        trainer.abandoned_cycle_ = true;
+    }
+  } mid_cycle_on_error{*this};
   const Boosted& parts = booster_.boosted();
   nn::Module& model = *parts.model;
   BoostedOptimizer& optimizer = *parts.optimizer;

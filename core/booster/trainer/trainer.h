@@ -247,6 +247,7 @@ class Trainer {
   bool write_failure_reported_ = false;
   double run_start_ = 0.0;
   bool is_rank0_ = true;
+  bool abandoned_cycle_ = false;  // the last fit() stopped with an error in mid accumulation cycle
   std::unique_ptr<trainer::AsyncSave> async_save_;  // while fit() runs with async_checkpoint
   double async_snapshot_seconds_ = 0.0;             // the step's stall for the save in flight
 };
