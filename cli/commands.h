@@ -71,6 +71,11 @@ int generate(const std::vector<std::string>& args);
 // Hugging Face model directory (booster/nn/hf.h). `args` follow the subcommand.
 int export_model(const std::vector<std::string>& args);
 
+// `booster flight RUN_DIR` (flight.cpp): the ranks' flight records (RUN_DIR/flight/rank-N.json) read
+// back, and per process group the first collective not completed on every rank, with where each rank
+// stopped (Note [Flight recorder] in booster/distributed/README.md). `args` follow the subcommand.
+int flight(const std::vector<std::string>& args);
+
 // `booster bench --workload mlp|gpt ...` (bench.cpp): times training steps, prints one line of JSON.
 // `args` follow the subcommand.
 int bench(const std::vector<std::string>& args);

@@ -48,6 +48,7 @@ constexpr const char* kUsage =
     "  tokenize    encode a text with a SentencePiece model: booster tokenize --model M --in TEXT --out FILE\n"
     "  generate    sample from a trained model: booster generate --checkpoint DIR --prompt-ids \"1 2 3\"\n"
     "  export      write a checkpoint's model for Hugging Face: booster export --checkpoint DIR --format hf --out OUT\n"
+    "  flight      after a hang or crash, name the collective the ranks stopped in: booster flight RUN_DIR\n"
     "\n"
     "options:\n"
     "  -h, --help     show this help (or `booster <command> --help`)\n"
@@ -362,8 +363,9 @@ int run(int argc, char** argv) {
   if (command == "tokenize") return booster::cli::tokenize(rest);
   if (command == "generate") return booster::cli::generate(rest);
   if (command == "export") return booster::cli::export_model(rest);
+  if (command == "flight") return booster::cli::flight(rest);
   std::string msg = "unknown command '" + command + "'";
-  if (auto guess = booster::config::nearest(command, {"train", "check", "doctor", "run", "plot", "precisions", "plugins", "compat", "bench", "tokenize", "generate", "export"})) msg += "; did you mean '" + *guess + "'?";
+  if (auto guess = booster::config::nearest(command, {"train", "check", "doctor", "run", "plot", "precisions", "plugins", "compat", "bench", "tokenize", "generate", "export", "flight"})) msg += "; did you mean '" + *guess + "'?";
   throw UsageError(msg + " (see booster --help)");
 }
 

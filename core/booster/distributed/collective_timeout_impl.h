@@ -19,16 +19,12 @@
 #include <mpi.h>
 #endif
 
+#include "booster/distributed/flight_recorder_impl.h"  // CollectiveOp, collective_name, the recorder
+
 namespace booster::distributed::detail {
 
 using Clock = std::chrono::steady_clock;
 using Seconds = std::chrono::duration<double>;
-
-// The collectives a census record names, by index so that a record is plain bytes.
-// SendRecv is a batch of point-to-point operations: not numbered, and not a census's business (only
-// its peers take part).
-enum class CollectiveOp : int32_t { AllReduce, Broadcast, AllGather, ReduceScatter, Barrier, SendRecv };
-const char* collective_name(CollectiveOp op);
 
 // One started collective, as its timeout names it.
 struct Collective {
@@ -38,8 +34,16 @@ struct Collective {
   Seconds timeout{0};
   size_t bytes = 0;  // this rank's share of the data it moves, which sets how long waiting may spin
   int peer = -1;     // SendRecv: the first peer of the batch
+  uint64_t flight = 0;  // its record in the flight recorder (detail::flight_start), 0: none
   Clock::time_point deadline() const { return start + std::chrono::duration_cast<Clock::duration>(timeout); }
 };
+
+// The flight recorder's calls for `what` (flight_recorder_impl.h): its start, and at its timeout, the
+// ring marked and written (when a directory is set) naming it and `group`.
+inline uint64_t flight_start(int group, const Collective& what, const DType* dtype) {
+  return flight_start(group, what.op, what.seq, what.start, what.bytes, what.peer, dtype);
+}
+void flight_dump_on_timeout(const Collective& what, const std::string& group);
 
 // Note [Collective timeouts], "Waiting": polls back to back while the collective's data could still be
 // moving (kSpinBase plus a nanosecond per byte, 1 GB/s), then sleeps between polls, each sleep twice

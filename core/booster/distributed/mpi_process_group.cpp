@@ -8,6 +8,7 @@
 #include <stdlib.h>  // on_exit (glibc)
 
 #include "booster/distributed/collective_timeout_impl.h"
+#include "booster/distributed/flight_recorder_impl.h"
 
 #include <algorithm>
 #include <atomic>
@@ -288,6 +289,7 @@ class MpiComm {
     check_mpi(MPI_Comm_size(comm_, &size_), "init_process_group", "MPI_Comm_size");
     world_of_ = detail::world_ranks_of(comm_);
     census_.emplace(comm_, mpi_mutex_ ? &*mpi_mutex_ : nullptr);
+    flight_group_ = detail::flight_register_group("mpi", name_, size_, rank_, world_of_);
   }
   ~MpiComm() {
     census_.reset();
@@ -306,20 +308,24 @@ class MpiComm {
   // True once a collective of the group timed out (Note [Collective timeouts]).
   bool broken() const { return broken_.load(std::memory_order_acquire); }
 
-  // Numbers a collective about to start; DistributedError once the group has timed out.
-  Collective begin(CollectiveOp op, Seconds timeout, size_t bytes) {
+  // Numbers a collective about to start and records it (Note [Flight recorder]); DistributedError once
+  // the group has timed out. `dtype`: of its elements, null for a barrier.
+  Collective begin(CollectiveOp op, Seconds timeout, size_t bytes, const DType* dtype) {
     if (broken()) [[unlikely]]
       refuse(op);
-    return Collective{op, started_.fetch_add(1) + 1, Clock::now(), timeout, bytes};
+    Collective what{op, started_.fetch_add(1) + 1, Clock::now(), timeout, bytes};
+    what.flight = detail::flight_start(flight_group_, what, dtype);
+    return what;
   }
 
   // Starts a point-to-point batch (not numbered: only its peers take part); DistributedError once the
   // group has timed out.
-  Collective begin_p2p(Seconds timeout, size_t bytes, int peer) {
+  Collective begin_p2p(Seconds timeout, size_t bytes, int peer, DType dtype) {
     if (broken()) [[unlikely]]
       refuse(CollectiveOp::SendRecv);
     Collective what{CollectiveOp::SendRecv, 0, Clock::now(), timeout, bytes};
     what.peer = peer;
+    what.flight = detail::flight_start(flight_group_, what, &dtype);
     return what;
   }
 
@@ -349,6 +355,7 @@ class MpiComm {
         census_->answer(started_.load(), what.op == CollectiveOp::SendRecv ? nullptr : &what);
       backoff.pause(now);
     }
+    detail::flight_end(what.flight, detail::FlightState::Completed);
   }
 
  private:
@@ -365,6 +372,7 @@ class MpiComm {
       broken_.store(true, std::memory_order_release);
     }
     note_collective_timeout();
+    detail::flight_dump_on_timeout(what, name_);  // before the census, which may fail in turn
     // Only the peers of a point-to-point batch take part, so there is nobody else to ask.
     const std::string who =
         what.op == CollectiveOp::SendRecv
@@ -381,6 +389,7 @@ class MpiComm {
   std::optional<std::mutex> mpi_mutex_;  // set when MPI is not MPI_THREAD_MULTIPLE
   std::optional<Census> census_;         // Note [Collective timeouts]
   std::vector<int> world_of_;            // detail::world_ranks_of(comm_): messages name world ranks
+  int flight_group_ = -1;                // detail::flight_register_group
   std::atomic<uint64_t> started_{0};
   std::atomic<bool> broken_{false};
   std::mutex broken_mutex_;
@@ -416,7 +425,10 @@ class MpiWork final : public Work {
     complete();
   }
   bool is_completed() override {
-    if (!done_ && comm_->test(requests_, what_, statuses())) complete();
+    if (!done_ && comm_->test(requests_, what_, statuses())) {
+      detail::flight_end(what_.flight, detail::FlightState::Completed);
+      complete();
+    }
     return done_;
   }
 
@@ -482,7 +494,7 @@ class MpiProcessGroup final : public ProcessGroup {
   Device device() const override { return Device::cpu(); }
 
   void barrier() override {
-    const Collective what = comm_->begin(CollectiveOp::Barrier, timeout(), 0);
+    const Collective what = comm_->begin(CollectiveOp::Barrier, timeout(), 0, nullptr);
     std::vector<MPI_Request> requests(1);
     {
       auto lock = comm_->maybe_lock();
@@ -507,7 +519,7 @@ class MpiProcessGroup final : public ProcessGroup {
     const char* name = async ? "all_reduce_async" : "all_reduce";
     // Note [Averages divide first]: the buffer is ours to overwrite, so Avg sums values divided first.
     if (op == ReduceOp::Avg && size() > 1) divide_by(buf, size());
-    const Collective what = comm_->begin(CollectiveOp::AllReduce, timeout(), buf.nbytes());
+    const Collective what = comm_->begin(CollectiveOp::AllReduce, timeout(), buf.nbytes(), &buf.dtype);
     std::vector<MPI_Request> requests;
     {
       auto lock = comm_->maybe_lock();
@@ -527,7 +539,7 @@ class MpiProcessGroup final : public ProcessGroup {
     if (buf.numel == 0) return completed_work();
     const MPI_Datatype type = mpi_type(buf.dtype);
     const char* name = async ? "broadcast_async" : "broadcast";
-    const Collective what = comm_->begin(CollectiveOp::Broadcast, timeout(), buf.nbytes());
+    const Collective what = comm_->begin(CollectiveOp::Broadcast, timeout(), buf.nbytes(), &buf.dtype);
     std::vector<MPI_Request> requests;
     {
       auto lock = comm_->maybe_lock();
@@ -549,7 +561,7 @@ class MpiProcessGroup final : public ProcessGroup {
     // `in` as this rank's slice of `out` is MPI's in-place all-gather.
     const bool in_place = in.data == out.slice(int64_t(rank()) * in.numel, in.numel).data;
     const void* send = in_place ? MPI_IN_PLACE : in.data;
-    const Collective what = comm_->begin(CollectiveOp::AllGather, timeout(), out.nbytes());
+    const Collective what = comm_->begin(CollectiveOp::AllGather, timeout(), out.nbytes(), &in.dtype);
     std::vector<MPI_Request> requests(1);
     {
       auto lock = comm_->maybe_lock();
@@ -568,7 +580,7 @@ class MpiProcessGroup final : public ProcessGroup {
     const MPI_Op mop = mpi_op(op, in.dtype);
     std::function<void()> finish;  // `in` must stay unchanged: Avg divides the sum
     if (op == ReduceOp::Avg) finish = [out, n = size()] { divide_by(out, n); };
-    const Collective what = comm_->begin(CollectiveOp::ReduceScatter, timeout(), in.nbytes());
+    const Collective what = comm_->begin(CollectiveOp::ReduceScatter, timeout(), in.nbytes(), &in.dtype);
     std::vector<MPI_Request> requests(1);
     {
       auto lock = comm_->maybe_lock();
@@ -586,7 +598,7 @@ class MpiProcessGroup final : public ProcessGroup {
       checked_count(op.buf.numel, op.send ? "send" : "recv");
       bytes += op.buf.nbytes();
     }
-    const Collective what = comm_->begin_p2p(timeout(), bytes, ops.front().peer);
+    const Collective what = comm_->begin_p2p(timeout(), bytes, ops.front().peer, ops.front().buf.dtype);
     std::vector<MPI_Request> requests;
     std::vector<ExpectedReceive> receives;
     {

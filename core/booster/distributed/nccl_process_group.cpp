@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "booster/distributed/collective_timeout_impl.h"
+#include "booster/distributed/flight_recorder_impl.h"
 #include "booster/distributed/mpi_process_group.h"
 #include "booster/distributed/rendezvous.h"
 #if defined(BOOSTER_WITH_MPI)
@@ -233,7 +234,7 @@ class NcclProcessGroup final : public ProcessGroup {
   void barrier() override {
     enter();
     BOOSTER_NCCL_CHECK(ncclAllReduce(barrier_buf_, barrier_buf_, 1, ncclFloat32, ncclSum, comm_, stream_));
-    const Collective what = track(CollectiveOp::Barrier, 0);
+    const Collective what = track(CollectiveOp::Barrier, 0, nullptr);
     Backoff backoff;
     for (;;) {
       const cudaError_t state = cudaStreamQuery(stream_);
@@ -243,11 +244,13 @@ class NcclProcessGroup final : public ProcessGroup {
       const Clock::time_point now = Clock::now();
       if (now >= what.deadline() && !timed_out_.exchange(true)) {
         // This thread reports it; the watchdog stays quiet (timed_out_ is set).
+        detail::flight_dump_on_timeout(what, name_);
         ncclCommAbort(comm_);
         BOOSTER_FAIL(DistributedError, timeout_message(what, now));
       }
       backoff.pause(now);
     }
+    detail::flight_end(what.flight, detail::FlightState::Completed);  // the watchdog may see it later too
     check_async_error(comm_, "barrier");
   }
 
@@ -270,7 +273,7 @@ class NcclProcessGroup final : public ProcessGroup {
     enter();
     BOOSTER_NCCL_CHECK(ncclAllReduce(buf.data, buf.data, size_t(buf.numel), nccl_type(buf.dtype), nccl_op(op),
                                      comm_, stream_));
-    track(CollectiveOp::AllReduce, buf.nbytes());
+    track(CollectiveOp::AllReduce, buf.nbytes(), &buf.dtype);
     return finish(async);
   }
   WorkPtr broadcast_impl(const BufferSpan& buf, int root, bool async) override {
@@ -279,7 +282,7 @@ class NcclProcessGroup final : public ProcessGroup {
     enter();
     BOOSTER_NCCL_CHECK(ncclBroadcast(buf.data, buf.data, size_t(buf.numel), nccl_type(buf.dtype), root, comm_,
                                      stream_));
-    track(CollectiveOp::Broadcast, buf.nbytes());
+    track(CollectiveOp::Broadcast, buf.nbytes(), &buf.dtype);
     return finish(async);
   }
   WorkPtr all_gather_impl(const BufferSpan& out, const BufferSpan& in, bool async) override {
@@ -289,7 +292,7 @@ class NcclProcessGroup final : public ProcessGroup {
     enter();
     BOOSTER_NCCL_CHECK(
         ncclAllGather(in.data, out.data, size_t(in.numel), nccl_type(in.dtype), comm_, stream_));
-    track(CollectiveOp::AllGather, out.nbytes());
+    track(CollectiveOp::AllGather, out.nbytes(), &in.dtype);
     return finish(async);
   }
   WorkPtr reduce_scatter_impl(const BufferSpan& out, const BufferSpan& in, ReduceOp op, bool async) override {
@@ -299,7 +302,7 @@ class NcclProcessGroup final : public ProcessGroup {
     enter();
     BOOSTER_NCCL_CHECK(ncclReduceScatter(in.data, out.data, size_t(out.numel), nccl_type(in.dtype), nccl_op(op),
                                          comm_, stream_));
-    track(CollectiveOp::ReduceScatter, in.nbytes());
+    track(CollectiveOp::ReduceScatter, in.nbytes(), &in.dtype);
     return finish(async);
   }
 
@@ -320,7 +323,7 @@ class NcclProcessGroup final : public ProcessGroup {
         BOOSTER_NCCL_CHECK(ncclRecv(op.buf.data, size_t(op.buf.numel), nccl_type(op.buf.dtype), op.peer, comm_, stream_));
     }
     BOOSTER_NCCL_CHECK(ncclGroupEnd());
-    track(CollectiveOp::SendRecv, bytes, ops.front().peer);
+    track(CollectiveOp::SendRecv, bytes, &ops.front().buf.dtype, ops.front().peer);
     return finish(true);
   }
 
@@ -342,11 +345,14 @@ class NcclProcessGroup final : public ProcessGroup {
     Collective what;
   };
 
-  // Numbers the collective just queued (a point-to-point batch is not numbered) and hands it to the
-  // watchdog.
-  Collective track(CollectiveOp op, size_t bytes, int peer = -1) {
+  // Numbers the collective just queued (a point-to-point batch is not numbered), records it (Note
+  // [Flight recorder]; `dtype` null for a barrier) and hands it to the watchdog.
+  Collective track(CollectiveOp op, size_t bytes, const DType* dtype, int peer = -1) {
     Collective what{op, op == CollectiveOp::SendRecv ? 0 : started_.fetch_add(1) + 1, Clock::now(), timeout(), bytes};
     what.peer = peer;
+    // Registered at the first collective: a subgroup learns its world ranks after it is made (split()).
+    std::call_once(flight_once_, [&] { flight_group_ = detail::flight_register_group("nccl", name_, size_, rank_, world_of_); });
+    what.flight = detail::flight_start(flight_group_, what, dtype);
     std::lock_guard<std::mutex> lock(pending_mutex_);
     cudaEvent_t event = nullptr;
     if (spare_events_.empty()) {
@@ -386,6 +392,8 @@ class NcclProcessGroup final : public ProcessGroup {
       {
         std::lock_guard<std::mutex> lock(pending_mutex_);
         while (!pending_.empty() && cudaEventQuery(pending_.front().event) == cudaSuccess) {
+          // Note [Flight recorder]: a collective of this group is completed when the watchdog sees it so.
+          detail::flight_end(pending_.front().what.flight, detail::FlightState::Completed);
           spare_events_.push_back(pending_.front().event);
           pending_.pop_front();
         }
@@ -403,6 +411,7 @@ class NcclProcessGroup final : public ProcessGroup {
       const Clock::time_point now = Clock::now();
       if (oldest && now >= oldest->deadline() && !timed_out_.exchange(true)) {
         stop_lock.unlock();
+        detail::flight_dump_on_timeout(*oldest, name_);
         abort(1, timeout_message(*oldest, now));  // ncclCommAbort, then MPI_Abort or exit
       }
     }
@@ -418,6 +427,8 @@ class NcclProcessGroup final : public ProcessGroup {
   void* barrier_buf_ = nullptr;
   std::atomic<uint64_t> started_{0};
   std::atomic<bool> timed_out_{false};
+  std::once_flag flight_once_;
+  int flight_group_ = -1;  // detail::flight_register_group, at the first collective
   std::mutex pending_mutex_;
   std::deque<Pending> pending_;             // collectives the GPU may not have finished, oldest first
   std::vector<cudaEvent_t> spare_events_;   // finished ones' events, for reuse

@@ -16,6 +16,7 @@
 #include "booster/checkpoint/atomic_file.h"
 #include "booster/checkpoint/checkpoint.h"
 #include "booster/data/dataloader.h"
+#include "booster/distributed/flight_recorder.h"
 #include "booster/distributed/process_group.h"
 #include "booster/ops/ops.h"
 #include "booster/trainer/signals.h"
@@ -326,6 +327,8 @@ Trainer::Trainer(Booster& booster, TrainerOptions options) : booster_(booster), 
   distributed::ProcessGroup& group = booster_.process_group();
   is_rank0_ = group.size() > 1 ? group.rank() == 0 : trainer::process_rank() == 0;
   if (o.run_dir) run_dir_ = resolve_run_dir(o.run_dir->string(), group);
+  // Note [Flight recorder]: a collective timeout or a crash leaves <run_dir>/flight/rank-N.json.
+  if (run_dir_) distributed::set_flight_dump_dir(*run_dir_ / "flight");
   if (o.checkpoint_dir) checkpoint_root_ = *o.checkpoint_dir;
   else if (run_dir_) checkpoint_root_ = *run_dir_ / "checkpoints";
 

@@ -1,0 +1,771 @@
+// The flight recorder: the ring (flight_recorder_impl.h), its dump, and the analysis of the ranks'
+// dumps (flight_recorder.h). Note [Flight recorder] in README.md.
+#include "booster/distributed/flight_recorder.h"
+
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <cstdlib>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <map>
+#include <mutex>
+#include <regex>
+#include <sstream>
+#include <thread>
+#include <tuple>
+
+#include "booster/common/error.h"
+#include "booster/distributed/collective_timeout_impl.h"
+
+namespace booster::distributed {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+namespace detail {
+
+namespace {
+
+// Note [Flight recorder], "Signals": everything a dump touches is here, preallocated, so that a
+// fatal-signal handler can write it with async-signal-safe calls only (open, write, rename, mkdir,
+// clock_gettime): no allocation, no stdio, no locks.
+
+struct Entry {
+  uint64_t id = 0;  // 1, 2, ... over the process; 0: an empty slot
+  uint64_t seq = 0;
+  int64_t start_ns = 0, end_ns = 0;  // steady clock; end 0 while it runs
+  uint64_t bytes = 0;
+  int32_t group = -1;  // index into g_groups
+  int32_t peer = -1;
+  int8_t op = 0;
+  int8_t dtype = -1;  // DType, -1: none (a barrier)
+  int8_t state = 0;   // FlightState
+};
+
+struct Group {
+  char backend[8] = {};
+  char name[64] = {};  // truncated past 63 bytes
+  int size = 0, rank = 0;
+  int instance = 0;           // earlier groups of this process with the same backend, name and members
+  const int* world = nullptr;  // world rank of each rank (size of them), never freed; null: the world
+};
+
+constexpr size_t kMaxGroups = 256;  // later groups are recorded as group -1 ("?")
+constexpr size_t kPathMax = 4096;
+
+std::mutex g_mutex;  // writers of the ring and the group table
+Entry g_ring[kFlightRingSize];
+uint64_t g_next_id = 0;
+Group g_groups[kMaxGroups];
+std::atomic<int> g_group_count{0};  // published after the group is filled
+std::atomic<int> g_world_rank{-1};
+
+// The dump directory, as set_flight_dump_dir or BOOSTER_FLIGHT_DIR gave it.
+std::mutex g_dir_mutex;
+char g_dir[kPathMax] = {};
+std::atomic<bool> g_dir_known{false};  // set or read from the environment
+
+// One dump at a time; a signal that finds one running does not write.
+std::atomic<bool> g_dumping{false};
+Entry g_snapshot[kFlightRingSize];
+char g_path[kPathMax], g_tmp_path[kPathMax];
+
+int64_t steady_ns(Clock::time_point t) {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(t.time_since_epoch()).count();
+}
+
+int64_t clock_ns(clockid_t clock) {
+  timespec t{};
+  clock_gettime(clock, &t);
+  return int64_t(t.tv_sec) * 1'000'000'000 + t.tv_nsec;
+}
+
+const char* state_name(int8_t state) {
+  switch (FlightState(state)) {
+    case FlightState::Started: return "started";
+    case FlightState::Completed: return "completed";
+    case FlightState::TimedOut: return "timed_out";
+  }
+  return "?";
+}
+
+// ------------------------------------------------------------------------ async-signal-safe writing
+
+// Appends to a fixed buffer and write(2)s it out when full.
+class Writer {
+ public:
+  explicit Writer(int fd) : fd_(fd) {}
+  bool ok() const { return ok_; }
+  void raw(const char* s, size_t n) {
+    for (size_t i = 0; i < n; ++i) {
+      if (used_ == sizeof buf_) flush();
+      buf_[used_++] = s[i];
+    }
+  }
+  void put(const char* s) { raw(s, std::strlen(s)); }
+  void num(int64_t v) {
+    char text[24];
+    size_t n = 0;
+    const bool negative = v < 0;
+    uint64_t u = negative ? uint64_t(0) - uint64_t(v) : uint64_t(v);
+    do {
+      text[n++] = char('0' + u % 10);
+      u /= 10;
+    } while (u);
+    if (negative) text[n++] = '-';
+    while (n) raw(&text[--n], 1);
+  }
+  void unum(uint64_t u) {
+    char text[24];
+    size_t n = 0;
+    do {
+      text[n++] = char('0' + u % 10);
+      u /= 10;
+    } while (u);
+    while (n) raw(&text[--n], 1);
+  }
+  // A JSON string: quotes, backslashes and control characters escaped.
+  void str(const char* s) {
+    raw("\"", 1);
+    for (; *s; ++s) {
+      const unsigned char c = static_cast<unsigned char>(*s);
+      if (c == '"' || c == '\\') {
+        raw("\\", 1);
+        raw(s, 1);
+      } else if (c < 0x20) {
+        const char hex[] = "0123456789abcdef";
+        const char esc[6] = {'\\', 'u', '0', '0', hex[c >> 4], hex[c & 15]};
+        raw(esc, 6);
+      } else {
+        raw(s, 1);
+      }
+    }
+    raw("\"", 1);
+  }
+  void flush() {
+    size_t done = 0;
+    while (done < used_) {
+      const ssize_t n = ::write(fd_, buf_ + done, used_ - done);
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) {
+        ok_ = false;
+        break;
+      }
+      done += size_t(n);
+    }
+    used_ = 0;
+  }
+
+ private:
+  int fd_;
+  bool ok_ = true;
+  size_t used_ = 0;
+  char buf_[4096];
+};
+
+// dst = a + b + c (each may be null), cut to fit; false when it did not fit.
+bool join(char* dst, const char* a, const char* b = nullptr, const char* c = nullptr) {
+  size_t n = 0;
+  for (const char* part : {a, b, c}) {
+    for (; part && *part; ++part) {
+      if (n + 1 >= kPathMax) {
+        dst[n] = '\0';
+        return false;
+      }
+      dst[n++] = *part;
+    }
+  }
+  dst[n] = '\0';
+  return true;
+}
+
+// mkdir -p of g_path's directory part (g_path is "<dir>/rank-N.json").
+void make_parents(char* path) {
+  for (char* p = path + 1; *p; ++p) {
+    if (*p != '/') continue;
+    *p = '\0';
+    ::mkdir(path, 0777);  // EEXIST and the like: the open below reports what matters
+    *p = '/';
+  }
+}
+
+void format_uint(char* out, uint64_t u) {
+  char text[24];
+  size_t n = 0;
+  do {
+    text[n++] = char('0' + u % 10);
+    u /= 10;
+  } while (u);
+  size_t i = 0;
+  while (n) out[i++] = text[--n];
+  out[i] = '\0';
+}
+
+// The record, written to g_dir/rank-<r>.json through a temporary file. Async-signal-safe when
+// `from_signal` (the ring is then read without its lock: an entry written at that moment may be torn).
+bool write_dump(const char* reason, bool from_signal) {
+  if (g_dumping.exchange(true, std::memory_order_acquire)) {
+    if (from_signal) return false;  // a dump is running (maybe in the thread this signal interrupted)
+    while (g_dumping.exchange(true, std::memory_order_acquire)) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  bool ok = false;
+  int groups = 0;
+  if (from_signal) {
+    std::memcpy(static_cast<void*>(g_snapshot), g_ring, sizeof g_ring);
+    groups = g_group_count.load(std::memory_order_acquire);
+  } else {
+    std::lock_guard<std::mutex> lock(g_mutex);
+    std::memcpy(static_cast<void*>(g_snapshot), g_ring, sizeof g_ring);
+    groups = g_group_count.load(std::memory_order_acquire);
+  }
+  const int world_rank = std::max(0, g_world_rank.load());
+  char rank_text[24], pid_text[24];
+  format_uint(rank_text, uint64_t(world_rank));
+  format_uint(pid_text, uint64_t(::getpid()));
+  if (g_dir[0] && join(g_path, g_dir, "/rank-", rank_text) && join(g_path, g_path, ".json") &&
+      join(g_tmp_path, g_path, ".tmp.", pid_text)) {
+    make_parents(g_path);
+    const int fd = ::open(g_tmp_path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd >= 0) {
+      Writer w(fd);
+      const int64_t now_steady = clock_ns(CLOCK_MONOTONIC), now_wall = clock_ns(CLOCK_REALTIME);
+      w.put("{\"format\": \"booster-flight-recorder\", \"version\": 1, \"world_rank\": ");
+      w.num(world_rank);
+      w.put(", \"pid\": ");
+      w.num(::getpid());
+      w.put(", \"reason\": ");
+      w.str(reason);
+      // Entries' times are steady-clock nanoseconds; this pair, read at the dump, turns them into wall time.
+      w.put(", \"clock\": {\"steady_ns\": ");
+      w.num(now_steady);
+      w.put(", \"wall_ns\": ");
+      w.num(now_wall);
+      w.put("},\n \"groups\": [");
+      for (int g = 0; g < groups && g < int(kMaxGroups); ++g) {
+        const Group& group = g_groups[g];
+        w.put(g ? ",\n  {\"index\": " : "\n  {\"index\": ");
+        w.num(g);
+        w.put(", \"backend\": ");
+        w.str(group.backend);
+        w.put(", \"name\": ");
+        w.str(group.name);
+        w.put(", \"instance\": ");
+        w.num(group.instance);
+        w.put(", \"size\": ");
+        w.num(group.size);
+        w.put(", \"rank\": ");
+        w.num(group.rank);
+        w.put(", \"world_ranks\": [");
+        for (int r = 0; r < group.size; ++r) {
+          if (r) w.put(", ");
+          w.num(group.world ? group.world[r] : r);
+        }
+        w.put("]}");
+      }
+      w.put("],\n \"entries\": [");
+      // Oldest first: the ring's slots in id order.
+      uint64_t newest = 0;
+      for (const Entry& e : g_snapshot) newest = std::max(newest, e.id);
+      const uint64_t oldest = newest > kFlightRingSize ? newest - kFlightRingSize + 1 : 1;
+      bool first = true;
+      for (uint64_t id = oldest; id <= newest && newest > 0; ++id) {
+        const Entry& e = g_snapshot[id % kFlightRingSize];
+        if (e.id != id) continue;  // torn (a signal mid-write)
+        const bool known = e.group >= 0 && e.group < groups;
+        w.put(first ? "\n  {\"id\": " : ",\n  {\"id\": ");
+        first = false;
+        w.unum(e.id);
+        w.put(", \"seq\": ");
+        w.unum(e.seq);
+        w.put(", \"op\": ");
+        w.str(collective_name(CollectiveOp(e.op)));
+        w.put(", \"group\": ");
+        w.str(known ? g_groups[e.group].name : "?");
+        w.put(", \"group_index\": ");
+        w.num(known ? e.group : -1);
+        w.put(", \"group_size\": ");
+        w.num(known ? g_groups[e.group].size : 0);
+        w.put(", \"rank\": ");
+        w.num(known ? g_groups[e.group].rank : -1);
+        w.put(", \"peer\": ");
+        w.num(e.peer);
+        w.put(", \"bytes\": ");
+        w.unum(e.bytes);
+        w.put(", \"dtype\": ");
+        if (e.dtype >= 0) w.str(dtype_name(DType(e.dtype)));
+        else w.put("null");
+        w.put(", \"state\": ");
+        w.str(state_name(e.state));
+        w.put(", \"start_ns\": ");
+        w.num(e.start_ns);
+        w.put(", \"end_ns\": ");
+        if (e.end_ns) w.num(e.end_ns);
+        else w.put("null");
+        w.put("}");
+      }
+      w.put("]}\n");
+      w.flush();
+      ok = w.ok() && ::fsync(fd) == 0;
+      ok = ::close(fd) == 0 && ok;
+      ok = ok && ::rename(g_tmp_path, g_path) == 0;
+      if (!ok) ::unlink(g_tmp_path);
+    }
+  }
+  g_dumping.store(false, std::memory_order_release);
+  return ok;
+}
+
+// ------------------------------------------------------------------------ fatal signals
+
+constexpr int kFatalSignals[] = {SIGSEGV, SIGABRT, SIGBUS, SIGFPE};
+struct sigaction g_previous[4];
+
+void on_fatal_signal(int signal) {
+  const char* name = signal == SIGSEGV ? "fatal signal SIGSEGV"
+                     : signal == SIGABRT ? "fatal signal SIGABRT"
+                     : signal == SIGBUS  ? "fatal signal SIGBUS"
+                                         : "fatal signal SIGFPE";
+  const int saved_errno = errno;
+  if (write_dump(name, /*from_signal=*/true)) {
+    const char* parts[] = {"booster: ", name, "; flight record written to ", g_path, "\n"};
+    for (const char* part : parts) (void)!::write(STDERR_FILENO, part, std::strlen(part));
+  }
+  // Chain: the handler that was there before (OpenMPI's backtrace, or the default: a core dump) runs
+  // once this one returns, the fault repeating or the re-raised signal being delivered.
+  for (size_t i = 0; i < 4; ++i)
+    if (kFatalSignals[i] == signal) sigaction(signal, &g_previous[i], nullptr);
+  raise(signal);  // pending until this handler returns (a signal sent by kill() would not repeat)
+  errno = saved_errno;
+}
+
+// Installs the handler for each fatal signal where it is not the current one (a handler installed
+// since, and restored, may have replaced it), keeping the one it replaces to chain to.
+void install_fatal_handlers() {
+  struct sigaction action {};
+  action.sa_handler = &on_fatal_signal;
+  sigemptyset(&action.sa_mask);
+  action.sa_flags = SA_ONSTACK;
+  for (size_t i = 0; i < 4; ++i) {
+    struct sigaction current {};
+    sigaction(kFatalSignals[i], nullptr, &current);
+    if (current.sa_handler != &on_fatal_signal) sigaction(kFatalSignals[i], &action, &g_previous[i]);
+  }
+}
+
+// BOOSTER_FLIGHT_DIR, read once unless set_flight_dump_dir came first.
+void read_environment_once() {
+  if (g_dir_known.load(std::memory_order_acquire)) return;
+  std::lock_guard<std::mutex> lock(g_dir_mutex);
+  if (g_dir_known.load()) return;
+  if (const char* dir = std::getenv("BOOSTER_FLIGHT_DIR"); dir && *dir) {
+    join(g_dir, dir);
+    install_fatal_handlers();
+  }
+  g_dir_known.store(true, std::memory_order_release);
+}
+
+}  // namespace
+
+int flight_register_group(const char* backend, const std::string& name, int size, int rank,
+                          const std::vector<int>& world_of) {
+  read_environment_once();
+  if (world_of.empty()) g_world_rank.store(rank);  // the world itself: its ranks are world ranks
+  std::lock_guard<std::mutex> lock(g_mutex);
+  const int index = g_group_count.load();
+  if (index >= int(kMaxGroups)) return -1;
+  Group& g = g_groups[index];
+  std::snprintf(g.backend, sizeof g.backend, "%s", backend);
+  std::snprintf(g.name, sizeof g.name, "%s", name.c_str());
+  g.size = size;
+  g.rank = rank;
+  if (!world_of.empty()) {
+    int* world = new int[world_of.size()];  // kept for the process's life: a signal may read it
+    std::copy(world_of.begin(), world_of.end(), world);
+    g.world = world;
+  } else {
+    g.world = nullptr;
+  }
+  g.instance = 0;
+  for (int i = 0; i < index; ++i) {
+    const Group& o = g_groups[i];
+    if (std::strcmp(o.backend, g.backend) || std::strcmp(o.name, g.name) || o.size != g.size) continue;
+    bool same = true;
+    for (int r = 0; r < size && same; ++r) same = (o.world ? o.world[r] : r) == (g.world ? g.world[r] : r);
+    g.instance += same;
+  }
+  g_group_count.store(index + 1, std::memory_order_release);
+  return index;
+}
+
+uint64_t flight_start(int group, CollectiveOp op, uint64_t seq, Clock::time_point start, size_t bytes, int peer,
+                      const DType* dtype) {
+  std::lock_guard<std::mutex> lock(g_mutex);
+  const uint64_t id = ++g_next_id;
+  Entry& e = g_ring[id % kFlightRingSize];
+  e.id = 0;  // a signal reading now skips the slot rather than mixing two entries
+  e.seq = seq;
+  e.start_ns = steady_ns(start);
+  e.end_ns = 0;
+  e.bytes = bytes;
+  e.group = group;
+  e.peer = peer;
+  e.op = int8_t(op);
+  e.dtype = dtype ? int8_t(*dtype) : int8_t(-1);
+  e.state = int8_t(FlightState::Started);
+  e.id = id;
+  return id;
+}
+
+void flight_end(uint64_t id, FlightState state) {
+  if (id == 0) return;
+  const int64_t now = steady_ns(Clock::now());
+  std::lock_guard<std::mutex> lock(g_mutex);
+  Entry& e = g_ring[id % kFlightRingSize];
+  if (e.id != id || e.state != int8_t(FlightState::Started)) return;
+  e.end_ns = now;
+  e.state = int8_t(state);
+}
+
+void flight_dump_on_timeout(const Collective& what, const std::string& group) {
+  flight_end(what.flight, FlightState::TimedOut);
+  const std::string reason =
+      what.op == CollectiveOp::SendRecv
+          ? str("send/recv with rank ", what.peer, " on group \"", group, "\" timed out")
+          : str(collective_name(what.op), " #", what.seq, " on group \"", group, "\" timed out");
+  const fs::path file = dump_flight_record(reason);
+  if (!file.empty()) std::fprintf(stderr, "booster: flight record written to %s\n", file.c_str());
+}
+
+void flight_reset_for_testing() {
+  {
+    std::lock_guard<std::mutex> lock(g_mutex);
+    for (Entry& e : g_ring) e = Entry{};
+    g_next_id = 0;
+    g_group_count.store(0);
+  }
+  std::lock_guard<std::mutex> lock(g_dir_mutex);
+  g_dir[0] = '\0';
+  g_dir_known.store(false);
+}
+
+}  // namespace detail
+
+void set_flight_dump_dir(const fs::path& dir) {
+  std::lock_guard<std::mutex> lock(detail::g_dir_mutex);
+  BOOSTER_CHECK(dir.string().size() + 32 < detail::kPathMax, ValueError, "set_flight_dump_dir: the path ",
+                dir.string().substr(0, 80), "... is longer than ", detail::kPathMax - 32, " bytes");
+  detail::join(detail::g_dir, dir.string().c_str());
+  detail::g_dir_known.store(true, std::memory_order_release);
+  if (!dir.empty()) detail::install_fatal_handlers();
+}
+
+fs::path flight_dump_dir() {
+  detail::read_environment_once();
+  std::lock_guard<std::mutex> lock(detail::g_dir_mutex);
+  return fs::path(detail::g_dir);
+}
+
+fs::path dump_flight_record(const std::string& reason) {
+  detail::read_environment_once();
+  {
+    std::lock_guard<std::mutex> lock(detail::g_dir_mutex);
+    if (!detail::g_dir[0]) return {};
+  }
+  if (!detail::write_dump(reason.c_str(), /*from_signal=*/false)) {
+    std::fprintf(stderr, "booster: could not write the flight record to %s: %s\n", detail::g_path,
+                 std::strerror(errno));
+    return {};
+  }
+  return fs::path(detail::g_path);
+}
+
+// ---------------------------------------------------------------------------------------- reading
+
+namespace {
+
+[[noreturn]] void malformed(const fs::path& file, const std::string& what) {
+  BOOSTER_FAIL(DataError, file.string(), " is not a flight record: ", what,
+               " (booster writes these files on a collective timeout; was it cut short or edited?)");
+}
+
+// Checks the fields the analysis reads, naming the first one that is wrong.
+void validate(const json& doc, const fs::path& file) {
+  if (!doc.is_object()) malformed(file, "not a JSON object");
+  if (doc.value("format", "") != "booster-flight-recorder") malformed(file, "no \"format\": \"booster-flight-recorder\"");
+  for (const char* key : {"world_rank", "clock", "groups", "entries"})
+    if (!doc.contains(key)) malformed(file, str("no \"", key, "\""));
+  if (!doc["world_rank"].is_number_integer() || doc["world_rank"].get<int64_t>() < 0)
+    malformed(file, "\"world_rank\" is not a rank");
+  if (!doc["groups"].is_array() || !doc["entries"].is_array()) malformed(file, "\"groups\" or \"entries\" is not a list");
+  for (const json& g : doc["groups"]) {
+    if (!g.is_object() || !g.value("name", json()).is_string() || !g.value("backend", json()).is_string() ||
+        !g.value("size", json()).is_number_integer() || !g.value("rank", json()).is_number_integer() ||
+        !g.value("index", json()).is_number_integer() || !g.value("world_ranks", json()).is_array() ||
+        g["world_ranks"].size() != g["size"].get<size_t>())
+      malformed(file, str("group ", g.dump().substr(0, 120), " lacks index, backend, name, size, rank or world_ranks"));
+  }
+  for (const json& e : doc["entries"]) {
+    if (!e.is_object() || !e.value("seq", json()).is_number_unsigned() || !e.value("op", json()).is_string() ||
+        !e.value("group_index", json()).is_number_integer() || !e.value("state", json()).is_string() ||
+        !e.value("start_ns", json()).is_number_integer())
+      malformed(file, str("entry ", e.dump().substr(0, 120), " lacks seq, op, group_index, state or start_ns"));
+  }
+}
+
+}  // namespace
+
+std::vector<json> load_flight_records(const fs::path& dir) {
+  std::error_code ec;
+  BOOSTER_CHECK(fs::is_directory(dir, ec), DataError, "no flight records: ", dir.string(),
+                " is not a directory (booster train writes <run_dir>/flight/rank-N.json when a collective times out "
+                "or a rank crashes)");
+  static const std::regex kName(R"(rank-(\d+)\.json)");
+  std::vector<std::pair<int, fs::path>> files;
+  for (const fs::directory_entry& entry : fs::directory_iterator(dir)) {
+    std::smatch m;
+    const std::string name = entry.path().filename().string();
+    if (entry.is_regular_file() && std::regex_match(name, m, kName)) files.emplace_back(std::stoi(m[1]), entry.path());
+  }
+  BOOSTER_CHECK(!files.empty(), DataError, "no flight records in ", dir.string(),
+                ": no rank-N.json (no collective timed out and no rank crashed, or the run had no run_dir)");
+  std::sort(files.begin(), files.end());
+  std::vector<json> records;
+  for (const auto& [rank, file] : files) {
+    std::ifstream in(file);
+    json doc = json::parse(in, nullptr, /*allow_exceptions=*/false);
+    if (doc.is_discarded()) malformed(file, "not valid JSON");
+    validate(doc, file);
+    if (doc["world_rank"].get<int>() != rank) malformed(file, str("it says world rank ", doc["world_rank"].get<int>()));
+    records.push_back(std::move(doc));
+  }
+  return records;
+}
+
+// ---------------------------------------------------------------------------------------- analysis
+
+namespace {
+
+// One rank's view of one group.
+struct RankView {
+  const json* record = nullptr;
+  std::map<uint64_t, const json*> collectives;  // by seq
+  std::vector<const json*> p2p;                 // point-to-point batches not completed
+  uint64_t started = 0;                         // the highest seq it started
+  uint64_t lowest = 0;                          // the lowest seq still in its ring
+};
+
+std::string seconds_text(double s) {
+  char text[32];
+  std::snprintf(text, sizeof text, s < 10 ? "%.1f" : "%.0f", s);
+  return text;
+}
+
+// "12:00:03.123 UTC" for steady-clock `ns` of `record`.
+std::string wall_text(const json& record, int64_t ns) {
+  const json& clock = record.at("clock");
+  const int64_t wall = clock.value("wall_ns", int64_t(0)) - (clock.value("steady_ns", int64_t(0)) - ns);
+  const time_t secs = time_t(wall / 1'000'000'000);
+  std::tm utc{};
+  gmtime_r(&secs, &utc);
+  char text[48];
+  std::snprintf(text, sizeof text, "%04d-%02d-%02d %02d:%02d:%02d.%03d UTC", utc.tm_year + 1900, utc.tm_mon + 1,
+                utc.tm_mday, utc.tm_hour, utc.tm_min, utc.tm_sec, int((wall / 1'000'000) % 1000));
+  return text;
+}
+
+// How long `e` ran: to its end, or to the dump.
+std::string how_long(const json& record, const json& e) {
+  const int64_t start = e.at("start_ns").get<int64_t>();
+  if (e.value("state", "") == "timed_out" && e.value("end_ns", json()).is_number())
+    return str("after ", seconds_text(double(e["end_ns"].get<int64_t>() - start) * 1e-9), " s; started ",
+               wall_text(record, start));
+  const int64_t now = record.at("clock").value("steady_ns", start);
+  return str("for ", seconds_text(double(now - start) * 1e-9), " s when its record was written, since ",
+             wall_text(record, start));
+}
+
+std::string op_seq(const json& e) { return str(e.at("op").get<std::string>(), " #", e.at("seq").get<uint64_t>()); }
+
+}  // namespace
+
+std::vector<FlightGroupFinding> analyze_flight_records(const std::vector<json>& records) {
+  // A group is the same on every rank by backend, name, members and instance (Note [Flight recorder]).
+  struct GroupKey {
+    std::string backend, name;
+    int instance;
+    std::vector<int> world;
+    bool operator<(const GroupKey& o) const {
+      return std::tie(backend, name, instance, world) < std::tie(o.backend, o.name, o.instance, o.world);
+    }
+  };
+  std::map<int, const json*> by_rank;
+  for (const json& r : records) by_rank[r.at("world_rank").get<int>()] = &r;
+  std::vector<GroupKey> order;
+  std::map<GroupKey, std::map<int, std::pair<const json*, int64_t>>> where;  // world rank -> (record, group index)
+  for (const auto& [rank, r] : by_rank) {
+    for (const json& g : r->at("groups")) {
+      GroupKey key{g.at("backend").get<std::string>(), g.at("name").get<std::string>(), g.value("instance", 0),
+                   g.at("world_ranks").get<std::vector<int>>()};
+      if (!where.count(key)) order.push_back(key);
+      where[key][rank] = {r, g.at("index").get<int64_t>()};
+    }
+  }
+
+  std::vector<FlightGroupFinding> findings;
+  for (const GroupKey& key : order) {
+    FlightGroupFinding f;
+    f.group = key.name;
+    f.backend = key.backend;
+    f.size = int(key.world.size());
+    bool is_world = true;
+    for (int r = 0; r < f.size; ++r) is_world = is_world && key.world[size_t(r)] == r;
+    const std::vector<int> world_of = is_world ? std::vector<int>{} : key.world;
+    auto names = [&](const std::vector<int>& ranks) { return detail::rank_names(ranks, world_of); };
+
+    std::vector<RankView> views(size_t(f.size));
+    std::vector<std::string> missing_why;
+    for (int g = 0; g < f.size; ++g) {
+      const int world = key.world[size_t(g)];
+      auto found = where[key].find(world);
+      if (found == where[key].end()) {
+        f.missing.push_back(g);
+        missing_why.push_back(by_rank.count(world) ? "its record does not have the group"
+                                                   : str("no rank-", world, ".json: stopped, hung or killed before it "
+                                                                            "could write one"));
+        continue;
+      }
+      RankView& v = views[size_t(g)];
+      v.record = found->second.first;
+      for (const json& e : v.record->at("entries")) {
+        if (e.at("group_index").get<int64_t>() != found->second.second) continue;
+        const uint64_t seq = e.at("seq").get<uint64_t>();
+        if (seq == 0) {
+          if (e.at("state").get<std::string>() != "completed") v.p2p.push_back(&e);
+          continue;
+        }
+        v.collectives[seq] = &e;
+        v.started = std::max(v.started, seq);
+        v.lowest = v.lowest ? std::min(v.lowest, seq) : seq;
+      }
+    }
+    // Each rank's first collective not completed: the first it holds unfinished, or the one after the
+    // last it started. The group's is the lowest of them.
+    uint64_t first = 0;
+    for (const RankView& v : views) {
+      if (!v.record) continue;
+      uint64_t mine = v.started + 1;
+      for (const auto& [seq, e] : v.collectives)
+        if (e->at("state").get<std::string>() != "completed") {
+          mine = seq;
+          break;
+        }
+      first = first ? std::min(first, mine) : mine;
+    }
+    std::vector<std::string> parts;
+    std::map<std::string, std::vector<int>> op_ranks;  // the ops named at `first`
+    std::vector<std::pair<int, std::string>> later;    // what ranks that completed it do since
+    bool anyone_started = false;
+    for (int g = 0; g < f.size; ++g) {
+      const RankView& v = views[size_t(g)];
+      if (!v.record) continue;
+      auto at = v.collectives.find(first);
+      if (at != v.collectives.end()) {
+        anyone_started = true;
+        op_ranks[at->second->at("op").get<std::string>()].push_back(g);
+        if (f.op.empty()) f.op = at->second->at("op").get<std::string>();
+        if (at->second->at("state").get<std::string>() == "completed") f.completed.push_back(g);
+        else f.waiting.push_back(g);
+      } else if (v.started >= first) {
+        anyone_started = true;  // its record of it has left the ring: long done
+        f.completed.push_back(g);
+      } else {
+        f.not_started.push_back(g);
+      }
+    }
+    const std::string head = str("group \"", f.group, "\" (", f.backend, ", ", f.size, f.size == 1 ? " rank" : " ranks", ")");
+    // Where a rank stands after #first: the collective it waits in, else its last completed.
+    auto stands = [&](int g) -> std::string {
+      const RankView& v = views[size_t(g)];
+      for (const auto& [seq, e] : v.collectives)
+        if (seq > first && e->at("state").get<std::string>() != "completed")
+          return str("waits in ", op_seq(*e), " (", how_long(*v.record, *e), ")");
+      if (v.collectives.empty()) return "has no collective of the group in its record";
+      return str("its last completed is #", v.collectives.rbegin()->first, " ",
+                 v.collectives.rbegin()->second->at("op").get<std::string>());
+    };
+    if (!anyone_started) {
+      f.seq = 0;
+      f.not_started.clear();  // every rank is past the last collective: none is behind
+      const RankView* last = nullptr;  // the rank that got furthest
+      for (const RankView& v : views)
+        if (v.record && !v.collectives.empty() && (!last || v.started > last->started)) last = &v;
+      if (!last) parts.push_back("no collective recorded");
+      else
+        parts.push_back(str("nothing pending: ", f.missing.empty() ? "every rank" : "every rank that left a record",
+                            " completed every collective it started, up to #", last->started, " ",
+                            last->collectives.rbegin()->second->at("op").get<std::string>()));
+    } else {
+      f.seq = first;
+      f.ops_disagree = op_ranks.size() > 1;
+      if (f.ops_disagree) {
+        std::string which;
+        for (const auto& [op, ranks] : op_ranks) which += str(which.empty() ? "" : ", ", names(ranks), " ", op);
+        parts.push_back(str("the ranks disagree on collective #", first, ": ", which,
+                            " (do all ranks run the same collectives in the same order?)"));
+      }
+      // The ranks still in it, one clause per op and state.
+      std::map<std::string, std::vector<int>> in_it;
+      for (int g : f.waiting) {
+        const json& e = *views[size_t(g)].collectives.at(first);
+        in_it[str(e.at("state").get<std::string>() == "timed_out" ? "timed out in " : "wait in ", op_seq(e))]
+            .push_back(g);
+      }
+      for (const auto& [what, ranks] : in_it) {
+        std::string clause = str(names(ranks), " ", what);
+        if (ranks.size() == 1) {
+          const RankView& v = views[size_t(ranks.front())];
+          const json& e = *v.collectives.at(first);
+          clause = str(names(ranks), " ", what.substr(0, 4) == "wait" ? "waits in " : "timed out in ", op_seq(e), " (",
+                       how_long(*v.record, e), ")");
+        }
+        parts.push_back(clause);
+      }
+      if (!f.not_started.empty()) {
+        // Grouped by where they stand, so "ranks 1, 3 never started it, their last completed is #56 broadcast".
+        std::map<std::string, std::vector<int>> by_stand;
+        for (int g : f.not_started) by_stand[stands(g)].push_back(g);
+        for (const auto& [stand, ranks] : by_stand)
+          parts.push_back(str(names(ranks), " never started it, ",
+                              stand.rfind("its last", 0) == 0 && ranks.size() > 1 ? "their" + stand.substr(3) : stand));
+      }
+      if (!f.completed.empty()) {
+        std::map<std::string, std::vector<int>> by_stand;
+        for (int g : f.completed) by_stand[stands(g)].push_back(g);
+        for (const auto& [stand, ranks] : by_stand)
+          parts.push_back(str(names(ranks), " completed it; ",
+                              stand.rfind("its last", 0) == 0 && ranks.size() > 1 ? "their" + stand.substr(3) : stand));
+      }
+    }
+    for (size_t i = 0; i < f.missing.size(); ++i)
+      parts.push_back(str(names({f.missing[i]}), " left no record (", missing_why[i], ")"));
+    f.text = head + ": ";
+    for (size_t i = 0; i < parts.size(); ++i) f.text += (i ? "; " : "") + parts[i];
+    // Point-to-point batches are not numbered: each rank's unfinished ones, on lines of their own.
+    for (int g = 0; g < f.size; ++g)
+      for (const json* e : views[size_t(g)].p2p)
+        f.text += str("\n  ", names({g}), " ", e->at("state").get<std::string>() == "timed_out" ? "timed out in" : "waits in",
+                      " send/recv with ", names({e->value("peer", -1)}), " (", how_long(*views[size_t(g)].record, *e), ")");
+    findings.push_back(std::move(f));
+  }
+  return findings;
+}
+
+}  // namespace booster::distributed

@@ -1,0 +1,46 @@
+// The recording side of the flight recorder (flight_recorder.h, Note [Flight recorder] in README.md):
+// what the mpi and nccl groups call when a collective starts and ends. Internal: not installed.
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "booster/tensor/dtype.h"
+
+namespace booster::distributed::detail {
+
+// The collectives a census record and a flight record name, by index so that a record is plain bytes.
+// SendRecv is a batch of point-to-point operations: not numbered, and not a census's business (only
+// its peers take part).
+enum class CollectiveOp : int32_t { AllReduce, Broadcast, AllGather, ReduceScatter, Barrier, SendRecv };
+const char* collective_name(CollectiveOp op);
+
+// The ring keeps this many operations of the process, all groups together.
+inline constexpr size_t kFlightRingSize = 256;
+
+enum class FlightState : int8_t { Started, Completed, TimedOut };
+
+// Makes a group known to the recorder (once per group, not per collective): its backend ("mpi",
+// "nccl"), name, size, this process's rank in it and the world rank of each of its ranks (empty: the
+// world itself, in order). Returns the index its records name.
+int flight_register_group(const char* backend, const std::string& name, int size, int rank,
+                          const std::vector<int>& world_of);
+
+// Records that an operation started on group `group` (flight_register_group's index): `op` numbered
+// `seq` in the group (0: a point-to-point batch), at `start`, moving `bytes`, with `peer` (a batch's
+// first peer, else -1) and elements of `dtype` (null for a barrier); returns the id that flight_end
+// takes. No allocation: a slot of the ring is overwritten under a mutex. (collective_timeout_impl.h
+// has the form that takes a Collective, and flight_dump_on_timeout.)
+uint64_t flight_start(int group, CollectiveOp op, uint64_t seq, std::chrono::steady_clock::time_point start,
+                      size_t bytes, int peer, const DType* dtype);
+// Records the end of the operation `id` (a no-op once its slot was reused, or when it has ended
+// already): completed, or timed out.
+void flight_end(uint64_t id, FlightState state);
+
+// Tests: forgets every record and group, and the directory set (BOOSTER_FLIGHT_DIR is read again).
+void flight_reset_for_testing();
+
+}  // namespace booster::distributed::detail
