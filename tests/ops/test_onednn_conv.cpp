@@ -202,75 +202,83 @@ bool same_at(const Tensor& out, const std::vector<std::pair<int64_t, int64_t>>& 
   return true;
 }
 
-// The OpenBLAS kernel set the GEMMs run on (openblas_get_corename), or "" when the process has no
-// OpenBLAS.
-std::string openblas_core() {
-  using CoreName = char* (*)();
-  const auto fn = reinterpret_cast<CoreName>(dlsym(RTLD_DEFAULT, "openblas_get_corename"));
-  return fn ? std::string(fn()) : std::string();
-}
+// Sets the OpenMP thread count (the library's loops and OpenBLAS's) for its scope, where the process
+// has OpenMP. OpenBLAS's Haswell and Zen kernels rounded positions apart with 1 and 3 threads, not 2.
+struct OmpThreads {
+  using Get = int (*)();
+  using Set = void (*)(int);
+  explicit OmpThreads(int n)
+      : get(reinterpret_cast<Get>(dlsym(RTLD_DEFAULT, "omp_get_max_threads"))),
+        set(reinterpret_cast<Set>(dlsym(RTLD_DEFAULT, "omp_set_num_threads"))),
+        previous(get ? get() : 1) {
+    if (set) set(n);
+  }
+  ~OmpThreads() {
+    if (set) set(previous);
+  }
+  Get get;
+  Set set;
+  int previous;
+};
 
 }  // namespace
 
 TEST_CASE("conv2d: identical input patches give identical outputs at every position, on both paths",
           "[ops][onednn][conv][roundoff]") {
   // Note [Position-independent rounding] in ops/conv.cpp. Wide reductions (C_in * 9 = 288) and output
-  // widths that are not multiples of a GEMM kernel's tile, so that edge tiles are exercised. The
-  // gather path holds it on the OpenBLAS kernels the Note names, and is checked there.
-  const std::string core = openblas_core();
-  const bool gather_holds = core == "SkylakeX" || core == "Cooperlake" || core == "Sandybridge";
-  for (bool on : {true, false})
-    for (DType dtype : {DType::Float32, DType::BFloat16}) {
-      if (on && !onednn_missing(dtype).empty()) {
-        skip_test(onednn_missing(dtype));
-        continue;
-      }
-      if (!on && !gather_holds) {
-        skip_test("the gather path's GEMMs run on OpenBLAS's " + (core.empty() ? "(no OpenBLAS)" : core) +
-                  " kernels, which round some positions differently (Note [Position-independent rounding])");
-        continue;
-      }
-      ConvPathGuard path(on);
-      INFO((on ? "oneDNN" : "gather + GEMM") << " " << dtype);
-      const int64_t n = 2, c = 32, cout = 24;
-      const Tensor w = random({cout, c, 3, 3}, dtype, 7), b = random({cout}, dtype, 8);
-      {
-        // One repeated patch: each (image, channel) of the input constant, so every 3x3 window is the
-        // same; no padding, stride 1 and stride 2.
-        const Tensor x = random({n, c, 1, 1}, dtype, 9).expand({n, c, 19, 23}).contiguous();
-        for (int64_t stride : {1, 2}) {
-          const Tensor out = conv2d(x, w, b, {stride, stride}, {0, 0}, {1, 1}, 1);
-          std::vector<std::pair<int64_t, int64_t>> all;
-          for (int64_t i = 0; i < out.size(2); ++i)
-            for (int64_t j = 0; j < out.size(3); ++j) all.push_back({i, j});
-          INFO("constant planes, stride " << stride);
-          CHECK(same_at(out, all));
+  // widths that are not multiples of a GEMM kernel's tile, so that edge tiles are exercised; 1, 2 and 3
+  // threads, which cut the positions differently. CTest runs it again under OpenBLAS's Haswell, Zen
+  // and SkylakeX kernels (OPENBLAS_CORETYPE), whose own GEMMs round some positions apart.
+  for (int threads : {1, 2, 3}) {
+    for (bool on : {true, false})
+      for (DType dtype : {DType::Float32, DType::BFloat16}) {
+        if (on && !onednn_missing(dtype).empty()) {
+          if (threads == 1) skip_test(onednn_missing(dtype));
+          continue;
+        }
+        const OmpThreads omp(threads);
+        ConvPathGuard path(on);
+        INFO((on ? "oneDNN" : "gather + GEMM") << " " << dtype << ", " << threads << " threads");
+        const int64_t n = 2, c = 32, cout = 24;
+        const Tensor w = random({cout, c, 3, 3}, dtype, 7), b = random({cout}, dtype, 8);
+        {
+          // One repeated patch: each (image, channel) of the input constant, so every 3x3 window is the
+          // same; no padding, stride 1 and stride 2.
+          const Tensor x = random({n, c, 1, 1}, dtype, 9).expand({n, c, 19, 23}).contiguous();
+          for (int64_t stride : {1, 2}) {
+            const Tensor out = conv2d(x, w, b, {stride, stride}, {0, 0}, {1, 1}, 1);
+            std::vector<std::pair<int64_t, int64_t>> all;
+            for (int64_t i = 0; i < out.size(2); ++i)
+              for (int64_t j = 0; j < out.size(3); ++j) all.push_back({i, j});
+            INFO("constant planes, stride " << stride);
+            CHECK(same_at(out, all));
+          }
+        }
+        {
+          // Random data with one random 3x3 patch (all channels) written at non-overlapping places,
+          // first and last rows and columns included; padding 1, so output (r + 1, s + 1) sees the patch
+          // written at (r, s).
+          const int64_t h = 20, wd = 29;
+          std::vector<double> image = random({n, c, h, wd}, DType::Float64, 10).tolist();
+          const std::vector<double> patch = random({n, c, 3, 3}, DType::Float64, 11).tolist();
+          const std::vector<std::pair<int64_t, int64_t>> at = {{0, 0},  {0, 13}, {0, 26}, {4, 5},  {6, 19},
+                                                               {9, 0},  {9, 9},  {11, 26}, {17, 0}, {17, 14}, {17, 26}};
+          for (int64_t img = 0; img < n; ++img)
+            for (int64_t ch = 0; ch < c; ++ch)
+              for (const auto& [r, s] : at)
+                for (int64_t a = 0; a < 3; ++a)
+                  for (int64_t e = 0; e < 3; ++e)
+                    image[size_t(((img * c + ch) * h + r + a) * wd + s + e)] =
+                        patch[size_t(((img * c + ch) * 3 + a) * 3 + e)];
+          const Tensor x = from_vector(image, {n, c, h, wd}).to(dtype);
+          const Tensor out = conv2d(x, w, b, {1, 1}, {1, 1}, {1, 1}, 1);
+          std::vector<std::pair<int64_t, int64_t>> centres;
+          for (const auto& [r, s] : at) centres.push_back({r + 1, s + 1});
+          INFO("repeated patches in random data");
+          CHECK(same_at(out, centres));
         }
       }
-      {
-        // Random data with one random 3x3 patch (all channels) written at non-overlapping places,
-        // first and last rows and columns included; padding 1, so output (r + 1, s + 1) sees the patch
-        // written at (r, s).
-        const int64_t h = 20, wd = 29;
-        std::vector<double> image = random({n, c, h, wd}, DType::Float64, 10).tolist();
-        const std::vector<double> patch = random({n, c, 3, 3}, DType::Float64, 11).tolist();
-        const std::vector<std::pair<int64_t, int64_t>> at = {{0, 0},  {0, 13}, {0, 26}, {4, 5},  {6, 19},
-                                                             {9, 0},  {9, 9},  {11, 26}, {17, 0}, {17, 14}, {17, 26}};
-        for (int64_t img = 0; img < n; ++img)
-          for (int64_t ch = 0; ch < c; ++ch)
-            for (const auto& [r, s] : at)
-              for (int64_t a = 0; a < 3; ++a)
-                for (int64_t e = 0; e < 3; ++e)
-                  image[size_t(((img * c + ch) * h + r + a) * wd + s + e)] =
-                      patch[size_t(((img * c + ch) * 3 + a) * 3 + e)];
-        const Tensor x = from_vector(image, {n, c, h, wd}).to(dtype);
-        const Tensor out = conv2d(x, w, b, {1, 1}, {1, 1}, {1, 1}, 1);
-        std::vector<std::pair<int64_t, int64_t>> centres;
-        for (const auto& [r, s] : at) centres.push_back({r + 1, s + 1});
-        INFO("repeated patches in random data");
-        CHECK(same_at(out, centres));
-      }
-    }
+  }
 }
 
 TEST_CASE("max_pool2d through oneDNN equals the gather path bit for bit, ties and gradients included",

@@ -18,6 +18,13 @@ struct GemmArgs {
 };
 BOOSTER_DECLARE_KERNEL(gemm_kernel, void(const GemmArgs& args, const Tensor& a, const Tensor& b, Tensor& c));
 
+// C[i] = A[i % G] @ B[i] for i in [0, batch): A [G, M, K], B [batch, K, N], C [batch, M, N], all
+// contiguous and of one dtype. Every element of C is its dot product summed in one fixed order (k = 0,
+// 1, ..., K - 1, from zero), whatever its row, column, tile or thread, so equal rows of A times equal
+// columns of B give equal elements, bit for bit (Note [Position-independent rounding] in
+// ops/conv.cpp). float16/bfloat16 are computed in float32 and rounded once. Optional: CPU only.
+BOOSTER_DECLARE_KERNEL(fixed_order_gemm_kernel, void(const Tensor& a, const Tensor& b, Tensor& c));
+
 // ---------------------------------------------------------------- shared by the BLAS backends
 // Note [GEMM operand layouts]
 // BLAS libraries take a row-major matrix as (pointer, leading dim) plus a transpose flag, so any

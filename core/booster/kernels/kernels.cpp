@@ -14,6 +14,7 @@ BOOSTER_DEFINE_KERNEL(unary_backward_kernel);
 BOOSTER_DEFINE_KERNEL(where_kernel);
 BOOSTER_DEFINE_KERNEL(reduce_kernel);
 BOOSTER_DEFINE_KERNEL(gemm_kernel);
+BOOSTER_DEFINE_KERNEL(fixed_order_gemm_kernel);
 BOOSTER_DEFINE_KERNEL(float8_quantize_kernel);
 BOOSTER_DEFINE_KERNEL(float8_dequantize_kernel);
 BOOSTER_DEFINE_KERNEL(float8_gemm_kernel);

@@ -33,6 +33,7 @@
 #include "booster/autograd/autograd.h"
 #include "booster/backends/onednn/onednn.h"
 #include "booster/common/error.h"
+#include "booster/kernels/gemm.h"
 #include "booster/ops/ops.h"
 
 namespace booster {
@@ -46,16 +47,15 @@ struct Geometry {
   auto key() const { return std::make_tuple(h, w, kh, kw, sh, sw, ph, pw, dh, dw); }
 };
 
-// The gather index of Note [Convolution as gather + GEMM]: int64 [K * positions] on `device`,
-// tap-major; h*w stands for a padded pixel, and positions past Ho*Wo (positions >= Ho*Wo, Note
-// [Position-independent rounding]) see only padded pixels.
-Tensor gather_index(const Geometry& g, int64_t positions, Device device) {
+// The gather index of Note [Convolution as gather + GEMM]: int64 [K * Ho * Wo] on `device`,
+// tap-major; h*w stands for a padded pixel.
+Tensor gather_index(const Geometry& g, Device device) {
   static std::mutex mutex;
-  static std::map<std::tuple<decltype(g.key()), int64_t, std::string>, Tensor> cache;
+  static std::map<std::tuple<decltype(g.key()), std::string>, Tensor> cache;
   const std::lock_guard<std::mutex> lock(mutex);
-  auto& slot = cache[{g.key(), positions, device.str()}];
+  auto& slot = cache[{g.key(), device.str()}];
   if (slot.defined()) return slot;
-  const int64_t oh = g.oh(), ow = g.ow();
+  const int64_t oh = g.oh(), ow = g.ow(), positions = oh * ow;
   std::vector<int64_t> index(size_t(g.kh * g.kw * positions), g.h * g.w);
   for (int64_t ki = 0; ki < g.kh; ++ki)
     for (int64_t kj = 0; kj < g.kw; ++kj)
@@ -79,18 +79,16 @@ void check_pair(const std::array<int64_t, 2>& v, int64_t min, const char* op, co
                 v[1], ")");
 }
 
-// [N, C, K, positions]: every tap's pixel for every output position (Note [Convolution as gather +
-// GEMM]), and the padding value for the positions past Ho*Wo. positions 0 means Ho*Wo.
-Tensor gather_columns(const Tensor& x, const Geometry& g, double pad_value, const char* op, int64_t positions = 0) {
+// [N, C, K, Ho * Wo]: every tap's pixel for every output position (Note [Convolution as gather + GEMM]).
+Tensor gather_columns(const Tensor& x, const Geometry& g, double pad_value, const char* op) {
   BOOSTER_CHECK(g.oh() >= 1 && g.ow() >= 1, ShapeError, op, ": the input ", x.shape(), " is smaller than the kernel (",
                 g.kh, "x", g.kw, " with dilation (", g.dh, ", ", g.dw, ") and padding (", g.ph, ", ", g.pw,
                 ")); the output would be ", g.oh(), "x", g.ow());
   const int64_t n = x.size(0), c = x.size(1);
   Tensor flat = x.reshape({n, c, g.h * g.w});
   Tensor padded = cat({flat, full({n, c, 1}, pad_value, x.dtype(), x.device())}, 2);
-  if (positions == 0) positions = g.oh() * g.ow();
-  Tensor cols = index_select(padded, 2, gather_index(g, positions, x.device()));
-  return cols.reshape({n, c, g.kh * g.kw, positions});
+  Tensor cols = index_select(padded, 2, gather_index(g, x.device()));
+  return cols.reshape({n, c, g.kh * g.kw, g.oh() * g.ow()});
 }
 
 // Note [Position-independent rounding]
@@ -98,38 +96,19 @@ Tensor gather_columns(const Tensor& x, const Geometry& g, double pad_value, cons
 // Identical input patches must give identical outputs, bit for bit, at every position: otherwise
 // exact ties (a max-pool window over equal activations) break differently from place to place. oneDNN's
 // direct convolutions compute every output element in the same order (Note [Convolutions through
-// oneDNN]; checked with its avx512, avx2 and sse4.1 kernels). The gather path's GEMM does not by
-// itself: in row-major [Cout, K] x [K, L] the L output positions are the BLAS M dimension, which
-// OpenBLAS cuts into tiles of its kernel's unroll and its threads' shares, and the rows left over at
-// the end go through edge kernels whose rounding differs by an ulp (seen here: the last 3 of 99
-// positions). So the gather pads the positions to a multiple of kPositionTile = 64 with all-padding
-// columns (zero products, cut off after the GEMM): every real position then lies in a full tile. That
-// makes the gather path position-independent with OpenBLAS's SkylakeX, Cooperlake and Sandybridge
-// kernels (AVX-512 and AVX CPUs; checked with 1 to 4 threads). It cannot with its Haswell kernels
-// (Haswell to Broadwell, Zen 1 to 3): single-threaded, the first and last 8 rows of each of their row
-// blocks round differently from the rest wherever the blocks fall, and with other BLAS kernels nothing
-// is known. There the guarantee holds on the oneDNN path, which float32 takes on every x86-64 CPU
-// unless switched off; the tests check the gather path on the kernels named above. Padding costs
-// under 64 columns a GEMM.
-constexpr int64_t kPositionTile = 64;
-
-// conv2d as gather + GEMM (Note [Convolution as gather + GEMM]), inputs checked.
-Tensor conv2d_gather(const Tensor& x, const Tensor& weight, const Tensor& bias, const Geometry& g, int64_t groups) {
-  const int64_t n = x.size(0), c = x.size(1), cout = weight.size(0);
-  const int64_t k = g.kh * g.kw, per_group = c / groups * k, L = g.oh() * g.ow();
-  // Note [Position-independent rounding]: the GEMM sees a whole number of position tiles.
-  const int64_t positions = (L + kPositionTile - 1) / kPositionTile * kPositionTile;
-  Tensor cols = gather_columns(x, g, 0.0, "conv2d", positions).reshape({n, groups, per_group, positions});
-  Tensor w = weight.reshape({groups, cout / groups, per_group});
-  Tensor out = matmul(w, cols);
-  if (positions != L) out = out.narrow(3, 0, L);
-  out = out.reshape({n, cout, g.oh(), g.ow()});
-  if (bias.defined()) out = add(out, bias.reshape({1, cout, 1, 1}));
-  return out;
-}
+// oneDNN]; checked with its avx512, avx2 and sse4.1 kernels). A BLAS GEMM does not: in row-major
+// [Cout, K] x [K, L] the L output positions are the BLAS M dimension, which OpenBLAS cuts into tiles of
+// its kernel's unroll and its threads' shares, and rows in edge tiles, or (its Haswell and Zen kernels,
+// with 1 or 3 threads) the first and last 8 rows of each row block, round an ulp apart from the rest
+// (a padding of the positions to whole tiles fixed the first, not the second). So
+// on the CPU the gather path's forward GEMM is fixed_order_gemm_kernel (kernels/gemm.h, Note [A GEMM
+// that rounds alike everywhere] in backends/cpu/fixed_order_gemm.cpp), which sums every output in one
+// order whatever its position, BLAS core or thread count; its backward is matmul's. Elsewhere (CUDA)
+// the forward is matmul.
 
 // The gradients of `composed` (a gather-path op) for the inputs flagged in `need`, as its recorded
-// backward computes them: where oneDNN refuses a backward product of an op it ran forward.
+// backward computes them: where oneDNN refuses a backward product of an op it ran forward, and as the
+// backward of the fixed-order GEMM (conv_gemm).
 autograd::grads composed_grads(const std::function<Tensor(const std::vector<Tensor>&)>& composed,
                                const std::vector<Tensor>& saved, const Tensor& grad, const std::vector<bool>& need) {
   const bool previous = autograd::grad_mode_enabled();
@@ -149,6 +128,34 @@ autograd::grads composed_grads(const std::function<Tensor(const std::vector<Tens
   autograd::grads out(inputs.size());
   for (size_t i = 0; i < inputs.size(); ++i)
     if (need[i]) out[i] = inputs[i].grad();
+  return out;
+}
+
+// w [G, Cout/G, C/G*K] @ cols [N, G, C/G*K, L] -> [N, G, Cout/G, L], through fixed_order_gemm_kernel
+// where the device has it (Note [Position-independent rounding]), with matmul's backward.
+Tensor conv_gemm(const Tensor& w, const Tensor& cols) {
+  if (!kernels::fixed_order_gemm_kernel.has(cols.device().type)) return matmul(w, cols);
+  const int64_t n = cols.size(0), groups = cols.size(1), k = cols.size(2), l = cols.size(3), m = w.size(1);
+  const Tensor a = w.contiguous(), b = cols.contiguous();
+  Tensor out = Tensor::empty({n, groups, m, l}, b.dtype(), b.device());
+  Tensor c = out.reshape({n * groups, m, l});
+  kernels::fixed_order_gemm_kernel(b.device())(a, b.reshape({n * groups, k, l}), c);
+  const bool need_w = w.requires_grad(), need_cols = cols.requires_grad();
+  autograd::record(out, "Conv2dGemmBackward", {w, cols},
+                   [a = a.detach(), b = b.detach(), need_w, need_cols](const Tensor& grad) {
+                     return composed_grads([](const std::vector<Tensor>& in) { return matmul(in[0], in[1]); },
+                                           {a, b}, grad, {need_w, need_cols});
+                   });
+  return out;
+}
+
+// conv2d as gather + GEMM (Note [Convolution as gather + GEMM]), inputs checked.
+Tensor conv2d_gather(const Tensor& x, const Tensor& weight, const Tensor& bias, const Geometry& g, int64_t groups) {
+  const int64_t n = x.size(0), c = x.size(1), cout = weight.size(0);
+  const int64_t k = g.kh * g.kw, per_group = c / groups * k;
+  Tensor cols = gather_columns(x, g, 0.0, "conv2d").reshape({n, groups, per_group, g.oh() * g.ow()});
+  Tensor out = conv_gemm(weight.reshape({groups, cout / groups, per_group}), cols).reshape({n, cout, g.oh(), g.ow()});
+  if (bias.defined()) out = add(out, bias.reshape({1, cout, 1, 1}));
   return out;
 }
 
