@@ -1,6 +1,7 @@
 // train.async_checkpoint through the real `booster` binary (Note [Asynchronous checkpoints] in
 // core/booster/trainer/async_save.h): the same files as a synchronous save, a failed background save
-// that the run survives, and a process killed in the middle of a background write.
+// that the run survives, and a process killed in the middle of a background write. The same on several
+// processes (ddp, ZeRO-3, tensor parallel) is in test_cli_mpi_checkpoints.cpp.
 #include <catch2/catch.hpp>
 
 #include <signal.h>
@@ -16,7 +17,6 @@
 #include <nlohmann/json.hpp>
 
 #include "run_booster.h"
-#include "skip.h"
 
 namespace fs = std::filesystem;
 using nlohmann::json;
@@ -179,20 +179,4 @@ TEST_CASE("async checkpoints: kill -9 during a background write leaves latest lo
   CHECK(read_text(root / "latest") == "step-00000012\n");
   CHECK(fs::is_directory(step_dir(root, 8)));
   CHECK_FALSE(fs::exists(tmp));
-}
-
-TEST_CASE("async checkpoints on several processes are refused as a config error", "[cli][checkpoint][async][mpi]") {
-  if (!testing::have_mpirun() || !fs::exists(fs::path(BOOSTER_LIB_DIR) / "libbooster_plugin_ddp.so")) {
-    skip_test(!testing::have_mpirun() ? "no mpirun (apt-get install openmpi-bin)" : "the ddp plugin is not built");
-    return;
-  }
-  const fs::path root = scratch_dir() / "two_ranks";
-  fs::remove_all(root);
-  const RunResult r = run_booster("run -n 2 -- booster " +
-                                  train_args(root, "--set plugin=ddp --set train.async_checkpoint=true"));
-  INFO(r.err);
-  CHECK(r.exit_code == 2);
-  CHECK_THAT(r.err, Catch::Contains("async_checkpoint") && Catch::Contains("2 processes") &&
-                        Catch::Contains("set it to false"));
-  CHECK_FALSE(fs::exists(step_dir(root, 4)));
 }

@@ -9,11 +9,14 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <map>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -177,4 +180,194 @@ TEST_CASE("ranks resume from the same step when one rank's copy of the newest is
     CHECK_THAT(refused.err, Catch::Contains("rank 1 of 2 finds no checkpoint in " + root1.string()));
     CHECK_THAT(refused.err, !Catch::Contains("resumed from"));
   }
+}
+
+namespace {
+
+// Every file under `root` but the run's lock (its host and pid), by its path relative to it, with its bytes.
+std::map<std::string, std::string> files_of(const fs::path& root) {
+  std::map<std::string, std::string> out;
+  for (const auto& entry : fs::recursive_directory_iterator(root))
+    if (entry.is_regular_file() && entry.path() != root / "lock")
+      out[fs::relative(entry.path(), root).string()] = read_text(entry.path());
+  return out;
+}
+
+// The processes below `pid` (its children, theirs, ...), read from /proc.
+std::vector<pid_t> descendants_of(pid_t pid) {
+  std::map<pid_t, std::vector<pid_t>> children;
+  for (const auto& entry : fs::directory_iterator("/proc")) {
+    const std::string name = entry.path().filename().string();
+    if (name.find_first_not_of("0123456789") != std::string::npos) continue;
+    const std::string stat = read_text(entry.path() / "stat");
+    const size_t close = stat.rfind(')');
+    if (close == std::string::npos) continue;
+    int parent = 0;
+    if (std::sscanf(stat.c_str() + close + 1, " %*c %d", &parent) == 1) children[parent].push_back(std::stoi(name));
+  }
+  std::vector<pid_t> out, todo = {pid};
+  while (!todo.empty()) {
+    const pid_t p = todo.back();
+    todo.pop_back();
+    for (pid_t c : children[p]) {
+      out.push_back(c);
+      todo.push_back(c);
+    }
+  }
+  return out;
+}
+
+// The process of rank `rank` among the descendants of `pid` (OMPI_COMM_WORLD_RANK in its environment); 0: none.
+pid_t rank_process(pid_t pid, int rank) {
+  const std::string wanted = "OMPI_COMM_WORLD_RANK=" + std::to_string(rank);
+  for (pid_t p : descendants_of(pid)) {
+    const std::string comm = read_text("/proc/" + std::to_string(p) + "/comm");
+    if (comm.rfind("booster", 0) != 0) continue;
+    std::string env = read_text("/proc/" + std::to_string(p) + "/environ");
+    for (char& c : env)
+      if (c == '\0') c = '\n';
+    if (("\n" + env + "\n").find("\n" + wanted + "\n") != std::string::npos) return p;
+  }
+  return 0;
+}
+
+}  // namespace
+
+// Note [Asynchronous checkpoints] on several processes: each rank writes its files on its thread, rank 0
+// commits once all are written; the files are a synchronous run's, byte for byte.
+TEST_CASE("async checkpoints on 2 ranks (ddp, ZeRO-3, tensor parallel) equal a synchronous run's files",
+          "[cli][checkpoint][async][mpi]") {
+  struct Case {
+    const char* plugin;
+    std::string args;
+  };
+  const std::string gpt = "train --config " + std::string(BOOSTER_SOURCE_DIR) +
+                          "/examples/configs/gpt_char_tp2.json --set train.max_steps=4 --set train.eval_every=0 "
+                          "--set train.run_dir=null --set train.checkpoint_every=2 --set train.checkpoint_dir=";
+  for (const Case& c : {Case{"ddp", "--set plugin=ddp"},
+                        Case{"low_level_zero", "-p low_level_zero --set plugin.stage=3 --set plugin.precision=fp32"},
+                        Case{"hybrid_parallel", ""}}) {
+    INFO(c.plugin);
+    if (const std::string why = why_no_mpi(c.plugin); !why.empty()) {
+      skip_test(why);
+      continue;
+    }
+    const bool tensor_parallel = std::string(c.plugin) == "hybrid_parallel";
+    const fs::path sync_root = scratch_dir() / ("bytes_sync_" + std::string(c.plugin)),
+                   async_root = scratch_dir() / ("bytes_async_" + std::string(c.plugin));
+    fs::remove_all(sync_root);
+    fs::remove_all(async_root);
+    auto args = [&](const fs::path& root, const std::string& extra) {
+      return two_ranks(tensor_parallel ? gpt + root.string() + " " + extra : train_args(root, c.args + " " + extra));
+    };
+    const RunResult sync = run_booster(args(sync_root, ""));
+    INFO(sync.err);
+    REQUIRE(sync.exit_code == 0);
+    const RunResult async = run_booster(args(async_root, "--set train.async_checkpoint=true"));
+    INFO(async.err);
+    REQUIRE(async.exit_code == 0);
+    CHECK_THAT(async.err, Catch::Contains("in the background"));
+    CHECK(json::parse(testing::last_line(async.out)).at("final_loss") ==
+          json::parse(testing::last_line(sync.out)).at("final_loss"));
+    const int last = tensor_parallel ? 4 : 6;
+    CHECK(read_text(async_root / "latest") == read_text(sync_root / "latest"));
+    CHECK(fs::is_directory(step_dir(async_root, last)));
+    const std::map<std::string, std::string> expected = files_of(sync_root), got = files_of(async_root);
+    CHECK(expected.size() > 6);
+    REQUIRE(got.size() == expected.size());
+    for (const auto& [name, bytes] : expected) {
+      INFO(name);
+      REQUIRE(got.count(name) == 1);
+      CHECK(got.at(name) == bytes);
+    }
+  }
+}
+
+// A background write that fails on one rank: every rank learns it, the step never commits, `latest`
+// stays at the previous step; "warn" goes on, "stop" stops every rank.
+TEST_CASE("async checkpoints on 2 ranks: a write failing on one rank is reported and latest stays",
+          "[cli][checkpoint][async][mpi]") {
+  if (const std::string why = why_no_mpi(); !why.empty()) {
+    skip_test(why);
+    return;
+  }
+  const fs::path root = scratch_dir() / "async_fail";
+  fs::remove_all(root);
+  const std::string async = "--set plugin=ddp --set train.async_checkpoint=true ";
+  const RunResult warned =
+      run_booster(two_ranks(train_args(root, async)), "BOOSTER_TEST_ASYNC_SAVE_FAIL_RANK=1:6");
+  INFO(warned.err);
+  CHECK(warned.exit_code == 0);
+  CHECK_THAT(warned.err, Catch::Contains("warning: the background checkpoint of step 6 failed: rank 1 of 2: cannot "
+                                         "write " + (root / "step-00000006.tmp").string()) &&
+                             Catch::Contains("BOOSTER_TEST_ASYNC_SAVE_FAIL_RANK") &&
+                             Catch::Contains("latest still names " + step_dir(root, 4).string()));
+  CHECK(json::parse(testing::last_line(warned.out)).at("steps") == 6);
+  CHECK(read_text(root / "latest") == "step-00000004\n");
+  CHECK_FALSE(fs::exists(step_dir(root, 6)));
+
+  // train.on_save_error "stop": every rank stops at the failure of step 4, exit 1.
+  fs::remove_all(root);
+  const RunResult stopped = run_booster(two_ranks(train_args(root, async + "--set train.on_save_error=stop")),
+                                        "BOOSTER_TEST_ASYNC_SAVE_FAIL_RANK=1:4");
+  INFO(stopped.err);
+  CHECK(stopped.exit_code == 1);
+  // Both ranks stop with the same error (booster run prints a message all ranks give once).
+  CHECK_THAT(stopped.err, Catch::Contains(" of 2: error: the background checkpoint of step 4 failed: rank 1 of 2: "
+                                          "cannot write") &&
+                              Catch::Contains("on_save_error"));
+  CHECK(read_text(root / "latest") == "step-00000002\n");
+  CHECK_FALSE(fs::exists(step_dir(root, 4)));
+}
+
+TEST_CASE("async checkpoints on 2 ranks: kill -9 of a rank mid-write leaves latest loadable",
+          "[cli][checkpoint][async][mpi]") {
+  if (const std::string why = why_no_mpi(); !why.empty()) {
+    skip_test(why);
+    return;
+  }
+  const fs::path root = scratch_dir() / "async_killed", dir = scratch_dir() / "async_killed_run";
+  fs::remove_all(root);
+  fs::remove_all(dir);
+  const std::string async = "--set plugin=ddp --set train.async_checkpoint=true ";
+  const RunResult first = run_booster(two_ranks(train_args(root, async + "--set train.max_steps=4")));
+  INFO(first.err);
+  REQUIRE(first.exit_code == 0);
+  // BOOSTER_TEST_ASYNC_SAVE_SLEEP_MS holds every rank's writer of step 6 (after rank 0's first file);
+  // rank 1 is killed there.
+  fs::create_directories(dir);
+  const std::string cmd = "cd " + dir.string() + " && (" + kEnv + " BOOSTER_TEST_ASYNC_SAVE_SLEEP_MS=60000 " +
+                          std::string(BOOSTER_BIN_DIR) + "/booster " +
+                          two_ranks(train_args(root, async + "--resume latest")) + " >out.txt 2>err.txt & echo $! > pid.txt)";
+  REQUIRE(std::system(cmd.c_str()) == 0);
+  const fs::path tmp = root / "step-00000006.tmp";
+  bool writing = false;
+  for (int i = 0; i < 1200 && !writing; ++i) {  // up to 2 minutes on a loaded machine
+    std::error_code ec;
+    if (fs::is_directory(tmp))
+      for (const auto& entry : fs::recursive_directory_iterator(tmp, ec))
+        writing |= entry.is_regular_file() && entry.path().filename().string().find(".tmp-") == std::string::npos;
+    if (!writing) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  const pid_t launcher = std::stoi(read_text(dir / "pid.txt"));
+  const pid_t rank1 = rank_process(launcher, 1);
+  const std::vector<pid_t> tree = descendants_of(launcher);
+  if (rank1 > 0) ::kill(rank1, SIGKILL);
+  INFO(read_text(dir / "err.txt"));
+  // The launcher ends the job; whatever is left of it goes too.
+  for (int i = 0; i < 300 && fs::exists("/proc/" + std::to_string(launcher)); ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  for (pid_t p : tree) ::kill(p, SIGKILL);
+  ::kill(launcher, SIGKILL);
+  REQUIRE(writing);
+  REQUIRE(rank1 > 0);
+  CHECK(read_text(root / "latest") == "step-00000004\n");
+  CHECK_FALSE(fs::exists(step_dir(root, 6)));
+
+  const RunResult resumed = run_booster(two_ranks(train_args(root, async + "--resume latest")));
+  INFO(resumed.err);
+  CHECK(resumed.exit_code == 0);
+  CHECK_THAT(resumed.err, Catch::Contains("resumed from " + step_dir(root, 4).string() + " at step 4"));
+  CHECK(read_text(root / "latest") == "step-00000006\n");
+  CHECK_FALSE(fs::exists(tmp));
 }

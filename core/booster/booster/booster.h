@@ -191,7 +191,8 @@ struct SaveStateOptions {
   std::optional<int64_t> step;  // the directory's step; step() by default
   // false: write every file into `step-N.tmp/` (or into a checkpoint::WriteCapture active on this
   // thread) but leave the commit (checkpoint::commit_checkpoint) to the caller: the Trainer's
-  // asynchronous checkpoints (Note [Asynchronous checkpoints] in trainer/async_save.h). One process only.
+  // asynchronous checkpoints (Note [Asynchronous checkpoints] in trainer/async_save.h). On several
+  // processes every rank returns without the closing barrier; the commit must wait for every rank's files.
   bool commit = true;
 };
 struct LoadStateOptions {

@@ -254,8 +254,6 @@ fs::path Booster::save_state(const fs::path& root, const SaveStateOptions& optio
   BOOSTER_CHECK(options.keep_last >= 0, ValueError, "Booster::save_state: keep_last is ", options.keep_last,
                 "; 0 keeps every checkpoint, N > 0 the newest N");
   distributed::ProcessGroup& group = process_group();
-  BOOSTER_CHECK(options.commit || group.size() == 1, ValueError, "Booster::save_state: commit = false saves on one "
-                "process only; with ", group.size(), " processes the commit waits for every rank's files");
   const bool writer = group.rank() == 0;
   lock_state_root(root);
 
@@ -298,10 +296,14 @@ fs::path Booster::save_state(const fs::path& root, const SaveStateOptions& optio
                         {"state", extra},
                         {"tensors", tensor_names}};
     checkpoint::write_text_file_atomically(tmp_dir / checkpoint::kTrainerStateFileName, state.dump(1) + "\n");
-    if (!options.commit) return root / step_dir_name(step);  // the caller commits
-    checkpoint::sync_directory(tmp_dir);
-    checkpoint::commit_checkpoint(root, step, options.keep_last);
+    if (options.commit) {
+      checkpoint::sync_directory(tmp_dir);
+      checkpoint::commit_checkpoint(root, step, options.keep_last);
+    }
   }
+  // commit = false: the caller commits once every rank's files are written (Note [Asynchronous
+  // checkpoints] in trainer/async_save.h).
+  if (!options.commit) return root / step_dir_name(step);
   group.barrier();
   return root / step_dir_name(step);
 }

@@ -471,7 +471,7 @@ std::vector<Section> make_training_schema() {
           // Note [Asynchronous checkpoints] in booster/trainer/async_save.h.
           boolean("async_checkpoint", false,
                   "save checkpoints in the background: the state is copied to host memory at the step and "
-                  "written and committed on a thread while training goes on (the same files; one process only)"),
+                  "written and committed on a thread while training goes on (the same files)"),
           text("on_save_error", "warn", {"warn", "stop"},
                "a failed background checkpoint (async_checkpoint): warn and go on, `latest` at the previous "
                "step, or stop; a failed synchronous save always stops"),

@@ -307,10 +307,6 @@ Trainer::Trainer(Booster& booster, TrainerOptions options) : booster_(booster), 
                 "; it must be >= 0 (0: no per-module statistics)");
   BOOSTER_CHECK(o.checkpoint_every == 0 || o.run_dir || o.checkpoint_dir, ConfigError, "Trainer: checkpoint_every is ",
                 o.checkpoint_every, " but there is no run_dir or checkpoint_dir to save into; set one");
-  // Note [Asynchronous checkpoints] in async_save.h: the commit of several ranks' files needs barriers.
-  BOOSTER_CHECK(!o.async_checkpoint || booster_.process_group().size() == 1, ConfigError,
-                "Trainer: async_checkpoint (train.async_checkpoint) saves on one process only, but this run has ",
-                booster_.process_group().size(), " processes; set it to false for a multi-process run");
   BOOSTER_CHECK(o.resume != "latest" || o.run_dir || o.checkpoint_dir, ConfigError,
                 "Trainer: resume \"latest\" looks in the checkpoint directory, but there is no run_dir or checkpoint_dir");
 
@@ -471,7 +467,8 @@ std::optional<fs::path> Trainer::save(int64_t step, std::optional<fs::path> last
 
 void Trainer::collect_async_save(std::optional<fs::path>& last, bool wait) {
   if (!async_save_) return;
-  const std::optional<trainer::AsyncSave::Outcome> done = wait ? async_save_->wait() : async_save_->poll();
+  // On several processes a collective while a save is in flight (every rank calls it at the same points).
+  const std::optional<trainer::AsyncSave::Outcome> done = async_save_->collect(wait);
   if (!done) return;
   const long long step = static_cast<long long>(done->step);
   if (done->error.empty()) {
@@ -539,7 +536,7 @@ FitResult Trainer::fit() {
     std::unique_ptr<trainer::AsyncSave>& save;
     ~EndAsyncSave() { save.reset(); }
   } end_async_save{async_save_};
-  if (o.async_checkpoint && checkpoint_root_) async_save_ = std::make_unique<trainer::AsyncSave>();
+  if (o.async_checkpoint && checkpoint_root_) async_save_ = std::make_unique<trainer::AsyncSave>(&group);
 
   // ---- resume
   FitResult result;

@@ -118,7 +118,7 @@ struct TrainerOptions {
   bool stop_on_write_error = true;
   // Save checkpoints in the background (Note [Asynchronous checkpoints] in trainer/async_save.h): the
   // step's state is snapshotted into host memory at the step and written and committed on a thread
-  // while training goes on. One process only (ConfigError on several).
+  // while training goes on; on several processes rank 0 commits once every rank's write is done.
   bool async_checkpoint = false;
   // A failed background save stops the run (CheckpointError) instead of one warning per failure, the
   // run going on with `latest` at the previous step. A failed synchronous save always stops it.
