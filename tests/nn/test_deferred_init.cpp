@@ -151,6 +151,39 @@ TEST_CASE("deferred: a slice is made from the recorded values without allocating
   }
 }
 
+TEST_CASE("init: a tensor of many chunks draws as a view filled whole, and as a deferred one", "[deferred][init]") {
+  // fill_from fills a contiguous tensor a chunk (2^20 elements) at a time and any other tensor through
+  // one float64 buffer of its size: the same draws in the same order, rounded once each, so the bits
+  // agree; and a deferred tensor materializes them too.
+  const Shape shape = {1100, 1000};  // 1.1e6 elements: a chunk and a part
+  for (DType dtype : {DType::Float32, DType::BFloat16}) {
+    for (int kind = 0; kind < 2; ++kind) {
+      INFO("dtype " << dtype << ", kind " << kind);
+      auto init = [&](const Tensor& t, Generator& g) {
+        if (kind == 0) nn::init::uniform_(t, -0.7, 1.3, g);
+        else nn::init::normal_(t, 0.25, 2.0, g);
+      };
+      Generator g1(7), g2(7), g3(7);
+      const Tensor chunked = Tensor::empty(shape, dtype);
+      init(chunked, g1);
+      const Tensor transposed = Tensor::empty({shape[1], shape[0]}, dtype).transpose(0, 1);
+      REQUIRE_FALSE(transposed.is_contiguous());
+      init(transposed, g2);
+      Tensor lazy;
+      {
+        LazyInitGuard guard;
+        lazy = Tensor::empty(shape, dtype);
+      }
+      init(lazy, g3);
+      materialize(lazy);
+      CHECK(g1.state() == g2.state());
+      CHECK(g1.state() == g3.state());
+      CHECK(same_bits(chunked, transposed.contiguous()));
+      CHECK(same_bits(chunked, lazy));
+    }
+  }
+}
+
 TEST_CASE("deferred: writes and partial inits run eagerly on the recorded values", "[deferred]") {
   Generator g1(5), g2(5);
   Tensor eager = Tensor::empty({4, 6}), lazy;

@@ -1,5 +1,7 @@
 #include "booster/nn/init.h"
 
+#include <algorithm>
+
 #include "booster/autograd/autograd.h"
 #include "booster/ops/ops.h"
 #include "booster/tensor/deferred.h"
@@ -8,16 +10,32 @@ namespace booster::nn::init {
 
 namespace {
 
-// Fills a float64 host buffer with draw() and copies it into t (converting dtype and device), so the
-// numbers drawn do not depend on t's dtype.
+// Fills t with draw() through a float64 host buffer, converting dtype and device as copy_ does, so the
+// numbers drawn do not depend on t's dtype. A contiguous t is filled a chunk at a time: building a
+// model then takes its parameters' memory, not three times its largest tensor's (a full float64 copy
+// beside it), which for a Llama's embedding is gigabytes.
 template <class Draw>
 void fill_from(const Tensor& t, Draw&& draw) {
-  Tensor host = Tensor::empty(t.shape(), DType::Float64);
-  double* p = host.data<double>();
-  for (int64_t i = 0; i < host.numel(); ++i) p[i] = draw();
   NoGradGuard no_grad;
-  Tensor dst = t;
-  dst.copy_(host);
+  const int64_t n = t.numel();
+  constexpr int64_t kChunk = int64_t(1) << 20;  // 8 MB of float64
+  if (!t.is_contiguous() || n <= kChunk) {
+    Tensor host = Tensor::empty(t.shape(), DType::Float64);
+    double* p = host.data<double>();
+    for (int64_t i = 0; i < n; ++i) p[i] = draw();
+    Tensor dst = t;
+    dst.copy_(host);
+    return;
+  }
+  const Tensor flat = t.view({n});
+  Tensor host = Tensor::empty({kChunk}, DType::Float64);
+  double* p = host.data<double>();
+  for (int64_t start = 0; start < n; start += kChunk) {
+    const int64_t len = std::min(kChunk, n - start);
+    for (int64_t i = 0; i < len; ++i) p[i] = draw();
+    Tensor dst = flat.narrow(0, start, len);
+    dst.copy_(host.narrow(0, 0, len));
+  }
 }
 
 }  // namespace
