@@ -285,7 +285,8 @@ int run(int argc, char** argv) {
     const nlohmann::json& config = resolved.config;
     if (command == "check") {
       // A library model's input and classes against the data: one forward, as train's first step.
-      booster::config::trial_forward(config);
+      if (const std::string skipped = booster::config::trial_forward(config); !skipped.empty())
+        std::cerr << "booster: " << skipped << "\n";
       // resolve() has run the compatibility matrix: reaching here means the combination works.
       std::cerr << "booster: compatible: mixed precision '" << config.at("mixed_precision").at("name").get<std::string>()
                 << "' with plugin '" << config.at("plugin").at("name").get<std::string>() << "' on "

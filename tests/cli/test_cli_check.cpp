@@ -368,3 +368,22 @@ TEST_CASE("booster check: a library model whose input or classes do not fit the 
   CHECK_THAT(fits.out, Contains("\"toy_mlp\""));
 }
 
+TEST_CASE("booster check: a library model too large for this machine's memory is not built for the trial forward",
+          "[cli][check][models]") {
+  // The toy model's 780 bytes of parameters against 1000 bytes available (a test hook standing in for
+  // MemAvailable): more than half, so check counts it deferred and says it skipped the forward, where
+  // building it would take the memory a large model needs. The data does not fit the model (10
+  // features for 8 inputs), which only the skipped forward would have found.
+  const fs::path wide = write_toy_config("toy_wide_big.json", 10, 3, {{"name", "single"}});
+  const RunResult skipped =
+      testing::run_booster_in(scratch_dir(), "check --config " + wide.string(), std::string(kEnv) + " BOOSTER_TEST_MEM_AVAILABLE=1000");
+  INFO(skipped.err);
+  CHECK(skipped.exit_code == 0);
+  CHECK_THAT(skipped.err, Contains("booster: the trial forward of the library model was skipped: its parameters take "
+                                   "780 bytes, more than half of the 1000 bytes this machine has available"));
+  const RunResult ran =
+      testing::run_booster_in(scratch_dir(), "check --config " + wide.string(), std::string(kEnv) + " BOOSTER_TEST_MEM_AVAILABLE=2000");
+  CHECK(ran.exit_code == 1);
+  CHECK_THAT(ran.err, Contains("fc1 (Linear): expected input [..., 8], got shape [2, 10]"));
+}
+

@@ -106,7 +106,9 @@ void check_model(const json& resolved);
 // forward without gradients on two samples of the training split and the criterion on its output, so
 // `booster check` reports an input size or class count that does not fit the data with the error the
 // first training step would give. Nothing for other models. Called by `booster check`, not by resolve.
-void trial_forward(const json& resolved);
+// Returns why it did not run ("" when it ran or had nothing to check): a model whose parameters would
+// take more than half of the memory available is not built.
+std::string trial_forward(const json& resolved);
 
 // ------------------------------------------------------------------ mixed_precision and plugin
 // Note [The mixed_precision section] and Note [The plugin section] in booster_sections.cpp.

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <fstream>
 #include <iomanip>
 #include <optional>
@@ -46,6 +47,7 @@ HostMemory host_memory() {
     if (key == "MemAvailable:") m.available = kib * 1024;
     if (key == "MemTotal:") m.total = kib * 1024;
   }
+  if (const char* fake = std::getenv("BOOSTER_TEST_MEM_AVAILABLE")) m.available = std::atoll(fake);
   return m;
 }
 

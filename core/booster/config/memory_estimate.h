@@ -61,7 +61,8 @@ std::string format_memory_estimate(const MemoryEstimate& estimate);
 // "1.5 GiB", "195 bytes".
 std::string format_bytes(double bytes);
 
-// MemAvailable and MemTotal of /proc/meminfo in bytes (-1 where unknown).
+// MemAvailable and MemTotal of /proc/meminfo in bytes (-1 where unknown). Test hook:
+// BOOSTER_TEST_MEM_AVAILABLE=BYTES stands in for MemAvailable.
 struct HostMemory {
   int64_t available = -1;
   int64_t total = -1;

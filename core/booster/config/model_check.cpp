@@ -42,7 +42,9 @@
 // the largest class, so the criterion sees a class the model's outputs may not cover. A model whose
 // input size does not fit the data fails in the layer that takes it ("fc1 (Linear): expected input
 // [..., 8], got shape [2, 10]", Note [Errors name the module] in booster/nn/module.cpp), one with too
-// few classes in the criterion, each with the error train would give.
+// few classes in the criterion, each with the error train would give. The model is counted deferred
+// first: one whose parameters would take more than half of the memory available (MemAvailable) is not
+// built, and check says so instead of running the machine out of memory.
 #include "booster/config/config.h"
 
 #include "booster/common/error.h"
@@ -53,6 +55,7 @@
 #include "booster/nn/models.h"
 #include "booster/nn/shard_policy.h"
 #include "booster/autograd/autograd.h"
+#include "booster/config/memory_estimate.h"
 #include "booster/config/training.h"
 #include "booster/data/dataset.h"
 #include "booster/ops/ops.h"
@@ -185,12 +188,19 @@ void check_model(const json& c) {
 }
 
 // Note [A trial forward of a library model].
-void trial_forward(const json& c) {
+std::string trial_forward(const json& c) {
   const json& model = c.at("model");
-  if (!model.contains("library")) return;
+  if (!model.contains("library")) return "";
+  double bytes = 0;
+  for (const Tensor& p : build_deferred(c)->parameters()) bytes += double(p.nbytes());
+  const HostMemory memory = host_memory();
+  if (memory.available > 0 && bytes > 0.5 * double(memory.available))
+    return "the trial forward of the library model was skipped: its parameters take " + format_bytes(bytes) +
+           ", more than half of the " + format_bytes(double(memory.available)) +
+           " this machine has available; a model that does not fit the data fails at train's first step";
   const uint64_t seed = c.at("train").at("seed").get<uint64_t>();
   const DataSplits split = make_datasets(c.at("data"), seed, model_vocab_size(model));
-  if (!split.train || split.train->size() == 0) return;
+  if (!split.train || split.train->size() == 0) return "";
   std::vector<int64_t> rows = {0};
   if (const auto* tensors = dynamic_cast<const data::TensorDataset*>(split.train.get());
       tensors && tensors->y().dim() == 1 && !is_floating(tensors->y().dtype()) && tensors->size() > 1)
@@ -204,6 +214,7 @@ void trial_forward(const json& c) {
   built->eval();
   NoGradGuard no_grad;
   make_criterion(c.at("criterion"))((*built)(batch.x), batch.y);
+  return "";
 }
 
 }  // namespace booster::config
