@@ -371,3 +371,33 @@ TEST_CASE("async checkpoints on 2 ranks: kill -9 of a rank mid-write leaves late
   CHECK(read_text(root / "latest") == "step-00000006\n");
   CHECK_FALSE(fs::exists(tmp));
 }
+
+// A stop (SIGTERM through booster run) while a background save is in flight: every rank waits for it,
+// and the stop's own save, so the message names a committed step and `latest` names it.
+TEST_CASE("async checkpoints on 2 ranks: SIGTERM waits for the save in flight and names a committed step",
+          "[cli][checkpoint][async][mpi][signal]") {
+  if (const std::string why = why_no_mpi(); !why.empty()) {
+    skip_test(why);
+    return;
+  }
+  const fs::path root = scratch_dir() / "async_stopped", dir = scratch_dir() / "async_stopped_run";
+  fs::remove_all(root);
+  // Every background write takes 2 s; the signal comes right after step 2, whose save is in flight.
+  const RunResult r = testing::run_booster_interrupted(
+      dir, two_ranks(train_args(root, "--set plugin=ddp --set train.async_checkpoint=true")),
+      testing::wait_for_line("step      2/6"), "kill -TERM $pid",
+      std::string(kEnv) + " BOOSTER_TEST_ASYNC_SAVE_SLEEP_MS=2000");
+  INFO(r.err);
+  CHECK(r.exit_code == 128 + SIGTERM);
+  CHECK_THAT(r.err, Catch::Contains("saved step      2 | " + step_dir(root, 2).string()));
+  const std::string marker = "stopped by SIGTERM after step ";
+  const size_t at = r.err.find(marker);
+  REQUIRE(at != std::string::npos);
+  const int step = std::atoi(r.err.c_str() + at + marker.size());
+  CHECK(step > 2);
+  CHECK_THAT(r.err, Catch::Contains("; saved " + step_dir(root, step).string()));
+  char latest[32];
+  std::snprintf(latest, sizeof latest, "step-%08d\n", step);
+  CHECK(read_text(root / "latest") == latest);
+  for (const auto& entry : fs::directory_iterator(root)) CHECK(entry.path().extension() != ".tmp");
+}
