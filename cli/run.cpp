@@ -221,6 +221,8 @@ void fill_launch(LaunchPlan& plan, const LaunchContext& context, int nproc) {
   for (const int signal : {SIGINT, SIGTERM, SIGHUP})
     forwarded += (forwarded.empty() ? "" : ",") + std::to_string(trainer::StopOnSignal::launcher_signal(signal));
   plan.argv.insert(plan.argv.end(), {"--mca", "ess_base_forward_signals", forwarded});
+  // A job restarted when a rank dies ends at once (Note [Restarting a failed job]).
+  if (plan.max_restarts > 0) plan.argv.insert(plan.argv.end(), {"--mca", "odls_base_sigkill_timeout", "0"});
   for (const std::string& name : exported) {
     plan.argv.push_back("-x");
     plan.argv.push_back(name);
@@ -607,6 +609,13 @@ int supervise(const std::vector<char*>& argv, Relay& relay) {
 // resumes at any number of processes when the global batch is the same (Note [Resuming across layouts]),
 // so booster run adds --set data.batch_size=B that keeps it (train.grad_accumulation is a setting a
 // resume must keep, and the saved data position counts batches, so it cannot change instead).
+//
+// A restart waits for the job to end, and mpirun ends a job that lost a rank as it ends one on a signal:
+// SIGTERM to the ranks left a second later, SIGKILL a second after that (odls_base_sigkill_timeout 1).
+// Those ranks wait in a collective for the dead one, so they can neither finish the step nor save: the
+// two seconds were most of a restart (bench/README.md, "Elastic restarts"). With --max-restarts,
+// booster run passes --mca odls_base_sigkill_timeout 0, and the job ends as soon as mpirun notices.
+// A stop asked for with Ctrl-C is unchanged: it reaches the ranks as a forwarded signal, not as a kill.
 namespace restart {
 
 // The value of `name` (long or short form) in a booster train command, or nullopt; all of them when
@@ -681,7 +690,9 @@ std::string exit_status(int code) {
   return text;
 }
 
-std::string reason(int code, const std::string& failure) {
+std::string reason(int code, std::string failure) {
+  // mpirun's line ends with a full stop, which would end the restart line mid-sentence (".; resuming").
+  while (!failure.empty() && (failure.back() == '.' || failure.back() == ' ')) failure.pop_back();
   return exit_status(code) + (failure.empty() ? std::string() : ": " + failure);
 }
 
