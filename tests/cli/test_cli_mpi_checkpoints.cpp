@@ -162,6 +162,16 @@ TEST_CASE("ranks resume from the same step when one rank's copy of the newest is
     CHECK_THAT(resumed.err, Catch::Contains("rank 1: checkpoint file " + (step_dir(root1, 4) / "model").string()));
     CHECK(json::parse(testing::last_line(resumed.out)).at("steps") == 6);
   }
+  SECTION("rank 0's newest step is damaged: rank 1 passes over its good copy and says so") {
+    damage(step_dir(root0, 4));
+    const RunResult resumed = run_booster(two_ranks_own_roots(copies, "--set plugin=ddp --resume latest"));
+    INFO(resumed.err);
+    CHECK(resumed.exit_code == 0);
+    CHECK_THAT(resumed.err, Catch::Contains("resumed from " + step_dir(root0, 2).string() + " at step 2"));
+    CHECK_THAT(resumed.err, Catch::Contains("warning: checkpoint file " + (step_dir(root0, 4) / "model").string()));
+    CHECK_THAT(resumed.err, Catch::Contains("rank 1: " + step_dir(root1, 4).string() + " passes its checksums, but "
+                                            "rank 0 of 2 has no step newer than 2"));
+  }
   SECTION("a rank with no step that passes stops every rank, naming it") {
     damage(step_dir(root1, 2));
     damage(step_dir(root1, 4));

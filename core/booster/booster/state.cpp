@@ -400,6 +400,8 @@ std::optional<fs::path> Booster::agree_on_state(const fs::path& path, const Load
   constexpr int64_t kNothing = -2;  // find_state found nothing there (the caller's errors follow)
   constexpr int64_t kFailed = -3;   // no step this rank can load: `failure` says why
   constexpr int64_t kUnnumbered = -1;  // a directory named explicitly, not step-XXXXXXXX: loaded as named
+  const bool fallback =
+      options.verify && fs::is_directory(path) && !fs::exists(path / checkpoint::kTrainerStateFileName);
   std::vector<std::string> damaged;
   std::optional<fs::path> found;
   std::string failure;
@@ -408,7 +410,11 @@ std::optional<fs::path> Booster::agree_on_state(const fs::path& path, const Load
   } catch (const std::exception& e) {
     failure = e.what();
   }
-  auto code = [&] { return !failure.empty() ? kFailed : !found ? kNothing : step_of_dir(*found); };
+  // A rank that cannot fall back (a step named, --no-verify) takes no part in choosing a step: it
+  // contributes no step number, so every rank loads what it found.
+  auto code = [&] {
+    return !failure.empty() ? kFailed : !found ? kNothing : fallback ? step_of_dir(*found) : kUnnumbered;
+  };
   // Every rank's code, in rank order: one all-reduce (a sum of one slot each).
   auto exchange = [&](int64_t mine) {
     std::vector<int64_t> slots(size_t(world), 0);
@@ -418,9 +424,8 @@ std::optional<fs::path> Booster::agree_on_state(const fs::path& path, const Load
     const Tensor host = t.cpu().contiguous();
     return std::vector<int64_t>(host.data<int64_t>(), host.data<int64_t>() + world);
   };
-  const bool fallback = options.verify && fs::is_directory(path) && !fs::exists(path / checkpoint::kTrainerStateFileName);
   std::vector<int64_t> first;  // what each rank found on its own
-  std::vector<std::string> agreed;  // rank 0's lines about steps passed over for another rank
+  std::vector<std::string> agreed;  // this rank's lines about steps passed over for another rank
   for (;;) {
     const std::vector<int64_t> all = exchange(code());
     if (first.empty()) first = all;
@@ -428,9 +433,9 @@ std::optional<fs::path> Booster::agree_on_state(const fs::path& path, const Load
       if (all[size_t(r)] != kFailed) continue;
       BOOSTER_CHECK(r != me, CheckpointError, options.context, ": rank ", r, " of ", world, ": ", failure,
                     "; every rank must resume from the same step, so none does");
-      BOOSTER_FAIL(CheckpointError, options.context, ": rank ", r, " of ", world, " finds no checkpoint it can load in ",
-                   "its checkpoint directory (its own message says why); every rank must resume from the same step, so none "
-                   "does: give every rank a root holding a step that passes its checksums");
+      BOOSTER_FAIL(CheckpointError, options.context, ": rank ", r, " of ", world, " finds no checkpoint it can load in "
+                   "its checkpoint directory (its own message says why); every rank must resume from the same step, "
+                   "so none does: give every rank a root holding a step that passes its checksums");
     }
     const bool none = std::find(all.begin(), all.end(), kNothing) != all.end();
     if (none) {
@@ -438,31 +443,32 @@ std::optional<fs::path> Booster::agree_on_state(const fs::path& path, const Load
       if (every) break;  // nothing saved anywhere: the caller's own error or fresh start
       const int r = int(std::find(all.begin(), all.end(), kNothing) - all.begin());
       BOOSTER_FAIL(CheckpointError, options.context, ": rank ", r, " of ", world, " finds no checkpoint in ",
-                   r == me ? path.string() : std::string("its checkpoint directory"), " while other ranks do; every rank must resume from the same step, so none does: give every rank "
-                   "the same checkpoints");
+                   r == me ? path.string() : std::string("its checkpoint directory"), " while other ranks do; every "
+                   "rank must resume from the same step, so none does: give every rank the same checkpoints");
     }
-    if (!fallback || std::find(all.begin(), all.end(), kUnnumbered) != all.end()) break;
+    if (std::find(all.begin(), all.end(), kUnnumbered) != all.end()) break;
     const int64_t oldest = *std::min_element(all.begin(), all.end());
     if (std::count(all.begin(), all.end(), oldest) == world) break;
     const int lowest = int(std::find(all.begin(), all.end(), oldest) - all.begin());
     const int64_t mine = code();
     if (mine <= oldest) continue;
     // Rank `lowest` can load nothing newer: look again at or below its step.
-    if (me == 0)
-      agreed.push_back(str(found->string(), " passes its checksums, but rank ", lowest, " of ", world,
-                           " has no step newer than ", oldest, " that does (its own warning says why); every "
-                           "rank resumes from the same step, so this one is passed over"));
+    agreed.push_back(str(me == 0 ? "" : str("rank ", me, ": "), found->string(), " passes its checksums, but rank ",
+                         lowest, " of ", world, " has no step newer than ", oldest, " that does (its own warning "
+                         "says why); every rank resumes from the same step, so this one is passed over"));
     std::vector<std::string> older_damage;
     try {
       found = first_passing(checkpoint::checkpoint_candidates(path), oldest, older_damage);
-      if (!found) failure = str("no checkpoint in ", path.string(), " at or below step ", oldest, " (rank ", lowest,
-                                "'s newest) passes its checksums", older_damage.empty() ? std::string() : ": " + older_damage.front());
+      if (!found)
+        failure = str("no checkpoint in ", path.string(), " at or below step ", oldest, " (rank ", lowest,
+                      "'s newest) passes its checksums", older_damage.empty() ? "" : ": " + older_damage.front());
     } catch (const std::exception& e) {
       failure = e.what();
     }
     for (std::string& d : older_damage) damaged.push_back(std::move(d));
   }
-  // Rank 0 names what it passed over; another rank names damage only it saw.
+  // Rank 0 names the damage it passed over; another rank names damage only it saw (its newest step
+  // differed from rank 0's). Each rank names a good step it passed over for another rank.
   const bool own_view = me == 0 || first[size_t(me)] != first[0];
   if (own_view && found)
     for (const std::string& d : damaged)
