@@ -1,7 +1,7 @@
 // `booster run --max-restarts K [--min-processes M]` (cli/run.cpp, Note [Restarting a failed job]): a
 // job that loses a rank is restarted from its newest checkpoint and ends as an uninterrupted run does,
-// under ddp, ZeRO-3 and hybrid_parallel (tp 2 x dp 2), and on fewer processes (4 -> 2) within the bound
-// of a resume across world sizes. A rank dies through the trainer's test hook
+// under ddp, ZeRO-3 and hybrid_parallel (tp 2 x dp 2, pp 2 x dp 2), and on fewer processes (4 -> 2) within
+// the bound of a resume across world sizes. A rank dies through the trainer's test hook
 // BOOSTER_TEST_KILL_AT_STEP=S[:FILE] (SIGKILL on the last rank after step S; with FILE only once);
 // BOOSTER_TEST_MAX_PROCESSES=k is a lost node. Where the step is drawn, it comes from Catch's
 // --rng-seed (kill_step), so another seed kills elsewhere and a failure replays with the seed in INFO.
@@ -14,6 +14,8 @@
 #include <fstream>
 #include <random>
 #include <string>
+#include <tuple>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -58,10 +60,12 @@ json ddp_json() {
 
 double final_loss(const RunResult& r) { return json::parse(testing::last_line(r.out)).at("final_loss").get<double>(); }
 
-// The step after which the last rank is killed, from first to last: drawn from Catch's --rng-seed (0
-// unless given), so the test is the same on every run with one seed and kills elsewhere with another.
-int kill_step(int first, int last) {
+// The step after which the last rank is killed, from first to last: the `nth` draw from Catch's
+// --rng-seed (0 unless given), so the test is the same on every run with one seed and kills elsewhere
+// with another.
+int kill_step(int first, int last, int nth = 0) {
   std::mt19937 draw(Catch::rngSeed());
+  draw.discard(uint64_t(nth));
   return first + int(draw() % uint32_t(last - first + 1));
 }
 
@@ -89,7 +93,8 @@ fs::path ddp_config(const std::string& name) { return write_config(name, ddp_jso
 // checkpoint before the kill (or from step 0 when there is none yet), and all `steps` steps done.
 void check_restarted_once(const RunResult& r, const std::string& name, int killed, int every, int steps) {
   CHECK(count(r.err, "booster run: restart ") == 1);
-  CHECK_THAT(r.err, Catch::Contains("booster run: restart 1 of ") && Catch::Contains(" after exit status 137 (signal 9") &&
+  CHECK_THAT(r.err, Catch::Contains("booster run: restart 1 of ") &&
+                        Catch::Contains(" after exit status 137 (signal 9") &&
                         Catch::Contains("; resuming from the newest valid checkpoint (--resume latest)"));
   CHECK_THAT(r.err, !Catch::Contains(".; "));  // mpirun's full stop does not end the line mid-sentence
   const int from = resumed_step(killed, every);
@@ -159,34 +164,41 @@ TEST_CASE("booster run --max-restarts under ZeRO-3 on 2 ranks: a rank killed at 
   CHECK(same_model(run_dir_of("zero3_killed") / last, run_dir_of("zero3_whole") / last));
 }
 
-// The example tp 2 x dp 2 GPT (gpt_char_dp2_tp2.json), made small: 4 processes, each rank a half of
-// every layer of one replica.
-TEST_CASE("booster run --max-restarts under hybrid_parallel tp 2 x dp 2 on 4 ranks: a rank killed at a drawn step, "
-          "the run ends on the same bytes",
+// The example tp 2 x dp 2 GPT (gpt_char_dp2_tp2.json), and pp 2 x dp 2 (gpt_char_hybrid.json with
+// tp_size 1), made small: 4 processes, each rank a half of every layer, or one of the two stages, of one
+// of the two replicas.
+TEST_CASE("booster run --max-restarts under hybrid_parallel tp 2 x dp 2 and pp 2 x dp 2 on 4 ranks: a rank killed at "
+          "a drawn step, the run ends on the same bytes",
           "[cli][run][elastic][mpi][hybrid]") {
   if (!have_mpirun() || !fs::exists(fs::path(BOOSTER_LIB_DIR) / "libbooster_plugin_hybrid_parallel.so"))
     return skip_test(!have_mpirun() ? kNoMpirun : "the hybrid_parallel plugin is not built");
-  const int killed = kill_step(1, 15);
-  INFO("--rng-seed " << Catch::rngSeed() << ": the last rank is killed after step " << killed);
-  json c = json::parse(std::ifstream(std::string(BOOSTER_SOURCE_DIR) + "/examples/configs/gpt_char_dp2_tp2.json"));
-  c["model"].update(json{{"context", 16}, {"width", 32}, {"heads", 2}});
-  c["data"].update(json{{"context", 16}, {"batch_size", 4}});
-  c["train"].update(json{{"max_steps", 16}, {"log_every", 4}, {"eval_every", 8}, {"checkpoint_every", 4}});
-  RunResult whole = run_booster("run -n 4 -- booster train --config " + write_config("hybrid_whole", c).string());
-  INFO(whole.err);
-  REQUIRE(whole.exit_code == 0);
+  const std::string configs = std::string(BOOSTER_SOURCE_DIR) + "/examples/configs/";
+  for (const auto& [name, file, plugin] : std::vector<std::tuple<std::string, std::string, json>>{
+           {"tp2_dp2", "gpt_char_dp2_tp2.json", json::object()},
+           {"pp2_dp2", "gpt_char_hybrid.json", {{"tp_size", 1}, {"num_microbatches", 2}}}}) {
+    const int killed = kill_step(1, 15, name == "tp2_dp2" ? 0 : 1);
+    INFO(name << ", --rng-seed " << Catch::rngSeed() << ": the last rank is killed after step " << killed);
+    json c = json::parse(std::ifstream(configs + file));
+    c["plugin"].update(plugin);
+    c["model"].update(json{{"context", 16}, {"width", 32}, {"heads", 2}});
+    c["data"].update(json{{"context", 16}, {"batch_size", 4}});
+    c["train"].update(json{{"max_steps", 16}, {"log_every", 4}, {"eval_every", 8}, {"checkpoint_every", 4}});
+    RunResult whole = run_booster("run -n 4 -- booster train --config " + write_config(name + "_whole", c).string());
+    INFO(whole.err);
+    REQUIRE(whole.exit_code == 0);
 
-  const fs::path once = scratch_dir() / "hybrid_once";
-  fs::remove(once);
-  RunResult r = run_booster("run -n 4 --max-restarts 1 -- booster train --config " +
-                                write_config("hybrid_killed", c).string(),
-                            "BOOSTER_TEST_KILL_AT_STEP=" + std::to_string(killed) + ":" + once.string());
-  INFO(r.err);
-  REQUIRE(r.exit_code == 0);
-  check_restarted_once(r, "hybrid_killed", killed, 4, 16);
-  CHECK(final_loss(r) == final_loss(whole));  // exact resume
-  const fs::path last = fs::path("checkpoints") / step_name(16);
-  CHECK(same_model(run_dir_of("hybrid_killed") / last, run_dir_of("hybrid_whole") / last));
+    const fs::path once = scratch_dir() / (name + "_once");
+    fs::remove(once);
+    RunResult r = run_booster("run -n 4 --max-restarts 1 -- booster train --config " +
+                                  write_config(name + "_killed", c).string(),
+                              "BOOSTER_TEST_KILL_AT_STEP=" + std::to_string(killed) + ":" + once.string());
+    INFO(r.err);
+    REQUIRE(r.exit_code == 0);
+    check_restarted_once(r, name + "_killed", killed, 4, 16);
+    CHECK(final_loss(r) == final_loss(whole));  // exact resume
+    const fs::path last = fs::path("checkpoints") / step_name(16);
+    CHECK(same_model(run_dir_of(name + "_killed") / last, run_dir_of(name + "_whole") / last));
+  }
 }
 
 // A node of a 4-process ZeRO-3 job is lost: the restart runs on 2 with twice the per-rank batch, so
@@ -232,7 +244,8 @@ TEST_CASE("booster run --min-processes 2 restarts a 4-process ZeRO-3 job on 2 wi
   CHECK(json::parse(testing::last_line(r.out))["processes"] == 2);
 
   namespace ro = ::testing::roundoff;
-  const fs::path reference = run_dir_of("shrink_whole") / "checkpoints", got = run_dir_of("shrink_killed") / "checkpoints";
+  const fs::path reference = run_dir_of("shrink_whole") / "checkpoints";
+  const fs::path got = run_dir_of("shrink_killed") / "checkpoints";
   // Up to the kill both ran on 4 processes: the same bytes.
   CHECK(same_model(got / step_name(killed - 1), reference / step_name(killed - 1)));
   const double path = testing::checkpoint_path(reference, 13, model, 3);
