@@ -4,11 +4,16 @@
 //
 // Note [Hostfiles under booster run]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
-// A line is `HOST [KEY=VALUE ...]`, `#` starts a comment, blank lines are skipped. The keys are
-// OpenMPI's: slots (also slot, count, cpu) is the number of processes the host takes, max_slots
-// (max-slots) the most it may be oversubscribed to; user/username and port are passed to mpirun's ssh.
-// Anything else is a ConfigError naming file:line, as is a count that is not a whole number from 1
-// (max_slots from 0). A host listed twice adds its slots, as mpirun does. A line without slots= gets the
+// A line is `HOST [KEY=VALUE ...]`; `#` and `//` start a comment to the end of the line, `/* ... */` is a
+// comment that may span lines (and ends the line it starts on), blank lines are skipped. The keys are
+// those of OpenMPI's hostfile lexer: slots (also count, cpu) is the number of processes the host takes,
+// from 0; max_slots (max-slots, slots_max, slots-max, cpu_max, cpu-max, max_cpu, max-cpu, count_max,
+// count-max, max_count, max-count) the most it may be oversubscribed to, not below slots, and the slots
+// when slots is not given; username (user_name, user-name) and port are passed to mpirun's ssh; boards,
+// sockets, cores (and their _per_ spellings) and cpu_set (cpu-set) describe the host to mpirun. Anything
+// else (`slot=` is a rankfile's key, `user=` no key at all) is a ConfigError naming file:line, as is a
+// count that is not a whole number from 0. `^HOST` excludes the host: it adds no slots and removes those
+// of its other lines. A host listed twice adds its slots. A line without slots= or max_slots= gets the
 // host's cores from mpirun, which booster run cannot know for a remote host: the total is then unknown
 // and -n is not checked (say slots=N on every line to have it checked).
 #pragma once
@@ -19,9 +24,11 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <initializer_list>
 #include <optional>
 #include <sstream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "booster/common/error.h"
@@ -56,17 +63,66 @@ inline std::optional<long> whole_number(const std::string& text) {
   return std::stol(text);
 }
 
+// The lines of `text` without comments (Note [Hostfiles under booster run]), each with its line number;
+// a `/* */` comment ends the line it starts on, and the text after it is a line of its own.
+inline std::vector<std::pair<int, std::string>> hostfile_lines(const std::string& text) {
+  std::vector<std::pair<int, std::string>> lines;
+  std::string line;
+  int number = 1, line_number = 1;
+  bool in_block = false;
+  const auto end_line = [&] {
+    lines.emplace_back(line_number, line);
+    line.clear();
+  };
+  for (size_t i = 0; i < text.size(); ++i) {
+    const char c = text[i];
+    const char next = i + 1 < text.size() ? text[i + 1] : '\0';
+    if (c == '\n') {
+      if (!in_block) end_line();
+      line_number = ++number;
+    } else if (in_block) {
+      if (c == '*' && next == '/') {
+        in_block = false;
+        line_number = number;
+        ++i;
+      }
+    } else if (c == '/' && next == '*') {
+      end_line();
+      in_block = true;
+      ++i;
+    } else if (c == '#' || (c == '/' && next == '/')) {
+      while (i + 1 < text.size() && text[i + 1] != '\n') ++i;
+    } else {
+      line += c;
+    }
+  }
+  if (!in_block) end_line();
+  return lines;
+}
+
+inline bool is_one_of(const std::string& key, std::initializer_list<const char*> names) {
+  for (const char* n : names)
+    if (key == n) return true;
+  return false;
+}
+
+// The host of `user@host`, for matching `^host` against the other lines.
+inline std::string bare_host(const std::string& host) {
+  const size_t at = host.rfind('@');
+  return at == std::string::npos ? host : host.substr(at + 1);
+}
+
 }  // namespace detail_hostfile
 
 // Parses `text`, the contents of the hostfile `name` (for messages); ConfigError naming name:line.
 inline Hostfile parse_hostfile(const std::string& text, const std::string& name) {
+  using detail_hostfile::is_one_of;
   Hostfile file;
-  std::istringstream in(text);
-  std::string raw;
-  for (int number = 1; std::getline(in, raw); ++number) {
-    // Up to a comment, with `slots = 2` as `slots=2`, as OpenMPI's lexer takes it.
+  std::vector<std::string> excluded;
+  for (const auto& [number, raw] : detail_hostfile::hostfile_lines(text)) {
+    // `slots = 2` as `slots=2`, as OpenMPI's lexer takes it.
     std::string line;
-    for (const char c : raw.substr(0, raw.find('#'))) {
+    for (const char c : raw) {
       const bool space = std::isspace(static_cast<unsigned char>(c));
       if (c == '=')
         while (!line.empty() && std::isspace(static_cast<unsigned char>(line.back()))) line.pop_back();
@@ -78,7 +134,16 @@ inline Hostfile parse_hostfile(const std::string& text, const std::string& name)
     const std::string where = name + ":" + std::to_string(number);
     BOOSTER_CHECK(host.find('=') == std::string::npos, ConfigError, "booster run: hostfile ", where, ": '", host,
                   "' is not a host name; expected a line `HOST slots=N` (e.g. `node01 slots=4`)");
+    if (host[0] == '^') {
+      BOOSTER_CHECK(host.size() > 1 && !(words >> word), ConfigError, "booster run: hostfile ", where, ": '", host,
+                    host.size() > 1 ? " " + word : std::string(), "' is not a host to exclude; expected `^HOST` alone ",
+                    "on its line (e.g. `^node03`)");
+      excluded.push_back(detail_hostfile::bare_host(host.substr(1)));
+      continue;
+    }
     HostfileEntry entry{host, std::nullopt, number};
+    std::optional<long> slots, max_slots;
+    std::string max_key;
     while (words >> word) {
       const size_t equals = word.find('=');
       const std::string key = word.substr(0, equals);
@@ -86,23 +151,37 @@ inline Hostfile parse_hostfile(const std::string& text, const std::string& name)
       BOOSTER_CHECK(equals != std::string::npos && !value.empty(), ConfigError, "booster run: hostfile ", where,
                     ": '", word, "' after the host name is not KEY=VALUE; expected a line `HOST slots=N` (e.g. `",
                     host, " slots=4`)");
-      if (key == "slots" || key == "slot" || key == "count" || key == "cpu") {
+      const bool is_slots = is_one_of(key, {"slots", "count", "cpu"});
+      const bool is_max = is_one_of(key, {"max_slots", "max-slots", "slots_max", "slots-max", "cpu_max", "cpu-max",
+                                          "max_cpu", "max-cpu", "count_max", "count-max", "max_count", "max-count"});
+      const bool is_number = is_one_of(key, {"port", "boards", "sockets", "sockets_per_board", "sockets-per-board",
+                                             "cores", "cores_per_socket", "cores-per-socket"});
+      if (is_slots || is_max || is_number) {
         const std::optional<long> n = detail_hostfile::whole_number(value);
-        BOOSTER_CHECK(n && *n >= 1, ConfigError, "booster run: hostfile ", where, ": ", key, "=", value,
-                      " is not a number of slots; expected a whole number from 1 (e.g. ", host, " slots=4)");
-        entry.slots = int(*n);
-      } else if (key == "max_slots" || key == "max-slots") {
-        const std::optional<long> n = detail_hostfile::whole_number(value);
-        BOOSTER_CHECK(n.has_value(), ConfigError, "booster run: hostfile ", where, ": ", key, "=", value,
-                      " is not a number; expected a whole number from 0");
+        BOOSTER_CHECK(n.has_value(), ConfigError, "booster run: hostfile ", where, ": ", key, "=", value, " is not ",
+                      is_number ? "a number" : "a number of slots", "; expected a whole number from 0",
+                      is_slots ? " (e.g. " + host + " slots=4)" : std::string());
+        if (is_slots) slots = n;
+        if (is_max) max_slots = n, max_key = key;
       } else {
-        BOOSTER_CHECK(key == "user" || key == "username" || key == "port", ConfigError, "booster run: hostfile ",
-                      where, ": unknown key '", key, "'; a line is `HOST slots=N [max_slots=M]` (keys slots, ",
-                      "max_slots, user, port)");
+        BOOSTER_CHECK(is_one_of(key, {"username", "user_name", "user-name", "cpu_set", "cpu-set"}), ConfigError,
+                      "booster run: hostfile ", where, ": unknown key '", key, "'; a line is `HOST slots=N ",
+                      "[max_slots=M]` (keys slots, max_slots, username, port, as mpirun's hostfile has them)");
       }
     }
+    BOOSTER_CHECK(!max_slots || !slots || *max_slots >= *slots, ConfigError, "booster run: hostfile ", where, ": ",
+                  max_key, "=", *max_slots, " is less than slots=", slots.value_or(0),
+                  "; expected max_slots of at least slots (or leave it out)");
+    if (slots || max_slots) entry.slots = int(slots ? *slots : *max_slots);
     file.entries.push_back(entry);
   }
+  // `^HOST` removes the host whichever line lists it, as mpirun does.
+  file.entries.erase(std::remove_if(file.entries.begin(), file.entries.end(),
+                                    [&](const HostfileEntry& e) {
+                                      return std::find(excluded.begin(), excluded.end(),
+                                                       detail_hostfile::bare_host(e.host)) != excluded.end();
+                                    }),
+                     file.entries.end());
   BOOSTER_CHECK(!file.entries.empty(), ConfigError, "booster run: hostfile ", name,
                 " lists no host; expected a line `HOST slots=N` per machine (e.g. `localhost slots=2`)");
   return file;

@@ -42,6 +42,7 @@
 #include <optional>
 #include <iostream>
 #include <set>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -724,10 +725,27 @@ struct HostfileForMpirun {
   }
 };
 
+// Whether the mpirun options ask for oversubscribing: the word --oversubscribe (or -oversubscribe), or
+// OVERSUBSCRIBE among --map-by's modifiers; exact words, so --nooversubscribe and NOOVERSUBSCRIBE do not.
 bool oversubscribing(const std::vector<std::string>& mpirun_options) {
-  for (std::string word : mpirun_options) {
+  const auto lower = [](std::string word) {
     std::transform(word.begin(), word.end(), word.begin(), [](unsigned char c) { return char(std::tolower(c)); });
-    if (word.find("oversubscribe") != std::string::npos) return true;
+    return word;
+  };
+  for (size_t i = 0; i < mpirun_options.size(); ++i) {
+    const std::string word = lower(mpirun_options[i]);
+    if (word == "--oversubscribe" || word == "-oversubscribe") return true;
+    std::string map_by;
+    for (const char* option : {"--map-by", "-map-by"}) {
+      const std::string prefix = std::string(option) + "=";
+      if (word == option && i + 1 < mpirun_options.size()) map_by = lower(mpirun_options[i + 1]);
+      if (word.rfind(prefix, 0) == 0) map_by = word.substr(prefix.size());
+    }
+    std::replace(map_by.begin(), map_by.end(), ',', ':');
+    std::string modifier;
+    std::istringstream modifiers(map_by);
+    while (std::getline(modifiers, modifier, ':'))
+      if (modifier == "oversubscribe") return true;
   }
   return false;
 }

@@ -107,15 +107,15 @@ TEST_CASE("a hostfile's hosts and slots, with comments, blank lines and spaces a
   CHECK(h.entries[1].host == "node02");
   CHECK(h.entries[1].slots == 2);
   CHECK(h.total_slots() == 7);  // a host listed twice adds its slots, as mpirun does
-  // OpenMPI's other spellings of the count; user and port are ssh's business.
-  CHECK(parse_hostfile("a count=2 user=me port=22\nb cpu=3\nc slot=1 max-slots=0\n", "h").total_slots() == 6);
+  // OpenMPI's other spellings of the count; username and port are ssh's business.
+  CHECK(parse_hostfile("a count=2 username=me port=22\nb cpu=3\nc slots=1 max-slots=1\n", "h").total_slots() == 6);
   // Without slots= mpirun counts the host's cores, which booster run cannot know: no total.
   CHECK_FALSE(parse_hostfile("node01 slots=4\nnode02\n", "h").total_slots().has_value());
 }
 
 TEST_CASE("a malformed hostfile line is a ConfigError naming file:line", "[cli][run][hostfile]") {
   CHECK_THAT(error_of("node01 slots=2\n\nnode02 slotz=3\n"), Catch::Contains("hostfile hosts:3: unknown key 'slotz'"));
-  CHECK_THAT(error_of("# c\nnode01 slots=0\n"), Catch::Contains("hosts:2: slots=0 is not a number of slots"));
+  CHECK_THAT(error_of("# c\nnode01 slots=x0\n"), Catch::Contains("hosts:2: slots=x0 is not a number of slots"));
   CHECK_THAT(error_of("node01 slots=two\n"), Catch::Contains("hosts:1: slots=two is not a number of slots"));
   CHECK_THAT(error_of("node01 slots=-1\n"), Catch::Contains("hosts:1: slots=-1 is not a number of slots"));
   CHECK_THAT(error_of("node01 4\n"), Catch::Contains("hosts:1: '4' after the host name is not KEY=VALUE"));
@@ -124,6 +124,62 @@ TEST_CASE("a malformed hostfile line is a ConfigError naming file:line", "[cli][
   CHECK_THAT(error_of("node01 max_slots=x\n"), Catch::Contains("hosts:1: max_slots=x is not a number"));
   CHECK_THAT(error_of("# only a comment\n\n"), Catch::Contains("hostfile hosts lists no host"));
   CHECK_THAT(error_of(""), Catch::Contains("lists no host"));
+}
+
+TEST_CASE("a hostfile takes the keys and aliases of OpenMPI's hostfile lexer, and no others", "[cli][run][hostfile]") {
+  const Hostfile h = parse_hostfile("a slots=1 user_name=me user-name=me username=me port=22\n"
+                                    "b cpu=2 slots_max=4 boards=1 sockets=2 cores=8 cpu_set=0-3\n"
+                                    "c count=3 max_count=3 cpu_max=5 cpu-max=5 max-cpu=5 count-max=5 slots-max=5\n"
+                                    "d slots=1 sockets_per_board=1 cores-per-socket=2 cpu-set=1\n",
+                                    "h");
+  CHECK(h.entries.size() == 4);
+  CHECK(h.total_slots() == 7);
+  // `user=` is no key of OpenMPI's, and `slot=` a rankfile's, not a hostfile's: mpirun refuses both.
+  CHECK_THAT(error_of("node01 slots=2 user=me\n"), Catch::Contains("hosts:1: unknown key 'user'"));
+  CHECK_THAT(error_of("node01 slot=2\n"), Catch::Contains("hosts:1: unknown key 'slot'"));
+  CHECK_THAT(error_of("node01 cores=many\n"), Catch::Contains("hosts:1: cores=many is not a number"));
+}
+
+TEST_CASE("slots=0 is allowed, max_slots below slots is a ConfigError and max_slots alone gives the slots",
+          "[cli][run][hostfile]") {
+  CHECK(parse_hostfile("node01 slots=0\nnode02 slots=2\n", "h").total_slots() == 2);
+  CHECK_THAT(error_of("node01 slots=4 max_slots=2\n"),
+             Catch::Contains("hosts:1: max_slots=2 is less than slots=4; expected max_slots of at least slots"));
+  CHECK_THAT(error_of("node01 max-slots=1 slots=3\n"), Catch::Contains("hosts:1: max-slots=1 is less than slots=3"));
+  const Hostfile h = parse_hostfile("node01 max_slots=3\nnode02 slots=2 max_slots=2\n", "h");
+  REQUIRE(h.entries.size() == 2);
+  CHECK(h.entries[0].slots == 3);
+  CHECK(h.total_slots() == 5);
+}
+
+TEST_CASE("a ^host line excludes the host and adds no slots", "[cli][run][hostfile]") {
+  // ^node02 removes node02's slots from any line, and adds none of its own.
+  Hostfile h = parse_hostfile("node01 slots=2\nnode02 slots=4\n^node02\nnode03 slots=1\n", "h");
+  REQUIRE(h.entries.size() == 2);
+  CHECK(h.entries[0].host == "node01");
+  CHECK(h.entries[1].host == "node03");
+  CHECK(h.total_slots() == 3);
+  // An excluded host that no line lists changes nothing (and is no host without slots=).
+  h = parse_hostfile("node01 slots=2\n^node09\n", "h");
+  CHECK(h.total_slots() == 2);
+  CHECK_THAT(error_of("^node01\n"), Catch::Contains("hostfile hosts lists no host"));
+  CHECK_THAT(error_of("node01 slots=1\n^node02 slots=2\n"),
+             Catch::Contains("hosts:2: '^node02 slots=2' is not a host to exclude; expected `^HOST` alone"));
+}
+
+TEST_CASE("// and /* */ comments in a hostfile are stripped as OpenMPI does", "[cli][run][hostfile]") {
+  const Hostfile h = parse_hostfile("// the cluster\nnode01 slots=2 // the first\n/* node02 slots=8\n"
+                                    "   node03 slots=8 */\nnode04 slots=1 /* one */\n/**/ node05 slots=3\n",
+                                    "h");
+  REQUIRE(h.entries.size() == 3);
+  CHECK(h.entries[0].host == "node01");
+  CHECK(h.entries[1].host == "node04");
+  CHECK(h.entries[1].line == 5);
+  CHECK(h.entries[2].host == "node05");
+  CHECK(h.entries[2].line == 6);
+  CHECK(h.total_slots() == 6);
+  // Line numbers count the lines inside a comment.
+  CHECK_THAT(error_of("/* a\nb\n*/\nnode01 slotz=1\n"), Catch::Contains("hosts:4: unknown key 'slotz'"));
 }
 
 TEST_CASE("a hostfile that cannot be read is a ConfigError naming it", "[cli][run][hostfile]") {
@@ -167,6 +223,22 @@ TEST_CASE("booster run refuses -n beyond the hostfile's slots unless oversubscri
   INFO(r.err);
   CHECK(r.exit_code == 0);
   CHECK_THAT(r.out, Catch::Contains("-np 3 ") && Catch::Contains(" --hostfile " + hosts.string() + " --oversubscribe"));
+
+  // Only an exact --oversubscribe (or OVERSUBSCRIBE among --map-by's modifiers) asks for it:
+  // --nooversubscribe and NOOVERSUBSCRIBE ask for the opposite.
+  for (const std::string asks : {"--mpirun-arg --nooversubscribe", "--mpirun-arg --map-by --mpirun-arg slot:NOOVERSUBSCRIBE",
+                                 "--mpirun-arg --not-oversubscribe"}) {
+    r = dry_run("-n 3 --hostfile " + hosts.string() + " " + asks + " -- echo hi");
+    INFO(asks);
+    CHECK(r.exit_code == 2);
+    CHECK_THAT(r.err, Catch::Contains("-n 3 is more than the 2 slots"));
+  }
+  for (const std::string asks : {"--mpirun-arg -oversubscribe", "--mpirun-arg --map-by --mpirun-arg slot:OVERSUBSCRIBE",
+                                 "--mpirun-arg --map-by=ppr:2:node:oversubscribe"}) {
+    r = dry_run("-n 3 --hostfile " + hosts.string() + " " + asks + " -- echo hi");
+    INFO(asks << ": " << r.err);
+    CHECK(r.exit_code == 0);
+  }
 
   // Within the slots: the hostfile's slots count, not this machine's cores, so no --oversubscribe is added
   // even where 2 is more than the cores.
