@@ -12,6 +12,7 @@
 #include <csignal>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <regex>
 #include <string>
 #include <vector>
@@ -38,12 +39,13 @@ fs::path fresh_dir(const std::string& name) {
 }
 
 // Records an operation as the groups do when they start one.
-uint64_t start(int group, fr::CollectiveOp op, uint64_t seq, size_t bytes, const DType* dtype, int peer = -1) {
+fr::FlightId start(int group, fr::CollectiveOp op, uint64_t seq, size_t bytes, const DType* dtype, int peer = -1) {
   return fr::flight_start(group, op, seq, std::chrono::steady_clock::now(), bytes, peer, dtype);
 }
 
 // A hand-made record of world rank `rank`: one 2- or 3-rank world group, and `entries` as
-// {seq, op, state} of that group.
+// {seq, op, state} of that group. The group's counters say what the entries say (the ring held
+// every collective since #1).
 struct Op {
   uint64_t seq;
   std::string op, state;
@@ -56,10 +58,19 @@ json record(int rank, int world, const std::vector<Op>& ops, const std::vector<i
   int group_rank = 0;
   for (size_t i = 0; i < world_ranks.size(); ++i)
     if (world_ranks[i] == rank) group_rank = int(i);
-  json doc = {{"format", "booster-flight-recorder"}, {"version", 1}, {"world_rank", rank}, {"reason", "test"},
+  uint64_t last_started = 0, completed_through = 0;
+  std::map<uint64_t, bool> done;
+  for (const Op& o : ops) {
+    last_started = std::max(last_started, o.seq);
+    done[o.seq] = o.state == "completed";
+  }
+  while (done.count(completed_through + 1) && done[completed_through + 1]) ++completed_through;
+  json doc = {{"format", "booster-flight-recorder"}, {"version", 2}, {"world_rank", rank}, {"reason", "test"},
               {"clock", {{"steady_ns", int64_t(10'000'000'000)}, {"wall_ns", int64_t(1'700'000'000'000'000'000)}}},
               {"groups", json::array({{{"index", 0}, {"backend", "mpi"}, {"name", group}, {"instance", 0},
-                                       {"size", world_ranks.size()}, {"rank", group_rank}, {"world_ranks", world_ranks}}})},
+                                       {"size", world_ranks.size()}, {"rank", group_rank},
+                                       {"last_started", last_started}, {"completed_through", completed_through},
+                                       {"world_ranks", world_ranks}}})},
               {"entries", json::array()}};
   int64_t t = 1'000'000'000;
   for (const Op& o : ops) {
@@ -94,7 +105,7 @@ TEST_CASE("flight recorder: the ring keeps the last 256 operations in order", "[
   const int g = fr::flight_register_group("mpi", "world", 2, 0, {});
   const DType f32 = DType::Float32;
   for (uint64_t s = 1; s <= 300; ++s) {
-    const uint64_t id = start(g, s % 3 ? fr::CollectiveOp::AllReduce : fr::CollectiveOp::Broadcast, s, s * 8, &f32);
+    const fr::FlightId id = start(g, s % 3 ? fr::CollectiveOp::AllReduce : fr::CollectiveOp::Broadcast, s, s * 8, &f32);
     if (s < 300) fr::flight_end(id, fr::FlightState::Completed);
   }
   const fs::path file = dump_flight_record("the ring test");
@@ -125,10 +136,10 @@ TEST_CASE("flight recorder: a dump reads back as recorded", "[distributed][fligh
   const int world = fr::flight_register_group("mpi", "world", 3, 1, {});
   const int sub = fr::flight_register_group("nccl", "tp \"a\"", 2, 0, {1, 2});
   const DType bf16 = DType::BFloat16, i64 = DType::Int64;
-  const uint64_t a = start(world, fr::CollectiveOp::AllReduce, 1, 1000, &bf16);
+  const fr::FlightId a = start(world, fr::CollectiveOp::AllReduce, 1, 1000, &bf16);
   fr::flight_end(a, fr::FlightState::Completed);
   fr::flight_end(a, fr::FlightState::TimedOut);  // an end after the end changes nothing
-  const uint64_t b = start(sub, fr::CollectiveOp::Barrier, 1, 0, nullptr);
+  const fr::FlightId b = start(sub, fr::CollectiveOp::Barrier, 1, 0, nullptr);
   start(world, fr::CollectiveOp::SendRecv, 0, 48, &i64, 2);  // still running
   // What a group does at a timeout (flight_dump_on_timeout): the collective marked, the ring written.
   fr::flight_end(b, fr::FlightState::TimedOut);
@@ -279,6 +290,80 @@ TEST_CASE("flight analysis: groups of one name with other members are told apart
   INFO(findings[1].text);
   CHECK_THAT(findings[1].text, Catch::Contains("world rank 2 (rank 0 of the group) waits in all_reduce #6"));
   CHECK_THAT(findings[1].text, Catch::Contains("world rank 3 (rank 1 of the group) never started it"));
+}
+
+// Note [Flight recorder], "Counters": more than 256 operations after a collective that is still running
+// push its entry out of the ring; the group's counters still say it did not complete.
+TEST_CASE("flight analysis: a collective still running after 256 later ones is not reported completed",
+          "[distributed][flight]") {
+  fr::flight_reset_for_testing();
+  const fs::path dir = fresh_dir("pushed_out_pending");
+  set_flight_dump_dir(dir);
+  const int g = fr::flight_register_group("nccl", "world", 2, 0, {});
+  const DType f32 = DType::Float32;
+  start(g, fr::CollectiveOp::AllReduce, 1, 64, &f32);  // never ends
+  for (uint64_t s = 2; s <= 301; ++s) fr::flight_end(start(g, fr::CollectiveOp::AllReduce, s, 64, &f32), fr::FlightState::Completed);
+  REQUIRE(dump_flight_record("test") == dir / "rank-0.json");
+  const json mine = load_flight_records(dir).at(0);
+  CHECK(mine["groups"][0]["last_started"] == 301);
+  CHECK(mine["groups"][0]["completed_through"] == 0);
+  CHECK(mine["entries"][0]["seq"] == 301 - fr::kFlightRingSize + 1);  // #1 has left the ring
+  // Rank 1 completed #1 and everything up to #301.
+  std::vector<Op> ops;
+  for (uint64_t s = 1; s <= 301; ++s) ops.push_back({s, "all_reduce", "completed"});
+  json other = record(1, 2, ops);
+  other["groups"][0]["backend"] = "nccl";
+  const FlightGroupFinding f = analyze_flight_records({mine, other}).at(0);
+  INFO(f.text);
+  CHECK(f.seq == 1);
+  CHECK(f.unknown == std::vector<int>{0});
+  CHECK(f.completed == std::vector<int>{1});
+  CHECK_THAT(f.text, Catch::Contains("rank 0: unknown (its record no longer holds #1; started, and completed only "
+                                     "through #0)"));
+  // A collective completed out of order counts once the ones before it have.
+  fr::flight_reset_for_testing();
+  set_flight_dump_dir(dir);
+  const int h = fr::flight_register_group("mpi", "world", 2, 0, {});
+  const fr::FlightId one = start(h, fr::CollectiveOp::AllReduce, 1, 8, &f32);
+  const fr::FlightId two = start(h, fr::CollectiveOp::AllReduce, 2, 8, &f32);
+  fr::flight_end(two, fr::FlightState::Completed);
+  REQUIRE(!dump_flight_record("test").empty());
+  CHECK(load_flight_records(dir).at(0)["groups"][0]["completed_through"] == 0);
+  fr::flight_end(one, fr::FlightState::Completed);
+  REQUIRE(!dump_flight_record("test").empty());
+  CHECK(load_flight_records(dir).at(0)["groups"][0]["completed_through"] == 2);
+  fr::flight_reset_for_testing();
+}
+
+// Another group's traffic pushed every entry of the world group out of rank 0's ring: its counters still
+// say it completed #1..#10 and never started #11, which rank 1 waits in.
+TEST_CASE("flight analysis: a group whose entries another group pushed out is not reported as never started",
+          "[distributed][flight]") {
+  fr::flight_reset_for_testing();
+  const fs::path dir = fresh_dir("pushed_out_group");
+  set_flight_dump_dir(dir);
+  const int world = fr::flight_register_group("mpi", "world", 2, 0, {});
+  const int other = fr::flight_register_group("mpi", "dp", 1, 0, {0});
+  const DType f32 = DType::Float32;
+  for (uint64_t s = 1; s <= 10; ++s) fr::flight_end(start(world, fr::CollectiveOp::Broadcast, s, 8, &f32), fr::FlightState::Completed);
+  for (uint64_t s = 1; s <= 300; ++s) fr::flight_end(start(other, fr::CollectiveOp::AllReduce, s, 8, &f32), fr::FlightState::Completed);
+  REQUIRE(dump_flight_record("test") == dir / "rank-0.json");
+  const json mine = load_flight_records(dir).at(0);
+  for (const json& e : mine["entries"]) REQUIRE(e["group"] == "dp");
+  const std::vector<FlightGroupFinding> findings =
+      analyze_flight_records({mine, record(1, 2, plus(completed_up_to(10), {11, "all_reduce", "started"}))});
+  const FlightGroupFinding& f = findings.at(0);
+  INFO(f.text);
+  CHECK(f.group == "world");
+  CHECK(f.seq == 11);
+  CHECK(f.waiting == std::vector<int>{1});
+  CHECK(f.not_started == std::vector<int>{0});
+  CHECK_THAT(f.text, Catch::Contains("rank 0 never started it, its last completed is #10 (its record no longer holds it)"));
+  // Rank 0 alone: nothing pending, up to #10.
+  CHECK(analyze_flight_records({mine}).at(0).text ==
+        "group \"world\" (mpi, 2 ranks): nothing pending: every rank that left a record completed every collective it "
+        "started, up to #10; rank 1 left no record (no rank-1.json: stopped, hung or killed before it could write one)");
+  fr::flight_reset_for_testing();
 }
 
 TEST_CASE("flight records: a missing directory, no record or a malformed one is a DataError", "[distributed][flight]") {

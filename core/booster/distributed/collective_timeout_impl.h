@@ -34,13 +34,13 @@ struct Collective {
   Seconds timeout{0};
   size_t bytes = 0;  // this rank's share of the data it moves, which sets how long waiting may spin
   int peer = -1;     // SendRecv: the first peer of the batch
-  uint64_t flight = 0;  // its record in the flight recorder (detail::flight_start), 0: none
+  FlightId flight;   // its record in the flight recorder (detail::flight_start); id 0: none
   Clock::time_point deadline() const { return start + std::chrono::duration_cast<Clock::duration>(timeout); }
 };
 
 // The flight recorder's calls for `what` (flight_recorder_impl.h): its start, and at its timeout, the
 // ring marked and written (when a directory is set) naming it and `group`.
-inline uint64_t flight_start(int group, const Collective& what, const DType* dtype) {
+inline FlightId flight_start(int group, const Collective& what, const DType* dtype) {
   return flight_start(group, what.op, what.seq, what.start, what.bytes, what.peer, dtype);
 }
 void flight_dump_on_timeout(const Collective& what, const std::string& group);

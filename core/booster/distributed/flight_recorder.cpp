@@ -50,12 +50,21 @@ struct Entry {
   int8_t state = 0;   // FlightState
 };
 
+// Note [Flight recorder], "Counters": how far the group got, whatever the ring still holds.
+// Completions out of order wait in `done` (bit s % kDoneWindow: #s completed, for
+// completed_through < s <= completed_through + kDoneWindow) until the ones before them complete.
+constexpr uint64_t kDoneWindow = 1024;
+
 struct Group {
   char backend[8] = {};
   char name[64] = {};  // truncated past 63 bytes
   int size = 0, rank = 0;
   int instance = 0;           // earlier groups of this process with the same backend, name and members
   const int* world = nullptr;  // world rank of each rank (size of them), never freed; null: the world
+  // Written under g_mutex; atomic so that a signal handler may read them without it.
+  std::atomic<uint64_t> last_started{0};       // the highest seq started
+  std::atomic<uint64_t> completed_through{0};  // the highest seq such that every seq <= it completed
+  uint64_t done[kDoneWindow / 64] = {};
 };
 
 constexpr size_t kMaxGroups = 256;  // later groups are recorded as group -1 ("?")
@@ -237,7 +246,7 @@ bool write_dump(const char* reason, bool from_signal) {
     if (fd >= 0) {
       Writer w(fd);
       const int64_t now_steady = clock_ns(CLOCK_MONOTONIC), now_wall = clock_ns(CLOCK_REALTIME);
-      w.put("{\"format\": \"booster-flight-recorder\", \"version\": 1, \"world_rank\": ");
+      w.put("{\"format\": \"booster-flight-recorder\", \"version\": 2, \"world_rank\": ");
       w.num(world_rank);
       w.put(", \"pid\": ");
       w.num(::getpid());
@@ -263,6 +272,10 @@ bool write_dump(const char* reason, bool from_signal) {
         w.num(group.size);
         w.put(", \"rank\": ");
         w.num(group.rank);
+        w.put(", \"last_started\": ");
+        w.unum(group.last_started.load(std::memory_order_relaxed));
+        w.put(", \"completed_through\": ");
+        w.unum(group.completed_through.load(std::memory_order_relaxed));
         w.put(", \"world_ranks\": [");
         for (int r = 0; r < group.size; ++r) {
           if (r) w.put(", ");
@@ -386,6 +399,9 @@ int flight_register_group(const char* backend, const std::string& name, int size
   std::snprintf(g.name, sizeof g.name, "%s", name.c_str());
   g.size = size;
   g.rank = rank;
+  g.last_started.store(0, std::memory_order_relaxed);
+  g.completed_through.store(0, std::memory_order_relaxed);
+  std::fill(std::begin(g.done), std::end(g.done), uint64_t(0));
   if (!world_of.empty()) {
     int* world = new int[world_of.size()];  // kept for the process's life: a signal may read it
     std::copy(world_of.begin(), world_of.end(), world);
@@ -405,10 +421,14 @@ int flight_register_group(const char* backend, const std::string& name, int size
   return index;
 }
 
-uint64_t flight_start(int group, CollectiveOp op, uint64_t seq, Clock::time_point start, size_t bytes, int peer,
+FlightId flight_start(int group, CollectiveOp op, uint64_t seq, Clock::time_point start, size_t bytes, int peer,
                       const DType* dtype) {
   std::lock_guard<std::mutex> lock(g_mutex);
   const uint64_t id = ++g_next_id;
+  if (seq > 0 && group >= 0 && group < g_group_count.load(std::memory_order_relaxed)) {
+    std::atomic<uint64_t>& last = g_groups[group].last_started;
+    if (seq > last.load(std::memory_order_relaxed)) last.store(seq, std::memory_order_relaxed);
+  }
   Entry& e = g_ring[id % kFlightRingSize];
   e.id = 0;  // a signal reading now skips the slot rather than mixing two entries
   e.seq = seq;
@@ -421,15 +441,34 @@ uint64_t flight_start(int group, CollectiveOp op, uint64_t seq, Clock::time_poin
   e.dtype = dtype ? int8_t(*dtype) : int8_t(-1);
   e.state = int8_t(FlightState::Started);
   e.id = id;
-  return id;
+  return FlightId{id, group, seq};
 }
 
-void flight_end(uint64_t id, FlightState state) {
-  if (id == 0) return;
+void flight_end(const FlightId& id, FlightState state) {
+  if (id.id == 0) return;
   const int64_t now = steady_ns(Clock::now());
   std::lock_guard<std::mutex> lock(g_mutex);
-  Entry& e = g_ring[id % kFlightRingSize];
-  if (e.id != id || e.state != int8_t(FlightState::Started)) return;
+  if (state == FlightState::Completed && id.seq > 0 && id.group >= 0 &&
+      id.group < g_group_count.load(std::memory_order_relaxed)) {
+    // Note [Flight recorder], "Counters": marked done, then completed_through moved past every done one.
+    Group& g = g_groups[id.group];
+    uint64_t through = g.completed_through.load(std::memory_order_relaxed);
+    if (id.seq > through && id.seq - through <= kDoneWindow) {
+      g.done[(id.seq % kDoneWindow) / 64] |= uint64_t(1) << (id.seq % 64);
+      for (;;) {
+        const uint64_t next = through + 1, bit = uint64_t(1) << (next % 64);
+        uint64_t& word = g.done[(next % kDoneWindow) / 64];
+        if (!(word & bit)) break;
+        word &= ~bit;
+        through = next;
+      }
+      g.completed_through.store(through, std::memory_order_relaxed);
+    }
+    // Past the window (more than kDoneWindow later collectives completed first): not counted, so
+    // completed_through stays behind it, and the analysis says "unknown" rather than "completed".
+  }
+  Entry& e = g_ring[id.id % kFlightRingSize];
+  if (e.id != id.id || e.state != int8_t(FlightState::Started)) return;
   e.end_ns = now;
   e.state = int8_t(state);
 }
@@ -449,6 +488,11 @@ void flight_reset_for_testing() {
     std::lock_guard<std::mutex> lock(g_mutex);
     for (Entry& e : g_ring) e = Entry{};
     g_next_id = 0;
+    for (Group& g : g_groups) {
+      g.last_started.store(0);
+      g.completed_through.store(0);
+      std::fill(std::begin(g.done), std::end(g.done), uint64_t(0));
+    }
     g_group_count.store(0);
   }
   std::lock_guard<std::mutex> lock(g_dir_mutex);
@@ -511,6 +555,9 @@ void validate(const json& doc, const fs::path& file) {
         !g.value("index", json()).is_number_integer() || !g.value("world_ranks", json()).is_array() ||
         g["world_ranks"].size() != g["size"].get<size_t>())
       malformed(file, str("group ", g.dump().substr(0, 120), " lacks index, backend, name, size, rank or world_ranks"));
+    if (!g.value("last_started", json()).is_number_unsigned() || !g.value("completed_through", json()).is_number_unsigned())
+      malformed(file, str("group ", g.dump().substr(0, 120), " lacks last_started or completed_through (a record of "
+                          "an older booster?)"));
   }
   for (const json& e : doc["entries"]) {
     if (!e.is_object() || !e.value("seq", json()).is_number_unsigned() || !e.value("op", json()).is_string() ||
@@ -558,8 +605,8 @@ struct RankView {
   const json* record = nullptr;
   std::map<uint64_t, const json*> collectives;  // by seq
   std::vector<const json*> p2p;                 // point-to-point batches not completed
-  uint64_t started = 0;                         // the highest seq it started
-  uint64_t lowest = 0;                          // the lowest seq still in its ring
+  uint64_t started = 0;                         // the group's last_started: the highest seq it started
+  uint64_t through = 0;                         // the group's completed_through
 };
 
 std::string seconds_text(double s) {
@@ -609,13 +656,13 @@ std::vector<FlightGroupFinding> analyze_flight_records(const std::vector<json>& 
   std::map<int, const json*> by_rank;
   for (const json& r : records) by_rank[r.at("world_rank").get<int>()] = &r;
   std::vector<GroupKey> order;
-  std::map<GroupKey, std::map<int, std::pair<const json*, int64_t>>> where;  // world rank -> (record, group index)
+  std::map<GroupKey, std::map<int, std::pair<const json*, const json*>>> where;  // world rank -> (record, group)
   for (const auto& [rank, r] : by_rank) {
     for (const json& g : r->at("groups")) {
       GroupKey key{g.at("backend").get<std::string>(), g.at("name").get<std::string>(), g.value("instance", 0),
                    g.at("world_ranks").get<std::vector<int>>()};
       if (!where.count(key)) order.push_back(key);
-      where[key][rank] = {r, g.at("index").get<int64_t>()};
+      where[key][rank] = {r, &g};
     }
   }
 
@@ -644,30 +691,27 @@ std::vector<FlightGroupFinding> analyze_flight_records(const std::vector<json>& 
       }
       RankView& v = views[size_t(g)];
       v.record = found->second.first;
+      const json& group = *found->second.second;
+      const int64_t index = group.at("index").get<int64_t>();
+      v.started = group.at("last_started").get<uint64_t>();
+      v.through = group.at("completed_through").get<uint64_t>();
       for (const json& e : v.record->at("entries")) {
-        if (e.at("group_index").get<int64_t>() != found->second.second) continue;
+        if (e.at("group_index").get<int64_t>() != index) continue;
         const uint64_t seq = e.at("seq").get<uint64_t>();
         if (seq == 0) {
           if (e.at("state").get<std::string>() != "completed") v.p2p.push_back(&e);
           continue;
         }
         v.collectives[seq] = &e;
-        v.started = std::max(v.started, seq);
-        v.lowest = v.lowest ? std::min(v.lowest, seq) : seq;
       }
     }
-    // Each rank's first collective not completed: the first it holds unfinished, or the one after the
-    // last it started. The group's is the lowest of them.
+    // Note [Flight recorder], "Counters": each rank's first collective not completed is the one after
+    // its completed_through; the group's is the lowest of them. Whether a rank completed, started or
+    // never started it comes from its counters, never from the ring's leaving it out.
     uint64_t first = 0;
     for (const RankView& v : views) {
       if (!v.record) continue;
-      uint64_t mine = v.started + 1;
-      for (const auto& [seq, e] : v.collectives)
-        if (e->at("state").get<std::string>() != "completed") {
-          mine = seq;
-          break;
-        }
-      first = first ? std::min(first, mine) : mine;
+      first = first ? std::min(first, v.through + 1) : v.through + 1;
     }
     std::vector<std::string> parts;
     std::map<std::string, std::vector<int>> op_ranks;  // the ops named at `first`
@@ -681,11 +725,14 @@ std::vector<FlightGroupFinding> analyze_flight_records(const std::vector<json>& 
         anyone_started = true;
         op_ranks[at->second->at("op").get<std::string>()].push_back(g);
         if (f.op.empty()) f.op = at->second->at("op").get<std::string>();
-        if (at->second->at("state").get<std::string>() == "completed") f.completed.push_back(g);
+        if (at->second->at("state").get<std::string>() == "completed" || v.through >= first) f.completed.push_back(g);
         else f.waiting.push_back(g);
-      } else if (v.started >= first) {
-        anyone_started = true;  // its record of it has left the ring: long done
+      } else if (v.through >= first) {
+        anyone_started = true;  // its entry has left the ring; its counter says it completed
         f.completed.push_back(g);
+      } else if (v.started >= first) {
+        anyone_started = true;  // started, not known to have completed, and its entry is gone
+        f.unknown.push_back(g);
       } else {
         f.not_started.push_back(g);
       }
@@ -697,7 +744,8 @@ std::vector<FlightGroupFinding> analyze_flight_records(const std::vector<json>& 
       for (const auto& [seq, e] : v.collectives)
         if (seq > first && e->at("state").get<std::string>() != "completed")
           return str("waits in ", op_seq(*e), " (", how_long(*v.record, *e), ")");
-      if (v.collectives.empty()) return "has no collective of the group in its record";
+      if (v.collectives.empty() || v.collectives.rbegin()->first < v.through)
+        return str("its last completed is #", v.through, " (its record no longer holds it)");
       return str("its last completed is #", v.collectives.rbegin()->first, " ",
                  v.collectives.rbegin()->second->at("op").get<std::string>());
     };
@@ -706,12 +754,15 @@ std::vector<FlightGroupFinding> analyze_flight_records(const std::vector<json>& 
       f.not_started.clear();  // every rank is past the last collective: none is behind
       const RankView* last = nullptr;  // the rank that got furthest
       for (const RankView& v : views)
-        if (v.record && !v.collectives.empty() && (!last || v.started > last->started)) last = &v;
-      if (!last) parts.push_back("no collective recorded");
-      else
+        if (v.record && v.started > 0 && (!last || v.started > last->started)) last = &v;
+      if (!last) {
+        parts.push_back("no collective recorded");
+      } else {
+        auto at = last->collectives.find(last->started);
         parts.push_back(str("nothing pending: ", f.missing.empty() ? "every rank" : "every rank that left a record",
-                            " completed every collective it started, up to #", last->started, " ",
-                            last->collectives.rbegin()->second->at("op").get<std::string>()));
+                            " completed every collective it started, up to #", last->started,
+                            at != last->collectives.end() ? " " + at->second->at("op").get<std::string>() : ""));
+      }
     } else {
       f.seq = first;
       f.ops_disagree = op_ranks.size() > 1;
@@ -737,6 +788,15 @@ std::vector<FlightGroupFinding> analyze_flight_records(const std::vector<json>& 
                        how_long(*v.record, e), ")");
         }
         parts.push_back(clause);
+      }
+      if (!f.unknown.empty()) {
+        // Note [Flight recorder], "Counters": started, not counted completed, and its entry is gone.
+        std::map<uint64_t, std::vector<int>> by_through;
+        for (int g : f.unknown) by_through[views[size_t(g)].through].push_back(g);
+        for (const auto& [through, ranks] : by_through)
+          parts.push_back(str(names(ranks), ": unknown (", ranks.size() == 1 ? "its record no longer holds #" :
+                              "their records no longer hold #", first, "; started, and completed only through #",
+                              through, ")"));
       }
       if (!f.not_started.empty()) {
         // Grouped by where they stand, so "ranks 1, 3 never started it, their last completed is #56 broadcast".

@@ -48,6 +48,7 @@ struct FlightGroupFinding {
   std::vector<int> waiting;      // started it and did not complete it (timed out, or still in it)
   std::vector<int> completed;    // completed it (and stand later)
   std::vector<int> not_started;  // never started it
+  std::vector<int> unknown;      // started it, no evidence it completed, and its entry left the ring
   std::vector<int> missing;      // left no record of the group (no file, or the group is not in it)
   bool ops_disagree = false;     // the ranks that started #seq name different ops
   std::string text;              // the finding in words, one line per group, and one per pending p2p batch

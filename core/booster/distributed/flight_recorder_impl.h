@@ -29,16 +29,25 @@ enum class FlightState : int8_t { Started, Completed, TimedOut };
 int flight_register_group(const char* backend, const std::string& name, int size, int rank,
                           const std::vector<int>& world_of);
 
+// What flight_end takes: the operation's ring entry (`id`), and its group and number, which the
+// group's counters need once the entry has left the ring.
+struct FlightId {
+  uint64_t id = 0;  // 0: not recorded
+  int32_t group = -1;
+  uint64_t seq = 0;
+};
+
 // Records that an operation started on group `group` (flight_register_group's index): `op` numbered
 // `seq` in the group (0: a point-to-point batch), at `start`, moving `bytes`, with `peer` (a batch's
-// first peer, else -1) and elements of `dtype` (null for a barrier); returns the id that flight_end
-// takes. No allocation: a slot of the ring is overwritten under a mutex. (collective_timeout_impl.h
-// has the form that takes a Collective, and flight_dump_on_timeout.)
-uint64_t flight_start(int group, CollectiveOp op, uint64_t seq, std::chrono::steady_clock::time_point start,
+// first peer, else -1) and elements of `dtype` (null for a barrier); returns what flight_end takes. No
+// allocation: a slot of the ring is overwritten and the group's counters moved under a mutex.
+// (collective_timeout_impl.h has the form that takes a Collective, and flight_dump_on_timeout.)
+FlightId flight_start(int group, CollectiveOp op, uint64_t seq, std::chrono::steady_clock::time_point start,
                       size_t bytes, int peer, const DType* dtype);
-// Records the end of the operation `id` (a no-op once its slot was reused, or when it has ended
-// already): completed, or timed out.
-void flight_end(uint64_t id, FlightState state);
+// Records the end of the operation `id`: completed, or timed out. Its entry changes only while the
+// ring still holds it and it has not ended; a completed collective always moves its group's counters
+// (Note [Flight recorder], "Counters"), whether or not its entry is still there.
+void flight_end(const FlightId& id, FlightState state);
 
 // Tests: forgets every record and group, and the directory set (BOOSTER_FLIGHT_DIR is read again).
 void flight_reset_for_testing();
