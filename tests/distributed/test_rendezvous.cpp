@@ -8,10 +8,13 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <condition_variable>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <thread>
@@ -275,6 +278,67 @@ TEST_CASE("waiting over TCP past the timeout is a DistributedError naming what d
   CHECK_THAT(o[0].error, Catch::Contains("rendezvous: rank 0 waited 0.5 s on port " + std::to_string(port) +
                                          " (MASTER_ADDR/MASTER_PORT) for ranks [1] of 3 to connect"));
   CHECK(o[1].blob == id_blob());  // rank 2 had its blob
+}
+
+TEST_CASE("a connect that gets no answer ends at the timeout, not the kernel's minutes of retries",
+          "[distributed][rendezvous]") {
+  // A listener that never accepts, with its queue of one connection full: the kernel drops further
+  // connection requests, as a firewall does, so a blocking connect would wait for its retries (~2 min).
+  const int listener = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  REQUIRE(::bind(listener, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);
+  REQUIRE(::listen(listener, 0) == 0);
+  socklen_t len = sizeof a;
+  ::getsockname(listener, reinterpret_cast<sockaddr*>(&a), &len);
+  std::vector<int> fillers;
+  for (int k = 0; k < 2; ++k) {
+    fillers.push_back(::socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK, 0));
+    ::connect(fillers.back(), reinterpret_cast<sockaddr*>(&a), sizeof a);
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  // The rank runs apart; a wait far beyond its timeout means the connect ignored it (then the thread
+  // is left to finish on its own, with state of its own).
+  struct State {
+    std::mutex mutex;
+    std::condition_variable done;
+    bool finished = false;
+    Outcome outcome;
+  };
+  auto state = std::make_shared<State>();
+  const RendezvousSpec spec = tcp_spec(ntohs(a.sin_port));
+  std::thread rank([state, spec] {
+    Outcome o;
+    try {
+      share_from_rank0(spec, 1, 2, {}, duration<double>(1.5));
+      o.type = "none";
+    } catch (const DistributedError& e) {
+      o = {{}, e.what(), "DistributedError"};
+    } catch (const std::exception& e) {
+      o = {{}, e.what(), "other"};
+    }
+    std::lock_guard<std::mutex> lock(state->mutex);
+    state->outcome = o;
+    state->finished = true;
+    state->done.notify_all();
+  });
+  bool finished;
+  {
+    std::unique_lock<std::mutex> lock(state->mutex);
+    finished = state->done.wait_for(lock, std::chrono::seconds(30), [&] { return state->finished; });
+  }
+  if (finished) {
+    rank.join();
+  } else {
+    rank.detach();
+  }
+  for (int fd : fillers) ::close(fd);
+  ::close(listener);
+  REQUIRE(finished);
+  CHECK(state->outcome.type == "DistributedError");
+  CHECK_THAT(state->outcome.error, Catch::Contains("rendezvous: rank 1 waited 1.5 s for rank 0 at 127.0.0.1:") &&
+                                       Catch::Contains("no answer to connect before the timeout"));
 }
 
 TEST_CASE("an address that does not resolve, a port in use or another world size is a ConfigError",

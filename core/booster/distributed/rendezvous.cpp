@@ -224,6 +224,35 @@ bool recv_all(int fd, void* data, size_t n, Clock::time_point deadline) {
   return true;
 }
 
+// Connects `fd` to `address` before the deadline: non-blocking, so that a firewall that drops the
+// packets (where a blocking connect waits minutes for the kernel's retries) costs no more than the
+// time left. False with `error` set when it is refused or time runs out; `fd` stays non-blocking.
+bool connect_before(int fd, const sockaddr* address, socklen_t length, Clock::time_point deadline,
+                    std::string& error) {
+  const int flags = ::fcntl(fd, F_GETFL, 0);
+  if (flags < 0 || ::fcntl(fd, F_SETFL, flags | O_NONBLOCK) != 0) {
+    error = std::strerror(errno);
+    return false;
+  }
+  if (::connect(fd, address, length) == 0) return true;
+  if (errno != EINPROGRESS && errno != EINTR) {
+    error = std::strerror(errno);
+    return false;
+  }
+  if (!wait_ready(fd, POLLOUT, deadline)) {
+    error = "no answer to connect before the timeout (a firewall dropping packets?)";
+    return false;
+  }
+  int so_error = 0;
+  socklen_t len = sizeof so_error;
+  if (::getsockopt(fd, SOL_SOCKET, SO_ERROR, &so_error, &len) != 0) so_error = errno;
+  if (so_error != 0) {
+    error = std::strerror(so_error);
+    return false;
+  }
+  return true;
+}
+
 // The hello a peer sends: magic, its rank, the world size it was told.
 struct Hello {
   char magic[8];
@@ -312,10 +341,7 @@ std::vector<uint8_t> fetch_tcp(const RendezvousSpec& spec, int rank, int world_s
     for (addrinfo* a = found; a; a = a->ai_next) {
       Socket s(::socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol));
       if (s.fd < 0) continue;
-      if (::connect(s.fd, a->ai_addr, a->ai_addrlen) != 0) {
-        last_error = std::strerror(errno);
-        continue;
-      }
+      if (!connect_before(s.fd, a->ai_addr, a->ai_addrlen, deadline, last_error)) continue;
       const int one = 1;
       ::setsockopt(s.fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
       Hello hello{};
