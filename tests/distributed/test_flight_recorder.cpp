@@ -9,12 +9,14 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <csignal>
 #include <filesystem>
 #include <fstream>
 #include <map>
 #include <regex>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "booster/common/error.h"
@@ -206,6 +208,35 @@ TEST_CASE("flight recorder: a fatal signal writes the record and still ends the 
     CHECK(doc["entries"][0]["op"] == "all_gather");
     CHECK(doc["entries"][0]["seq"] == 7);
   }
+}
+
+// Note [Flight recorder], "Signals": a fatal-signal handler reads the ring without its mutex while other
+// threads write it; an entry being written is left out whole, never read half old, half new.
+TEST_CASE("flight recorder: a read without the lock never sees a torn entry", "[distributed][flight]") {
+  fr::flight_reset_for_testing();
+  const int g = fr::flight_register_group("mpi", "world", 2, 0, {});
+  const DType f32 = DType::Float32;
+  std::atomic<bool> stop{false};
+  std::atomic<uint64_t> written{0};
+  // Only this thread records: entry #n is collective #n, of 8n bytes.
+  std::thread writer([&] {
+    for (uint64_t s = 1; !stop.load(); ++s) {
+      fr::flight_end(start(g, fr::CollectiveOp::AllReduce, s, s * 8, &f32), fr::FlightState::Completed);
+      written.store(s);
+    }
+  });
+  while (written.load() < 1000) std::this_thread::yield();
+  size_t torn = 0, seen = 0;
+  for (int i = 0; i < 600000; ++i)
+    for (const auto& [id, seq, bytes] : fr::flight_snapshot_unlocked_for_testing()) {
+      ++seen;
+      torn += seq != id || bytes != 8 * id;
+    }
+  stop = true;
+  writer.join();
+  CHECK(seen > 0);
+  CHECK(torn == 0);
+  fr::flight_reset_for_testing();
 }
 
 TEST_CASE("flight analysis: a rank behind the others never started the collective they wait in",

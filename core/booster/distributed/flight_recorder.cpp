@@ -38,8 +38,7 @@ namespace {
 // fatal-signal handler can write it with async-signal-safe calls only (open, write, rename, mkdir,
 // clock_gettime): no allocation, no stdio, no locks.
 
-struct Entry {
-  uint64_t id = 0;  // 1, 2, ... over the process; 0: an empty slot
+struct Fields {
   uint64_t seq = 0;
   int64_t start_ns = 0, end_ns = 0;  // steady clock; end 0 while it runs
   uint64_t bytes = 0;
@@ -48,6 +47,20 @@ struct Entry {
   int8_t op = 0;
   int8_t dtype = -1;  // DType, -1: none (a barrier)
   int8_t state = 0;   // FlightState
+};
+
+// Note [Flight recorder], "Signals": a slot of the ring is a seqlock. A writer (under g_mutex) stores
+// id 0, fences, writes the fields and publishes the id (release); a reader without the mutex loads the
+// id (acquire), copies the fields, fences and loads the id again, dropping the entry if it changed.
+struct Entry {
+  std::atomic<uint64_t> id{0};  // 1, 2, ... over the process; 0: an empty slot, or one being written
+  Fields f;
+};
+
+// A copy of an entry, as a dump reads it.
+struct Snapshot {
+  uint64_t id = 0;  // 0: empty, or torn (dropped)
+  Fields f;
 };
 
 // Note [Flight recorder], "Counters": how far the group got, whatever the ring still holds.
@@ -84,7 +97,7 @@ std::atomic<bool> g_dir_known{false};  // set or read from the environment
 
 // One dump at a time; a signal that finds one running does not write.
 std::atomic<bool> g_dumping{false};
-Entry g_snapshot[kFlightRingSize];
+Snapshot g_snapshot[kFlightRingSize];
 char g_path[kPathMax], g_tmp_path[kPathMax];
 
 int64_t steady_ns(Clock::time_point t) {
@@ -218,8 +231,37 @@ void format_uint(char* out, uint64_t u) {
   out[i] = '\0';
 }
 
+// Copies the ring into g_snapshot (the seqlock's read side, Entry), leaving out entries being written.
+void take_snapshot() {
+  for (size_t i = 0; i < kFlightRingSize; ++i) {
+    const Entry& e = g_ring[i];
+    Snapshot& s = g_snapshot[i];
+    const uint64_t id = e.id.load(std::memory_order_acquire);
+    std::memcpy(static_cast<void*>(&s.f), &e.f, sizeof s.f);
+    std::atomic_thread_fence(std::memory_order_acquire);
+    s.id = id != 0 && e.id.load(std::memory_order_relaxed) == id ? id : 0;
+  }
+}
+
+// Tests: the ring as a fatal-signal handler reads it.
+std::vector<std::array<uint64_t, 3>> snapshot_unlocked() {
+  while (g_dumping.exchange(true, std::memory_order_acquire)) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  take_snapshot();
+  std::vector<std::array<uint64_t, 3>> out;
+  uint64_t newest = 0;
+  for (const Snapshot& e : g_snapshot) newest = std::max(newest, e.id);
+  const uint64_t oldest = newest > kFlightRingSize ? newest - kFlightRingSize + 1 : 1;
+  for (uint64_t id = oldest; id <= newest && newest > 0; ++id) {
+    const Snapshot& e = g_snapshot[id % kFlightRingSize];
+    if (e.id != id) continue;  // torn or reused since
+    out.push_back({e.id, e.f.seq, e.f.bytes});
+  }
+  g_dumping.store(false, std::memory_order_release);
+  return out;
+}
+
 // The record, written to g_dir/rank-<r>.json through a temporary file. Async-signal-safe when
-// `from_signal` (the ring is then read without its lock: an entry written at that moment may be torn).
+// `from_signal` (the ring is then read without its lock: an entry written at that moment is left out).
 bool write_dump(const char* reason, bool from_signal) {
   if (g_dumping.exchange(true, std::memory_order_acquire)) {
     if (from_signal) return false;  // a dump is running (maybe in the thread this signal interrupted)
@@ -228,11 +270,11 @@ bool write_dump(const char* reason, bool from_signal) {
   bool ok = false;
   int groups = 0;
   if (from_signal) {
-    std::memcpy(static_cast<void*>(g_snapshot), g_ring, sizeof g_ring);
+    take_snapshot();
     groups = g_group_count.load(std::memory_order_acquire);
   } else {
     std::lock_guard<std::mutex> lock(g_mutex);
-    std::memcpy(static_cast<void*>(g_snapshot), g_ring, sizeof g_ring);
+    take_snapshot();
     groups = g_group_count.load(std::memory_order_acquire);
   }
   const int world_rank = std::max(0, g_world_rank.load());
@@ -286,16 +328,16 @@ bool write_dump(const char* reason, bool from_signal) {
       w.put("],\n \"entries\": [");
       // Oldest first: the ring's slots in id order.
       uint64_t newest = 0;
-      for (const Entry& e : g_snapshot) newest = std::max(newest, e.id);
+      for (const Snapshot& s : g_snapshot) newest = std::max(newest, s.id);
       const uint64_t oldest = newest > kFlightRingSize ? newest - kFlightRingSize + 1 : 1;
       bool first = true;
       for (uint64_t id = oldest; id <= newest && newest > 0; ++id) {
-        const Entry& e = g_snapshot[id % kFlightRingSize];
-        if (e.id != id) continue;  // torn (a signal mid-write)
+        if (g_snapshot[id % kFlightRingSize].id != id) continue;  // being written (a signal mid-write)
+        const Fields& e = g_snapshot[id % kFlightRingSize].f;
         const bool known = e.group >= 0 && e.group < groups;
         w.put(first ? "\n  {\"id\": " : ",\n  {\"id\": ");
         first = false;
-        w.unum(e.id);
+        w.unum(id);
         w.put(", \"seq\": ");
         w.unum(e.seq);
         w.put(", \"op\": ");
@@ -387,6 +429,8 @@ void read_environment_once() {
 
 }  // namespace
 
+std::vector<std::array<uint64_t, 3>> flight_snapshot_unlocked_for_testing() { return snapshot_unlocked(); }
+
 int flight_register_group(const char* backend, const std::string& name, int size, int rank,
                           const std::vector<int>& world_of) {
   read_environment_once();
@@ -429,8 +473,10 @@ FlightId flight_start(int group, CollectiveOp op, uint64_t seq, Clock::time_poin
     std::atomic<uint64_t>& last = g_groups[group].last_started;
     if (seq > last.load(std::memory_order_relaxed)) last.store(seq, std::memory_order_relaxed);
   }
-  Entry& e = g_ring[id % kFlightRingSize];
-  e.id = 0;  // a signal reading now skips the slot rather than mixing two entries
+  Entry& slot = g_ring[id % kFlightRingSize];
+  slot.id.store(0, std::memory_order_relaxed);  // the seqlock (Entry): a reader now drops the slot
+  std::atomic_thread_fence(std::memory_order_release);
+  Fields& e = slot.f;
   e.seq = seq;
   e.start_ns = steady_ns(start);
   e.end_ns = 0;
@@ -440,7 +486,7 @@ FlightId flight_start(int group, CollectiveOp op, uint64_t seq, Clock::time_poin
   e.op = int8_t(op);
   e.dtype = dtype ? int8_t(*dtype) : int8_t(-1);
   e.state = int8_t(FlightState::Started);
-  e.id = id;
+  slot.id.store(id, std::memory_order_release);
   return FlightId{id, group, seq};
 }
 
@@ -467,10 +513,13 @@ void flight_end(const FlightId& id, FlightState state) {
     // Past the window (more than kDoneWindow later collectives completed first): not counted, so
     // completed_through stays behind it, and the analysis says "unknown" rather than "completed".
   }
-  Entry& e = g_ring[id.id % kFlightRingSize];
-  if (e.id != id.id || e.state != int8_t(FlightState::Started)) return;
-  e.end_ns = now;
-  e.state = int8_t(state);
+  Entry& slot = g_ring[id.id % kFlightRingSize];
+  if (slot.id.load(std::memory_order_relaxed) != id.id || slot.f.state != int8_t(FlightState::Started)) return;
+  slot.id.store(0, std::memory_order_relaxed);  // the seqlock, as in flight_start
+  std::atomic_thread_fence(std::memory_order_release);
+  slot.f.end_ns = now;
+  slot.f.state = int8_t(state);
+  slot.id.store(id.id, std::memory_order_release);
 }
 
 void flight_dump_on_timeout(const Collective& what, const std::string& group) {
@@ -486,7 +535,10 @@ void flight_dump_on_timeout(const Collective& what, const std::string& group) {
 void flight_reset_for_testing() {
   {
     std::lock_guard<std::mutex> lock(g_mutex);
-    for (Entry& e : g_ring) e = Entry{};
+    for (Entry& e : g_ring) {
+      e.id.store(0);
+      e.f = Fields{};
+    }
     g_next_id = 0;
     for (Group& g : g_groups) {
       g.last_started.store(0);

@@ -2,6 +2,7 @@
 // what the mpi and nccl groups call when a collective starts and ends. Internal: not installed.
 #pragma once
 
+#include <array>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
@@ -48,6 +49,10 @@ FlightId flight_start(int group, CollectiveOp op, uint64_t seq, std::chrono::ste
 // ring still holds it and it has not ended; a completed collective always moves its group's counters
 // (Note [Flight recorder], "Counters"), whether or not its entry is still there.
 void flight_end(const FlightId& id, FlightState state);
+
+// Tests: the ring's entries as a fatal-signal handler reads them (without the mutex, from any thread),
+// oldest first, an entry being written at that moment left out: {id, seq, bytes} each.
+std::vector<std::array<uint64_t, 3>> flight_snapshot_unlocked_for_testing();
 
 // Tests: forgets every record and group, and the directory set (BOOSTER_FLIGHT_DIR is read again).
 void flight_reset_for_testing();
