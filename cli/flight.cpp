@@ -60,10 +60,10 @@ int flight(const std::vector<std::string>& args) {
   std::set<int> have;
   int world = 0;
   for (const nlohmann::json& r : records) {
-    have.insert(r.at("world_rank").get<int>());
+    if (const int rank = distributed::record_world_rank(r); rank >= 0) have.insert(rank);
     for (const nlohmann::json& g : r.at("groups")) world = std::max(world, int(g.at("size").get<int64_t>()));
   }
-  world = std::max(world, *have.rbegin() + 1);
+  if (!have.empty()) world = std::max(world, *have.rbegin() + 1);
   auto list = [](const std::vector<int>& ranks) {
     std::string out;
     for (int r : ranks) out += (out.empty() ? "" : ", ") + std::to_string(r);
@@ -72,12 +72,23 @@ int flight(const std::vector<std::string>& args) {
   std::vector<int> got(have.begin(), have.end()), absent;
   for (int r = 0; r < world; ++r)
     if (!have.count(r)) absent.push_back(r);
+  size_t unknown = 0;  // rank-unknown-<pid>.json files
+  for (const nlohmann::json& r : records) unknown += r.at("world_rank").is_null();
   std::cout << "booster flight: " << dir.string() << ": records of " << (got.size() == 1 ? "rank " : "ranks ")
-            << list(got) << " (world of " << world;
+            << (got.empty() ? "none" : list(got)) << " (world of " << world;
   if (!absent.empty()) std::cout << "; no record from " << (absent.size() == 1 ? "rank " : "ranks ") << list(absent);
+  if (unknown) std::cout << "; " << unknown << " from a process that did not know its rank";
   std::cout << ")\n";
-  for (const nlohmann::json& r : records)
-    std::cout << "  rank " << r.at("world_rank").get<int>() << " wrote it on: " << r.value("reason", "?") << "\n";
+  // A rank-unknown-<pid>.json is named by its pid, and by the rank its groups give it where they do.
+  for (const nlohmann::json& r : records) {
+    const int rank = distributed::record_world_rank(r);
+    if (r.at("world_rank").is_null())
+      std::cout << "  rank unknown (rank-unknown-" << r.value("pid", int64_t(0)) << ".json"
+                << (rank >= 0 ? "; rank " + std::to_string(rank) + " by its groups" : std::string()) << ")";
+    else
+      std::cout << "  rank " << rank;
+    std::cout << " wrote it on: " << r.value("reason", "?") << "\n";
+  }
   for (const distributed::FlightGroupFinding& f : distributed::analyze_flight_records(records))
     std::cout << f.text << "\n";
   return kExitOk;

@@ -180,6 +180,36 @@ TEST_CASE("flight recorder: a dump reads back as recorded", "[distributed][fligh
   fr::flight_reset_for_testing();
 }
 
+// Note [Flight recorder], "Dumping": a process that does not know its world rank yet (an nccl subgroup's
+// record before any world group told it) does not write rank-0.json over rank 0's record, and `booster
+// flight` reads and names what it writes.
+TEST_CASE("flight recorder: a process of unknown world rank writes rank-unknown-<pid>.json",
+          "[distributed][flight][cli]") {
+  fr::flight_reset_for_testing();
+  const fs::path dir = fresh_dir("unknown_rank");
+  set_flight_dump_dir(dir / "run" / "flight");
+  const int g = fr::flight_register_group("nccl", "tp", 2, 1, {2, 3});
+  const DType f32 = DType::Float32;
+  start(g, fr::CollectiveOp::AllReduce, 1, 64, &f32);
+  const std::string unknown = "rank-unknown-" + std::to_string(::getpid()) + ".json";
+  REQUIRE(dump_flight_record("test") == dir / "run" / "flight" / unknown);
+  CHECK_FALSE(fs::exists(dir / "run" / "flight" / "rank-0.json"));
+  const json doc = load_flight_records(dir / "run" / "flight").at(0);
+  CHECK(doc["world_rank"].is_null());
+  CHECK(record_world_rank(doc) == 3);  // rank 1 of a group of world ranks 2, 3
+  std::ofstream(dir / "run" / "flight" / "rank-2.json") << record(2, 4, plus({}, {1, "all_reduce", "completed"}), {2, 3}, "tp").dump();
+  const testing::RunResult r = testing::run_booster_in(dir, "flight run");
+  INFO(r.out << r.err);
+  CHECK(r.exit_code == 0);
+  CHECK_THAT(r.out, Catch::Contains("; 1 from a process that did not know its rank)"));
+  CHECK_THAT(r.out, Catch::Contains("rank unknown (" + unknown + "; rank 3 by its groups) wrote it on: test"));
+  CHECK_THAT(r.out, Catch::Contains("world rank 3 (rank 1 of the group) waits in all_reduce #1"));
+  // Once a group's constructor sets it, the file is named by the world rank.
+  fr::flight_set_world_rank(3);
+  CHECK(dump_flight_record("test") == dir / "run" / "flight" / "rank-3.json");
+  fr::flight_reset_for_testing();
+}
+
 // Note [Flight recorder], "Signals": the handler writes the record and the process still dies of the
 // signal (the handler before it, here the default, runs after).
 TEST_CASE("flight recorder: a fatal signal writes the record and still ends the process", "[distributed][flight]") {

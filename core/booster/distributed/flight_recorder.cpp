@@ -88,7 +88,7 @@ Entry g_ring[kFlightRingSize];
 uint64_t g_next_id = 0;
 Group g_groups[kMaxGroups];
 std::atomic<int> g_group_count{0};  // published after the group is filled
-std::atomic<int> g_world_rank{-1};
+std::atomic<int> g_world_rank{-1};  // -1: not known yet (the file is then rank-unknown-<pid>.json)
 
 // The dump directory, as set_flight_dump_dir or BOOSTER_FLIGHT_DIR gave it.
 std::mutex g_dir_mutex;
@@ -277,10 +277,17 @@ bool write_dump(const char* reason, bool from_signal) {
     take_snapshot();
     groups = g_group_count.load(std::memory_order_acquire);
   }
-  const int world_rank = std::max(0, g_world_rank.load());
-  char rank_text[24], pid_text[24];
-  format_uint(rank_text, uint64_t(world_rank));
+  // Note [Flight recorder], "Dumping": a process that does not know its world rank yet names itself by
+  // its pid, rather than writing over another rank's file.
+  const int world_rank = g_world_rank.load();
+  char rank_text[40], pid_text[24];
   format_uint(pid_text, uint64_t(::getpid()));
+  if (world_rank >= 0) {
+    format_uint(rank_text, uint64_t(world_rank));
+  } else {
+    std::memcpy(rank_text, "unknown-", 8);
+    format_uint(rank_text + 8, uint64_t(::getpid()));
+  }
   if (g_dir[0] && join(g_path, g_dir, "/rank-", rank_text) && join(g_path, g_path, ".json") &&
       join(g_tmp_path, g_path, ".tmp.", pid_text)) {
     make_parents(g_path);
@@ -289,7 +296,8 @@ bool write_dump(const char* reason, bool from_signal) {
       Writer w(fd);
       const int64_t now_steady = clock_ns(CLOCK_MONOTONIC), now_wall = clock_ns(CLOCK_REALTIME);
       w.put("{\"format\": \"booster-flight-recorder\", \"version\": 2, \"world_rank\": ");
-      w.num(world_rank);
+      if (world_rank >= 0) w.num(world_rank);
+      else w.put("null");
       w.put(", \"pid\": ");
       w.num(::getpid());
       w.put(", \"reason\": ");
@@ -429,6 +437,8 @@ void read_environment_once() {
 
 }  // namespace
 
+void flight_set_world_rank(int rank) { g_world_rank.store(rank); }
+
 std::vector<std::array<uint64_t, 3>> flight_snapshot_unlocked_for_testing() { return snapshot_unlocked(); }
 
 int flight_register_group(const char* backend, const std::string& name, int size, int rank,
@@ -540,6 +550,7 @@ void flight_reset_for_testing() {
       e.f = Fields{};
     }
     g_next_id = 0;
+    g_world_rank.store(-1);
     for (Group& g : g_groups) {
       g.last_started.store(0);
       g.completed_through.store(0);
@@ -598,7 +609,7 @@ void validate(const json& doc, const fs::path& file) {
   if (doc.value("format", "") != "booster-flight-recorder") malformed(file, "no \"format\": \"booster-flight-recorder\"");
   for (const char* key : {"world_rank", "clock", "groups", "entries"})
     if (!doc.contains(key)) malformed(file, str("no \"", key, "\""));
-  if (!doc["world_rank"].is_number_integer() || doc["world_rank"].get<int64_t>() < 0)
+  if (!doc["world_rank"].is_null() && (!doc["world_rank"].is_number_integer() || doc["world_rank"].get<int64_t>() < 0))
     malformed(file, "\"world_rank\" is not a rank");
   if (!doc["groups"].is_array() || !doc["entries"].is_array()) malformed(file, "\"groups\" or \"entries\" is not a list");
   for (const json& g : doc["groups"]) {
@@ -626,23 +637,26 @@ std::vector<json> load_flight_records(const fs::path& dir) {
   BOOSTER_CHECK(fs::is_directory(dir, ec), DataError, "no flight records: ", dir.string(),
                 " is not a directory (booster train writes <run_dir>/flight/rank-N.json when a collective times out "
                 "or a rank crashes)");
-  static const std::regex kName(R"(rank-(\d+)\.json)");
-  std::vector<std::pair<int, fs::path>> files;
+  // rank-<world rank>.json, and rank-unknown-<pid>.json of a process that did not know its rank yet.
+  static const std::regex kName(R"(rank-(unknown-)?(\d+)\.json)");
+  std::vector<std::tuple<bool, long long, fs::path>> files;  // (unknown, rank or pid, file)
   for (const fs::directory_entry& entry : fs::directory_iterator(dir)) {
     std::smatch m;
     const std::string name = entry.path().filename().string();
-    if (entry.is_regular_file() && std::regex_match(name, m, kName)) files.emplace_back(std::stoi(m[1]), entry.path());
+    if (entry.is_regular_file() && std::regex_match(name, m, kName))
+      files.emplace_back(m[1].matched, std::stoll(m[2]), entry.path());
   }
   BOOSTER_CHECK(!files.empty(), DataError, "no flight records in ", dir.string(),
                 ": no rank-N.json (no collective timed out and no rank crashed, or the run had no run_dir)");
   std::sort(files.begin(), files.end());
   std::vector<json> records;
-  for (const auto& [rank, file] : files) {
+  for (const auto& [unknown, rank, file] : files) {
     std::ifstream in(file);
     json doc = json::parse(in, nullptr, /*allow_exceptions=*/false);
     if (doc.is_discarded()) malformed(file, "not valid JSON");
     validate(doc, file);
-    if (doc["world_rank"].get<int>() != rank) malformed(file, str("it says world rank ", doc["world_rank"].get<int>()));
+    if (unknown != doc["world_rank"].is_null() || (!unknown && doc["world_rank"].get<long long>() != rank))
+      malformed(file, str("it says world rank ", doc["world_rank"].dump()));
     records.push_back(std::move(doc));
   }
   return records;
@@ -691,6 +705,20 @@ std::string how_long(const json& record, const json& e) {
              wall_text(record, start));
 }
 
+}  // namespace
+
+int record_world_rank(const json& record) {
+  if (record.at("world_rank").is_number_integer()) return record["world_rank"].get<int>();
+  // rank-unknown-<pid>.json: the rank its groups give it, if any.
+  for (const json& g : record.at("groups")) {
+    const int rank = g.at("rank").get<int>();
+    if (rank >= 0 && size_t(rank) < g.at("world_ranks").size()) return g["world_ranks"][size_t(rank)].get<int>();
+  }
+  return -1;
+}
+
+namespace {
+
 std::string op_seq(const json& e) { return str(e.at("op").get<std::string>(), " #", e.at("seq").get<uint64_t>()); }
 
 }  // namespace
@@ -706,7 +734,10 @@ std::vector<FlightGroupFinding> analyze_flight_records(const std::vector<json>& 
     }
   };
   std::map<int, const json*> by_rank;
-  for (const json& r : records) by_rank[r.at("world_rank").get<int>()] = &r;
+  for (const json& r : records) {
+    const int rank = record_world_rank(r);
+    if (rank >= 0) by_rank[rank] = &r;  // else: it has no group to place it in
+  }
   std::vector<GroupKey> order;
   std::map<GroupKey, std::map<int, std::pair<const json*, const json*>>> where;  // world rank -> (record, group)
   for (const auto& [rank, r] : by_rank) {

@@ -19,8 +19,8 @@
 
 namespace booster::distributed {
 
-// Where this process writes its record: `dir`/rank-<world rank>.json (the directory is created when the
-// record is written). An empty path turns dumps off. Without a call, BOOSTER_FLIGHT_DIR names it; with
+// Where this process writes its record: `dir`/rank-<world rank>.json, or rank-unknown-<pid>.json while
+// the process does not know its world rank (the directory is created when the record is written). An empty path turns dumps off. Without a call, BOOSTER_FLIGHT_DIR names it; with
 // neither, nothing is written. Also installs the fatal-signal handlers that dump (SIGSEGV, SIGABRT,
 // SIGBUS, SIGFPE), chaining to the handlers that were there before.
 void set_flight_dump_dir(const std::filesystem::path& dir);
@@ -32,9 +32,14 @@ std::filesystem::path flight_dump_dir();
 // written (a dump never throws: it runs on the way to an error of its own).
 std::filesystem::path dump_flight_record(const std::string& reason);
 
-// Every rank-*.json in `dir`, ordered by world rank. DataError when `dir` is missing, holds no such
-// file, or a file is not a flight record (naming the file and what is wrong with it).
+// Every rank-<world rank>.json in `dir`, ordered by world rank, then every rank-unknown-<pid>.json (a
+// process that did not know its world rank yet: "world_rank" null). DataError when `dir` is missing,
+// holds no such file, or a file is not a flight record (naming the file and what is wrong with it).
 std::vector<nlohmann::json> load_flight_records(const std::filesystem::path& dir);
+
+// The world rank of a record of load_flight_records: its "world_rank", else (rank-unknown-<pid>.json)
+// the one its groups give it; -1 when neither says.
+int record_world_rank(const nlohmann::json& record);
 
 // What the ranks' records say about one group (its name, backend and member ranks): the first
 // collective that did not complete on every rank, and where each member stands. Ranks are the

@@ -24,6 +24,10 @@ inline constexpr size_t kFlightRingSize = 256;
 
 enum class FlightState : int8_t { Started, Completed, TimedOut };
 
+// The process's world rank, which names its record (rank-<world rank>.json): set by every group's
+// constructor, before its first collective (and by flight_register_group of the world group).
+void flight_set_world_rank(int rank);
+
 // Makes a group known to the recorder (once per group, not per collective): its backend ("mpi",
 // "nccl"), name, size, this process's rank in it and the world rank of each of its ranks (empty: the
 // world itself, in order). Returns the index its records name.

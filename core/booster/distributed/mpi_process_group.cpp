@@ -289,6 +289,7 @@ class MpiComm {
     check_mpi(MPI_Comm_size(comm_, &size_), "init_process_group", "MPI_Comm_size");
     world_of_ = detail::world_ranks_of(comm_);
     census_.emplace(comm_, mpi_mutex_ ? &*mpi_mutex_ : nullptr);
+    detail::flight_set_world_rank(g_mpi.world_rank);  // Note [Flight recorder]: names its record
     flight_group_ = detail::flight_register_group("mpi", name_, size_, rank_, world_of_);
   }
   ~MpiComm() {

@@ -170,6 +170,9 @@ class NcclProcessGroup final : public ProcessGroup {
     device_ = (local_rank >= 0 ? local_rank : rank_) % cuda::device_count();
     stream_ = static_cast<cudaStream_t>(cuda::stream_handle(device_));
     BOOSTER_NCCL_CHECK(ncclCommInitRank(&comm_, size_, id, rank_));
+    // Note [Flight recorder]: the world group's rank names this process's record from now on, not
+    // only once its first collective registers the group (a subgroup is split from a world group).
+    detail::flight_set_world_rank(rank_);
     BOOSTER_NCCL_CUDA_CHECK(cudaMalloc(&barrier_buf_, sizeof(float)));
 #if defined(BOOSTER_WITH_MPI)
     // Note [Collective timeouts], "nccl": the watchdog thread takes and answers the census, so MPI must
