@@ -387,6 +387,58 @@ TEST_CASE("an address that does not resolve, a port in use or another world size
   CHECK_THAT(mixed[0].error, Catch::Contains("rank 1 was started with a world size of 3 and rank 0 with 2"));
 }
 
+TEST_CASE("two jobs with different ids on one file or one port do not take each other's blob",
+          "[distributed][rendezvous]") {
+  const auto spec_of = [](RendezvousSpec spec, const std::string& job) {
+    spec.job = job;
+    return spec;
+  };
+  for (const bool tcp : {false, true}) {
+    INFO((tcp ? "TCP" : "file"));
+    const fs::path path = scratch() / "nccl_id_two_jobs";
+    fs::remove(path);
+    const RendezvousSpec base = tcp ? tcp_spec(free_port()) : file_spec(path);
+    // Job A's rank 0 is waiting for its peer.
+    Outcome a0;
+    std::thread zero([&] {
+      try {
+        a0.blob = share_from_rank0(spec_of(base, "A"), 0, 2, id_blob(), duration<double>(30));
+      } catch (const std::exception& e) {
+        a0.error = e.what();
+      }
+    });
+    if (!tcp)
+      while (!fs::exists(path)) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    // Job B's rank 1 must not take job A's blob.
+    std::vector<Outcome> b = run_ranks(spec_of(base, "B"), 2, {1}, 1.0);
+    CHECK(b[0].type == "DistributedError");
+    CHECK_THAT(b[0].error, Catch::Contains("another job") && Catch::Contains("job \"B\", world size 2"));
+    if (!tcp) {
+      // Job B's rank 0 finds the file claimed.
+      b = run_ranks(spec_of(base, "B"), 2, {0}, 1.0);
+      CHECK(b[0].type == "ConfigError");
+      CHECK_THAT(b[0].error, Catch::Contains("exists already"));
+    }
+    // Job A's own peer gets it, and job A ends.
+    std::vector<Outcome> a1 = run_ranks(spec_of(base, "A"), 2, {1}, 30);
+    zero.join();
+    INFO(a0.error << a1[0].error);
+    CHECK(a1[0].blob == id_blob());
+    CHECK(a0.blob == id_blob());
+    CHECK_FALSE(fs::exists(path));
+  }
+}
+
+TEST_CASE("the job id comes from TORCHELASTIC_RUN_ID, SLURM_JOB_ID or BOOSTER_RUN_ID", "[distributed][rendezvous]") {
+  EnvGuard env({{"MASTER_ADDR", "node01"}, {"MASTER_PORT", "29500"}});
+  ::setenv("SLURM_JOB_ID", "123", 1);
+  ::unsetenv("TORCHELASTIC_RUN_ID");
+  const std::optional<RendezvousSpec> s = rendezvous_from_environment();
+  ::unsetenv("SLURM_JOB_ID");
+  REQUIRE(s);
+  CHECK(s->job == "123");
+}
+
 TEST_CASE("a world of one needs no rendezvous", "[distributed][rendezvous]") {
   CHECK(share_from_rank0(tcp_spec(1, "no-such-host.invalid"), 0, 1, id_blob(), duration<double>(1)) == id_blob());
   CHECK_THROWS_AS(share_from_rank0(tcp_spec(1), 2, 2, {}, duration<double>(1)), ValueError);

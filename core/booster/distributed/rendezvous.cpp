@@ -12,6 +12,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -71,10 +72,23 @@ std::string missing_ranks(const std::set<int>& arrived, int world_size) {
   return str(missing);
 }
 
+// The job's token (Note [Rendezvous without MPI], "two jobs"): FNV-1a of its id and world size.
+uint64_t job_token(const RendezvousSpec& spec, int world_size) {
+  uint64_t h = 1469598103934665603ull;
+  for (const char c : spec.job + "/" + std::to_string(world_size)) h = (h ^ uint8_t(c)) * 1099511628211ull;
+  return h;
+}
+
+std::string job_name(const RendezvousSpec& spec, int world_size) {
+  return (spec.job.empty() ? std::string("no job id") : "job \"" + spec.job + "\"") + ", world size " +
+         std::to_string(world_size);
+}
+
 // ------------------------------------------------------------------------------------------ file
 
-std::string header(size_t n) {
+std::string header(uint64_t token, size_t n) {
   std::string h(kMagic, sizeof kMagic);
+  for (int k = 0; k < 8; ++k) h += char((token >> (8 * k)) & 0xff);
   for (int k = 0; k < 8; ++k) h += char((uint64_t(n) >> (8 * k)) & 0xff);
   return h;
 }
@@ -85,19 +99,53 @@ bool gave_up(const fs::path& path) {
   return in.read(magic, sizeof magic) && std::memcmp(magic, kGaveUp, sizeof kGaveUp) == 0;
 }
 
-// The blob of a complete file at `path`, or nullopt when there is none (yet) or rank 0 gave up on it.
-std::optional<std::vector<uint8_t>> read_blob_file(const fs::path& path) {
+// The blob of a complete file at `path` of the job `token`, or nullopt when there is none (yet), rank 0
+// gave up on it, or it is another job's (then `other_job` is set).
+std::optional<std::vector<uint8_t>> read_blob_file(const fs::path& path, uint64_t token, bool& other_job) {
   std::ifstream in(path, std::ios::binary);
   if (!in) return std::nullopt;
   std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  if (text.size() < 16 || text.compare(0, sizeof kMagic, kMagic, sizeof kMagic) != 0) return std::nullopt;
-  uint64_t n = 0;
-  for (int k = 0; k < 8; ++k) n |= uint64_t(uint8_t(text[sizeof kMagic + size_t(k)])) << (8 * k);
-  if (text.size() != 16 + n) return std::nullopt;
-  return std::vector<uint8_t>(text.begin() + 16, text.end());
+  if (text.size() < 24 || text.compare(0, sizeof kMagic, kMagic, sizeof kMagic) != 0) return std::nullopt;
+  uint64_t file_token = 0, n = 0;
+  for (int k = 0; k < 8; ++k) file_token |= uint64_t(uint8_t(text[sizeof kMagic + size_t(k)])) << (8 * k);
+  for (int k = 0; k < 8; ++k) n |= uint64_t(uint8_t(text[16 + size_t(k)])) << (8 * k);
+  if (text.size() != 24 + n) return std::nullopt;
+  if (file_token != token) {
+    other_job = true;
+    return std::nullopt;
+  }
+  return std::vector<uint8_t>(text.begin() + 24, text.end());
 }
 
-fs::path ack_path(const fs::path& path, int rank) { return fs::path(path.string() + ".ack." + std::to_string(rank)); }
+// A rank's acknowledgement, named by the job's token so that another job's ranks are not counted.
+fs::path ack_path(const fs::path& path, uint64_t token, int rank) {
+  char hex[17];
+  std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(token));
+  return fs::path(path.string() + ".ack." + hex + "." + std::to_string(rank));
+}
+
+// Creates `path` with `bytes`, mode 0600, only when no file is there (O_EXCL): false when one is.
+bool claim_file(const fs::path& path, const std::string& bytes, const std::string& what) {
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+  if (fd < 0 && errno == EEXIST) return false;
+  BOOSTER_CHECK(fd >= 0, ConfigError, "rendezvous: cannot create ", path.string(), " (", std::strerror(errno), "); ",
+                what, " must name a file in a directory every rank can write");
+  size_t done = 0;
+  while (done < bytes.size()) {
+    const ssize_t k = ::write(fd, bytes.data() + done, bytes.size() - done);
+    if (k < 0 && errno == EINTR) continue;
+    if (k <= 0) {
+      const int err = errno;
+      ::close(fd);
+      ::unlink(path.c_str());
+      BOOSTER_FAIL(ConfigError, "rendezvous: cannot write ", path.string(), " (", std::strerror(err), "); ", what,
+                   " must name a file in a directory every rank can write");
+    }
+    done += size_t(k);
+  }
+  ::close(fd);
+  return true;
+}
 
 // Writes `bytes` to `path` whole or not at all: a temporary beside it, renamed over it.
 void write_atomically(const fs::path& path, const std::string& bytes, const std::string& what) {
@@ -127,41 +175,50 @@ std::vector<uint8_t> share_through_file(const RendezvousSpec& spec, int rank, in
                                         const std::vector<uint8_t>& blob, std::chrono::duration<double> timeout) {
   const fs::path path = spec.file;
   const auto deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(timeout);
+  const uint64_t token = job_token(spec, world_size);
   std::error_code ec;
   if (rank == 0) {
-    BOOSTER_CHECK(!fs::exists(path, ec) || gave_up(path), ConfigError, "rendezvous: ", spec.source, " ", path.string(),
-                  " exists already (left by an earlier job?); remove it, or give each job a file of its own (e.g. "
-                  "with $SLURM_JOB_ID in its name)");
-    for (int r = 1; r < world_size; ++r) fs::remove(ack_path(path, r), ec);  // a crashed job's
-    std::string bytes = header(blob.size());
+    for (int r = 1; r < world_size; ++r) fs::remove(ack_path(path, token, r), ec);  // a crashed job's
+    std::string bytes = header(token, blob.size());
     bytes.append(blob.begin(), blob.end());
-    write_atomically(path, bytes, spec.source);
+    // The file is claimed whole or not at all; a marker that an earlier rank 0 gave up is taken over.
+    bool claimed = claim_file(path, bytes, spec.source);
+    if (!claimed && gave_up(path)) {
+      fs::remove(path, ec);
+      claimed = claim_file(path, bytes, spec.source);
+    }
+    BOOSTER_CHECK(claimed, ConfigError, "rendezvous: ", spec.source, " ", path.string(), " exists already (another ",
+                  "job's, or left by an earlier one?); remove it, or give each job a file of its own (e.g. with ",
+                  "$SLURM_JOB_ID in its name)");
     std::set<int> arrived;
     while (true) {
       for (int r = 1; r < world_size; ++r)
-        if (!arrived.count(r) && fs::exists(ack_path(path, r), ec)) arrived.insert(r);
+        if (!arrived.count(r) && fs::exists(ack_path(path, token, r), ec)) arrived.insert(r);
       if (int(arrived.size()) == world_size - 1) break;
       if (Clock::now() > deadline) {
         write_atomically(path, std::string(kGaveUp, sizeof kGaveUp), spec.source);
-        for (int r = 1; r < world_size; ++r) fs::remove(ack_path(path, r), ec);
+        for (int r = 1; r < world_size; ++r) fs::remove(ack_path(path, token, r), ec);
         BOOSTER_FAIL(DistributedError, "rendezvous: rank 0 waited ", seconds(timeout), " for ranks ",
                      missing_ranks(arrived, world_size), " of ", world_size, " to read ", path.string(), " (",
                      spec.source, "); are they running, with the same file on a file system they share?");
       }
       std::this_thread::sleep_for(kPoll);
     }
-    for (int r = 1; r < world_size; ++r) fs::remove(ack_path(path, r), ec);
+    for (int r = 1; r < world_size; ++r) fs::remove(ack_path(path, token, r), ec);
     fs::remove(path, ec);
     return blob;
   }
   std::optional<std::vector<uint8_t>> got;
-  while (!(got = read_blob_file(path))) {
+  bool other_job = false;
+  while (!(got = read_blob_file(path, token, other_job))) {
     BOOSTER_CHECK(Clock::now() <= deadline, DistributedError, "rendezvous: rank ", rank, " waited ", seconds(timeout),
-                  " for rank 0 to write ", path.string(), " (", spec.source,
-                  "); is rank 0 running, with the same file on a file system they share?");
+                  " for rank 0 to write ", path.string(), " (", spec.source, ")",
+                  other_job ? "; it held another job's id, not this one's (" + job_name(spec, world_size) +
+                                  "): give each job a file of its own (e.g. with $SLURM_JOB_ID in its name)"
+                            : std::string("; is rank 0 running, with the same file on a file system they share?"));
     std::this_thread::sleep_for(kPoll);
   }
-  write_atomically(ack_path(path, rank), "ack\n", spec.source);
+  write_atomically(ack_path(path, token, rank), "ack\n", spec.source);
   while (fs::exists(path, ec)) {
     BOOSTER_CHECK(!gave_up(path), DistributedError, "rendezvous: rank ", rank, " read ", path.string(), " (",
                   spec.source, ") but rank 0 gave up waiting for the other ranks; see rank 0's error");
@@ -253,12 +310,15 @@ bool connect_before(int fd, const sockaddr* address, socklen_t length, Clock::ti
   return true;
 }
 
-// The hello a peer sends: magic, its rank, the world size it was told.
+// The hello a peer sends: magic, its rank, the world size it was told, its job's token.
 struct Hello {
   char magic[8];
   int32_t rank;
   int32_t world_size;
+  uint64_t token;
 };
+
+constexpr char kOtherJob[8] = {'B', 'O', 'O', 'S', 'T', 'R', 'D', 'J'};  // rank 0's answer to another job
 
 std::string where(const RendezvousSpec& spec) {
   return spec.address + ":" + std::to_string(spec.port) + " (" + spec.source + ")";
@@ -307,6 +367,11 @@ std::vector<uint8_t> serve_tcp(const RendezvousSpec& spec, int world_size, const
     if (!recv_all(peer.fd, &hello, sizeof hello, std::min(deadline, Clock::now() + std::chrono::seconds(10))) ||
         std::memcmp(hello.magic, kMagic, sizeof kMagic) != 0)
       continue;
+    // Another job's peer (Note [Rendezvous without MPI], "two jobs") is told so, and ignored.
+    if (hello.world_size == world_size && hello.token != job_token(spec, world_size)) {
+      (void)send_all(peer.fd, kOtherJob, sizeof kOtherJob, std::min(deadline, Clock::now() + std::chrono::seconds(1)));
+      continue;
+    }
     BOOSTER_CHECK(hello.world_size == world_size, ConfigError, "rendezvous: rank ", hello.rank, " was started with a ",
                   "world size of ", hello.world_size, " and rank 0 with ", world_size,
                   "; every rank needs the same WORLD_SIZE");
@@ -348,10 +413,15 @@ std::vector<uint8_t> fetch_tcp(const RendezvousSpec& spec, int rank, int world_s
       std::memcpy(hello.magic, kMagic, sizeof kMagic);
       hello.rank = rank;
       hello.world_size = world_size;
+      hello.token = job_token(spec, world_size);
       char magic[sizeof kMagic];
       uint64_t n = 0;
-      if (!send_all(s.fd, &hello, sizeof hello, deadline) || !recv_all(s.fd, magic, sizeof magic, deadline) ||
-          std::memcmp(magic, kMagic, sizeof kMagic) != 0 || !recv_all(s.fd, &n, sizeof n, deadline) || n > kMaxBlob) {
+      const bool answered = send_all(s.fd, &hello, sizeof hello, deadline) && recv_all(s.fd, magic, sizeof magic, deadline);
+      BOOSTER_CHECK(!answered || std::memcmp(magic, kOtherJob, sizeof kOtherJob) != 0, DistributedError,
+                    "rendezvous: rank ", rank, " reached a rank 0 at ", where(spec), " of another job, not this one (",
+                    job_name(spec, world_size), "); give each job a MASTER_PORT of its own");
+      if (!answered || std::memcmp(magic, kMagic, sizeof kMagic) != 0 || !recv_all(s.fd, &n, sizeof n, deadline) ||
+          n > kMaxBlob) {
         last_error = "the connection ended before the id came";
         continue;
       }
@@ -389,12 +459,23 @@ std::optional<EnvRanks> ranks_from_environment() {
   return ranks;
 }
 
+namespace {
+
+std::string job_from_environment() {
+  for (const char* name : {"TORCHELASTIC_RUN_ID", "SLURM_JOB_ID", "BOOSTER_RUN_ID"})
+    if (const char* v = env(name)) return v;
+  return "";
+}
+
+}  // namespace
+
 std::optional<RendezvousSpec> rendezvous_from_environment() {
   RendezvousSpec spec;
   if (const char* file = env("BOOSTER_NCCL_ID_FILE")) {
     spec.kind = RendezvousSpec::Kind::File;
     spec.file = file;
     spec.source = "BOOSTER_NCCL_ID_FILE";
+    spec.job = job_from_environment();
     return spec;
   }
   const char* address = env("MASTER_ADDR");
@@ -407,6 +488,7 @@ std::optional<RendezvousSpec> rendezvous_from_environment() {
   spec.address = address;
   spec.port = number_variable("MASTER_PORT", 1, 65535, "a port number");
   spec.source = "MASTER_ADDR/MASTER_PORT";
+  spec.job = job_from_environment();
   return spec;
 }
 

@@ -34,6 +34,9 @@ struct RendezvousSpec {
   int port = 0;         // Kind::Tcp: the port rank 0 listens on
   // For messages: the variables it came from, e.g. "BOOSTER_NCCL_ID_FILE".
   std::string source;
+  // The job's id, so that two jobs on one file or port do not take each other's blob:
+  // TORCHELASTIC_RUN_ID, else SLURM_JOB_ID, else BOOSTER_RUN_ID, else "" (the world size counts too).
+  std::string job;
 };
 
 // BOOSTER_NCCL_ID_FILE when set, else MASTER_ADDR and MASTER_PORT (both: ConfigError when one is
