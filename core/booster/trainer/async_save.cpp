@@ -131,9 +131,18 @@ std::optional<AsyncSave::Outcome> AsyncSave::collect(bool wait) {
     return outcome_;
   }
   // Note [Asynchronous checkpoints]: every rank makes the same calls; only the main thread runs them.
+  // A wait repeats the exchange every 10 ms rather than joining first, so no rank sits in one
+  // collective for a long write (the collective timeout stays a sign of a lost rank).
+  for (;;) {
+    if (std::optional<Outcome> done = exchange_once()) return done;
+    if (!wait) return std::nullopt;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+}
+
+std::optional<AsyncSave::Outcome> AsyncSave::exchange_once() {
   const int rank = group_->rank();
   if (phase_ == Phase::Writing) {
-    if (wait) join();
     const bool done = finished_;
     const auto [all_done, failed] = agree(done, done && !outcome_.error.empty());
     if (!all_done) return std::nullopt;
@@ -150,10 +159,9 @@ std::optional<AsyncSave::Outcome> AsyncSave::collect(bool wait) {
       const int64_t step = outcome_.step;
       run([this, step] { outcome_.dir = checkpoint::commit_checkpoint(root_, step, keep_last_); });
     }
-    if (!wait) return std::nullopt;
+    return std::nullopt;
   }
   // Committing: rank 0's thread; the others wait for its word.
-  if (wait && rank == 0) join();
   const bool done = rank != 0 || finished_;
   const auto [all_done, failed] = agree(done, rank == 0 && done && !outcome_.error.empty());
   if (!all_done) return std::nullopt;

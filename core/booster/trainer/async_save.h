@@ -27,8 +27,9 @@
 //     the commit's outcome the same way; a failure is the failing rank's reason, broadcast, so every
 //     rank ends the save alike: `latest` at the previous step, the warning or ("stop") the error
 //     naming the step, the rank and the reason on every rank. Waiting (the next save, the run's end,
-//     a stop) runs the same exchanges after joining this rank's thread. A rank killed mid-write ends
-//     the job before any commit, so `latest` still names the previous step.
+//     a stop) repeats the exchange every 10 ms until the save is over, so no rank sits in one
+//     collective through a long write. A rank killed mid-write ends the job before any commit, so
+//     `latest` still names the previous step.
 // The snapshot costs the copy to host memory and the serialisation (a memcpy of the state); the
 // write, fsyncs and checksums, the bulk of a save, leave the step.
 // Test hooks: BOOSTER_TEST_ASYNC_SAVE_SLEEP_MS=N makes the background writer sleep N ms after the
@@ -76,7 +77,7 @@ class AsyncSave {
   bool in_flight() const { return phase_ != Phase::Idle; }
   // How the save in flight ended; null when none is in flight, or (wait false) while it is not over.
   // On several processes every rank calls it at the same points (a collective while a save is in
-  // flight): wait true joins this rank's thread first, then agrees with the others.
+  // flight): wait true repeats the exchange until the save is over.
   std::optional<Outcome> collect(bool wait);
 
  private:
@@ -84,6 +85,8 @@ class AsyncSave {
   void run(std::function<void()> work);  // on the thread; records an error in outcome_.error
   void join();
   bool several() const;
+  // One exchange of the ranks' progress (several processes): the outcome once the save is over.
+  std::optional<Outcome> exchange_once();
   // Every rank's (done, failed) -> (all done, the lowest failed rank or -1): a collective.
   std::pair<bool, int> agree(bool done, bool failed);
   std::string broadcast_text(const std::string& text, int root);
