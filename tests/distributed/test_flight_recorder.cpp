@@ -210,6 +210,36 @@ TEST_CASE("flight recorder: a process of unknown world rank writes rank-unknown-
   fr::flight_reset_for_testing();
 }
 
+// Dumps from several threads while the directory changes: each returns the file it wrote, in one of
+// the directories set, whole.
+TEST_CASE("flight recorder: dumps while the directory changes return the file each wrote", "[distributed][flight]") {
+  fr::flight_reset_for_testing();
+  const fs::path a = fresh_dir("race_a_long_name"), b = fresh_dir("rb");
+  set_flight_dump_dir(a);
+  fr::flight_register_group("mpi", "world", 1, 0, {});
+  std::atomic<bool> stop{false};
+  std::thread setter([&] {
+    for (int i = 0; !stop.load(); ++i) set_flight_dump_dir(i % 2 ? a : b);
+  });
+  std::vector<std::string> bad, bad_other;
+  std::thread other([&] {
+    for (int i = 0; i < 100; ++i) {
+      const fs::path p = dump_flight_record("other");
+      if (p != a / "rank-0.json" && p != b / "rank-0.json") bad_other.push_back(p.string());
+    }
+  });
+  for (int i = 0; i < 100; ++i) {
+    const fs::path p = dump_flight_record("main");
+    if (p != a / "rank-0.json" && p != b / "rank-0.json") bad.push_back(p.string());
+  }
+  other.join();
+  stop = true;
+  setter.join();
+  CHECK(bad.empty());
+  CHECK(bad_other.empty());
+  fr::flight_reset_for_testing();
+}
+
 // Note [Flight recorder], "Signals": the handler writes the record and the process still dies of the
 // signal (the handler before it, here the default, runs after).
 TEST_CASE("flight recorder: a fatal signal writes the record and still ends the process", "[distributed][flight]") {

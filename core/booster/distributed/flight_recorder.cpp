@@ -99,6 +99,7 @@ std::atomic<bool> g_dir_known{false};  // set or read from the environment
 std::atomic<bool> g_dumping{false};
 Snapshot g_snapshot[kFlightRingSize];
 char g_path[kPathMax], g_tmp_path[kPathMax];
+char g_signal_path[kPathMax];  // the file a signal's dump wrote, for its message
 
 int64_t steady_ns(Clock::time_point t) {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(t.time_since_epoch()).count();
@@ -262,7 +263,9 @@ std::vector<std::array<uint64_t, 3>> snapshot_unlocked() {
 
 // The record, written to g_dir/rank-<r>.json through a temporary file. Async-signal-safe when
 // `from_signal` (the ring is then read without its lock: an entry written at that moment is left out).
-bool write_dump(const char* reason, bool from_signal) {
+// `dir`: the directory (a copy taken under g_dir_mutex; a signal passes g_dir itself, as it cannot
+// lock). `written` (kPathMax bytes) receives the file's path before the next dump may reuse g_path.
+bool write_dump(const char* reason, const char* dir, char* written, bool from_signal) {
   if (g_dumping.exchange(true, std::memory_order_acquire)) {
     if (from_signal) return false;  // a dump is running (maybe in the thread this signal interrupted)
     while (g_dumping.exchange(true, std::memory_order_acquire)) std::this_thread::sleep_for(std::chrono::milliseconds(1));
@@ -288,7 +291,7 @@ bool write_dump(const char* reason, bool from_signal) {
     std::memcpy(rank_text, "unknown-", 8);
     format_uint(rank_text + 8, uint64_t(::getpid()));
   }
-  if (g_dir[0] && join(g_path, g_dir, "/rank-", rank_text) && join(g_path, g_path, ".json") &&
+  if (dir[0] && join(g_path, dir, "/rank-", rank_text) && join(g_path, g_path, ".json") &&
       join(g_tmp_path, g_path, ".tmp.", pid_text)) {
     make_parents(g_path);
     const int fd = ::open(g_tmp_path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
@@ -382,6 +385,7 @@ bool write_dump(const char* reason, bool from_signal) {
       if (!ok) ::unlink(g_tmp_path);
     }
   }
+  join(written, g_path);
   g_dumping.store(false, std::memory_order_release);
   return ok;
 }
@@ -397,8 +401,8 @@ void on_fatal_signal(int signal) {
                      : signal == SIGBUS  ? "fatal signal SIGBUS"
                                          : "fatal signal SIGFPE";
   const int saved_errno = errno;
-  if (write_dump(name, /*from_signal=*/true)) {
-    const char* parts[] = {"booster: ", name, "; flight record written to ", g_path, "\n"};
+  if (write_dump(name, g_dir, g_signal_path, /*from_signal=*/true)) {
+    const char* parts[] = {"booster: ", name, "; flight record written to ", g_signal_path, "\n"};
     for (const char* part : parts) (void)!::write(STDERR_FILENO, part, std::strlen(part));
   }
   // Chain: the handler that was there before (OpenMPI's backtrace, or the default: a core dump) runs
@@ -582,16 +586,20 @@ fs::path flight_dump_dir() {
 
 fs::path dump_flight_record(const std::string& reason) {
   detail::read_environment_once();
+  // Copies, so that set_flight_dump_dir and other dumps may run meanwhile.
+  std::string dir;
   {
     std::lock_guard<std::mutex> lock(detail::g_dir_mutex);
-    if (!detail::g_dir[0]) return {};
+    dir = detail::g_dir;
   }
-  if (!detail::write_dump(reason.c_str(), /*from_signal=*/false)) {
-    std::fprintf(stderr, "booster: could not write the flight record to %s: %s\n", detail::g_path,
+  if (dir.empty()) return {};
+  std::vector<char> written(detail::kPathMax, '\0');
+  if (!detail::write_dump(reason.c_str(), dir.c_str(), written.data(), /*from_signal=*/false)) {
+    std::fprintf(stderr, "booster: could not write the flight record to %s: %s\n", written.data(),
                  std::strerror(errno));
     return {};
   }
-  return fs::path(detail::g_path);
+  return fs::path(written.data());
 }
 
 // ---------------------------------------------------------------------------------------- reading
