@@ -13,6 +13,7 @@
 #include <csignal>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <regex>
 #include <string>
@@ -470,6 +471,36 @@ TEST_CASE("flight records: a missing directory, no record or a malformed one is 
   CHECK_THROWS_WITH(load_flight_records(dir), Catch::Contains("lacks seq"));
   std::ofstream(dir / "rank-0.json") << record(1, 2, {}).dump();
   CHECK_THROWS_WITH(load_flight_records(dir), Catch::Contains("it says world rank 1"));
+}
+
+// Every way a record can be wrong is a DataError naming the file, never another exception.
+TEST_CASE("flight records: a bad rank in a name or a field of the wrong type is a DataError naming the file",
+          "[distributed][flight]") {
+  const fs::path dir = fresh_dir("bad_types");
+  fs::create_directories(dir);
+  std::ofstream(dir / "rank-99999999999.json") << record(0, 2, completed_up_to(2)).dump();
+  CHECK_THROWS_AS(load_flight_records(dir), DataError);
+  CHECK_THROWS_WITH(load_flight_records(dir), Catch::Contains("rank-99999999999.json is not a flight record"));
+  fs::remove(dir / "rank-99999999999.json");
+  const auto bad = [&](const std::function<void(json&)>& edit, const std::string& says) {
+    json doc = record(0, 2, plus(completed_up_to(2), {3, "all_reduce", "started"}));
+    edit(doc);
+    std::ofstream(dir / "rank-0.json") << doc.dump();
+    INFO(says);
+    try {
+      analyze_flight_records(load_flight_records(dir));
+      FAIL("no error");
+    } catch (const DataError& e) {
+      CHECK_THAT(e.what(), Catch::Contains("rank-0.json is not a flight record") && Catch::Contains(says));
+    }
+  };
+  bad([](json& d) { d["clock"] = 5; }, "\"clock\" is not an object");
+  bad([](json& d) { d["clock"]["wall_ns"] = "noon"; }, "\"clock\" is not an object");
+  bad([](json& d) { d["groups"][0]["world_ranks"] = json({0, "one"}); }, "world_ranks holds \"one\", not a rank");
+  bad([](json& d) { d["groups"][0]["world_ranks"] = json({0, 1.5}); }, "world_ranks holds 1.5, not a rank");
+  bad([](json& d) { d["groups"][0]["instance"] = "first"; }, "instance is not an integer");
+  bad([](json& d) { d["entries"][0]["peer"] = "none"; }, "peer or end_ns is not an integer");
+  bad([](json& d) { d["entries"][0]["end_ns"] = "later"; }, "peer or end_ns is not an integer");
 }
 
 TEST_CASE("booster flight: usage and bad input exit non-zero with one line", "[distributed][flight][cli]") {

@@ -620,12 +620,20 @@ void validate(const json& doc, const fs::path& file) {
   if (!doc["world_rank"].is_null() && (!doc["world_rank"].is_number_integer() || doc["world_rank"].get<int64_t>() < 0))
     malformed(file, "\"world_rank\" is not a rank");
   if (!doc["groups"].is_array() || !doc["entries"].is_array()) malformed(file, "\"groups\" or \"entries\" is not a list");
+  if (!doc["clock"].is_object() || !doc["clock"].value("steady_ns", json()).is_number_integer() ||
+      !doc["clock"].value("wall_ns", json()).is_number_integer())
+    malformed(file, "\"clock\" is not an object of integers steady_ns and wall_ns");
   for (const json& g : doc["groups"]) {
     if (!g.is_object() || !g.value("name", json()).is_string() || !g.value("backend", json()).is_string() ||
         !g.value("size", json()).is_number_integer() || !g.value("rank", json()).is_number_integer() ||
         !g.value("index", json()).is_number_integer() || !g.value("world_ranks", json()).is_array() ||
         g["world_ranks"].size() != g["size"].get<size_t>())
       malformed(file, str("group ", g.dump().substr(0, 120), " lacks index, backend, name, size, rank or world_ranks"));
+    for (const json& w : g["world_ranks"])
+      if (!w.is_number_integer() || w.get<int64_t>() < 0 || w.get<int64_t>() > INT32_MAX)
+        malformed(file, str("group ", g.dump().substr(0, 120), ": world_ranks holds ", w.dump(), ", not a rank"));
+    if (g.contains("instance") && !g["instance"].is_number_integer())
+      malformed(file, str("group ", g.dump().substr(0, 120), ": instance is not an integer"));
     if (!g.value("last_started", json()).is_number_unsigned() || !g.value("completed_through", json()).is_number_unsigned())
       malformed(file, str("group ", g.dump().substr(0, 120), " lacks last_started or completed_through (a record of "
                           "an older booster?)"));
@@ -635,6 +643,9 @@ void validate(const json& doc, const fs::path& file) {
         !e.value("group_index", json()).is_number_integer() || !e.value("state", json()).is_string() ||
         !e.value("start_ns", json()).is_number_integer())
       malformed(file, str("entry ", e.dump().substr(0, 120), " lacks seq, op, group_index, state or start_ns"));
+    if ((e.contains("peer") && !e["peer"].is_number_integer()) ||
+        (e.contains("end_ns") && !e["end_ns"].is_null() && !e["end_ns"].is_number_integer()))
+      malformed(file, str("entry ", e.dump().substr(0, 120), ": peer or end_ns is not an integer"));
   }
 }
 
@@ -651,8 +662,9 @@ std::vector<json> load_flight_records(const fs::path& dir) {
   for (const fs::directory_entry& entry : fs::directory_iterator(dir)) {
     std::smatch m;
     const std::string name = entry.path().filename().string();
-    if (entry.is_regular_file() && std::regex_match(name, m, kName))
-      files.emplace_back(m[1].matched, std::stoll(m[2]), entry.path());
+    if (!entry.is_regular_file() || !std::regex_match(name, m, kName)) continue;
+    if (m[2].length() > 9) malformed(entry.path(), "the number in its name is not a rank or pid");
+    files.emplace_back(m[1].matched, std::stoll(m[2]), entry.path());
   }
   BOOSTER_CHECK(!files.empty(), DataError, "no flight records in ", dir.string(),
                 ": no rank-N.json (no collective timed out and no rank crashed, or the run had no run_dir)");
