@@ -6,6 +6,7 @@
 #include <catch2/catch.hpp>
 
 #include <signal.h>
+#include <fcntl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -268,6 +269,105 @@ TEST_CASE("flight recorder: a fatal signal writes the record and still ends the 
     REQUIRE(doc["entries"].size() == 1);
     CHECK(doc["entries"][0]["op"] == "all_gather");
     CHECK(doc["entries"][0]["seq"] == 7);
+  }
+}
+
+namespace {
+
+// Waits up to `seconds` for `child`; kills it (and returns false) when it has not ended by then.
+bool wait_for(pid_t child, int& status, double seconds) {
+  for (int i = 0; i < int(seconds * 100); ++i) {
+    if (waitpid(child, &status, WNOHANG) == child) return true;
+    usleep(10000);
+  }
+  kill(child, SIGKILL);
+  waitpid(child, &status, 0);
+  return false;
+}
+
+// What a previous SA_SIGINFO handler saw, written to a file it names.
+const char* g_seen_path = nullptr;
+void report_siginfo(int, siginfo_t* info, void*) {
+  char text[64];
+  const int n = std::snprintf(text, sizeof text, "%d %lu\n", info->si_code,
+                              static_cast<unsigned long>(reinterpret_cast<uintptr_t>(info->si_addr)));
+  const int fd = ::open(g_seen_path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  (void)!::write(fd, text, size_t(n));
+  ::close(fd);
+  _exit(3);
+}
+
+// A handler that chains back to the one it replaced, as crash reporters do.
+struct sigaction g_replaced {};
+void chain_back(int signal, siginfo_t*, void*) {
+  sigaction(signal, &g_replaced, nullptr);
+  raise(signal);
+}
+
+void fault_at(uintptr_t address) {
+  volatile int* p = reinterpret_cast<volatile int*>(address);
+  *p = 1;
+}
+
+}  // namespace
+
+TEST_CASE("flight recorder: a real fault reaches the previous handler with its own address and handlers "
+          "that chain to each other end the process", "[distributed][flight]") {
+  {
+    // A previous SA_SIGINFO handler (as OpenMPI's backtrace) sees the kernel's fault: si_code > 0 and the
+    // faulting address, not a re-raised signal's.
+    const fs::path dir = fresh_dir("real_fault");
+    const fs::path seen = dir / "seen.txt";
+    const std::string seen_path = seen.string();
+    const pid_t child = fork();
+    REQUIRE(child >= 0);
+    if (child == 0) {
+      g_seen_path = seen_path.c_str();
+      struct sigaction previous {};
+      previous.sa_sigaction = &report_siginfo;
+      sigemptyset(&previous.sa_mask);
+      previous.sa_flags = SA_SIGINFO;
+      sigaction(SIGSEGV, &previous, nullptr);
+      fr::flight_reset_for_testing();
+      set_flight_dump_dir(dir);
+      fault_at(0x40);
+      _exit(0);
+    }
+    int status = 0;
+    REQUIRE(wait_for(child, status, 20));
+    CHECK(WIFEXITED(status));
+    CHECK(WEXITSTATUS(status) == 3);
+    std::ifstream in(seen);
+    int code = 0;
+    unsigned long address = 0;
+    in >> code >> address;
+    CHECK(code > 0);  // SEGV_MAPERR: from the kernel
+    CHECK(address == 0x40);
+    CHECK(load_flight_records(dir).at(0)["reason"] == "fatal signal SIGSEGV");
+  }
+  {
+    // Ours, then a handler that chains back to ours, then ours again on top (a second
+    // set_flight_dump_dir): a fault must still end the process, by SIGSEGV.
+    const fs::path dir = fresh_dir("chain_back");
+    const pid_t child = fork();
+    REQUIRE(child >= 0);
+    if (child == 0) {
+      std::signal(SIGSEGV, SIG_DFL);
+      fr::flight_reset_for_testing();
+      set_flight_dump_dir(dir);
+      struct sigaction back {};
+      back.sa_sigaction = &chain_back;
+      sigemptyset(&back.sa_mask);
+      back.sa_flags = SA_SIGINFO;
+      sigaction(SIGSEGV, &back, &g_replaced);
+      set_flight_dump_dir(dir);
+      fault_at(0x40);
+      _exit(0);
+    }
+    int status = 0;
+    REQUIRE(wait_for(child, status, 20));
+    CHECK(WIFSIGNALED(status));
+    CHECK(WTERMSIG(status) == SIGSEGV);
   }
 }
 

@@ -394,36 +394,54 @@ bool write_dump(const char* reason, const char* dir, char* written, bool from_si
 
 constexpr int kFatalSignals[] = {SIGSEGV, SIGABRT, SIGBUS, SIGFPE};
 struct sigaction g_previous[4];
+std::atomic<bool> g_in_fatal_handler{false};
 
-void on_fatal_signal(int signal) {
+// Note [Flight recorder], "Signals". Chains to the handler that was there before (OpenMPI's backtrace,
+// or the default: a core dump). A fault the kernel raised (si_code > 0) repeats when this returns and
+// reaches that handler with its own siginfo (the faulting address); a signal a process sent (kill,
+// raise, abort: si_code <= 0) would not repeat, so it is raised again, pending until this returns.
+// A second entry (another fatal signal, or a handler that chains back to this one) takes the default
+// action at once, so two handlers that chain to each other cannot bounce a fault forever.
+void on_fatal_signal(int signal, siginfo_t* info, void*) {
+  const int saved_errno = errno;
+  if (g_in_fatal_handler.exchange(true)) {
+    struct sigaction fallback {};
+    fallback.sa_handler = SIG_DFL;
+    sigemptyset(&fallback.sa_mask);
+    sigaction(signal, &fallback, nullptr);
+    if (info == nullptr || info->si_code <= 0) raise(signal);
+    errno = saved_errno;
+    return;
+  }
   const char* name = signal == SIGSEGV ? "fatal signal SIGSEGV"
                      : signal == SIGABRT ? "fatal signal SIGABRT"
                      : signal == SIGBUS  ? "fatal signal SIGBUS"
                                          : "fatal signal SIGFPE";
-  const int saved_errno = errno;
   if (write_dump(name, g_dir, g_signal_path, /*from_signal=*/true)) {
     const char* parts[] = {"booster: ", name, "; flight record written to ", g_signal_path, "\n"};
     for (const char* part : parts) (void)!::write(STDERR_FILENO, part, std::strlen(part));
   }
-  // Chain: the handler that was there before (OpenMPI's backtrace, or the default: a core dump) runs
-  // once this one returns, the fault repeating or the re-raised signal being delivered.
   for (size_t i = 0; i < 4; ++i)
     if (kFatalSignals[i] == signal) sigaction(signal, &g_previous[i], nullptr);
-  raise(signal);  // pending until this handler returns (a signal sent by kill() would not repeat)
+  if (info == nullptr || info->si_code <= 0) raise(signal);
   errno = saved_errno;
+}
+
+bool is_ours(const struct sigaction& a) {
+  return (a.sa_flags & SA_SIGINFO) != 0 && a.sa_sigaction == &on_fatal_signal;
 }
 
 // Installs the handler for each fatal signal where it is not the current one (a handler installed
 // since, and restored, may have replaced it), keeping the one it replaces to chain to.
 void install_fatal_handlers() {
   struct sigaction action {};
-  action.sa_handler = &on_fatal_signal;
+  action.sa_sigaction = &on_fatal_signal;
   sigemptyset(&action.sa_mask);
-  action.sa_flags = SA_ONSTACK;
+  action.sa_flags = SA_SIGINFO | SA_ONSTACK;
   for (size_t i = 0; i < 4; ++i) {
     struct sigaction current {};
     sigaction(kFatalSignals[i], nullptr, &current);
-    if (current.sa_handler != &on_fatal_signal) sigaction(kFatalSignals[i], &action, &g_previous[i]);
+    if (!is_ours(current)) sigaction(kFatalSignals[i], &action, &g_previous[i]);
   }
 }
 
