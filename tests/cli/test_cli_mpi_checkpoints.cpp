@@ -404,7 +404,7 @@ TEST_CASE("async checkpoints on 2 ranks: SIGTERM waits for the save in flight an
   const size_t at = r.err.find(marker);
   REQUIRE(at != std::string::npos);
   const int step = std::atoi(r.err.c_str() + at + marker.size());
-  CHECK(step > 2);
+  CHECK(step >= 2);  // the stop lands after step 2 (at once) or a later one (after step 2's save)
   CHECK_THAT(r.err, Catch::Contains("; saved " + step_dir(root, step).string()));
   char latest[32];
   std::snprintf(latest, sizeof latest, "step-%08d\n", step);
