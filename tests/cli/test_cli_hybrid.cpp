@@ -49,8 +49,6 @@ RunResult train(int processes, const std::string& file, const std::string& args)
                                                     std::string(BOOSTER_BIN_DIR) + "/booster " + command, env);
 }
 
-double final_loss(const RunResult& r) { return json::parse(testing::last_line(r.out)).at("final_loss").get<double>(); }
-
 // The train records of a run's metrics.jsonl, in step order.
 std::vector<json> train_records(const fs::path& run_dir) {
   std::ifstream in(run_dir / "metrics.jsonl");
