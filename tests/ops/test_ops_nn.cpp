@@ -200,9 +200,12 @@ TEST_CASE("batch_norm checks its arguments", "[ops][nn_functional]") {
                       Catch::Contains("more than 1 value per channel"));
   // One value per channel is fine in eval with running stats.
   CHECK_NOTHROW(batch_norm(zeros({1, 3}), zeros({3}), ones({3}), Tensor(), Tensor(), false));
+  // Under autocast batch_norm keeps its input's dtype, as PyTorch's autocast does (Note [Autocast policy]):
+  // 16-bit stays 16-bit (float32 statistics inside), float32 stays float32.
   autocast::AutocastGuard guard(true, DType::Float16);
   CHECK(batch_norm(ones({4, 3}, DType::Float16), zeros({3}), ones({3}), Tensor(), Tensor(), true).dtype() ==
-        DType::Float32);
+        DType::Float16);
+  CHECK(batch_norm(ones({4, 3}), zeros({3}), ones({3}), Tensor(), Tensor(), true).dtype() == DType::Float32);
 }
 
 // ============================================================================================ dropout

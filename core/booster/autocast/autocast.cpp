@@ -57,8 +57,11 @@ PolicyTable default_policy_table() {
   PolicyTable t{};
   t.fill(CastPolicy::None);
   for (Op op : {Op::Matmul, Op::Linear, Op::Bmm, Op::Attention, Op::Conv2d}) t[size_t(op)] = CastPolicy::Lower;
-  for (Op op : {Op::Softmax, Op::LogSoftmax, Op::LayerNorm, Op::BatchNorm, Op::Exp, Op::Log, Op::Pow, Op::Sum,
-                Op::Mean, Op::Var, Op::CrossEntropy, Op::NllLoss, Op::MseLoss})
+  // batch_norm is not among them, as in PyTorch's CPU and CUDA autocast: it runs in its input's dtype,
+  // with float32 statistics and accumulation (the kernels' acc_t), so a 16-bit convolution's output
+  // stays 16-bit through batch norm, ReLU and pooling to the next convolution.
+  for (Op op : {Op::Softmax, Op::LogSoftmax, Op::LayerNorm, Op::Exp, Op::Log, Op::Pow, Op::Sum, Op::Mean, Op::Var,
+                Op::CrossEntropy, Op::NllLoss, Op::MseLoss})
     t[size_t(op)] = CastPolicy::Float32;
   for (Op op : {Op::Add, Op::Sub, Op::Mul, Op::Div, Op::Cat, Op::Stack, Op::Where, Op::Maximum, Op::Minimum})
     t[size_t(op)] = CastPolicy::Promote;

@@ -5,8 +5,9 @@
 // Each op that autocast knows has a CastPolicy:
 //   Lower   - floating inputs are cast to the autocast dtype (matmul, linear, bmm, attention): the
 //             GEMM-heavy ops that gain from float16/bfloat16.
-//   Float32 - floating inputs are cast up to float32 (softmax, norms, exp/log/pow, sums, losses): the
-//             ops whose range or accumulation float16 would ruin.
+//   Float32 - floating inputs are cast up to float32 (softmax, layer_norm, exp/log/pow, sums, losses):
+//             the ops whose range or accumulation float16 would ruin. batch_norm is not one (as in
+//             PyTorch): it keeps its input's dtype and accumulates in float32.
 //   Promote - inputs are cast to the widest floating dtype among them (add, mul, cat, where, ...).
 //   None    - untouched.
 // The table is data: a mixed-precision strategy may install its own (apex's O1 lists differ from
