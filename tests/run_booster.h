@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <sstream>
 #include <string>
 
@@ -92,6 +93,30 @@ inline std::filesystem::path scratch_dir(const std::string& name) {
 
 // True when mpirun is on the PATH (multi-process tests skip without it).
 inline bool have_mpirun() { return std::system("command -v mpirun >/dev/null 2>&1") == 0; }
+// The skip reason without it.
+inline constexpr const char* kNoMpirun = "no mpirun (apt-get install openmpi-bin)";
+
+// True when the parallel plugin `name` ("ddp", "low_level_zero") was built beside the core.
+inline bool have_plugin(const std::string& name) {
+  return std::filesystem::exists(std::filesystem::path(BOOSTER_LIB_DIR) / ("libbooster_plugin_" + name + ".so"));
+}
+
+// Why a multi-process test of `plugin` cannot run here ("" when it can).
+inline std::string why_no_mpi(const std::string& plugin = "ddp") {
+  if (!have_mpirun()) return kNoMpirun;
+  if (!have_plugin(plugin)) return "the " + plugin + " plugin is not built";
+  return "";
+}
+
+// Every file under `root` but the run's lock (its host and pid), by its path relative to it, with its
+// bytes: what two checkpoint roots are compared by.
+inline std::map<std::string, std::string> files_of(const std::filesystem::path& root) {
+  std::map<std::string, std::string> out;
+  for (const auto& entry : std::filesystem::recursive_directory_iterator(root))
+    if (entry.is_regular_file() && entry.path() != root / "lock")
+      out[std::filesystem::relative(entry.path(), root).string()] = read_text(entry.path());
+  return out;
+}
 
 // The last non-empty line of a program's stdout (booster train's summary, booster doctor's report).
 inline std::string last_line(const std::string& out) {

@@ -23,6 +23,8 @@ using nlohmann::json;
 using testing::read_text;
 using testing::RunResult;
 
+using testing::files_of;
+
 namespace {
 
 fs::path scratch_dir() { return testing::scratch_dir("test_cli_async_checkpoint"); }
@@ -53,15 +55,6 @@ fs::path step_dir(const fs::path& root, int step) {
   char name[32];
   std::snprintf(name, sizeof name, "step-%08d", step);
   return root / name;
-}
-
-// Every file under `root` but the run's lock (its host and pid), by its path relative to it, with its bytes.
-std::map<std::string, std::string> files_of(const fs::path& root) {
-  std::map<std::string, std::string> out;
-  for (const auto& entry : fs::recursive_directory_iterator(root))
-    if (entry.is_regular_file() && entry.path() != root / "lock")
-      out[fs::relative(entry.path(), root).string()] = read_text(entry.path());
-  return out;
 }
 
 // run_booster with no file allowed to grow past 1 KiB: a write past it fails with EFBIG, as a full disk

@@ -26,15 +26,13 @@
 namespace fs = std::filesystem;
 using nlohmann::json;
 using testing::have_mpirun;
+using testing::kNoMpirun;
 using testing::RunResult;
 
 namespace {
 
+
 fs::path scratch_dir() { return testing::scratch_dir("test_cli_elastic"); }
-
-const char* kNoMpirun = "no mpirun (apt-get install openmpi-bin)";
-
-bool have_ddp() { return fs::exists(fs::path(BOOSTER_LIB_DIR) / "libbooster_plugin_ddp.so"); }
 
 RunResult run_booster(const std::string& args, const std::string& env = "") {
   return testing::run_booster_in(scratch_dir(), args, "OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 " + env);
@@ -114,7 +112,7 @@ bool same_model(const fs::path& a, const fs::path& b) { return testing::weights_
 
 TEST_CASE("booster run --max-restarts restarts a job whose rank was killed and it ends as an uninterrupted run",
           "[cli][run][elastic][mpi]") {
-  if (!have_mpirun() || !have_ddp()) return skip_test(!have_mpirun() ? kNoMpirun : "the ddp plugin is not built");
+  if (const std::string why = testing::why_no_mpi(); !why.empty()) return skip_test(why);
   RunResult whole = run_booster("run -n 2 -- booster train --config " + ddp_config("whole").string());
   INFO(whole.err);
   REQUIRE(whole.exit_code == 0);
@@ -259,7 +257,7 @@ TEST_CASE("booster run --min-processes 2 restarts a 4-process ZeRO-3 job on 2 wi
 
 TEST_CASE("booster run --max-restarts gives up after K restarts with the last error and its status",
           "[cli][run][elastic][mpi]") {
-  if (!have_mpirun() || !have_ddp()) return skip_test(!have_mpirun() ? kNoMpirun : "the ddp plugin is not built");
+  if (const std::string why = testing::why_no_mpi(); !why.empty()) return skip_test(why);
   // Every attempt resumes from step 10 and dies again at step 12.
   RunResult r = run_booster("run -n 2 --max-restarts 2 -- booster train --config " + ddp_config("always").string(),
                             "BOOSTER_TEST_KILL_AT_STEP=12");
@@ -286,7 +284,7 @@ TEST_CASE("booster run --max-restarts never restarts a config error", "[cli][run
 
 TEST_CASE("booster run --min-processes restarts on fewer processes with the same global batch",
           "[cli][run][elastic][mpi]") {
-  if (!have_mpirun() || !have_ddp()) return skip_test(!have_mpirun() ? kNoMpirun : "the ddp plugin is not built");
+  if (const std::string why = testing::why_no_mpi(); !why.empty()) return skip_test(why);
   RunResult whole = run_booster("run -n 2 -- booster train --config " + ddp_config("whole2").string());
   REQUIRE(whole.exit_code == 0);
   const fs::path once = scratch_dir() / "shrunk_once";

@@ -21,15 +21,13 @@ using booster::cli::parse_hostfile;
 using booster::cli::read_hostfile;
 using nlohmann::json;
 using testing::have_mpirun;
+using testing::kNoMpirun;
 using testing::RunResult;
 
 namespace {
 
+
 fs::path scratch_dir() { return testing::scratch_dir("test_cli_hostfile"); }
-
-const char* kNoMpirun = "no mpirun (apt-get install openmpi-bin)";
-
-bool have_ddp() { return fs::exists(fs::path(BOOSTER_LIB_DIR) / "libbooster_plugin_ddp.so"); }
 
 RunResult run_booster(const std::string& args, const std::string& env = "") {
   return testing::run_booster_in(scratch_dir(), args, "OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 " + env);
@@ -254,7 +252,7 @@ TEST_CASE("booster run refuses -n beyond the hostfile's slots unless oversubscri
 }
 
 TEST_CASE("booster run -n 2 --hostfile with localhost slots=2 runs a ddp job", "[cli][run][hostfile][mpi]") {
-  if (!have_mpirun() || !have_ddp()) return skip_test(!have_mpirun() ? kNoMpirun : "the ddp plugin is not built");
+  if (const std::string why = testing::why_no_mpi(); !why.empty()) return skip_test(why);
   const fs::path hosts = write_hostfile("localhost_hosts", "localhost slots=2\n");
   RunResult r = run_booster("run -n 2 --hostfile " + hosts.string() + " -- booster train --config " +
                             ddp_config("hostfile").string());
@@ -287,7 +285,7 @@ TEST_CASE("booster run -n 2 --hostfile with localhost slots=2 runs a ddp job", "
 
 TEST_CASE("booster run reads a shrunk hostfile again at a restart and goes on on the slots left",
           "[cli][run][hostfile][elastic][mpi]") {
-  if (!have_mpirun() || !have_ddp()) return skip_test(!have_mpirun() ? kNoMpirun : "the ddp plugin is not built");
+  if (const std::string why = testing::why_no_mpi(); !why.empty()) return skip_test(why);
   RunResult whole = run_booster("run -n 2 -- booster train --config " + ddp_config("whole").string());
   REQUIRE(whole.exit_code == 0);
 

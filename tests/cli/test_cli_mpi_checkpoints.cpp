@@ -28,6 +28,9 @@ using nlohmann::json;
 using testing::read_text;
 using testing::RunResult;
 
+using testing::files_of;
+using testing::why_no_mpi;
+
 namespace {
 
 fs::path scratch_dir() { return testing::scratch_dir("test_cli_mpi_checkpoints"); }
@@ -39,13 +42,6 @@ RunResult run_booster(const std::string& args, const std::string& env = "") {
 }
 
 // Why a multi-process test cannot run here, or "".
-std::string why_no_mpi(const char* plugin = "ddp") {
-  if (!testing::have_mpirun()) return "no mpirun (apt-get install openmpi-bin)";
-  if (!fs::exists(fs::path(BOOSTER_LIB_DIR) / ("libbooster_plugin_" + std::string(plugin) + ".so")))
-    return std::string("the ") + plugin + " plugin is not built";
-  return "";
-}
-
 json small_config() {
   return json::parse(R"({
     "model": {"type": "mlp", "in": 8, "hidden": [16], "classes": 3},
@@ -193,15 +189,6 @@ TEST_CASE("ranks resume from the same step when one rank's copy of the newest is
 }
 
 namespace {
-
-// Every file under `root` but the run's lock (its host and pid), by its path relative to it, with its bytes.
-std::map<std::string, std::string> files_of(const fs::path& root) {
-  std::map<std::string, std::string> out;
-  for (const auto& entry : fs::recursive_directory_iterator(root))
-    if (entry.is_regular_file() && entry.path() != root / "lock")
-      out[fs::relative(entry.path(), root).string()] = read_text(entry.path());
-  return out;
-}
 
 // The processes below `pid` (its children, theirs, ...), read from /proc.
 std::vector<pid_t> descendants_of(pid_t pid) {

@@ -498,9 +498,7 @@ TEST_CASE("a run saves into a checkpoint directory whose file system cannot floc
 }
 
 using testing::have_mpirun;
-bool have_plugin(const std::string& name) {
-  return fs::exists(fs::path(BOOSTER_LIB_DIR) / ("libbooster_plugin_" + name + ".so"));
-}
+using testing::have_plugin;
 
 TEST_CASE("a resume refuses plugin options that change the numbers and accepts those that change only speed",
           "[cli][checkpoint]") {

@@ -25,6 +25,7 @@
 namespace fs = std::filesystem;
 using nlohmann::json;
 using testing::have_mpirun;
+using testing::kNoMpirun;
 using testing::read_text;
 using testing::RunResult;
 
@@ -34,8 +35,6 @@ fs::path scratch_dir() { return testing::scratch_dir("test_cli_run"); }
 
 const std::string kBin = std::string(BOOSTER_BIN_DIR) + "/booster";
 const std::string kOneThread = "OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1";
-const char* kNoMpirun = "no mpirun (apt-get install openmpi-bin)";
-
 RunResult run_booster(const std::string& args, const std::string& env = kOneThread) {
   return testing::run_booster_in(scratch_dir(), args, env);
 }
@@ -82,9 +81,7 @@ json long_config(const fs::path& run_dir) {
   return c;
 }
 
-bool have_plugin(const std::string& name) {
-  return fs::exists(fs::path(BOOSTER_LIB_DIR) / ("libbooster_plugin_" + name + ".so"));
-}
+using testing::have_plugin;
 
 size_t count(const std::string& text, const std::string& part) {
   size_t n = 0;
@@ -168,7 +165,7 @@ TEST_CASE("booster run keeps mpirun's banner for another program's failure", "[c
 // ------------------------------------------------------------------------------------------ signals
 TEST_CASE("Ctrl-C under booster run is reported as SIGINT, and the clean stop shows no mpirun banner",
           "[cli][run][signal][mpi]") {
-  if (!have_mpirun() || !have_plugin("ddp")) return skip_test(!have_mpirun() ? kNoMpirun : "the ddp plugin is not built");
+  if (const std::string why = testing::why_no_mpi(); !why.empty()) return skip_test(why);
   for (const auto& [signal, name] : std::vector<std::pair<int, std::string>>{{SIGINT, "SIGINT"}, {SIGHUP, "SIGHUP"}}) {
     INFO(name);
     const fs::path run = scratch_dir() / ("stopped_" + name);
@@ -302,7 +299,7 @@ TEST_CASE("booster run --mixed-precision and --plugin switch a program built on 
   CHECK_THAT(refused.err, Catch::Contains("'mixed_precision.name' is \"bf17\""));
   CHECK(std::count(refused.err.begin(), refused.err.end(), '\n') == 1);
 
-  if (!have_mpirun() || !have_plugin("ddp")) return skip_test(!have_mpirun() ? kNoMpirun : "the ddp plugin is not built");
+  if (const std::string why = testing::why_no_mpi(); !why.empty()) return skip_test(why);
   RunResult r = run_booster("run --mixed-precision bf16 --plugin ddp -n 2 -- " + program + " --steps 4");
   INFO(r.err);
   REQUIRE(r.exit_code == 0);
