@@ -1,0 +1,250 @@
+// Socket helpers that the TCP rendezvous (rendezvous.cpp) and the tcp process group
+// (tcp_process_group.cpp) share: an owning descriptor, deadline-bounded connect / send / receive, the
+// job token, and a listener bound to the address MASTER_ADDR names. Internal: not installed (an -impl
+// header).
+#pragma once
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <sstream>
+#include <string>
+
+#include "booster/common/error.h"
+#include "booster/distributed/rendezvous.h"
+
+namespace booster::distributed::net {
+
+using Clock = std::chrono::steady_clock;
+
+inline std::string seconds(std::chrono::duration<double> d) {
+  std::ostringstream os;
+  os << d.count() << " s";
+  return os.str();
+}
+
+inline Clock::time_point deadline_after(std::chrono::duration<double> timeout) {
+  return Clock::now() + std::chrono::duration_cast<Clock::duration>(timeout);
+}
+
+// The job's token (Note [Rendezvous without MPI], "two jobs"): FNV-1a of its id and world size.
+inline uint64_t job_token(const RendezvousSpec& spec, int world_size) {
+  uint64_t h = 1469598103934665603ull;
+  for (const char c : spec.job + "/" + std::to_string(world_size)) h = (h ^ uint8_t(c)) * 1099511628211ull;
+  return h;
+}
+
+inline std::string job_name(const RendezvousSpec& spec, int world_size) {
+  return (spec.job.empty() ? std::string("no job id") : "job \"" + spec.job + "\"") + ", world size " +
+         std::to_string(world_size);
+}
+
+// An owned file descriptor, closed when it goes.
+struct Socket {
+  int fd = -1;
+  explicit Socket(int f = -1) : fd(f) {}
+  Socket(Socket&& o) noexcept : fd(o.fd) { o.fd = -1; }
+  Socket& operator=(Socket&& o) noexcept {
+    if (this != &o) {
+      reset();
+      fd = o.fd;
+      o.fd = -1;
+    }
+    return *this;
+  }
+  Socket(const Socket&) = delete;
+  ~Socket() { reset(); }
+  void reset() {
+    if (fd >= 0) ::close(fd);
+    fd = -1;
+  }
+};
+
+// Waits until `fd` is ready for `events` or the deadline passes (false).
+inline bool wait_ready(int fd, short events, Clock::time_point deadline) {
+  while (true) {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
+    if (left <= 0) return false;
+    pollfd p{fd, events, 0};
+    const int n = ::poll(&p, 1, int(std::min<long long>(left, 1000)));
+    if (n > 0) return true;
+    if (n < 0 && errno != EINTR) return false;
+  }
+}
+
+// Sends or receives all `n` bytes before the deadline; false when the peer went away or time ran out.
+// Never SIGPIPE (MSG_NOSIGNAL).
+inline bool send_all(int fd, const void* data, size_t n, Clock::time_point deadline) {
+  const char* p = static_cast<const char*>(data);
+  while (n > 0) {
+    if (!wait_ready(fd, POLLOUT, deadline)) return false;
+    const ssize_t k = ::send(fd, p, n, MSG_NOSIGNAL);
+    if (k < 0 && (errno == EINTR || errno == EAGAIN)) continue;
+    if (k <= 0) return false;
+    p += k;
+    n -= size_t(k);
+  }
+  return true;
+}
+
+inline bool recv_all(int fd, void* data, size_t n, Clock::time_point deadline) {
+  char* p = static_cast<char*>(data);
+  while (n > 0) {
+    if (!wait_ready(fd, POLLIN, deadline)) return false;
+    const ssize_t k = ::recv(fd, p, n, 0);
+    if (k < 0 && (errno == EINTR || errno == EAGAIN)) continue;
+    if (k <= 0) return false;
+    p += k;
+    n -= size_t(k);
+  }
+  return true;
+}
+
+inline bool set_nonblocking(int fd) {
+  const int flags = ::fcntl(fd, F_GETFL, 0);
+  return flags >= 0 && ::fcntl(fd, F_SETFL, flags | O_NONBLOCK) == 0;
+}
+
+inline void set_nodelay(int fd) {
+  const int one = 1;
+  ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+}
+
+// Connects `fd` to `address` before the deadline: non-blocking, so that a firewall that drops the
+// packets (where a blocking connect waits minutes for the kernel's retries) costs no more than the
+// time left. False with `error` set when it is refused or time runs out; `fd` stays non-blocking.
+inline bool connect_before(int fd, const sockaddr* address, socklen_t length, Clock::time_point deadline,
+                           std::string& error) {
+  if (!set_nonblocking(fd)) {
+    error = std::strerror(errno);
+    return false;
+  }
+  if (::connect(fd, address, length) == 0) return true;
+  if (errno != EINPROGRESS && errno != EINTR) {
+    error = std::strerror(errno);
+    return false;
+  }
+  if (!wait_ready(fd, POLLOUT, deadline)) {
+    error = "no answer to connect before the timeout (a firewall dropping packets?)";
+    return false;
+  }
+  int so_error = 0;
+  socklen_t len = sizeof so_error;
+  if (::getsockopt(fd, SOL_SOCKET, SO_ERROR, &so_error, &len) != 0) so_error = errno;
+  if (so_error != 0) {
+    error = std::strerror(so_error);
+    return false;
+  }
+  return true;
+}
+
+using AddressList = std::unique_ptr<addrinfo, void (*)(addrinfo*)>;
+
+// The addresses of `host`:`port` (numeric_host: `host` is an address, no name lookup); null with
+// `error` set when it does not resolve.
+inline AddressList resolve(const std::string& host, int port, bool numeric_host, std::string& error) {
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  if (numeric_host) hints.ai_flags = AI_NUMERICHOST;
+  addrinfo* found = nullptr;
+  const std::string service = std::to_string(port);
+  const int gai = ::getaddrinfo(host.c_str(), service.c_str(), &hints, &found);
+  if (gai != 0 || !found) {
+    error = ::gai_strerror(gai);
+    if (found) ::freeaddrinfo(found);
+    return AddressList(nullptr, ::freeaddrinfo);
+  }
+  return AddressList(found, ::freeaddrinfo);
+}
+
+// The numeric host and the port of a socket address.
+inline std::string numeric_host(const sockaddr_storage& a) {
+  char text[INET6_ADDRSTRLEN] = {};
+  if (a.ss_family == AF_INET6) {
+    const auto* a6 = reinterpret_cast<const sockaddr_in6*>(&a);
+    // An IPv4 peer of a dual-stack socket: its plain IPv4 form.
+    if (IN6_IS_ADDR_V4MAPPED(&a6->sin6_addr)) {
+      in_addr v4{};
+      std::memcpy(&v4, &a6->sin6_addr.s6_addr[12], 4);
+      ::inet_ntop(AF_INET, &v4, text, sizeof text);
+    } else {
+      ::inet_ntop(AF_INET6, &a6->sin6_addr, text, sizeof text);
+    }
+  } else {
+    ::inet_ntop(AF_INET, &reinterpret_cast<const sockaddr_in*>(&a)->sin_addr, text, sizeof text);
+  }
+  return text;
+}
+
+inline int port_of(const sockaddr_storage& a) {
+  return a.ss_family == AF_INET6 ? ntohs(reinterpret_cast<const sockaddr_in6*>(&a)->sin6_port)
+                                 : ntohs(reinterpret_cast<const sockaddr_in*>(&a)->sin_port);
+}
+
+// The local (getsockname) or remote (getpeername) address of a connected socket.
+inline sockaddr_storage local_address(int fd) {
+  sockaddr_storage a{};
+  socklen_t len = sizeof a;
+  ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
+  return a;
+}
+
+inline sockaddr_storage peer_address(int fd) {
+  sockaddr_storage a{};
+  socklen_t len = sizeof a;
+  ::getpeername(fd, reinterpret_cast<sockaddr*>(&a), &len);
+  return a;
+}
+
+// A listening socket bound to `address` with `port` (0: the kernel picks one), SO_REUSEADDR so that a
+// port a finished job left in TIME_WAIT is free at once. -1 with errno set when bind fails.
+inline int listen_at(const sockaddr* address, socklen_t length, int backlog) {
+  Socket s(::socket(address->sa_family, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  if (s.fd < 0) return -1;
+  const int one = 1;
+  ::setsockopt(s.fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+  if (::bind(s.fd, address, length) != 0 || ::listen(s.fd, std::max(backlog, 16)) != 0) return -1;
+  const int fd = s.fd;
+  s.fd = -1;
+  return fd;
+}
+
+// Rank 0's listener at MASTER_ADDR:MASTER_PORT (`spec`, Kind::Tcp): bound to the address MASTER_ADDR
+// names, not to every interface, so that the port is reachable only where the job said (Note
+// [Rendezvous without MPI]). ConfigError when the name does not resolve, names no address of this
+// machine ("rank 0 must run on MASTER_ADDR's host"), or the port is in use. `who` starts messages.
+inline Socket listen_at_master(const RendezvousSpec& spec, int backlog, const std::string& who) {
+  std::string error;
+  const AddressList found = resolve(spec.address, spec.port, false, error);
+  BOOSTER_CHECK(found, ConfigError, who, ": MASTER_ADDR \"", spec.address, "\" cannot be resolved (", error,
+                "); set it to rank 0's host name or address");
+  int last = 0;
+  for (const addrinfo* a = found.get(); a; a = a->ai_next) {
+    const int fd = listen_at(a->ai_addr, a->ai_addrlen, backlog);
+    if (fd >= 0) return Socket(fd);
+    // An address in use anywhere wins the message over one that is not this machine's.
+    if (last != EADDRINUSE) last = errno;
+  }
+  BOOSTER_CHECK(last != EADDRNOTAVAIL, ConfigError, who, ": MASTER_ADDR \"", spec.address, "\" (", spec.source,
+                ") is not an address of this machine, so rank 0 cannot listen there; rank 0 must run on "
+                "MASTER_ADDR's host (or set MASTER_ADDR to this host's name or address)");
+  BOOSTER_FAIL(ConfigError, who, ": rank 0 cannot listen on port ", spec.port, " (", spec.source, "): ",
+               std::strerror(last),
+               last == EADDRINUSE ? "; another program (or job) uses it: choose another MASTER_PORT"
+                                  : "; choose another MASTER_PORT");
+}
+
+}  // namespace booster::distributed::net
