@@ -387,6 +387,31 @@ TEST_CASE("an address that does not resolve, a port in use or another world size
   CHECK_THAT(mixed[0].error, Catch::Contains("rank 1 was started with a world size of 3 and rank 0 with 2"));
 }
 
+TEST_CASE("rank 0 listens on the address MASTER_ADDR names, and one not of this machine is a ConfigError",
+          "[distributed][rendezvous]") {
+  // 192.0.2.1 (TEST-NET-1, RFC 5737) is no address of this machine: rank 0 cannot be running there.
+  std::vector<Outcome> o = run_ranks(tcp_spec(free_port(), "192.0.2.1"), 2, {0}, 1);
+  CHECK(o[0].type == "ConfigError");
+  CHECK_THAT(o[0].error, Catch::Contains("MASTER_ADDR \"192.0.2.1\" (MASTER_ADDR/MASTER_PORT) is not an address of "
+                                         "this machine") &&
+                             Catch::Contains("rank 0 must run on MASTER_ADDR's host"));
+  // Bound to 127.0.0.1 only: the port is still free on this machine's other addresses.
+  const int port = free_port();
+  std::vector<Outcome> served;
+  std::thread zero([&] { served = run_ranks(tcp_spec(port), 2, {0}, 2); });
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  const int fd = ::socket(AF_INET6, SOCK_STREAM, 0);
+  sockaddr_in6 a{};
+  a.sin6_family = AF_INET6;
+  a.sin6_addr = in6addr_loopback;
+  a.sin6_port = htons(uint16_t(port));
+  const bool v6_free = fd >= 0 && ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0;
+  if (fd >= 0) ::close(fd);
+  zero.join();
+  if (fd >= 0) CHECK(v6_free);  // a listener on every interface would hold [::1]:port too
+  CHECK(served[0].type == "DistributedError");  // nobody came
+}
+
 TEST_CASE("two jobs with different ids on one file or one port do not take each other's blob",
           "[distributed][rendezvous]") {
   const auto spec_of = [](RendezvousSpec spec, const std::string& job) {

@@ -23,6 +23,7 @@
 #include <thread>
 
 #include "booster/common/error.h"
+#include "booster/distributed/socket_impl.h"
 
 namespace booster::distributed {
 
@@ -30,7 +31,7 @@ namespace fs = std::filesystem;
 
 namespace {
 
-using Clock = std::chrono::steady_clock;
+using namespace net;
 
 constexpr char kMagic[8] = {'B', 'O', 'O', 'S', 'T', 'R', 'D', '1'};  // file and TCP framing
 constexpr char kGaveUp[8] = {'B', 'O', 'O', 'S', 'T', 'R', 'D', 'X'};  // a file rank 0 gave up on
@@ -59,29 +60,11 @@ int number_variable(const char* name, long lowest, long highest, const char* wha
   return int(*v);
 }
 
-std::string seconds(std::chrono::duration<double> d) {
-  std::ostringstream os;
-  os << d.count() << " s";
-  return os.str();
-}
-
 std::string missing_ranks(const std::set<int>& arrived, int world_size) {
   std::vector<int> missing;
   for (int r = 1; r < world_size; ++r)
     if (!arrived.count(r)) missing.push_back(r);
   return str(missing);
-}
-
-// The job's token (Note [Rendezvous without MPI], "two jobs"): FNV-1a of its id and world size.
-uint64_t job_token(const RendezvousSpec& spec, int world_size) {
-  uint64_t h = 1469598103934665603ull;
-  for (const char c : spec.job + "/" + std::to_string(world_size)) h = (h ^ uint8_t(c)) * 1099511628211ull;
-  return h;
-}
-
-std::string job_name(const RendezvousSpec& spec, int world_size) {
-  return (spec.job.empty() ? std::string("no job id") : "job \"" + spec.job + "\"") + ", world size " +
-         std::to_string(world_size);
 }
 
 // ------------------------------------------------------------------------------------------ file
@@ -232,84 +215,6 @@ std::vector<uint8_t> share_through_file(const RendezvousSpec& spec, int rank, in
 
 // ------------------------------------------------------------------------------------------- TCP
 
-struct Socket {
-  int fd = -1;
-  explicit Socket(int f = -1) : fd(f) {}
-  Socket(Socket&& o) noexcept : fd(o.fd) { o.fd = -1; }
-  Socket(const Socket&) = delete;
-  ~Socket() {
-    if (fd >= 0) ::close(fd);
-  }
-};
-
-// Waits until `fd` is ready for `events` or the deadline passes (false).
-bool wait_ready(int fd, short events, Clock::time_point deadline) {
-  while (true) {
-    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
-    if (left <= 0) return false;
-    pollfd p{fd, events, 0};
-    const int n = ::poll(&p, 1, int(std::min<long long>(left, 1000)));
-    if (n > 0) return true;
-    if (n < 0 && errno != EINTR) return false;
-  }
-}
-
-// Sends or receives all `n` bytes before the deadline; false when the peer went away or time ran out.
-bool send_all(int fd, const void* data, size_t n, Clock::time_point deadline) {
-  const char* p = static_cast<const char*>(data);
-  while (n > 0) {
-    if (!wait_ready(fd, POLLOUT, deadline)) return false;
-    const ssize_t k = ::send(fd, p, n, MSG_NOSIGNAL);
-    if (k < 0 && (errno == EINTR || errno == EAGAIN)) continue;
-    if (k <= 0) return false;
-    p += k;
-    n -= size_t(k);
-  }
-  return true;
-}
-
-bool recv_all(int fd, void* data, size_t n, Clock::time_point deadline) {
-  char* p = static_cast<char*>(data);
-  while (n > 0) {
-    if (!wait_ready(fd, POLLIN, deadline)) return false;
-    const ssize_t k = ::recv(fd, p, n, 0);
-    if (k < 0 && (errno == EINTR || errno == EAGAIN)) continue;
-    if (k <= 0) return false;
-    p += k;
-    n -= size_t(k);
-  }
-  return true;
-}
-
-// Connects `fd` to `address` before the deadline: non-blocking, so that a firewall that drops the
-// packets (where a blocking connect waits minutes for the kernel's retries) costs no more than the
-// time left. False with `error` set when it is refused or time runs out; `fd` stays non-blocking.
-bool connect_before(int fd, const sockaddr* address, socklen_t length, Clock::time_point deadline,
-                    std::string& error) {
-  const int flags = ::fcntl(fd, F_GETFL, 0);
-  if (flags < 0 || ::fcntl(fd, F_SETFL, flags | O_NONBLOCK) != 0) {
-    error = std::strerror(errno);
-    return false;
-  }
-  if (::connect(fd, address, length) == 0) return true;
-  if (errno != EINPROGRESS && errno != EINTR) {
-    error = std::strerror(errno);
-    return false;
-  }
-  if (!wait_ready(fd, POLLOUT, deadline)) {
-    error = "no answer to connect before the timeout (a firewall dropping packets?)";
-    return false;
-  }
-  int so_error = 0;
-  socklen_t len = sizeof so_error;
-  if (::getsockopt(fd, SOL_SOCKET, SO_ERROR, &so_error, &len) != 0) so_error = errno;
-  if (so_error != 0) {
-    error = std::strerror(so_error);
-    return false;
-  }
-  return true;
-}
-
 // The hello a peer sends: magic, its rank, the world size it was told, its job's token.
 struct Hello {
   char magic[8];
@@ -327,32 +232,8 @@ std::string where(const RendezvousSpec& spec) {
 std::vector<uint8_t> serve_tcp(const RendezvousSpec& spec, int world_size, const std::vector<uint8_t>& blob,
                                std::chrono::duration<double> timeout) {
   const auto deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(timeout);
-  Socket listener(::socket(AF_INET6, SOCK_STREAM | SOCK_CLOEXEC, 0));
-  bool v6 = listener.fd >= 0;
-  if (!v6) listener.fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  BOOSTER_CHECK(listener.fd >= 0, DistributedError, "rendezvous: socket: ", std::strerror(errno));
-  const int one = 1, zero = 0;
-  ::setsockopt(listener.fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-  int rc;
-  if (v6) {
-    ::setsockopt(listener.fd, IPPROTO_IPV6, IPV6_V6ONLY, &zero, sizeof zero);  // IPv4 peers too
-    sockaddr_in6 a{};
-    a.sin6_family = AF_INET6;
-    a.sin6_addr = in6addr_any;
-    a.sin6_port = htons(uint16_t(spec.port));
-    rc = ::bind(listener.fd, reinterpret_cast<sockaddr*>(&a), sizeof a);
-  } else {
-    sockaddr_in a{};
-    a.sin_family = AF_INET;
-    a.sin_addr.s_addr = htonl(INADDR_ANY);
-    a.sin_port = htons(uint16_t(spec.port));
-    rc = ::bind(listener.fd, reinterpret_cast<sockaddr*>(&a), sizeof a);
-  }
-  BOOSTER_CHECK(rc == 0, ConfigError, "rendezvous: rank 0 cannot listen on port ", spec.port, " (", spec.source,
-                "): ", std::strerror(errno), errno == EADDRINUSE ? "; another program (or job) uses it: choose another "
-                "MASTER_PORT" : "; choose another MASTER_PORT");
-  BOOSTER_CHECK(::listen(listener.fd, std::max(world_size, 16)) == 0, DistributedError, "rendezvous: listen: ",
-                std::strerror(errno));
+  // Bound to the address MASTER_ADDR names (ConfigError when it is not this machine's or the port is taken).
+  Socket listener = listen_at_master(spec, world_size, "rendezvous");
   std::set<int> served;
   const uint64_t n = blob.size();
   while (int(served.size()) < world_size - 1) {
@@ -392,23 +273,17 @@ std::vector<uint8_t> serve_tcp(const RendezvousSpec& spec, int world_size, const
 std::vector<uint8_t> fetch_tcp(const RendezvousSpec& spec, int rank, int world_size,
                                std::chrono::duration<double> timeout) {
   const auto deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(timeout);
-  addrinfo hints{};
-  hints.ai_family = AF_UNSPEC;
-  hints.ai_socktype = SOCK_STREAM;
-  addrinfo* found = nullptr;
-  const std::string port = std::to_string(spec.port);
-  const int gai = ::getaddrinfo(spec.address.c_str(), port.c_str(), &hints, &found);
-  BOOSTER_CHECK(gai == 0 && found, ConfigError, "rendezvous: MASTER_ADDR \"", spec.address, "\" cannot be resolved (",
-                ::gai_strerror(gai), "); set it to rank 0's host name or address");
-  std::unique_ptr<addrinfo, void (*)(addrinfo*)> addresses(found, ::freeaddrinfo);
+  std::string error;
+  const AddressList found = resolve(spec.address, spec.port, false, error);
+  BOOSTER_CHECK(found, ConfigError, "rendezvous: MASTER_ADDR \"", spec.address, "\" cannot be resolved (", error,
+                "); set it to rank 0's host name or address");
   std::string last_error = "no answer";
   while (Clock::now() < deadline) {
-    for (addrinfo* a = found; a; a = a->ai_next) {
+    for (const addrinfo* a = found.get(); a; a = a->ai_next) {
       Socket s(::socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol));
       if (s.fd < 0) continue;
       if (!connect_before(s.fd, a->ai_addr, a->ai_addrlen, deadline, last_error)) continue;
-      const int one = 1;
-      ::setsockopt(s.fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+      set_nodelay(s.fd);
       Hello hello{};
       std::memcpy(hello.magic, kMagic, sizeof kMagic);
       hello.rank = rank;
