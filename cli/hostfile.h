@@ -13,7 +13,9 @@
 // sockets, cores (and their _per_ spellings) and cpu_set (cpu-set) describe the host to mpirun. Anything
 // else (`slot=` is a rankfile's key, `user=` no key at all) is a ConfigError naming file:line, as is a
 // count that is not a whole number from 0. `^HOST` excludes the host: it adds no slots and removes those
-// of its other lines. A host listed twice adds its slots. A line without slots= or max_slots= gets the
+// of its other lines. A host may be listed on several lines without a count (mpirun: a slot per line);
+// a count on any of them is a ConfigError, as mpirun refuses "multiple definitions of the slot count".
+// A line without slots= or max_slots= gets the
 // host's cores from mpirun, which booster run cannot know for a remote host: the total is then unknown
 // and -n is not checked (say slots=N on every line to have it checked).
 #pragma once
@@ -182,6 +184,15 @@ inline Hostfile parse_hostfile(const std::string& text, const std::string& name)
                                                        detail_hostfile::bare_host(e.host)) != excluded.end();
                                     }),
                      file.entries.end());
+  // A host on several lines is one slot per line, or one line with slots=N: mpirun refuses the mix.
+  for (size_t i = 0; i < file.entries.size(); ++i)
+    for (size_t j = 0; j < i; ++j) {
+      const HostfileEntry &first = file.entries[j], &again = file.entries[i];
+      BOOSTER_CHECK(first.host != again.host || (!first.slots && !again.slots), ConfigError, "booster run: hostfile ",
+                    name, ":", again.line, ": '", again.host, "' is listed again (first on line ", first.line,
+                    ") and a slot count is given; mpirun takes one line `", again.host,
+                    " slots=N`, or the host once per slot without slots=");
+    }
   BOOSTER_CHECK(!file.entries.empty(), ConfigError, "booster run: hostfile ", name,
                 " lists no host; expected a line `HOST slots=N` per machine (e.g. `localhost slots=2`)");
   return file;

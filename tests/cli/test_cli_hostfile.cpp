@@ -97,18 +97,30 @@ RunResult slurm_hostfile(const std::string& env) {
 
 TEST_CASE("a hostfile's hosts and slots, with comments, blank lines and spaces around =", "[cli][run][hostfile]") {
   const Hostfile h = parse_hostfile("# the cluster\n\nnode01 slots=4  # first\n  node02 slots = 2 max_slots=8\n"
-                                    "node01 slots=1\n",
+                                    "node03 slots=1\n",
                                     "hosts");
   REQUIRE(h.entries.size() == 3);
   CHECK(h.entries[0].host == "node01");
   CHECK(h.entries[0].line == 3);
   CHECK(h.entries[1].host == "node02");
   CHECK(h.entries[1].slots == 2);
-  CHECK(h.total_slots() == 7);  // a host listed twice adds its slots, as mpirun does
+  CHECK(h.total_slots() == 7);
+  // A host once per slot, as mpirun takes it (the total is then mpirun's business).
+  CHECK(parse_hostfile("node01\nnode01\n", "h").entries.size() == 2);
   // OpenMPI's other spellings of the count; username and port are ssh's business.
   CHECK(parse_hostfile("a count=2 username=me port=22\nb cpu=3\nc slots=1 max-slots=1\n", "h").total_slots() == 6);
   // Without slots= mpirun counts the host's cores, which booster run cannot know: no total.
   CHECK_FALSE(parse_hostfile("node01 slots=4\nnode02\n", "h").total_slots().has_value());
+}
+
+TEST_CASE("a host listed again with a slot count is refused, as mpirun refuses it", "[cli][run][hostfile]") {
+  // mpirun: "A hostfile was provided that contains multiple definitions of the slot count".
+  for (const char* text : {"node01 slots=1\nnode02 slots=2\nnode01 slots=1\n", "node01\nnode02 slots=2\nnode01 slots=3\n",
+                           "node01 max_slots=2\nnode02 slots=2\nnode01\n"}) {
+    INFO(text);
+    CHECK_THAT(error_of(text), Catch::Contains("hostfile hosts:3: 'node01' is listed again (first on line 1) and a slot "
+                                               "count is given; mpirun takes one line `node01 slots=N`"));
+  }
 }
 
 TEST_CASE("a malformed hostfile line is a ConfigError naming file:line", "[cli][run][hostfile]") {
