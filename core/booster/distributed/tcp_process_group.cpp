@@ -523,15 +523,17 @@ class TcpComm {
   // takes it); a receive takes the first unexpected frame of its channel and tag, else waits for one.
   void start(Request& r) {
     Link& l = links_[size_t(r.peer)];
-    if (l.lost) {
-      r.error = peer_lost(l, *r.label, true);
-      return;
-    }
     if (r.send) {
+      if (l.lost) {
+        r.error = peer_lost(l, *r.label, true);
+        return;
+      }
       l.sends.push_back(&r);
       write_link(l);
       return;
     }
+    // A receive may still take a frame that arrived before its peer closed the link (a peer that
+    // finished the job's last collective and left).
     for (auto it = l.unexpected.begin(); it != l.unexpected.end(); ++it) {
       Unexpected& u = *it;
       if (u.channel != r.channel || u.tag != r.tag || u.claimed || u.discard) continue;
@@ -553,6 +555,10 @@ class TcpComm {
       r.done = true;
       recycle(std::move(u.data));
       l.unexpected.erase(it);
+      return;
+    }
+    if (l.lost) {
+      r.error = peer_lost(l, *r.label, true);
       return;
     }
     l.posted.push_back(&r);
