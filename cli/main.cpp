@@ -104,11 +104,7 @@ void print_line(const std::string& line) {
 }
 
 // The processes of the job this one belongs to, from the launcher's variables (1 without one).
-int job_size() {
-  for (const char* var : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE"})
-    if (const char* v = std::getenv(var)) return std::max(1, std::atoi(v));
-  return 1;
-}
+int job_size() { return booster::distributed::job_place_from_launcher().size; }
 
 void print_error(const std::string& message) {
   std::string head = "booster: ";
@@ -192,9 +188,7 @@ int check_world_size(const po::variables_map& vm) {
     if (n < 1) throw UsageError("--nproc " + std::to_string(n) + ": expected at least 1 process");
     return n;
   }
-  for (const char* var : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE"})
-    if (const char* v = std::getenv(var)) return std::max(1, std::atoi(v));
-  return 1;
+  return booster::distributed::job_place_from_launcher().size;
 }
 
 // Note [Memory estimate] in booster/config/memory_estimate.h: the table on stderr, and a warning when

@@ -21,7 +21,6 @@
 #include "booster/config/training.h"
 #include "booster/data/dataloader.h"
 #include "booster/distributed/process_group.h"
-#include "booster/distributed/rendezvous.h"
 #include "booster/nn/models.h"
 #include "booster/optim/lr_scheduler.h"
 #include "booster/optim/optimizer.h"
@@ -72,22 +71,6 @@ nn::ModulePtr make_model(json model_config, uint64_t seed, bool verify) {
   return model;
 }
 
-// Note [Rendezvous without MPI], "auto": torchrun-style variables of more than one process without an
-// MPI launcher. A CPU model would get a group of one in each process (N runs, each on all the data,
-// into one run directory); a CUDA model's NCCL group would span the ranks, but the rank-0-only printing
-// and parts of the plugins follow the default group, which does not. So booster train refuses both.
-void refuse_ranks_without_launcher() {
-  if (distributed::launched_by_mpi_launcher()) return;
-  const std::optional<distributed::EnvRanks> ranks = distributed::ranks_from_environment();
-  if (!ranks || ranks->world_size <= 1) return;
-  const char* booster_size = std::getenv("BOOSTER_WORLD_SIZE");
-  const std::string name = booster_size && *booster_size ? "BOOSTER_WORLD_SIZE" : "WORLD_SIZE";
-  const std::string n = std::to_string(ranks->world_size);
-  BOOSTER_FAIL(ConfigError, name, "=", n, " is set but no MPI launcher started this process: booster train on ", n,
-               " processes needs `booster run -n ", n, "` (mpirun), for a CPU or a CUDA model; the MPI-free "
-               "bootstrap serves a program's own NCCL group only. Unset ", name, " to train in one process");
-}
-
 std::optional<fs::path> optional_path(const json& value) {
   if (!value.is_string()) return std::nullopt;
   return fs::path(value.get<std::string>());
@@ -99,11 +82,14 @@ int run_training(const json& config, BoosterComponents components, const Trainin
   const json& train_cfg = config.at("train");
   const json& data_cfg = config.at("data");
   const uint64_t seed = train_cfg.at("seed").get<uint64_t>();
-  refuse_ranks_without_launcher();  // before any group is made
   manual_seed(seed);
   // Before the first collective (the Booster broadcasts the weights): Note [Collective timeouts].
   if (const json& timeout = train_cfg.at("collective_timeout_s"); timeout.is_number())
     distributed::set_default_collective_timeout(std::chrono::duration<double>(timeout.get<double>()));
+  // Processes started by torchrun's variables meet (the tcp group, Note [TCP process group]) before
+  // anything is written, so a job that cannot meet fails with nothing on disk.
+  if (!distributed::launched_by_mpi_launcher() && distributed::job_place_from_launcher().size > 1)
+    distributed::default_process_group();
 
   // The Booster, with the plugin and strategy that resolving the config built and checked.
   Booster booster(std::move(components));

@@ -21,12 +21,7 @@ namespace {
 void warn_if_started_several_times() {
   static std::once_flag once;
   std::call_once(once, [] {
-    int processes = 1;
-    for (const char* var : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE"})
-      if (const char* v = std::getenv(var)) {
-        processes = std::atoi(v);
-        break;
-      }
+    const int processes = distributed::job_place_from_launcher().size;
     if (processes <= 1 || !is_main_process()) return;
     const std::string n = std::to_string(processes);
     const std::string line =

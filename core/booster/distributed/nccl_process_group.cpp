@@ -32,7 +32,7 @@ namespace booster::distributed {
 
 bool nccl_built() { return false; }
 
-std::shared_ptr<ProcessGroup> make_nccl_process_group() {
+std::shared_ptr<ProcessGroup> make_nccl_process_group(ProcessGroup*) {
   BOOSTER_FAIL(ConfigError, "backend \"nccl\" needs a build with CUDA and NCCL (",
                cuda::is_compiled() ? "NCCL was not found" : "nvcc was not found",
                " when booster was configured); train on the CPU (backend \"mpi\" or \"local\"), or rebuild "
@@ -123,7 +123,7 @@ class EventWork final : public Work {
 
 class NcclProcessGroup final : public ProcessGroup {
  public:
-  NcclProcessGroup() {
+  explicit NcclProcessGroup(ProcessGroup* bootstrap) {
     BOOSTER_CHECK(cuda::is_available(), ConfigError, "backend \"nccl\" needs a GPU: ", cuda::unavailable_reason(),
                   "; train on the CPU, or run on a machine with a GPU");
     ncclUniqueId id;
@@ -143,6 +143,15 @@ class NcclProcessGroup final : public ProcessGroup {
       BOOSTER_CHECK(rc == MPI_SUCCESS, DistributedError, "init_process_group: MPI_Bcast of the NCCL id failed on rank ",
                     rank_, " (MPI error ", rc, ")");
 #endif
+    } else if (bootstrap != nullptr && bootstrap->size() > 1) {
+      // A CPU group over the same ranks (tcp under torchrun's variables) hands rank 0's id to the others.
+      rank_ = bootstrap->rank();
+      size_ = bootstrap->size();
+      const std::optional<EnvRanks> env = ranks_from_environment();
+      local_rank = env ? env->local_rank : -1;
+      if (rank_ == 0) BOOSTER_NCCL_CHECK(ncclGetUniqueId(&id));
+      static_assert(sizeof id % sizeof(int64_t) == 0, "ncclUniqueId travels as int64 words");
+      bootstrap->broadcast(BufferSpan{&id, int64_t(sizeof id / sizeof(int64_t)), DType::Int64, Device::cpu()}, 0);
     } else if (const std::optional<EnvRanks> env = ranks_from_environment(); env && env->world_size > 1) {
       // Note [Rendezvous without MPI]: rank and size from torchrun's (or booster's) variables, the id
       // from rank 0 through a shared file or TCP.
@@ -448,7 +457,9 @@ class NcclProcessGroup final : public ProcessGroup {
 
 bool nccl_built() { return true; }
 
-std::shared_ptr<ProcessGroup> make_nccl_process_group() { return std::make_shared<NcclProcessGroup>(); }
+std::shared_ptr<ProcessGroup> make_nccl_process_group(ProcessGroup* bootstrap) {
+  return std::make_shared<NcclProcessGroup>(bootstrap);
+}
 
 #endif
 

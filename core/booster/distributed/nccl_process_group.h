@@ -8,7 +8,8 @@
 //   would silently make a world of its own). Without an MPI launcher, a world size over 1 in the
 //   environment (torchrun's RANK/WORLD_SIZE/LOCAL_RANK, or BOOSTER_RANK/BOOSTER_WORLD_SIZE) makes the
 //   group from those, with the id handed out through BOOSTER_NCCL_ID_FILE or MASTER_ADDR/MASTER_PORT
-//   (rendezvous.h, Note [Rendezvous without MPI]), and GPU LOCAL_RANK % device_count().
+//   (rendezvous.h, Note [Rendezvous without MPI]), and GPU LOCAL_RANK % device_count(); when such a job
+//   has its tcp CPU group (the default group "auto" makes there), rank 0's id travels through it instead.
 // * Stream order: collectives are queued on the CUDA backend's stream of that GPU, the stream every
 //   kernel and copy of the backend uses, so they run after the kernels that produced their buffers (a
 //   gradient bucket) and before everything queued later, without any host sync. Blocking forms
@@ -36,7 +37,8 @@ bool nccl_built();
 // A new NCCL group (see the Note): a communicator over every rank, so every rank must call it. Library
 // code takes the process's one NCCL group from process_group_for(cuda) or init_process_group("nccl")
 // instead (Note [A group per device]). ConfigError without NCCL in the build, without a GPU, or under
-// an MPI launcher without MPI in the build; each message says what is missing.
-std::shared_ptr<ProcessGroup> make_nccl_process_group();
+// an MPI launcher without MPI in the build; each message says what is missing. `bootstrap`, when not
+// null, is a CPU group over the same ranks (tcp) that hands rank 0's unique id to the others.
+std::shared_ptr<ProcessGroup> make_nccl_process_group(ProcessGroup* bootstrap = nullptr);
 
 }  // namespace booster::distributed

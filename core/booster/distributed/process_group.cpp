@@ -13,7 +13,9 @@
 #include "booster/distributed/local_process_group.h"
 #include "booster/distributed/nccl_process_group.h"
 #include "booster/distributed/mpi_process_group.h"
+#include "booster/distributed/rendezvous.h"
 #include "booster/distributed/staged_process_group.h"
+#include "booster/distributed/tcp_process_group.h"
 #include "booster/backends/cuda/cuda.h"
 #include "booster/backends/cuda/device_id.h"
 #include "booster/ops/ops.h"
@@ -287,17 +289,52 @@ std::shared_ptr<ProcessGroup> g_default_group;
 std::mutex g_nccl_mutex;
 std::shared_ptr<ProcessGroup>* g_nccl_group = nullptr;
 
+bool mpi_launched() { return launched_by_mpi_launcher() && mpi_built(); }
+
+// "auto": mpi under an MPI launcher; tcp when the environment names a world of several processes
+// without one (torchrun's variables, Note [Rendezvous without MPI]); else local.
 std::string resolve_backend(const std::string& backend) {
-  if (backend == "auto") return launched_by_mpi_launcher() && mpi_built() ? "mpi" : "local";
-  return backend;
+  if (backend != "auto") return backend;
+  if (mpi_launched()) return "mpi";
+  if (const std::optional<EnvRanks> env = ranks_from_environment(); env && env->world_size > 1) return "tcp";
+  return "local";
+}
+
+// The tcp group of the ranks the environment names, meeting through MASTER_ADDR/MASTER_PORT or a file.
+std::shared_ptr<ProcessGroup> make_environment_tcp_group() {
+  const std::optional<EnvRanks> env = ranks_from_environment();
+  BOOSTER_CHECK(env.has_value(), ConfigError, "init_process_group: backend \"tcp\" takes its rank and world size "
+                "from the environment: set RANK and WORLD_SIZE (as torchrun does), or BOOSTER_RANK and "
+                "BOOSTER_WORLD_SIZE");
+  std::optional<RendezvousSpec> spec = rendezvous_from_environment();
+  BOOSTER_CHECK(spec.has_value() || env->world_size == 1, ConfigError, "init_process_group: backend \"tcp\" with ",
+                env->world_size, " processes needs a place for them to meet: set MASTER_ADDR and MASTER_PORT to "
+                "rank 0's host and a free port there, or BOOSTER_NCCL_ID_FILE to a path every rank shares");
+  if (!spec) spec = RendezvousSpec{};  // a world of one meets nobody
+  return make_tcp_process_group(env->rank, env->world_size, *spec, default_collective_timeout());
+}
+
+// This process's index among the ranks of its machine, which picks its GPU: MPI's node rank under an
+// MPI launcher, else LOCAL_RANK (or BOOSTER_LOCAL_RANK) of the environment, else 0.
+int node_rank() {
+  if (mpi_launched()) return mpi_node_ranks().rank;
+  const std::optional<EnvRanks> env = ranks_from_environment();
+  return env ? env->local_rank : 0;
 }
 
 // The process's NCCL group, made on first use (ConfigError from make_nccl_process_group when it
-// cannot be; a later call tries again).
-std::shared_ptr<ProcessGroup> shared_nccl_group() {
+// cannot be; a later call tries again). `bootstrap`: the CPU group that hands NCCL's id to every rank
+// when MPI does not (a tcp default group), else null.
+std::shared_ptr<ProcessGroup> shared_nccl_group(ProcessGroup* bootstrap) {
   std::lock_guard<std::mutex> lock(g_nccl_mutex);
-  if (!g_nccl_group) g_nccl_group = new std::shared_ptr<ProcessGroup>(make_nccl_process_group());
+  if (!g_nccl_group) g_nccl_group = new std::shared_ptr<ProcessGroup>(make_nccl_process_group(bootstrap));
   return *g_nccl_group;
+}
+
+// The default group when it is the CPU group of a job without MPI (so NCCL bootstraps through it).
+ProcessGroup* tcp_default_group() {
+  ProcessGroup& world = default_process_group();
+  return world.backend() == "tcp" ? &world : nullptr;
 }
 
 // Note [Staged collectives]: under an MPI launcher, ranks that share a GPU (two ranks of one node on the
@@ -313,10 +350,12 @@ bool ranks_share_gpus() {
                   "BOOSTER_CUDA_COLLECTIVES is \"", choice, "\"; expected \"staged\" (through the mpi group and "
                   "host memory) or \"nccl\", or leave it unset to choose by the ranks per GPU");
     if (choice == "nccl") return false;
-    const bool launched = launched_by_mpi_launcher() && mpi_built();
-    BOOSTER_CHECK(launched || choice != "staged", ConfigError, "BOOSTER_CUDA_COLLECTIVES=staged needs a job "
-                  "started by an MPI launcher (mpirun or booster run -n N) in a build with MPI");
-    if (!launched) return false;
+    // A host group to stage through: mpi under an MPI launcher, tcp under torchrun's variables.
+    const bool host_group = mpi_launched() || resolve_backend("auto") == "tcp";
+    BOOSTER_CHECK(host_group || choice != "staged", ConfigError, "BOOSTER_CUDA_COLLECTIVES=staged needs a job "
+                  "of several processes: started by an MPI launcher (mpirun or booster run -n N) in a build with "
+                  "MPI, or by torchrun-style variables (WORLD_SIZE, RANK, MASTER_ADDR, MASTER_PORT)");
+    if (!host_group) return false;
     // A default group made with init_process_group("nccl") is NCCL already: the job chose it.
     if (!default_process_group().device().is_cpu()) return false;
     if (choice == "staged") return true;
@@ -325,7 +364,7 @@ bool ranks_share_gpus() {
     char host[64] = {};
     ::gethostname(host, sizeof host - 1);
     const int gpus = cuda::device_count();
-    const std::string me = std::string(host) + "|" + (gpus > 0 ? cuda::pci_bus_id(mpi_node_ranks().rank % gpus) : "");
+    const std::string me = std::string(host) + "|" + (gpus > 0 ? cuda::pci_bus_id(node_rank() % gpus) : "");
     std::vector<int64_t> packed(kBytes / 8, 0);
     std::memcpy(packed.data(), me.data(), std::min(me.size(), kBytes - 1));
     ProcessGroup& world = default_process_group();
@@ -349,12 +388,12 @@ std::shared_ptr<ProcessGroup> shared_staged_group() {
   static std::shared_ptr<ProcessGroup>* group = [] {
     const ProcessGroup& world = default_process_group();
     BOOSTER_CHECK(world.device().is_cpu(), ConfigError, "collectives on CUDA tensors of ranks that share a GPU "
-                  "stage through the mpi group, but the default group is \"", world.backend(), "\"");
+                  "stage through the CPU group (mpi or tcp), but the default group is \"", world.backend(), "\"");
     // A communicator of its own, whose timeout the staged group may set without touching the default's.
     std::shared_ptr<ProcessGroup> host = default_process_group().split(0, world.rank(), "staged");
     const int gpus = std::max(1, cuda::device_count());
     return new std::shared_ptr<ProcessGroup>(
-        make_staged_process_group(host, Device::cuda(mpi_node_ranks().rank % gpus)));
+        make_staged_process_group(host, Device::cuda(node_rank() % gpus)));
   }();
   return *group;
 }
@@ -366,6 +405,23 @@ bool launched_by_mpi_launcher() {
   for (const char* var : {"OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "PMI_SIZE", "PMI_RANK"})
     if (std::getenv(var) != nullptr) return true;
   return false;
+}
+
+JobPlace job_place_from_launcher() {
+  const auto variable = [](std::initializer_list<const char*> names) -> const char* {
+    for (const char* name : names)
+      if (const char* v = std::getenv(name); v && *v) return v;
+    return nullptr;
+  };
+  if (const char* size = variable({"OMPI_COMM_WORLD_SIZE", "PMI_SIZE"})) {
+    const char* rank = variable({"OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK"});
+    return {rank ? std::max(0, std::atoi(rank)) : 0, std::max(1, std::atoi(size))};
+  }
+  try {
+    if (const std::optional<EnvRanks> env = ranks_from_environment()) return {env->rank, env->world_size};
+  } catch (const ConfigError&) {
+  }
+  return {};
 }
 
 ProcessGroup& init_process_group(const std::string& backend) {
@@ -384,15 +440,17 @@ ProcessGroup& init_process_group(const std::string& backend) {
                   "init_process_group: backend \"mpi\" needs a build with MPI (OpenMPI was not "
                   "found when booster was configured); use \"local\" for one process");
     g_default_group = make_mpi_process_group();
+  } else if (chosen == "tcp") {
+    g_default_group = make_environment_tcp_group();
   } else if (chosen == "nccl") {
     try {
-      g_default_group = shared_nccl_group();  // the group process_group_for(cuda) gives too
+      g_default_group = shared_nccl_group(nullptr);  // the group process_group_for(cuda) gives too
     } catch (const ConfigError& e) {
       BOOSTER_FAIL(ConfigError, "init_process_group: ", e.what());
     }
   } else {
     BOOSTER_FAIL(ConfigError, "init_process_group: unknown backend \"", backend,
-                 "\"; expected \"auto\", \"mpi\", \"nccl\" or \"local\"");
+                 "\"; expected \"auto\", \"mpi\", \"tcp\", \"nccl\" or \"local\"");
   }
   return *g_default_group;
 }
@@ -427,7 +485,7 @@ ProcessGroup& process_group_for(Device device) {
     return *group;
   }
   try {
-    group = shared_nccl_group();  // the default group too when that is "nccl"
+    group = shared_nccl_group(tcp_default_group());  // the default group too when that is "nccl"
   } catch (const ConfigError& e) {
     // The inner message says what is missing and how to get it.
     BOOSTER_FAIL(ConfigError, "collectives on ", device, " need an NCCL group, which cannot be made: ", e.what());

@@ -287,6 +287,15 @@ ProcessGroup& process_group_for(const std::vector<Tensor>& tensors, const std::s
 // True when this process was started by an MPI launcher (mpirun/mpiexec, srun, hydra): the launcher's
 // environment variables are present.
 bool launched_by_mpi_launcher();
+// The job this process belongs to as its launcher numbered it, known before any group exists: an MPI
+// launcher's variables (OMPI_COMM_WORLD_RANK/SIZE, PMI_RANK/SIZE), else torchrun's or booster's
+// (ranks_from_environment in rendezvous.h), else rank 0 of 1. Malformed variables count as absent here
+// (making the group reports them).
+struct JobPlace {
+  int rank = 0;
+  int size = 1;
+};
+JobPlace job_place_from_launcher();
 // process_group_for's check that `group` takes buffers on `device` (DeviceError saying what to do when
 // not); public so tests can reach it without a GPU.
 void check_group_serves(const ProcessGroup& group, Device device);

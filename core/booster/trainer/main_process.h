@@ -5,7 +5,7 @@
 //
 // Under `booster run -n N` (or any mpirun) every rank runs the same program, so a plain print appears
 // N times. The main process is rank 0 of the job: of the default process group once it has several
-// processes, else as the launcher numbered the processes (OMPI_COMM_WORLD_RANK, PMI_RANK), which holds
+// processes, else as the launcher numbered the processes (OMPI_COMM_WORLD_RANK, PMI_RANK, torchrun's RANK), which holds
 // before MPI starts and for the single-process plugin started N times. Without a launcher it is this
 // process. Neither function communicates: call them from any rank at any time.
 #pragma once

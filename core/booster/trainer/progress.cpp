@@ -22,11 +22,8 @@ int process_rank() {
   // times) does not, and the launcher's variables still tell the copies apart.
   if (distributed::is_initialized() && distributed::default_process_group().size() > 1)
     return distributed::default_process_group().rank();
-  // Before MPI is up: the launcher's variables (OpenMPI, then MPICH/hydra and Slurm's PMI).
-  for (const char* name : {"OMPI_COMM_WORLD_RANK", "PMI_RANK"}) {
-    if (const char* value = std::getenv(name)) return std::atoi(value);
-  }
-  return 0;
+  // Before any group exists: the launcher's variables (mpirun, Slurm's PMI, torchrun's RANK).
+  return distributed::job_place_from_launcher().rank;
 }
 
 std::string human_duration(double seconds) {

@@ -14,7 +14,7 @@
 //   (scale and skipped only for strategies that scale the loss).
 // * Under several processes only rank 0 prints; the others stay silent, so N ranks do not print N bars.
 //   The rank comes from the default process group when it exists, else from the launcher's environment
-//   (OMPI_COMM_WORLD_RANK, PMI_RANK), so it is known before MPI is initialized.
+//   (OMPI_COMM_WORLD_RANK, PMI_RANK, torchrun's RANK), so it is known before any group is made.
 // * stdout is for programs: its last line is the run's summary as one JSON object.
 // * The run directory (`train.run_dir`) holds metrics.jsonl, one JSON object per line (MetricsLog):
 //     {"kind": "train", "step", "epoch", "loss", "lr", "loss_scale", "skipped", "samples_per_second", "time",
