@@ -771,3 +771,22 @@ TEST_CASE("benchmark: all_reduce of 16 MB float32 on 2 ranks", "[.][benchmark][t
   }));
   WARN("all_reduce 16 MB float32, 2 ranks (threads): " << rates[0] << " GB/s (buffer bytes / time)");
 }
+
+TEST_CASE("a frame that arrived before its sender left is still received", "[distributed][tcp]") {
+  std::vector<bool> got(2, false);
+  require_clean(run_ranks(
+      std::vector<RendezvousSpec>(2, tcp_spec(free_port())), {0, 1}, {2, 2},
+      [&](std::shared_ptr<ProcessGroup>& g, int rank) {
+        if (rank == 1) {
+          g->send(filled_int64(1000, 3), 0, 0)->wait();
+          g.reset();  // gone: its link closes
+          return;
+        }
+        std::this_thread::sleep_for(std::chrono::milliseconds(300));  // the close has arrived too
+        Tensor t = Tensor::empty({1000}, DType::Int64);
+        g->recv(t, 1, 0)->wait();
+        got[0] = holds(t, 3);
+      },
+      30));
+  CHECK(got[0]);
+}
