@@ -1,7 +1,7 @@
 // ProcessGroup: the collectives every parallelism plugin is written against (all_reduce,
 // reduce_scatter, all_gather, broadcast, barrier), blocking and non-blocking, on tensors and on raw
-// buffer spans. Backends: "mpi" (CPU tensors, OpenMPI), "nccl" (CUDA tensors, nccl_process_group.h) and
-// "local" (one process, identities).
+// buffer spans. Backends: "mpi" (CPU tensors, OpenMPI), "tcp" (CPU tensors over TCP without MPI,
+// tcp_process_group.h), "nccl" (CUDA tensors, nccl_process_group.h) and "local" (one process, identities).
 // The contract (launch, ordering, completion, averages, devices, failures) is Note [Process groups]
 // in this folder's README.md.
 #pragma once
@@ -115,7 +115,7 @@ class ProcessGroup {
   virtual int rank() const = 0;
   // Number of processes in the group.
   virtual int size() const = 0;
-  // "mpi", "nccl", "local".
+  // "mpi", "tcp", "nccl", "local".
   virtual std::string backend() const = 0;
   // Where this group's buffers live: the CPU for "mpi" and "local", this rank's GPU for "nccl".
   virtual Device device() const = 0;
