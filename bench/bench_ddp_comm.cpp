@@ -1,5 +1,6 @@
 // How much of a ddp training step is spent waiting on the gradient all-reduce, with and without
-// overlapping it with backward. Run under mpirun with 2 ranks (bench/ddp_comm.sh):
+// overlapping it with backward. Run with 2 ranks under mpirun, or under torchrun's variables over the
+// tcp group (bench/ddp_comm.sh, BOOSTER_BENCH_GROUP=tcp):
 //
 //   mpirun -np 2 build/bin/bench_ddp_comm [--steps 30] [--warmup 5] [--batch 128] [--caps 25,1,0.25]
 //
@@ -110,11 +111,11 @@ Result run(double cap_mb, bool progress_thread, int64_t batch, int steps, int wa
           overlap ? int64_t(bucketer.buckets().size()) : 1, overlap ? launched_in_hooks : 0};
 }
 
-// The blocking all-reduce (Avg) of a 1.86 M-element float32 buffer alone, after a barrier: what the
-// communication costs with nothing to overlap it with.
-double bare_all_reduce_ms(int steps, int warmup) {
+// The blocking all-reduce (Avg) of `numel` float32 alone, after a barrier: what the communication
+// costs with nothing to overlap it with (the 1.86 M gradients; one element, as a found-inf flag).
+double bare_all_reduce_ms(int64_t numel, int steps, int warmup) {
   distributed::ProcessGroup& pg = distributed::default_process_group();
-  Tensor buffer = zeros({784 * 1024 + 1024 + 1024 * 1024 + 1024 + 1024 * 10 + 10});
+  Tensor buffer = zeros({numel});
   std::vector<double> times;
   for (int i = 0; i < warmup + steps; ++i) {
     pg.barrier();
@@ -157,15 +158,17 @@ int main(int argc, char** argv) {
     }
   }
   distributed::ProcessGroup& pg = distributed::init_process_group("auto");
-  const double bare_ms = bare_all_reduce_ms(steps, warmup);
+  const double bare_ms = bare_all_reduce_ms(784 * 1024 + 1024 + 1024 * 1024 + 1024 + 1024 * 10 + 10, steps, warmup);
+  const double tiny_ms = bare_all_reduce_ms(1, 10 * steps, warmup);
   std::vector<Result> results;
   results.push_back(run(0, false, batch, steps, warmup));
   for (double cap : caps) results.push_back(run(cap, false, batch, steps, warmup));
   for (double cap : caps) results.push_back(run(cap, true, batch, steps, warmup));
   if (pg.rank() == 0) {
-    std::printf("ddp on %d ranks, MLP 784-1024-1024-10, fp32 AdamW, batch %lld per rank, median of %d steps\n",
-                pg.size(), static_cast<long long>(batch), steps);
+    std::printf("ddp on %d ranks (%s group), MLP 784-1024-1024-10, fp32 AdamW, batch %lld per rank, median of %d "
+                "steps\n", pg.size(), pg.backend().c_str(), static_cast<long long>(batch), steps);
     std::printf("the all-reduce alone (7.5 MB float32, blocking, after a barrier): %.2f ms\n", bare_ms);
+    std::printf("the all-reduce of one float32 (blocking, after a barrier): %.3f ms\n", tiny_ms);
     std::printf("%-58s %8s %8s %7s %8s %10s\n", "mode", "step ms", "wait ms", "wait %", "buckets", "in hooks");
     for (const Result& r : results)
       std::printf("%-58s %8.2f %8.2f %6.1f%% %8lld %10lld\n", r.mode.c_str(), r.step_ms, r.wait_ms,
