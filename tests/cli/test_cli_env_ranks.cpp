@@ -123,15 +123,20 @@ TEST_CASE("booster train under torchrun's variables trains one job, as under mpi
     const char* plugin;
     int processes;
     const char* options;
+    const char* example;  // an example config, or null for the small MLP
   };
+  // hybrid_parallel: tp 2 x pp 2, so tensor-parallel all-reduces, pipeline sends and subgroups.
   const Case cases[] = {
-      {"ddp", 2, "--plugin ddp"},
-      {"low_level_zero", 2, "--plugin low_level_zero --set plugin.stage=3 --set plugin.precision=fp32"},
+      {"ddp", 2, "--plugin ddp", nullptr},
+      {"low_level_zero", 2, "--plugin low_level_zero --set plugin.stage=3 --set plugin.precision=fp32", nullptr},
+      {"hybrid_parallel", 4, "--set train.eval_every=2 --set train.max_steps=4 --set train.checkpoint_every=2",
+       "gpt_char_hybrid.json"},
   };
   for (const Case& c : cases) {
     DYNAMIC_SECTION(c.plugin) {
       if (const std::string why = testing::why_no_mpi(c.plugin); !why.empty()) return skip_test(why);
-      const fs::path config = cpu_config(std::string("same_") + c.plugin);
+      const fs::path config = c.example ? fs::path(BOOSTER_SOURCE_DIR) / "examples/configs" / c.example
+                                        : cpu_config(std::string("same_") + c.plugin);
       const fs::path tcp_root = scratch_dir() / (std::string("tcp_") + c.plugin);
       const fs::path mpi_root = scratch_dir() / (std::string("mpi_") + c.plugin);
       fs::remove_all(tcp_root);
