@@ -151,10 +151,10 @@ TEST_CASE("booster train under torchrun's variables trains one job, as under mpi
       CHECK_THAT(job.ranks[0].out, Catch::Contains("\"steps\": 4") || Catch::Contains("\"steps\":4"));
       for (size_t r = 1; r < job.ranks.size(); ++r) CHECK(job.ranks[r].out.empty());
 
-      const RunResult mpi = testing::run_booster_in(
-          scratch_dir() / "mpi", "run -n " + std::to_string(c.processes) + " -- " + BOOSTER_BIN_DIR + "/booster " + args +
-                                     " --set train.checkpoint_dir=" + mpi_root.string(),
-          "OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1");
+      const std::string under_mpirun = "run -n " + std::to_string(c.processes) + " -- " + BOOSTER_BIN_DIR +
+                                       "/booster " + args + " --set train.checkpoint_dir=" + mpi_root.string();
+      const RunResult mpi =
+          testing::run_booster_in(scratch_dir() / "mpi", under_mpirun, "OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1");
       INFO(mpi.out << mpi.err);
       REQUIRE(mpi.exit_code == 0);
       // Every sum is of two ranks' values, which rounds the same in either order: the same bytes.
@@ -172,8 +172,8 @@ TEST_CASE("a rank killed under torchrun's variables ends the others with its nam
   const std::string kill = "for i in $(seq 1 1200); do grep -q '^step' rank-0/stderr.txt 2>/dev/null && break; "
                            "sleep 0.05; done; kill -9 $pid1";
   const Job job = run_env_job(scratch_dir() / "job_killed", 2,
-                              "train --config " + config.string() + " --plugin ddp --set train.collective_timeout_s=600 "
-                              "--set train.checkpoint_every=0",
+                              "train --config " + config.string() +
+                                  " --plugin ddp --set train.collective_timeout_s=600 --set train.checkpoint_every=0",
                               "", kill);
   INFO(what_ranks_printed(job));
   CHECK(job.ranks[1].exit_code == 137);
