@@ -790,3 +790,26 @@ TEST_CASE("a frame that arrived before its sender left is still received", "[dis
       30));
   CHECK(got[0]);
 }
+
+TEST_CASE("point-to-point: a batch does not wait behind an async collective queued before it", "[distributed][tcp]") {
+  // As on mpi, whose batches are posted at the call: rank 0's all_reduce needs rank 1, which calls it only
+  // after its receive of rank 0's send, which rank 0 queued after the all_reduce.
+  std::vector<std::vector<float>> sums(2);
+  require_clean(run_world(2, [&](ProcessGroup& g, int rank) {
+    g.set_timeout(duration<double>(20));
+    std::vector<float> x(1000, float(rank + 1));
+    if (rank == 0) {
+      WorkPtr w = g.all_reduce_async(BufferSpan{x.data(), 1000, DType::Float32});
+      g.send(filled_int64(10, 4), 1, 0)->wait();
+      w->wait();
+    } else {
+      Tensor y = Tensor::empty({10}, DType::Int64);
+      g.recv(y, 0, 0)->wait();
+      CHECK(holds(y, 4));
+      g.all_reduce(x.data(), 1000, DType::Float32);
+    }
+    sums[size_t(rank)] = x;
+  }));
+  CHECK(sums[0] == std::vector<float>(1000, 3.0f));
+  CHECK(sums[1] == std::vector<float>(1000, 3.0f));
+}

@@ -446,7 +446,8 @@ class TcpComm {
   uint64_t next_split() { return ++splits_; }
 
   // Queues a collective (numbered now, so the queue's order is the numbering on every rank) or a
-  // point-to-point batch; DistributedError when the group is broken.
+  // point-to-point batch (a queue of its own, posted at the worker's next turn even while a collective
+  // runs: Note [TCP process group], "progress"); DistributedError when the group is broken.
   std::shared_ptr<Op> submit(CollectiveOp kind, Seconds timeout, size_t bytes, const DType* dtype, int peer,
                              std::function<void(Op&)> run, std::vector<P2PItem> p2p = {}) {
     auto op = std::make_shared<Op>();
@@ -462,7 +463,7 @@ class TcpComm {
       op->what.peer = peer;
       op->label = op->p2p ? "a point-to-point batch" : str(collective_name(kind), " #", op->what.seq);
       op->what.flight = detail::flight_start(flight_group_, op->what, dtype);
-      queue_.push_back(op);
+      (op->p2p ? p2p_queue_ : queue_).push_back(op);
     }
     wake();
     return op;
@@ -755,6 +756,7 @@ class TcpComm {
     if (stopping()) fail(op, str("group \"", name_, "\" was destroyed during ", op.label));
     const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - now).count() + 1;
     pump(int(std::min<long long>(left, 100)));
+    start_queued_p2p();
     service_p2p();
   }
 
@@ -831,6 +833,24 @@ class TcpComm {
   }
 
   // ------------------------------------------------------------------ point-to-point batches
+
+  // Posts every batch queued since the last turn, in the order they were queued: batches carry no
+  // number, so none waits behind a collective (as on mpi, whose batches are posted at the call).
+  void start_queued_p2p() {
+    std::deque<std::shared_ptr<Op>> batches;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      batches.swap(p2p_queue_);
+    }
+    for (const std::shared_ptr<Op>& op : batches) {
+      if (!broken_flag_.empty()) {
+        op->finish(std::make_exception_ptr(DistributedError(
+            str(op->label, " on group \"", name_, "\": the group is unusable since ", broken_flag_))));
+        continue;
+      }
+      start_p2p(op);
+    }
+  }
 
   void start_p2p(const std::shared_ptr<Op>& op) {
     op->requests.resize(op->p2p_ops.size());
@@ -941,19 +961,17 @@ class TcpComm {
           queue_.pop_front();
         }
       }
+      start_queued_p2p();
       if (!op) {
         // Idle: frames still move (batches in flight, early frames of the next collective).
         pump(idle_timeout());
+        start_queued_p2p();
         service_p2p();
         continue;
       }
       if (!broken_flag_.empty()) {
         op->finish(std::make_exception_ptr(DistributedError(
             str(op->label, " on group \"", name_, "\": the group is unusable since ", broken_flag_))));
-        continue;
-      }
-      if (op->p2p) {
-        start_p2p(op);
         continue;
       }
       std::exception_ptr error;
@@ -988,6 +1006,8 @@ class TcpComm {
     {
       std::lock_guard<std::mutex> lock(mutex_);
       left.swap(queue_);
+      left.insert(left.end(), p2p_queue_.begin(), p2p_queue_.end());
+      p2p_queue_.clear();
     }
     for (const std::shared_ptr<Op>& p : left)
       p->finish(std::make_exception_ptr(DistributedError(str(p->label, ": ", why, " before it ran"))));
@@ -1005,7 +1025,8 @@ class TcpComm {
   // Shared with callers.
   std::mutex mutex_;
   bool stopping_ = false;
-  std::deque<std::shared_ptr<Op>> queue_;
+  std::deque<std::shared_ptr<Op>> queue_;      // collectives, in their numbers' order
+  std::deque<std::shared_ptr<Op>> p2p_queue_;  // point-to-point batches not yet posted
   uint64_t started_ = 0;
   std::string broken_;  // the first failure, for submit
   Socket wake_;
@@ -1223,8 +1244,8 @@ class TcpProcessGroup final : public ProcessGroup {
                                          ring_reduce_scatter(*c, o, out, in, ReduceOp::Sum);
                                        }));
   }
-  // Note [Point-to-point]: every op of the batch is posted at once by the worker, which goes on with
-  // the queue; the batch's Work completes when all are done.
+  // Note [Point-to-point]: every op of the batch is posted by the worker at its next turn, even in the
+  // middle of a collective, and it goes on; the batch's Work completes when all are done.
   WorkPtr send_recv_impl(const std::vector<P2PSpan>& ops) override {
     size_t bytes = 0;
     for (const P2PSpan& op : ops) {
