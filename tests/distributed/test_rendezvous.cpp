@@ -10,6 +10,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -132,6 +133,22 @@ RendezvousSpec tcp_spec(int port, const std::string& address = "127.0.0.1") {
   spec.port = port;
   spec.source = "MASTER_ADDR/MASTER_PORT";
   return spec;
+}
+
+// A connection to 127.0.0.1:`port`, retried until something listens there (at most 10 s): a stray
+// that is not a rank. -1 when nothing listened.
+int connect_local(int port) {
+  for (int attempt = 0; attempt < 1000; ++attempt) {
+    const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    a.sin_port = htons(uint16_t(port));
+    if (::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0) return fd;
+    ::close(fd);
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  return -1;
 }
 
 RendezvousSpec file_spec(const fs::path& path) {
@@ -467,4 +484,31 @@ TEST_CASE("the job id comes from TORCHELASTIC_RUN_ID, SLURM_JOB_ID or BOOSTER_RU
 TEST_CASE("a world of one needs no rendezvous", "[distributed][rendezvous]") {
   CHECK(share_from_rank0(tcp_spec(1, "no-such-host.invalid"), 0, 1, id_blob(), duration<double>(1)) == id_blob());
   CHECK_THROWS_AS(share_from_rank0(tcp_spec(1), 2, 2, {}, duration<double>(1)), ValueError);
+}
+
+TEST_CASE("over TCP, strays with the public magic and another job's rank do not stop rank 0",
+          "[distributed][rendezvous]") {
+  const int port = free_port();
+  std::vector<Outcome> zero_out;
+  std::thread zero([&] { zero_out = run_ranks(tcp_spec(port), 2, {0}, 20); });
+  // The hello's magic followed by garbage (a world size of 0x7f7f7f7f): not this job's.
+  const int stray = connect_local(port);
+  REQUIRE(stray >= 0);
+  char garbage[24];
+  std::memset(garbage, 0x7f, sizeof garbage);
+  std::memcpy(garbage, "BOOSTRD1", 8);
+  CHECK(::send(stray, garbage, sizeof garbage, MSG_NOSIGNAL) == ssize_t(sizeof garbage));
+  // Another job's rank with another world size is told "another job".
+  RendezvousSpec other = tcp_spec(port);
+  other.job = "other";
+  std::vector<Outcome> o = run_ranks(other, 3, {1}, 5);
+  CHECK(o[0].type == "DistributedError");
+  CHECK_THAT(o[0].error, Catch::Contains("of another job, not this one (job \"other\", world size 3)"));
+  // The job's own rank 1 gets the blob.
+  o = run_ranks(tcp_spec(port), 2, {1}, 20);
+  zero.join();
+  ::close(stray);
+  INFO(zero_out[0].error << o[0].error);
+  CHECK(o[0].blob == id_blob());
+  CHECK(zero_out[0].blob == id_blob());
 }

@@ -422,6 +422,22 @@ std::vector<Outcome> run_ranks(const std::vector<RendezvousSpec>& specs, const s
   return out;
 }
 
+// A connection to 127.0.0.1:`port`, retried until something listens there (at most 10 s): a stray
+// that is not a rank. -1 when nothing listened.
+int connect_local(int port) {
+  for (int attempt = 0; attempt < 1000; ++attempt) {
+    const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    a.sin_port = htons(uint16_t(port));
+    if (::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0) return fd;
+    ::close(fd);
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  return -1;
+}
+
 Tensor filled_int64(int64_t n, int64_t base) {
   Tensor t = Tensor::empty({n}, DType::Int64);
   int64_t* p = t.data<int64_t>();
@@ -812,4 +828,36 @@ TEST_CASE("point-to-point: a batch does not wait behind an async collective queu
   }));
   CHECK(sums[0] == std::vector<float>(1000, 3.0f));
   CHECK(sums[1] == std::vector<float>(1000, 3.0f));
+}
+
+TEST_CASE("the bootstrap: strays with the public magic and another job's rank do not stop the job forming",
+          "[distributed][tcp]") {
+  const int port = free_port();
+  const RendezvousSpec spec = tcp_spec(port);
+  std::vector<Outcome> job(2);
+  std::vector<int64_t> sums(2);
+  const OwnedBody sum = [&](std::shared_ptr<ProcessGroup>& g, int rank) {
+    int64_t x = rank + 1;
+    g->all_reduce(&x, 1, DType::Int64);
+    sums[size_t(rank)] = x;
+  };
+  std::thread zero([&] { job[0] = run_ranks({spec}, {0}, {2}, sum, 20)[0]; });
+  // The hello's magic followed by garbage (a world size of 0x7f7f7f7f): not this job's.
+  const int stray = connect_local(port);
+  REQUIRE(stray >= 0);
+  char garbage[32];
+  std::memset(garbage, 0x7f, sizeof garbage);
+  std::memcpy(garbage, "BOOSTTCP", 8);
+  CHECK(::send(stray, garbage, sizeof garbage, MSG_NOSIGNAL) == ssize_t(sizeof garbage));
+  // Another job's rank with another world size is told "another job".
+  std::vector<Outcome> other =
+      run_ranks({tcp_spec(port, "127.0.0.1", "other")}, {1}, {3}, [](std::shared_ptr<ProcessGroup>&, int) {}, 5);
+  CHECK(other[0].type == "DistributedError");
+  CHECK_THAT(other[0].error, Catch::Contains("of another job, not this one (job \"other\", world size 3)"));
+  // The job's own rank 1 comes, and the job forms.
+  job[1] = run_ranks({spec}, {1}, {2}, sum, 20)[0];
+  zero.join();
+  ::close(stray);
+  require_clean(job);
+  CHECK(sums == std::vector<int64_t>{3, 3});
 }

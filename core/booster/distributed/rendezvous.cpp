@@ -248,8 +248,10 @@ std::vector<uint8_t> serve_tcp(const RendezvousSpec& spec, int world_size, const
     if (!recv_all(peer.fd, &hello, sizeof hello, std::min(deadline, Clock::now() + std::chrono::seconds(10))) ||
         std::memcmp(hello.magic, kMagic, sizeof kMagic) != 0)
       continue;
-    // Another job's peer (Note [Rendezvous without MPI], "two jobs") is told so, and ignored.
-    if (hello.world_size == world_size && hello.token != job_token(spec, world_size)) {
+    // Only a hello whose token is this job's for the world size it claims comes from this job (which
+    // then must agree on the world size): another job's peer (Note [Rendezvous without MPI], "two jobs")
+    // or a stray with the public magic is told "another job", and rank 0 goes on waiting.
+    if (hello.token != job_token(spec, hello.world_size)) {
       (void)send_all(peer.fd, kOtherJob, sizeof kOtherJob, std::min(deadline, Clock::now() + std::chrono::seconds(1)));
       continue;
     }
