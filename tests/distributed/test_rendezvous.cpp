@@ -512,3 +512,23 @@ TEST_CASE("over TCP, strays with the public magic and another job's rank do not 
   CHECK(o[0].blob == id_blob());
   CHECK(zero_out[0].blob == id_blob());
 }
+
+TEST_CASE("over TCP, connections that say nothing do not hold up rank 0", "[distributed][rendezvous]") {
+  // Three idle connections before the ranks come: each used to hold rank 0 for 10 s, one after another,
+  // past the 8 s timeout.
+  const int port = free_port();
+  std::vector<Outcome> zero_out;
+  std::thread zero([&] { zero_out = run_ranks(tcp_spec(port), 3, {0}, 8); });
+  std::vector<int> idle;
+  for (int k = 0; k < 3; ++k) idle.push_back(connect_local(port));
+  std::vector<Outcome> o = run_ranks(tcp_spec(port), 3, {1, 2}, 8);
+  zero.join();
+  for (const int fd : idle) {
+    CHECK(fd >= 0);
+    ::close(fd);
+  }
+  INFO(zero_out[0].error << o[0].error << o[1].error);
+  CHECK(zero_out[0].blob == id_blob());
+  CHECK(o[0].blob == id_blob());
+  CHECK(o[1].blob == id_blob());
+}

@@ -5,7 +5,9 @@
 #include <catch2/catch.hpp>
 
 #include <netinet/in.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -860,4 +862,76 @@ TEST_CASE("the bootstrap: strays with the public magic and another job's rank do
   ::close(stray);
   require_clean(job);
   CHECK(sums == std::vector<int64_t>{3, 3});
+}
+
+TEST_CASE("the bootstrap: connections that say nothing do not hold up the job", "[distributed][tcp]") {
+  // Three idle connections before the ranks come: each used to hold rank 0 for 10 s, one after another,
+  // past the 8 s connect timeout.
+  const int port = free_port();
+  const RendezvousSpec spec = tcp_spec(port);
+  std::vector<Outcome> job(3);
+  std::vector<int64_t> sums(3);
+  const OwnedBody sum = [&](std::shared_ptr<ProcessGroup>& g, int rank) {
+    int64_t x = rank + 1;
+    g->all_reduce(&x, 1, DType::Int64);
+    sums[size_t(rank)] = x;
+  };
+  std::thread zero([&] { job[0] = run_ranks({spec}, {0}, {3}, sum, 8)[0]; });
+  std::vector<int> idle;
+  for (int k = 0; k < 3; ++k) idle.push_back(connect_local(port));
+  std::vector<Outcome> rest = run_ranks({spec, spec}, {1, 2}, {3, 3}, sum, 8);
+  zero.join();
+  for (const int fd : idle) {
+    CHECK(fd >= 0);
+    ::close(fd);
+  }
+  job[1] = rest[0];
+  job[2] = rest[1];
+  require_clean(job);
+  CHECK(sums == std::vector<int64_t>{6, 6, 6});
+}
+
+TEST_CASE("the bootstrap: running out of file descriptors is a DistributedError saying so", "[distributed][tcp]") {
+  // In a child process with a low descriptor limit, so that this one is not starved: 6 ranks need about
+  // 40 descriptors, 12 are left.
+  int pipe_fds[2];
+  REQUIRE(::pipe(pipe_fds) == 0);
+  const pid_t child = ::fork();
+  REQUIRE(child >= 0);
+  if (child == 0) {
+    ::close(pipe_fds[0]);
+    ::alarm(120);  // never a hang: SIGALRM ends the child
+    // Only stdin, stdout, stderr and the pipe stay open: the limit caps descriptor numbers.
+    std::vector<int> open_fds;
+    for (const auto& entry : std::filesystem::directory_iterator("/proc/self/fd"))
+      open_fds.push_back(std::atoi(entry.path().filename().c_str()));
+    for (const int fd : open_fds)
+      if (fd > 2 && fd != pipe_fds[1]) ::close(fd);
+    const int out = ::dup2(pipe_fds[1], 3);
+    if (pipe_fds[1] != 3) ::close(pipe_fds[1]);
+    pipe_fds[1] = out;
+    const rlimit limit{rlim_t(4 + 12), rlim_t(4 + 12)};
+    ::setrlimit(RLIMIT_NOFILE, &limit);
+    std::string report;
+    for (const Outcome& o : run_world(6, [](ProcessGroup& g, int) {
+           g.set_timeout(duration<double>(5));
+           int64_t x = 1;
+           g.all_reduce(&x, 1, DType::Int64);
+         }, 5))
+      report += o.type + ": " + o.error + "\n";
+    (void)!::write(pipe_fds[1], report.data(), report.size());
+    ::_exit(0);
+  }
+  ::close(pipe_fds[1]);
+  std::string report;
+  char chunk[4096];
+  for (ssize_t k; (k = ::read(pipe_fds[0], chunk, sizeof chunk)) != 0;)
+    if (k > 0) report.append(chunk, size_t(k));
+  ::close(pipe_fds[0]);
+  int status = 0;
+  REQUIRE(::waitpid(child, &status, 0) == child);
+  INFO(report);
+  CHECK(WIFEXITED(status));
+  CHECK_THAT(report, Catch::Contains("DistributedError: tcp group") && Catch::Contains("too many open files") &&
+                         Catch::Contains("raise ulimit -n"));
 }

@@ -236,18 +236,16 @@ std::vector<uint8_t> serve_tcp(const RendezvousSpec& spec, int world_size, const
   Socket listener = listen_at_master(spec, world_size, "rendezvous");
   std::set<int> served;
   const uint64_t n = blob.size();
+  // A connection that says nothing (a port scan) is dropped after a short wait, without holding up the
+  // others; one that is not a peer's is dropped.
+  HelloAcceptor acceptor({listener.fd}, sizeof(Hello), "rendezvous");
   while (int(served.size()) < world_size - 1) {
-    BOOSTER_CHECK(wait_ready(listener.fd, POLLIN, deadline), DistributedError, "rendezvous: rank 0 waited ",
-                  seconds(timeout), " on port ", spec.port, " (", spec.source, ") for ranks ",
-                  missing_ranks(served, world_size), " of ", world_size,
-                  " to connect; are they running, with MASTER_ADDR naming this host?");
-    Socket peer(::accept4(listener.fd, nullptr, nullptr, SOCK_CLOEXEC));
-    if (peer.fd < 0) continue;
     Hello hello{};
-    // A connection that is not a peer (a port scan) or that says nothing is dropped.
-    if (!recv_all(peer.fd, &hello, sizeof hello, std::min(deadline, Clock::now() + std::chrono::seconds(10))) ||
-        std::memcmp(hello.magic, kMagic, sizeof kMagic) != 0)
-      continue;
+    Socket peer = acceptor.next(&hello, deadline);
+    BOOSTER_CHECK(peer.fd >= 0, DistributedError, "rendezvous: rank 0 waited ", seconds(timeout), " on port ",
+                  spec.port, " (", spec.source, ") for ranks ", missing_ranks(served, world_size), " of ", world_size,
+                  " to connect; are they running, with MASTER_ADDR naming this host?");
+    if (std::memcmp(hello.magic, kMagic, sizeof kMagic) != 0) continue;
     // Only a hello whose token is this job's for the world size it claims comes from this job (which
     // then must agree on the world size): another job's peer (Note [Rendezvous without MPI], "two jobs")
     // or a stray with the public magic is told "another job", and rank 0 goes on waiting.
@@ -283,6 +281,7 @@ std::vector<uint8_t> fetch_tcp(const RendezvousSpec& spec, int rank, int world_s
   while (Clock::now() < deadline) {
     for (const addrinfo* a = found.get(); a; a = a->ai_next) {
       Socket s(::socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol));
+      if (s.fd < 0) check_descriptors(errno, "rendezvous");
       if (s.fd < 0) continue;
       if (!connect_before(s.fd, a->ai_addr, a->ai_addrlen, deadline, last_error)) continue;
       set_nodelay(s.fd);

@@ -18,9 +18,11 @@
 #include <chrono>
 #include <cstdint>
 #include <cstring>
+#include <deque>
 #include <memory>
 #include <sstream>
 #include <string>
+#include <vector>
 
 #include "booster/common/error.h"
 #include "booster/distributed/rendezvous.h"
@@ -72,6 +74,17 @@ struct Socket {
   }
 };
 
+// Note [TCP process group], "descriptors": a call that cannot get a descriptor (or the memory for a
+// socket) fails the bootstrap at once with the cause, rather than being retried at full CPU until a
+// timeout that blames the peers.
+inline bool out_of_descriptors(int err) { return err == EMFILE || err == ENFILE || err == ENOBUFS || err == ENOMEM; }
+
+inline void check_descriptors(int err, const std::string& who) {
+  BOOSTER_CHECK(!out_of_descriptors(err), DistributedError, who, ": too many open files",
+                err == EMFILE ? std::string() : " (" + std::string(std::strerror(err)) + ")",
+                ": the tcp group needs about world_size descriptors per group (and per subgroup); raise ulimit -n");
+}
+
 // Waits until `fd` is ready for `events` or the deadline passes (false).
 inline bool wait_ready(int fd, short events, Clock::time_point deadline) {
   while (true) {
@@ -116,6 +129,98 @@ inline bool set_nonblocking(int fd) {
   const int flags = ::fcntl(fd, F_GETFL, 0);
   return flags >= 0 && ::fcntl(fd, F_SETFL, flags | O_NONBLOCK) == 0;
 }
+
+// Accepts connections on `listeners` and reads the fixed-size hello each sends first, without letting
+// one that says nothing hold up the others (Note [TCP process group], "bootstrap"): every connection
+// accepted and not yet identified waits in the poll set with its own short deadline while accepting
+// goes on, at most kMaxPending of them (the oldest is dropped for a new one).
+class HelloAcceptor {
+ public:
+  static constexpr size_t kMaxPending = 64;
+
+  HelloAcceptor(std::vector<int> listeners, size_t hello_bytes, std::string who,
+                std::chrono::duration<double> per_connection = std::chrono::seconds(2))
+      : listeners_(std::move(listeners)),
+        hello_bytes_(hello_bytes),
+        who_(std::move(who)),
+        per_connection_(std::chrono::duration_cast<Clock::duration>(per_connection)) {
+    for (const int fd : listeners_) set_nonblocking(fd);
+  }
+
+  // The next connection whose hello came whole (its bytes copied to `hello`), non-blocking; an invalid
+  // Socket when the deadline passed first. DistributedError when no descriptor is left.
+  Socket next(void* hello, Clock::time_point deadline) {
+    while (true) {
+      for (auto it = pending_.begin(); it != pending_.end(); ++it)
+        if (it->have == hello_bytes_) {
+          std::memcpy(hello, it->got.data(), hello_bytes_);
+          Socket s = std::move(it->sock);
+          pending_.erase(it);
+          return s;
+        }
+      const Clock::time_point now = Clock::now();
+      for (auto it = pending_.begin(); it != pending_.end();) it = it->until <= now ? pending_.erase(it) : it + 1;
+      if (now >= deadline) return Socket();
+      Clock::time_point wake = deadline;
+      for (const Pending& p : pending_) wake = std::min(wake, p.until);
+      fds_.clear();
+      for (const int fd : listeners_) fds_.push_back({fd, POLLIN, 0});
+      for (const Pending& p : pending_) fds_.push_back({p.sock.fd, POLLIN, 0});
+      const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(wake - now).count() + 1;
+      const int n = ::poll(fds_.data(), fds_.size(), int(std::min<long long>(ms, 1000)));
+      if (n <= 0) continue;
+      // The hellos first (the indices of fds_ are pending_'s before any accept), then new connections.
+      for (size_t i = 0; i < pending_.size(); ++i)
+        if (fds_[listeners_.size() + i].revents) read_hello(pending_[i]);
+      for (auto it = pending_.begin(); it != pending_.end();) it = it->sock.fd < 0 ? pending_.erase(it) : it + 1;
+      if (std::any_of(pending_.begin(), pending_.end(), [&](const Pending& p) { return p.have == hello_bytes_; }))
+        continue;  // returned first: a new connection must not push it out
+      for (size_t i = 0; i < listeners_.size(); ++i)
+        if (fds_[i].revents) accept_all(listeners_[i], now);
+    }
+  }
+
+ private:
+  struct Pending {
+    Socket sock;
+    std::vector<char> got;
+    size_t have = 0;
+    Clock::time_point until;
+  };
+
+  void read_hello(Pending& p) {
+    while (p.have < hello_bytes_) {
+      const ssize_t k = ::recv(p.sock.fd, p.got.data() + p.have, hello_bytes_ - p.have, MSG_DONTWAIT);
+      if (k < 0 && errno == EINTR) continue;
+      if (k < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return;
+      if (k <= 0) {
+        p.sock.reset();  // it went away before it said who it is: dropped
+        return;
+      }
+      p.have += size_t(k);
+    }
+  }
+
+  void accept_all(int listener, Clock::time_point now) {
+    while (true) {
+      const int fd = ::accept4(listener, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
+      if (fd < 0) {
+        if (errno == EINTR || errno == ECONNABORTED) continue;
+        check_descriptors(errno, who_);
+        return;  // EAGAIN: none left (anything else: the next poll says)
+      }
+      if (pending_.size() >= kMaxPending) pending_.pop_front();
+      pending_.push_back(Pending{Socket(fd), std::vector<char>(hello_bytes_), 0, now + per_connection_});
+    }
+  }
+
+  const std::vector<int> listeners_;
+  const size_t hello_bytes_;
+  const std::string who_;
+  const Clock::duration per_connection_;
+  std::deque<Pending> pending_;
+  std::vector<pollfd> fds_;
+};
 
 inline void set_nodelay(int fd) {
   const int one = 1;
@@ -235,6 +340,7 @@ inline Socket listen_at_master(const RendezvousSpec& spec, int backlog, const st
   for (const addrinfo* a = found.get(); a; a = a->ai_next) {
     const int fd = listen_at(a->ai_addr, a->ai_addrlen, backlog);
     if (fd >= 0) return Socket(fd);
+    check_descriptors(errno, who);
     // An address in use anywhere wins the message over one that is not this machine's.
     if (last != EADDRINUSE) last = errno;
   }

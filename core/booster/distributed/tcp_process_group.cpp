@@ -166,11 +166,13 @@ void divide_by(void* data, int64_t n, DType dtype, int divisor) {
 
 // Connects to `to` (any of its addresses), retrying until the deadline; sends `hello`. An invalid
 // socket with `error` set when time ran out.
-Socket connect_with_hello(const Endpoint& to, const Hello& hello, Clock::time_point deadline, std::string& error) {
+Socket connect_with_hello(const Endpoint& to, const Hello& hello, Clock::time_point deadline, std::string& error,
+                          const std::string& who) {
   while (Clock::now() < deadline) {
     const net::AddressList found = net::resolve(to.host, to.port, false, error);
     for (const addrinfo* a = found.get(); a; a = a->ai_next) {
       Socket s(::socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol));
+      if (s.fd < 0) net::check_descriptors(errno, who);
       if (s.fd < 0) continue;
       if (!net::connect_before(s.fd, a->ai_addr, a->ai_addrlen, deadline, error)) continue;
       net::set_nodelay(s.fd);
@@ -192,6 +194,7 @@ Socket listen_on_host(const std::string& host, int backlog, const std::string& w
   const net::AddressList found = net::resolve(host, 0, true, error);
   BOOSTER_CHECK(found, DistributedError, who, ": cannot use this rank's address ", host, " (", error, ")");
   const int fd = net::listen_at(found->ai_addr, found->ai_addrlen, backlog);
+  if (fd < 0) net::check_descriptors(errno, who);
   BOOSTER_CHECK(fd >= 0, DistributedError, who, ": cannot listen on ", host, " (", std::strerror(errno), ")");
   return Socket(fd);
 }
@@ -200,6 +203,7 @@ Socket listen_on_host(const std::string& host, int backlog, const std::string& w
 // the others may reach it by (this host's name first, then its IPv4 addresses, loopback last).
 Socket listen_for_file_rendezvous(int backlog, std::vector<std::string>& hosts) {
   Socket s(::socket(AF_INET6, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  if (s.fd < 0) net::check_descriptors(errno, "tcp group");
   if (s.fd >= 0) {
     const int zero = 0;
     ::setsockopt(s.fd, IPPROTO_IPV6, IPV6_V6ONLY, &zero, sizeof zero);  // IPv4 peers too
@@ -258,22 +262,20 @@ void build_mesh(int rank, int size, const std::vector<Endpoint>& ends, Socket& l
   hello.world_size = size;
   for (int j = first_lower; j < rank; ++j) {
     std::string error;
-    links[size_t(j)] = connect_with_hello(ends[size_t(j)], hello, deadline, error);
+    links[size_t(j)] = connect_with_hello(ends[size_t(j)], hello, deadline, error, who);
     BOOSTER_CHECK(links[size_t(j)].fd >= 0, DistributedError, who, ": rank ", rank, " could not connect to rank ",
                   j, " at ", where(ends[size_t(j)]), " within ", net::seconds(timeout), " (last: ", error,
                   "); is rank ", j, " running, and can this host reach it?");
   }
   std::vector<bool> have(size_t(size), false);
   int waiting = size - 1 - rank;
+  net::HelloAcceptor acceptor({listener.fd}, sizeof(Hello), who);
   while (waiting > 0) {
-    BOOSTER_CHECK(net::wait_ready(listener.fd, POLLIN, deadline), DistributedError, who, ": rank ", rank, " waited ",
-                  net::seconds(timeout), " for ", missing(have, rank + 1, size), " of ", size,
-                  " to connect to it; are they running?");
-    Socket peer(::accept4(listener.fd, nullptr, nullptr, SOCK_CLOEXEC));
-    if (peer.fd < 0) continue;
     Hello got{};
-    if (!net::recv_all(peer.fd, &got, sizeof got, std::min(deadline, Clock::now() + std::chrono::seconds(10))) ||
-        std::memcmp(got.magic, kMeshMagic, sizeof kMeshMagic) != 0 || got.token != token ||
+    Socket peer = acceptor.next(&got, deadline);
+    BOOSTER_CHECK(peer.fd >= 0, DistributedError, who, ": rank ", rank, " waited ", net::seconds(timeout), " for ",
+                  missing(have, rank + 1, size), " of ", size, " to connect to it; are they running?");
+    if (std::memcmp(got.magic, kMeshMagic, sizeof kMeshMagic) != 0 || got.token != token ||
         got.world_size != size || got.rank <= rank || got.rank >= size || have[size_t(got.rank)])
       continue;  // not one of this group's links: dropped
     net::set_nodelay(peer.fd);
@@ -421,6 +423,7 @@ class TcpComm {
       net::set_nodelay(l.sock.fd);
     }
     wake_ = Socket(::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC));
+    if (wake_.fd < 0) net::check_descriptors(errno, "tcp group \"" + name_ + "\"");
     BOOSTER_CHECK(wake_.fd >= 0, DistributedError, "tcp group: eventfd: ", std::strerror(errno));
     if (world_of_.empty()) detail::flight_set_world_rank(rank_);
     flight_group_ = detail::flight_register_group("tcp", name_, size_, rank_, world_of_);
@@ -1370,19 +1373,17 @@ std::shared_ptr<ProcessGroup> make_tcp_process_group(int rank, int world_size, c
     std::vector<bool> have(size_t(world_size), false);
     have[0] = true;
     int waiting = world_size - 1;
+    // A connection that says nothing (a port scan) is dropped after a short wait, without holding up the
+    // others; one that is not a peer's is dropped.
+    net::HelloAcceptor acceptor({listener.fd}, sizeof(Hello), who);
     while (waiting > 0) {
-      BOOSTER_CHECK(net::wait_ready(listener.fd, POLLIN, deadline), DistributedError, who, ": rank 0 waited ",
-                    net::seconds(connect_timeout), " for ", missing(have, 1, world_size), " of ", world_size,
-                    " to connect (", spec.kind == RendezvousSpec::Kind::Tcp ? where({spec.address, spec.port}) + ", "
-                                                                            : std::string(),
-                    spec.source, "); are they running, with the same ", spec.source, "?");
-      Socket peer(::accept4(listener.fd, nullptr, nullptr, SOCK_CLOEXEC));
-      if (peer.fd < 0) continue;
       Hello hello{};
-      // A connection that is not a peer (a port scan) or that says nothing is dropped.
-      if (!net::recv_all(peer.fd, &hello, sizeof hello, std::min(deadline, Clock::now() + std::chrono::seconds(10))) ||
-          std::memcmp(hello.magic, kHelloMagic, sizeof kHelloMagic) != 0)
-        continue;
+      Socket peer = acceptor.next(&hello, deadline);
+      BOOSTER_CHECK(peer.fd >= 0, DistributedError, who, ": rank 0 waited ", net::seconds(connect_timeout), " for ",
+                    missing(have, 1, world_size), " of ", world_size, " to connect (",
+                    spec.kind == RendezvousSpec::Kind::Tcp ? where({spec.address, spec.port}) + ", " : std::string(),
+                    spec.source, "); are they running, with the same ", spec.source, "?");
+      if (std::memcmp(hello.magic, kHelloMagic, sizeof kHelloMagic) != 0) continue;
       // Only a hello whose token is this job's for the world size it claims comes from this job (which
       // then must agree on the world size): another job's peer (Note [Rendezvous without MPI], "two
       // jobs") or a stray with the public magic is told "another job", and rank 0 goes on waiting.
@@ -1448,6 +1449,7 @@ std::shared_ptr<ProcessGroup> make_tcp_process_group(int rank, int world_size, c
                       "); set it to rank 0's host name or address");
         for (const addrinfo* a = found.get(); a && to_zero.fd < 0; a = a->ai_next) {
           Socket s(::socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol));
+          if (s.fd < 0) net::check_descriptors(errno, who);
           if (s.fd < 0 || !net::connect_before(s.fd, a->ai_addr, a->ai_addrlen, deadline, error)) continue;
           net::set_nodelay(s.fd);
           host = net::numeric_host(net::local_address(s.fd));
