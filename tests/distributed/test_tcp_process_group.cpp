@@ -29,6 +29,7 @@
 #include "booster/common/error.h"
 #include "booster/distributed/process_group.h"
 #include "booster/distributed/rendezvous.h"
+#include "booster/distributed/socket_impl.h"
 #include "booster/distributed/tcp_process_group.h"
 #include "booster/tensor/half.h"
 #include "booster/tensor/tensor.h"
@@ -934,4 +935,26 @@ TEST_CASE("the bootstrap: running out of file descriptors is a DistributedError 
   CHECK(WIFEXITED(status));
   CHECK_THAT(report, Catch::Contains("DistributedError: tcp group") && Catch::Contains("too many open files") &&
                          Catch::Contains("raise ulimit -n"));
+}
+
+TEST_CASE("addresses: a file rendezvous lists loopback last, and a table mixing loopback with the network is "
+          "refused",
+          "[distributed][tcp]") {
+  // Debian resolves the host name to 127.0.1.1: the network addresses go first, loopback last.
+  CHECK(net::file_rendezvous_hosts("node1", {"127.0.0.1", "10.0.0.5", "192.168.1.7"}) ==
+        std::vector<std::string>{"10.0.0.5", "192.168.1.7", "node1", "127.0.0.1"});
+  CHECK(net::file_rendezvous_hosts("", {}) == std::vector<std::string>{"127.0.0.1"});
+  CHECK(net::is_loopback("127.0.1.1"));
+  CHECK(net::is_loopback("::1"));
+  CHECK_FALSE(net::is_loopback("10.0.0.5"));
+  // Rank 0 saw ranks 1 and 3 on loopback (its own machine) and rank 2 over the network: rank 2 could
+  // not reach them.
+  const std::string mixed = net::mixed_loopback_error({"", "127.0.0.1", "10.0.0.6", "127.0.1.1"}, "tcp group");
+  CHECK_THAT(mixed, Catch::Contains("tcp group: ranks 1 (127.0.0.1), 3 (127.0.1.1) reached rank 0 over a loopback "
+                                    "address, which rank 2 (10.0.0.6) on other machines cannot reach") &&
+                        Catch::Contains("set MASTER_ADDR to an address of rank 0's host that the other machines "
+                                        "reach"));
+  CHECK(net::mixed_loopback_error({"", "127.0.0.1", "127.0.0.1"}, "tcp group").empty());  // one machine
+  CHECK(net::mixed_loopback_error({"", "10.0.0.5", "10.0.0.6"}, "tcp group").empty());
+  CHECK(net::mixed_loopback_error({""}, "tcp group").empty());
 }

@@ -233,12 +233,14 @@ std::vector<uint8_t> serve_tcp(const RendezvousSpec& spec, int world_size, const
                                std::chrono::duration<double> timeout) {
   const auto deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(timeout);
   // Bound to the address MASTER_ADDR names (ConfigError when it is not this machine's or the port is taken).
-  Socket listener = listen_at_master(spec, world_size, "rendezvous");
+  const std::vector<Socket> listeners = listen_at_master(spec, world_size, "rendezvous");
+  std::vector<int> listener_fds;
+  for (const Socket& l : listeners) listener_fds.push_back(l.fd);
   std::set<int> served;
   const uint64_t n = blob.size();
   // A connection that says nothing (a port scan) is dropped after a short wait, without holding up the
   // others; one that is not a peer's is dropped.
-  HelloAcceptor acceptor({listener.fd}, sizeof(Hello), "rendezvous");
+  HelloAcceptor acceptor(listener_fds, sizeof(Hello), "rendezvous");
   while (int(served.size()) < world_size - 1) {
     Hello hello{};
     Socket peer = acceptor.next(&hello, deadline);

@@ -327,23 +327,76 @@ inline int listen_at(const sockaddr* address, socklen_t length, int backlog) {
   return fd;
 }
 
-// Rank 0's listener at MASTER_ADDR:MASTER_PORT (`spec`, Kind::Tcp): bound to the address MASTER_ADDR
-// names, not to every interface, so that the port is reachable only where the job said (Note
-// [Rendezvous without MPI]). ConfigError when the name does not resolve, names no address of this
+// Note [TCP process group], "addresses": a loopback address (127.0.0.0/8, ::1) reaches this machine
+// only.
+inline bool is_loopback(const std::string& host) { return host.rfind("127.", 0) == 0 || host == "::1"; }
+
+// The names rank 0 hands out through a rendezvous file, in the order peers try them: this machine's
+// non-loopback addresses first, then its host name (which Debian resolves to 127.0.1.1), loopback
+// addresses last; so a peer on rank 0's own machine reaches it, and advertises itself, by an address
+// the other machines reach too.
+inline std::vector<std::string> file_rendezvous_hosts(const std::string& host_name,
+                                                      const std::vector<std::string>& addresses) {
+  std::vector<std::string> hosts;
+  for (const std::string& a : addresses)
+    if (!is_loopback(a)) hosts.push_back(a);
+  if (!host_name.empty()) hosts.push_back(host_name);
+  for (const std::string& a : addresses)
+    if (is_loopback(a)) hosts.push_back(a);
+  if (hosts.empty()) hosts.push_back("127.0.0.1");
+  return hosts;
+}
+
+// Empty when the peers' addresses (hosts[r] for rank r >= 1, as rank 0 saw them) can form a mesh; else
+// the reason they cannot: some ranks reached rank 0 over loopback and others over the network, and the
+// others cannot reach a loopback address.
+inline std::string mixed_loopback_error(const std::vector<std::string>& hosts, const std::string& who) {
+  std::vector<size_t> loop, remote;
+  for (size_t r = 1; r < hosts.size(); ++r) (is_loopback(hosts[r]) ? loop : remote).push_back(r);
+  if (loop.empty() || remote.empty()) return "";
+  const auto names = [&](const std::vector<size_t>& ranks) {
+    std::string text = ranks.size() == 1 ? "rank " : "ranks ";
+    for (size_t k = 0; k < ranks.size(); ++k)
+      text += (k ? ", " : "") + std::to_string(ranks[k]) + " (" + hosts[ranks[k]] + ")";
+    return text;
+  };
+  return who + ": " + names(loop) + " reached rank 0 over a loopback address, which " + names(remote) +
+         " on other machines cannot reach; set MASTER_ADDR to an address of rank 0's host that the other "
+         "machines reach (not localhost, nor a name that resolves to 127.x there)";
+}
+
+// Rank 0's listeners at MASTER_ADDR:MASTER_PORT (`spec`, Kind::Tcp): bound to the addresses MASTER_ADDR
+// names (every one of them that is this machine's, so that a name resolving to a loopback and a network
+// address serves both), not to every interface, so that the port is reachable only where the job said
+// (Note [Rendezvous without MPI]). ConfigError when the name does not resolve, names no address of this
 // machine ("rank 0 must run on MASTER_ADDR's host"), or the port is in use. `who` starts messages.
-inline Socket listen_at_master(const RendezvousSpec& spec, int backlog, const std::string& who) {
+inline std::vector<Socket> listen_at_master(const RendezvousSpec& spec, int backlog, const std::string& who) {
   std::string error;
   const AddressList found = resolve(spec.address, spec.port, false, error);
   BOOSTER_CHECK(found, ConfigError, who, ": MASTER_ADDR \"", spec.address, "\" cannot be resolved (", error,
                 "); set it to rank 0's host name or address");
+  std::vector<Socket> listeners;
+  std::vector<std::string> bound;
   int last = 0;
   for (const addrinfo* a = found.get(); a; a = a->ai_next) {
+    const std::string key(reinterpret_cast<const char*>(a->ai_addr), a->ai_addrlen);
+    if (std::find(bound.begin(), bound.end(), key) != bound.end()) continue;  // listed twice
     const int fd = listen_at(a->ai_addr, a->ai_addrlen, backlog);
-    if (fd >= 0) return Socket(fd);
+    if (fd >= 0) {
+      listeners.emplace_back(fd);
+      bound.push_back(key);
+      continue;
+    }
     check_descriptors(errno, who);
-    // An address in use anywhere wins the message over one that is not this machine's.
-    if (last != EADDRINUSE) last = errno;
+    if (errno == EADDRNOTAVAIL) {  // not this machine's: the others may be
+      if (last == 0) last = errno;
+      continue;
+    }
+    last = errno;
+    listeners.clear();
+    break;
   }
+  if (!listeners.empty()) return listeners;
   BOOSTER_CHECK(last != EADDRNOTAVAIL, ConfigError, who, ": MASTER_ADDR \"", spec.address, "\" (", spec.source,
                 ") is not an address of this machine, so rank 0 cannot listen there; rank 0 must run on "
                 "MASTER_ADDR's host (or set MASTER_ADDR to this host's name or address)");

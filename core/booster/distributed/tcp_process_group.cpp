@@ -200,7 +200,8 @@ Socket listen_on_host(const std::string& host, int backlog, const std::string& w
 }
 
 // Rank 0's listener for a file rendezvous: every interface, a port the kernel picks; and the names
-// the others may reach it by (this host's name first, then its IPv4 addresses, loopback last).
+// the others may reach it by (net::file_rendezvous_hosts: its non-loopback IPv4 addresses first, then
+// this host's name, loopback last).
 Socket listen_for_file_rendezvous(int backlog, std::vector<std::string>& hosts) {
   Socket s(::socket(AF_INET6, SOCK_STREAM | SOCK_CLOEXEC, 0));
   if (s.fd < 0) net::check_descriptors(errno, "tcp group");
@@ -223,21 +224,19 @@ Socket listen_for_file_rendezvous(int backlog, std::vector<std::string>& hosts) 
   BOOSTER_CHECK(::listen(s.fd, std::max(backlog, 16)) == 0, DistributedError, "tcp group: listen: ",
                 std::strerror(errno));
   char name[256] = {};
-  if (::gethostname(name, sizeof name - 1) == 0 && name[0]) hosts.push_back(name);
+  const bool named = ::gethostname(name, sizeof name - 1) == 0 && name[0];
+  std::vector<std::string> addresses;
   ifaddrs* list = nullptr;
   if (::getifaddrs(&list) == 0) {
-    std::vector<std::string> loopback;
     for (ifaddrs* i = list; i; i = i->ifa_next) {
       if (!i->ifa_addr || i->ifa_addr->sa_family != AF_INET) continue;
       sockaddr_storage st{};
       std::memcpy(&st, i->ifa_addr, sizeof(sockaddr_in));
-      const std::string host = net::numeric_host(st);
-      (host.rfind("127.", 0) == 0 ? loopback : hosts).push_back(host);
+      addresses.push_back(net::numeric_host(st));
     }
     ::freeifaddrs(list);
-    hosts.insert(hosts.end(), loopback.begin(), loopback.end());
   }
-  if (hosts.empty()) hosts.push_back("127.0.0.1");
+  hosts = net::file_rendezvous_hosts(named ? name : "", addresses);
   return s;
 }
 
@@ -1358,14 +1357,14 @@ std::shared_ptr<ProcessGroup> make_tcp_process_group(int rank, int world_size, c
         std::make_unique<TcpComm>("world", 0, 1, std::vector<int>{}, 1, token, std::move(links), host));
 
   if (rank == 0) {
-    Socket listener;
+    std::vector<Socket> listeners;
     if (spec.kind == RendezvousSpec::Kind::Tcp) {
-      listener = net::listen_at_master(spec, world_size, who);
+      listeners = net::listen_at_master(spec, world_size, who);
     } else {
       // The port travels through the file: "port host host ...".
       std::vector<std::string> hosts;
-      listener = listen_for_file_rendezvous(world_size, hosts);
-      std::string text = std::to_string(net::port_of(net::local_address(listener.fd)));
+      listeners.push_back(listen_for_file_rendezvous(world_size, hosts));
+      std::string text = std::to_string(net::port_of(net::local_address(listeners[0].fd)));
       for (const std::string& h : hosts) text += " " + h;
       share_from_rank0(spec, 0, world_size, std::vector<uint8_t>(text.begin(), text.end()),
                        std::max(Seconds(0.001), Seconds(deadline - Clock::now())));
@@ -1375,7 +1374,9 @@ std::shared_ptr<ProcessGroup> make_tcp_process_group(int rank, int world_size, c
     int waiting = world_size - 1;
     // A connection that says nothing (a port scan) is dropped after a short wait, without holding up the
     // others; one that is not a peer's is dropped.
-    net::HelloAcceptor acceptor({listener.fd}, sizeof(Hello), who);
+    std::vector<int> listener_fds;
+    for (const Socket& l : listeners) listener_fds.push_back(l.fd);
+    net::HelloAcceptor acceptor(listener_fds, sizeof(Hello), who);
     while (waiting > 0) {
       Hello hello{};
       Socket peer = acceptor.next(&hello, deadline);
@@ -1405,7 +1406,11 @@ std::shared_ptr<ProcessGroup> make_tcp_process_group(int rank, int world_size, c
       links[size_t(hello.rank)] = std::move(peer);
       --waiting;
     }
-    listener.reset();  // the port is free again for whatever the job starts next
+    listeners.clear();  // the port is free again for whatever the job starts next
+    std::vector<std::string> peer_hosts;
+    for (const Endpoint& e : ends) peer_hosts.push_back(e.host);
+    const std::string mixed = net::mixed_loopback_error(peer_hosts, who);
+    BOOSTER_CHECK(mixed.empty(), ConfigError, mixed);
     host = net::numeric_host(net::local_address(links[1].fd));
     // The table: every rank's address, so that the others can connect to each other.
     std::string table(kTableMagic, sizeof kTableMagic);
@@ -1447,7 +1452,17 @@ std::shared_ptr<ProcessGroup> make_tcp_process_group(int rank, int world_size, c
         BOOSTER_CHECK(found || spec.kind != RendezvousSpec::Kind::Tcp, ConfigError, who, ": MASTER_ADDR \"",
                       spec.address, "\" cannot be resolved (", resolve_error,
                       "); set it to rank 0's host name or address");
-        for (const addrinfo* a = found.get(); a && to_zero.fd < 0; a = a->ai_next) {
+        // Non-loopback addresses first (Note [TCP process group], "addresses"): this rank advertises the
+        // address it reached rank 0 from, and the other machines must reach it there.
+        std::vector<const addrinfo*> order;
+        for (const addrinfo* a = found.get(); a; a = a->ai_next) order.push_back(a);
+        std::stable_partition(order.begin(), order.end(), [](const addrinfo* a) {
+          sockaddr_storage st{};
+          std::memcpy(&st, a->ai_addr, std::min<size_t>(a->ai_addrlen, sizeof st));
+          return !net::is_loopback(net::numeric_host(st));
+        });
+        for (const addrinfo* a : order) {
+          if (to_zero.fd >= 0) break;
           Socket s(::socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol));
           if (s.fd < 0) net::check_descriptors(errno, who);
           if (s.fd < 0 || !net::connect_before(s.fd, a->ai_addr, a->ai_addrlen, deadline, error)) continue;
