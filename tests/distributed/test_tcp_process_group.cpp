@@ -958,3 +958,66 @@ TEST_CASE("addresses: a file rendezvous lists loopback last, and a table mixing 
   CHECK(net::mixed_loopback_error({"", "10.0.0.5", "10.0.0.6"}, "tcp group").empty());
   CHECK(net::mixed_loopback_error({""}, "tcp group").empty());
 }
+
+namespace {
+
+// Rank 1 of a world of 2 played by hand: it says hello to rank 0 at `port` and reads the table, then
+// `send`s raw bytes on its link. -1 when rank 0 did not answer.
+int fake_rank1(const RendezvousSpec& spec) {
+  const int fd = connect_local(spec.port);
+  if (fd < 0) return -1;
+  struct {
+    char magic[8];
+    uint64_t token;
+    int32_t rank, world_size, port, unused;
+  } hello{{'B', 'O', 'O', 'S', 'T', 'T', 'C', 'P'}, net::job_token(spec, 2), 1, 2, 1, 0};
+  static_assert(sizeof hello == 32);
+  const auto deadline = net::deadline_after(duration<double>(10));
+  if (!net::send_all(fd, &hello, sizeof hello, deadline)) return -1;
+  // "BOOSTTCT", then per rank: port (2 bytes), host length, host.
+  char magic[8];
+  if (!net::recv_all(fd, magic, 8, deadline)) return -1;
+  for (int r = 0; r < 2; ++r) {
+    unsigned char head[3];
+    if (!net::recv_all(fd, head, 3, deadline)) return -1;
+    std::string host(head[2], '\0');
+    if (!net::recv_all(fd, host.data(), host.size(), deadline)) return -1;
+  }
+  return fd;
+}
+
+struct RawHeader {
+  uint32_t channel, tag;
+  uint64_t bytes;
+};
+
+}  // namespace
+
+TEST_CASE("a frame header with a length no frame can have loses that peer's link, naming it", "[distributed][tcp]") {
+  for (const bool collective : {false, true}) {
+    INFO((collective ? "a collective frame of 2 MiB" : "a point-to-point frame of 2^50 bytes while idle"));
+    const RendezvousSpec spec = tcp_spec(free_port());
+    std::string error = "(none)";
+    std::thread zero([&] {
+      try {
+        std::shared_ptr<ProcessGroup> g = make_tcp_process_group(0, 2, spec, duration<double>(10));
+        g->set_timeout(duration<double>(10));
+        if (!collective) std::this_thread::sleep_for(std::chrono::milliseconds(300));  // it arrives while idle
+        int64_t x = 1;
+        g->all_reduce(&x, 1, DType::Int64);
+      } catch (const DistributedError& e) {
+        error = e.what();
+      }
+    });
+    const int fd = fake_rank1(spec);
+    CHECK(fd >= 0);
+    const RawHeader bad = collective ? RawHeader{0, 1, uint64_t(2) << 20} : RawHeader{1, 0, uint64_t(1) << 50};
+    if (fd >= 0) CHECK(::send(fd, &bad, sizeof bad, MSG_NOSIGNAL) == ssize_t(sizeof bad));
+    zero.join();
+    if (fd >= 0) ::close(fd);
+    CHECK_THAT(error, Catch::Contains("rank 1 of group \"world\" sent a") &&
+                          Catch::Contains(collective ? "collective frame of 2097152 bytes (at most 1048576)"
+                                                     : "point-to-point frame of 1125899906842624 bytes") &&
+                          Catch::Contains("all_reduce #1"));
+  }
+}

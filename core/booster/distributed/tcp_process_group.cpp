@@ -332,8 +332,13 @@ struct Link {
   char* body = nullptr;
   Request* target = nullptr;
   Unexpected* holding = nullptr;  // the unexpected (or discarded) frame being read
-  std::vector<char> discard;
+  bool draining = false;          // the frame's receive had another size: read into `discard`, dropped
+  std::vector<char> discard;      // kDrainBytes, reused for every byte of a dropped frame
+  bool broken_stream = false;     // lost for a frame it could not have sent (lost_why says which)
 };
+
+// A frame whose receive had another size is read through a buffer of this many bytes and dropped.
+constexpr size_t kDrainBytes = size_t(64) << 10;
 
 // One send or receive of a point-to-point batch (ProcessGroup::P2PSpan, which is the group's own).
 struct P2PItem {
@@ -519,7 +524,7 @@ class TcpComm {
 
   std::string peer_lost(const Link& l, const std::string& label, bool before) const {
     return str(rank_names({l.peer}, world_of_), " of group \"", name_, "\" ", l.lost_why, before ? " before " : " during ",
-               label, " (it exited or was killed)");
+               label, l.broken_stream ? "" : " (it exited or was killed)");
   }
 
   // Hands a posted request to its link: a send is queued (and written at once as far as the socket
@@ -592,10 +597,14 @@ class TcpComm {
 
   // ------------------------------------------------------------------ the poll loop
 
-  void lose(Link& l, int err) {
+  // Note [TCP process group], "failures": `why` (else the errno's words) says how the link ended.
+  void lose(Link& l, int err, const std::string& why = "") {
     if (l.lost) return;
     l.lost = true;
-    l.lost_why = err == 0 ? "closed its connection" : str("lost its connection (", std::strerror(err), ")");
+    l.broken_stream = !why.empty();
+    l.lost_why = !why.empty() ? why
+                 : err == 0  ? "closed its connection"
+                             : str("lost its connection (", std::strerror(err), ")");
     l.sock.reset();
     for (Request* r : l.sends) r->error = peer_lost(l, *r->label, false);
     for (Request* r : l.posted) r->error = peer_lost(l, *r->label, false);
@@ -607,6 +616,7 @@ class TcpComm {
     l.target = nullptr;
     l.unexpected.remove_if([](const Unexpected& u) { return !u.complete; });
     l.holding = nullptr;
+    l.draining = false;
     l.in_body = false;
     l.header_got = 0;
   }
@@ -640,12 +650,23 @@ class TcpComm {
   }
 
   // The frame whose header just arrived: into its posted receive, else into an unexpected buffer.
-  void start_body(Link& l) {
+  // False (the link lost) when the header cannot be one of this group's frames.
+  bool start_body(Link& l) {
     const FrameHeader& h = l.header;
+    // Note [TCP process group], "frames": a header's length is checked before anything is sized by it.
+    if (h.channel > kPointToPoint || (h.channel == kCollective && h.bytes > kSegmentBytes)) {
+      lose(l, EPROTO,
+           h.channel > kPointToPoint
+               ? str("sent a frame of unknown channel ", h.channel, ": the stream is out of step, its link was dropped")
+               : str("sent a collective frame of ", h.bytes, " bytes (at most ", kSegmentBytes,
+                     "): the stream is out of step, its link was dropped"));
+      return false;
+    }
     l.in_body = true;
     l.body_got = 0;
     l.target = nullptr;
     l.holding = nullptr;
+    l.draining = false;
     for (auto it = l.posted.begin(); it != l.posted.end(); ++it) {
       Request* r = *it;
       if (r->channel != h.channel || r->tag != h.tag) continue;
@@ -655,18 +676,30 @@ class TcpComm {
         l.body = r->data;
       } else {
         r->error = size_mismatch(*r, size_t(h.bytes));
-        l.discard.resize(size_t(h.bytes));
+        if (l.discard.size() < kDrainBytes) l.discard.resize(kDrainBytes);
+        l.draining = true;
         l.body = l.discard.data();
       }
-      return;
+      return true;
     }
-    l.unexpected.push_back(Unexpected{h.channel, h.tag, take_buffer(size_t(h.bytes))});
+    std::vector<char> buffer;
+    try {
+      buffer = take_buffer(size_t(h.bytes));
+    } catch (const std::exception& e) {  // bad_alloc, length_error: a length no buffer can hold
+      l.in_body = false;
+      lose(l, ENOMEM, str("sent a point-to-point frame of ", h.bytes, " bytes that this rank cannot buffer (",
+                          e.what(), "); its link was dropped"));
+      return false;
+    }
+    l.unexpected.push_back(Unexpected{h.channel, h.tag, std::move(buffer)});
     l.holding = &l.unexpected.back();
     l.body = l.holding->data.data();
+    return true;
   }
 
   void finish_body(Link& l) {
     l.in_body = false;
+    l.draining = false;
     l.header_got = 0;
     if (l.target) {
       l.target->done = true;
@@ -694,6 +727,9 @@ class TcpComm {
       if (!l.in_body) {
         into = reinterpret_cast<char*>(&l.header) + l.header_got;
         want = sizeof l.header - l.header_got;
+      } else if (l.draining) {
+        into = l.discard.data();
+        want = std::min({size_t(l.header.bytes) - l.body_got, budget, l.discard.size()});
       } else {
         into = l.body + l.body_got;
         want = std::min<size_t>(size_t(l.header.bytes) - l.body_got, budget);
@@ -709,11 +745,7 @@ class TcpComm {
       if (!l.in_body) {
         l.header_got += size_t(k);
         if (l.header_got < sizeof l.header) continue;
-        if (l.header.channel > kPointToPoint) {  // not our framing: the stream cannot be trusted
-          errno = EPROTO;
-          return lose(l, EPROTO);
-        }
-        start_body(l);
+        if (!start_body(l)) return;
         if (l.header.bytes == 0) finish_body(l);
       } else {
         l.body_got += size_t(k);
@@ -965,10 +997,15 @@ class TcpComm {
       }
       start_queued_p2p();
       if (!op) {
-        // Idle: frames still move (batches in flight, early frames of the next collective).
-        pump(idle_timeout());
-        start_queued_p2p();
-        service_p2p();
+        // Idle: frames still move (batches in flight, early frames of the next collective). Nothing
+        // here may end the worker: whatever escapes breaks the group, and the next operation says so.
+        try {
+          pump(idle_timeout());
+          start_queued_p2p();
+          service_p2p();
+        } catch (const std::exception& e) {
+          break_group(str("group \"", name_, "\" failed while idle on rank ", rank_, ": ", e.what()));
+        }
         continue;
       }
       if (!broken_flag_.empty()) {
