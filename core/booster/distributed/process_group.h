@@ -240,11 +240,13 @@ class ProcessGroup {
 WorkPtr completed_work();
 
 // ---------------------------------------------------------------- the default (world) group
-// Creates the default group once. backend: "auto" (mpi under mpirun, else local), "mpi", "nccl"
-// (CUDA tensors; Note [NCCL process group] in nccl_process_group.h), "local".
+// Creates the default group once. backend: "auto" (mpi under mpirun; tcp when torchrun's variables,
+// RANK and WORLD_SIZE or BOOSTER_*, name several processes without an MPI launcher; else local), "mpi",
+// "tcp" (rank, size and meeting place from the environment, Note [TCP process group] in README.md),
+// "nccl" (CUDA tensors; Note [NCCL process group] in nccl_process_group.h), "local".
 // Calling it again with the same backend (or "auto") returns the existing group; with another backend
-// it throws StateError. "mpi" without MPI support in the build, or "nccl" without NCCL or a GPU,
-// throws ConfigError.
+// it throws StateError. "mpi" without MPI support in the build, "nccl" without NCCL or a GPU, or "tcp"
+// without the variables it needs, throws ConfigError.
 ProcessGroup& init_process_group(const std::string& backend = "auto");
 // The default group, created with "auto" on first use.
 ProcessGroup& default_process_group();
@@ -265,10 +267,11 @@ void set_default_collective_timeout(std::chrono::duration<double> timeout);
 
 // Note [A group per device]
 // A plugin takes the group of its model's device: the CPU's is the default group (mpi under mpirun,
-// else local); CUDA's is this process's one NCCL group over the same ranks, made on first use (under
-// mpirun it bootstraps through MPI, which then serves both groups: MPI is initialized once by booster
-// and finalized at exit, Note [MPI progress]), or, when ranks of the job share a GPU, the staged mpi
-// group (Note [Staged collectives] in README.md). init_process_group("nccl") makes the default group that
+// tcp under torchrun's variables, else local); CUDA's is this process's one NCCL group over the same
+// ranks, made on first use (under mpirun it bootstraps through MPI, which then serves both groups: MPI
+// is initialized once by booster and finalized at exit, Note [MPI progress]; under torchrun's variables
+// through the tcp group), or, when ranks of the job share a GPU, the staged group over the CPU group
+// (Note [Staged collectives] in README.md). init_process_group("nccl") makes the default group that
 // same NCCL group (or takes it, if process_group_for(cuda) made it first), so there is never a second
 // communicator over the same ranks. Both groups have the same rank and size, so code that only needs
 // those may use either. The NCCL group lives until the process ends, also when it is the default
