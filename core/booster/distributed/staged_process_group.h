@@ -1,4 +1,4 @@
-// StagedProcessGroup: collectives and point-to-point on CUDA tensors through a host group (mpi), each
+// StagedProcessGroup: collectives and point-to-point on CUDA tensors through a host group (mpi or tcp), each
 // buffer copied through page-locked host memory: how ranks that share one GPU communicate, since NCCL
 // refuses two ranks on one device (PyTorch's Gloo backend serves CUDA tensors the same way).
 // Note [Staged collectives] in this folder's README.md.
