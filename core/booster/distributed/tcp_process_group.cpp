@@ -581,18 +581,23 @@ class TcpComm {
                "; every rank must call it with the same sizes and dtypes");
   }
 
-  // Buffers of unexpected frames are reused.
+  // Buffers of unexpected frames are reused, up to kPoolBytes in all: the collectives' segments (1 MiB
+  // at most) stay pooled; a large early point-to-point frame's buffer is freed once it is taken.
+  static constexpr size_t kPoolBytes = size_t(16) << 20;
   std::vector<char> take_buffer(size_t bytes) {
     std::vector<char> b;
     if (!pool_.empty()) {
       b = std::move(pool_.back());
       pool_.pop_back();
+      pool_bytes_ -= b.capacity();
     }
     b.resize(bytes);
     return b;
   }
   void recycle(std::vector<char>&& b) {
-    if (pool_.size() < 16 && b.capacity() <= (size_t(64) << 20)) pool_.push_back(std::move(b));
+    if (pool_bytes_ + b.capacity() > kPoolBytes) return;
+    pool_bytes_ += b.capacity();
+    pool_.push_back(std::move(b));
   }
 
   // ------------------------------------------------------------------ the poll loop
@@ -1078,6 +1083,7 @@ class TcpComm {
   std::vector<pollfd> fds_;
   std::vector<char> scratch_;
   std::vector<std::vector<char>> pool_;
+  size_t pool_bytes_ = 0;  // capacity held by pool_
   std::string broken_flag_;  // the first failure, for the worker
 };
 
