@@ -7,7 +7,8 @@
 # within DEADLINE seconds (420):
 #   a. every build/bin/test_cuda_* (TEST_JOBS=3 at a time, 120 s each);
 #   b. test_mpi_cuda, when packed, under `mpirun -np 2`, then -np 4 "[hybrid]" (150 s each), after a
-#      two-rank smoke test of the launcher (test_mpi_process_group);
+#      two-rank smoke test of the launcher (test_mpi_process_group); then on 2 processes started with
+#      torchrun's variables, no mpirun (the tcp group, staged onto the GPU; 120 s);
 #   c. GPT-2-small (bench_gpt2_cuda): bf16 at batch 8 with the doctor's tracer off, nonfinite, stats
 #      and off again (the overhead of naming the first inf/NaN tensor and of per-module statistics),
 #      fp32 (TF32) and fp8 at batch 8, bf16 at 16 and 32; PyTorch eager with SDPA (fp32, fp16, bf16 at
@@ -189,6 +190,30 @@ mpi_step() {  # NAME NOMINAL NP ARGS...: one mpirun, tagged output appended to m
     for r in $(seq 0 $((np - 1))); do grep -q '^All tests passed' $LOGS/mpi.$r || failures $LOGS/mpi.$r "$name[$r]"; done
   fi
 }
+env_step() {  # NAME NOMINAL NP ARGS...: NP processes started with torchrun's variables (the tcp group)
+  local name=$1 nominal=$2 np=$3; shift 3
+  local to; to=$(budget $nominal $(( ${SKIP_BENCH:-0} == 1 ? 0 : 150 )))
+  if (( to < 20 )); then note "$name: skipped, out of time"; return; fi
+  local s r rc=0 port=$((29000 + RANDOM % 1000)); s=$(date +%s)
+  echo "######## $name: $np processes, WORLD_SIZE=$np MASTER_ADDR=127.0.0.1 MASTER_PORT=$port $*" >> "$OUT/mpi.log"
+  local pids=()
+  for r in $(seq 0 $((np - 1))); do
+    env -u OMPI_COMM_WORLD_SIZE -u PMIX_RANK -u PMI_SIZE -u PMI_RANK WORLD_SIZE=$np RANK=$r LOCAL_RANK=$r \
+      MASTER_ADDR=127.0.0.1 MASTER_PORT=$port OMP_NUM_THREADS=2 OPENBLAS_NUM_THREADS=1 \
+      timeout -k 10 $to "$@" > $LOGS/env.$r 2>&1 &
+    pids+=($!)
+  done
+  for r in $(seq 0 $((np - 1))); do wait ${pids[$r]} || rc=$?; done
+  local line="$name (np $np) rc=$rc $(( $(date +%s) - s ))s:"
+  for r in $(seq 0 $((np - 1))); do
+    { echo "---- rank $r"; cat $LOGS/env.$r; } >> "$OUT/mpi.log"
+    line+=" [$r] $(result_line $LOGS/env.$r)"
+  done
+  echo "$line" | cut -c1-300; note "$line"
+  if [ "$rc" != 0 ]; then
+    for r in $(seq 0 $((np - 1))); do grep -q '^All tests passed' $LOGS/env.$r || failures $LOGS/env.$r "$name[$r]"; done
+  fi
+}
 if [ "${SKIP_MPI:-0}" != 1 ]; then
   echo "== MPI ($(elapsed))"
   note "== MPI"
@@ -198,6 +223,7 @@ if [ "${SKIP_MPI:-0}" != 1 ]; then
   if [ -x build/bin/test_mpi_cuda ]; then
     mpi_step test_mpi_cuda 150 2 build/bin/test_mpi_cuda --use-colour no
     mpi_step "test_mpi_cuda [hybrid]" 150 4 build/bin/test_mpi_cuda --use-colour no "[hybrid]"
+    env_step "test_mpi_cuda over tcp" 120 2 build/bin/test_mpi_cuda --use-colour no
   else
     note "no build/bin/test_mpi_cuda in the pack"
   fi

@@ -314,14 +314,6 @@ std::shared_ptr<ProcessGroup> make_environment_tcp_group() {
   return make_tcp_process_group(env->rank, env->world_size, *spec, default_collective_timeout());
 }
 
-// This process's index among the ranks of its machine, which picks its GPU: MPI's node rank under an
-// MPI launcher, else LOCAL_RANK (or BOOSTER_LOCAL_RANK) of the environment, else 0.
-int node_rank() {
-  if (mpi_launched()) return mpi_node_ranks().rank;
-  const std::optional<EnvRanks> env = ranks_from_environment();
-  return env ? env->local_rank : 0;
-}
-
 // The process's NCCL group, made on first use (ConfigError from make_nccl_process_group when it
 // cannot be; a later call tries again). `bootstrap`: the CPU group that hands NCCL's id to every rank
 // when MPI does not (a tcp default group), else null.
@@ -405,6 +397,12 @@ bool launched_by_mpi_launcher() {
   for (const char* var : {"OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "PMI_SIZE", "PMI_RANK"})
     if (std::getenv(var) != nullptr) return true;
   return false;
+}
+
+int node_rank() {
+  if (mpi_launched()) return mpi_node_ranks().rank;
+  const std::optional<EnvRanks> env = ranks_from_environment();
+  return env ? env->local_rank : 0;
 }
 
 JobPlace job_place_from_launcher() {

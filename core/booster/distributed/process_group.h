@@ -299,6 +299,10 @@ struct JobPlace {
   int size = 1;
 };
 JobPlace job_place_from_launcher();
+// This process's index among the ranks of its machine, which picks its GPU (% the GPUs it sees): MPI's
+// node rank under an MPI launcher (MPI_COMM_TYPE_SHARED), else LOCAL_RANK (or BOOSTER_LOCAL_RANK), else
+// 0. ConfigError for malformed variables.
+int node_rank();
 // process_group_for's check that `group` takes buffers on `device` (DeviceError saying what to do when
 // not); public so tests can reach it without a GPU.
 void check_group_serves(const ProcessGroup& group, Device device);
