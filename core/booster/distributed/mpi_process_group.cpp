@@ -9,6 +9,7 @@
 
 #include "booster/distributed/collective_timeout_impl.h"
 #include "booster/distributed/flight_recorder_impl.h"
+#include "booster/distributed/reduce_impl.h"
 
 #include <algorithm>
 #include <atomic>
@@ -117,30 +118,12 @@ void finalize_at_exit(int status, void*) {
 
 int reduce_slot(ReduceOp op) { return op == ReduceOp::Max ? 1 : op == ReduceOp::Min ? 2 : 0; }
 
-// inout[i] = inout[i] (op) in[i] for 16-bit floats: widen a block to float32, combine, round back.
+// inout[i] = inout[i] (op) in[i] for 16-bit floats, as every CPU group combines them (reduce_impl.h).
 template <class Half16, int Slot>
 void reduce_16bit(void* in_v, void* inout_v, int* len, MPI_Datatype*) {
-  constexpr int kBlock = 256;
-  const auto* in = static_cast<const Half16*>(in_v);
-  auto* inout = static_cast<Half16*>(inout_v);
-  float a[kBlock], b[kBlock];
-  for (int start = 0; start < *len; start += kBlock) {
-    const int n = std::min(kBlock, *len - start);
-    if constexpr (std::is_same_v<Half16, Half>) {
-      half_to_float(in + start, a, n);
-      half_to_float(inout + start, b, n);
-    } else {
-      bf16_to_float(in + start, a, n);
-      bf16_to_float(inout + start, b, n);
-    }
-    for (int i = 0; i < n; ++i) {
-      if constexpr (Slot == 0) b[i] = a[i] + b[i];
-      else if constexpr (Slot == 1) b[i] = a[i] > b[i] ? a[i] : b[i];
-      else b[i] = a[i] < b[i] ? a[i] : b[i];
-    }
-    if constexpr (std::is_same_v<Half16, Half>) float_to_half(b, inout + start, n);
-    else float_to_bf16(b, inout + start, n);
-  }
+  constexpr ReduceOp kOps[3] = {ReduceOp::Sum, ReduceOp::Max, ReduceOp::Min};
+  constexpr DType kDType = std::is_same_v<Half16, Half> ? DType::Float16 : DType::BFloat16;
+  detail::reduce_into(inout_v, in_v, *len, kDType, kOps[Slot], "all_reduce");
 }
 
 void init_mpi_once() {
@@ -218,36 +201,7 @@ MPI_Op mpi_op(ReduceOp op, DType dtype) {
 }
 
 // Avg's division by the world size (Note [Averages divide first]): buf /= divisor.
-template <class T>
-void divide_plain(T* p, int64_t n, int divisor) {
-  const T d = T(divisor);
-  for (int64_t i = 0; i < n; ++i) p[i] /= d;
-}
-
-template <class Half16>
-void divide_16bit(Half16* p, int64_t n, int divisor) {
-  constexpr int64_t kBlock = 1024;
-  float tmp[kBlock];
-  const float d = float(divisor);
-  for (int64_t start = 0; start < n; start += kBlock) {
-    const int64_t m = std::min(kBlock, n - start);
-    if constexpr (std::is_same_v<Half16, Half>) half_to_float(p + start, tmp, m);
-    else bf16_to_float(p + start, tmp, m);
-    for (int64_t i = 0; i < m; ++i) tmp[i] /= d;
-    if constexpr (std::is_same_v<Half16, Half>) float_to_half(tmp, p + start, m);
-    else float_to_bf16(tmp, p + start, m);
-  }
-}
-
-void divide_by(const BufferSpan& buf, int divisor) {
-  switch (buf.dtype) {
-    case DType::Float32: return divide_plain(static_cast<float*>(buf.data), buf.numel, divisor);
-    case DType::Float64: return divide_plain(static_cast<double*>(buf.data), buf.numel, divisor);
-    case DType::Float16: return divide_16bit(static_cast<Half*>(buf.data), buf.numel, divisor);
-    case DType::BFloat16: return divide_16bit(static_cast<BFloat16*>(buf.data), buf.numel, divisor);
-    default: BOOSTER_FAIL(DTypeError, "all_reduce: avg of ", buf.dtype, " is not supported");
-  }
-}
+void divide_by(const BufferSpan& buf, int divisor) { detail::divide_by(buf.data, buf.numel, buf.dtype, divisor); }
 
 // MPI counts are int: all_reduce and broadcast split larger buffers into pieces of this many.
 constexpr int64_t kMaxChunk = int64_t(1) << 30;

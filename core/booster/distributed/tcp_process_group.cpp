@@ -19,14 +19,13 @@
 #include <mutex>
 #include <set>
 #include <thread>
-#include <type_traits>
 #include <utility>
 
 #include "booster/common/error.h"
 #include "booster/distributed/collective_timeout_impl.h"
 #include "booster/distributed/flight_recorder_impl.h"
+#include "booster/distributed/reduce_impl.h"
 #include "booster/distributed/socket_impl.h"
-#include "booster/tensor/half.h"
 
 namespace booster::distributed {
 
@@ -36,6 +35,8 @@ using detail::Clock;
 using detail::Collective;
 using detail::collective_name;
 using detail::CollectiveOp;
+using detail::divide_by;
+using detail::reduce_into;
 using detail::rank_names;
 using detail::Seconds;
 using net::Socket;
@@ -81,85 +82,6 @@ struct Endpoint {
 std::string where(const Endpoint& e) {
   return e.host.find(':') != std::string::npos ? "[" + e.host + "]:" + std::to_string(e.port)
                                                : e.host + ":" + std::to_string(e.port);
-}
-
-// ---------------------------------------------------------------------------------------- reductions
-
-// dst[i] = dst[i] (op) src[i]; Avg has been turned into Sum of values divided first.
-template <class T>
-void reduce_plain(T* dst, const T* src, int64_t n, ReduceOp op) {
-  if (op == ReduceOp::Max) {
-    for (int64_t i = 0; i < n; ++i) dst[i] = src[i] > dst[i] ? src[i] : dst[i];
-  } else if (op == ReduceOp::Min) {
-    for (int64_t i = 0; i < n; ++i) dst[i] = src[i] < dst[i] ? src[i] : dst[i];
-  } else {
-    for (int64_t i = 0; i < n; ++i) dst[i] += src[i];
-  }
-}
-
-// 16-bit floats combine as the mpi backend's reduce_16bit: widen a block to float32, combine, round back.
-template <class Half16>
-void reduce_16bit(Half16* dst, const Half16* src, int64_t n, ReduceOp op) {
-  constexpr int64_t kBlock = 256;
-  float a[kBlock], b[kBlock];
-  for (int64_t start = 0; start < n; start += kBlock) {
-    const int64_t m = std::min(kBlock, n - start);
-    if constexpr (std::is_same_v<Half16, Half>) {
-      half_to_float(src + start, a, m);
-      half_to_float(dst + start, b, m);
-    } else {
-      bf16_to_float(src + start, a, m);
-      bf16_to_float(dst + start, b, m);
-    }
-    reduce_plain(b, a, m, op);
-    if constexpr (std::is_same_v<Half16, Half>) float_to_half(b, dst + start, m);
-    else float_to_bf16(b, dst + start, m);
-  }
-}
-
-void reduce_into(void* dst, const void* src, int64_t n, DType dtype, ReduceOp op) {
-  switch (dtype) {
-    case DType::Float32: return reduce_plain(static_cast<float*>(dst), static_cast<const float*>(src), n, op);
-    case DType::Float64: return reduce_plain(static_cast<double*>(dst), static_cast<const double*>(src), n, op);
-    case DType::Int32: return reduce_plain(static_cast<int32_t*>(dst), static_cast<const int32_t*>(src), n, op);
-    case DType::Int64: return reduce_plain(static_cast<int64_t*>(dst), static_cast<const int64_t*>(src), n, op);
-    case DType::Float16: return reduce_16bit(static_cast<Half*>(dst), static_cast<const Half*>(src), n, op);
-    case DType::BFloat16:
-      return reduce_16bit(static_cast<BFloat16*>(dst), static_cast<const BFloat16*>(src), n, op);
-    default: BOOSTER_FAIL(DTypeError, "all_reduce: the tcp backend cannot reduce ", dtype);
-  }
-}
-
-// Avg's division by the world size (Note [Averages divide first]): one rounding per element.
-template <class T>
-void divide_plain(T* p, int64_t n, int divisor) {
-  const T d = T(divisor);
-  for (int64_t i = 0; i < n; ++i) p[i] /= d;
-}
-
-template <class Half16>
-void divide_16bit(Half16* p, int64_t n, int divisor) {
-  constexpr int64_t kBlock = 1024;
-  float tmp[kBlock];
-  const float d = float(divisor);
-  for (int64_t start = 0; start < n; start += kBlock) {
-    const int64_t m = std::min(kBlock, n - start);
-    if constexpr (std::is_same_v<Half16, Half>) half_to_float(p + start, tmp, m);
-    else bf16_to_float(p + start, tmp, m);
-    for (int64_t i = 0; i < m; ++i) tmp[i] /= d;
-    if constexpr (std::is_same_v<Half16, Half>) float_to_half(tmp, p + start, m);
-    else float_to_bf16(tmp, p + start, m);
-  }
-}
-
-void divide_by(void* data, int64_t n, DType dtype, int divisor) {
-  switch (dtype) {
-    case DType::Float32: return divide_plain(static_cast<float*>(data), n, divisor);
-    case DType::Float64: return divide_plain(static_cast<double*>(data), n, divisor);
-    case DType::Float16: return divide_16bit(static_cast<Half*>(data), n, divisor);
-    case DType::BFloat16: return divide_16bit(static_cast<BFloat16*>(data), n, divisor);
-    default: BOOSTER_FAIL(DTypeError, "all_reduce: avg of ", dtype, " is not supported");
-  }
 }
 
 // ---------------------------------------------------------------------------------------- bootstrap
@@ -523,7 +445,8 @@ class TcpComm {
   }
 
   std::string peer_lost(const Link& l, const std::string& label, bool before) const {
-    return str(rank_names({l.peer}, world_of_), " of group \"", name_, "\" ", l.lost_why, before ? " before " : " during ",
+    return str(rank_names({l.peer}, world_of_), " of group \"", name_, "\" ", l.lost_why,
+               before ? " before " : " during ",
                label, l.broken_stream ? "" : " (it exited or was killed)");
   }
 
@@ -1142,7 +1065,8 @@ void ring_all_reduce(TcpComm& c, Op& op, const BufferSpan& buf, ReduceOp rop) {
     const int send_c = (r - s + n) % n, recv_c = (r - s - 1 + n) % n;
     char* dst = at(recv_c);
     ring_step(c, op, at(send_c), count(send_c), scratch, count(recv_c), item, [&](int64_t first, int64_t k) {
-      reduce_into(dst + first * int64_t(item), scratch + first * int64_t(item), k, buf.dtype, rop);
+      reduce_into(dst + first * int64_t(item), scratch + first * int64_t(item), k, buf.dtype, rop,
+                  "all_reduce");
     });
   }
   // All-gather: each finished chunk travels round the ring, so every rank ends with the same bytes.
@@ -1185,7 +1109,8 @@ void ring_reduce_scatter(TcpComm& c, Op& op, const BufferSpan& out, const Buffer
       char* into = last ? static_cast<char*>(out.data) : scratch + size_t(s % 2) * slice;
       const char* mine = src + size_t(recv_c) * slice;
       ring_step(c, op, sending, m, into, m, item, [&](int64_t first, int64_t k) {
-        reduce_into(into + first * int64_t(item), mine + first * int64_t(item), k, in.dtype, sum_op);
+        reduce_into(into + first * int64_t(item), mine + first * int64_t(item), k, in.dtype, sum_op,
+                    "reduce_scatter");
       });
       sending = into;
     }
@@ -1432,7 +1357,8 @@ std::shared_ptr<ProcessGroup> make_tcp_process_group(int rank, int world_size, c
       // then must agree on the world size): another job's peer (Note [Rendezvous without MPI], "two
       // jobs") or a stray with the public magic is told "another job", and rank 0 goes on waiting.
       if (hello.token != net::job_token(spec, hello.world_size)) {
-        (void)net::send_all(peer.fd, kOtherJob, sizeof kOtherJob, std::min(deadline, Clock::now() + std::chrono::seconds(1)));
+        (void)net::send_all(peer.fd, kOtherJob, sizeof kOtherJob,
+                            std::min(deadline, Clock::now() + std::chrono::seconds(1)));
         continue;
       }
       BOOSTER_CHECK(hello.world_size == world_size, ConfigError, who, ": rank ", hello.rank, " was started with a ",
@@ -1551,7 +1477,8 @@ std::shared_ptr<ProcessGroup> make_tcp_process_group(int rank, int world_size, c
     build_mesh(rank, world_size, ends, listener, 1, token, deadline, connect_timeout, links, who);
   }
   return std::make_shared<TcpProcessGroup>(
-      std::make_unique<TcpComm>("world", rank, world_size, std::vector<int>{}, world_size, token, std::move(links), host));
+      std::make_unique<TcpComm>("world", rank, world_size, std::vector<int>{}, world_size, token, std::move(links),
+                                host));
 }
 
 }  // namespace booster::distributed
