@@ -5,11 +5,6 @@
 // with its name instead of a hang, and a missing meeting place is a config error.
 #include <catch2/catch.hpp>
 
-#include <arpa/inet.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
-#include <unistd.h>
-
 #include <filesystem>
 #include <fstream>
 #include <string>
@@ -17,6 +12,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "local_sockets.h"
 #include "run_booster.h"
 #include "skip.h"
 
@@ -54,20 +50,6 @@ fs::path cpu_config(const std::string& name, int max_steps = 4, int epochs = 4) 
   return p;
 }
 
-// A port nobody listens on now (the kernel's choice for port 0).
-int free_port() {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  REQUIRE(fd >= 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  REQUIRE(::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);
-  socklen_t len = sizeof a;
-  REQUIRE(::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) == 0);
-  ::close(fd);
-  return ntohs(a.sin_port);
-}
-
 // What each process of a job printed, and how it ended.
 struct Job {
   std::vector<RunResult> ranks;
@@ -81,7 +63,7 @@ Job run_env_job(const fs::path& dir, int n, const std::string& args, const std::
   fs::remove_all(dir);
   std::string script = "cd " + dir.string() + " || exit 99; ";
   const std::string common = std::string(kClean) + " WORLD_SIZE=" + std::to_string(n) +
-                             " MASTER_ADDR=127.0.0.1 MASTER_PORT=" + std::to_string(free_port()) + " " + env + " ";
+                             " MASTER_ADDR=127.0.0.1 MASTER_PORT=" + std::to_string(testing::free_port()) + " " + env + " ";
   for (int r = 0; r < n; ++r) {
     const std::string rank_dir = "rank-" + std::to_string(r);
     fs::create_directories(dir / rank_dir);

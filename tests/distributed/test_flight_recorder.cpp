@@ -297,6 +297,15 @@ void report_siginfo(int, siginfo_t* info, void*) {
   _exit(3);
 }
 
+// Installs `handler` (SA_SIGINFO) for SIGSEGV; the handler it replaced goes to `replaced` when given.
+void on_segv(void (*handler)(int, siginfo_t*, void*), struct sigaction* replaced = nullptr) {
+  struct sigaction action {};
+  action.sa_sigaction = handler;
+  sigemptyset(&action.sa_mask);
+  action.sa_flags = SA_SIGINFO;
+  sigaction(SIGSEGV, &action, replaced);
+}
+
 // A handler that chains back to the one it replaced, as crash reporters do.
 struct sigaction g_replaced {};
 void chain_back(int signal, siginfo_t*, void*) {
@@ -323,11 +332,7 @@ TEST_CASE("flight recorder: a real fault reaches the previous handler with its o
     REQUIRE(child >= 0);
     if (child == 0) {
       g_seen_path = seen_path.c_str();
-      struct sigaction previous {};
-      previous.sa_sigaction = &report_siginfo;
-      sigemptyset(&previous.sa_mask);
-      previous.sa_flags = SA_SIGINFO;
-      sigaction(SIGSEGV, &previous, nullptr);
+      on_segv(&report_siginfo);
       fr::flight_reset_for_testing();
       set_flight_dump_dir(dir);
       fault_at(0x40);
@@ -355,11 +360,7 @@ TEST_CASE("flight recorder: a real fault reaches the previous handler with its o
       std::signal(SIGSEGV, SIG_DFL);
       fr::flight_reset_for_testing();
       set_flight_dump_dir(dir);
-      struct sigaction back {};
-      back.sa_sigaction = &chain_back;
-      sigemptyset(&back.sa_mask);
-      back.sa_flags = SA_SIGINFO;
-      sigaction(SIGSEGV, &back, &g_replaced);
+      on_segv(&chain_back, &g_replaced);
       set_flight_dump_dir(dir);
       fault_at(0x40);
       _exit(0);

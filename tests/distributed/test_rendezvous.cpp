@@ -23,12 +23,16 @@
 
 #include "booster/common/error.h"
 #include "booster/distributed/rendezvous.h"
+#include "local_sockets.h"
 #include "run_booster.h"
 
 namespace fs = std::filesystem;
 using namespace booster;
 using namespace booster::distributed;
 using std::chrono::duration;
+
+using testing::connect_local;
+using testing::free_port;
 
 namespace {
 
@@ -112,20 +116,6 @@ fs::path scratch() {
   return dir;
 }
 
-// A port nobody listens on now (the kernel's choice for a socket bound to port 0, released).
-int free_port() {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  a.sin_port = 0;
-  REQUIRE(::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);
-  socklen_t len = sizeof a;
-  ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
-  ::close(fd);
-  return ntohs(a.sin_port);
-}
-
 RendezvousSpec tcp_spec(int port, const std::string& address = "127.0.0.1") {
   RendezvousSpec spec;
   spec.kind = RendezvousSpec::Kind::Tcp;
@@ -133,22 +123,6 @@ RendezvousSpec tcp_spec(int port, const std::string& address = "127.0.0.1") {
   spec.port = port;
   spec.source = "MASTER_ADDR/MASTER_PORT";
   return spec;
-}
-
-// A connection to 127.0.0.1:`port`, retried until something listens there (at most 10 s): a stray
-// that is not a rank. -1 when nothing listened.
-int connect_local(int port) {
-  for (int attempt = 0; attempt < 1000; ++attempt) {
-    const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    sockaddr_in a{};
-    a.sin_family = AF_INET;
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    a.sin_port = htons(uint16_t(port));
-    if (::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0) return fd;
-    ::close(fd);
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  }
-  return -1;
 }
 
 RendezvousSpec file_spec(const fs::path& path) {

@@ -33,6 +33,7 @@
 #include "booster/distributed/tcp_process_group.h"
 #include "booster/tensor/half.h"
 #include "booster/tensor/tensor.h"
+#include "local_sockets.h"
 #include "run_booster.h"
 
 using namespace booster;
@@ -40,21 +41,10 @@ using namespace booster::distributed;
 using std::chrono::duration;
 using Clock = std::chrono::steady_clock;
 
-namespace {
+using testing::connect_local;
+using testing::free_port;
 
-// A port nobody listens on now (the kernel's choice for a socket bound to port 0, released).
-int free_port() {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  a.sin_port = 0;
-  REQUIRE(::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);
-  socklen_t len = sizeof a;
-  ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
-  ::close(fd);
-  return ntohs(a.sin_port);
-}
+namespace {
 
 RendezvousSpec tcp_spec(int port, const std::string& address = "127.0.0.1", const std::string& job = "") {
   RendezvousSpec spec;
@@ -73,22 +63,22 @@ struct Outcome {
   double seconds = 0;  // from the start of its body to its end
 };
 
-using Body = std::function<void(ProcessGroup& group, int rank)>;
+using OwnedBody = std::function<void(std::shared_ptr<ProcessGroup>& group, int rank)>;
 
-// Runs `world` ranks as threads: each makes its group (rendezvous at 127.0.0.1:<a free port>) and runs
-// `body`; returns what each ended with.
-std::vector<Outcome> run_world(int world, const Body& body, double connect_timeout_s = 30,
-                               const RendezvousSpec* spec_in = nullptr) {
-  const RendezvousSpec spec = spec_in ? *spec_in : tcp_spec(free_port());
-  std::vector<Outcome> out(static_cast<size_t>(world));
+// Runs one thread per entry of `ranks`, rank ranks[k] of worlds[k] meeting through specs[k]; the body owns
+// its group (it may destroy it). Returns what each ended with.
+std::vector<Outcome> run_ranks(const std::vector<RendezvousSpec>& specs, const std::vector<int>& ranks,
+                               const std::vector<int>& worlds, const OwnedBody& body, double connect_timeout_s) {
+  std::vector<Outcome> out(ranks.size());
   std::vector<std::thread> threads;
-  for (int r = 0; r < world; ++r)
-    threads.emplace_back([&, r] {
-      Outcome& o = out[size_t(r)];
+  for (size_t k = 0; k < ranks.size(); ++k)
+    threads.emplace_back([&, k] {
+      Outcome& o = out[k];
       const auto start = Clock::now();
       try {
-        std::shared_ptr<ProcessGroup> group = make_tcp_process_group(r, world, spec, duration<double>(connect_timeout_s));
-        body(*group, r);
+        std::shared_ptr<ProcessGroup> group =
+            make_tcp_process_group(ranks[k], worlds[k], specs[k], duration<double>(connect_timeout_s));
+        body(group, ranks[k]);
       } catch (const ConfigError& e) {
         o = {e.what(), "ConfigError"};
       } catch (const DistributedError& e) {
@@ -100,6 +90,19 @@ std::vector<Outcome> run_world(int world, const Body& body, double connect_timeo
     });
   for (std::thread& t : threads) t.join();
   return out;
+}
+
+using Body = std::function<void(ProcessGroup& group, int rank)>;
+
+// Runs `world` ranks as threads: each makes its group (rendezvous at 127.0.0.1:<a free port>) and runs
+// `body`; returns what each ended with.
+std::vector<Outcome> run_world(int world, const Body& body, double connect_timeout_s = 30,
+                               const RendezvousSpec* spec_in = nullptr) {
+  const RendezvousSpec spec = spec_in ? *spec_in : tcp_spec(free_port());
+  std::vector<int> ranks(static_cast<size_t>(world));
+  for (int r = 0; r < world; ++r) ranks[size_t(r)] = r;
+  return run_ranks(std::vector<RendezvousSpec>(ranks.size(), spec), ranks, std::vector<int>(ranks.size(), world),
+                   [&](std::shared_ptr<ProcessGroup>& group, int rank) { body(*group, rank); }, connect_timeout_s);
 }
 
 void require_clean(const std::vector<Outcome>& out) {
@@ -321,7 +324,8 @@ TEST_CASE("reduce_scatter, all_gather and broadcast of every dtype on 1 to 4 ran
           for (const bool in_place : {false, true}) {
             std::vector<char> out = make_buffer(dtype, total, [](int64_t) { return 99.0; });
             std::vector<char> mine = make_buffer(dtype, m, [&](int64_t i) { return value(rank, i); });
-            if (in_place && m) std::memcpy(out.data() + size_t(rank * m) * itemsize(dtype), mine.data(), mine.size() - 1);
+            if (in_place && m)
+              std::memcpy(out.data() + size_t(rank * m) * itemsize(dtype), mine.data(), mine.size() - 1);
             const BufferSpan in = in_place ? BufferSpan{out.data() + size_t(rank * m) * itemsize(dtype), m, dtype}
                                            : BufferSpan{mine.data(), m, dtype};
             g.all_gather(BufferSpan{out.data(), total, dtype}, in);
@@ -396,50 +400,6 @@ TEST_CASE("async collectives queued several at once complete when waited in reve
 }
 
 namespace {
-
-using OwnedBody = std::function<void(std::shared_ptr<ProcessGroup>& group, int rank)>;
-
-// As run_world, but the body owns its group (it may destroy it) and each rank has its own spec.
-std::vector<Outcome> run_ranks(const std::vector<RendezvousSpec>& specs, const std::vector<int>& ranks,
-                               const std::vector<int>& worlds, const OwnedBody& body, double connect_timeout_s) {
-  std::vector<Outcome> out(ranks.size());
-  std::vector<std::thread> threads;
-  for (size_t k = 0; k < ranks.size(); ++k)
-    threads.emplace_back([&, k] {
-      Outcome& o = out[k];
-      const auto start = Clock::now();
-      try {
-        std::shared_ptr<ProcessGroup> group =
-            make_tcp_process_group(ranks[k], worlds[k], specs[k], duration<double>(connect_timeout_s));
-        body(group, ranks[k]);
-      } catch (const ConfigError& e) {
-        o = {e.what(), "ConfigError"};
-      } catch (const DistributedError& e) {
-        o = {e.what(), "DistributedError"};
-      } catch (const std::exception& e) {
-        o = {e.what(), "other"};
-      }
-      o.seconds = std::chrono::duration<double>(Clock::now() - start).count();
-    });
-  for (std::thread& t : threads) t.join();
-  return out;
-}
-
-// A connection to 127.0.0.1:`port`, retried until something listens there (at most 10 s): a stray
-// that is not a rank. -1 when nothing listened.
-int connect_local(int port) {
-  for (int attempt = 0; attempt < 1000; ++attempt) {
-    const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    sockaddr_in a{};
-    a.sin_family = AF_INET;
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    a.sin_port = htons(uint16_t(port));
-    if (::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0) return fd;
-    ::close(fd);
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  }
-  return -1;
-}
 
 Tensor filled_int64(int64_t n, int64_t base) {
   Tensor t = Tensor::empty({n}, DType::Int64);
