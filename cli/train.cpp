@@ -83,9 +83,7 @@ int run_training(const json& config, BoosterComponents components, const Trainin
   const json& data_cfg = config.at("data");
   const uint64_t seed = train_cfg.at("seed").get<uint64_t>();
   manual_seed(seed);
-  // Before the first collective (the Booster broadcasts the weights): Note [Collective timeouts].
-  if (const json& timeout = train_cfg.at("collective_timeout_s"); timeout.is_number())
-    distributed::set_default_collective_timeout(std::chrono::duration<double>(timeout.get<double>()));
+  // train.collective_timeout_s was applied when the config was resolved (config::resolve_run).
   // Processes started by torchrun's variables meet (the tcp group, Note [TCP process group]) before
   // anything is written, so a job that cannot meet fails with nothing on disk.
   if (!distributed::launched_by_mpi_launcher() && distributed::job_place_from_launcher().size > 1)

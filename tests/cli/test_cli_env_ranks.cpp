@@ -62,8 +62,9 @@ Job run_env_job(const fs::path& dir, int n, const std::string& args, const std::
                 const std::string& meanwhile = "") {
   fs::remove_all(dir);
   std::string script = "cd " + dir.string() + " || exit 99; ";
+  const std::string port = std::to_string(testing::free_port());
   const std::string common = std::string(kClean) + " WORLD_SIZE=" + std::to_string(n) +
-                             " MASTER_ADDR=127.0.0.1 MASTER_PORT=" + std::to_string(testing::free_port()) + " " + env + " ";
+                             " MASTER_ADDR=127.0.0.1 MASTER_PORT=" + port + " " + env + " ";
   for (int r = 0; r < n; ++r) {
     const std::string rank_dir = "rank-" + std::to_string(r);
     fs::create_directories(dir / rank_dir);
@@ -179,4 +180,18 @@ TEST_CASE("booster train under torchrun's variables without a meeting place is r
                                                 std::string(kClean) + " WORLD_SIZE=1 RANK=0");
   INFO(one.err);
   CHECK(one.exit_code == 0);
+}
+
+TEST_CASE("a rank whose peers never come fails after train.collective_timeout_s, naming rank 0",
+          "[cli][train][rendezvous]") {
+  // The ranks meet while the config is resolved (the plugin's layout makes the group), so the config's
+  // timeout must hold by then, not the 1800 s default. `timeout` ends a run that waits longer.
+  const fs::path config = cpu_config("alone");
+  const RunResult r = testing::run_booster_in(
+      scratch_dir() / "alone", "train --config " + config.string() + " --plugin ddp --set train.collective_timeout_s=2",
+      "timeout -k 5 120 " + std::string(kClean) + " WORLD_SIZE=2 RANK=1 MASTER_ADDR=127.0.0.1 MASTER_PORT=" +
+          std::to_string(testing::free_port()));
+  INFO(r.out << r.err);
+  CHECK(r.exit_code == 1);
+  CHECK_THAT(r.err, Catch::Contains("rank 1 waited 2 s for rank 0 at 127.0.0.1:"));
 }

@@ -3,12 +3,14 @@
 #include "booster/config/json_text.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <fstream>
 #include <limits>
 #include <sstream>
 
 #include "booster/common/error.h"
+#include "booster/distributed/process_group.h"
 
 namespace booster::config {
 
@@ -305,6 +307,10 @@ ResolvedRun resolve_run(const json& config) {
   // The table checks every section, the names of mixed_precision and plugin included; then the two are
   // built, once, which checks their options and the combination (Note [Built once]).
   json resolved = resolve(config, training_schema());
+  // The run's collective timeout holds from here (Note [Collective timeouts]): building the plugin may
+  // make the process group, and under torchrun's variables the ranks meet then, for at most that long.
+  if (const json& timeout = resolved.at("train").at("collective_timeout_s"); timeout.is_number())
+    distributed::set_default_collective_timeout(std::chrono::duration<double>(timeout.get<double>()));
   BoosterComponents booster = build_booster(resolved);
   resolved.update(resolved_sections(booster));
   check_training_config(resolved);

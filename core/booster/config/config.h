@@ -156,7 +156,8 @@ json resolve(const json& config);
 json resolve(const json& config, const std::vector<Section>& schema);
 
 // A resolved training config and the strategy and plugin built while resolving it, to hand to the
-// Booster so a run builds each once (Note [Built once]).
+// Booster so a run builds each once (Note [Built once]). resolve_run applies train.collective_timeout_s
+// (set_default_collective_timeout) before it builds the plugin, which may make the process group.
 struct ResolvedRun {
   json config;
   BoosterComponents booster;
