@@ -3,6 +3,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <iosfwd>
 #include <string>
 #include <vector>
 
@@ -42,6 +43,16 @@ int doctor(const nlohmann::json& config, BoosterComponents components, int64_t s
 // Prints every registered mixed-precision strategy (built-in or plugin), one block each: the name,
 // then each option with its default, as `booster precisions` shows them.
 int precisions();
+// The strategies `booster precisions` and `booster compat` list (precisions.cpp): the built-in ones, then
+// each precision plugin on the search path that loads, with the options it reports. A plugin library
+// that fails to load is reported on `errors` and skipped, so one broken file hides none of the others
+// (as `booster plugins` does for parallel plugins).
+struct ListedStrategy {
+  std::string name;
+  std::string file;  // empty for a built-in strategy
+  nlohmann::json options;
+};
+std::vector<ListedStrategy> list_strategies(std::ostream& errors);
 
 // `booster plot --out FILE.png RUN.jsonl ...` (plot.cpp): loss curves of runs as a PNG. `args` follow
 // the subcommand.

@@ -64,7 +64,7 @@ int compat(const std::string& device) {
   for (const auto& [p, file] : found) columns.push_back(compat::PluginTraits::of(*p));
   if (columns.empty()) columns.push_back(compat::PluginTraits::of(*create_plugin("")));
   std::vector<std::string> precisions;
-  for (const auto& s : mixed_precision::available_strategies()) precisions.push_back(s.name);
+  for (const ListedStrategy& s : list_strategies(std::cerr)) precisions.push_back(s.name);
   std::cout << "mixed precision x parallel plugin on " << device
             << " (\"tensor parallel\" and \"pipeline parallel\": the rules a hybrid plugin with those axes "
                "would meet)\n\n"

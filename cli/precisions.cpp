@@ -12,12 +12,25 @@
 
 namespace booster::cli {
 
+std::vector<ListedStrategy> list_strategies(std::ostream& errors) {
+  std::vector<ListedStrategy> out;
+  for (const auto& [name, file] : mixed_precision::available_strategies()) {
+    try {
+      out.push_back({name, file, mixed_precision::create(name)->options()});
+    } catch (const std::exception& e) {
+      if (file.empty()) throw;  // a built-in strategy that fails is a bug, not a file to skip
+      errors << "booster: skipping " << file << ": " << e.what() << "\n";
+    }
+  }
+  return out;
+}
+
 int precisions() {
+  const std::vector<ListedStrategy> strategies = list_strategies(std::cerr);
   std::cout << "mixed-precision strategies (config: \"mixed_precision\": NAME or {\"name\": NAME, OPTION: VALUE, ...};\n"
                "command line: --mixed-precision NAME, --set mixed_precision.OPTION=VALUE; default \""
             << config::kDefaultMixedPrecision << "\")\n";
-  for (const auto& [name, file] : mixed_precision::available_strategies()) {
-    const nlohmann::json options = mixed_precision::create(name)->options();
+  for (const auto& [name, file, options] : strategies) {
     std::cout << "\n" << name << (file.empty() ? "" : " (plugin: " + file + ")") << "\n";
     if (options.empty()) std::cout << "  (no options)\n";
     for (const auto& [key, value] : options.items()) std::cout << "  " << key << " = " << value.dump() << "\n";

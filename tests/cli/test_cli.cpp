@@ -1018,3 +1018,35 @@ TEST_CASE("booster compat: a precision plugin under tensor parallelism gets its 
   CHECK(row.find("no " + plugin_mark) != std::string::npos);
   CHECK(row.find("no " + apex_mark) == std::string::npos);
 }
+
+// A precision plugin library on the search path that does not load (a cut-short copy, one of another
+// kind) is reported and skipped by `booster precisions` and `booster compat`, as `booster plugins`
+// skips a parallel plugin: it used to end `precisions` with exit 1 before the plugins after it (in
+// name order) were listed, and `compat` gave it a row of "yes".
+TEST_CASE("booster precisions and compat skip a precision plugin that does not load", "[cli][plugin]") {
+  const fs::path dir = scratch_dir() / "broken_precision_plugins";
+  fs::create_directories(dir);
+  std::ofstream(dir / "libbooster_precision_a_broken.so") << "not a library\n";
+  fs::copy_file(parallel_plugin_path(), dir / "libbooster_precision_a_parallel.so", fs::copy_options::overwrite_existing);
+  const std::string env = "BOOSTER_PLUGIN_PATH=" + dir.string();
+
+  RunResult r = run_booster("precisions", env);
+  INFO(r.out << r.err);
+  CHECK(r.exit_code == 0);
+  CHECK(r.out.find("\nfp16\n") != std::string::npos);
+  CHECK(r.out.find("\nstatic_fp16 (plugin: " + precision_plugin_path() + ")\n  loss_scale = ") != std::string::npos);
+  CHECK(r.out.find("a_broken") == std::string::npos);
+  CHECK(r.out.find("a_parallel") == std::string::npos);
+  CHECK_THAT(r.err, Catch::Contains("booster: skipping " + (dir / "libbooster_precision_a_broken.so").string() + ": ") &&
+                        Catch::Contains("booster: skipping " + (dir / "libbooster_precision_a_parallel.so").string() +
+                                        ": ") &&
+                        Catch::Contains("not a precision plugin"));
+
+  r = run_booster("compat", env);
+  INFO(r.out << r.err);
+  CHECK(r.exit_code == 0);
+  CHECK(r.out.find("\nstatic_fp16 ") != std::string::npos);
+  CHECK(r.out.find("\na_broken ") == std::string::npos);
+  CHECK(r.out.find("\na_parallel ") == std::string::npos);
+  CHECK_THAT(r.err, Catch::Contains("booster: skipping " + (dir / "libbooster_precision_a_broken.so").string()));
+}
