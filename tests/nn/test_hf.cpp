@@ -130,6 +130,52 @@ TEST_CASE("hf: tiny GPT-2s and Llamas from Hugging Face files give the reference
   }
 }
 
+// GPT-2's checkpoints on Hugging Face's hub were saved from GPT2Model: "h.0.attn.c_attn.weight",
+// "wte.weight", no "transformer." (and attn.bias buffers); transformers loads them into GPT2LMHeadModel,
+// and so must load_pretrained (Note [A base model's names]). A LlamaModel's files lack "model." alike.
+TEST_CASE("hf: files saved from the base model (no transformer. or model. prefix) give the reference logits",
+          "[hf][nn]") {
+  const double bound = 13.0 * std::sqrt(64.0) * std::ldexp(1.0, -24);
+  TempDir tmp;
+  for (const auto& [name, prefix] : {std::pair{"gpt2_f16", "transformer."}, std::pair{"llama_tied_bf16", "model."},
+                                     std::pair{"llama", "model."}}) {
+    INFO(name);
+    const fs::path dir = copy_fixture(tmp, name);
+    checkpoint::TensorMap stripped;
+    for (const auto& [key, t] : checkpoint::load_model(dir)) {
+      REQUIRE((key.rfind(prefix, 0) == 0 || key == "lm_head.weight"));
+      stripped[key.rfind(prefix, 0) == 0 ? key.substr(std::string(prefix).size()) : key] = t;
+    }
+    for (const auto& e : fs::directory_iterator(dir))
+      if (e.path().extension() != ".json" || e.path().filename() == "model.safetensors.index.json") fs::remove(e.path());
+    // The untied Llama keeps lm_head.weight as it is (a base model has none; this one is a head model's
+    // file without the prefix on the base model's names).
+    checkpoint::save_model(dir, stripped, std::string(name) == "llama" ? 4000 : checkpoint::kDefaultMaxShardBytes);
+    const json& f = reference().at(name);
+    const nn::ModulePtr model = nn::load_pretrained(dir);
+    model->eval();
+    NoGradGuard no_grad;
+    const Tensor logits = (*model)(ids_of(f));
+    const Tensor want = testing::tensor_from_json(f.at("logits"));
+    REQUIRE(logits.shape() == want.shape());
+    CHECK(testing::max_abs_diff(logits, want) <= bound * max_abs(want));
+  }
+  // Problems name the tensors as the file does.
+  const fs::path dir = copy_fixture(tmp, "gpt2");
+  checkpoint::TensorMap t;
+  for (const auto& [key, v] : checkpoint::read_safetensors(dir / "model.safetensors").tensors) t[key.substr(12)] = v;
+  t.erase("h.1.ln_2.bias");
+  t["wpe.weight"] = zeros({15, 16});
+  t["h.0.attn.extra"] = zeros({3});
+  checkpoint::write_safetensors(dir / "model.safetensors", t);
+  const std::string what = config_error_of([&] { nn::load_pretrained(dir); });
+  CHECK_THAT(what, Contains("3 problems"));
+  CHECK_THAT(what, Contains("missing transformer.h.1.ln_2.bias [16]"));
+  CHECK_THAT(what, Contains("wpe.weight has shape [15, 16], expected [16, 16]"));
+  CHECK_THAT(what, !Contains("transformer.wpe.weight"));
+  CHECK_THAT(what, Contains("unexpected h.0.attn.extra [3] F32"));
+}
+
 TEST_CASE("hf: the families' models, names and configs", "[hf][nn]") {
   const nn::ModulePtr gpt2 = nn::load_pretrained(fixture_dir("gpt2"));
   const auto* gpt = dynamic_cast<const nn::GPT*>(gpt2.get());

@@ -19,6 +19,17 @@
 // bytes. GPT-2 files also carry attn.bias (the causal mask) and attn.masked_bias, buffers transformers
 // recomputes, older Llama files rotary_emb.inv_freq; these are ignored, as is a lm_head.weight that a
 // tied model does not use.
+//
+// Note [A base model's names]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// A file saved from the base model (GPT2Model, LlamaModel) rather than the LM-head model names its
+// tensors without the base model's prefix: "h.0.attn.c_attn.weight", "wte.weight", not
+// "transformer.h.0...". The GPT-2 checkpoints Hugging Face hosts (gpt2, gpt2-medium, distilgpt2, ...)
+// are laid out that way. transformers' from_pretrained loads them into GPT2LMHeadModel all the same
+// (base_model_prefix: a checkpoint none of whose names start with the prefix is the base model's), so
+// does load_pretrained: when no tensor of the directory starts with the family's prefix ("transformer."
+// or "model."), every name but lm_head's (which is outside the base model, as transformers matches it)
+// is read with the prefix added. Messages name the tensors as the file does.
 #include "booster/nn/hf.h"
 
 #include <algorithm>
@@ -52,6 +63,7 @@ struct NameRule {
 
 struct Family {
   std::string model_type, architecture;
+  std::string base_prefix;  // the base model's name in the LM-head model (Note [A base model's names])
   std::vector<NameRule> names;
   std::vector<std::string> conv1d;  // booster-name suffixes of weights stored [in, out]
   std::regex buffers;               // tensors of the files that are not parameters
@@ -61,6 +73,7 @@ const Family& gpt2_family() {
   static const Family family{
       "gpt2",
       "GPT2LMHeadModel",
+      "transformer.",
       {{"wte.", "transformer.wte."},
        {"wpe.", "transformer.wpe."},
        {"blocks.", "transformer.h."},
@@ -72,7 +85,7 @@ const Family& gpt2_family() {
 }
 
 const Family& llama_family() {
-  static const Family family{"llama", "LlamaForCausalLM", {{"", ""}}, {},
+  static const Family family{"llama", "LlamaForCausalLM", "model.", {{"", ""}}, {},
                              std::regex(R"(model\.layers\.\d+\.self_attn\.rotary_emb\.inv_freq)")};
   return family;
 }
@@ -301,6 +314,25 @@ std::map<std::string, FileTensor> index_weights(const fs::path& dir, std::vector
   return out;
 }
 
+// The tensors of a base model's file under the LM-head model's names (Note [A base model's names]):
+// the family's prefix added to every name but lm_head's, and to the names of unreadable shards'
+// tensors, when no name has it. Entries keep the names the file uses.
+std::map<std::string, FileTensor> with_base_prefix(const Family& family, std::map<std::string, FileTensor> weights,
+                                                   std::set<std::string>& unreadable) {
+  const std::string& prefix = family.base_prefix;
+  auto prefixed = [&](const std::string& name) { return name.compare(0, prefix.size(), prefix) == 0; };
+  const bool has_prefix = std::any_of(weights.begin(), weights.end(), [&](const auto& kv) { return prefixed(kv.first); }) ||
+                          std::any_of(unreadable.begin(), unreadable.end(), prefixed);
+  if (has_prefix || (weights.empty() && unreadable.empty())) return weights;
+  auto renamed_one = [&](const std::string& name) { return name.rfind("lm_head.", 0) == 0 ? name : prefix + name; };
+  std::map<std::string, FileTensor> out;
+  for (auto& [name, t] : weights) out.emplace(renamed_one(name), std::move(t));
+  std::set<std::string> renamed;
+  for (const std::string& name : unreadable) renamed.insert(renamed_one(name));
+  unreadable = std::move(renamed);
+  return out;
+}
+
 std::optional<DType> weight_dtype(const std::string& name) {
   if (name == "F32") return DType::Float32;
   if (name == "F16") return DType::Float16;
@@ -339,7 +371,8 @@ ModulePtr load_pretrained(const fs::path& dir, const json& overrides, uint64_t s
 
   std::vector<std::string> problems;
   std::set<std::string> unreadable, used;
-  const std::map<std::string, FileTensor> weights = index_weights(dir, problems, unreadable);
+  const std::map<std::string, FileTensor> weights =
+      with_base_prefix(family, index_weights(dir, problems, unreadable), unreadable);
   std::vector<std::pair<Tensor, DeferredFileTensor>> sources;
   for (const auto& [name, t] : model->named_parameters()) {
     const std::string hf = hf_name(family, name);
@@ -354,14 +387,15 @@ ModulePtr load_pretrained(const fs::path& dir, const json& overrides, uint64_t s
     used.insert(hf);
     const checkpoint::SafetensorsEntry& e = it->second.entry;
     const std::optional<DType> dtype = weight_dtype(e.dtype);
-    if (!dtype) problems.push_back(str(hf, " is ", e.dtype, ", not F32, F16 or BF16"));
-    if (e.shape != expected) problems.push_back(str(hf, " has shape ", e.shape, ", expected ", expected));
+    if (!dtype) problems.push_back(str(e.name, " is ", e.dtype, ", not F32, F16 or BF16"));
+    if (e.shape != expected) problems.push_back(str(e.name, " has shape ", e.shape, ", expected ", expected));
     if (dtype && e.shape == expected)
       sources.emplace_back(t, DeferredFileTensor{it->second.file, e.begin, *dtype, e.shape, transposed});
   }
   for (const auto& [hf, ft] : weights) {
     const bool ignored = std::regex_match(hf, family.buffers) || (is_tied && hf == "lm_head.weight");
-    if (!used.count(hf) && !ignored) problems.push_back(str("unexpected ", hf, " ", ft.entry.shape, " ", ft.entry.dtype));
+    if (!used.count(hf) && !ignored)
+      problems.push_back(str("unexpected ", ft.entry.name, " ", ft.entry.shape, " ", ft.entry.dtype));
   }
   BOOSTER_CHECK(problems.empty(), ConfigError, "hf model ", dir.string(), ": the weights do not fit the ",
                 family.model_type, " model its config.json describes (", problems.size(),

@@ -33,7 +33,9 @@ namespace booster::nn {
 // (rope_scaling, biases, another activation), an index naming a shard that is missing, and, listed
 // together, every tensor that is missing, unexpected, misshapen or of a dtype other than F32/F16/BF16
 // (name, expected shape, found shape or dtype). Known non-parameter buffers (GPT-2's attn.bias and
-// attn.masked_bias, Llama's rotary_emb.inv_freq, a tied lm_head.weight) are ignored.
+// attn.masked_bias, Llama's rotary_emb.inv_freq, a tied lm_head.weight) are ignored. A file saved from
+// the base model, whose names lack "transformer." (gpt2) or "model." (llama), as the GPT-2 checkpoints
+// on Hugging Face's hub do, loads as transformers loads it (Note [A base model's names] in hf.cpp).
 ModulePtr load_pretrained(const std::filesystem::path& dir, const nlohmann::json& overrides = nlohmann::json::object(),
                           uint64_t seed = 0);
 
