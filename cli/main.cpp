@@ -22,6 +22,7 @@
 #include "booster/trainer/signals.h"
 #include "booster/trainer/trainer.h"
 #include "commands.h"
+#include "options.h"
 
 namespace po = boost::program_options;
 
@@ -215,12 +216,15 @@ bool parse_config_args(const std::string& command, const std::vector<std::string
                        std::vector<std::string>& overrides, int* world_size = nullptr, int64_t* steps = nullptr) {
   po::options_description desc = config_options(command);
   po::variables_map vm;
-  po::store(po::command_line_parser(args).options(desc).run(), vm);
+  const po::parsed_options parsed = po::command_line_parser(args).options(desc).run();
+  po::store(parsed, vm);
   po::notify(vm);
   if (vm.count("help")) {
     std::cout << desc;
     return false;
   }
+  // A word that is no option's value would be dropped without a word (`--set a=1 b=2` sets only a).
+  booster::cli::refuse_positional(command, parsed);
   if (!vm.count("config")) throw UsageError("'booster " + command + "' needs --config FILE (see booster " + command + " --help)");
   config_path = vm["config"].as<std::string>();
   if (world_size) *world_size = check_world_size(vm);
