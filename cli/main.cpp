@@ -5,6 +5,7 @@
 #include <cstdlib>
 #include <exception>
 #include <iostream>
+#include <new>
 #include <optional>
 #include <string>
 #include <tuple>
@@ -391,6 +392,13 @@ int main(int argc, char** argv) {
   } catch (const booster::ConfigError& e) {
     print_error(e.what());
     return booster::cli::kExitUsageError;
+  } catch (const std::bad_alloc&) {
+    // An allocation outside the tensor allocator (which says what it allocated): "std::bad_alloc" alone
+    // names neither the problem nor the fix.
+    print_error("out of host memory (a buffer the sizes in the config ask for does not fit); lower the "
+                "model's or the data's sizes or data.batch_size (booster check --config FILE estimates the "
+                "memory per rank)");
+    return booster::cli::kExitRuntimeError;
   } catch (const std::exception& e) {
     print_error(e.what());
     return booster::cli::kExitRuntimeError;
