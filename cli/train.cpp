@@ -137,9 +137,7 @@ int run_training(const json& config, BoosterComponents components, const Trainin
   options.resume_hint = [](const fs::path& checkpoint) {
     return "resume with --resume " + checkpoint.string() + " (or --resume latest with the same checkpoint directory)";
   };
-  const int64_t steps_per_epoch = loader->size() / grad_accumulation;
-  int64_t total_steps = options.epochs * steps_per_epoch;
-  if (options.max_steps) total_steps = std::min(total_steps, *options.max_steps);
+  const int64_t total_steps = planned_steps(options.epochs, loader->size() / grad_accumulation, options.max_steps);
   options.resume_settings = config::trajectory_settings(config, total_steps);
   if (hooks.adjust) hooks.adjust(options);
 

@@ -10,6 +10,7 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <sstream>
 #include <string>
 #include <tuple>
@@ -862,4 +863,18 @@ TEST_CASE("resume from latest falls back past a damaged newest step and keeps it
   const RunResult none = run(" --resume latest");
   CHECK(none.exit_code != 0);
   CHECK_THAT(none.err, Catch::Contains("passes its checksums") && Catch::Contains("layers.4.weight"));
+}
+
+TEST_CASE("an epoch count near 2^63 with max_steps still trains max_steps steps", "[cli][hardening][config]") {
+  // epochs x batches per epoch saturates: it once wrapped to a negative total, and the run ended at
+  // once with exit 0, no step and a null final_loss.
+  json config = small_config();
+  config["train"]["epochs"] = std::numeric_limits<int64_t>::max();
+  config["train"]["max_steps"] = 3;
+  const RunResult r = run_booster("train --config " + write_text("endless_epochs.json", config.dump()).string());
+  REQUIRE(r.exit_code == 0);
+  const json summary = json::parse(r.out);  // the summary is stdout's one line
+  CHECK(summary.at("steps") == 3);
+  CHECK(summary.at("final_loss").is_number());
+  CHECK_THAT(r.err, Catch::Contains("3 steps (8 per epoch)"));
 }

@@ -3,6 +3,7 @@
 #include "booster/trainer/trainer.h"
 
 #include <algorithm>
+#include <limits>
 #include <exception>
 #include <chrono>
 #include <csignal>
@@ -284,6 +285,13 @@ json FitResult::to_json() const {
 }
 
 // ------------------------------------------------------------------------------------------ Trainer
+int64_t planned_steps(int64_t epochs, int64_t steps_per_epoch, std::optional<int64_t> max_steps) {
+  int64_t total = std::numeric_limits<int64_t>::max();
+  if (epochs > 0 && steps_per_epoch > 0 && epochs <= total / steps_per_epoch) total = epochs * steps_per_epoch;
+  else if (epochs <= 0 || steps_per_epoch <= 0) total = 0;
+  return max_steps ? std::min(total, *max_steps) : total;
+}
+
 Trainer::Trainer(Booster& booster, TrainerOptions options) : booster_(booster), options_(std::move(options)) {
   const Boosted& parts = booster_.boosted();
   BOOSTER_CHECK(parts.model && parts.optimizer && parts.dataloader && parts.criterion, StateError,
@@ -317,8 +325,7 @@ Trainer::Trainer(Booster& booster, TrainerOptions options) : booster_(booster), 
   BOOSTER_CHECK(loader.size() >= o.grad_accumulation, ConfigError, "Trainer: grad_accumulation is ",
                 o.grad_accumulation, " but an epoch has only ", loader.size(),
                 " batches for this process; lower it or the batch size");
-  total_steps_ = o.epochs * (loader.size() / o.grad_accumulation);
-  if (o.max_steps) total_steps_ = std::min(total_steps_, *o.max_steps);
+  total_steps_ = planned_steps(o.epochs, loader.size() / o.grad_accumulation, o.max_steps);
 
   distributed::ProcessGroup& group = booster_.process_group();
   is_rank0_ = group.size() > 1 ? group.rank() == 0 : trainer::process_rank() == 0;

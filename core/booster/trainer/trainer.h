@@ -170,6 +170,11 @@ struct FitResult {
   nlohmann::json to_json() const;
 };
 
+// The steps a run of `epochs` epochs of `steps_per_epoch` optimizer steps takes, capped by max_steps.
+// The product saturates at INT64_MAX: an "endless" epoch count (2^63 - 1 with a max_steps) must not wrap
+// to a negative total, which would end the run before its first step.
+int64_t planned_steps(int64_t epochs, int64_t steps_per_epoch, std::optional<int64_t> max_steps);
+
 class Trainer {
  public:
   // Trains what `booster` boosted (Booster::boosted(): the model, optimizer and dataloader are needed, a
