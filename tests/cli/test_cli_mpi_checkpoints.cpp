@@ -292,14 +292,27 @@ TEST_CASE("async checkpoints on 2 ranks: a write failing on one rank is reported
   fs::remove_all(root);
   const std::string async = "--set plugin=ddp --set train.async_checkpoint=true ";
   const RunResult warned =
-      run_booster(two_ranks(train_args(root, async)), "BOOSTER_TEST_ASYNC_SAVE_FAIL_RANK=1:6");
+      run_booster(two_ranks(train_args(root, async)), "BOOSTER_TEST_ASYNC_SAVE_FAIL_RANK=1:4");
   INFO(warned.err);
   CHECK(warned.exit_code == 0);
-  CHECK_THAT(warned.err, Catch::Contains("warning: the background checkpoint of step 6 failed: rank 1 of 2: cannot "
-                                         "write " + (root / "step-00000006.tmp").string()) &&
+  CHECK_THAT(warned.err, Catch::Contains("warning: the background checkpoint of step 4 failed: rank 1 of 2: cannot "
+                                         "write " + (root / "step-00000004.tmp").string()) &&
                              Catch::Contains("BOOSTER_TEST_ASYNC_SAVE_FAIL_RANK") &&
-                             Catch::Contains("latest still names " + step_dir(root, 4).string()));
+                             Catch::Contains("latest still names " + step_dir(root, 2).string()));
   CHECK(json::parse(testing::last_line(warned.out)).at("steps") == 6);
+  CHECK(read_text(root / "latest") == "step-00000006\n");
+  CHECK_FALSE(fs::exists(step_dir(root, 4)));
+
+  // The run's last save failing fails every rank whatever on_save_error says: its end is saved
+  // nowhere (Note [The run's last save] in trainer.cpp).
+  fs::remove_all(root);
+  const RunResult last =
+      run_booster(two_ranks(train_args(root, async)), "BOOSTER_TEST_ASYNC_SAVE_FAIL_RANK=1:6");
+  INFO(last.err);
+  CHECK(last.exit_code == 1);
+  CHECK_THAT(last.err, Catch::Contains(" of 2: error: the background checkpoint of step 6, the run's last, failed: "
+                                       "rank 1 of 2: cannot write") &&
+                           Catch::Contains("latest still names " + step_dir(root, 4).string()));
   CHECK(read_text(root / "latest") == "step-00000004\n");
   CHECK_FALSE(fs::exists(step_dir(root, 6)));
 

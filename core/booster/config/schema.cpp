@@ -474,7 +474,7 @@ std::vector<Section> make_training_schema() {
                   "written and committed on a thread while training goes on (the same files)"),
           text("on_save_error", "warn", {"warn", "stop"},
                "a failed background checkpoint (async_checkpoint): warn and go on, `latest` at the previous "
-               "step, or stop; a failed synchronous save always stops"),
+               "step, or stop; a failed synchronous save, or a failed last save of the run, always stops"),
           boolean("verify_checkpoints", true,
                   "check a checkpoint's files against its checksums before resuming or loading model.init_from "
                   "from one; false (--no-verify) loads a damaged one as it is"),

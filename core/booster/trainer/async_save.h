@@ -16,7 +16,8 @@
 //     for it (so a stop's message names a committed step).
 //   * A background save that fails (a full disk) is reported with its step and reason; the run goes on
 //     and `latest` still names the previous step (train.on_save_error "warn", the default), or stops at
-//     the next step's end with a CheckpointError ("stop").
+//     the next step's end with a CheckpointError ("stop"). The run's last save failing fails the run
+//     either way (Note [The run's last save] in trainer.cpp).
 //   * Several processes (ddp, low_level_zero, hybrid_parallel), as PyTorch DCP's async_save: every
 //     rank snapshots at the step (save_state with commit = false, its collectives on the main thread
 //     as in a synchronous save), and each rank's thread writes and syncs its own files. Only the

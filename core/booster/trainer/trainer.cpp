@@ -472,7 +472,15 @@ std::optional<fs::path> Trainer::save(int64_t step, std::optional<fs::path> last
   return last;
 }
 
-void Trainer::collect_async_save(std::optional<fs::path>& last, bool wait) {
+// Note [The run's last save]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// train.on_save_error "warn" lets a background save fail because training goes on and a later save
+// covers its steps. Nothing follows the save of the run's last step: were its failure a warning, the
+// run would exit 0 with its end saved nowhere and `latest` at an earlier step, which a following
+// `booster export`, or a job scheduler that restarts only failed jobs, takes for the finished run. So
+// that failure fails the run (CheckpointError, exit 1) whatever on_save_error says, naming the step
+// `latest` still names, from which a resume trains the lost steps again, as a failed synchronous save does.
+void Trainer::collect_async_save(std::optional<fs::path>& last, bool wait, bool run_end) {
   if (!async_save_) return;
   // On several processes a collective while a save is in flight (every rank calls it at the same points).
   const std::optional<trainer::AsyncSave::Outcome> done = async_save_->collect(wait);
@@ -486,6 +494,15 @@ void Trainer::collect_async_save(std::optional<fs::path>& last, bool wait) {
   }
   const std::string previous =
       last ? "latest still names " + last->string() : std::string("no checkpoint of this run is committed");
+  if (run_end) {
+    const std::string resume =
+        !last ? std::string("run it again once the cause is fixed")
+              : "to train the steps after it again once the cause is fixed, " +
+                    (options_.resume_hint ? options_.resume_hint(*last)
+                                          : "resume with TrainerOptions::resume = \"" + last->string() + "\"");
+    BOOSTER_FAIL(CheckpointError, "the background checkpoint of step ", step, ", the run's last, failed: ",
+                 done->error, "; ", previous, ", so the end of the run is saved nowhere; ", resume);
+  }
   BOOSTER_CHECK(!options_.stop_on_save_error, CheckpointError, "the background checkpoint of step ", step,
                 " failed: ", done->error, "; ", previous, "; the run stops (train.on_save_error is \"stop\")");
   progress_->print(format_line("booster: warning: the background checkpoint of step %lld failed: ", step) + done->error +
@@ -874,7 +891,8 @@ FitResult Trainer::fit() {
     after_step();
   }
   trainer::StopOnSignal::set_in_loop(false);
-  collect_async_save(result.last_checkpoint, /*wait=*/true);  // the run's end waits for its last save
+  // The run's end waits for its last save, which must not fail (Note [The run's last save]).
+  collect_async_save(result.last_checkpoint, /*wait=*/true, /*run_end=*/true);
   // A signal during the last step's evaluation or save came after after_step() looked: the run is
   // complete, but a stop was asked for, so it ends as interrupted (Note [Stopping on a signal]).
   if (const int signal = stop_signal()) {

@@ -121,7 +121,8 @@ struct TrainerOptions {
   // while training goes on; on several processes rank 0 commits once every rank's write is done.
   bool async_checkpoint = false;
   // A failed background save stops the run (CheckpointError) instead of one warning per failure, the
-  // run going on with `latest` at the previous step. A failed synchronous save always stops it.
+  // run going on with `latest` at the previous step. A failed synchronous save always stops it, and so
+  // does a failed last save of the run (Note [The run's last save] in trainer.cpp).
   bool stop_on_save_error = false;
   // Settings a resume must keep (Note [Settings a resume must keep] in booster/booster/state.cpp) and
   // how a refused resume is told to restore one.
@@ -229,8 +230,8 @@ class Trainer {
   std::optional<std::filesystem::path> save(int64_t step, std::optional<std::filesystem::path> last);
   // Reports the background save (Note [Asynchronous checkpoints]) if it has finished (or, with `wait`,
   // once it has), moving `last` to it when it committed; CheckpointError for a failure with
-  // stop_on_save_error.
-  void collect_async_save(std::optional<std::filesystem::path>& last, bool wait);
+  // stop_on_save_error, or for a failure of the run's last save (`run_end`: Note [The run's last save]).
+  void collect_async_save(std::optional<std::filesystem::path>& last, bool wait, bool run_end = false);
   // Note [Failed writes] in trainer.cpp.
   void check_writes(int64_t step, const std::optional<std::filesystem::path>& last_checkpoint);
 
