@@ -9,7 +9,8 @@
 // and the rest to OUT. Files are flat token ids (nanoGPT's .bin, Note [Token files]), uint16 when the
 // vocabulary fits (at most 65536 ids), else uint32. What was written goes to stderr as a sentence and to
 // stdout as one line of JSON: {"train": {"path", "tokens"}, "val": {...} | null, "dtype", "vocab_size",
-// "model"}.
+// "model"}. An output that is the --in text, the --model tokenizer or the other output (however the path
+// is spelled) is refused before anything is written.
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
@@ -37,6 +38,17 @@ namespace {
 std::string default_val_path(const std::string& out) {
   const std::filesystem::path p(out);
   return (p.parent_path() / (p.stem().string() + ".val.bin")).string();
+}
+
+// Whether paths a and b name one file, however spelled (./x.bin, a link); a file yet to be written
+// compares by its absolute, normalized path.
+bool same_file(const std::string& a, const std::string& b) {
+  std::error_code ec;
+  if (std::filesystem::equivalent(a, b, ec)) return true;
+  const auto canonical_a = std::filesystem::weakly_canonical(std::filesystem::absolute(a), ec);
+  if (ec) return a == b;
+  const auto canonical_b = std::filesystem::weakly_canonical(std::filesystem::absolute(b), ec);
+  return ec ? a == b : canonical_a == canonical_b;
 }
 
 }  // namespace
@@ -68,8 +80,16 @@ int tokenize(const std::vector<std::string>& args) {
   BOOSTER_CHECK(!vm.count("val-out") || val_fraction > 0.0, ConfigError,
                 "--val-out is given but --val-fraction is 0; give a fraction for the validation file");
   const std::string val_out = vm.count("val-out") ? vm["val-out"].as<std::string>() : default_val_path(out);
-  BOOSTER_CHECK(val_fraction == 0.0 || val_out != out, ConfigError, "--val-out ", val_out,
+  BOOSTER_CHECK(val_fraction == 0.0 || !same_file(val_out, out), ConfigError, "--val-out ", val_out,
                 " is the same file as --out; give another");
+  // An output that is one of the inputs would be overwritten: the text or the tokenizer lost.
+  for (const auto& [flag, path] : {std::pair<const char*, std::string>{"--out", out}, {"--val-out", val_out}}) {
+    if (std::string(flag) == "--val-out" && val_fraction == 0.0) continue;
+    BOOSTER_CHECK(!same_file(path, in), ConfigError, flag, " ", path, " is the --in text ", in,
+                  "; writing it would overwrite the text; give another file (e.g. train.bin)");
+    BOOSTER_CHECK(!same_file(path, model), ConfigError, flag, " ", path, " is the --model tokenizer ", model,
+                  "; writing it would overwrite the tokenizer; give another file (e.g. train.bin)");
+  }
 
   const data::SentencePieceTokenizer tokenizer(model);
   data::TokenDType dtype = tokenizer.vocab_size() <= 65536 ? data::TokenDType::UInt16 : data::TokenDType::UInt32;

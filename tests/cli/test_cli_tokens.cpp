@@ -319,3 +319,38 @@ TEST_CASE("token data resumes across world sizes: 2 ranks for 3 steps, then 1 fo
   INFO("|difference| " << d << ", bound " << bound);
   CHECK(d <= bound);
 }
+
+// An output that names one of the inputs, however spelled, would overwrite the text or the tokenizer
+// (or one output the other): refused before anything is written, the files left as they were.
+TEST_CASE("booster tokenize refuses an output that is its input text or tokenizer and leaves them intact",
+          "[cli][tokens][errors]") {
+  const std::string why = missing_tools();
+  if (!why.empty()) {
+    skip_test(why);
+    return;
+  }
+  const fs::path dir = scratch_dir() / "same_file";
+  fs::create_directories(dir);
+  fs::copy_file(tokenizer_model(), dir / "tok.model", fs::copy_options::overwrite_existing);
+  fs::copy_file(kCorpus, dir / "text.txt", fs::copy_options::overwrite_existing);
+  const std::string text = read_text(dir / "text.txt"), tok = read_text(dir / "tok.model");
+  auto run_in_dir = [&](const std::string& args) {
+    return testing::run_booster_in(dir, "tokenize --model tok.model --in text.txt " + args);
+  };
+  check_one_line_error(run_in_dir("--out ./text.txt"), 2, {"--out ./text.txt", "--in text", "overwrite the text"});
+  check_one_line_error(run_in_dir("--out " + (dir / "tok.model").string()), 2, {"--model tokenizer", "overwrite"});
+  check_one_line_error(run_in_dir("--out train.bin --val-fraction 0.1 --val-out text.txt"), 2,
+                       {"--val-out text.txt", "overwrite the text"});
+  check_one_line_error(run_in_dir("--out train.bin --val-fraction 0.1 --val-out ./train.bin"), 2,
+                       {"--val-out ./train.bin", "same file as --out"});
+  CHECK(read_text(dir / "text.txt") == text);
+  CHECK(read_text(dir / "tok.model") == tok);
+  CHECK_FALSE(fs::exists(dir / "train.bin"));
+  // Distinct files are written as before.
+  const RunResult ok = run_in_dir("--out train.bin --val-fraction 0.1");
+  INFO(ok.err);
+  CHECK(ok.exit_code == 0);
+  CHECK(fs::exists(dir / "train.bin"));
+  CHECK(fs::exists(dir / "train.val.bin"));
+  CHECK(read_text(dir / "text.txt") == text);
+}
