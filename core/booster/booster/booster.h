@@ -2,8 +2,8 @@
 // an ordinary training loop, so switching either is a change of config, not of code.
 //
 //   Booster booster(BoosterConfig{.mixed_precision = "fp16", .plugin = "ddp"});  // or from_json(...)
-//   auto [model, optimizer, criterion, loader, scheduler] =
-//       booster.boost(model, optimizer, criterion, loader, scheduler);
+//   auto [model, optimizer, criterion, loader, scheduler] =           // use only these from here on
+//       booster.boost(net, adamw, loss_fn, train_loader, cosine);     // the parts you built
 //   for (data::Batch& batch : *loader) {
 //     optimizer->zero_grad();
 //     Tensor loss = criterion((*model)(batch.x), batch.y);
