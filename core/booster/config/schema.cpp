@@ -6,6 +6,7 @@
 #include "booster/config/config.h"
 
 #include <algorithm>
+#include <fstream>
 
 #include "booster/common/error.h"
 #include "booster/config/json_text.h"
@@ -562,8 +563,9 @@ void check_file_data(const json& c, bool classifier) {
 
 // Note [Checking token data]
 // Text and token data are checked against the model while the config is resolved, so `booster check`
-// reports them: a tokenizer is loaded (a missing or corrupt .model is a DataError naming it) and its
-// vocabulary must fit the model's; token files are mapped, their layout checked and, when small, every
+// reports them: a text file must open (train's own DataError: it is read by make_datasets), a tokenizer
+// is loaded (a missing or corrupt .model is a DataError naming it) and its vocabulary must fit the
+// model's; token files are mapped, their layout checked and, when small, every
 // id checked against the model's vocabulary (Note [Checking token ids] in booster/data/tokens.h). Only
 // the built-in GPT's context is known here; other models check their own.
 void check_token_data(const json& c, bool gpt) {
@@ -587,6 +589,11 @@ void check_token_data(const json& c, bool gpt) {
       throw ConfigError("'model.vocab_size' is " + std::to_string(vocab) +
                         "; text data has one token per byte, so it must be >= 256 (or give 'data.tokenizer')");
     }
+    // The file itself, with the message make_datasets gives (it is read there, not here).
+    const std::string path = data.at("path").get<std::string>();
+    data::check_data_file(path, "text data: ", "set data.path to a readable text file");
+    BOOSTER_CHECK(std::ifstream(path, std::ios::binary).good(), DataError, "text data: cannot open '", path,
+                  "'; set data.path to a readable text file");
     return;
   }
   const data::TokenDType dtype = data::token_dtype_from_string(data.at("dtype").get<std::string>());
