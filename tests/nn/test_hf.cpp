@@ -362,6 +362,26 @@ TEST_CASE("hf: every malformed directory is one ConfigError listing all of its p
     std::ofstream(tied / "config.json") << untied.dump();
     CHECK_THAT(config_error_of([&] { nn::load_pretrained(tied); }), Contains("missing lm_head.weight [48, 16]"));
   }
+  SECTION("a head_dim that is not a positive integer, or not hidden_size / num_attention_heads") {
+    const fs::path dir = copy_fixture(tmp, "llama");
+    const json base = json::parse(read_bytes(dir / "config.json"));
+    const int64_t head_dim = base.at("hidden_size").get<int64_t>() / base.at("num_attention_heads").get<int64_t>();
+    auto with_head_dim = [&](const json& v) {
+      json c = base;
+      c["head_dim"] = v;
+      std::ofstream(dir / "config.json") << c.dump();
+    };
+    for (const json& bad : {json(std::to_string(head_dim)), json(double(head_dim) + 0.5), json(-head_dim)}) {
+      INFO(bad.dump());
+      with_head_dim(bad);
+      CHECK_THAT(config_error_of([&] { nn::load_pretrained(dir); }),
+                 Contains("\"head_dim\" must be a positive integer, got " + bad.dump()));
+    }
+    with_head_dim(2 * head_dim);
+    CHECK_THAT(config_error_of([&] { nn::load_pretrained(dir); }), Contains("\"head_dim\" is " + std::to_string(2 * head_dim)));
+    with_head_dim(head_dim);
+    CHECK_NOTHROW(nn::load_pretrained(dir));
+  }
   SECTION("no config.json, an unknown model_type, a feature the family lacks") {
     const fs::path dir = copy_fixture(tmp, "gpt2");
     fs::remove(dir / "config.json");

@@ -236,9 +236,8 @@ ModulePtr llama_from_config(const ConfigReader& r, const Overrides& o, uint64_t 
   if (r.find("hidden_act")) r.refuse_unless(r.text("hidden_act", "silu") == "silu", "hidden_act", "\"silu\"");
   if (r.find("attention_bias")) r.refuse_unless(!r.boolean("attention_bias", false), "attention_bias", "false");
   if (r.find("mlp_bias")) r.refuse_unless(!r.boolean("mlp_bias", false), "mlp_bias", "false");
-  if (const json* head_dim = r.find("head_dim"))
-    r.refuse_unless(cfg["num_attention_heads"].get<int64_t>() * head_dim->get<int64_t>() ==
-                        cfg["hidden_size"].get<int64_t>(),
+  if (r.find("head_dim"))
+    r.refuse_unless(cfg["num_attention_heads"].get<int64_t>() * r.positive("head_dim") == cfg["hidden_size"].get<int64_t>(),
                     "head_dim", "hidden_size / num_attention_heads");
   if (o.activation_checkpointing) cfg["activation_checkpointing"] = *o.activation_checkpointing;
   try {
