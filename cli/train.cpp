@@ -37,11 +37,24 @@ namespace fs = std::filesystem;
 
 namespace {
 
-// How a refused resume restores a saved setting, as a command line would.
-std::string restore_with_set(const std::string& where, const json& saved) {
+// How a refused resume restores a saved setting, as a command line would, on `processes` processes.
+// data.global_batch_size is no key of the config but data.batch_size x processes (config::
+// portable_settings): it is restored by the per-process batch that gives it on these processes, or on
+// another number of them.
+std::string restore_with_set(const std::string& where, const json& saved, int processes) {
+  const std::string afresh =
+      ", or start afresh with train.resume null (model.init_from=<checkpoint>/model keeps the weights)";
+  if (where == "data.global_batch_size" && saved.is_number_integer()) {
+    const int64_t global = saved.get<int64_t>();
+    const std::string n = std::to_string(processes) + (processes == 1 ? " process" : " processes");
+    const std::string how = global % processes == 0
+                                ? "--set data.batch_size=" + std::to_string(global / processes) + " on " + n
+                                : "a number of processes N that divides it (booster run -n N) and --set "
+                                  "data.batch_size=" + std::to_string(global) + "/N";
+    return "resume with data.batch_size x processes = " + std::to_string(global) + ": " + how + afresh;
+  }
   const std::string value = where == "train.max_steps" ? saved.dump() + " (or fewer)" : saved.dump();
-  return "resume with --set " + where + "=" + value +
-         ", or start afresh with train.resume null (model.init_from=<checkpoint>/model keeps the weights)";
+  return "resume with --set " + where + "=" + value + afresh;
 }
 
 // The model of the `model` section, with model.init_from's weights when given. Before boost(): a
@@ -129,7 +142,11 @@ int run_training(const json& config, BoosterComponents components, const Trainin
   options.data_description = split.description;
   options.tokens_per_sample = split.tokens_per_sample;
   options.perplexity = split.language_model;
-  options.load_options = {.context = "train.resume", .restore_hint = restore_with_set,
+  const int processes = booster.process_group().size();
+  auto restore_hint = [processes](const std::string& where, const json& saved) {
+    return restore_with_set(where, saved, processes);
+  };
+  options.load_options = {.context = "train.resume", .restore_hint = restore_hint,
                           .run_length_setting = "train.max_steps",
                           .verify = train_cfg.at("verify_checkpoints").get<bool>(),
                           .portable_settings = config::portable_settings,

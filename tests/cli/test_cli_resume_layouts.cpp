@@ -343,3 +343,33 @@ TEST_CASE("a precision change across plugins carries the masters: ZeRO fp16 to f
     CHECK(summary(r).at("test_loss").get<double>() < eval_loss_at(first, 8));
   }
 }
+
+// The refusal of another global batch names a command line that restores it: data.batch_size (the
+// global batch is no key of the config), and it works as written.
+TEST_CASE("a resume refused for another global batch names the --set data.batch_size that restores it",
+          "[cli][checkpoint]") {
+  const fs::path dir = scratch_dir();
+  const std::string saved = (dir / "global_saved").string(), resumed = (dir / "global_resumed").string();
+  fs::remove_all(saved);
+  fs::remove_all(resumed);
+  // ddp on one process, then single: another layout, so the global batch is what is compared.
+  RunResult r = train(1, "-p ddp --set train.max_steps=3 --set train.checkpoint_dir=" + saved);
+  INFO(r.err);
+  REQUIRE(r.exit_code == 0);
+  const std::string resume = "--set train.max_steps=3 --set train.checkpoint_dir=" + resumed + " --resume " + saved +
+                             "/step-00000002";
+  r = train(1, "--set data.batch_size=16 " + resume);
+  INFO(r.err);
+  REQUIRE(r.exit_code == 1);
+  CHECK_THAT(r.err, Catch::Contains("data.global_batch_size 32 but this run has 16") &&
+                        Catch::Contains("resume with data.batch_size x processes = 32: --set data.batch_size=32 on 1 "
+                                        "process"));
+  // The --set it names, as written.
+  const size_t at = r.err.find("--set ", r.err.find("data.batch_size x processes"));
+  REQUIRE(at != std::string::npos);
+  const std::string set = r.err.substr(at, r.err.find(' ', at + 6) - at);
+  r = train(1, set + " " + resume);
+  INFO(set << "\n" << r.err);
+  CHECK(r.exit_code == 0);
+  CHECK_THAT(r.err, Catch::Contains("resumed on 1 process (single) from a checkpoint of 1 (ddp)"));
+}
