@@ -97,8 +97,13 @@ int export_model(const std::vector<std::string>& args) {
     LazyInitGuard lazy;  // the checkpoint's weights replace every tensor: allocate each once, when loaded
     if (model_config.value("type", std::string()) == "hf") {
       const fs::path hf_dir = model_config.value("path", std::string());
+      // A relative model.path is relative to where `booster train` ran, which may not be here.
       BOOSTER_CHECK(fs::exists(hf_dir / "config.json"), ConfigError, "the checkpoint's model is the Hugging Face model ",
-                    hf_dir.string(), ", whose config.json is missing; it gives the model's architecture");
+                    hf_dir.string(), ", whose config.json is missing",
+                    hf_dir.is_relative() ? " here (" + fs::current_path().string() + "); the path is relative to the "
+                                           "directory booster train ran in, so run export there, or"
+                                         : "; it gives the model's architecture:",
+                    " pass the run's config with --config FILE, its model.path the directory's path now");
       options.base_config = config::load_file((hf_dir / "config.json").string());
       json overrides = model_config;
       overrides.erase("type");

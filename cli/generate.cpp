@@ -79,6 +79,16 @@ nn::ModulePtr load_checkpoint_model(const std::string& given, const std::string&
                 " has no model/ directory; it is not a booster checkpoint with weights");
   json model_config = checkpoint_model_config(step, config_file);
   model_config.erase("init_from");
+  if (model_config.value("type", std::string()) == "hf" && model_config.value("path", json()).is_string()) {
+    // A relative model.path is relative to where `booster train` ran, which may not be here.
+    const fs::path hf_dir = model_config.at("path").get<std::string>();
+    BOOSTER_CHECK(fs::is_directory(hf_dir), ConfigError, "the checkpoint's model is the Hugging Face model ",
+                  hf_dir.string(), ", which is not a directory",
+                  hf_dir.is_relative() ? " here (" + fs::current_path().string() + "); the path is relative to the "
+                                         "directory booster train ran in, so run generate there, or"
+                                       : "; it gives the model's architecture:",
+                  " pass the run's config with --config FILE, its model.path the directory's path now");
+  }
   nn::ModulePtr model = nn::make_model(model_config, 0);
   model->load_state_dict(checkpoint::load_model(step / "model"));
   model->to(DType::Float32);  // a 16-bit strategy may have saved 16-bit weights; generation runs in float32

@@ -257,3 +257,41 @@ TEST_CASE("booster train and export: malformed Hugging Face inputs are one line 
   fs::create_directories(lone / "model");
   check_one_line_error(run_cli("export --checkpoint " + lone.string() + " --out x"), 2, {"--config"});
 }
+
+// A run of an hf model whose model.path is relative (to the directory train ran in): export and
+// generate from another directory name that, and the fix; --config with the path as it is now works.
+TEST_CASE("booster export and generate of a run whose relative hf model.path is elsewhere say so and how to fix it",
+          "[cli][hf]") {
+  const fs::path run_in = scratch_dir() / "relative";
+  fs::remove_all(run_in);
+  fs::create_directories(run_in);
+  fs::copy(fixture_dir("llama"), run_in / "base", fs::copy_options::recursive);
+  json c = json::parse(testing::read_text(write_config("relative.json", {{"type", "hf"}, {"path", "base"}}, "relative_run")));
+  c["train"]["run_dir"] = "run";
+  std::ofstream(run_in / "config.json.in") << c.dump(2);
+  const RunResult r = testing::run_booster_in(run_in, "train --config config.json.in", kEnv);
+  INFO(r.err);
+  REQUIRE(r.exit_code == 0);
+  const fs::path checkpoints = run_in / "run" / "checkpoints";
+  const fs::path out = scratch_dir() / "relative_export";
+  fs::remove_all(out);
+  // From the scratch directory (not run_in), "base" is not there.
+  check_one_line_error(run_cli("export --checkpoint " + checkpoints.string() + " --out " + out.string()), 2,
+                       {"Hugging Face model base", "relative to the directory booster train ran in", "--config"});
+  check_one_line_error(run_cli("generate --checkpoint " + checkpoints.string() + " --prompt-ids \"1 2\" -n 2"), 2,
+                       {"Hugging Face model base", "relative to the directory booster train ran in", "--config"});
+  // The fix the message names.
+  c["model"]["path"] = (run_in / "base").string();
+  std::ofstream(scratch_dir() / "relative_fixed.json") << c.dump(2);
+  const RunResult e = run_cli("export --checkpoint " + checkpoints.string() + " --out " + out.string() +
+                              " --config " + (scratch_dir() / "relative_fixed.json").string());
+  INFO(e.err);
+  CHECK(e.exit_code == 0);
+  CHECK(fs::exists(out / "model.safetensors"));
+  const RunResult g = run_cli("generate --checkpoint " + checkpoints.string() + " --prompt-ids \"1 2\" -n 2 --config " +
+                              (scratch_dir() / "relative_fixed.json").string());
+  INFO(g.err);
+  CHECK(g.exit_code == 0);
+  // And from the directory train ran in, as it is.
+  CHECK(testing::run_booster_in(run_in, "generate --checkpoint run/checkpoints --prompt-ids \"1 2\" -n 2", kEnv).exit_code == 0);
+}
