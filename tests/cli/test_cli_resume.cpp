@@ -236,6 +236,33 @@ TEST_CASE("resume latest: starts afresh when nothing is saved, continues from th
   CHECK(json::parse(again.out)["test_loss"].is_number());
 }
 
+// A step that lost its checksums.json after the save (its format writes one) is damaged like a step
+// with a file that fails them: --resume latest falls back past it with one warning, the save of its
+// step keeps it beside as step-N.damaged, and the run ends on the uninterrupted run's bytes.
+TEST_CASE("resume latest falls back past a step whose checksums.json was removed", "[cli][checkpoint]") {
+  const fs::path whole = scratch_dir() / "lost_checksums_whole", root = scratch_dir() / "lost_checksums";
+  fs::remove_all(whole);
+  fs::remove_all(root);
+  const fs::path cfg = write_config("lost_checksums.json", mlp_config("fp32"));
+  const std::string train = "train --config " + cfg.string() + " --set train.checkpoint_every=4 --set train.checkpoint_dir=";
+  REQUIRE(run_booster(train + whole.string()).exit_code == 0);
+  // A run that died after saving step 8, whose newest step then lost its checksums.json.
+  REQUIRE(run_booster(train + root.string()).exit_code == 0);
+  fs::remove_all(step_dir(root, 12));
+  std::ofstream(root / "latest", std::ios::trunc) << "step-00000008\n";
+  REQUIRE(fs::remove(step_dir(root, 8) / "checksums.json"));
+
+  const RunResult r = run_booster(train + root.string() + " --resume latest");
+  INFO(r.err);
+  REQUIRE(r.exit_code == 0);
+  CHECK_THAT(r.err, Catch::Contains("booster: warning: " + step_dir(root, 8).string() + " has no checksums.json") &&
+                        Catch::Contains("resuming from " + step_dir(root, 4).string() + " instead"));
+  CHECK_THAT(r.err, Catch::Contains("resumed from " + step_dir(root, 4).string() + " at step 4"));
+  CHECK(fs::is_directory(root / "step-00000008.damaged"));
+  CHECK_FALSE(fs::exists(root / "step-00000008.damaged" / "checksums.json"));
+  CHECK(final_state(root, 12) == final_state(whole, 12));
+}
+
 TEST_CASE("a save that replaces an existing step, killed at any point, leaves latest resumable", "[cli][checkpoint]") {
   // Note [Replacing a checkpoint]: a run resumed from step 5 saves step 10 again, over the one an
   // earlier run left, which `latest` names; killed at each point of the replace, both ways of it.

@@ -341,13 +341,14 @@ int64_t step_of_dir(const fs::path& dir) {
 }
 
 // The first of `candidates` (best first) at or below step `at_most` (-1: any) that passes its
-// checksums; the failures before it go to `damaged`.
+// checksums (a step that lost its checksums.json does not: checkpoint::verify_step); the failures
+// before it go to `damaged`.
 std::optional<fs::path> first_passing(const std::vector<fs::path>& candidates, int64_t at_most,
                                       std::vector<std::string>& damaged) {
   for (const fs::path& dir : candidates) {
     if (at_most >= 0 && step_of_dir(dir) > at_most) continue;
     try {
-      checkpoint::verify_checksums(dir);
+      checkpoint::verify_step(dir);
     } catch (const CheckpointError& e) {
       damaged.push_back(e.what());
       continue;

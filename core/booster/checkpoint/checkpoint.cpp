@@ -192,7 +192,7 @@ fs::path commit_checkpoint(const fs::path& root, int64_t step, int keep_last) {
   if (fs::exists(final_dir)) {
     std::string damage;
     try {
-      verify_checksums(final_dir);
+      verify_step(final_dir);
     } catch (const CheckpointError& e) {
       damage = e.what();
     }
@@ -240,7 +240,7 @@ fs::path commit_checkpoint(const fs::path& root, int64_t step, int keep_last) {
     std::erase_if(committed, [&](const std::pair<int64_t, fs::path>& c) {
       if (c.first <= step) return false;
       try {
-        verify_checksums(c.second);
+        verify_step(c.second);
         return false;
       } catch (const CheckpointError&) {
         return true;
@@ -503,6 +503,13 @@ std::optional<std::pair<std::string, int64_t>> booster_state_format(const fs::pa
   }
 }
 
+// Whether `dir`'s format version writes checksums.json with every save.
+bool records_checksums(const fs::path& dir) {
+  const auto format = booster_state_format(dir);
+  return format && ((format->first == kFormatName && format->second >= 2) ||
+                    (format->first == "booster-state" && format->second >= 3));  // state.cpp's kStateFormatVersion
+}
+
 bool is_checkpoint_step(const fs::path& dir) {
   std::error_code ec;
   return fs::exists(fs::symlink_status(dir / kChecksumsFileName, ec)) || booster_state_format(dir).has_value();
@@ -514,6 +521,12 @@ bool is_index_file(const fs::path& path) {
 }
 
 }  // namespace
+
+void verify_step(const fs::path& dir) {
+  BOOSTER_CHECK(verify_checksums(dir) == ChecksumStatus::Verified || !records_checksums(dir), CheckpointError,
+                dir.string(), " has no ", kChecksumsFileName, " though its format version records one: it was "
+                "removed after the save; pass --no-verify (LoadStateOptions::verify = false) to load it unverified");
+}
 
 TensorMap load_weights(const fs::path& path, const LoadWeightsOptions& options) {
   std::error_code ec;
@@ -542,10 +555,7 @@ TensorMap load_weights(const fs::path& path, const LoadWeightsOptions& options) 
     if (below == ".") below.clear();
     if (verify_checksums(step, below) == ChecksumStatus::Absent) {
       const auto format = booster_state_format(step);
-      const bool records_checksums =
-          format && ((format->first == kFormatName && format->second >= 2) ||
-                     (format->first == "booster-state" && format->second >= 3));  // state.cpp's kStateFormatVersion
-      BOOSTER_CHECK(!records_checksums, CheckpointError, step.string(), " has no ", kChecksumsFileName,
+      BOOSTER_CHECK(!records_checksums(step), CheckpointError, step.string(), " has no ", kChecksumsFileName,
                     " though its format version records one: it was removed after the save; point model.init_from "
                     "at another step's model, or pass --no-verify to load it unverified");
       if (format && options.warn) {

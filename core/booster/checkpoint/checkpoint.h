@@ -46,6 +46,13 @@ inline constexpr const char* kReplacedSuffix = ".replaced";
 // suffix (and "-2", "-3", ... after it) rather than replaced (Note [Falling back from a damaged checkpoint]).
 inline constexpr const char* kDamagedSuffix = ".damaged";
 
+// verify_checksums over a whole committed step, where a step whose format version writes checksums.json
+// but that has none lost it after its save and fails as a damaged file does (CheckpointError): so
+// `latest` falls back past it, a save of its step keeps it as step-N.damaged, and keep_last neither
+// counts nor prunes it (Note [Falling back from a damaged checkpoint]). A step that predates checksums
+// passes.
+void verify_step(const std::filesystem::path& dir);
+
 // The pieces of a run that a checkpoint holds. Null JSON and an empty optimizer mean "not saved".
 struct TrainingState {
   int64_t step = 0;
