@@ -463,4 +463,27 @@ TEST_CASE("tokenizer: encode_lines gives spm_encode's ids, and text data windows
   // A model whose vocabulary is smaller than the tokenizer's.
   c["model"]["vocab_size"] = 256;
   CHECK_THROWS_WITH(config::resolve(c), Contains("'model.vocab_size' is 256") && Contains("300 ids"));
+  // A Hugging Face model's vocabulary is its config.json's: the fix named is the tokenizer, not a model key.
+  c["model"] = {{"type", "hf"}, {"path", (fs::path(BOOSTER_FIXTURE_DIR) / "hf" / "llama").string()}};
+  CHECK_THROWS_WITH(config::resolve(c), Contains("has 48 ids but the tokenizer") && Contains("300 ids") &&
+                                            Contains("the model's own tokenizer") && !Contains("'model.vocab_size'"));
+}
+
+// Byte text (no tokenizer) has ids up to 255: a Llama or Hugging Face model with fewer ids is refused
+// when the config resolves (so `booster check` says so), not by the embedding at the first batch.
+TEST_CASE("text data of bytes needs 256 ids of a gpt or llama or hf model", "[data][tokens][errors]") {
+  const fs::path corpus = "/usr/share/common-licenses/GPL-3";
+  json c = {{"model", {{"type", "llama"}, {"vocab_size", 96}, {"hidden_size", 16}, {"intermediate_size", 32},
+                       {"num_hidden_layers", 1}, {"num_attention_heads", 2}}},
+            {"optimizer", {{"type", "adamw"}}},
+            {"data", {{"type", "text"}, {"path", corpus.string()}, {"context", 8}}}};
+  CHECK_THROWS_AS(config::resolve(c), ConfigError);
+  CHECK_THROWS_WITH(config::resolve(c), Contains("'model.vocab_size' is 96") && Contains("one token per byte"));
+  c["model"] = {{"type", "hf"}, {"path", (fs::path(BOOSTER_FIXTURE_DIR) / "hf" / "gpt2").string()}};
+  CHECK_THROWS_AS(config::resolve(c), ConfigError);
+  CHECK_THROWS_WITH(config::resolve(c), Contains("has 48 ids") && Contains("one token per byte") &&
+                                            Contains("'data.tokenizer'") && !Contains("'model.vocab_size'"));
+  c["model"] = {{"type", "llama"}, {"vocab_size", 256}, {"hidden_size", 16}, {"intermediate_size", 32},
+                {"num_hidden_layers", 1}, {"num_attention_heads", 2}};
+  if (fs::exists(corpus)) CHECK_NOTHROW(config::resolve(c));
 }

@@ -579,15 +579,24 @@ void check_token_data(const json& c, bool gpt) {
                       " but 'model.context' is " + model.at("context").dump() +
                       "; the model cannot see more tokens than its context");
   if (data_type == "text") {
+    // An hf model's vocabulary is its config.json's, which a user does not edit: the fix is the data's.
+    const std::string model_type = model.at("type").get<std::string>();
+    const bool hf = model_type == "hf";
+    const std::string vocab_is = hf ? "the Hugging Face model " + model.at("path").get<std::string>() + " has " +
+                                          std::to_string(vocab) + " ids"
+                                    : "'model.vocab_size' is " + std::to_string(vocab);
     if (data.at("tokenizer").is_string()) {
       const data::SentencePieceTokenizer tokenizer(data.at("tokenizer").get<std::string>());
       if (vocab > 0 && vocab < tokenizer.vocab_size())
-        throw ConfigError("'model.vocab_size' is " + std::to_string(vocab) + " but the tokenizer " + tokenizer.path() +
-                          " has " + std::to_string(tokenizer.vocab_size()) + " ids; set 'model.vocab_size' to at least " +
-                          std::to_string(tokenizer.vocab_size()));
-    } else if (gpt && vocab < 256) {
-      throw ConfigError("'model.vocab_size' is " + std::to_string(vocab) +
-                        "; text data has one token per byte, so it must be >= 256 (or give 'data.tokenizer')");
+        throw ConfigError(vocab_is + " but the tokenizer " + tokenizer.path() + " has " +
+                          std::to_string(tokenizer.vocab_size()) + " ids; " +
+                          (hf ? std::string("give 'data.tokenizer' the model's own tokenizer")
+                              : "set 'model.vocab_size' to at least " + std::to_string(tokenizer.vocab_size())));
+    } else if ((gpt || model_type == "llama" || hf) && vocab > 0 && vocab < 256) {
+      // Byte text has ids up to 255: a smaller embedding would fail at the first batch.
+      throw ConfigError(vocab_is + "; text data without 'data.tokenizer' has one token per byte (256 ids), so " +
+                        (hf ? std::string("give 'data.tokenizer' the model's own tokenizer")
+                            : "it must be >= 256 (or give 'data.tokenizer')"));
     }
     // The file itself, with the message make_datasets gives (it is read there, not here).
     const std::string path = data.at("path").get<std::string>();
