@@ -145,6 +145,24 @@ TEST_CASE("async checkpoints: a failed background save is a warning, and a faile
   CHECK_FALSE(fs::exists(step_dir(root, 8)));
 }
 
+// The synchronous counterpart: a failed save always stops the run, naming the step that failed and
+// how to go on (here nothing of the resumed run is committed, so running it again resumes as it did).
+TEST_CASE("a failed synchronous save stops the run, naming its step and how to go on", "[cli][checkpoint]") {
+  const fs::path root = scratch_dir() / "failing_sync";
+  fs::remove_all(root);
+  const RunResult first = run_booster(train_args(root, "--set train.max_steps=4"));
+  INFO(first.err);
+  REQUIRE(first.exit_code == 0);
+  const RunResult resumed = run_booster_limited(train_args(root, "--resume latest"));
+  INFO(resumed.err);
+  CHECK(resumed.exit_code == 1);
+  CHECK_THAT(resumed.err, Catch::Contains("booster: error: the checkpoint of step 8 failed: cannot write") &&
+                              Catch::Contains("File too large") &&
+                              Catch::Contains("no checkpoint of this run is committed; run it again once the cause "
+                                              "is fixed"));
+  CHECK(read_text(root / "latest") == "step-00000004\n");
+}
+
 TEST_CASE("async checkpoints: kill -9 during a background write leaves latest loadable", "[cli][checkpoint][async]") {
   const fs::path root = scratch_dir() / "killed", dir = scratch_dir() / "killed_run";
   fs::remove_all(root);

@@ -439,6 +439,13 @@ void Trainer::check_writes(int64_t step, const std::optional<fs::path>& last_che
                 " once there is space; or set train.on_write_error to \"warn\" to go on without the records");
 }
 
+std::string Trainer::where_to_resume(const std::optional<fs::path>& last) const {
+  if (!last) return "no checkpoint of this run is committed; run it again once the cause is fixed";
+  return "latest still names " + last->string() + "; to train the steps after it again once the cause is fixed, " +
+         (options_.resume_hint ? options_.resume_hint(*last)
+                               : "resume with TrainerOptions::resume = \"" + last->string() + "\"");
+}
+
 std::optional<fs::path> Trainer::save(int64_t step, std::optional<fs::path> last) {
   const double t0 = now_seconds();
   // N copies of a one-process run started by mpirun train the same thing: only the launcher's rank 0
@@ -465,7 +472,13 @@ std::optional<fs::path> Trainer::save(int64_t step, std::optional<fs::path> last
       async_save_->start(*checkpoint_root_, step, options_.keep_last, std::move(files));
       return last;
     }
-    last = booster_.save_state(*checkpoint_root_, {.keep_last = options_.keep_last, .step = step});
+    // A failed synchronous save stops the run, saying which step failed and where the run stands.
+    try {
+      last = booster_.save_state(*checkpoint_root_, {.keep_last = options_.keep_last, .step = step});
+    } catch (const CheckpointError& e) {
+      BOOSTER_FAIL(CheckpointError, "the checkpoint of step ", step, " failed: ", e.what(), "; ",
+                   where_to_resume(last));
+    }
   }
   progress_->print(format_line("saved step %6lld | %s in %.2fs", static_cast<long long>(step),
                                last ? last->c_str() : "", now_seconds() - t0));
@@ -494,15 +507,8 @@ void Trainer::collect_async_save(std::optional<fs::path>& last, bool wait, bool 
   }
   const std::string previous =
       last ? "latest still names " + last->string() : std::string("no checkpoint of this run is committed");
-  if (run_end) {
-    const std::string resume =
-        !last ? std::string("run it again once the cause is fixed")
-              : "to train the steps after it again once the cause is fixed, " +
-                    (options_.resume_hint ? options_.resume_hint(*last)
-                                          : "resume with TrainerOptions::resume = \"" + last->string() + "\"");
-    BOOSTER_FAIL(CheckpointError, "the background checkpoint of step ", step, ", the run's last, failed: ",
-                 done->error, "; ", previous, ", so the end of the run is saved nowhere; ", resume);
-  }
+  BOOSTER_CHECK(!run_end, CheckpointError, "the background checkpoint of step ", step, ", the run's last, failed: ",
+                done->error, "; the end of the run is saved nowhere: ", where_to_resume(last));
   BOOSTER_CHECK(!options_.stop_on_save_error, CheckpointError, "the background checkpoint of step ", step,
                 " failed: ", done->error, "; ", previous, "; the run stops (train.on_save_error is \"stop\")");
   progress_->print(format_line("booster: warning: the background checkpoint of step %lld failed: ", step) + done->error +

@@ -232,6 +232,8 @@ class Trainer {
   // once it has), moving `last` to it when it committed; CheckpointError for a failure with
   // stop_on_save_error, or for a failure of the run's last save (`run_end`: Note [The run's last save]).
   void collect_async_save(std::optional<std::filesystem::path>& last, bool wait, bool run_end = false);
+  // After a failed save: where the run stands (`last`, its newest committed checkpoint) and how to go on.
+  std::string where_to_resume(const std::optional<std::filesystem::path>& last) const;
   // Note [Failed writes] in trainer.cpp.
   void check_writes(int64_t step, const std::optional<std::filesystem::path>& last_checkpoint);
 
