@@ -600,3 +600,49 @@ TEST_CASE("llama shard policy: a rank's part of a deferred Llama allocates only 
     }
   }
 }
+
+TEST_CASE("llama shard policy: under a ShapesOnlyGuard every part has the eager part's shapes, and nothing is drawn",
+          "[llama][deferred][pipeline][tp]") {
+  // What `booster check` does to a model it only splits (Note [Checking a model before it trains]): no
+  // memory for the whole or the parts, no draws from any generator, the same shapes as the real split.
+  const nn::ShardPolicy policy = nn::find_shard_policy("Llama", "this test");
+  nn::LlamaConfig cfg = tiny_config(false, 2);
+  cfg.hidden_size = 32;
+  cfg.num_attention_heads = 4;
+  cfg.intermediate_size = 48;
+  cfg.vocab_size = 64;
+  cfg.num_hidden_layers = 4;
+  for (int rank : {0, 1}) {
+    for (int stage : {0, 1, 3}) {
+      INFO("tp rank " << rank << " of 2, stage " << stage << " of 4");
+      FakeGroup group(rank, 2);
+      nn::ShardContext c;
+      c.tp = &group;
+      c.stage = stage;
+      c.stages = 4;
+      c.stage_layers = {1, 1, 1, 1};
+      const nn::ShardedModel eager_part = policy(std::make_shared<nn::Llama>(cfg, 3), c);
+      manual_seed(5);
+      const std::vector<uint64_t> rng = default_generator().state();
+      const size_t before = cpu_bytes_in_use();
+      reset_cpu_peak_bytes();
+      std::map<std::string, Tensor> shapes;
+      {
+        LazyInitGuard lazy;
+        ShapesOnlyGuard shapes_only;
+        shapes = policy(std::make_shared<nn::Llama>(cfg, 3), c).module->state_dict();
+      }
+      CHECK(cpu_peak_bytes() <= before);
+      CHECK(default_generator().state() == rng);
+      const auto want = eager_part.module->state_dict();
+      REQUIRE(shapes.size() == want.size());
+      for (const auto& [name, t] : shapes) {
+        INFO(name);
+        REQUIRE(want.count(name));
+        CHECK(is_deferred(t));
+        CHECK(t.shape() == want.at(name).shape());
+        CHECK(t.dtype() == want.at(name).dtype());
+      }
+    }
+  }
+}

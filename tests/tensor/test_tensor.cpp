@@ -72,6 +72,46 @@ TEST_CASE("seeded generators repeat", "[tensor]") {
   REQUIRE(m / 10000 == Approx(0.5).margin(0.02));
 }
 
+// The first raw number of `g`'s next draw made to be `out` (xoshiro256**'s output, rotl(s1 * 5, 7) * 9,
+// inverted), so that a first uniform of exactly 0, which normal() redraws, comes up on purpose.
+static void force_next_output(Generator& g, uint64_t out) {
+  auto inverse = [](uint64_t a) {  // of an odd a modulo 2^64, by Newton's iteration
+    uint64_t x = a;
+    for (int i = 0; i < 6; ++i) x *= 2 - a * x;
+    return x;
+  };
+  const uint64_t r = out * inverse(9);
+  std::vector<uint64_t> st = g.state();
+  st[2] = ((r >> 7) | (r << 57)) * inverse(5);
+  g.set_state(st);
+}
+
+TEST_CASE("skipping draws leaves the generator where drawing them would", "[tensor]") {
+  for (int64_t n : {0, 1, 2, 3, 4, 5, 7, 64, 1001}) {
+    for (bool spare : {false, true}) {
+      for (bool zero_first : {false, true}) {
+        Generator a(7);
+        if (spare) a.normal();
+        if (zero_first) force_next_output(a, 5);  // top 53 bits zero: the first uniform is 0.0
+        Generator b = a, c = a, d = a;
+        for (int64_t i = 0; i < n; ++i) a.normal();
+        b.skip_normal(n);
+        INFO("n " << n << " spare " << spare << " zero first " << zero_first);
+        REQUIRE(a.state() == b.state());
+        REQUIRE(a.normal() == b.normal());
+        for (int64_t i = 0; i < n; ++i) c.uniform();
+        d.skip_uniform(n);
+        REQUIRE(c.state() == d.state());
+      }
+    }
+  }
+  // The redraw is really taken: the crafted number is the generator's next output.
+  Generator g(3);
+  force_next_output(g, 5);
+  Generator h = g;
+  REQUIRE(h.next_u64() == 5);
+}
+
 TEST_CASE("autograd through elementwise ops and views", "[tensor][autograd]") {
   Tensor x = from_vector(std::vector<float>{1, 2, 3, 4}, {2, 2}).requires_grad_();
   Tensor y = log(exp(x * x + x.t() * 2.0));  // y = x^2 + 2 x^T

@@ -223,6 +223,7 @@ MemoryEstimate estimate_memory(const json& c, int world_size) {
     json cfg = model;
     cfg.erase("init_from");
     LazyInitGuard lazy;  // counted, never allocated
+    ShapesOnlyGuard shapes;
     e.parameters = nn::make_model(cfg, c.at("train").at("seed").get<uint64_t>())->num_parameters();
     e.notes.push_back("model '" + type + "' was built (deferred) to count its parameters; its activations are not "
                       "estimated");

@@ -20,8 +20,9 @@
 //    tensor-parallel group of tp_size ranks that only answers rank() and size() (a policy slices without
 //    communicating): so the Llama policy's refusals (tp_size not dividing the query heads, the key/value
 //    heads, the intermediate size or the vocabulary; tied embeddings with pp_size > 1; stage_layers
-//    that do not add up to the layers) come with the policy's own words. The parts it returns are
-//    deferred and dropped. A ValueError of the policy (stage_layers) is a mistake in the config, so it
+//    that do not add up to the layers) come with the policy's own words. The model and the parts stand
+//    for their shapes only (a ShapesOnlyGuard: no draws, no memory, a 7B Llama split in a second) and
+//    are dropped. A ValueError of the policy (stage_layers) is a mistake in the config, so it
 //    becomes a ConfigError with the same message. A part with no parameters at all (a middle stage
 //    that got no layer: more stages than the layers + 2) is refused too, naming the stage: the run
 //    would stop on that rank only, when the plugin rebuilds the optimizer over the part ("optimizer got
@@ -121,11 +122,12 @@ nn::ShardPolicy shard_policy_of(const nn::Module& model, const json& plugin) {
   return nn::find_shard_policy(model.name(), why);
 }
 
-// The model section as train builds it, deferred (no parameter memory).
+// The model section as train builds it, deferred and for its shapes only (no parameter memory, no draws).
 nn::ModulePtr build_deferred(const json& c) {
   json section = c.at("model");
   section.erase("init_from");  // the weights replace the initial ones; they do not change the shapes
   LazyInitGuard lazy;
+  ShapesOnlyGuard shapes;
   return nn::make_model(section, c.at("train").at("seed").get<uint64_t>());
 }
 
@@ -134,6 +136,8 @@ void check_split(const nn::ModulePtr& model, const json& plugin) {
   const int tp = plugin.value("tp_size", 1), pp = plugin.value("pp_size", 1);
   const std::string why = "plugin 'hybrid_parallel' with tp_size " + std::to_string(tp) + " and pp_size " + std::to_string(pp);
   const nn::ShardPolicy policy = shard_policy_of(*model, plugin);
+  LazyInitGuard lazy;  // the parts' own tensors, and the slices of the whole, stand for their shapes
+  ShapesOnlyGuard shapes;
   StandInGroup group(tp);
   nn::ShardContext context;
   context.tp = &group;

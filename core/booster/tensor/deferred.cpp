@@ -49,6 +49,7 @@ namespace booster {
 namespace {
 
 thread_local bool g_lazy = false;
+thread_local bool g_shapes_only = false;
 
 // The storage of t when t is deferred and covers all of it (row-major, from its first byte).
 Storage* whole_deferred(const Tensor& t) {
@@ -69,6 +70,13 @@ struct Replay {
       case DeferredInit::Kind::File: break;  // File records are read by FileValues
     }
     return init_.a;
+  }
+  // Moves past n values without making them (Note [Skipping normals] in random.cpp).
+  void skip(int64_t n) {
+    if (init_.kind == DeferredInit::Kind::Normal)
+      gen_.skip_normal(n);
+    else if (init_.kind == DeferredInit::Kind::Uniform)
+      gen_.skip_uniform(n);
   }
   const DeferredInit& init_;
   Generator gen_;
@@ -126,13 +134,34 @@ class FileValues {
   int64_t rows_ = 0, cols_ = 1;
 };
 
+std::shared_ptr<DeferredInit> zeros_record(DType dtype) {
+  return std::make_shared<DeferredInit>(DeferredInit{DeferredInit::Kind::Fill, 0.0, 0.0, Generator(), dtype});
+}
+
+// A contiguous tensor of `shape` whose storage is deferred, holding `init`'s values when allocated.
+Tensor deferred_tensor(const Shape& shape, DType dtype, Device device, std::shared_ptr<const DeferredInit> init) {
+  auto impl = std::make_shared<TensorImpl>();
+  impl->numel = numel_of(shape);
+  impl->storage = std::make_shared<Storage>(size_t(impl->numel) * itemsize(dtype), device, Storage::Deferred{});
+  impl->storage->set_deferred_init(std::move(init));
+  impl->shape = shape;
+  impl->strides = contiguous_strides(shape);
+  impl->dtype = dtype;
+  return Tensor(std::move(impl));
+}
+
 bool defer_draws(const Tensor& t, DeferredInit::Kind kind, double a, double b, Generator& gen) {
   Storage* s = whole_deferred(t);
   if (s == nullptr) return false;
+  if (g_shapes_only) {  // zeros stand in; the generator stays where it is
+    s->set_deferred_init(zeros_record(t.dtype()));
+    return true;
+  }
   auto init = std::make_shared<DeferredInit>(DeferredInit{kind, a, b, gen, t.dtype()});
-  Replay advance(*init);
-  for (int64_t i = 0; i < t.numel(); ++i) advance.next();
-  gen = advance.gen_;
+  if (kind == DeferredInit::Kind::Normal)
+    gen.skip_normal(t.numel());
+  else
+    gen.skip_uniform(t.numel());
   s->set_deferred_init(std::move(init));
   return true;
 }
@@ -149,6 +178,8 @@ struct EagerScope {
 
 LazyInitGuard::LazyInitGuard() : previous_(g_lazy) { g_lazy = true; }
 LazyInitGuard::~LazyInitGuard() { g_lazy = previous_; }
+ShapesOnlyGuard::ShapesOnlyGuard() : previous_(g_shapes_only) { g_shapes_only = true; }
+ShapesOnlyGuard::~ShapesOnlyGuard() { g_shapes_only = previous_; }
 bool LazyInitGuard::enabled() { return g_lazy; }
 
 bool is_deferred(const Tensor& t) { return t.defined() && t.storage()->deferred(); }
@@ -198,14 +229,7 @@ void discard_deferred_values(const Tensor& t) {
 Tensor deferred_to(const Tensor& t, Device device) {
   Storage* s = whole_deferred(t);
   if (s == nullptr) return Tensor();
-  auto impl = std::make_shared<TensorImpl>();
-  impl->storage = std::make_shared<Storage>(s->nbytes(), device, Storage::Deferred{});
-  impl->storage->set_deferred_init(s->deferred_init());
-  impl->shape = t.shape();
-  impl->strides = contiguous_strides(t.shape());
-  impl->numel = t.numel();
-  impl->dtype = t.dtype();
-  return Tensor(std::move(impl));
+  return deferred_tensor(t.shape(), t.dtype(), device, s->deferred_init());
 }
 
 Tensor select_ranges(const Tensor& t, int64_t dim, const std::vector<int64_t>& starts, int64_t length) {
@@ -222,6 +246,9 @@ Tensor select_ranges(const Tensor& t, int64_t dim, const std::vector<int64_t>& s
   }
   Shape shape = t.shape();
   shape[size_t(dim)] = int64_t(starts.size()) * length;
+  if (g_shapes_only && whole_deferred(t) != nullptr) {  // the slice's shape, zeros standing in
+    return deferred_tensor(shape, t.dtype(), t.device(), zeros_record(t.dtype()));
+  }
   EagerScope eager;
   NoGradGuard no_grad;
   Tensor out = Tensor::empty(shape, t.dtype(), t.device());
@@ -262,11 +289,12 @@ Tensor select_ranges(const Tensor& t, int64_t dim, const std::vector<int64_t>& s
   for (int64_t o = 0; o < outer; ++o)
     for (int64_t d = 0; d < size; ++d) {
       const int64_t w = where[size_t(d)];
-      double* row = w < 0 ? nullptr : p + (o * out_size + w) * inner;
-      for (int64_t i = 0; i < inner; ++i) {
-        const double v = replay.next();
-        if (row) row[i] = v;
+      if (w < 0) {  // a row the slice does not keep: its draws are made only to move past them
+        replay.skip(inner);
+        continue;
       }
+      double* row = p + (o * out_size + w) * inner;
+      for (int64_t i = 0; i < inner; ++i) row[i] = replay.next();
     }
   out.copy_(host);
   return out;
@@ -298,7 +326,7 @@ void copy_span(const Tensor& t, int64_t start, const Tensor& dst_view) {
     file.emplace(*init->file, t.numel());
   } else {
     replay.emplace(*init);
-    for (int64_t i = 0; i < start; ++i) replay->next();  // the draws before the span, made and dropped
+    replay->skip(start);  // the draws before the span
   }
   constexpr int64_t kChunk = int64_t(1) << 14;
   Tensor host = Tensor::empty({std::min(n, kChunk)}, DType::Float64);

@@ -39,6 +39,22 @@ class LazyInitGuard {
   bool previous_;
 };
 
+// While one is alive on this thread, deferred tensors stand for their shapes only, for code that counts
+// or splits a model without using its values (`booster check`, config/model_check.cpp): a random
+// initialization records zeros and draws nothing (the generator does not move), and select_ranges of a
+// deferred tensor is a deferred tensor of the slice's shape, so a model of any size is split without
+// memory. Use it inside a LazyInitGuard; never for a model that trains.
+class ShapesOnlyGuard {
+ public:
+  ShapesOnlyGuard();
+  ~ShapesOnlyGuard();
+  ShapesOnlyGuard(const ShapesOnlyGuard&) = delete;
+  ShapesOnlyGuard& operator=(const ShapesOnlyGuard&) = delete;
+
+ private:
+  bool previous_;
+};
+
 // One tensor of a safetensors file, read when the deferred tensor it stands for is allocated (Note
 // [Weights from a file] in deferred.cpp). The file's header is the caller's to have checked.
 struct DeferredFileTensor {

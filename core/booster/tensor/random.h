@@ -19,6 +19,10 @@ class Generator {
   double uniform();                     // [0, 1), 53 bits
   float uniform_float();                // [0, 1), 24 bits
   double normal();                      // N(0, 1)
+  // The state that n calls of uniform() (or normal()) would leave, without making the values: a
+  // deferred tensor records its draws and moves the generator on (deferred.h). Exact, spare included.
+  void skip_uniform(int64_t n);
+  void skip_normal(int64_t n);
   int64_t randint(int64_t low, int64_t high);  // [low, high), unbiased
 
   // The whole state, for checkpoints.
