@@ -382,6 +382,27 @@ TEST_CASE("hf: every malformed directory is one ConfigError listing all of its p
     with_head_dim(head_dim);
     CHECK_NOTHROW(nn::load_pretrained(dir));
   }
+  SECTION("rope_scaling: null and the default type are plain RoPE, a scaling is refused") {
+    const fs::path dir = copy_fixture(tmp, "llama");
+    const json base = json::parse(read_bytes(dir / "config.json"));
+    NoGradGuard no_grad;
+    const Tensor ids = from_vector(std::vector<double>{1, 5, 9, 3, 7}, {1, 5}, DType::Float64).to(DType::Int64);
+    const Tensor want = (*nn::load_pretrained(dir))(ids);
+    for (const json& scaling : {json(nullptr), json{{"rope_type", "default"}}, json{{"type", "default"}},
+                                json{{"rope_type", "llama3"}, {"factor", 8.0}}, json{{"type", "linear"}, {"factor", 2.0}}}) {
+      INFO(scaling.dump());
+      json c = base;
+      c["rope_scaling"] = scaling;
+      std::ofstream(dir / "config.json") << c.dump();
+      const bool plain_rope = scaling.is_null() || scaling.value("rope_type", scaling.value("type", "")) == "default";
+      if (plain_rope) {
+        CHECK(testing::max_abs_diff((*nn::load_pretrained(dir))(ids), want) == 0.0);
+      } else {
+        CHECK_THAT(config_error_of([&] { nn::load_pretrained(dir); }),
+                   Contains("\"rope_scaling\" is " + scaling.dump()) && Contains("does not implement"));
+      }
+    }
+  }
   SECTION("no config.json, an unknown model_type, a feature the family lacks") {
     const fs::path dir = copy_fixture(tmp, "gpt2");
     fs::remove(dir / "config.json");

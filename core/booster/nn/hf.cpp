@@ -232,7 +232,10 @@ ModulePtr llama_from_config(const ConfigReader& r, const Overrides& o, uint64_t 
   cfg["rms_norm_eps"] = r.number("rms_norm_eps", 1e-6);
   cfg["rope_theta"] = r.number("rope_theta", 10000.0);
   cfg["tie_word_embeddings"] = r.boolean("tie_word_embeddings", false);
-  if (r.find("rope_scaling")) r.refuse_unless(false, "rope_scaling", "null: plain RoPE");
+  if (const json* scaling = r.find("rope_scaling")) {  // {"rope_type": "default"} is plain RoPE too
+    const json type = scaling->is_object() ? scaling->value("rope_type", scaling->value("type", json())) : json();
+    r.refuse_unless(type == "default", "rope_scaling", "null or {\"rope_type\": \"default\"}: plain RoPE");
+  }
   if (r.find("hidden_act")) r.refuse_unless(r.text("hidden_act", "silu") == "silu", "hidden_act", "\"silu\"");
   if (r.find("attention_bias")) r.refuse_unless(!r.boolean("attention_bias", false), "attention_bias", "false");
   if (r.find("mlp_bias")) r.refuse_unless(!r.boolean("mlp_bias", false), "mlp_bias", "false");
