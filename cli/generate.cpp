@@ -11,11 +11,13 @@
 // --tokenizer (a SentencePiece model, as `booster tokenize` uses), or --prompt-ids, ids separated by
 // spaces or commas. With a tokenizer stdout is the prompt followed by the generated text, and generation
 // stops at the tokenizer's </s> (with --ignore-eos it goes on, each </s> printed as a line end); without
-// one, stdout is one line: the new ids. A
+// one, stdout is one line: the new ids. With --hf it stops at the directory's eos_token_id too
+// (generation_config.json's, else config.json's; one id or a list), as transformers' generate does. A
 // sentence on stderr says how many tokens came, how fast, and why it stopped (the count, </s>, or the
 // model's position limit).
 #include <chrono>
 #include <filesystem>
+#include <fstream>
 #include <iostream>
 #include <sstream>
 #include <string>
@@ -104,6 +106,29 @@ nn::ModulePtr load_hf_model(const std::string& dir) {
   return model;
 }
 
+// The ids that end a sequence of Hugging Face model directory `dir`, as transformers' generate stops:
+// generation_config.json's eos_token_id, else config.json's (an id, a list of ids, or null: none).
+std::vector<int64_t> hf_eos_ids(const fs::path& dir) {
+  for (const char* name : {"generation_config.json", "config.json"}) {
+    const fs::path file = dir / name;
+    if (!fs::exists(file)) continue;
+    std::ifstream in(file);
+    const json c = json::parse(in, nullptr, /*allow_exceptions=*/false);
+    BOOSTER_CHECK(!c.is_discarded() && c.is_object(), ConfigError, file.string(), " is not a JSON object");
+    if (!c.contains("eos_token_id")) continue;
+    const json& eos = c.at("eos_token_id");
+    std::vector<int64_t> ids;
+    for (const json& id : eos.is_array() ? eos : eos.is_null() ? json::array() : json::array({eos})) {
+      BOOSTER_CHECK(id.is_number_integer() && id.get<int64_t>() >= 0, ConfigError, file.string(),
+                    ": \"eos_token_id\" must be an id, a list of ids or null, got ", eos.dump(),
+                    "; fix the file, or pass --ignore-eos");
+      ids.push_back(id.get<int64_t>());
+    }
+    return ids;
+  }
+  return {};
+}
+
 // "1 2 3" or "1,2,3" -> ids; ConfigError naming the piece that is not a non-negative integer.
 std::vector<int64_t> parse_ids(const std::string& text) {
   std::string s = text;
@@ -154,7 +179,8 @@ int generate(const std::vector<std::string>& args) {
        "sample among the most probable tokens that make up probability P (1: all)")
       ("seed", po::value<uint64_t>()->default_value(0)->value_name("S"), "the seed of the draws")
       ("device,d", po::value<std::string>()->default_value("cpu")->value_name("DEVICE"), "cpu, cuda or cuda:N")
-      ("ignore-eos", "with a tokenizer, go on past its </s> (printed as a line end)")
+      ("ignore-eos", "go on past the end-of-sequence ids (the tokenizer's </s>, printed as a line end, and "
+                     "with --hf those of the directory's eos_token_id)")
       ("no-cache", "recompute the whole sequence for every token (slow; for comparison)");
   po::variables_map vm;
   if (!parse_options("generate", desc, args, vm)) return kExitOk;
@@ -190,6 +216,7 @@ int generate(const std::vector<std::string>& args) {
     BOOSTER_CHECK(!prompt.empty(), ConfigError, "--prompt gave no tokens; give some text");
   }
   if (tokenizer && !vm.count("ignore-eos")) options.eos_id = tokenizer->eos_id();
+  if (vm.count("hf") && !vm.count("ignore-eos")) options.more_eos_ids = hf_eos_ids(vm["hf"].as<std::string>());
   if (tokenizer) options.vocab_limit = tokenizer->vocab_size();  // a padded vocabulary's extra ids are never text
 
   nn::ModulePtr model = vm.count("hf") ? load_hf_model(vm["hf"].as<std::string>())

@@ -7,6 +7,7 @@
 
 #include "skip.h"
 
+#include <algorithm>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -143,6 +144,54 @@ TEST_CASE("cli generate: --hf reads a Hugging Face directory, and greedy ids equ
     CHECK(expected.size() == 10);
   }
   check_refused("generate --hf /nonexistent/hf --prompt-ids 1", "--hf /nonexistent/hf is not a directory");
+}
+
+TEST_CASE("cli generate: --hf stops at the directory's eos_token_id, as transformers does", "[cli][generate][hf]") {
+  const fs::path dir = scratch_dir() / "llama_eos";
+  fs::remove_all(dir);
+  fs::copy(fs::path(BOOSTER_FIXTURE_DIR) / "hf" / "llama", dir);
+  json config = json::parse(std::ifstream(dir / "config.json"));
+  booster::nn::ModulePtr model = booster::nn::load_pretrained(dir);
+  const std::vector<int64_t> all =
+      booster::nn::generate(*model, {1, 2, 3}, {.max_new_tokens = 20, .temperature = 0.0}).tokens;
+  REQUIRE(all.size() == 20);
+  // The ids up to and including the first of `eos` (the library's tokens, cut where generate must stop).
+  auto cut_at = [&](const std::vector<int64_t>& eos) {
+    std::vector<int64_t> want;
+    for (int64_t id : all) {
+      want.push_back(id);
+      if (std::find(eos.begin(), eos.end(), id) != eos.end()) break;
+    }
+    return want;
+  };
+  const std::string cmd = "generate --hf " + dir.string() + " --prompt-ids \"1 2 3\" --temperature 0 -n 20";
+  auto write = [&](const fs::path& file, const json& eos) {
+    json c = file.filename() == "config.json" ? config : json::object();
+    c["eos_token_id"] = eos;
+    std::ofstream(file) << c.dump();
+  };
+  // One id, then a list (the first of them to come stops it); null never stops.
+  write(dir / "config.json", all[4]);
+  RunResult r = run_booster(cmd);
+  INFO(r.err);
+  REQUIRE(r.exit_code == 0);
+  CHECK(ids_of_line(testing::last_line(r.out)) == cut_at({all[4]}));
+  CHECK_THAT(r.err, Contains("stopped at the end-of-sequence token"));
+  write(dir / "config.json", json::array({999, all[8]}));
+  CHECK(ids_of_line(testing::last_line(run_booster(cmd).out)) == cut_at({999, all[8]}));
+  write(dir / "config.json", nullptr);
+  CHECK(ids_of_line(testing::last_line(run_booster(cmd).out)) == all);
+  // generation_config.json, when there, is what transformers reads.
+  write(dir / "config.json", all[8]);
+  write(dir / "generation_config.json", all[2]);
+  CHECK(ids_of_line(testing::last_line(run_booster(cmd).out)) == cut_at({all[2]}));
+  // --ignore-eos goes on.
+  r = run_booster(cmd + " --ignore-eos");
+  CHECK(ids_of_line(testing::last_line(r.out)) == all);
+  CHECK_THAT(r.err, Contains("--max-new-tokens reached"));
+  // A malformed eos_token_id names the file and the way out.
+  write(dir / "generation_config.json", "2");
+  check_refused(cmd, "generation_config.json: \"eos_token_id\" must be an id, a list of ids or null, got \"2\"");
 }
 
 TEST_CASE("cli generate: a text prompt through a SentencePiece tokenizer", "[cli][generate]") {

@@ -156,7 +156,7 @@ GenerateResult generate(Module& model, const std::vector<int64_t>& prompt, const
     const int64_t next = sample_next_token(last_logits(logits), o, gen);
     result.tokens.push_back(next);
     sequence.push_back(next);
-    if (o.eos_id >= 0 && next == o.eos_id) {
+    if (next == o.eos_id || std::find(o.more_eos_ids.begin(), o.more_eos_ids.end(), next) != o.more_eos_ids.end()) {
       result.stop_reason = StopReason::EndOfSequence;
       return result;
     }

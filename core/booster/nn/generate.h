@@ -27,6 +27,8 @@ struct GenerateOptions {
   uint64_t seed = 0;   // the generator of the draws: one seed, one sequence
   // Stop after this id is generated (it is the last token returned); -1: never.
   int64_t eos_id = -1;
+  // More ids that stop it alike (a Hugging Face config's eos_token_id may list several).
+  std::vector<int64_t> more_eos_ids;
   // > 0: only ids below it are generated (a tokenizer's vocabulary, when the model's is padded past it).
   int64_t vocab_limit = 0;
   // false: every step runs the model over the whole sequence so far (no cache): the test oracle and the
@@ -50,7 +52,7 @@ void validate(const GenerateOptions& options);
 // otherwise), for one sequence: `prompt` (at least one id, each in [0, vocab)) is run once, then each
 // new token costs one position through the cache. The model runs in eval mode without gradients on its
 // own device (CPU or CUDA; the logits of the last position come to the CPU for sampling) and is put back
-// in its former mode. Stops at max_new_tokens, at eos_id, or when the sequence fills the model's
+// in its former mode. Stops at max_new_tokens, at eos_id or one of more_eos_ids, or when the sequence fills the model's
 // max_positions (StopReason::MaxPositions: the prompt plus the new tokens reached the limit). ValueError
 // for bad options or ids, ShapeError for a prompt already as long as the limit.
 GenerateResult generate(Module& model, const std::vector<int64_t>& prompt, const GenerateOptions& options = {});
