@@ -71,9 +71,7 @@ nn::ModulePtr make_model(json model_config, uint64_t seed, bool verify) {
     model = nn::make_model(model_config, seed);
   }
   if (init_from.is_string()) {
-    const fs::path file = init_from.get<std::string>();
-    BOOSTER_CHECK(fs::exists(file), ConfigError, "'model.init_from' is ", file.string(),
-                  ", which does not exist; give a .safetensors file, a checkpoint step or its model directory");
+    const fs::path file = init_from.get<std::string>();  // there when the config was resolved
     try {
       model->load_state_dict(
           checkpoint::load_weights(file, {.verify = verify, .warn = trainer::process_rank() == 0}));

@@ -6,6 +6,7 @@
 #include "booster/config/config.h"
 
 #include <algorithm>
+#include <filesystem>
 #include <fstream>
 
 #include "booster/common/error.h"
@@ -630,6 +631,14 @@ void check_training_config(const json& c) {
   // A Llama or Hugging Face model is built (deferred) and split as the run would: its sizes, its files,
   // its positions against the data's sequences, its shard policy (Note [Checking a model before it trains]).
   check_model(c);
+  // The starting weights must be there (they are loaded after the model is built, so a missing file
+  // would otherwise pass check and stop train).
+  if (const json& init_from = model.value("init_from", json()); init_from.is_string()) {
+    const std::string file = init_from.get<std::string>();
+    if (!std::filesystem::exists(file))
+      fail("'model.init_from' is " + file + ", which does not exist; give a .safetensors file, a checkpoint step or "
+           "its model directory");
+  }
   if (data_type == "text" || data_type == "tokens") {
     const bool language_model = model_type == "gpt" || model_type == "llama" || model_type == "hf";
     if (builtin_model && !language_model) fail("'data.type' \"" + data_type + "\" needs a language model: set 'model.type' to \"gpt\" (it is \"" + model_type + "\")");
