@@ -380,6 +380,25 @@ TEST_CASE("Trainer: stopped by SIGTERM mid-run, resumed from latest, ends with t
   CHECK(metrics(parts_dir / "run") == metrics(whole_dir / "run"));
 }
 
+TEST_CASE("Trainer: a signal during the last step says the run is complete, not how to resume it", "[trainer][signal]") {
+  const fs::path dir = scratch("last_step_signal");
+  Run run;
+  setup(run, "fp32");
+  Trainer trainer(*run.booster, trainer_options(dir));
+  trainer.on_step([](const trainer::StepReport& r) {
+    if (r.step == 24) std::raise(SIGTERM);  // the run's last step (4 epochs of 6)
+  });
+  try {
+    trainer.fit();
+    FAIL("fit() should have reported the signal");
+  } catch (const InterruptedError& e) {
+    CHECK(e.signal() == SIGTERM);
+    CHECK_THAT(e.what(), Catch::Contains("stopped by SIGTERM after the last step, 24 of 24, as the run ended; it is "
+                                         "complete; saved " + (dir / "checkpoints" / "step-00000024").string()));
+    CHECK_THAT(e.what(), !Catch::Contains("resume"));
+  }
+}
+
 TEST_CASE("Trainer: options out of range and missing parts are named", "[trainer]") {
   Run run;
   setup(run, "fp32");

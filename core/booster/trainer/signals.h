@@ -27,9 +27,9 @@
 // before it, the last evaluation and save after it. `booster train` holds a StopOnSignal for the whole
 // command, and the Trainer's own nests in it: a nested one installs nothing and keeps the request, so
 // a signal while the ranks are starting stops the run before its first step (fit() looks before it),
-// one during the last evaluation or save is seen once they are done (fit() looks again), and one after
-// fit() is seen by the command; none is lost, and none ends the run with status 0 or without a line
-// saying so.
+// one during the last step, evaluation or save is seen once they are done, and its line says the run is
+// complete rather than how to resume it (nothing is left to train), and one after fit() is seen by the
+// command; none is lost, and none ends the run with status 0 or without a line saying so.
 #pragma once
 
 #include "booster/distributed/process_group.h"

@@ -746,6 +746,12 @@ FitResult Trainer::fit() {
     throw InterruptedError(signal, std::string("stopped by ") + trainer::StopOnSignal::signal_name(signal) + " " + where,
                            result.to_json());
   };
+  // A signal that came during the last step or after it: the run is complete, nothing is left to resume.
+  auto interrupt_complete = [&](int signal) {
+    const std::optional<fs::path>& saved = result.last_checkpoint;
+    interrupt(signal, "after the last step, " + std::to_string(step) + " of " + std::to_string(total_steps_) +
+                          ", as the run ended; it is complete" + (saved ? "; saved " + saved->string() : std::string()));
+  };
   auto after_step = [&] {
     check_writes(step, result.last_checkpoint ? result.last_checkpoint : result.resumed_from);
     collect_async_save(result.last_checkpoint, /*wait=*/false);  // Note [Asynchronous checkpoints]
@@ -754,7 +760,9 @@ FitResult Trainer::fit() {
     if (saving && step > first_step) reduce_loss();  // every rank: the signal was agreed
     if (saving) result.last_checkpoint = save(step, result.last_checkpoint);
     if (!signal) return;
-    collect_async_save(result.last_checkpoint, /*wait=*/true);  // a stop names a committed step
+    const bool last = step >= total_steps_;  // the signal came during the last step
+    collect_async_save(result.last_checkpoint, /*wait=*/true, /*run_end=*/last);  // a stop names a committed step
+    if (last) interrupt_complete(signal);
     if (!checkpoint_root_)
       interrupt(signal, "after step " + std::to_string(step) + " of " + std::to_string(total_steps_) +
                             "; nothing was saved: there is no run or checkpoint directory");
@@ -901,11 +909,7 @@ FitResult Trainer::fit() {
   collect_async_save(result.last_checkpoint, /*wait=*/true, /*run_end=*/true);
   // A signal during the last step's evaluation or save came after after_step() looked: the run is
   // complete, but a stop was asked for, so it ends as interrupted (Note [Stopping on a signal]).
-  if (const int signal = stop_signal()) {
-    const std::optional<fs::path>& saved = result.last_checkpoint;
-    interrupt(signal, "after the last step, " + std::to_string(step) + " of " + std::to_string(total_steps_) +
-                          ", as the run ended; it is complete" + (saved ? "; saved " + saved->string() : std::string()));
-  }
+  if (const int signal = stop_signal()) interrupt_complete(signal);
   progress.finish();
   metrics_.close();
   check_writes(step, result.last_checkpoint ? result.last_checkpoint : result.resumed_from);
