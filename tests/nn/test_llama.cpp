@@ -70,6 +70,17 @@ nn::LlamaConfig tiny_config(bool tied, int64_t kv_heads = 1) {
 
 // A process group of `size` ranks of which this is `rank`, for building a rank's part of a split model
 // on one process: the shard policies slice without communicating. Any collective fails.
+// A Llama of 4 query heads over 2 key/value heads, wide enough for tp 2 to split every weight.
+nn::LlamaConfig shard_config(int64_t layers) {
+  nn::LlamaConfig cfg = tiny_config(false, 2);
+  cfg.hidden_size = 32;
+  cfg.num_attention_heads = 4;
+  cfg.intermediate_size = 48;
+  cfg.vocab_size = 64;
+  cfg.num_hidden_layers = layers;
+  return cfg;
+}
+
 class FakeGroup final : public distributed::ProcessGroup {
  public:
   FakeGroup(int rank, int size) : rank_(rank), size_(size) {}
@@ -447,12 +458,7 @@ TEST_CASE("llama: under bfloat16 autocast the GEMMs run in bfloat16 and the norm
 TEST_CASE("llama shard policy: stages hold the model under its names, and tp splits heads or says why",
           "[llama][pipeline][tp]") {
   const nn::ShardPolicy policy = nn::find_shard_policy("Llama", "this test");
-  nn::LlamaConfig cfg = tiny_config(false, 2);
-  cfg.hidden_size = 32;
-  cfg.num_attention_heads = 4;
-  cfg.intermediate_size = 48;
-  cfg.vocab_size = 64;
-  cfg.num_hidden_layers = 3;
+  const nn::LlamaConfig cfg = shard_config(3);
   auto model = std::make_shared<nn::Llama>(cfg, 4);
   Generator gen(2);
   const Tensor ids = randint(0, cfg.vocab_size, {2, 6}, &gen);
@@ -558,12 +564,7 @@ TEST_CASE("llama shard policy: stages hold the model under its names, and tp spl
 TEST_CASE("llama shard policy: a rank's part of a deferred Llama allocates only that part",
           "[llama][deferred][pipeline][tp]") {
   const nn::ShardPolicy policy = nn::find_shard_policy("Llama", "this test");
-  nn::LlamaConfig cfg = tiny_config(false, 2);
-  cfg.hidden_size = 32;
-  cfg.num_attention_heads = 4;
-  cfg.intermediate_size = 48;
-  cfg.vocab_size = 64;
-  cfg.num_hidden_layers = 4;
+  const nn::LlamaConfig cfg = shard_config(4);
   FakeGroup group(1, 2);
   for (bool tp : {false, true}) {
     INFO((tp ? "tensor parallel rank 1 of 2" : "stage 1 of 4"));
@@ -606,12 +607,7 @@ TEST_CASE("llama shard policy: under a ShapesOnlyGuard every part has the eager 
   // What `booster check` does to a model it only splits (Note [Checking a model before it trains]): no
   // memory for the whole or the parts, no draws from any generator, the same shapes as the real split.
   const nn::ShardPolicy policy = nn::find_shard_policy("Llama", "this test");
-  nn::LlamaConfig cfg = tiny_config(false, 2);
-  cfg.hidden_size = 32;
-  cfg.num_attention_heads = 4;
-  cfg.intermediate_size = 48;
-  cfg.vocab_size = 64;
-  cfg.num_hidden_layers = 4;
+  const nn::LlamaConfig cfg = shard_config(4);
   for (int rank : {0, 1}) {
     for (int stage : {0, 1, 3}) {
       INFO("tp rank " << rank << " of 2, stage " << stage << " of 4");
