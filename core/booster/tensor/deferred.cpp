@@ -6,15 +6,18 @@
 // reads as released, and its first data() allocates it (Storage::materialize). What it holds then is
 // decided by the last whole-storage initialization recorded before:
 //  * fill_ (zeros, ones, full) records the constant;
-//  * init::uniform_/normal_ record a copy of the generator and draw the same numbers the eager fill
-//    would, discarding them: the generator ends where it would have, so every later draw (the next
-//    layer's weights, dropout) is unchanged, and replaying the copy gives the values again, in the
-//    same row-major order, converted to the dtype the same way (a float64 buffer through copy_);
+//  * init::uniform_/normal_ record a copy of the generator and move the generator past the numbers the
+//    eager fill would draw (Generator::skip_uniform/skip_normal: the raw numbers only): it ends where
+//    it would have, so every later draw (the next layer's weights, dropout) is unchanged, and replaying
+//    the copy gives the values, in the same row-major order, converted to the dtype the same way (a
+//    float64 buffer through copy_);
 //  * copy_ over the whole storage drops the record (the copy overwrites it anyway).
 // Anything else (a view's init, a read, an op) allocates and fills first, then runs eagerly: a deferred
 // tensor is always the tensor the eager code would have made, only later.
-// select_ranges replays the record streaming, keeping only the elements a shard needs, so a rank that
-// holds a slice of a weight never holds the whole of it; Tensor::to(device) moves the record. Not
+// select_ranges replays the record streaming, keeping only the elements a shard needs (skipping the
+// rest), so a rank that holds a slice of a weight never holds the whole of it; Tensor::to(device) moves
+// the record. Under a ShapesOnlyGuard a random init records zeros and leaves the generator alone, and
+// select_ranges gives a deferred slice: a model is built and split for its shapes alone. Not
 // thread-safe: a deferred tensor is allocated by whichever thread first uses it, so it must not be
 // first used by several threads at once (kernels take their pointers before their parallel loops).
 //
@@ -59,6 +62,14 @@ Storage* whole_deferred(const Tensor& t) {
   return s;
 }
 
+// Moves `gen` past n draws of `kind` without making them (Note [Skipping normals] in random.cpp).
+void skip_draws(Generator& gen, DeferredInit::Kind kind, int64_t n) {
+  if (kind == DeferredInit::Kind::Normal)
+    gen.skip_normal(n);
+  else if (kind == DeferredInit::Kind::Uniform)
+    gen.skip_uniform(n);
+}
+
 // Draws the numbers of `init` one by one, as the eager fill does.
 struct Replay {
   explicit Replay(const DeferredInit& init) : init_(init), gen_(init.generator) {}
@@ -71,13 +82,8 @@ struct Replay {
     }
     return init_.a;
   }
-  // Moves past n values without making them (Note [Skipping normals] in random.cpp).
-  void skip(int64_t n) {
-    if (init_.kind == DeferredInit::Kind::Normal)
-      gen_.skip_normal(n);
-    else if (init_.kind == DeferredInit::Kind::Uniform)
-      gen_.skip_uniform(n);
-  }
+  // Moves past n values without making them.
+  void skip(int64_t n) { skip_draws(gen_, init_.kind, n); }
   const DeferredInit& init_;
   Generator gen_;
 };
@@ -157,12 +163,8 @@ bool defer_draws(const Tensor& t, DeferredInit::Kind kind, double a, double b, G
     s->set_deferred_init(zeros_record(t.dtype()));
     return true;
   }
-  auto init = std::make_shared<DeferredInit>(DeferredInit{kind, a, b, gen, t.dtype()});
-  if (kind == DeferredInit::Kind::Normal)
-    gen.skip_normal(t.numel());
-  else
-    gen.skip_uniform(t.numel());
-  s->set_deferred_init(std::move(init));
+  s->set_deferred_init(std::make_shared<DeferredInit>(DeferredInit{kind, a, b, gen, t.dtype()}));
+  skip_draws(gen, kind, t.numel());
   return true;
 }
 

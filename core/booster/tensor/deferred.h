@@ -85,8 +85,8 @@ bool is_deferred(const Tensor& t);
 void materialize(const Tensor& t);
 
 // Record t's values when t is deferred and spans its whole storage: a constant (defer_fill), or draws
-// from `gen`, which are made (and discarded) now, as the eager fill would make them, so the generator
-// moves on exactly as it would. False otherwise: the caller fills t eagerly. Used by
+// from `gen`, which moves past them now (without making them) exactly as the eager fill moves it.
+// False otherwise: the caller fills t eagerly. Used by
 // init::uniform_/normal_ and Tensor::fill_.
 bool defer_fill(const Tensor& t, double value);
 bool defer_uniform(const Tensor& t, double low, double high, Generator& gen);
