@@ -358,10 +358,11 @@ int run(int argc, char** argv) {
       else throw UsageError("'booster compat' takes only --device cpu|cuda, got '" + rest[i] + "'");
     }
     // Any other name would print a matrix of "no" for a device nothing runs on.
-    const bool cuda_n = device.rfind("cuda:", 0) == 0 && device.size() > 5 &&
-                        std::all_of(device.begin() + 5, device.end(), [](char c) { return c >= '0' && c <= '9'; });
-    if (device != "cpu" && device != "cuda" && !cuda_n)
+    try {
+      booster::device_from_string(device);
+    } catch (const booster::DeviceError&) {
       throw UsageError("'booster compat' --device is '" + device + "'; expected cpu, cuda or cuda:N");
+    }
     return booster::cli::compat(device);
   }
   if (command == "bench") return booster::cli::bench(rest);
