@@ -210,6 +210,24 @@ trainer::Evaluation trainer::evaluate(nn::Module& model, const data::Dataset& da
   return e;
 }
 
+json trainer::Evaluation::to_json() const {
+  json out = {{"test_loss", loss}};
+  if (perplexity) {  // Note [Perplexity]
+    out["val_loss"] = loss;
+    out["val_ppl"] = *perplexity;
+  } else {
+    out["test_accuracy"] = accuracy;
+  }
+  return out;
+}
+
+std::string trainer::Evaluation::describe() const {
+  if (perplexity)
+    return format_line("val loss %.4f | val ppl %.2f | %lld samples", loss, *perplexity, static_cast<long long>(samples));
+  return format_line("test loss %.4f | test accuracy %.2f%% | %lld samples", loss, 100.0 * accuracy,
+                     static_cast<long long>(samples));
+}
+
 std::string trainer::running_precision(Booster& booster) {
   ParallelPlugin& plugin = booster.plugin();
   if (!plugin.control_precision()) return booster.config().mixed_precision;
@@ -267,14 +285,7 @@ json FitResult::to_json() const {
   out["train_seconds"] = train_seconds;
   out["samples_per_second"] = samples_per_second;
   if (tokens_per_second) out["tokens_per_second"] = *tokens_per_second;
-  if (evaluation) {
-    out["test_loss"] = evaluation->loss;
-    out["test_accuracy"] = evaluation->accuracy;
-    if (evaluation->perplexity) {  // Note [Perplexity]
-      out["val_loss"] = evaluation->loss;
-      out["val_ppl"] = *evaluation->perplexity;
-    }
-  }
+  if (evaluation) out.update(evaluation->to_json());
   out["run_dir"] = run_dir ? json(run_dir->string()) : json(nullptr);
   out["resumed_from"] = resumed_from ? json(resumed_from->string()) : json(nullptr);
   if (!interrupted.empty()) {
@@ -395,14 +406,8 @@ void Trainer::run_evaluation(int64_t step) {
   if (!eval_data_) return;
   const double t0 = now_seconds();
   const trainer::Evaluation result = evaluate();
-  if (result.perplexity)
-    progress_->print(format_line("eval  step %6lld | val loss %.4f | val ppl %.2f | %lld samples in %.2fs",
-                                 static_cast<long long>(step), result.loss, *result.perplexity,
-                                 static_cast<long long>(result.samples), now_seconds() - t0));
-  else
-    progress_->print(format_line("eval  step %6lld | test loss %.4f | test accuracy %.2f%% | %lld samples in %.2fs",
-                                 static_cast<long long>(step), result.loss, 100.0 * result.accuracy,
-                                 static_cast<long long>(result.samples), now_seconds() - t0));
+  progress_->print(format_line("eval  step %6lld | ", static_cast<long long>(step)) + result.describe() +
+                   format_line(" in %.2fs", now_seconds() - t0));
   position_.evaluation = evaluation_json(result, step);
   json record = {{"kind", "eval"}};
   record.update(position_.evaluation);

@@ -62,6 +62,13 @@ struct Evaluation {
   int64_t samples = 0;
   // exp(loss) of a language model's evaluation (TrainerOptions::perplexity; Note [Perplexity]).
   std::optional<double> perplexity;
+
+  // As a summary reports it (Note [Perplexity]): test_loss, and test_accuracy for a classifier or
+  // val_loss and val_ppl for a language model (whose next-token accuracy nobody asked for).
+  nlohmann::json to_json() const;
+  // One readable line: "val loss 2.1234 | val ppl 8.37 | 512 samples" for a language model, else
+  // "test loss 0.4321 | test accuracy 85.20% | 10000 samples".
+  std::string describe() const;
 };
 
 // Evaluates `model` on every `stride`-th item of `dataset` in eval mode under NoGradGuard, `batch_size`
