@@ -1,5 +1,6 @@
 #include "zero_optimizer.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <functional>
@@ -263,10 +264,16 @@ void ZeroOptimizer::partition_by_module(const optim::Optimizer& original, const 
   for (size_t g = 0; g < original.param_groups().size(); ++g)
     for (size_t j = 0; j < original.param_groups()[g].params.size(); ++j)
       where[original.param_groups()[g].params[j].impl()] = {g, group_params_[g][j]};
+  std::map<const TensorImpl*, size_t> owned;  // parameter -> its partition, once a module took it
   std::function<void(const nn::ModulePtr&)> visit = [&](const nn::ModulePtr& owner) {
     nn::Module& m = *owner;
     std::map<size_t, Partition> by_group;
+    std::set<size_t> shared;  // partitions of parameters an earlier module owns (tied weights)
     for (const auto& [name, t] : m.named_parameters(/*recurse=*/false)) {
+      if (auto o = owned.find(t.impl()); o != owned.end()) {
+        shared.insert(o->second);
+        continue;
+      }
       auto it = where.find(t.impl());
       if (it == where.end()) continue;  // not trained: stays whole on every rank
       Partition& p = by_group[it->second.first];
@@ -275,19 +282,25 @@ void ZeroOptimizer::partition_by_module(const optim::Optimizer& original, const 
       p.index.push_back(it->second.second);
       where.erase(it);
     }
-    if (!by_group.empty()) {
+    if (!by_group.empty() || !shared.empty()) {
       Unit unit;
       unit.module = &m;
       unit.owner = owner;
       for (auto& [g, p] : by_group) {
+        for (const Tensor& t : p.params) owned[t.impl()] = parts_.size();
         unit.parts.push_back(parts_.size());
         parts_.push_back(std::move(p));
       }
+      unit.parts.insert(unit.parts.end(), shared.begin(), shared.end());
+      std::sort(unit.parts.begin(), unit.parts.end());
       units_.push_back(std::move(unit));
     }
     for (const nn::ModulePtr& child : m.children()) visit(child);
   };
   visit(model);
+  // Note [ZeRO-3: tied parameters]
+  for (size_t u = 0; u < units_.size(); ++u)
+    for (size_t k : units_[u].parts) parts_[k].last_user = u;
   BOOSTER_CHECK(where.empty(), ValueError, "low_level_zero: stage 3 shards parameters by the module that owns them, "
                 "but the optimizer has ", where.size(), " parameter(s) that are not the model's (the first is '",
                 where.begin()->first ? where.begin()->first->name : std::string("?"),
@@ -582,17 +595,24 @@ void ZeroOptimizer::take_shards_from_parameters() {
   }
 }
 
-void ZeroOptimizer::unit_forward_begin(size_t u) {
-  const Unit& unit = units_[u];
-  for (size_t k : unit.parts) gather(k, /*async=*/false);
-  // The next module's parameters travel while this one computes (not during a recompute in backward,
-  // where the next module is done).
-  const size_t next = unit.parts.back() + 1;
-  if (next < parts_.size() && !(in_backward_ && parts_[next].reduced)) gather(next, /*async=*/true);
+// Starts the all-gather of unit u's partitions (none past the last unit), except those whose
+// gradients this backward already reduced: their module is done.
+void ZeroOptimizer::prefetch(size_t u) {
+  if (u >= units_.size()) return;
+  for (size_t k : units_[u].parts)
+    if (!(in_backward_ && parts_[k].reduced)) gather(k, /*async=*/true);
 }
 
+void ZeroOptimizer::unit_forward_begin(size_t u) {
+  for (size_t k : units_[u].parts) gather(k, /*async=*/false);
+  prefetch(u + 1);  // the next module's parameters travel while this one computes
+}
+
+// Note [ZeRO-3: tied parameters]: a partition that a later module reads too (a tied lm_head) stays
+// gathered until its last reader in pre-order has run.
 Tensor ZeroOptimizer::unit_forward_end(size_t u, const Tensor& out) {
-  for (size_t k : units_[u].parts) release(k);
+  for (size_t k : units_[u].parts)
+    if (parts_[k].last_user <= u) release(k);
   if (!autograd::grad_mode_enabled() || !out.defined() || !out.requires_grad()) return Tensor();
   // Its backward needs the parameters again: an identity node on the output gathers them first.
   Tensor watched = out.detach();
@@ -607,8 +627,7 @@ Tensor ZeroOptimizer::unit_forward_end(size_t u, const Tensor& out) {
 void ZeroOptimizer::unit_backward_begin(size_t u) {
   const Unit& unit = units_[u];
   for (size_t k : unit.parts) gather(k, /*async=*/false);
-  // Backward runs the modules in reverse: the previous one's parameters are needed next.
-  if (unit.parts.front() > 0 && !parts_[unit.parts.front() - 1].reduced) gather(unit.parts.front() - 1, /*async=*/true);
+  if (u > 0) prefetch(u - 1);  // backward runs the modules in reverse: the previous one's are next
 }
 
 void ZeroOptimizer::on_grad_ready_stage3(size_t k) {

@@ -108,6 +108,7 @@ class ZeroOptimizer final : public optim::Optimizer {
     distributed::WorkPtr gather_work;
     int64_t waiting = 0;           // parameters whose gradient has not arrived in this backward
     bool reduced = false;          // its gradients were reduced in this backward
+    size_t last_user = 0;          // the last unit (pre-order) that reads it: Note [ZeRO-3: tied parameters]
     // Stage 2 with overlap: buckets of adjacent parameters, last parameters first.
     struct Bucket {
       int64_t begin = 0, end = 0;  // elements of the flat buffer
@@ -129,11 +130,12 @@ class ZeroOptimizer final : public optim::Optimizer {
   struct Unit {
     nn::Module* module = nullptr;
     std::weak_ptr<nn::Module> owner;  // the module may go first (the optimizer then leaves it alone)
-    std::vector<size_t> parts;  // its partitions, ascending
+    std::vector<size_t> parts;  // its partitions, ascending, with those of tied parameters it reads
     int64_t pre_hook = 0, post_hook = 0;
   };
   void gather(size_t k, bool async);
   void release(size_t k);
+  void prefetch(size_t u);
   void unit_forward_begin(size_t u);
   Tensor unit_forward_end(size_t u, const Tensor& out);
   void unit_backward_begin(size_t u);

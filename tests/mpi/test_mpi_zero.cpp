@@ -910,8 +910,9 @@ TEST_CASE("zero3: fp32 stage 3 on 2 ranks matches one process with the whole bat
 // stage 3 must give stage 2's parameters bit for bit. Against one process only the summation of the
 // batch differs; SGD keeps that at float32 rounding (AdamW divides by the root of tiny second moments of
 // rarely seen embedding rows, which magnifies it).
+// Tied (GPT-2's lm_head reads the embedding's weight, Note [ZeRO-3: tied parameters]) and untied.
 TEST_CASE("zero3: a GPT (embeddings, layer norms, attention) trains as stage 2 and one process do, also "
-          "with activation checkpointing", "[mpi][zero]") {
+          "with activation checkpointing and tied embeddings", "[mpi][zero]") {
   nn::GPTConfig cfg;
   cfg.vocab_size = 32;
   cfg.context = 8;
@@ -948,8 +949,9 @@ TEST_CASE("zero3: a GPT (embeddings, layer norms, attention) trains as stage 2 a
     }
     return gathered_params(z);
   };
-  for (bool checkpointing : {false, true}) {
-    INFO("activation checkpointing " << checkpointing);
+  for (const auto& [tied, checkpointing] : {std::pair{false, false}, {false, true}, {true, false}, {true, true}}) {
+    INFO("tied " << tied << ", activation checkpointing " << checkpointing);
+    cfg.tie_word_embeddings = tied;
     cfg.activation_checkpointing = checkpointing;
     auto reference = std::make_shared<nn::GPT>(cfg, 3);
     auto ref_opt = optim::make_optimizer(sgd, reference->parameters());
