@@ -30,6 +30,7 @@
 #include "booster/distributed/local_process_group.h"
 #include "booster/distributed/nccl_process_group.h"
 #include "booster/mixed_precision/master_weight_optimizer.h"
+#include "booster/nn/kv_cache.h"
 #include "booster/nn/pipeline.h"
 #include "booster/nn/shard_policy.h"
 #include "booster/ops/ops.h"
@@ -95,6 +96,8 @@ struct SplitState {
   json layout;
   // zero_stage 1 (Note [Hybrid ZeRO-1]): the data-parallel rank that steps each parameter, by name.
   std::map<std::string, int> owners;
+  // The whole model's, when it is a decoder (nn::CausalLM): what generation from the split model needs.
+  int64_t max_positions = 0, vocab_size = 0;
 };
 
 // Note [Hybrid ZeRO-1]
@@ -344,7 +347,10 @@ double HybridPrecision::clip_grad_norm(optim::Optimizer& optimizer, double max_n
 // its layers communicate over alive. With pipeline stages, its forward without gradients runs the
 // whole pipeline and gives the last stage's output to every stage (evaluation), and it refuses to run
 // with gradients: a training step is Booster::execute_pipeline.
-class SplitModel final : public nn::Module {
+// It generates (nn::generate) when the whole model is a decoder, without a key/value cache: every step
+// runs forward over the whole sequence, through the tensor-parallel layers and the pipeline as
+// evaluation does, so every rank gets the same logits and draws the same tokens.
+class SplitModel final : public nn::Module, public nn::CausalLM {
  public:
   SplitModel(nn::ModulePtr stage, std::shared_ptr<const SplitState> split)
       : stage_(std::move(stage)), split_(std::move(split)), pp_(split_->mesh->pp_group()), eval_(stage_, pp_, {}) {
@@ -354,6 +360,18 @@ class SplitModel final : public nn::Module {
     train(stage_->is_training());
   }
   std::string name() const override { return stage_->name(); }
+
+  nn::CausalLM* causal_lm() override { return split_->vocab_size > 0 ? this : nullptr; }
+  bool has_kv_cache() const override { return false; }
+  int64_t max_positions() const override { return split_->max_positions; }
+  int64_t vocab_size() const override { return split_->vocab_size; }
+  Tensor forward_cached(const Tensor&, nn::KVCache&) override {
+    BOOSTER_FAIL(IncompatibleError, "plugin 'hybrid_parallel': a split model keeps no key/value cache; "
+                  "nn::generate runs it over the whole sequence instead");
+  }
+  nn::KVCache make_kv_cache(int64_t) const override {
+    BOOSTER_FAIL(IncompatibleError, "plugin 'hybrid_parallel': a split model keeps no key/value cache");
+  }
 
   Tensor forward(const Tensor& x) override {
     if (pp_.size() == 1) return (*stage_)(x);
@@ -538,6 +556,10 @@ class HybridParallelPlugin final : public ParallelPlugin {
     const bool zero = options_.zero_stage == 1 && mesh_->dp_size() > 1;
     if (!split && !zero) return parts;  // data parallel only: nothing to split
 
+    if (const nn::CausalLM* lm = parts.model->causal_lm()) {
+      split_->max_positions = lm->max_positions();
+      split_->vocab_size = lm->vocab_size();
+    }
     nn::ModulePtr part = parts.model;
     const std::string why = "plugin 'hybrid_parallel' with tp_size " + std::to_string(options_.tp_size) +
                             " and pp_size " + std::to_string(options_.pp_size);

@@ -17,6 +17,7 @@
 #include "booster/autograd/autograd.h"
 #include "booster/booster/booster.h"
 #include "booster/distributed/process_group.h"
+#include "booster/nn/generate.h"
 #include "booster/nn/hf.h"
 #include "booster/nn/llama.h"
 #include "booster/nn/pipeline.h"
@@ -235,6 +236,24 @@ TEST_CASE("llama: hybrid_parallel tp 2 and pp 2 train a deferred Llama as one pr
           ::testing::roundoff::sgd_bound(path, eps_gradient));
     autograd::NoGradGuard no_grad;
     CHECK(max_diff((*b.model)(batches[0].first), (*saved)(batches[0].first)) <= forward_bound(4, 8));
+    // nn::generate on what boost() returned (no key/value cache: the split model runs the whole
+    // sequence each step): every rank gets the same tokens, and each is the whole model's greedy choice
+    // up to the forward's roundoff (a near-tie may go either way).
+    const std::vector<int64_t> prompt = {3, 1, 4, 1, 5};
+    const nn::GenerateResult split = nn::generate(*b.model, prompt, {.max_new_tokens = 8, .temperature = 0.0});
+    REQUIRE(split.tokens.size() == 8);
+    Tensor first = from_vector(split.tokens, {8});
+    pg.broadcast(first, 0);
+    CHECK(first.to_vector<int64_t>() == split.tokens);
+    std::vector<int64_t> seq = prompt;
+    for (int64_t token : split.tokens) {
+      const Tensor logits = (*saved)(from_vector(seq, {1, int64_t(seq.size())})).select(1, int64_t(seq.size()) - 1).reshape({-1});
+      const std::vector<double> z = logits.tolist();
+      const double best = *std::max_element(z.begin(), z.end());
+      INFO("token " << token << ": logit " << z[size_t(token)] << ", best " << best);
+      CHECK(z[size_t(token)] >= best - 2 * forward_bound(1, double(seq.size())) * (1 + std::abs(best)));
+      seq.push_back(token);
+    }
     pg.barrier();
     if (pg.rank() == 0) std::filesystem::remove_all(dir);
   }
@@ -244,6 +263,7 @@ TEST_CASE("llama: hybrid_parallel tp 2 and pp 2 train a deferred Llama as one pr
 // whole parameters for its forward and backward, and steps its half with the averaged gradient. Each
 // rank trains on its two rows of the four one process trains on; SGD with momentum, whose step is
 // proportional to the gradient (Note [Roundoff bounds], step 3: the tight check).
+// Untied and tied (lm_head reads the embedding's weight: Note [ZeRO-3: tied parameters]).
 TEST_CASE("llama: low_level_zero stage 3 trains a Llama as one process does, and saves the whole model",
           "[mpi][zero][llama][roundoff]") {
   ProcessGroup& pg = group();
@@ -251,7 +271,9 @@ TEST_CASE("llama: low_level_zero stage 3 trains a Llama as one process does, and
   namespace ro = ::testing::roundoff;
   const nlohmann::json sgd = {{"type", "sgd"}, {"lr", 0.2}, {"momentum", 0.9}};
   const double momentum = 0.9;
-  const nn::LlamaConfig cfg = llama_config(false);
+  const bool tied = GENERATE(false, true);
+  INFO((tied ? "tied" : "untied"));
+  const nn::LlamaConfig cfg = llama_config(tied);
   Generator data(12);
   std::vector<std::pair<Tensor, Tensor>> batches;
   for (int s = 0; s < 6; ++s) {

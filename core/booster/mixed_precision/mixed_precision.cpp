@@ -118,7 +118,7 @@ PrecisionModule::PrecisionModule(nn::ModulePtr inner, Options options)
   train(inner_->is_training());
 }
 
-Tensor PrecisionModule::forward(const Tensor& x) {
+Tensor PrecisionModule::run_wrapped(const Tensor& x, const std::function<Tensor(const Tensor&)>& run) {
   // train()/eval() reach the adopted children but not the inner module's own flag.
   if (inner_->is_training() != is_training()) inner_->train(is_training());
   Tensor input = x;
@@ -127,11 +127,34 @@ Tensor PrecisionModule::forward(const Tensor& x) {
   {
     autocast::AutocastGuard guard(options_.autocast, options_.autocast_dtype, options_.table,
                                   options_.linear_override);
-    out = (*inner_)(input);  // through operator(): the inner module's forward hooks (ZeRO-3's) run
+    out = run(input);
   }
   if (options_.cast_io && is_floating(out.dtype())) out = out.to(DType::Float32);
   return out;
 }
+
+Tensor PrecisionModule::forward(const Tensor& x) {
+  // Through operator(): the inner module's forward hooks (ZeRO-3's) run.
+  return run_wrapped(x, [&](const Tensor& in) { return (*inner_)(in); });
+}
+
+nn::CausalLM& PrecisionModule::inner_lm() const {
+  nn::CausalLM* lm = inner_->causal_lm();
+  BOOSTER_CHECK(lm != nullptr, IncompatibleError, "generate: the model (", inner_->name(),
+                ") has no key/value-cache forward; nn::generate takes a decoder that implements nn::CausalLM "
+                "(nn::GPT, nn::Llama)");
+  return *lm;
+}
+
+Tensor PrecisionModule::forward_cached(const Tensor& idx, nn::KVCache& cache) {
+  nn::CausalLM& lm = inner_lm();
+  return run_wrapped(idx, [&](const Tensor& in) { return lm.forward_cached(in, cache); });
+}
+
+nn::KVCache PrecisionModule::make_kv_cache(int64_t capacity) const { return inner_lm().make_kv_cache(capacity); }
+int64_t PrecisionModule::max_positions() const { return inner_lm().max_positions(); }
+int64_t PrecisionModule::vocab_size() const { return inner_lm().vocab_size(); }
+bool PrecisionModule::has_kv_cache() const { return inner_lm().has_kv_cache(); }
 
 Criterion autocast_criterion(Criterion criterion, DType dtype, std::shared_ptr<const autocast::PolicyTable> table) {
   if (!criterion) return criterion;  // none given: none returned

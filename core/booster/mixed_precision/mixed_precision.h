@@ -41,6 +41,7 @@
 
 #include "booster/autocast/autocast.h"
 #include "booster/config/option_reader.h"
+#include "booster/nn/kv_cache.h"
 #include "booster/nn/loss.h"
 #include "booster/nn/module.h"
 #include "booster/optim/optimizer.h"
@@ -218,7 +219,9 @@ class OptionReader : public config::OptionReader {
 // parameters, buffers and children under their own names, so state_dict keys do not change.
 // With cast_io, floating inputs are cast to `input_dtype` and outputs to float32 first (for models
 // held entirely in 16 bits: the loss is then computed and scaled in float32).
-class PrecisionModule : public nn::Module {
+// Around a decoder (nn::CausalLM) it is one too: generation's cached forward runs under the same
+// autocast and casts as forward (causal_lm() is null when the inner module cannot generate).
+class PrecisionModule : public nn::Module, public nn::CausalLM {
  public:
   struct Options {
     bool autocast = false;
@@ -233,7 +236,17 @@ class PrecisionModule : public nn::Module {
   std::string name() const override { return inner_->name(); }
   const nn::ModulePtr& inner() const { return inner_; }
 
+  nn::CausalLM* causal_lm() override { return inner_->causal_lm() ? this : nullptr; }
+  Tensor forward_cached(const Tensor& idx, nn::KVCache& cache) override;
+  nn::KVCache make_kv_cache(int64_t capacity) const override;
+  int64_t max_positions() const override;
+  int64_t vocab_size() const override;
+  bool has_kv_cache() const override;
+
  private:
+  nn::CausalLM& inner_lm() const;
+  // forward's body: the input cast, `run` under autocast, the output cast.
+  Tensor run_wrapped(const Tensor& x, const std::function<Tensor(const Tensor&)>& run);
   nn::ModulePtr inner_;
   Options options_;
 };

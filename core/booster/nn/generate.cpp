@@ -22,6 +22,7 @@
 #include <cmath>
 #include <limits>
 #include <numeric>
+#include <optional>
 
 #include "booster/common/error.h"
 #include "booster/nn/kv_cache.h"
@@ -35,6 +36,7 @@ std::string to_string(StopReason reason) {
     case StopReason::MaxNewTokens: return "max_new_tokens";
     case StopReason::MaxPositions: return "max_positions";
     case StopReason::EndOfSequence: return "eos";
+    case StopReason::StopCondition: return "stop";
   }
   return "?";
 }
@@ -49,6 +51,8 @@ void validate(const GenerateOptions& o) {
                 "; it must be in (0, 1] (1 keeps every id)");
   BOOSTER_CHECK(o.vocab_limit >= 0, ValueError, "generate: vocab_limit is ", o.vocab_limit,
                 "; it must be >= 0 (0: the model's vocabulary)");
+  BOOSTER_CHECK(std::isfinite(o.repetition_penalty) && o.repetition_penalty > 0.0, ValueError,
+                "generate: repetition_penalty is ", o.repetition_penalty, "; it must be > 0 (1 is off)");
 }
 
 std::vector<int64_t> top_p_set(const std::vector<double>& probs, double top_p) {
@@ -110,9 +114,10 @@ int64_t sample_next_token(const std::vector<float>& logits, const GenerateOption
 
 GenerateResult generate(Module& model, const std::vector<int64_t>& prompt, const GenerateOptions& o) {
   validate(o);
-  auto* lm = dynamic_cast<CausalLM*>(&model);
-  BOOSTER_CHECK(lm != nullptr, IncompatibleError, "generate: a ", model.name(),
-                " cannot generate; nn::generate takes a CausalLM (nn::GPT, nn::Llama)");
+  CausalLM* lm = model.causal_lm();
+  BOOSTER_CHECK(lm != nullptr, IncompatibleError, "generate: the model (", model.name(),
+                ") has no key/value-cache forward; nn::generate takes a decoder that implements nn::CausalLM "
+                "(nn::GPT, nn::Llama, or what boost() returned for one)");
   const int64_t vocab = lm->vocab_size(), limit = lm->max_positions(), P = int64_t(prompt.size());
   BOOSTER_CHECK(P > 0, ValueError, "generate: the prompt is empty; give at least one token id");
   for (size_t i = 0; i < prompt.size(); ++i)
@@ -140,17 +145,36 @@ GenerateResult generate(Module& model, const std::vector<int64_t>& prompt, const
   Generator gen(o.seed);
   std::vector<int64_t> sequence = prompt;
   const int64_t total = std::min(limit, P + o.max_new_tokens);
-  KVCache cache = lm->make_kv_cache(o.use_cache ? total : 0);
+  const bool use_cache = o.use_cache && lm->has_kv_cache();
+  std::optional<KVCache> cache;
+  if (use_cache) cache = lm->make_kv_cache(total);
   const int64_t allowed = o.vocab_limit > 0 ? std::min(o.vocab_limit, vocab) : vocab;
-  auto last_logits = [&](const Tensor& logits) {  // [1, T, V] -> the last position's allowed ids, float32 on the CPU
-    return logits.select(1, logits.size(1) - 1).reshape({vocab}).narrow(0, 0, allowed).to(Device::cpu()).to(DType::Float32).to_vector<float>();
+  // [1, T, V] -> the last position's allowed ids, float32 on the CPU, checked and penalized.
+  auto last_logits = [&](const Tensor& logits) {
+    std::vector<float> z = logits.select(1, logits.size(1) - 1).reshape({vocab}).narrow(0, 0, allowed)
+                               .to(Device::cpu()).to(DType::Float32).to_vector<float>();
+    const int64_t bad = std::count_if(z.begin(), z.end(), [](float v) { return !std::isfinite(v); });
+    BOOSTER_CHECK(bad == 0, TrainingError, "generate: the logits of new token ", result.tokens.size() + 1,
+                  " (position ", sequence.size(), ") hold NaN or inf in ", bad, " of ", allowed,
+                  " ids; the model's weights or its computation overflowed: check the checkpoint (booster doctor "
+                  "names the first non-finite tensor), or generate from float32 weights");
+    if (o.repetition_penalty != 1.0) {
+      std::vector<bool> seen(size_t(allowed), false);
+      for (int64_t id : sequence)
+        if (id < allowed && !seen[size_t(id)]) {
+          seen[size_t(id)] = true;
+          float& v = z[size_t(id)];
+          v = v > 0.0f ? float(double(v) / o.repetition_penalty) : float(double(v) * o.repetition_penalty);
+        }
+    }
+    return z;
   };
   auto ids_tensor = [&](const int64_t* ids, int64_t n) {
     return from_vector(std::vector<int64_t>(ids, ids + n), {1, n}).to(device);
   };
 
   Tensor logits;
-  if (o.max_new_tokens > 0) logits = o.use_cache ? lm->forward_cached(ids_tensor(prompt.data(), P), cache)
+  if (o.max_new_tokens > 0) logits = use_cache ? lm->forward_cached(ids_tensor(prompt.data(), P), *cache)
                                                   : model(ids_tensor(prompt.data(), P));
   while (int64_t(result.tokens.size()) < o.max_new_tokens) {
     const int64_t next = sample_next_token(last_logits(logits), o, gen);
@@ -160,12 +184,16 @@ GenerateResult generate(Module& model, const std::vector<int64_t>& prompt, const
       result.stop_reason = StopReason::EndOfSequence;
       return result;
     }
+    if (o.stop && o.stop(result.tokens)) {
+      result.stop_reason = StopReason::StopCondition;
+      return result;
+    }
     if (int64_t(result.tokens.size()) == o.max_new_tokens) break;
     if (int64_t(sequence.size()) >= limit) {
       result.stop_reason = StopReason::MaxPositions;
       return result;
     }
-    logits = o.use_cache ? lm->forward_cached(ids_tensor(&next, 1), cache)
+    logits = use_cache ? lm->forward_cached(ids_tensor(&next, 1), *cache)
                          : model(ids_tensor(sequence.data(), int64_t(sequence.size())));
   }
   result.stop_reason = StopReason::MaxNewTokens;

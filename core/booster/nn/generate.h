@@ -9,6 +9,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -31,12 +32,19 @@ struct GenerateOptions {
   std::vector<int64_t> more_eos_ids;
   // > 0: only ids below it are generated (a tokenizer's vocabulary, when the model's is padded past it).
   int64_t vocab_limit = 0;
+  // Hugging Face's repetition_penalty (> 0; 1: off), applied first, before the temperature: the logit
+  // of every id already in the sequence (prompt included) is divided by it when positive, multiplied
+  // when negative, so a penalty > 1 makes repeats less likely, greedy search included.
+  double repetition_penalty = 1.0;
+  // Called with the new ids after each one; true stops (StopReason::StopCondition), the last id kept
+  // (a stop text: `booster generate --stop`; Hugging Face's StoppingCriteria).
+  std::function<bool(const std::vector<int64_t>& generated)> stop;
   // false: every step runs the model over the whole sequence so far (no cache): the test oracle and the
   // benchmark's baseline, the same tokens at quadratic cost.
   bool use_cache = true;
 };
 
-enum class StopReason { MaxNewTokens, MaxPositions, EndOfSequence };
+enum class StopReason { MaxNewTokens, MaxPositions, EndOfSequence, StopCondition };
 std::string to_string(StopReason reason);
 
 struct GenerateResult {
@@ -53,8 +61,10 @@ void validate(const GenerateOptions& options);
 // new token costs one position through the cache. The model runs in eval mode without gradients on its
 // own device (CPU or CUDA; the logits of the last position come to the CPU for sampling) and is put back
 // in its former mode. Stops at max_new_tokens, at eos_id or one of more_eos_ids, or when the sequence fills the model's
-// max_positions (StopReason::MaxPositions: the prompt plus the new tokens reached the limit). ValueError
-// for bad options or ids, ShapeError for a prompt already as long as the limit.
+// max_positions (StopReason::MaxPositions: the prompt plus the new tokens reached the limit), or when
+// `stop` says so. ValueError for bad options or ids, ShapeError for a prompt already as long as the limit,
+// TrainingError for logits that hold NaN or inf (a diverged or overflowing model), naming the token.
+// `model` may be what boost() returned (Module::causal_lm): every rank of a plugin must call it alike.
 GenerateResult generate(Module& model, const std::vector<int64_t>& prompt, const GenerateOptions& options = {});
 
 // The next token from one position's logits under `options` (Note [Sampling]); draws from `gen` unless

@@ -90,6 +90,10 @@ class CausalLM {
   // The longest sequence the model takes (GPT's context, Llama's max_position_embeddings).
   virtual int64_t max_positions() const = 0;
   virtual int64_t vocab_size() const = 0;
+  // False for a decoder that cannot keep a cache (a model split into pipeline stages or tensor-parallel
+  // parts): nn::generate then runs forward() over the whole sequence at every step, the same tokens at
+  // quadratic cost, and never calls forward_cached or make_kv_cache.
+  virtual bool has_kv_cache() const { return true; }
 };
 
 }  // namespace booster::nn

@@ -7,6 +7,7 @@
 
 #include "booster/autograd/autograd.h"
 #include "booster/common/error.h"
+#include "booster/nn/kv_cache.h"
 
 namespace booster::nn {
 
@@ -60,6 +61,8 @@ ModuleCallObserverScope::ModuleCallObserverScope(ModuleCallObserver* observer) :
 }
 
 ModuleCallObserverScope::~ModuleCallObserverScope() { t_module_call_observer = previous_; }
+
+CausalLM* Module::causal_lm() { return dynamic_cast<CausalLM*>(this); }
 
 std::string Module::repr() const {
   std::string out = name() + "(" + extra_repr();

@@ -31,6 +31,7 @@ namespace booster::nn {
 using StateDict = std::map<std::string, Tensor>;
 
 class Module;
+class CausalLM;  // kv_cache.h
 using ModulePtr = std::shared_ptr<Module>;
 
 // Watches the module calls of one thread (the precision doctor's tracer, booster/diagnostics/tracer.h).
@@ -99,6 +100,11 @@ class Module {
 
   // The class name, as PyTorch prints it: "Linear", "LayerNorm", "GPT", ...
   virtual std::string name() const { return "Module"; }
+  // What nn::generate runs (kv_cache.h): this module when it is a CausalLM (nn::GPT, nn::Llama); a
+  // wrapper that boost() returns (a precision strategy's) answers for the model inside it, so its
+  // cached forward runs under the wrapper's settings; nullptr when the module cannot generate. A
+  // wrapper that can never generate may throw IncompatibleError saying why and what to do instead.
+  virtual CausalLM* causal_lm();
   // The layer's settings for repr(), e.g. "in_features=784, out_features=10, bias=true".
   virtual std::string extra_repr() const { return ""; }
   // The module tree as PyTorch prints it:

@@ -35,7 +35,7 @@
 #include <memory>
 #include <nlohmann/json.hpp>
 
-#define BOOSTER_PLUGIN_ABI_VERSION 12
+#define BOOSTER_PLUGIN_ABI_VERSION 13
 
 namespace booster::mixed_precision {
 class MixedPrecision;
