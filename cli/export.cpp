@@ -1,7 +1,7 @@
 // `booster export`: a training checkpoint's model as a Hugging Face model directory.
 //
 //   booster export --checkpoint runs/a/checkpoints/step-00000100 --format hf --out my-model
-//                  [--max-shard-size 5GB] [--config FILE]
+//                  [--dtype float32|bfloat16|float16] [--max-shard-size 5GB] [--config FILE]
 //
 // The checkpoint (a step directory, or a checkpoint root whose `latest` names one) holds the model's
 // weights under model/ but not its architecture: that comes from the run's config.json, found beside
@@ -11,7 +11,11 @@
 // section without allocating it, the weights are loaded into it, and nn::save_pretrained writes
 // config.json and the safetensors in Hugging Face's names (booster/nn/hf.h). A model of type "hf"
 // takes its architecture, and the rest of its config.json, from the Hugging Face directory it was
-// trained from. What was written goes to stdout as one line of JSON.
+// trained from. The float32 master weights a ZeRO or 16-bit strategy saved beside a 16-bit model are
+// what is exported (the model file holds only their rounding); --dtype chooses what is written
+// (float32 by default) and config.json's torch_dtype says it. The tokenizer files of the Hugging Face
+// directory (or the run's data.tokenizer, as tokenizer.model) are copied along. What was written goes
+// to stdout as one line of JSON.
 #include <filesystem>
 #include <iostream>
 #include <string>
@@ -61,11 +65,22 @@ json run_config(const fs::path& step, const std::string& given) {
                " (booster train writes <run_dir>/config.json); pass the run's config with --config FILE");
 }
 
+// The files beside a Hugging Face model's weights that a user of the exported model needs to run it:
+// its tokenizer and generation settings, those that exist.
+std::vector<fs::path> tokenizer_files_of(const fs::path& hf_dir) {
+  std::vector<fs::path> files;
+  for (const char* name : {"tokenizer.model", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
+                           "generation_config.json"})
+    if (fs::is_regular_file(hf_dir / name)) files.push_back(hf_dir / name);
+  return files;
+}
+
 }  // namespace
 
 int export_model(const std::vector<std::string>& args) {
   po::options_description desc(
-      "usage: booster export --checkpoint DIR --format hf --out OUT [--max-shard-size 5GB] [--config FILE]\n\n"
+      "usage: booster export --checkpoint DIR --format hf --out OUT [--dtype float32] [--max-shard-size 5GB]\n"
+      "                     [--config FILE]\n\n"
       "Writes a checkpoint's model as a Hugging Face model directory (config.json and model.safetensors, or\n"
       "shards with model.safetensors.index.json) that transformers' from_pretrained loads.\n\noptions");
   desc.add_options()
@@ -78,6 +93,8 @@ int export_model(const std::vector<std::string>& args) {
        "split the weights into shards of at most SIZE (e.g. 2GB, 500MB), as transformers does")
       ("config,c", po::value<std::string>()->value_name("FILE"),
        "the run's config (default: the config.json booster train wrote beside the checkpoint)")
+      ("dtype", po::value<std::string>()->default_value("float32")->value_name("DTYPE"),
+       "the weights' dtype: float32 (the float32 master weights where the run kept them), bfloat16 or float16")
       ("no-verify", "export without checking the checkpoint's files against its checksums");
   po::variables_map vm;
   if (!parse_options("export", desc, args, vm, {"checkpoint", "out"})) return kExitOk;
@@ -88,11 +105,16 @@ int export_model(const std::vector<std::string>& args) {
   const fs::path step = step_directory(vm["checkpoint"].as<std::string>());
   if (!vm.count("no-verify")) checkpoint::verify_checksums(step);  // a damaged file is refused, naming it
   const fs::path out = vm["out"].as<std::string>();
+  const std::string dtype_arg = vm["dtype"].as<std::string>();
+  BOOSTER_CHECK(dtype_arg == "float32" || dtype_arg == "bfloat16" || dtype_arg == "float16", ConfigError, "--dtype ",
+                dtype_arg, ": the weights are written as float32, bfloat16 or float16");
+  const DType dtype = dtype_arg == "float32" ? DType::Float32 : dtype_arg == "bfloat16" ? DType::BFloat16 : DType::Float16;
 
   const json given = run_config(step, vm.count("config") ? vm["config"].as<std::string>() : std::string());
   json model_config = config::resolve(given, config::training_schema()).at("model");
   model_config.erase("init_from");
   nn::ModulePtr model;
+  std::vector<fs::path> tokenizer_files;
   {
     LazyInitGuard lazy;  // the checkpoint's weights replace every tensor: allocate each once, when loaded
     if (model_config.value("type", std::string()) == "hf") {
@@ -109,20 +131,39 @@ int export_model(const std::vector<std::string>& args) {
       overrides.erase("type");
       overrides.erase("path");
       model = nn::model_from_hf_config(options.base_config, overrides);
+      for (const fs::path& file : tokenizer_files_of(hf_dir)) tokenizer_files.push_back(file);
     } else {
       model = nn::make_model(model_config, 0);
     }
   }
-  model->load_state_dict(checkpoint::load_model(step / "model"));
+  // The model file's weights, each replaced by its float32 master where the run kept one.
+  bool masters = false;
+  const nn::StateDict weights = Booster::read_trained_weights(step, &masters);
+  model->load_state_dict(weights);
+  if (dtype != DType::Float32) model->to(dtype);
+  if (tokenizer_files.empty()) {
+    const json data = given.value("data", json::object());
+    if (data.is_object() && data.contains("tokenizer") && data.at("tokenizer").is_string()) {
+      const fs::path tok = data.at("tokenizer").get<std::string>();
+      if (fs::is_regular_file(tok)) tokenizer_files.push_back(tok);
+    }
+  }
   nn::save_pretrained(*model, out, options);
+  for (const fs::path& file : tokenizer_files) {
+    // A SentencePiece model is tokenizer.model under any name it had in the run.
+    const fs::path name = file.extension() == ".model" ? fs::path("tokenizer.model") : file.filename();
+    fs::copy_file(file, out / name, fs::copy_options::overwrite_existing);
+  }
 
   std::cerr << "booster: wrote " << out.string() << " (" << nn::hf_config_of(*model).at("model_type").get<std::string>()
-            << ", " << model->num_parameters() << " parameters) from " << step.string() << "\n";
+            << ", " << model->num_parameters() << " parameters, " << dtype_arg
+            << (masters ? ", from the float32 master weights" : "") << ") from " << step.string() << "\n";
   json files = json::array();
   for (const auto& e : fs::directory_iterator(out)) files.push_back(e.path().filename().string());
   std::sort(files.begin(), files.end());
   std::cout << json{{"out", out.string()}, {"checkpoint", step.string()}, {"format", format}, {"files", files},
-                    {"parameters", model->num_parameters()}}
+                    {"parameters", model->num_parameters()}, {"dtype", dtype_arg},
+                    {"master_weights", masters}}
                    .dump()
             << std::endl;
   return kExitOk;

@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -294,4 +295,82 @@ TEST_CASE("booster export and generate of a run whose relative hf model.path is 
   CHECK(g.exit_code == 0);
   // And from the directory train ran in, as it is.
   CHECK(testing::run_booster_in(run_in, "generate --checkpoint run/checkpoints --prompt-ids \"1 2\" -n 2", kEnv).exit_code == 0);
+}
+
+// A ZeRO or pure-bf16 run keeps float32 masters beside a bf16 model file; the export writes the masters
+// bit for bit (read from the checkpoint's optimizer files through the safetensors reader, not through the
+// code under test), with torch_dtype float32, or their rounding with --dtype bfloat16; the tokenizer
+// files of the source directory come along.
+TEST_CASE("booster export writes the float32 masters of a ZeRO or pure bf16 run, --dtype chooses", "[cli][hf]") {
+  const fs::path source = scratch_dir() / "llama_with_tokenizer";
+  fs::remove_all(source);
+  fs::copy(fixture_dir("llama"), source, fs::copy_options::recursive);
+  std::ofstream(source / "tokenizer_config.json") << R"({"add_bos_token": true})";
+  std::ofstream(source / "generation_config.json") << R"({"eos_token_id": 2})";
+  struct Case {
+    std::string name, flags;
+    fs::path masters;  // the checkpoint file (under optimizer/) that holds them
+  };
+  for (const Case& c : {Case{"zero_bf16", "-p low_level_zero --set plugin.stage=2 --set plugin.precision=bf16",
+                             "optimizer.safetensors"},
+                        Case{"pure_bf16", "--mixed-precision bf16 --set mixed_precision.pure=true",
+                             "precision.safetensors"}}) {
+    INFO(c.name);
+    const std::string run = "masters_" + c.name;
+    fs::remove_all(scratch_dir() / run);
+    const fs::path config = write_config(run + ".json", {{"type", "hf"}, {"path", source.string()}}, run);
+    const RunResult r = run_cli("train --config " + config.string() + " " + c.flags);
+    INFO(r.err);
+    REQUIRE(r.exit_code == 0);
+    // The masters, by parameter name, straight from the files.
+    const json meta = json::parse(testing::read_text(step4(run) / "optimizer" / "optimizer.json"));
+    const std::vector<std::string> names = meta.at("param_names").get<std::vector<std::string>>();
+    const auto saved = booster::checkpoint::read_safetensors(step4(run) / "optimizer" / c.masters).tensors;
+    std::map<std::string, booster::Tensor> masters;
+    for (const auto& [key, t] : saved) {
+      const std::string suffix = key.substr(key.rfind('.') + 1);
+      if (c.name == "zero_bf16" && key.size() > 14 && key.compare(key.size() - 14, 14, ".master_weight") == 0)
+        masters[names.at(std::stoul(key.substr(6, key.find('.', 6) - 6)))] = t;  // state.<i>.master_weight
+      if (c.name == "pure_bf16" && key.rfind("master_weights.0.", 0) == 0) masters[names.at(std::stoul(suffix))] = t;
+    }
+    REQUIRE(masters.size() == names.size());
+    const booster::checkpoint::TensorMap model_file = booster::checkpoint::load_model(step4(run) / "model");
+    for (const auto& [name, t] : model_file) CHECK(t.dtype() == booster::DType::BFloat16);
+
+    const fs::path out = scratch_dir() / ("export_masters_" + c.name);
+    fs::remove_all(out);
+    const RunResult e = run_cli("export --checkpoint " + step4(run).string() + " --out " + out.string());
+    INFO(e.err);
+    REQUIRE(e.exit_code == 0);
+    CHECK(json::parse(testing::last_line(e.out)).at("master_weights") == true);
+    CHECK(json::parse(testing::read_text(out / "config.json")).at("torch_dtype") == "float32");
+    const booster::nn::ModulePtr exported = booster::nn::load_pretrained(out);
+    double worst_rounding = 0;
+    for (const auto& [name, t] : exported->named_parameters()) {
+      INFO(name);
+      REQUIRE(masters.count(name));
+      CHECK(t.dtype() == booster::DType::Float32);
+      CHECK(max_diff(t, masters.at(name)) == 0.0);
+      worst_rounding = std::max(worst_rounding, max_diff(model_file.at(name), masters.at(name)));
+    }
+    CHECK(worst_rounding > 0.0);  // the model file's bf16 weights are not what was exported
+    for (const char* file : {"tokenizer_config.json", "generation_config.json"})
+      CHECK(testing::read_text(out / file) == testing::read_text(source / file));
+
+    const fs::path out16 = scratch_dir() / ("export_masters_bf16_" + c.name);
+    fs::remove_all(out16);
+    REQUIRE(run_cli("export --checkpoint " + step4(run).string() + " --out " + out16.string() + " --dtype bfloat16")
+                .exit_code == 0);
+    CHECK(json::parse(testing::read_text(out16 / "config.json")).at("torch_dtype") == "bfloat16");
+    const booster::checkpoint::TensorMap written = booster::checkpoint::load_model(out16);  // a Llama: the same names
+    CHECK(written.size() == masters.size());
+    for (const auto& [name, t] : written) {
+      INFO(name);
+      REQUIRE(masters.count(name));
+      CHECK(t.dtype() == booster::DType::BFloat16);
+      CHECK(max_diff(t, masters.at(name).to(booster::DType::BFloat16)) == 0.0);
+    }
+    check_one_line_error(run_cli("export --checkpoint " + step4(run).string() + " --out " + out16.string() + "_x --dtype int8"),
+                         2, {"--dtype int8"});
+  }
 }

@@ -375,6 +375,17 @@ class Booster {
   static std::optional<std::filesystem::path> find_state(const std::filesystem::path& path,
                                                          std::vector<std::string>* passed_over = nullptr,
                                                          bool verify = true);
+  // The float32 master weights a checkpoint step directory saved beside its model, by parameter name:
+  // a ZeRO optimizer's "state.<i>.master_weight" and a precision strategy's "master_weights.<g>.<j>"
+  // (pure bf16, fp16_naive, apex O2/O3), named through optimizer.json's param_names. Empty when the
+  // model itself holds the float32 weights (fp32, the autocast strategies) or the step has no
+  // optimizer. What export writes instead of a 16-bit model (Note [Resuming under another precision]).
+  static nn::StateDict read_master_weights(const std::filesystem::path& step_dir);
+  // The trained weights of a checkpoint step directory, as a whole model's state dict: its model/
+  // files, each parameter replaced by its float32 master where the run kept one. What export, generate
+  // and eval load; `used_masters` (when given) says whether any master was taken. CheckpointError for
+  // a master whose parameter the model lacks or shapes otherwise.
+  static nn::StateDict read_trained_weights(const std::filesystem::path& step_dir, bool* used_masters = nullptr);
 
   // Optimizer steps taken so far (BoostedOptimizer::steps of the boosted optimizer; 0 without one).
   int64_t step() const;

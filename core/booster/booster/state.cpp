@@ -705,6 +705,61 @@ std::string show_sizes(const std::vector<size_t>& sizes) {
 }
 }  // namespace
 
+nn::StateDict Booster::read_master_weights(const fs::path& step_dir) {
+  const fs::path dir = step_dir / "optimizer";
+  const fs::path meta_file = dir / "optimizer.json", tensor_file = dir / "optimizer.safetensors";
+  nn::StateDict out;
+  if (!fs::exists(meta_file)) return out;
+  const json meta = json::parse(checkpoint::read_text_file(meta_file), nullptr, /*allow_exceptions=*/false);
+  BOOSTER_CHECK(meta.is_object() && meta.contains("param_groups") && meta.at("param_groups").is_array(),
+                CheckpointError, meta_file.string(), " is not an optimizer state; the checkpoint is corrupt");
+  const json names = meta.value("param_names", json());
+  if (!names.is_array()) return out;  // a checkpoint too old to name its parameters: no masters are used
+  std::vector<size_t> first(1, 0);
+  for (const json& g : meta.at("param_groups"))
+    first.push_back(first.back() + (g.is_object() && g.contains("params") && g.at("params").is_array() ? g.at("params").size() : 0));
+  auto name_of = [&](size_t i) -> std::string {
+    BOOSTER_CHECK(i < names.size() && names[i].is_string(), CheckpointError, meta_file.string(),
+                  " names no parameter ", i, " but the checkpoint holds its master weight; the checkpoint is corrupt");
+    return names[i].get<std::string>();
+  };
+  auto take = [&](size_t i, const Tensor& t, const fs::path& file) {
+    BOOSTER_CHECK(t.dtype() == DType::Float32, CheckpointError, "the master weight of '", name_of(i), "' in ",
+                  file.string(), " is ", dtype_name(t.dtype()), ", not float32; the checkpoint is corrupt");
+    out.emplace(name_of(i), t);
+  };
+  if (fs::exists(tensor_file))
+    for (const auto& [key, t] : checkpoint::read_safetensors(tensor_file).tensors) {
+      size_t i = 0;
+      std::string name;
+      if (optim::parse_state_key(key, i, name) && name == optim::kMasterWeight) take(i, t, tensor_file);
+    }
+  const fs::path precision_file = dir / "precision.safetensors";
+  if (fs::exists(precision_file))
+    for (const auto& [key, t] : checkpoint::read_safetensors(precision_file).tensors) {
+      size_t g = 0, j = 0;
+      if (split_master_key(key, g, j) && g + 1 < first.size() && first[g] + j < first[g + 1] &&
+          !out.count(name_of(first[g] + j)))
+        take(first[g] + j, t, precision_file);
+    }
+  return out;
+}
+
+nn::StateDict Booster::read_trained_weights(const fs::path& step_dir, bool* used_masters) {
+  nn::StateDict weights = checkpoint::load_model(step_dir / "model");
+  const nn::StateDict masters = read_master_weights(step_dir);
+  if (used_masters) *used_masters = !masters.empty();
+  for (const auto& [name, master] : masters) {
+    auto it = weights.find(name);
+    BOOSTER_CHECK(it != weights.end() && it->second.shape() == master.shape(), CheckpointError, "the checkpoint ",
+                  step_dir.string(), " holds a master weight for '", name, "' that its model ",
+                  it == weights.end() ? std::string("does not have") : "has in another shape",
+                  "; the checkpoint is corrupt");
+    it->second = master;
+  }
+  return weights;
+}
+
 Booster::HandOver Booster::read_hand_over(const fs::path& dir, const std::string& refusal) const {
   auto refuse = [&](const std::string& why) {
     BOOSTER_FAIL(CheckpointError, refusal, why, "; resume with the same strategy, or start afresh (model.init_from=",
