@@ -356,6 +356,64 @@ TEST_CASE("batch_norm backward with empty rows gives zero weight and bias gradie
   }
 }
 
+// 102,400 values per channel in float32, both first-launch layouts ([M, C]: short runs; [N, C, L]: long
+// runs), against float64 on the CPU fed the same float32 input and output gradient. A thread sums at most
+// kPerThread values in float32 and everything after is double (Note [CUDA batch-norm sums in double]),
+// so the bounds are the CPU test's (tests/ops/test_ops_nn.cpp): a few roundings, not growing with M.
+TEST_CASE("batch_norm on CUDA keeps float32 accuracy at 100k values per channel", "[cuda]") {
+  if (skip_without_gpu()) return;
+  const double u = std::ldexp(1.0, -24);
+  for (const Shape& s : {Shape{102400, 3}, Shape{4, 3, 25600}}) {
+    INFO("shape " << str(s));
+    const int64_t C = 3;
+    Generator gen(41);
+    const Tensor x32 = add(mul(randn(s, &gen, DType::Float64), 1.5), 0.5).to(DType::Float32);
+    const Tensor g32 = randn(s, &gen, DType::Float32);
+    const Tensor w32 = add(randn({C}, &gen, DType::Float64), 2.0).to(DType::Float32);
+    const Tensor b32 = randn({C}, &gen, DType::Float32);
+    auto run = [&](DType dt, Device dev) {
+      Tensor x = x32.to(dt).to(dev).requires_grad_(), w = w32.to(dt).to(dev).requires_grad_(),
+             b = b32.to(dt).to(dev).requires_grad_();
+      Tensor y = batch_norm(x, Tensor(), Tensor(), w, b, true);
+      y.backward(g32.to(dt).to(dev));
+      std::vector<std::vector<double>> r;
+      for (const Tensor& t : {y, x.grad(), w.grad(), b.grad()}) r.push_back(t.cpu().to(DType::Float64).flatten().tolist());
+      return r;
+    };
+    const auto ref = run(DType::Float64, Device::cpu()), got = run(DType::Float32, Device::cuda());
+    double err_y = 0, err_dx = 0, max_dx = 0;
+    for (double v : ref[1]) max_dx = std::max(max_dx, std::abs(v));
+    for (size_t i = 0; i < ref[0].size(); ++i) {
+      err_y = std::max(err_y, std::abs(got[0][i] - ref[0][i]) / (std::abs(ref[0][i]) + 1) / u);
+      err_dx = std::max(err_dx, std::abs(got[1][i] - ref[1][i]) / max_dx / u);
+    }
+    // dweight and dbias relative to the sums of their terms' sizes, sum |g xhat| and sum |g|.
+    const int64_t L = s.size() == 2 ? 1 : s[2], M = s[0] * L;
+    const std::vector<double> xs = x32.to(DType::Float64).flatten().tolist(), gs = g32.to(DType::Float64).flatten().tolist();
+    std::vector<double> mu(C, 0), var(C, 0), sum_gxhat(C, 0), sum_g(C, 0);
+    const auto channel = [&](size_t i) { return size_t(int64_t(i) / L % C); };
+    for (size_t i = 0; i < xs.size(); ++i) mu[channel(i)] += xs[i] / double(M);
+    for (size_t i = 0; i < xs.size(); ++i) var[channel(i)] += (xs[i] - mu[channel(i)]) * (xs[i] - mu[channel(i)]) / double(M);
+    for (size_t i = 0; i < xs.size(); ++i) {
+      sum_gxhat[channel(i)] += std::abs(gs[i] * (xs[i] - mu[channel(i)]) / std::sqrt(var[channel(i)] + 1e-5));
+      sum_g[channel(i)] += std::abs(gs[i]);
+    }
+    double err_dw = 0, err_db = 0;
+    for (size_t c = 0; c < size_t(C); ++c) {
+      err_dw = std::max(err_dw, std::abs(got[2][c] - ref[2][c]) / sum_gxhat[c] / u);
+      err_db = std::max(err_db, std::abs(got[3][c] - ref[3][c]) / sum_g[c] / u);
+    }
+    std::printf("batch_norm 100k per channel %-14s errors in u: y %.2f dx %.2f dweight %.2f dbias %.2f\n",
+                str(s).c_str(), err_y, err_dx, err_dw, err_db);
+    INFO("errors in u: y " << err_y << ", dx " << err_dx << ", dweight " << err_dw << ", dbias " << err_db);
+    CHECK(err_y <= 8);
+    CHECK(err_dx <= 8);
+    // Float32 sums of at most kPerThread (64) terms, then double: well below u of the terms' sizes.
+    CHECK(err_dw <= 1);
+    CHECK(err_db <= 1);
+  }
+}
+
 TEST_CASE("tensors move between host and device bit for bit, and the allocator reuses blocks", "[cuda]") {
   if (skip_without_gpu()) return;
   Generator g(1);
@@ -459,7 +517,7 @@ TEST_CASE("batch_norm's running statistics on CUDA follow the CPU after training
     for (DType dt : {DType::Float32, DType::Float16, DType::BFloat16}) {
       Generator g(6);
       // Both sides see the same representable inputs; the statistics are float32 on the device (as
-      // BatchNorm1d keeps them) and accumulate in float32 for every input dtype.
+      // BatchNorm1d keeps them), accumulated in double (Note [CUDA batch-norm sums in double]).
       const Tensor x0 = add(randn(c.shape, &g, DType::Float64), c.offset).to(dt);
       const Tensor x1 = add(randn(c.shape, &g, DType::Float64), c.offset).to(dt);
       const auto [rm_ref, rv_ref] =

@@ -4,8 +4,8 @@
 //
 // Note [CUDA batch norm]
 // x is [N, C, L] contiguous: channel c owns N runs of L elements, C * L apart. Every per-channel
-// reduction runs in two launches. The first writes partial states [splits, C, lanes] in the compute
-// type; the second folds one channel's partials per block, in a fixed order (so results do not
+// reduction runs in two launches. The first writes partial states [splits, C, lanes] in double (Note
+// [CUDA batch-norm sums in double]); the second folds one channel's partials per block, in a fixed order (so results do not
 // depend on timing), and turns them into per-channel coefficients. Two layouts feed the first:
 //  * long runs (L >= 32): grid (C, splits), 2-D blocks with threadIdx.x along l (coalesced) and
 //    threadIdx.y along n; the splits cut n, and l as well when N alone gives too few blocks (a small
@@ -19,6 +19,14 @@
 //   forward   y  = scale * x + shift,        scale = rstd * w, shift = b - mean * scale
 //   backward  dx = a * g + b * x + d          (training; eval: a = w * rstd, b = d = 0)
 // from sum(g) and sum(g * (x - mean)) per channel, which also give dbias and dweight.
+//
+// Note [CUDA batch-norm sums in double]
+// A thread accumulates in the compute type, but over at most kPerThread elements: the plan adds
+// splits until no thread runs longer (within the grid's 65,535 splits: 33M rows of 2-D input). Every state is widened to double before threads are merged, and
+// the partials, their folding and the per-channel coefficients are double, so the error of a channel's
+// statistics does not grow with its M = N * L values (a float32 running state errs by up to about M u;
+// on the CPU, Note [Batch-norm sums in double]). The per-element work stays in the compute type: no
+// double arithmetic per element, which GPUs without fast float64 would pay for.
 #include <limits>
 
 #include "booster/backends/cuda/common.cuh"
@@ -49,6 +57,7 @@ int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 template <class C>
 struct Welford {
   C n, mean, m2;
+  using Wide = Welford<double>;
 
   __device__ static Welford identity() { return {C(0), C(0), C(0)}; }
   __device__ void push(C x) {
@@ -68,18 +77,21 @@ struct Welford {
     return {__shfl_xor_sync(0xffffffffu, n, lane_mask), __shfl_xor_sync(0xffffffffu, mean, lane_mask),
             __shfl_xor_sync(0xffffffffu, m2, lane_mask)};
   }
+  __device__ Wide wide() const { return {double(n), double(mean), double(m2)}; }
 };
 
 // sum(g) and sum(g * (x - mean)) of one channel.
 template <class C>
 struct GradSums {
   C g, gxc;
+  using Wide = GradSums<double>;
 
   __device__ static GradSums identity() { return {C(0), C(0)}; }
   __device__ static GradSums merge(const GradSums& a, const GradSums& b) { return {a.g + b.g, a.gxc + b.gxc}; }
   __device__ GradSums shfl_xor(int lane_mask) const {
     return {__shfl_xor_sync(0xffffffffu, g, lane_mask), __shfl_xor_sync(0xffffffffu, gxc, lane_mask)};
   }
+  __device__ Wide wide() const { return {double(g), double(gxc)}; }
 };
 
 // What the first launch accumulates from element i of channel c.
@@ -128,9 +140,10 @@ __device__ S block_merge(S v, S* shared /* 32 states */) {
 // blockDim.y) and columns [l0, l0 + l_chunk) of each row, where y = sl * s_n + sn. Writes part[y, c].
 template <class Op>
 __global__ void channel_partials_rows_kernel(Op op, int64_t N, int64_t C, int64_t L, int64_t s_n, int64_t l_chunk,
-                                             typename Op::State* part) {
+                                             typename Op::State::Wide* part) {
   using S = typename Op::State;
-  __shared__ S shared[32];
+  using W = typename S::Wide;
+  __shared__ W shared[32];
   const int64_t c = blockIdx.x, y = blockIdx.y;
   const int64_t sn = y % s_n, sl = y / s_n;
   const int64_t l0 = sl * l_chunk, l1 = min(L, l0 + l_chunk);
@@ -139,16 +152,18 @@ __global__ void channel_partials_rows_kernel(Op op, int64_t N, int64_t C, int64_
     const int64_t base = (n * C + c) * L;
     for (int64_t l = l0 + threadIdx.x; l < l1; l += blockDim.x) op.push(s, base + l, c);
   }
-  s = block_merge(s, shared);
-  if (threadIdx.x == 0 && threadIdx.y == 0) part[y * C + c] = s;
+  const W merged = block_merge(s.wide(), shared);  // Note [CUDA batch-norm sums in double]
+  if (threadIdx.x == 0 && threadIdx.y == 0) part[y * C + c] = merged;
 }
 
 // Short runs: block (bx, y) of 32 x 8 threads takes columns bx * 32 + threadIdx.x of the [N, C * L]
 // matrix and rows y * 8 + threadIdx.y (step gridDim.y * 8). Writes part[y, column].
 template <class Op>
-__global__ void channel_partials_columns_kernel(Op op, int64_t N, int64_t L, int64_t cols, typename Op::State* part) {
+__global__ void channel_partials_columns_kernel(Op op, int64_t N, int64_t L, int64_t cols,
+                                                typename Op::State::Wide* part) {
   using S = typename Op::State;
-  __shared__ S rows[8][32];
+  using W = typename S::Wide;
+  __shared__ W rows[8][32];
   const int64_t col = int64_t(blockIdx.x) * 32 + threadIdx.x;
   S s = S::identity();
   if (col < cols) {
@@ -156,11 +171,12 @@ __global__ void channel_partials_columns_kernel(Op op, int64_t N, int64_t L, int
     for (int64_t n = int64_t(blockIdx.y) * 8 + threadIdx.y; n < N; n += int64_t(gridDim.y) * 8)
       op.push(s, n * cols + col, c);
   }
-  rows[threadIdx.y][threadIdx.x] = s;
+  W w = s.wide();  // Note [CUDA batch-norm sums in double]
+  rows[threadIdx.y][threadIdx.x] = w;
   __syncthreads();
   if (threadIdx.y == 0 && col < cols) {
-    for (int r = 1; r < 8; ++r) s = S::merge(s, rows[r][threadIdx.x]);
-    part[int64_t(blockIdx.y) * cols + col] = s;
+    for (int r = 1; r < 8; ++r) w = W::merge(w, rows[r][threadIdx.x]);
+    part[int64_t(blockIdx.y) * cols + col] = w;
   }
 }
 
@@ -180,6 +196,10 @@ __global__ void channel_finish_kernel(const S* part, int64_t C, int64_t splits, 
     if (threadIdx.x == 0) finish(c, s);
   }
 }
+
+// The most elements one thread of the first launch accumulates in the compute type (Note [CUDA
+// batch-norm sums in double]).
+constexpr int64_t kPerThread = 64;
 
 // How the first launch is laid out (Note [CUDA batch norm]).
 struct PartialPlan {
@@ -201,8 +221,14 @@ PartialPlan plan_partials(int dev, int64_t N, int64_t C, int64_t L) {
     p.rows = true;
     p.s_n = std::max<int64_t>(1, std::min({want, ceil_div(N, by), kMaxGridY}));
     // Cut the rows too when the batch alone leaves the GPU idle, keeping >= 4 block widths per piece.
-    const int64_t s_l =
+    int64_t s_l =
         std::max<int64_t>(1, std::min({ceil_div(want, p.s_n), L / (4 * int64_t(bx)), kMaxGridY / p.s_n}));
+    // Then enough pieces that no thread takes more than kPerThread elements (l first, then n), within
+    // the grid's limit.
+    s_l = std::max(s_l, std::min(ceil_div(L, int64_t(bx) * kPerThread), kMaxGridY));
+    const int64_t per_row = ceil_div(ceil_div(L, s_l), bx);
+    const int64_t rows_per_thread = std::max<int64_t>(1, kPerThread / per_row);
+    p.s_n = std::max(p.s_n, std::min(ceil_div(N, by * rows_per_thread), std::max<int64_t>(1, kMaxGridY / s_l)));
     p.l_chunk = ceil_div(L, s_l);
     p.splits = p.s_n * s_l;
     p.lanes = 1;
@@ -214,6 +240,7 @@ PartialPlan plan_partials(int dev, int64_t N, int64_t C, int64_t L) {
     const int64_t cols = C * L, col_blocks = std::max<int64_t>(1, ceil_div(cols, 32));
     BOOSTER_CHECK(col_blocks <= INT32_MAX, ShapeError, "batch_norm: ", cols, " columns exceed the CUDA grid");
     p.splits = std::max<int64_t>(1, std::min({ceil_div(target_blocks, col_blocks), ceil_div(N, 8), kMaxGridY}));
+    p.splits = std::max(p.splits, std::min(ceil_div(N, 8 * kPerThread), kMaxGridY));  // <= kPerThread rows a thread
     p.lanes = L;
     p.grid = dim3(unsigned(col_blocks), unsigned(p.splits));
     p.block = dim3(32, 8);
@@ -224,48 +251,49 @@ PartialPlan plan_partials(int dev, int64_t N, int64_t C, int64_t L) {
 // Partials of `op` per channel into part (p.states(C) states), then finish(c, state) per channel.
 template <class Op, class Finish>
 void reduce_channels(int dev, const PartialPlan& p, const Op& op, int64_t N, int64_t C, int64_t L,
-                     typename Op::State* part, const Finish& finish) {
+                     typename Op::State::Wide* part, const Finish& finish) {
   if (p.rows)
     channel_partials_rows_kernel<Op><<<p.grid, p.block, 0, stream(dev)>>>(op, N, C, L, p.s_n, p.l_chunk, part);
   else
     channel_partials_columns_kernel<Op><<<p.grid, p.block, 0, stream(dev)>>>(op, N, L, C * L, part);
   BOOSTER_CUDA_CHECK_LAUNCH();
-  channel_finish_kernel<typename Op::State, Finish>
+  channel_finish_kernel<typename Op::State::Wide, Finish>
       <<<unsigned(std::min<int64_t>(C, 1 << 20)), 128, 0, stream(dev)>>>(part, C, p.splits, p.lanes, finish);
   BOOSTER_CUDA_CHECK_LAUNCH();
 }
 
-// A scratch tensor of `states` partial states followed by `extra` compute-type values.
+// A scratch tensor of `states` partial states (double) followed by `extra` compute-type values.
 template <class S, class C>
 Tensor scratch_for(int64_t states, int64_t extra, const Tensor& like) {
-  static_assert(sizeof(S) % sizeof(C) == 0);
-  const DType ct = std::is_same_v<C, double> ? DType::Float64 : DType::Float32;
-  return Tensor::empty({states * int64_t(sizeof(S) / sizeof(C)) + extra}, ct, like.device());
+  static_assert(sizeof(S) % sizeof(double) == 0);
+  const int64_t extra_doubles = ceil_div(extra * int64_t(sizeof(C)), int64_t(sizeof(double)));
+  return Tensor::empty({states * int64_t(sizeof(S) / sizeof(double)) + extra_doubles}, DType::Float64, like.device());
 }
 
 // ------------------------------------------------------------------------------------ coefficients
 // Training: batch mean, rstd = 1 / sqrt(M2 / M + eps), the unbiased variance M2 / (M - 1) for the
 // running statistics (NaN for M = 1, as the CPU), and the folded scale and shift.
+// Computed in double from the double state, stored in the compute type.
 template <class T>
 struct TrainStatsFinish {
   using C = comp_t<T>;
   const T* w;
   const T* b;
-  C m, eps;
+  double m, eps;
   C* mean;
   C* rstd;
   C* var_unbiased;  // null when not wanted
   C* scale;
   C* shift;
-  __device__ void operator()(int64_t c, const Welford<C>& s) const {
-    const C m2 = s.m2 < C(0) ? C(0) : s.m2;  // NaN stays, as the CPU's std::max(m2, 0) (fmax would drop it)
-    const C rs = C(1) / sqrt(m2 / m + eps);
-    mean[c] = s.mean;
-    rstd[c] = rs;
-    if (var_unbiased) var_unbiased[c] = m > C(1) ? m2 / (m - C(1)) : std::numeric_limits<C>::quiet_NaN();
-    const C sc = rs * (w ? load_as<C>(w[c]) : C(1));
-    scale[c] = sc;
-    shift[c] = (b ? load_as<C>(b[c]) : C(0)) - s.mean * sc;
+  __device__ void operator()(int64_t c, const Welford<double>& s) const {
+    const double m2 = s.m2 < 0.0 ? 0.0 : s.m2;  // NaN stays, as the CPU's std::max(m2, 0) (fmax would drop it)
+    const double rs = 1.0 / sqrt(m2 / m + eps);
+    mean[c] = C(s.mean);
+    rstd[c] = C(rs);
+    if (var_unbiased) var_unbiased[c] = m > 1.0 ? C(m2 / (m - 1.0)) : std::numeric_limits<C>::quiet_NaN();
+    const double sc = rs * (w ? double(load_as<C>(w[c])) : 1.0);
+    scale[c] = C(sc);
+    shift[c] = C((b ? double(load_as<C>(b[c])) : 0.0) - s.mean * sc);
   }
 };
 
@@ -286,31 +314,32 @@ __global__ void eval_stats_kernel(const comp_t<T>* rm, const comp_t<T>* rv, cons
 }
 
 // dweight = sum(g (x - mean)) rstd, dbias = sum(g); the dx coefficients (a, b, d) when dx is wanted.
+// Computed in double from the double sums, stored in the compute type.
 template <class T>
 struct GradFinish {
   using C = comp_t<T>;
   const T* w;
   const C* mean;
   const C* rstd;
-  C m;
+  double m;
   bool training;
   T* dweight;  // each null when not wanted
   T* dbias;
   C* ka;
   C* kb;
   C* kd;
-  __device__ void operator()(int64_t c, const GradSums<C>& s) const {
-    const C rs = rstd[c];
-    if (dweight) dweight[c] = store_as<T>(s.gxc * rs);
-    if (dbias) dbias[c] = store_as<T>(s.g);
+  __device__ void operator()(int64_t c, const GradSums<double>& s) const {
+    const double rs = double(rstd[c]);
+    if (dweight) dweight[c] = store_as<T>(C(s.gxc * rs));
+    if (dbias) dbias[c] = store_as<T>(C(s.g));
     if (!ka) return;
-    const C wc = w ? load_as<C>(w[c]) : C(1);
-    ka[c] = wc * rs;
+    const double wc = w ? double(load_as<C>(w[c])) : 1.0;
+    ka[c] = C(wc * rs);
     if (training) {
       // dx = w rstd (g - sum_g / M - xhat rstd sum_gxc / M), written as a g + b x + d.
-      const C b = -wc * rs * rs * rs * s.gxc / m;
-      kb[c] = b;
-      kd[c] = -wc * rs * s.g / m - b * mean[c];
+      const double b = -wc * rs * rs * rs * s.gxc / m;
+      kb[c] = C(b);
+      kd[c] = C(-wc * rs * s.g / m - b * double(mean[c]));
     } else {
       kb[c] = C(0);
       kd[c] = C(0);
@@ -356,7 +385,7 @@ void cuda_batch_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, 
   BOOSTER_DISPATCH_FLOATING(x.dtype(), "batch_norm", [&] {
     using T = dev_t<scalar_t>;
     using Cc = comp_t<T>;
-    using S = Welford<Cc>;
+    using S = Welford<double>;
     const T* w = weight.defined() ? cptr<scalar_t>(weight) : nullptr;
     const T* b = bias.defined() ? cptr<scalar_t>(bias) : nullptr;
     Cc* mean = cmptr<Cc>(save_mean);
@@ -367,12 +396,12 @@ void cuda_batch_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, 
       Tensor scratch = scratch_for<S, Cc>(states, 2 * C, x);
       S* part = static_cast<S*>(scratch.data_ptr());
       Cc* scale = reinterpret_cast<Cc*>(part + states);
-      const TrainStatsFinish<T> finish{w,    b,    Cc(N * L),   Cc(eps), mean, rstd, cmptr<Cc>(batch_var_unbiased),
+      const TrainStatsFinish<T> finish{w,    b,    double(N * L), eps, mean, rstd, cmptr<Cc>(batch_var_unbiased),
                                        scale, scale + C};
       reduce_channels(dev, plan, BatchStatsOp<T>{cptr<scalar_t>(x)}, N, C, L, part, finish);
       channel_affine<T>(dev, nullptr, cptr<scalar_t>(x), N, C, L, nullptr, scale, scale + C, mptr<scalar_t>(out));
     } else {
-      Tensor coeffs = scratch_for<Cc, Cc>(0, 2 * C, x);
+      Tensor coeffs = scratch_for<double, Cc>(0, 2 * C, x);
       Cc* scale = static_cast<Cc*>(coeffs.data_ptr());
       eval_stats_kernel<T><<<grid_for(dev, C), 256, 0, stream(dev)>>>(
           static_cast<const Cc*>(running_mean.data_ptr()), static_cast<const Cc*>(running_var.data_ptr()), w, b, C,
@@ -391,7 +420,7 @@ void cuda_batch_norm_backward(const Tensor& grad, const Tensor& x, const Tensor&
   BOOSTER_DISPATCH_FLOATING(x.dtype(), "batch_norm_backward", [&] {
     using T = dev_t<scalar_t>;
     using Cc = comp_t<T>;
-    using S = GradSums<Cc>;
+    using S = GradSums<double>;
     const Cc* mean = static_cast<const Cc*>(save_mean.data_ptr());
     const Cc* rstd = static_cast<const Cc*>(save_rstd.data_ptr());
     const PartialPlan plan = plan_partials(dev, N, C, L);
@@ -402,7 +431,7 @@ void cuda_batch_norm_backward(const Tensor& grad, const Tensor& x, const Tensor&
     const GradFinish<T> finish{weight.defined() ? cptr<scalar_t>(weight) : nullptr,
                                mean,
                                rstd,
-                               Cc(N * L),
+                               double(N * L),
                                training,
                                mptr<scalar_t>(dweight),
                                mptr<scalar_t>(dbias),
