@@ -487,3 +487,270 @@ TEST_CASE("text data of bytes needs 256 ids of a gpt or llama or hf model", "[da
                 {"num_hidden_layers", 1}, {"num_attention_heads", 2}};
   if (fs::exists(corpus)) CHECK_NOTHROW(config::resolve(c));
 }
+
+// --------------------------------------------------------------------------- descriptions and dtypes
+// Note [Token file descriptions]: a file read with the wrong dtype trains on nonsense without a word,
+// so what the writer said, and failing that the bytes, are checked.
+
+namespace {
+// ids below 65536 in uint32: as uint16, each followed by a zero.
+std::vector<uint32_t> small_ids(int64_t n) {
+  std::vector<uint32_t> ids(static_cast<size_t>(n));
+  for (int64_t k = 0; k < n; ++k) ids[size_t(k)] = uint32_t((k * 7919 + 3) % 300);
+  return ids;
+}
+}  // namespace
+
+TEST_CASE("token file descriptions: a dtype mismatch either way is a ConfigError naming both and the fix",
+          "[data][tokens][dtype]") {
+  const fs::path wide = scratch("described32.bin"), narrow = scratch("described16.bin");
+  write_token_file(wide.string(), small_ids(1001), TokenDType::UInt32,
+                   {.vocab_size = 300, .tokenizer = "tok.model", .tokenizer_kind = "sentencepiece"});
+  write_token_file(narrow.string(), small_ids(1001), TokenDType::UInt16, {.vocab_size = 300});
+  // The description the writer put beside each.
+  const json d = json::parse(testing::read_text(wide.string() + ".json"));
+  CHECK(d["dtype"] == "uint32");
+  CHECK(d["tokens"] == 1001);
+  CHECK(d["vocab_size"] == 300);
+  CHECK(d["tokenizer"]["path"] == "tok.model");
+  CHECK(d["tokenizer"]["kind"] == "sentencepiece");
+  REQUIRE(read_token_description(narrow.string()).has_value());
+  CHECK(read_token_description(narrow.string())->dtype == TokenDType::UInt16);
+  CHECK_FALSE(read_token_description(scratch("no_such_file.bin").string()).has_value());
+
+  // uint32 tokens declared uint16 (the silent case: 4004 bytes are 2002 whole uint16).
+  REQUIRE_THROWS_AS(token_file_dataset(wide.string(), TokenDType::UInt16, {.seq_len = 8}), ConfigError);
+  CHECK_THROWS_WITH(token_file_dataset(wide.string(), TokenDType::UInt16, {.seq_len = 8}),
+                    Contains(wide.string()) && Contains("holds uint32 tokens") && Contains(wide.string() + ".json") &&
+                        Contains("data.dtype is \"uint16\"") && Contains("set data.dtype: \"uint32\""));
+  // uint16 tokens declared uint32: 2002 bytes would not even be whole uint32, but the dtype is named.
+  REQUIRE_THROWS_AS(token_file_dataset(narrow.string(), TokenDType::UInt32, {.seq_len = 8}), ConfigError);
+  CHECK_THROWS_WITH(token_file_dataset(narrow.string(), TokenDType::UInt32, {.seq_len = 8}),
+                    Contains("holds uint16 tokens") && Contains("data.dtype is \"uint32\"") &&
+                        Contains("set data.dtype: \"uint16\""));
+  // The right dtype reads the ids.
+  auto ds = token_file_dataset(wide.string(), TokenDType::UInt32, {.seq_len = 8, .vocab_size = 300});
+  CHECK(ds->source().size() == 1001);
+  CHECK(ds->get(2).x.to_vector<int64_t>() == slice(small_ids(1001), 16, 8));
+  CHECK(token_file_dataset(narrow.string(), TokenDType::UInt16, {.seq_len = 8})->source().size() == 1001);
+
+  // Through a config, so `booster check` says it before training.
+  json c = token_config(wide, wide);
+  c["data"].erase("val_path");
+  CHECK_THROWS_AS(config::resolve(c), ConfigError);
+  CHECK_THROWS_WITH(config::resolve(c), Contains("set data.dtype: \"uint32\""));
+  c["data"]["dtype"] = "uint32";
+  CHECK_NOTHROW(config::resolve(c));
+
+  SECTION("a description of another file (the file rewritten alone) is a DataError") {
+    const fs::path stale = scratch("stale.bin");
+    write_token_file(stale.string(), small_ids(500), TokenDType::UInt16);
+    write_flat("stale.bin", small_ids(600), 2);  // another writer, the old description left
+    CHECK_THROWS_AS(token_file_dataset(stale.string(), TokenDType::UInt16, {.seq_len = 8}), DataError);
+    CHECK_THROWS_WITH(token_file_dataset(stale.string(), TokenDType::UInt16, {.seq_len = 8}),
+                      Contains("1200 bytes") && Contains("says 500 uint16 tokens") && Contains("changed"));
+  }
+  SECTION("a description that is not one is a DataError naming it") {
+    const fs::path bad = write_flat("bad_description.bin", small_ids(100), 2);
+    std::ofstream(bad.string() + ".json") << "{\"dtype\": \"int8\"}";
+    CHECK_THROWS_AS(token_file_dataset(bad.string(), TokenDType::UInt16, {.seq_len = 8}), DataError);
+    CHECK_THROWS_WITH(token_file_dataset(bad.string(), TokenDType::UInt16, {.seq_len = 8}),
+                      Contains(bad.string() + ".json") && Contains("\"int8\""));
+    std::ofstream(bad.string() + ".json") << "not json";
+    CHECK_THROWS_WITH(token_file_dataset(bad.string(), TokenDType::UInt16, {.seq_len = 8}),
+                      Contains(bad.string() + ".json") && Contains("not a JSON object"));
+  }
+  SECTION("a tokenizer larger than the model's vocabulary is refused by its description") {
+    // The ids themselves all fit (below 300): only the description tells that larger ones will come.
+    CHECK_THROWS_AS(token_file_dataset(wide.string(), TokenDType::UInt32, {.seq_len = 8, .vocab_size = 299}),
+                    ConfigError);
+    CHECK_THROWS_WITH(token_file_dataset(wide.string(), TokenDType::UInt32, {.seq_len = 8, .vocab_size = 299}),
+                      Contains("tok.model of 300 ids") && Contains("vocabulary of 299") && Contains("at least 300"));
+    CHECK_NOTHROW(token_file_dataset(wide.string(), TokenDType::UInt32, {.seq_len = 8, .vocab_size = 300}));
+    CHECK_NOTHROW(token_file_dataset(wide.string(), TokenDType::UInt32, {.seq_len = 8}));  // 0: not checked
+  }
+}
+
+TEST_CASE("a headerless uint32 file read as uint16 is refused as looking like uint32; uint16 files pass",
+          "[data][tokens][dtype]") {
+  auto open16 = [](const fs::path& p) { return token_file_dataset(p.string(), TokenDType::UInt16, {.seq_len = 8}); };
+  const fs::path wide = write_flat("headerless32.bin", small_ids(1000), 4);
+  REQUIRE_FALSE(fs::exists(wide.string() + ".json"));
+  REQUIRE_THROWS_AS(open16(wide), ConfigError);
+  CHECK_THROWS_WITH(open16(wide), Contains(wide.string()) && Contains("looks like uint32") &&
+                                      Contains("set data.dtype: \"uint32\"") && Contains(wide.string() + ".json"));
+  CHECK(token_file_dataset(wide.string(), TokenDType::UInt32, {.seq_len = 8})->source().size() == 1000);
+  // Only the first kDtypeSample values are read: a file far longer is judged by them.
+  const fs::path long_wide = write_flat("headerless32_long.bin", small_ids(3 * kDtypeSample), 4);
+  CHECK_THROWS_WITH(open16(long_wide), Contains("looks like uint32") && Contains("of its first 65536"));
+
+  // uint16 files the rule must not touch.
+  std::vector<uint32_t> zeros_at_even(1000), mostly_zero(1000), all_zero(1000, 0), one_odd(1000);
+  for (size_t k = 0; k < 1000; ++k) {
+    zeros_at_even[k] = k % 2 ? uint32_t(k % 300 + 1) : 0;  // token 0 every other place, the other way round
+    mostly_zero[k] = k % 97 == 0 ? uint32_t(k % 300 + 1) : 0;
+    one_odd[k] = k % 2 ? 0 : uint32_t(k % 300 + 1);
+  }
+  one_odd[999] = 5;  // the uint32 pattern but for one odd-index value
+  for (const auto& [name, ids] : {std::pair<std::string, std::vector<uint32_t>>{"zeros_at_even", zeros_at_even},
+                                  {"mostly_zero", mostly_zero},
+                                  {"all_zero", all_zero},
+                                  {"one_odd", one_odd}}) {
+    INFO(name);
+    CHECK(open16(write_flat("legit16_" + name + ".bin", ids, 2))->source().size() == 1000);
+  }
+  // Too short a sample to judge: fewer than kDtypeSampleMin uint16 values.
+  CHECK_NOTHROW(open16(write_flat("short32.bin", small_ids(kDtypeSampleMin / 2 - 2), 4)));
+  // The pattern in a real uint16 file: a description saying so lets it through, as the message says.
+  std::vector<uint32_t> alternating = one_odd;
+  alternating[999] = 0;
+  const fs::path really16 = write_flat("really16.bin", alternating, 2);
+  CHECK_THROWS_AS(open16(really16), ConfigError);
+  std::ofstream(really16.string() + ".json") << "{\"dtype\": \"uint16\"}";
+  CHECK(open16(really16)->source().size() == 1000);
+}
+
+// --------------------------------------------------------------------------- shards and val_fraction
+TEST_CASE("token shards: a list or a glob of files is one stream of tokens, samples spanning files",
+          "[data][tokens][shards]") {
+  const int64_t T = 6;
+  const std::vector<uint32_t> ids = iota_ids(120);
+  const fs::path dir = scratch("shards");
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  // Three shards of 37, 33 and 50 tokens, written last-first so the glob's order is the names'.
+  const std::vector<std::pair<int64_t, int64_t>> spans = {{0, 37}, {37, 33}, {70, 50}};
+  std::vector<std::string> paths;
+  for (int k = 2; k >= 0; --k) {
+    const fs::path p = dir / ("shard_" + std::to_string(k) + ".bin");
+    write_token_file(p.string(), std::vector<uint32_t>(ids.begin() + spans[size_t(k)].first,
+                                                       ids.begin() + spans[size_t(k)].first + spans[size_t(k)].second),
+                     TokenDType::UInt16);
+  }
+  for (int k = 0; k < 3; ++k) paths.push_back((dir / ("shard_" + std::to_string(k) + ".bin")).string());
+
+  // The glob: sorted, the descriptions (shard_k.bin.json) left out.
+  CHECK(token_file_paths({(dir / "shard_*").string()}) == paths);
+  CHECK(token_file_paths({paths[2], (dir / "shard_[01].bin").string()}) ==
+        std::vector<std::string>{paths[2], paths[0], paths[1]});
+  REQUIRE_THROWS_AS(token_file_paths({(dir / "nothing_*.bin").string()}), ConfigError);
+  CHECK_THROWS_WITH(token_file_paths({(dir / "nothing_*.bin").string()}),
+                    Contains((dir / "nothing_*.bin").string()) && Contains("matches no file"));
+  CHECK_THROWS_AS(token_file_paths({}), ConfigError);
+
+  auto shards = token_files_dataset(paths, TokenDType::UInt16, {.seq_len = T});
+  CHECK_FALSE(shards->source().in_memory());  // mapped, not read
+  CHECK(shards->source().files() == paths);
+  CHECK(shards->source().size() == 120);
+  REQUIRE(shards->size() == (120 - 1) / T);
+  for (int64_t i = 0; i < shards->size(); ++i) {
+    INFO("sample " << i);  // samples 6 (36..42) and 11 (66..72) span two files
+    const Batch b = shards->get(i);
+    CHECK(b.x.to_vector<int64_t>() == slice(ids, i * T, T));
+    CHECK(b.y.to_vector<int64_t>() == slice(ids, i * T + 1, T));
+  }
+  const Batch b = shards->get_batch({11, 6});
+  CHECK(b.x.to_vector<int64_t>()[0] == 66);
+  CHECK(b.y.to_vector<int64_t>()[T + T - 1] == 42);
+  CHECK_THAT(shards->source().name(), Contains(paths[0]) && Contains(paths[2]));
+
+  SECTION("an id past the vocabulary is named by its own file and offset") {
+    std::vector<uint32_t> bad(40, 3);
+    bad[25] = 999;
+    const fs::path p = write_flat("shards/bad_shard.bin", bad, 2);
+    auto open = [&](int64_t eager) {
+      return token_files_dataset({paths[0], p.string()}, TokenDType::UInt16,
+                                 {.seq_len = T, .vocab_size = 200, .eager_check_bytes = eager});
+    };
+    CHECK_THROWS_WITH(open(int64_t(64) << 20), Contains(p.string()) && Contains("token offset 25") &&
+                                                   Contains("byte offset 50") && Contains("token id 999"));
+    // Batch by batch: token 37 + 25 = 62 of the stream is the target of sample 10.
+    auto lazy = open(0);
+    CHECK_NOTHROW(lazy->get(9));
+    CHECK_THROWS_WITH(lazy->get(10), Contains(p.string()) && Contains("token offset 25"));
+  }
+  SECTION("files of different dtypes are refused") {
+    const fs::path shard = write_llmc("shards/llmc.bin", iota_ids(50));
+    const fs::path wide = write_flat("shards/wide.bin", iota_ids(50), 4);
+    std::ofstream(wide.string() + ".json") << "{\"dtype\": \"uint32\"}";
+    CHECK_NOTHROW(token_files_dataset({shard.string(), paths[0]}, TokenDType::UInt16, {.seq_len = T}));
+    CHECK_THROWS_AS(token_files_dataset({wide.string(), shard.string()}, TokenDType::UInt32, {.seq_len = T}), DataError);
+    CHECK_THROWS_WITH(token_files_dataset({wide.string(), shard.string()}, TokenDType::UInt32, {.seq_len = T}),
+                      Contains("llm.c shard") && Contains("share one dtype"));
+  }
+}
+
+TEST_CASE("token data configs: path as a list or glob, val_fraction holds out the end of the last file",
+          "[data][tokens][config][shards]") {
+  const int64_t T = 8;
+  std::vector<uint32_t> ids(500);
+  for (size_t k = 0; k < ids.size(); ++k) ids[k] = uint32_t((k * 37) % 511);
+  const fs::path dir = scratch("cfg_shards");
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  const fs::path a = dir / "part_a.bin", b = dir / "part_b.bin";
+  write_token_file(a.string(), std::vector<uint32_t>(ids.begin(), ids.begin() + 300), TokenDType::UInt16);
+  write_token_file(b.string(), std::vector<uint32_t>(ids.begin() + 300, ids.end()), TokenDType::UInt16);
+  json c = token_config(a, a);
+  c["data"].erase("val_path");
+
+  for (const json& path : {json::array({a.string(), b.string()}), json((dir / "part_*.bin").string())}) {
+    INFO(path.dump());
+    c["data"]["path"] = path;
+    c["data"]["val_fraction"] = 0.25;  // of the last file's 200 tokens: its last 50
+    const json resolved = config::resolve(c);
+    const config::DataSplits split = config::make_datasets(resolved["data"], 0, 512);
+    REQUIRE(split.train->size() == (450 - 1) / T);
+    REQUIRE(split.test != nullptr);
+    REQUIRE(split.test->size() == (50 - 1) / T);
+    // Training: tokens 0..449, across both files; validation: 450..499, b's tail.
+    CHECK(split.train->get(37).x.to_vector<int64_t>() == slice(ids, 37 * T, T));  // spans a and b
+    CHECK(split.train->get(split.train->size() - 1).y.to_vector<int64_t>() ==
+          slice(ids, (split.train->size() - 1) * T + 1, T));
+    for (int64_t i = 0; i < split.test->size(); ++i) {
+      CHECK(split.test->get(i).x.to_vector<int64_t>() == slice(ids, 450 + i * T, T));
+      CHECK(split.test->get(i).y.to_vector<int64_t>() == slice(ids, 450 + i * T + 1, T));
+    }
+    CHECK_THAT(split.description, Contains("val " + b.string() + ", its last 50 tokens"));
+    // Without val_fraction every token trains.
+    json whole = c;
+    whole["data"].erase("val_fraction");
+    const config::DataSplits all = config::make_datasets(config::resolve(whole)["data"], 0, 512);
+    CHECK(all.train->size() == (500 - 1) / T);
+    CHECK(all.test == nullptr);
+  }
+
+  // val_fraction with a val_path: which is the validation data?
+  json both = c;
+  both["data"]["val_path"] = a.string();
+  CHECK_THROWS_AS(config::resolve(both), ConfigError);
+  CHECK_THROWS_WITH(config::resolve(both), Contains("'data.val_fraction'") && Contains("'data.val_path'"));
+  // Less than one validation sample.
+  json tiny = c;
+  tiny["data"]["val_fraction"] = 0.04;  // 8 of 200 tokens, a sample needs 9
+  CHECK_THROWS_AS(config::resolve(tiny), ConfigError);
+  CHECK_THROWS_WITH(config::resolve(tiny), Contains("'data.val_fraction' 0.04 of the 200 tokens of " + b.string()) &&
+                                               Contains("is 8 tokens"));
+  for (const json& f : {json(0.0), json(1.0), json(-0.5), json("0.1")}) {
+    INFO(f.dump());
+    json bad = c;
+    bad["data"]["val_fraction"] = f;
+    CHECK_THROWS_WITH(config::resolve(bad), Contains("'data.val_fraction'"));
+  }
+  // A path of the wrong form, a glob matching nothing, a missing file of a list.
+  for (const json& p : {json(5), json::array(), json::array({a.string(), 3}), json("")}) {
+    INFO(p.dump());
+    json bad = c;
+    bad["data"]["path"] = p;
+    CHECK_THROWS_AS(config::resolve(bad), ConfigError);
+    CHECK_THROWS_WITH(config::resolve(bad), Contains("'data.path'"));
+  }
+  json nomatch = c;
+  nomatch["data"]["path"] = (dir / "shard_*.bin").string();
+  CHECK_THROWS_AS(config::resolve(nomatch), ConfigError);
+  CHECK_THROWS_WITH(config::resolve(nomatch), Contains((dir / "shard_*.bin").string()) && Contains("matches no file"));
+  json missing = c;
+  missing["data"]["path"] = json::array({a.string(), (dir / "absent.bin").string()});
+  CHECK_THROWS_AS(config::resolve(missing), DataError);
+  CHECK_THROWS_WITH(config::resolve(missing), Contains("absent.bin"));
+}

@@ -134,6 +134,25 @@ Field optional_integer(std::string key, double min, std::string help = "") {
   return f;
 }
 
+// Token data's "path": a file, a glob or a list of them (Note [Token shards] in booster/data/tokens.h),
+// required; its form is checked by config::token_data_paths.
+Field token_paths() {
+  Field f = any("path", nullptr,
+                "token files: flat token ids (nanoGPT's .bin) or llm.c shards; a file, a glob (\"shards/*.bin\", "
+                "sorted) or a list, read in order as one");
+  f.default_value = std::nullopt;
+  return f;
+}
+
+// Token data's "val_fraction": the tail of the last file held out as validation; null: none.
+Field val_fraction() {
+  Field f = optional_number("val_fraction", 0.0,
+                            "without val_path: this share of the last file's tokens, its end, is the validation data");
+  f.max = 1.0;
+  f.max_exclusive = true;
+  return f;
+}
+
 // The keys every file data type shares (Note [File data] in booster/data/file_dataset.h).
 std::vector<Field> with_file_data_fields(std::vector<Field> fields) {
   fields.push_back(number("test_fraction", 0.0, 0.0, 1.0, false, true,
@@ -382,10 +401,11 @@ std::vector<Section> make_training_schema() {
           // Note [Token files] in booster/data/tokens.h.
           {"tokens",
            {
-               text("path", std::nullopt, {}, "a token file: flat token ids (nanoGPT's .bin) or an llm.c shard"),
+               token_paths(),
                optional_text("val_path", nullptr, "the validation token file; null: no evaluation"),
                text("dtype", "uint16", {"uint16", "uint32"}, "the ids of a flat file; an llm.c shard says its own"),
                integer("seq_len", 128, 1, std::nullopt, "tokens per sample; sample i is tokens [i*seq_len, (i+1)*seq_len]"),
+               val_fraction(),
            }},
           // Note [File data] in booster/data/file_dataset.h; the checks across keys are in
           // config::file_data_options (training.cpp).
@@ -606,10 +626,8 @@ void check_token_data(const json& c, bool gpt) {
                   "'; set data.path to a readable text file");
     return;
   }
-  const data::TokenDType dtype = data::token_dtype_from_string(data.at("dtype").get<std::string>());
-  const data::TokenDatasetOptions samples{.seq_len = data.at("seq_len").get<int64_t>(), .vocab_size = vocab};
-  data::token_file_dataset(data.at("path").get<std::string>(), dtype, samples);
-  if (data.at("val_path").is_string()) data::token_file_dataset(data.at("val_path").get<std::string>(), dtype, samples);
+  // The files, their descriptions, the val_fraction split: as make_datasets makes them (it only maps).
+  make_datasets(data, 0, vocab);
 }
 
 }  // namespace

@@ -139,15 +139,38 @@ DataSplits make_datasets(const json& cfg, uint64_t seed, int64_t vocab_size) {
     const int64_t seq_len = cfg.at("seq_len").get<int64_t>();
     const data::TokenDType dtype = data::token_dtype_from_string(cfg.at("dtype").get<std::string>());
     const data::TokenDatasetOptions samples{.seq_len = seq_len, .vocab_size = vocab_size};
-    auto train = data::token_file_dataset(cfg.at("path").get<std::string>(), dtype, samples);
+    const json val_fraction = cfg.value("val_fraction", json());
+    BOOSTER_CHECK(val_fraction.is_null() || !cfg.at("val_path").is_string(), ConfigError, "'data.val_fraction' is ",
+                  val_fraction.dump(), " and 'data.val_path' is ", cfg.at("val_path").dump(),
+                  ": the validation data would be both; give one of them");
+    auto source = data::TokenSource::map_files(data::token_file_paths(token_data_paths(cfg)), dtype);
     auto describe = [&](const data::TokenDataset& d) {
       return str(d.source().name(), ": ", d.source().size(), " ", to_string(d.source().dtype()), " tokens",
                  d.source().llmc() ? " (llm.c shard)" : "", ", ", d.size(), " samples");
     };
+    std::shared_ptr<const data::TokenSource> train_source = source;
+    std::shared_ptr<data::TokenDataset> val;
+    if (val_fraction.is_number()) {
+      // Note [Token shards]: the end of the last file, as nanoGPT splits one file (and tokenize's
+      // --val-fraction: the last floor(n * F) tokens).
+      const double f = val_fraction.get<double>();
+      const std::string last = source->files().back();
+      const int64_t n = source->size(), n_last = source->last_file_tokens();
+      const int64_t n_val = int64_t(double(n_last) * f);
+      BOOSTER_CHECK(n_val >= seq_len + 1, ConfigError, "'data.val_fraction' ", f, " of the ", n_last, " tokens of ",
+                    last, " is ", n_val, " tokens, fewer than one validation sample of 'data.seq_len' ", seq_len,
+                    " plus its target (", seq_len + 1, "); raise 'data.val_fraction' or give 'data.val_path'");
+      train_source = source->slice(0, n - n_val, str(source->name(), " (all but the last ", n_val, " tokens)"));
+      val = std::make_shared<data::TokenDataset>(
+          source->slice(n - n_val, n_val, str(last, ", its last ", n_val, " tokens (data.val_fraction ", f, ")")),
+          samples);
+    }
+    auto train = std::make_shared<data::TokenDataset>(train_source, samples);
     split.description = str("tokens ", describe(*train), ", seq_len ", seq_len);
     split.train = train;
-    if (cfg.at("val_path").is_string()) {
-      auto val = data::token_file_dataset(cfg.at("val_path").get<std::string>(), dtype, samples);
+    if (cfg.at("val_path").is_string())
+      val = data::token_files_dataset(data::token_file_paths({cfg.at("val_path").get<std::string>()}), dtype, samples);
+    if (val) {
       split.description += str("; val ", describe(*val));
       split.test = val;
     }
@@ -184,6 +207,25 @@ DataSplits make_datasets(const json& cfg, uint64_t seed, int64_t vocab_size) {
   }
   BOOSTER_FAIL(ConfigError, "'data.type' is \"", type,
                "\"; expected one of 'fashion_mnist', 'synthetic', 'text', 'tokens', 'npy', 'safetensors', 'csv'");
+}
+
+std::vector<std::string> token_data_paths(const json& data) {
+  const json& path = data.at("path");
+  auto fail = [&] {
+    BOOSTER_FAIL(ConfigError, "'data.path' is ", path.dump(),
+                 "; expected a token file, a glob (\"shards/*.bin\") or a non-empty list of them");
+  };
+  if (path.is_string()) {
+    if (path.get<std::string>().empty()) fail();
+    return {path.get<std::string>()};
+  }
+  if (!path.is_array() || path.empty()) fail();
+  std::vector<std::string> out;
+  for (const json& p : path) {
+    if (!p.is_string() || p.get<std::string>().empty()) fail();
+    out.push_back(p.get<std::string>());
+  }
+  return out;
 }
 
 int64_t model_vocab_size(const json& model) {

@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <functional>
 #include <string>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -47,13 +48,18 @@ struct DataSplits {
 //  * text: byte windows of `path`; the last test_fraction of the file is the test split; with a
 //    `tokenizer` (a SentencePiece .model), windows of its token ids instead (Note [Encoding a text] in
 //    booster/data/tokenizer.h), the last test_fraction of the ids the test split;
-//  * tokens: samples of seq_len tokens of the token file `path` (Note [Token files] in
-//    booster/data/tokens.h), `val_path`'s the test split;
+//  * tokens: samples of seq_len tokens of the token files `path` names, read as one (Note [Token files]
+//    and Note [Token shards] in booster/data/tokens.h), `val_path`'s the test split, or with
+//    `val_fraction` F the last F of the last file's tokens (ConfigError with val_path too);
 //  * npy, safetensors, csv: a user's files (Note [File data] in booster/data/file_dataset.h), the
 //    test_fraction split drawn with `seed`.
 // `vocab_size`, the model's vocabulary (model_vocab_size), bounds the ids of token data (Note [Checking
 // token ids]); 0: not checked. DataError (naming the file) when the data cannot be read.
 DataSplits make_datasets(const nlohmann::json& data, uint64_t seed, int64_t vocab_size = 0);
+
+// The patterns of token data's "path" (a string or a non-empty list of strings), for
+// data::token_file_paths; ConfigError naming 'data.path' otherwise.
+std::vector<std::string> token_data_paths(const nlohmann::json& data);
 
 // The vocabulary of a resolved `model` section: its integer "vocab_size" (gpt, and any model that
 // names its vocabulary so), else "vocab_size" of "config.json" in the directory `path` of an "hf" model;
