@@ -1,16 +1,22 @@
-// `booster tokenize`: a text file to token files with a SentencePiece model, for data.type "tokens".
+// `booster tokenize`: text files to token files with a SentencePiece model, for data.type "tokens".
 //
-//   booster tokenize --model tok.model --in corpus.txt --out train.bin [--val-fraction 0.05]
+//   booster tokenize --model tok.model --in corpus.txt [more.txt ...] --out train.bin [--val-fraction 0.05]
 //                    [--val-out val.bin] [--dtype uint16|uint32] [--no-eos]
 //
 // The text is encoded line by line with each line's end marked by the model's </s> (Note [Encoding a
-// text] in booster/data/tokenizer.h). With --val-fraction F the last F of the ids go to the validation
-// file: --val-out, by default OUT with its extension replaced by ".val.bin" (train.bin -> train.val.bin),
-// and the rest to OUT. Files are flat token ids (nanoGPT's .bin, Note [Token files]), uint16 when the
-// vocabulary fits (at most 65536 ids), else uint32. What was written goes to stderr as a sentence and to
-// stdout as one line of JSON: {"train": {"path", "tokens"}, "val": {...} | null, "dtype", "vocab_size",
-// "model"}. An output that is the --in text, the --model tokenizer or the other output (however the path
-// is spelled) is refused before anything is written.
+// text] in booster/data/tokenizer.h). Several --in files (repeated, or several after one --in) are
+// encoded each as that one file would be and their ids concatenated in the order given: with </s> a
+// file's last line ends with one whether or not the file ends with a newline, so files never run into
+// each other; with --no-eos nothing separates them, as nothing separates lines. With --val-fraction F
+// the last F of the ids go to the validation file: --val-out, by default OUT with its extension replaced
+// by ".val.bin" (train.bin -> train.val.bin), and the rest to OUT. Files are flat token ids (nanoGPT's
+// .bin, Note [Token files]), uint16 when the vocabulary fits (at most 65536 ids), else uint32, each with
+// its description beside it (OUT.json: the dtype, the number of tokens, the vocabulary and the
+// tokenizer; Note [Token file descriptions]), which token data checks. What was written goes to stderr
+// as a sentence and to stdout as one line of JSON: {"train": {"path", "tokens"}, "val": {...} | null,
+// "dtype", "vocab_size", "model", "inputs"}. An output (or its description) that is an --in text, the
+// --model tokenizer or the other output (however the path is spelled) is refused before anything is
+// written.
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
@@ -55,13 +61,15 @@ bool same_file(const std::string& a, const std::string& b) {
 
 int tokenize(const std::vector<std::string>& args) {
   po::options_description desc(
-      "usage: booster tokenize --model tok.model --in text.txt --out train.bin [--val-fraction F]\n\n"
-      "Encodes a text file with a SentencePiece model into token files for data.type \"tokens\" (flat\n"
-      "token ids, nanoGPT's .bin); each line is followed by the model's </s>.\n\noptions");
+      "usage: booster tokenize --model tok.model --in text.txt [more.txt ...] --out train.bin [--val-fraction F]\n\n"
+      "Encodes text files with a SentencePiece model into token files for data.type \"tokens\" (flat\n"
+      "token ids, nanoGPT's .bin, and OUT.json describing them); each line is followed by the model's </s>;\n"
+      "several inputs are concatenated in order.\n\noptions");
   desc.add_options()
       ("help,h", "show this help")
       ("model,m", po::value<std::string>()->value_name("FILE"), "the SentencePiece .model (spm_train writes one)")
-      ("in,i", po::value<std::string>()->value_name("FILE"), "the text to encode")
+      ("in,i", po::value<std::vector<std::string>>()->multitoken()->value_name("FILE..."),
+       "the text to encode; several files (repeated --in, or several after it) are concatenated in order")
       ("out,o", po::value<std::string>()->value_name("FILE"), "the training token file to write")
       ("val-fraction", po::value<double>()->default_value(0.0)->value_name("F"),
        "the last F of the tokens go to a validation file (0 <= F < 1)")
@@ -72,8 +80,8 @@ int tokenize(const std::vector<std::string>& args) {
       ("no-eos", "do not mark line ends with </s>");
   po::variables_map vm;
   if (!parse_options("tokenize", desc, args, vm, {"model", "in", "out"})) return kExitOk;
-  const std::string model = vm["model"].as<std::string>(), in = vm["in"].as<std::string>(),
-                    out = vm["out"].as<std::string>();
+  const std::string model = vm["model"].as<std::string>(), out = vm["out"].as<std::string>();
+  const std::vector<std::string> inputs = vm["in"].as<std::vector<std::string>>();
   const double val_fraction = vm["val-fraction"].as<double>();
   BOOSTER_CHECK(val_fraction >= 0.0 && val_fraction < 1.0, ConfigError, "--val-fraction ", val_fraction,
                 ": expected a fraction in [0, 1)");
@@ -82,11 +90,22 @@ int tokenize(const std::vector<std::string>& args) {
   const std::string val_out = vm.count("val-out") ? vm["val-out"].as<std::string>() : default_val_path(out);
   BOOSTER_CHECK(val_fraction == 0.0 || !same_file(val_out, out), ConfigError, "--val-out ", val_out,
                 " is the same file as --out; give another");
-  // An output that is one of the inputs would be overwritten: the text or the tokenizer lost.
-  for (const auto& [flag, path] : {std::pair<const char*, std::string>{"--out", out}, {"--val-out", val_out}}) {
-    if (std::string(flag) == "--val-out" && val_fraction == 0.0) continue;
-    BOOSTER_CHECK(!same_file(path, in), ConfigError, flag, " ", path, " is the --in text ", in,
-                  "; writing it would overwrite the text; give another file (e.g. train.bin)");
+  // An output that is one of the inputs would be overwritten: the text or the tokenizer lost. So would
+  // an input that is an output's description (OUT.json), and the other output by one's description.
+  std::vector<std::pair<std::string, std::string>> writes = {{"--out", out},
+                                                             {"--out's description", data::token_description_path(out)}};
+  if (val_fraction > 0.0) {
+    writes.push_back({"--val-out", val_out});
+    writes.push_back({"--val-out's description", data::token_description_path(val_out)});
+    BOOSTER_CHECK(!same_file(data::token_description_path(out), val_out) &&
+                      !same_file(data::token_description_path(val_out), out),
+                  ConfigError, "--val-out ", val_out, " and --out ", out,
+                  " would overwrite each other's description (FILE.json); give other names");
+  }
+  for (const auto& [flag, path] : writes) {
+    for (const std::string& in : inputs)
+      BOOSTER_CHECK(!same_file(path, in), ConfigError, flag, " ", path, " is the --in text ", in,
+                    "; writing it would overwrite the text; give another file (e.g. train.bin)");
     BOOSTER_CHECK(!same_file(path, model), ConfigError, flag, " ", path, " is the --model tokenizer ", model,
                   "; writing it would overwrite the tokenizer; give another file (e.g. train.bin)");
   }
@@ -99,21 +118,34 @@ int tokenize(const std::vector<std::string>& args) {
                   "--dtype uint16 cannot hold the ", tokenizer.vocab_size(), " ids of ", model, "; use --dtype uint32");
   }
 
-  std::ifstream text_file(in, std::ios::binary);
-  BOOSTER_CHECK(text_file.good(), DataError, "booster tokenize: cannot open --in ", in, ": ", std::strerror(errno));
-  std::stringstream text;
-  text << text_file.rdbuf();
-  BOOSTER_CHECK(!text_file.bad(), DataError, "booster tokenize: error while reading ", in);
-  std::vector<uint32_t> ids = tokenizer.encode_lines(text.str(), /*eos=*/!vm.count("no-eos"));
-  BOOSTER_CHECK(!ids.empty(), DataError, "booster tokenize: ", in, " gave no tokens (an empty file?)");
+  // Every input opens before any is encoded, so a typo in the last one costs no time.
+  for (const std::string& in : inputs)
+    BOOSTER_CHECK(std::ifstream(in, std::ios::binary).good(), DataError, "booster tokenize: cannot open --in ", in,
+                  ": ", std::strerror(errno));
+  std::vector<uint32_t> ids;
+  for (const std::string& in : inputs) {
+    std::ifstream text_file(in, std::ios::binary);
+    BOOSTER_CHECK(text_file.good(), DataError, "booster tokenize: cannot open --in ", in, ": ", std::strerror(errno));
+    std::stringstream text;
+    text << text_file.rdbuf();
+    BOOSTER_CHECK(!text_file.bad(), DataError, "booster tokenize: error while reading ", in);
+    const std::vector<uint32_t> file_ids = tokenizer.encode_lines(text.str(), /*eos=*/!vm.count("no-eos"));
+    ids.insert(ids.end(), file_ids.begin(), file_ids.end());
+  }
+  std::string in;  // the inputs, for messages
+  for (size_t k = 0; k < inputs.size(); ++k) in += (k ? ", " : "") + inputs[k];
+  BOOSTER_CHECK(!ids.empty(), DataError, "booster tokenize: ", in, " gave no tokens (",
+                inputs.size() == 1 ? "an empty file?" : "empty files?", ")");
 
   const size_t n_val = size_t(double(ids.size()) * val_fraction);
   BOOSTER_CHECK(val_fraction == 0.0 || n_val > 0, DataError, "booster tokenize: --val-fraction ", val_fraction, " of the ",
                 ids.size(), " tokens of ", in, " is less than one token; give a larger fraction or a longer text");
   std::vector<uint32_t> val(ids.end() - std::ptrdiff_t(n_val), ids.end());
   ids.resize(ids.size() - n_val);
-  data::write_token_file(out, ids, dtype);
-  if (n_val > 0) data::write_token_file(val_out, val, dtype);
+  const data::TokenFileDescription about{
+      .vocab_size = tokenizer.vocab_size(), .tokenizer = model, .tokenizer_kind = "sentencepiece"};
+  data::write_token_file(out, ids, dtype, about);
+  if (n_val > 0) data::write_token_file(val_out, val, dtype, about);
 
   std::cerr << "booster: wrote " << out << " (" << ids.size() << " " << data::to_string(dtype) << " tokens)";
   if (n_val > 0) std::cerr << " and " << val_out << " (" << n_val << " tokens)";
@@ -122,7 +154,8 @@ int tokenize(const std::vector<std::string>& args) {
                             {"val", n_val > 0 ? nlohmann::json{{"path", val_out}, {"tokens", n_val}} : nlohmann::json()},
                             {"dtype", data::to_string(dtype)},
                             {"vocab_size", tokenizer.vocab_size()},
-                            {"model", model}};
+                            {"model", model},
+                            {"inputs", inputs}};
   std::cout << summary.dump() << std::endl;
   return kExitOk;
 }

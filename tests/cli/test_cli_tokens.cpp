@@ -343,6 +343,11 @@ TEST_CASE("booster tokenize refuses an output that is its input text or tokenize
                        {"--val-out text.txt", "overwrite the text"});
   check_one_line_error(run_in_dir("--out train.bin --val-fraction 0.1 --val-out ./train.bin"), 2,
                        {"--val-out ./train.bin", "same file as --out"});
+  // An output whose description (OUT.json) would overwrite an input.
+  fs::copy_file(dir / "text.txt", dir / "notes.json", fs::copy_options::overwrite_existing);
+  check_one_line_error(testing::run_booster_in(dir, "tokenize --model tok.model --in notes.json --out notes"), 2,
+                       {"--out's description notes.json", "overwrite the text"});
+  CHECK(read_text(dir / "notes.json") == text);
   CHECK(read_text(dir / "text.txt") == text);
   CHECK(read_text(dir / "tok.model") == tok);
   CHECK_FALSE(fs::exists(dir / "train.bin"));
@@ -353,4 +358,145 @@ TEST_CASE("booster tokenize refuses an output that is its input text or tokenize
   CHECK(fs::exists(dir / "train.bin"));
   CHECK(fs::exists(dir / "train.val.bin"));
   CHECK(read_text(dir / "text.txt") == text);
+}
+
+// Note [Token file descriptions]: tokenize describes what it wrote, and check and train hold token data
+// to it; a headerless uint32 file read as uint16 is caught by its bytes.
+TEST_CASE("booster tokenize describes its files; check and train refuse tokens read as another dtype",
+          "[cli][tokens][dtype]") {
+  const fs::path dir = scratch_dir() / "dtype";
+  fs::create_directories(dir);
+  // A headerless uint32 file, written by another tool, declared uint16: refused before any step.
+  std::string wide;
+  for (uint32_t k = 0; k < 2000; ++k) {
+    const uint32_t id = (k * 37) % 300;
+    wide += std::string{char(id & 0xFF), char(id >> 8), '\0', '\0'};
+  }
+  std::ofstream(dir / "wide.bin", std::ios::binary) << wide;
+  json c = gpt_tokens_config(dir / "wide.bin", dir / "wide.bin", "dtype_run");
+  c["data"].erase("val_path");
+  const fs::path headerless = write_config("dtype_headerless.json", c);
+  check_one_line_error(run_booster("check --config " + headerless.string()), 2,
+                       {(dir / "wide.bin").string(), "looks like uint32", "data.dtype: \"uint32\""});
+  check_one_line_error(run_booster("train --config " + headerless.string()), 2, {"looks like uint32"});
+  c["data"]["dtype"] = "uint32";
+  CHECK(run_booster("check --config " + write_config("dtype_headerless_ok.json", c).string()).exit_code == 0);
+
+  if (const std::string why = missing_tools(); !why.empty()) {
+    skip_test(why);
+    return;
+  }
+  const fs::path model = tokenizer_model();
+  const fs::path train = dir / "gpl.bin", val = dir / "gpl.val.bin";
+  const RunResult r = run_booster("tokenize --model " + model.string() + " --in " + kCorpus.string() + " --out " +
+                                  train.string() + " --val-fraction 0.1");
+  INFO("stderr: " << r.err);
+  REQUIRE(r.exit_code == 0);
+  const json summary = json::parse(testing::last_line(r.out));
+  for (const auto& [file, tokens] : {std::pair{train, summary["train"]["tokens"]}, {val, summary["val"]["tokens"]}}) {
+    const json d = json::parse(read_text(file.string() + ".json"));
+    CHECK(d["dtype"] == "uint16");
+    CHECK(d["tokens"] == tokens);
+    CHECK(d["vocab_size"] == 300);
+    CHECK(d["tokenizer"]["path"] == model.string());
+    CHECK(d["tokenizer"]["kind"] == "sentencepiece");
+  }
+  // uint16 files declared uint32 (the file or the validation file): a config mistake naming both dtypes.
+  json declared = gpt_tokens_config(train, val, "dtype_run");
+  declared["data"]["dtype"] = "uint32";
+  const fs::path wrong = write_config("dtype_wrong.json", declared);
+  check_one_line_error(run_booster("check --config " + wrong.string()), 2,
+                       {train.string(), "holds uint16 tokens", "data.dtype is \"uint32\"", "set data.dtype: \"uint16\""});
+  check_one_line_error(run_booster("train --config " + wrong.string()), 2, {"set data.dtype: \"uint16\""});
+  // And uint32 files declared uint16.
+  REQUIRE(run_booster("tokenize --model " + model.string() + " --in " + kCorpus.string() + " --out " +
+                      (dir / "gpl32.bin").string() + " --dtype uint32")
+              .exit_code == 0);
+  json wide_declared = gpt_tokens_config(dir / "gpl32.bin", val, "dtype_run");
+  const fs::path narrow = write_config("dtype_narrow.json", wide_declared);
+  check_one_line_error(run_booster("check --config " + narrow.string()), 2,
+                       {"gpl32.bin", "holds uint32 tokens", "data.dtype is \"uint16\"", "set data.dtype: \"uint32\""});
+  // A model smaller than the tokenizer the description names.
+  json small = gpt_tokens_config(train, val, "dtype_run");
+  small["model"]["vocab_size"] = 256;
+  check_one_line_error(run_booster("check --config " + write_config("dtype_small_vocab.json", small).string()), 2,
+                       {model.string() + " of 300 ids", "vocabulary of 256"});
+}
+
+// Note [Token shards]: tokenize concatenates its inputs; token data reads shards as one and holds out
+// the end of the last as validation.
+TEST_CASE("booster tokenize of several files, and training on shards with val_fraction", "[cli][tokens][shards]") {
+  if (const std::string why = missing_tools(); !why.empty()) {
+    skip_test(why);
+    return;
+  }
+  const fs::path dir = scratch_dir() / "shards";
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  const fs::path model = tokenizer_model();
+  // The GPL in two files, cut at a line; the second without its final newline.
+  const std::string text = read_text(kCorpus);
+  const size_t cut = text.find('\n', text.size() / 2) + 1;
+  std::ofstream(dir / "a.txt", std::ios::binary) << text.substr(0, cut);
+  std::ofstream(dir / "b.txt", std::ios::binary) << text.substr(cut, text.size() - cut - 1);
+  const std::vector<uint32_t> reference = spm_encode_ids(model, kCorpus);
+  for (const std::string& ins : {"--in " + (dir / "a.txt").string() + " --in " + (dir / "b.txt").string(),
+                                 "--in " + (dir / "a.txt").string() + " " + (dir / "b.txt").string()}) {
+    INFO(ins);
+    const RunResult r =
+        run_booster("tokenize --model " + model.string() + " " + ins + " --out " + (dir / "both.bin").string());
+    INFO("stderr: " << r.err);
+    REQUIRE(r.exit_code == 0);
+    // Each line's ids and </s>, the files one after the other: the whole GPL's ids.
+    CHECK(read_token_file(dir / "both.bin", 2) == reference);
+    const json summary = json::parse(testing::last_line(r.out));
+    CHECK(summary["inputs"] == json::array({(dir / "a.txt").string(), (dir / "b.txt").string()}));
+    CHECK(json::parse(read_text(dir / "both.bin.json"))["tokens"] == reference.size());
+  }
+  // An input that is missing is named before anything is encoded or written.
+  check_one_line_error(run_booster("tokenize --model " + model.string() + " --in " + (dir / "a.txt").string() +
+                                   " --in " + (dir / "absent.txt").string() + " --out " + (dir / "never.bin").string()),
+                       1, {(dir / "absent.txt").string()});
+  CHECK_FALSE(fs::exists(dir / "never.bin"));
+
+  // Two shards, trained on as one with the end of the last held out.
+  for (const char* part : {"a", "b"})
+    REQUIRE(run_booster("tokenize --model " + model.string() + " --in " + (dir / (std::string(part) + ".txt")).string() +
+                        " --out " + (dir / ("shard_" + std::string(part) + ".bin")).string())
+                .exit_code == 0);
+  const int64_t n_b = int64_t(read_token_file(dir / "shard_b.bin", 2).size());
+  json c = gpt_tokens_config(dir / "unused", dir / "unused", "shards_run");
+  c["data"].erase("val_path");
+  c["data"]["path"] = (dir / "shard_*.bin").string();
+  c["data"]["val_fraction"] = 0.1;
+  c["train"]["max_steps"] = 2;
+  c["train"]["eval_every"] = 2;
+  const fs::path config = write_config("shards.json", c);
+  const RunResult checked = run_booster("check --config " + config.string());
+  INFO("check stderr: " << checked.err);
+  CHECK(checked.exit_code == 0);
+  const RunResult trained = run_booster("train --config " + config.string());
+  INFO("train stderr: " << trained.err);
+  REQUIRE(trained.exit_code == 0);
+  CHECK_THAT(trained.err, Contains("shard_a.bin") && Contains("shard_b.bin"));
+  std::istringstream metrics(read_text(scratch_dir() / "shards_run" / "metrics.jsonl"));
+  std::string line;
+  int evals = 0;
+  while (std::getline(metrics, line)) {
+    const json record = json::parse(line);
+    if (record["kind"] != "eval") continue;
+    ++evals;
+    CHECK(record["samples"] == (int64_t(double(n_b) * 0.1) - 1) / 32);  // the last tenth of shard_b
+  }
+  CHECK(evals == 1);
+
+  // Mistakes: a glob that matches nothing, val_fraction beside val_path.
+  json nothing = c;
+  nothing["data"]["path"] = (dir / "shard_*.tokens").string();
+  check_one_line_error(run_booster("check --config " + write_config("shards_nothing.json", nothing).string()), 2,
+                       {(dir / "shard_*.tokens").string(), "matches no file"});
+  json both = c;
+  both["data"]["val_path"] = (dir / "shard_b.bin").string();
+  check_one_line_error(run_booster("check --config " + write_config("shards_both.json", both).string()), 2,
+                       {"'data.val_fraction'", "'data.val_path'"});
 }
