@@ -11,6 +11,7 @@
 #include <cstring>
 #include <optional>
 #include <regex>
+#include <set>
 #include <system_error>
 
 #include "booster/checkpoint/atomic_file.h"
@@ -131,6 +132,17 @@ bool holds_no_checkpoint(const fs::path& root) {
     return false;
   }
   return !ec;
+}
+
+fs::path checkpoints_of_run(const fs::path& path) {
+  std::error_code ec;
+  const fs::path checkpoints = path / "checkpoints";
+  if (!fs::is_directory(path, ec) || !fs::is_directory(checkpoints, ec)) return path;
+  // A checkpoint (or a root) of its own wins: only a directory that is none stands for its checkpoints/.
+  if (fs::exists(path / kTrainerStateFileName, ec) || fs::exists(fs::symlink_status(path / kLatestFileName, ec)) ||
+      !list_checkpoints(path).empty())
+    return path;
+  return checkpoints;
 }
 
 fs::path begin_checkpoint(const fs::path& root, int64_t step) {
@@ -528,7 +540,15 @@ void verify_step(const fs::path& dir) {
                 "removed after the save; pass --no-verify (LoadStateOptions::verify = false) to load it unverified");
 }
 
-TensorMap load_weights(const fs::path& path, const LoadWeightsOptions& options) {
+namespace {
+
+// Where load_weights(path) reads: the checkpoint step the path lies in (empty: none) and the model files
+// (a folder, an index or a file).
+struct WeightsSource {
+  fs::path step, source;
+};
+
+WeightsSource locate_weights(const fs::path& path) {
   std::error_code ec;
   fs::path where = fs::weakly_canonical(path, ec);
   if (ec) where = fs::absolute(path).lexically_normal();
@@ -542,12 +562,56 @@ TensorMap load_weights(const fs::path& path, const LoadWeightsOptions& options) 
       step = candidate;
       break;
     }
-  if (step.empty()) return load_model(path);
+  if (step.empty()) return {fs::path(), path};
 
   // A step named whole: the model is its model/ folder (Booster::save_state), or its own model files
   // (save_checkpoint).
   fs::path source = where;
   if (is_dir && where == step && fs::is_directory(step / "model", ec)) source = step / "model";
+  return {step, source};
+}
+
+// The shapes in one .safetensors file's header.
+void add_header_shapes(const fs::path& file, std::map<std::string, Shape>& out) {
+  for (const SafetensorsEntry& e : read_safetensors_header(file).entries) out[e.name] = e.shape;
+}
+
+}  // namespace
+
+std::map<std::string, Shape> weight_shapes(const fs::path& path) {
+  const fs::path source = locate_weights(path).source;
+  fs::path file = source, index;
+  if (fs::is_directory(source)) {
+    file = source / kModelFileName;
+    if (!fs::exists(file) && fs::exists(source / kModelIndexFileName)) index = source / kModelIndexFileName;
+    BOOSTER_CHECK(fs::exists(file) || !index.empty(), CheckpointError, source.string(), " holds neither ",
+                  kModelFileName, " nor ", kModelIndexFileName);
+  } else if (is_index_file(source)) {
+    index = source;
+  }
+  std::map<std::string, Shape> out;
+  if (index.empty()) {
+    add_header_shapes(file, out);
+    return out;
+  }
+  json map;
+  try {
+    map = json::parse(read_text_file(index, size_t(256) << 20)).at("weight_map");
+  } catch (const std::exception& e) {
+    BOOSTER_FAIL(CheckpointError, "model index ", index.string(), ": no readable \"weight_map\" (", e.what(), ")");
+  }
+  std::set<std::string> shards;
+  for (const auto& [name, shard] : map.items())
+    if (shard.is_string()) shards.insert(shard.get<std::string>());
+  for (const std::string& shard : shards)
+    if (shard.find('/') == std::string::npos) add_header_shapes(index.parent_path() / shard, out);
+  return out;
+}
+
+TensorMap load_weights(const fs::path& path, const LoadWeightsOptions& options) {
+  std::error_code ec;
+  const auto [step, source] = locate_weights(path);
+  if (step.empty()) return load_model(path);
   if (options.verify) {
     // What the load reads: the folder, the index's folder (its shards), or the one file.
     const fs::path read = fs::is_directory(source, ec) || !is_index_file(source) ? source : source.parent_path();

@@ -113,6 +113,14 @@ struct LoadWeightsOptions {
   bool warn = true;    // print the warning about a checkpoint that predates checksums (rank 0 only)
 };
 TensorMap load_weights(const std::filesystem::path& path, const LoadWeightsOptions& options = {});
+// The name and shape of each tensor load_weights(path) would return, from the files' headers alone
+// (nothing verified, no weights read): what `booster check` compares a model with before train loads it.
+std::map<std::string, Shape> weight_shapes(const std::filesystem::path& path);
+
+// A checkpoint as a user names it on a command line: a run directory (`booster train`'s train.run_dir,
+// holding checkpoints/ and no checkpoint of its own) stands for its checkpoints/; any other path is
+// itself. `booster eval`, `export` and `generate` resolve --checkpoint through it.
+std::filesystem::path checkpoints_of_run(const std::filesystem::path& path);
 
 // An exclusive lock on a checkpoint root for as long as it lives: flock() on `<root>/lock`, which the
 // kernel releases when the process ends, crash or not. Creates `root` if needed. CheckpointError
