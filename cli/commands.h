@@ -32,6 +32,10 @@ struct TrainingHooks {
   bool evaluate = true;
   std::function<void(Trainer&)> before_fit;
   std::function<int(Booster&, Trainer&, const FitResult&, bool is_rank0)> after_fit;
+  // Added to the summary of a run of train.max_steps 0, which evaluates without training (Note
+  // [Evaluating without training] in train.cpp): where the weights came from ({"checkpoint", "step"}
+  // or {"hf"}), as `booster eval` found them.
+  nlohmann::json evaluated;
 };
 int run_training(const nlohmann::json& config, BoosterComponents components, const TrainingHooks& hooks);
 

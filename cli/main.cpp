@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
+#include <filesystem>
 #include <iostream>
 #include <new>
 #include <optional>
@@ -14,6 +15,8 @@
 #include <boost/program_options.hpp>
 
 #include "booster/booster/build_info.h"
+#include "booster/checkpoint/atomic_file.h"
+#include "booster/checkpoint/checkpoint.h"
 #include "booster/common/error.h"
 #include "booster/config/config.h"
 #include "booster/config/memory_estimate.h"
@@ -39,6 +42,7 @@ constexpr const char* kUsage =
     "\n"
     "commands:\n"
     "  train       train a model: booster train --config FILE [--set key.path=value ...]\n"
+    "  eval        loss and perplexity (or accuracy) on the held-out data: booster eval --config FILE --checkpoint DIR\n"
     "  check       validate a config, print it with every default filled in, and estimate its memory\n"
     "  run         start a command as N processes: booster run -n N -- booster train ...\n"
     "  doctor      name the layers whose values leave a format's range, and what to use instead\n"
@@ -151,7 +155,9 @@ void print_version() {
 
 // Options shared by the subcommands that read a config.
 po::options_description config_options(const std::string& command) {
-  po::options_description desc("usage: booster " + command + " --config FILE [--set key.path=value ...]\n\noptions");
+  po::options_description desc("usage: booster " + command + " --config FILE" +
+                               (command == "eval" ? " [--checkpoint DIR | --hf DIR]" : "") +
+                               " [--set key.path=value ...]\n\noptions");
   desc.add_options()
       ("help,h", "show this help")
       ("config,c", po::value<std::string>()->value_name("FILE"), "the JSON config (see examples/configs/)")
@@ -168,11 +174,18 @@ po::options_description config_options(const std::string& command) {
        "plugin.KEY=VALUE after it)")
       ("device,d", po::value<std::string>()->value_name("DEVICE"),
        "train on this device: cpu, cuda or cuda:N (same as --set device=...)")
-      ("resume,r", po::value<std::string>()->value_name("latest|DIR"),
-       "continue from a checkpoint: \"latest\" in train.checkpoint_dir, or a checkpoint directory "
-       "(same as --set train.resume=...)")
       ("no-verify", "resume without checking the checkpoint's files against its checksums (same as --set "
        "train.verify_checkpoints=false)");
+  if (command == "eval")
+    desc.add_options()
+        ("checkpoint", po::value<std::string>()->value_name("DIR"),
+         "evaluate a checkpoint's model: a step directory, a checkpoint directory (its latest step), or a run "
+         "directory (its checkpoints/)")
+        ("hf", po::value<std::string>()->value_name("DIR"), "evaluate a Hugging Face model directory instead");
+  else
+    desc.add_options()("resume,r", po::value<std::string>()->value_name("latest|DIR"),
+                       "continue from a checkpoint: \"latest\" in train.checkpoint_dir, or a checkpoint directory "
+                       "(same as --set train.resume=...)");
   if (command == "doctor")
     desc.add_options()("steps,n", po::value<int64_t>()->default_value(20)->value_name("N"),
                        "training steps to watch (each one traced, from the config's initial model)");
@@ -213,8 +226,46 @@ void print_memory_estimate(const nlohmann::json& config, int world_size) {
 }
 
 // Parses `args` (after the subcommand); returns false when --help was printed.
+// `booster eval`'s weights as overrides of the config (Note [Evaluating without training] in train.cpp),
+// after the user's own so they win: train.max_steps 0, no resume, and the checkpoint's model as
+// model.init_from (verified against its checksums as init_from is) or the Hugging Face directory as the
+// model. Returns where the weights came from, for the summary.
+nlohmann::json eval_overrides(const po::variables_map& vm, std::vector<std::string>& overrides) {
+  if (vm.count("checkpoint") && vm.count("hf"))
+    throw UsageError("'booster eval' takes --checkpoint DIR or --hf DIR, not both");
+  overrides.push_back("train.max_steps=0");
+  overrides.push_back("train.resume=null");
+  nlohmann::json evaluated = nlohmann::json::object();
+  if (vm.count("checkpoint")) {
+    const std::filesystem::path given = vm["checkpoint"].as<std::string>();
+    if (!std::filesystem::exists(given))
+      throw booster::ConfigError("--checkpoint " + given.string() + " does not exist; give a checkpoint step directory "
+                                 "(runs/a/checkpoints/step-00000100), a checkpoint directory or a run directory");
+    // A run directory stands for its checkpoints/, a checkpoint directory for its latest step.
+    const std::filesystem::path step =
+        booster::checkpoint::resolve_checkpoint(booster::checkpoint::checkpoints_of_run(given));
+    if (!std::filesystem::is_directory(step / "model"))
+      throw booster::CheckpointError("--checkpoint " + step.string() +
+                                     " has no model/ directory; it is not a booster checkpoint with weights");
+    overrides.push_back("model.init_from=" + nlohmann::json(step.string()).dump());
+    evaluated["checkpoint"] = step.string();
+    const nlohmann::json state = nlohmann::json::parse(
+        booster::checkpoint::read_text_file(step / booster::checkpoint::kTrainerStateFileName), nullptr, false);
+    if (state.is_object() && state.value("step", nlohmann::json()).is_number_integer()) evaluated["step"] = state.at("step");
+  } else if (vm.count("hf")) {
+    const std::string dir = vm["hf"].as<std::string>();
+    if (!std::filesystem::is_directory(dir))
+      throw booster::ConfigError("--hf " + dir + " is not a directory; give a Hugging Face model directory (config.json "
+                                 "and model.safetensors)");
+    overrides.push_back("model=" + nlohmann::json{{"type", "hf"}, {"path", dir}}.dump());
+    evaluated["hf"] = dir;
+  }
+  return evaluated;
+}
+
 bool parse_config_args(const std::string& command, const std::vector<std::string>& args, std::string& config_path,
-                       std::vector<std::string>& overrides, int* world_size = nullptr, int64_t* steps = nullptr) {
+                       std::vector<std::string>& overrides, int* world_size = nullptr, int64_t* steps = nullptr,
+                       nlohmann::json* evaluated = nullptr) {
   po::options_description desc = config_options(command);
   po::variables_map vm;
   const po::parsed_options parsed = po::command_line_parser(args).options(desc).run();
@@ -248,6 +299,7 @@ bool parse_config_args(const std::string& command, const std::vector<std::string
   if (vm.count("no-verify")) overrides.push_back("train.verify_checkpoints=false");
   if (vm.count("set"))
     for (const std::string& s : vm["set"].as<std::vector<std::string>>()) overrides.push_back(s);
+  if (evaluated) *evaluated = eval_overrides(vm, overrides);
   return true;
 }
 
@@ -267,13 +319,14 @@ int run(int argc, char** argv) {
     print_version();
     return booster::cli::kExitOk;
   }
-  if (command == "train" || command == "check" || command == "doctor") {
+  if (command == "train" || command == "check" || command == "doctor" || command == "eval") {
     std::string config_path;
     std::vector<std::string> overrides;
     int world_size = 1;
     int64_t steps = 0;
+    nlohmann::json evaluated;
     if (!parse_config_args(command, rest, config_path, overrides, command == "check" ? &world_size : nullptr,
-                           command == "doctor" ? &steps : nullptr))
+                           command == "doctor" ? &steps : nullptr, command == "eval" ? &evaluated : nullptr))
       return booster::cli::kExitOk;
     // A run's SIGINT, SIGTERM or SIGUSR1 is a stop request from here on, while the ranks start (data,
     // model, checkpoint) and as they end, not only in the loop: Note [Stopping on a signal].
@@ -308,7 +361,9 @@ int run(int argc, char** argv) {
       return booster::cli::kExitOk;
     }
     const int code = command == "doctor" ? booster::cli::doctor(config, std::move(resolved.booster), steps)
-                                         : booster::cli::train(config, std::move(resolved.booster));
+                     : command == "eval"   ? booster::cli::run_training(config, std::move(resolved.booster),
+                                                                        {.evaluated = evaluated})
+                                           : booster::cli::train(config, std::move(resolved.booster));
     // A signal after the Trainer last looked (its summary was being printed): the run is complete, and
     // still a stop was asked for, so the status says so. Only this rank may have got it (the ranks no
     // longer agree on anything here): a rank other than 0, whose errors the handler below leaves to rank
@@ -371,7 +426,7 @@ int run(int argc, char** argv) {
   if (command == "export") return booster::cli::export_model(rest);
   if (command == "flight") return booster::cli::flight(rest);
   std::string msg = "unknown command '" + command + "'";
-  if (auto guess = booster::config::nearest(command, {"train", "check", "doctor", "run", "plot", "precisions", "plugins", "compat", "bench", "tokenize", "generate", "export", "flight"})) msg += "; did you mean '" + *guess + "'?";
+  if (auto guess = booster::config::nearest(command, {"train", "eval", "check", "doctor", "run", "plot", "precisions", "plugins", "compat", "bench", "tokenize", "generate", "export", "flight"})) msg += "; did you mean '" + *guess + "'?";
   throw UsageError(msg + " (see booster --help)");
 }
 

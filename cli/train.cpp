@@ -87,6 +87,36 @@ std::optional<fs::path> optional_path(const json& value) {
   return fs::path(value.get<std::string>());
 }
 
+// Note [Evaluating without training]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// `booster eval` is `booster train` with train.max_steps 0 and the weights to evaluate as
+// model.init_from (a checkpoint's model/, checked against its checksums) or an hf model section. The run
+// is built exactly as train builds it (data split, model, strategy, plugin, boost) and the Trainer
+// evaluates it once with the code fit() evaluates with (Trainer::evaluate), so a checkpoint of step N
+// gives the numbers train reported at step N. No step is taken and nothing is written: no run
+// directory, no metrics, no checkpoint. The evaluation is one line on stderr and the summary, as
+// train's, the last line on stdout: test_loss, and test_accuracy for a classifier or val_loss and
+// val_ppl for a language model, with the samples, where the weights came from, and the run's
+// precision, plugin, device and processes.
+template <typename WithRun>
+int report_evaluation(Booster& booster, Trainer& trainer, const json& evaluated, bool is_rank0, WithRun with_run) {
+  const auto start = std::chrono::steady_clock::now();
+  const trainer::Evaluation e = trainer.evaluate();
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  if (!is_rank0) return kExitOk;
+  json summary = e.to_json();
+  summary["samples"] = e.samples;
+  summary["seconds"] = seconds;
+  summary["steps"] = 0;  // trained here; "step" is the checkpoint's
+  summary["mixed_precision"] = trainer::running_precision(booster);
+  summary.update(evaluated.is_object() ? evaluated : json{{"weights", "the config's model"}});
+  const std::string from = summary.value("checkpoint", summary.value("hf", summary.value("weights", std::string())));
+  std::cerr << "booster: eval " << (from.empty() ? std::string() : "of " + from + ": ") << e.describe() << "\n";
+  std::cout << with_run(summary).dump() << std::endl;
+  BOOSTER_CHECK(std::cout.good(), IOError, "cannot write the evaluation to stdout (", std::strerror(errno), ")");
+  return kExitOk;
+}
+
 }  // namespace
 
 int run_training(const json& config, BoosterComponents components, const TrainingHooks& hooks) {
@@ -117,9 +147,20 @@ int run_training(const json& config, BoosterComponents components, const Trainin
   BOOSTER_CHECK(loader->size() >= grad_accumulation, ConfigError, "'train.grad_accumulation' is ", grad_accumulation,
                 " but an epoch has only ", loader->size(), " batches for this process; lower it or data.batch_size");
 
+  // Note [Evaluating without training]: max_steps 0 (what `booster eval` sets) evaluates the model once.
+  const bool evaluate_only = train_cfg.at("max_steps").is_number() && train_cfg.at("max_steps").get<int64_t>() == 0;
+  BOOSTER_CHECK(!evaluate_only || !train_cfg.at("resume").is_string(), ConfigError,
+                "'train.max_steps' is 0 (evaluate without training) but 'train.resume' is ", train_cfg.at("resume").dump(),
+                "; to evaluate a checkpoint use booster eval --checkpoint DIR (or model.init_from=DIR)");
+  BOOSTER_CHECK(!evaluate_only || split.test != nullptr, ConfigError,
+                "'train.max_steps' is 0 (evaluate without training) but the '", data_cfg.at("type").get<std::string>(),
+                "' data has no held-out split to evaluate on; give it one (data.val_path for tokens, "
+                "data.test_fraction for text or files, data.num_test_samples for synthetic)");
+
   TrainerOptions options;
   options.epochs = train_cfg.at("epochs").get<int64_t>();
-  if (train_cfg.at("max_steps").is_number()) options.max_steps = train_cfg.at("max_steps").get<int64_t>();
+  if (train_cfg.at("max_steps").is_number() && !evaluate_only)
+    options.max_steps = train_cfg.at("max_steps").get<int64_t>();
   options.grad_accumulation = grad_accumulation;
   if (train_cfg.at("max_grad_norm").is_number()) options.max_grad_norm = train_cfg.at("max_grad_norm").get<double>();
   options.log_every = train_cfg.at("log_every").get<int64_t>();
@@ -155,13 +196,18 @@ int run_training(const json& config, BoosterComponents components, const Trainin
   const int64_t total_steps = planned_steps(options.epochs, loader->size() / grad_accumulation, options.max_steps);
   options.resume_settings = config::trajectory_settings(config, total_steps);
   if (hooks.adjust) hooks.adjust(options);
+  if (evaluate_only) {  // nothing is written: no run directory, no checkpoint
+    options.run_dir.reset();
+    options.checkpoint_dir.reset();
+    options.checkpoint_every = 0;
+  }
 
   // Model, optimizer, loss and schedule, boosted (Note [Booster lifecycle]). The scheduler is built on
   // the user's optimizer, as with torch.
   nn::ModulePtr model = make_model(config.at("model"), seed, train_cfg.at("verify_checkpoints").get<bool>());
   std::shared_ptr<optim::Optimizer> optimizer = optim::make_optimizer(config.at("optimizer"), model->parameters());
   std::shared_ptr<optim::LRScheduler> scheduler =
-      config::make_lr_scheduler(config.at("lr_scheduler"), *optimizer, total_steps);
+      evaluate_only ? nullptr : config::make_lr_scheduler(config.at("lr_scheduler"), *optimizer, total_steps);
   booster.boost(model, optimizer, config::make_criterion(config.at("criterion")), loader, scheduler);
 
   Trainer trainer(booster, std::move(options));
@@ -175,6 +221,7 @@ int run_training(const json& config, BoosterComponents components, const Trainin
     summary["processes"] = booster.process_group().size();
     return summary;
   };
+  if (evaluate_only) return report_evaluation(booster, trainer, hooks.evaluated, is_rank0, with_run);
   FitResult result;
   try {
     result = trainer.fit();

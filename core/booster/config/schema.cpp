@@ -475,7 +475,7 @@ std::vector<Section> make_training_schema() {
       "the loop: epochs, max_steps, grad_accumulation, log_every, eval_every, seed, run_dir, checkpoints",
       {
           integer("epochs", 1, 1),
-          optional_integer("max_steps", 1, "stop after this many steps; null: run all epochs"),
+          optional_integer("max_steps", 0, "stop after this many steps; 0: evaluate without training; null: run all epochs"),
           integer("log_every", 50, 1),
           integer("eval_every", 0, 0, std::nullopt, "evaluate every N steps; 0: after each epoch"),
           integer("seed", 0, 0),
@@ -721,8 +721,9 @@ void check_training_config(const json& c) {
   }
 
   const json& sched = c.at("lr_scheduler");
+  // max_steps 0 evaluates without training (cli/train.cpp): there is no schedule to fit.
   if (sched.at("type") == "linear_warmup" && c.at("train").at("max_steps").is_number() &&
-      sched.at("warmup_steps").get<int64_t>() > c.at("train").at("max_steps").get<int64_t>())
+      c.at("train").at("max_steps").get<int64_t>() > 0 && sched.at("warmup_steps").get<int64_t>() > c.at("train").at("max_steps").get<int64_t>())
     fail("'lr_scheduler.warmup_steps' is " + num(sched.at("warmup_steps")) + ", more than 'train.max_steps' " +
          num(c.at("train").at("max_steps")));
 }
