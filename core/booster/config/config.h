@@ -102,6 +102,10 @@ void check_training_config(const json& resolved);
 // built deferred to find their policy (refused with the plugin's message when there is none); their
 // policies are not run (they are a program's or a library's).
 void check_model(const json& resolved);
+// Note [Weights of another model] (model_check.cpp): model.init_from's tensors, from the files' headers,
+// against the model built deferred; a ConfigError listing the first few that differ and a count of the
+// rest. Nothing when init_from is unset or missing (check_training_config names a missing file).
+void check_init_from(const json& resolved);
 // Note [A trial forward of a library model] (model_check.cpp): for a model from a model library, one
 // forward without gradients on two samples of the training split and the criterion on its output, so
 // `booster check` reports an input size or class count that does not fit the data with the error the

@@ -27,7 +27,9 @@
 //    that got no layer: more stages than the layers + 2) is refused too, naming the stage: the run
 //    would stop on that rank only, when the plugin rebuilds the optimizer over the part ("optimizer got
 //    an empty parameter list").
-// Other models are not split here: a registered or library model's policy belongs to a program or a
+// A built-in "gpt" is split the same way (its policy is booster's too), so a GPT pipeline stage left
+// without a layer is refused by check as train refuses it. Other models are not split here: a
+// registered or library model's policy belongs to a program or a
 // library, which may not expect to be called over a stand-in group. But under hybrid_parallel with
 // tp_size or pp_size > 1 every model is built deferred (a library's factory runs once more, allocating
 // nothing) to look its shard policy up by Module::name(), as the plugin does at boost(): a model without
@@ -48,6 +50,10 @@
 // built, and check says so instead of running the machine out of memory.
 #include "booster/config/config.h"
 
+#include <map>
+#include <set>
+
+#include "booster/checkpoint/checkpoint.h"
 #include "booster/common/error.h"
 #include "booster/distributed/process_group.h"
 #include "booster/nn/kv_cache.h"
@@ -172,8 +178,11 @@ void check_model(const json& c) {
   const json& model = c.at("model");
   const std::string type = model.at("type").get<std::string>();
   if (type != "llama" && type != "hf") {
-    // Only whether the plugin finds a policy (Note [Checking a model before it trains]).
-    if (splits_model(c.at("plugin"))) shard_policy_of(*build_deferred(c), c.at("plugin"));
+    if (!splits_model(c.at("plugin"))) return;
+    // The built-in GPT's policy is booster's own, and split as a Llama's is; of other models, only
+    // whether the plugin finds a policy (Note [Checking a model before it trains]).
+    if (type == "gpt") check_split(build_deferred(c), c.at("plugin"));
+    else shard_policy_of(*build_deferred(c), c.at("plugin"));
     return;
   }
   const nn::ModulePtr built = build_deferred(c);  // counted and split, never allocated
@@ -189,6 +198,53 @@ void check_model(const json& c) {
   }
 
   check_split(built, c.at("plugin"));
+}
+
+// Note [Weights of another model]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// model.init_from's weights are loaded into the model train builds, strictly: every tensor of the
+// model must be there in its shape, and nothing else. A file of another model (another width, another
+// layer count) used to pass `booster check` and stop train once the model was built, with a line
+// listing every tensor (2.5 KB for a small Llama) that ended in an option of the C++ API a config cannot
+// set. So the model is built deferred (no memory, no draws), the files' headers are read (no weights,
+// nothing verified: train verifies as it loads), and the differences are listed short: the first few
+// of each kind and a count of the rest; check and train refuse alike, while the config is resolved.
+void check_init_from(const json& c) {
+  const json& init_from = c.at("model").value("init_from", json());
+  if (!init_from.is_string() || !std::filesystem::exists(init_from.get<std::string>())) return;
+  const std::string file = init_from.get<std::string>();
+  const std::map<std::string, Shape> saved = checkpoint::weight_shapes(file);
+  const nn::ModulePtr model = build_deferred(c);
+  std::vector<std::pair<std::string, Tensor>> own = model->named_parameters();
+  for (auto& entry : model->named_buffers()) own.push_back(std::move(entry));
+  std::vector<std::string> missing, unexpected, mismatched;
+  std::set<std::string> own_names;
+  for (const auto& [name, t] : own) {
+    own_names.insert(name);
+    const auto it = saved.find(name);
+    if (it == saved.end()) missing.push_back("\"" + name + "\"");
+    else if (it->second != t.shape())
+      mismatched.push_back(str("\"", name, "\" (saved ", it->second, ", model ", t.shape(), ")"));
+  }
+  for (const auto& [name, shape] : saved)
+    if (!own_names.count(name)) unexpected.push_back("\"" + name + "\"");
+  if (missing.empty() && unexpected.empty() && mismatched.empty()) return;
+  // The first few of a list and a count of the rest.
+  auto few = [](const std::vector<std::string>& items) {
+    constexpr size_t kShown = 3;
+    std::string out;
+    for (size_t i = 0; i < std::min(items.size(), kShown); ++i) out += (i ? ", " : "") + items[i];
+    if (items.size() > kShown) out += " and " + std::to_string(items.size() - kShown) + " more";
+    return out;
+  };
+  std::string what;
+  if (!mismatched.empty()) what += "; " + std::to_string(mismatched.size()) + " of another shape: " + few(mismatched);
+  if (!missing.empty()) what += "; " + std::to_string(missing.size()) + " of the model's missing: " + few(missing);
+  if (!unexpected.empty()) what += "; " + std::to_string(unexpected.size()) + " not the model's: " + few(unexpected);
+  throw ConfigError("'model.init_from' " + file + " holds the weights of another model (" +
+                    std::to_string(saved.size()) + " tensors, the model " + std::to_string(own.size()) + ")" + what +
+                    "; give the weights of a run with this model section, or the model section of the run that "
+                    "saved them");
 }
 
 // Note [A trial forward of a library model].

@@ -656,6 +656,7 @@ void check_training_config(const json& c) {
     if (!std::filesystem::exists(file))
       fail("'model.init_from' is " + file + ", which does not exist; give a .safetensors file, a checkpoint step or "
            "its model directory");
+    check_init_from(c);  // weights of this model (Note [Weights of another model] in model_check.cpp)
   }
   if (data_type == "text" || data_type == "tokens") {
     const bool language_model = model_type == "gpt" || model_type == "llama" || model_type == "hf";
