@@ -4,7 +4,8 @@
 //   booster generate --hf DIR --prompt-ids "1 2 3" --temperature 0 --max-new-tokens 20
 //
 // The model: --checkpoint is a step directory, or a checkpoint root whose `latest` names one; its weights
-// are model/ and its architecture the "model" section the checkpoint records in trainer_state.json
+// are model/ (with the float32 masters a ZeRO or pure 16-bit run kept, checked against the checkpoint's
+// checksums first unless --no-verify) and its architecture the "model" section it records in trainer_state.json
 // (settings.model, which `booster train` saves; Note [Settings a resume must keep]), else the run's
 // config.json beside the root, else --config (a training config, or a model section alone). --hf is a
 // Hugging Face model directory, read by nn::load_pretrained. The prompt: --prompt TEXT, encoded with
@@ -13,9 +14,16 @@
 // stops at the tokenizer's </s> (with --ignore-eos it goes on, each </s> printed as a line end); without
 // one, stdout is one line: the new ids. With --hf it stops at the directory's eos_token_id too
 // (generation_config.json's, else config.json's; one id or a list), as transformers' generate does. A
-// sentence on stderr says how many tokens came, how fast, and why it stopped (the count, </s>, or the
-// model's position limit).
+// sentence on stderr says how many tokens came, how fast, and why it stopped (the count, </s>, a --stop
+// text, or the model's position limit). --hf DIR uses DIR's tokenizer.model when --tokenizer is not
+// given, and a prompt starts with BOS when the Hugging Face tokenizer adds one (add_bos_token in
+// tokenizer_config.json, else the SentencePiece model's BOS), as transformers encodes it; a run of
+// booster's own on `booster tokenize` data (lines without BOS) gets none. --repetition-penalty,
+// --stop and --num-samples are transformers' repetition_penalty, stop_strings and
+// num_return_sequences (sample i seeded S + i).
+#include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
@@ -26,7 +34,9 @@
 #include <boost/program_options.hpp>
 #include <nlohmann/json.hpp>
 
+#include "booster/booster/booster.h"
 #include "booster/checkpoint/atomic_file.h"
+#include "booster/checkpoint/checksums.h"
 #include "booster/checkpoint/checkpoint.h"
 #include "booster/checkpoint/safetensors.h"
 #include "booster/common/error.h"
@@ -73,10 +83,12 @@ json checkpoint_model_config(const fs::path& step, const std::string& config_fil
                state_file.string(), ", no config.json beside it); pass the training config with --config FILE");
 }
 
-nn::ModulePtr load_checkpoint_model(const std::string& given, const std::string& config_file) {
+// `hf_source` (when given) receives the Hugging Face directory a model.type "hf" run started from.
+nn::ModulePtr load_checkpoint_model(const std::string& given, const std::string& config_file, bool verify,
+                                    std::string* hf_source) {
   BOOSTER_CHECK(fs::exists(given), ConfigError, "--checkpoint ", given,
                 " does not exist; give a checkpoint step directory (runs/a/checkpoints/step-00000100) or its root");
-  const fs::path step = checkpoint::resolve_checkpoint(given);
+  const fs::path step = checkpoint::resolve_checkpoint(checkpoint::checkpoints_of_run(given));  // a run dir: its checkpoints/
   BOOSTER_CHECK(fs::is_directory(step / "model"), CheckpointError, "--checkpoint ", step.string(),
                 " has no model/ directory; it is not a booster checkpoint with weights");
   json model_config = checkpoint_model_config(step, config_file);
@@ -91,9 +103,12 @@ nn::ModulePtr load_checkpoint_model(const std::string& given, const std::string&
                                        : "; it gives the model's architecture:",
                   " pass the run's config with --config FILE, its model.path the directory's path now");
   }
+  if (verify) checkpoint::verify_checksums(step);  // a damaged file is refused, naming it, as export does
   nn::ModulePtr model = nn::make_model(model_config, 0);
-  model->load_state_dict(checkpoint::load_model(step / "model"));
+  // The float32 masters where the run kept them (a ZeRO or pure 16-bit run), else the model file's.
+  model->load_state_dict(Booster::read_trained_weights(step));
   model->to(DType::Float32);  // a 16-bit strategy may have saved 16-bit weights; generation runs in float32
+  if (hf_source) *hf_source = model_config.value("type", std::string()) == "hf" ? model_config.value("path", std::string()) : "";
   return model;
 }
 
@@ -129,6 +144,24 @@ std::vector<int64_t> hf_eos_ids(const fs::path& dir) {
   return {};
 }
 
+// Whether the tokenizer of a Hugging Face directory starts a text with its BOS id: tokenizer_config.json's
+// add_bos_token when it says, else yes when the SentencePiece model has a BOS id (LlamaTokenizer's
+// default). Without a Hugging Face directory (a booster run on `booster tokenize` data, which encodes
+// lines without BOS) no.
+bool adds_bos(const std::string& hf_dir, const data::SentencePieceTokenizer& tokenizer) {
+  if (hf_dir.empty()) return false;
+  const fs::path file = fs::path(hf_dir) / "tokenizer_config.json";
+  if (fs::exists(file)) {
+    const json c = config::load_file(file.string());
+    if (c.is_object() && c.contains("add_bos_token")) {
+      BOOSTER_CHECK(c.at("add_bos_token").is_boolean(), ConfigError, file.string(),
+                    ": \"add_bos_token\" must be true or false, got ", c.at("add_bos_token").dump());
+      return c.at("add_bos_token").get<bool>() && tokenizer.bos_id() >= 0;
+    }
+  }
+  return tokenizer.bos_id() >= 0;
+}
+
 // "1 2 3" or "1,2,3" -> ids; ConfigError naming the piece that is not a non-negative integer.
 std::vector<int64_t> parse_ids(const std::string& text) {
   std::string s = text;
@@ -158,7 +191,8 @@ std::vector<int64_t> parse_ids(const std::string& text) {
 int generate(const std::vector<std::string>& args) {
   po::options_description desc(
       "usage: booster generate (--checkpoint DIR | --hf DIR) (--prompt TEXT --tokenizer tok.model | --prompt-ids \"1 2 3\")\n"
-      "                        [--max-new-tokens N] [--temperature T] [--top-k K] [--top-p P] [--seed S]\n\n"
+      "                        [--max-new-tokens N] [--temperature T] [--top-k K] [--top-p P] [--seed S]\n"
+      "                        [--repetition-penalty P] [--stop TEXT] [--num-samples N]\n\n"
       "Samples a continuation of a prompt from a trained model, one position per new token through a\n"
       "key/value cache. --temperature 0 is greedy.\n\noptions");
   desc.add_options()
@@ -178,6 +212,13 @@ int generate(const std::vector<std::string>& args) {
       ("top-p", po::value<double>()->default_value(1.0)->value_name("P"),
        "sample among the most probable tokens that make up probability P (1: all)")
       ("seed", po::value<uint64_t>()->default_value(0)->value_name("S"), "the seed of the draws")
+      ("repetition-penalty", po::value<double>()->default_value(1.0)->value_name("P"),
+       "divide the positive logits (multiply the negative ones) of ids already in the text by P (1: off)")
+      ("stop", po::value<std::vector<std::string>>()->value_name("TEXT"),
+       "stop once the new text contains TEXT (it is printed); may be given several times; needs a tokenizer")
+      ("num-samples", po::value<int64_t>()->default_value(1)->value_name("N"),
+       "N continuations of the prompt, sample i drawn with seed S + i")
+      ("no-verify", "load the checkpoint without checking its files against its checksums")
       ("device,d", po::value<std::string>()->default_value("cpu")->value_name("DEVICE"), "cpu, cuda or cuda:N")
       ("ignore-eos", "go on past the end-of-sequence ids (the tokenizer's </s>, printed as a line end, and "
                      "with --hf those of the directory's eos_token_id)")
@@ -188,8 +229,15 @@ int generate(const std::vector<std::string>& args) {
                 "'booster generate' needs one of --checkpoint DIR or --hf DIR (see booster generate --help)");
   BOOSTER_CHECK(vm.count("prompt") + vm.count("prompt-ids") == 1, ConfigError,
                 "'booster generate' needs one of --prompt TEXT (with --tokenizer) or --prompt-ids \"1 2 3\"");
-  BOOSTER_CHECK(!vm.count("prompt") || vm.count("tokenizer"), ConfigError,
-                "--prompt needs --tokenizer FILE to turn the text into ids; or give --prompt-ids");
+  // --hf DIR brings its own SentencePiece model when it has one.
+  std::string tokenizer_file = vm.count("tokenizer") ? vm["tokenizer"].as<std::string>() : "";
+  if (tokenizer_file.empty() && vm.count("hf") && fs::is_regular_file(fs::path(vm["hf"].as<std::string>()) / "tokenizer.model"))
+    tokenizer_file = (fs::path(vm["hf"].as<std::string>()) / "tokenizer.model").string();
+  BOOSTER_CHECK(!vm.count("prompt") || !tokenizer_file.empty(), ConfigError,
+                "--prompt needs --tokenizer FILE to turn the text into ids", vm.count("hf") ? " (the --hf directory has no tokenizer.model)" : "",
+                "; or give --prompt-ids");
+  BOOSTER_CHECK(!vm.count("stop") || !tokenizer_file.empty(), ConfigError,
+                "--stop needs a tokenizer (--tokenizer FILE) to read the new text");
   nn::GenerateOptions options;
   options.max_new_tokens = vm["max-new-tokens"].as<int64_t>();
   options.temperature = vm["temperature"].as<double>();
@@ -197,6 +245,11 @@ int generate(const std::vector<std::string>& args) {
   options.top_p = vm["top-p"].as<double>();
   options.seed = vm["seed"].as<uint64_t>();
   options.use_cache = !vm.count("no-cache");
+  options.repetition_penalty = vm["repetition-penalty"].as<double>();
+  const int64_t samples = vm["num-samples"].as<int64_t>();
+  BOOSTER_CHECK(std::isfinite(options.repetition_penalty) && options.repetition_penalty > 0.0, ConfigError,
+                "--repetition-penalty ", options.repetition_penalty, ": expected a number > 0 (1 is off)");
+  BOOSTER_CHECK(samples >= 1, ConfigError, "--num-samples ", samples, ": expected a count >= 1");
   BOOSTER_CHECK(options.max_new_tokens >= 0, ConfigError, "--max-new-tokens ", options.max_new_tokens,
                 ": expected a count >= 0");
   BOOSTER_CHECK(std::isfinite(options.temperature) && options.temperature >= 0.0, ConfigError, "--temperature ",
@@ -207,22 +260,36 @@ int generate(const std::vector<std::string>& args) {
   const Device device = device_from_string(vm["device"].as<std::string>());
 
   std::unique_ptr<data::SentencePieceTokenizer> tokenizer;
-  if (vm.count("tokenizer")) tokenizer = std::make_unique<data::SentencePieceTokenizer>(vm["tokenizer"].as<std::string>());
+  if (!tokenizer_file.empty()) tokenizer = std::make_unique<data::SentencePieceTokenizer>(tokenizer_file);
+
+  std::string hf_dir = vm.count("hf") ? vm["hf"].as<std::string>() : "";
+  nn::ModulePtr model = vm.count("hf") ? load_hf_model(hf_dir)
+                                       : load_checkpoint_model(vm["checkpoint"].as<std::string>(),
+                                                               vm.count("config") ? vm["config"].as<std::string>() : "",
+                                                               !vm.count("no-verify"), &hf_dir);
   std::vector<int64_t> prompt;
+  bool bos = false;
   if (vm.count("prompt-ids")) {
     prompt = parse_ids(vm["prompt-ids"].as<std::string>());
   } else {
+    bos = adds_bos(hf_dir, *tokenizer);
+    if (bos) prompt.push_back(tokenizer->bos_id());
     for (int id : tokenizer->encode(vm["prompt"].as<std::string>())) prompt.push_back(id);
-    BOOSTER_CHECK(!prompt.empty(), ConfigError, "--prompt gave no tokens; give some text");
+    BOOSTER_CHECK(int64_t(prompt.size()) > int64_t(bos), ConfigError, "--prompt gave no tokens; give some text");
+  }
+  if (vm.count("stop")) {
+    const std::vector<std::string> stops = vm["stop"].as<std::vector<std::string>>();
+    for (const std::string& text : stops) BOOSTER_CHECK(!text.empty(), ConfigError, "--stop is empty; give the text to stop at");
+    options.stop = [stops, t = tokenizer.get()](const std::vector<int64_t>& generated) {
+      const std::string text = t->decode(std::vector<int>(generated.begin(), generated.end()));
+      return std::any_of(stops.begin(), stops.end(), [&](const std::string& s) { return text.find(s) != std::string::npos; });
+    };
   }
   if (tokenizer && !vm.count("ignore-eos")) options.eos_id = tokenizer->eos_id();
-  if (vm.count("hf") && !vm.count("ignore-eos")) options.more_eos_ids = hf_eos_ids(vm["hf"].as<std::string>());
+  if (!hf_dir.empty() && !vm.count("ignore-eos")) options.more_eos_ids = hf_eos_ids(hf_dir);
   if (tokenizer) options.vocab_limit = tokenizer->vocab_size();  // a padded vocabulary's extra ids are never text
 
-  nn::ModulePtr model = vm.count("hf") ? load_hf_model(vm["hf"].as<std::string>())
-                                       : load_checkpoint_model(vm["checkpoint"].as<std::string>(),
-                                                               vm.count("config") ? vm["config"].as<std::string>() : "");
-  const auto* lm = dynamic_cast<const nn::CausalLM*>(model.get());
+  const nn::CausalLM* lm = model->causal_lm();
   BOOSTER_CHECK(lm != nullptr, ConfigError, "the model is a ", model->name(),
                 ", which cannot generate; booster generate takes a gpt or llama model");
   for (int64_t id : prompt)
@@ -236,40 +303,46 @@ int generate(const std::vector<std::string>& args) {
                   "; give the tokenizer the model was trained with");
   model->to(device);
   std::cerr << "booster: " << model->name() << " from " << (vm.count("hf") ? vm["hf"].as<std::string>() : vm["checkpoint"].as<std::string>())
-            << ", prompt of " << prompt.size() << " tokens\n";
+            << ", prompt of " << prompt.size() << " tokens" << (bos ? " (BOS first, as its tokenizer adds it)" : "") << "\n";
 
-  const auto start = std::chrono::steady_clock::now();
-  const nn::GenerateResult result = nn::generate(*model, prompt, options);
-  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  for (int64_t sample = 0; sample < samples; ++sample) {
+    options.seed = vm["seed"].as<uint64_t>() + uint64_t(sample);
+    const auto start = std::chrono::steady_clock::now();
+    const nn::GenerateResult result = nn::generate(*model, prompt, options);
+    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 
-  std::string why;
-  switch (result.stop_reason) {
-    case nn::StopReason::MaxNewTokens: why = "--max-new-tokens reached"; break;
-    case nn::StopReason::EndOfSequence: why = "the end-of-sequence token"; break;
-    case nn::StopReason::MaxPositions:
-      why = "the model's limit of " + std::to_string(lm->max_positions()) + " positions (prompt and new tokens)";
-      break;
-  }
-  std::cerr << "booster: generated " << result.tokens.size() << " tokens in " << seconds << " s ("
-            << (seconds > 0 ? double(result.tokens.size()) / seconds : 0.0) << " tokens/s, "
-            << (options.use_cache ? "with" : "without") << " the key/value cache); stopped at " << why << "\n";
-  if (tokenizer) {
-    // Each </s> ends a line, as `booster tokenize` put one after every line of the text.
-    std::vector<int> line;
-    for (int64_t id : prompt) line.push_back(int(id));
-    for (int64_t id : result.tokens) {
-      if (id == tokenizer->eos_id()) {
-        std::cout << tokenizer->decode(line) << "\n";
-        line.clear();
-      } else {
-        line.push_back(int(id));
-      }
+    std::string why;
+    switch (result.stop_reason) {
+      case nn::StopReason::MaxNewTokens: why = "--max-new-tokens reached"; break;
+      case nn::StopReason::EndOfSequence: why = "the end-of-sequence token"; break;
+      case nn::StopReason::StopCondition: why = "the --stop text"; break;
+      case nn::StopReason::MaxPositions:
+        why = "the model's limit of " + std::to_string(lm->max_positions()) + " positions (prompt and new tokens)";
+        break;
     }
-    if (!line.empty()) std::cout << tokenizer->decode(line) << "\n";
-  } else {
-    std::string line;
-    for (int64_t id : result.tokens) line += (line.empty() ? "" : " ") + std::to_string(id);
-    std::cout << line << "\n";
+    std::cerr << "booster: " << (samples > 1 ? "sample " + std::to_string(sample + 1) + ": " : std::string())
+              << "generated " << result.tokens.size() << " tokens in " << seconds << " s ("
+              << (seconds > 0 ? double(result.tokens.size()) / seconds : 0.0) << " tokens/s, "
+              << (options.use_cache ? "with" : "without") << " the key/value cache); stopped at " << why << "\n";
+    if (tokenizer) {
+      // Each </s> ends a line, as `booster tokenize` put one after every line of the text.
+      std::vector<int> line;
+      for (int64_t id : prompt)
+        if (!(bos && line.empty() && id == tokenizer->bos_id())) line.push_back(int(id));
+      for (int64_t id : result.tokens) {
+        if (id == tokenizer->eos_id()) {
+          std::cout << tokenizer->decode(line) << "\n";
+          line.clear();
+        } else {
+          line.push_back(int(id));
+        }
+      }
+      if (!line.empty()) std::cout << tokenizer->decode(line) << "\n";
+    } else {
+      std::string line;
+      for (int64_t id : result.tokens) line += (line.empty() ? "" : " ") + std::to_string(id);
+      std::cout << line << "\n";
+    }
   }
   return kExitOk;
 }

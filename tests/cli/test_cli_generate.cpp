@@ -25,6 +25,8 @@
 #include "booster/nn/generate.h"
 #include "booster/nn/hf.h"
 #include "booster/nn/models.h"
+#include "booster/ops/ops.h"
+#include "booster/tensor/grad_mode.h"
 
 namespace fs = std::filesystem;
 using Catch::Contains;
@@ -249,4 +251,128 @@ TEST_CASE("cli generate: malformed inputs are one line and a non-zero exit", "[c
   // A directory that is no checkpoint: a runtime failure of loading (exit 1), still one line.
   fs::create_directories(scratch_dir() / "empty");
   check_refused("generate --checkpoint " + (scratch_dir() / "empty").string() + " --prompt-ids 1", "empty", 1);
+}
+
+// transformers' repetition_penalty, written out here from its definition (not the library's code): before
+// each choice, the logit of every id already in the sequence is divided by the penalty when positive and
+// multiplied when negative; greedy then takes the highest.
+TEST_CASE("cli generate: --repetition-penalty and --num-samples as transformers defines them", "[cli][generate]") {
+  const fs::path dir = fs::path(BOOSTER_FIXTURE_DIR) / "hf" / "llama";
+  booster::nn::ModulePtr model = booster::nn::load_pretrained(dir);
+  const double penalty = 1.8;
+  std::vector<int64_t> seq = {1, 2, 3}, want;
+  {
+    booster::NoGradGuard no_grad;
+    model->eval();
+    for (int step = 0; step < 12; ++step) {
+      const booster::Tensor logits = (*model)(booster::from_vector(seq, {1, int64_t(seq.size())}));
+      std::vector<double> z = logits.select(1, int64_t(seq.size()) - 1).reshape({-1}).tolist();
+      std::vector<bool> seen(z.size(), false);
+      for (int64_t id : seq) seen[size_t(id)] = true;
+      for (size_t i = 0; i < z.size(); ++i)
+        if (seen[i]) z[i] = z[i] > 0 ? z[i] / penalty : z[i] * penalty;
+      const int64_t next = int64_t(std::max_element(z.begin(), z.end()) - z.begin());
+      want.push_back(next);
+      seq.push_back(next);
+    }
+  }
+  const std::string cmd = "generate --hf " + dir.string() + " --prompt-ids \"1 2 3\" --temperature 0 -n 12";
+  const RunResult r = run_booster(cmd + " --repetition-penalty 1.8");
+  INFO(r.err);
+  REQUIRE(r.exit_code == 0);
+  CHECK(ids_of_line(testing::last_line(r.out)) == want);
+  CHECK(ids_of_line(testing::last_line(run_booster(cmd).out)) != want);  // the penalty changed the choice
+  check_refused(cmd + " --repetition-penalty 0", "--repetition-penalty 0");
+
+  // N samples: sample i is the run seeded S + i.
+  const std::string sample = "generate --hf " + dir.string() + " --prompt-ids \"1\" --temperature 1.5 -n 8";
+  const RunResult three = run_booster(sample + " --seed 7 --num-samples 3");
+  INFO(three.err);
+  REQUIRE(three.exit_code == 0);
+  std::vector<std::string> lines;
+  std::istringstream in(three.out);
+  for (std::string line; std::getline(in, line);) lines.push_back(line);
+  REQUIRE(lines.size() == 3);
+  for (int i = 0; i < 3; ++i) CHECK(lines[size_t(i)] == testing::last_line(run_booster(sample + " --seed " + std::to_string(7 + i)).out));
+  CHECK(lines[0] != lines[1]);
+  CHECK_THAT(three.err, Contains("sample 3: generated 8 tokens"));
+  check_refused(sample + " --num-samples 0", "--num-samples 0");
+}
+
+// A Hugging Face directory's tokenizer.model is used without --tokenizer, and the prompt starts with
+// BOS as its tokenizer_config.json says (add_bos_token); --stop ends at a text; a checkpoint with a
+// damaged file is refused (its checksums), --no-verify loads it.
+TEST_CASE("cli generate: --hf's own tokenizer with its BOS, --stop, and checksums", "[cli][generate][hf]") {
+  if (!have("spm_train")) {
+    skip_test("spm_train (Debian's sentencepiece) is missing");
+    return;
+  }
+  const fs::path dir = scratch_dir() / "llama_tok";
+  fs::remove_all(dir);
+  fs::copy(fs::path(BOOSTER_FIXTURE_DIR) / "hf" / "llama", dir);
+  const fs::path text = scratch_dir() / "corpus_hf.txt", prefix = scratch_dir() / "tok_hf";
+  {
+    std::ofstream out(text);
+    for (int i = 0; i < 200; ++i) out << "a b c d e f " << i % 5 << "\n";
+  }
+  // At most 30 ids, below the fixture's 48, with BOS 1 and EOS 2 (SentencePiece's defaults).
+  REQUIRE(std::system(("spm_train --input=" + text.string() + " --model_prefix=" + prefix.string() +
+                       " --vocab_size=30 --model_type=bpe --hard_vocab_limit=false >" + prefix.string() + ".log 2>&1").c_str()) == 0);
+  fs::copy_file(prefix.string() + ".model", dir / "tokenizer.model");
+  const std::string cmd = "generate --hf " + dir.string() + " --prompt \"a b\" --temperature 0 --ignore-eos";
+  RunResult r = run_booster(cmd + " -n 6");
+  INFO(r.err);
+  if (r.err.find("built without SentencePiece") != std::string::npos) {
+    skip_test("this booster was built without SentencePiece (libsentencepiece-dev)");
+    return;
+  }
+  REQUIRE(r.exit_code == 0);
+  CHECK_THAT(r.err, Contains("(BOS first, as its tokenizer adds it)"));
+  CHECK(r.out.rfind("a b", 0) == 0);
+  std::ofstream(dir / "tokenizer_config.json") << R"({"add_bos_token": false})";
+  r = run_booster(cmd + " -n 6");
+  REQUIRE(r.exit_code == 0);
+  CHECK(r.err.find("BOS first") == std::string::npos);
+  // --stop: the text is cut where the stop text has come (it is printed), or runs to -n.
+  const RunResult full = run_booster(cmd + " -n 16");
+  REQUIRE(full.exit_code == 0);
+  const std::string continuation = full.out.substr(3, 4);  // a few characters of what came after "a b"
+  if (continuation.find_first_not_of(" \n") != std::string::npos) {
+    const std::string stop = continuation.substr(continuation.find_first_not_of(" \n"), 1);
+    const RunResult stopped = run_booster(cmd + " -n 16 --stop \"" + stop + "\"");
+    INFO(stopped.err);
+    REQUIRE(stopped.exit_code == 0);
+    CHECK_THAT(stopped.err, Contains("stopped at the --stop text"));
+    CHECK(stopped.out.size() < full.out.size());
+    CHECK(full.out.rfind(stopped.out.substr(0, stopped.out.size() - 1), 0) == 0);  // a prefix of the full text
+  }
+  check_refused("generate --hf " + (fs::path(BOOSTER_FIXTURE_DIR) / "hf" / "llama").string() +
+                    " --prompt-ids 1 --stop x", "--stop needs a tokenizer");
+
+  // Checksums: a damaged weight file is refused, naming it.
+  const fs::path run = trained_run();
+  const fs::path damaged = scratch_dir() / "damaged_run";
+  fs::remove_all(damaged);
+  fs::copy(run, damaged, fs::copy_options::recursive);
+  // The last float of the file: its lowest mantissa byte (a small change), then its top byte (0xff:
+  // the exponent of an inf or NaN, so the logits become NaN).
+  auto damage = [&](std::streamoff from_end, char byte) {
+    std::fstream f(damaged / "checkpoints" / "step-00000004" / "model" / "model.safetensors",
+                   std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(from_end, std::ios::end);
+    f.put(byte);
+  };
+  damage(-4, '\x5a');
+  const std::string step = (damaged / "checkpoints" / "step-00000004").string();
+  check_refused("generate --checkpoint " + step + " --prompt-ids 1 -n 2", "model.safetensors", 1);
+  CHECK(run_booster("generate --checkpoint " + step + " --prompt-ids 1 -n 2 --no-verify").exit_code == 0);
+  damage(-1, '\xff');
+  damage(-2, '\xff');
+  // Refused instead of sampled: after the line that names the model, one error line.
+  const RunResult nan = run_booster("generate --checkpoint " + step + " --prompt-ids 1 -n 2 --no-verify");
+  INFO(nan.err);
+  CHECK(nan.exit_code == 1);
+  CHECK(nan.out.empty());
+  CHECK_THAT(testing::last_line(nan.err), Contains("booster: error: generate: the logits of new token 1") &&
+                                              Contains("hold NaN or inf"));
 }
