@@ -25,6 +25,7 @@
 #include <nlohmann/json.hpp>
 
 #include "booster/booster/booster.h"
+#include "booster/checkpoint/checkpoint.h"
 #include "booster/checkpoint/checksums.h"
 #include "booster/checkpoint/safetensors.h"
 #include "booster/common/error.h"
@@ -102,7 +103,8 @@ int export_model(const std::vector<std::string>& args) {
   BOOSTER_CHECK(format == "hf", ConfigError, "--format ", format, ": the only export format is hf (Hugging Face)");
   nn::SavePretrainedOptions options;
   options.max_shard_bytes = nn::parse_byte_size(vm["max-shard-size"].as<std::string>());
-  const fs::path step = step_directory(vm["checkpoint"].as<std::string>());
+  // A run directory stands for its checkpoints/ (checkpoint::checkpoints_of_run).
+  const fs::path step = step_directory(checkpoint::checkpoints_of_run(vm["checkpoint"].as<std::string>()));
   if (!vm.count("no-verify")) checkpoint::verify_checksums(step);  // a damaged file is refused, naming it
   const fs::path out = vm["out"].as<std::string>();
   const std::string dtype_arg = vm["dtype"].as<std::string>();

@@ -452,14 +452,25 @@ TEST_CASE("every shipped example config is valid and trains for a few steps", "[
     // Token data (llama_fortunes.json) names files its script makes: point it at a small file of ids
     // below the model's vocabulary, made here, so the config's model and training still run.
     std::string data_files;
+    // A Hugging Face model (hf_llama_finetune.json) names a directory of the user's: a tiny Llama made
+    // here stands for it, with sequences within its 32 positions.
+    std::string model_dir;
+    int64_t vocab = raw.at("model").value("vocab_size", int64_t(256));
+    if (raw.at("model").value("type", "") == "hf") {
+      const fs::path hf = scratch_dir() / (cfg.stem().string() + "_hf");
+      fs::remove_all(hf);
+      fs::copy(fs::path(BOOSTER_FIXTURE_DIR) / "hf" / "llama", hf, fs::copy_options::recursive);
+      vocab = json::parse(testing::read_text(hf / "config.json")).at("vocab_size").get<int64_t>();
+      model_dir = " --set model.path=" + json(hf.string()).dump() + " --set data.seq_len=8";
+    }
     if (raw.contains("data") && raw.at("data").value("type", "") == "tokens") {
-      const int64_t vocab = raw.at("model").value("vocab_size", int64_t(256));
       const fs::path tokens = scratch_dir() / (cfg.stem().string() + ".bin");
       std::vector<uint32_t> ids;
       for (uint32_t i = 0; i < 20000; ++i) ids.push_back(uint32_t((i * 7919u + i / 5) % uint32_t(vocab)));
       booster::data::write_token_file(tokens.string(), ids, booster::data::TokenDType::UInt16);
       data_files = " --set data.path=" + json(tokens.string()).dump() + " --set data.val_path=" + json(tokens.string()).dump();
     }
+    data_files += model_dir;
     // A hybrid config is checked for the processes its grid needs (tp_size x pp_size).
     std::string processes;
     if (raw.contains("plugin") && raw.at("plugin").is_object() && raw.at("plugin").value("name", "") == "hybrid_parallel")

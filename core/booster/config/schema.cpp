@@ -375,6 +375,8 @@ std::vector<Section> make_training_schema() {
           integer("eval_batch_size", 1000, 1),
           boolean("shuffle", true),
           boolean("drop_last", false),
+          // Note [Data a script makes].
+          optional_text("made_by", nullptr, "the command that makes the data files, named when one is missing"),
       },
       "type",
       {
@@ -632,6 +634,26 @@ void check_token_data(const json& c, bool gpt) {
 
 }  // namespace
 
+// Note [Data a script makes]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// An example's data may come from a script (examples/llama_fortunes.sh tokenizes a corpus into the token
+// files its config names). Before the script has run, the files are missing, and "cannot open
+// runs/llama_fortunes/data/train.bin" does not say where they would come from. data.made_by names the
+// command; a data file the config names that does not exist is then refused saying to run it.
+// Globs are left to the data's own checks (a glob that matches nothing names itself).
+static std::string missing_data_file(const json& data) {
+  for (const char* key : {"path", "val_path", "test_path", "x", "y", "test_x", "test_y", "tokenizer"}) {
+    const json value = data.value(key, json());
+    for (const json& file : value.is_array() ? value : json::array({value})) {
+      if (!file.is_string()) continue;
+      const std::string name = file.get<std::string>();
+      if (name.find_first_of("*?[") == std::string::npos && !std::filesystem::exists(name))
+        return "'data." + std::string(key) + "' " + name;
+    }
+  }
+  return "";
+}
+
 void check_training_config(const json& c) {
   const json& model = c.at("model");
   const json& data = c.at("data");
@@ -658,6 +680,10 @@ void check_training_config(const json& c) {
            "its model directory");
     check_init_from(c);  // weights of this model (Note [Weights of another model] in model_check.cpp)
   }
+  if (const json& made_by = data.value("made_by", json()); made_by.is_string())  // Note [Data a script makes]
+    if (const std::string missing = missing_data_file(data); !missing.empty())
+      fail(missing + " does not exist; it is made by " + made_by.get<std::string>() +
+           " (data.made_by): run that first, or point the data at files of your own");
   if (data_type == "text" || data_type == "tokens") {
     const bool language_model = model_type == "gpt" || model_type == "llama" || model_type == "hf";
     if (builtin_model && !language_model) fail("'data.type' \"" + data_type + "\" needs a language model: set 'model.type' to \"gpt\" (it is \"" + model_type + "\")");

@@ -353,12 +353,12 @@ std::unique_ptr<optim::LRScheduler> make_lr_scheduler(const json& lr_scheduler, 
 // Left out because they may legitimately change: max_steps and epochs when the schedule does not
 // depend on them (extending a run), max_grad_norm and the evaluation and logging settings (getting
 // past a loss spike, watching more closely), data.dir, data.path and data.val_path (the data moved),
-// data.eval_batch_size and the device.
+// data.made_by (Note [Data a script makes] in schema.cpp), data.eval_batch_size and the device.
 nlohmann::json trajectory_settings(const nlohmann::json& config, int64_t total_steps) {
   using nlohmann::json;
   const json& train = config.at("train");
   json data = config.at("data");
-  for (const char* may_change : {"dir", "path", "val_path", "eval_batch_size"}) data.erase(may_change);
+  for (const char* may_change : {"dir", "path", "val_path", "eval_batch_size", "made_by"}) data.erase(may_change);
   json model = config.at("model");
   model.erase("init_from");
   json settings = {{"train.seed", train.at("seed")},

@@ -10,9 +10,15 @@ std::string mesh_size_problem(int world_size, int tp_size, int pp_size) {
   for (int tp = 1; tp <= world_size; ++tp)
     for (int pp = 1; tp * pp <= world_size; ++pp)
       if (world_size % (tp * pp) == 0) fits += (fits.empty() ? "" : ", ") + std::to_string(tp) + "x" + std::to_string(pp);
+  // The usual mistake is a grid larger than the job (booster train without booster run): say how to start it.
+  const int replica = tp_size * pp_size;
+  const std::string start = world_size < replica ? "; or start " + std::to_string(replica) +
+                                                       " processes (a multiple for data parallel): booster run -n " +
+                                                       std::to_string(replica) + " -- booster train ..."
+                                                 : std::string();
   return "tp_size " + std::to_string(tp_size) + " x pp_size " + std::to_string(pp_size) +
          " does not divide the world size " + std::to_string(world_size) + " (data parallel takes the rest); " +
-         "tp_size x pp_size pairs that fit: " + fits;
+         "tp_size x pp_size pairs that fit: " + fits + start;
 }
 
 DeviceMesh::DeviceMesh(ProcessGroup& world, int tp_size, int pp_size)
