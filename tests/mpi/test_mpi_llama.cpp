@@ -78,6 +78,19 @@ bool equal(const Tensor& a, const Tensor& b) {
   return std::memcmp(x.data_ptr(), y.data_ptr(), x.nbytes()) == 0;
 }
 
+// Every parameter of `a` equals b's of the same name, bit for bit.
+void check_same_parameters(const nn::Module& a, const nn::Module& b) {
+  std::map<std::string, Tensor> want;
+  for (const auto& [name, p] : b.named_parameters()) want[name] = p;
+  const auto got = a.named_parameters();
+  CHECK(got.size() == want.size());
+  for (const auto& [name, p] : got) {
+    INFO(name);
+    REQUIRE(want.count(name));
+    CHECK(equal(p, want.at(name)));
+  }
+}
+
 Tensor loss_of(const Tensor& logits, const Tensor& y) {
   return cross_entropy(logits.reshape({-1, logits.size(-1)}), y.reshape({-1}));
 }
@@ -228,9 +241,11 @@ TEST_CASE("llama: hybrid_parallel tp 2 and pp 2 train a deferred Llama as one pr
     const std::filesystem::path dir = std::filesystem::temp_directory_path() /
                                       ("booster_mpi_llama_" + std::to_string(tp) + "_" + std::to_string(pp));
     booster.save_model(*b.model, dir);
+    booster.save_pretrained(dir.string() + "_hf");  // the same weights, as a Hugging Face directory
     pg.barrier();
     auto saved = std::make_shared<nn::Llama>(cfg, 0);
     saved->load_state_dict(checkpoint::load_model(dir));
+    check_same_parameters(*nn::load_pretrained(dir.string() + "_hf"), *saved);
     CHECK(::testing::l2_distance(::testing::flat_weights(saved->state_dict()),
                                  ::testing::flat_weights(reference->state_dict())) <=
           ::testing::roundoff::sgd_bound(path, eps_gradient));
@@ -256,6 +271,7 @@ TEST_CASE("llama: hybrid_parallel tp 2 and pp 2 train a deferred Llama as one pr
     }
     pg.barrier();
     if (pg.rank() == 0) std::filesystem::remove_all(dir);
+    if (pg.rank() == 0) std::filesystem::remove_all(dir.string() + "_hf");
   }
 }
 
@@ -326,11 +342,13 @@ TEST_CASE("llama: low_level_zero stage 3 trains a Llama as one process does, and
   const std::filesystem::path dir =
       std::filesystem::temp_directory_path() / ("booster_mpi_llama_zero3_" + std::to_string(int64_t(pid.item())));
   booster.save_model(*b.model, dir);
+  booster.save_pretrained(dir.string() + "_hf");  // the same weights, as a Hugging Face directory
   pg.barrier();
   const checkpoint::TensorMap file = checkpoint::load_model(dir);
   CHECK(file.size() == reference->state_dict().size());
   auto saved = std::make_shared<nn::Llama>(cfg, 0);
   saved->load_state_dict(file);
+  check_same_parameters(*nn::load_pretrained(dir.string() + "_hf"), *saved);
   const double distance = ::testing::l2_distance(::testing::flat_weights(saved->state_dict()),
                                                  ::testing::flat_weights(reference->state_dict()));
   const double bound = ro::sgd_bound(path, eps_gradient, momentum);
@@ -341,6 +359,7 @@ TEST_CASE("llama: low_level_zero stage 3 trains a Llama as one process does, and
   CHECK(max_diff((*b.model)(batches[0].first), (*saved)(batches[0].first)) <= forward_bound(4, 8));
   pg.barrier();
   if (pg.rank() == 0) std::filesystem::remove_all(dir);
+  if (pg.rank() == 0) std::filesystem::remove_all(dir.string() + "_hf");
 }
 
 // Note [ZeRO-3 shards from the parameters] (plugins/low_level_zero/zero_optimizer.cpp): a pretrained

@@ -3,11 +3,13 @@
 
 #include <algorithm>
 #include <limits>
+#include <optional>
 #include <tuple>
 
 #include "booster/backends/cuda/cuda.h"
 #include "booster/booster/compat.h"
 #include "booster/checkpoint/atomic_file.h"
+#include "booster/checkpoint/checkpoint.h"
 #include "booster/checkpoint/safetensors.h"
 #include "booster/config/config.h"
 #include "booster/ops/ops.h"
@@ -350,6 +352,38 @@ void Booster::save_model(const nn::Module& model, const std::filesystem::path& d
 }
 void Booster::load_model(nn::Module& model, const std::filesystem::path& path) const {
   checkpoint_io_->load_model(model, path);
+}
+
+// Note [save_pretrained through the plugin]: the plugin's checkpoint IO already knows how to make one
+// process's file of a sharded or split model (it is what save_model writes), so the weights go through
+// it into a scratch directory beside `dir`; rank 0 then builds an empty model of the same family from
+// the user's model's Hugging Face config, loads the file into it and writes the directory. One path for
+// every plugin, at the cost of writing the weights twice.
+void Booster::save_pretrained(const std::filesystem::path& dir, const nn::SavePretrainedOptions& options) const {
+  BOOSTER_CHECK(boosted_ && user_model_ && parts_.model, StateError,
+                "save_pretrained: call boost() first; it saves the model boost() was given");
+  const nlohmann::json hf_config = nn::hf_config_of(*user_model_);  // ConfigError for another kind of model
+  const std::filesystem::path scratch = dir.string() + ".booster-weights";
+  const bool writer = process_group_rank() == 0;
+  if (writer) std::filesystem::remove_all(scratch);
+  save_model(*parts_.model, scratch);  // collective: gathers shards and parts
+  if (writer) {
+    nn::ModulePtr whole;
+    {
+      LazyInitGuard lazy;  // every tensor is replaced by the file's
+      whole = nn::model_from_hf_config(hf_config);
+    }
+    const checkpoint::TensorMap weights = checkpoint::load_model(scratch);
+    whole->load_state_dict(weights);
+    // The weights' own dtype when they are all one 16-bit type (a pure bf16 or fp16 model).
+    std::optional<DType> dtype;
+    for (const auto& [name, t] : weights)
+      if (is_floating(t.dtype())) dtype = !dtype || *dtype == t.dtype() ? t.dtype() : DType::Float32;
+    if (dtype && *dtype != DType::Float32) whole->to(*dtype);
+    nn::save_pretrained(*whole, dir, options);
+    std::filesystem::remove_all(scratch);
+  }
+  plugin_->process_group().barrier();
 }
 // Note [Precision state beside the optimizer]
 // A strategy's state (loss scale and growth counters, float32 master weights) belongs with the

@@ -38,6 +38,7 @@
 #include <string>
 #include <vector>
 
+#include "booster/nn/hf.h"  // SavePretrainedOptions
 #include "booster/plugin/parallel_plugin.h"
 #include "booster/tensor/random.h"
 
@@ -334,6 +335,14 @@ class Booster {
   void save_model(const nn::Module& model, const std::filesystem::path& dir,
                   uint64_t max_shard_bytes = 5'000'000'000ull) const;
   void load_model(nn::Module& model, const std::filesystem::path& path) const;
+  // The model boost() was given as a Hugging Face directory (nn::save_pretrained: config.json and the
+  // weights in Hugging Face's names), from a user's own loop under any plugin: the parameters a plugin
+  // sharded or split (ZeRO-3, tensor and pipeline parallel) are gathered as save_model gathers them, and
+  // rank 0 writes. The weights keep the dtype they train in (a pure bf16 model: bfloat16, and
+  // torch_dtype says so); the float32 masters of a 16-bit strategy are in save_state's checkpoints,
+  // which `booster export` turns into a directory. ConfigError for a model that is no Hugging Face
+  // family (nn::GPT, nn::Llama), StateError before boost(). Collective: every rank calls.
+  void save_pretrained(const std::filesystem::path& dir, const nn::SavePretrainedOptions& options = {}) const;
   void save_optimizer(const BoostedOptimizer& optimizer, const std::filesystem::path& dir) const;
   // precision_state false: the optimizer only, the strategy keeping its fresh state (a resume under
   // another strategy, Note [Resuming under another precision] in state.cpp).
