@@ -17,6 +17,7 @@
 #include "booster/booster/booster.h"
 #include "booster/checkpoint/checkpoint.h"
 #include "booster/common/error.h"
+#include "booster/common/threads.h"
 #include "booster/config/config.h"
 #include "booster/config/training.h"
 #include "booster/data/dataloader.h"
@@ -124,6 +125,10 @@ int run_training(const json& config, BoosterComponents components, const Trainin
   const json& data_cfg = config.at("data");
   const uint64_t seed = train_cfg.at("seed").get<uint64_t>();
   manual_seed(seed);
+  // train.threads, else OMP_NUM_THREADS, else the cores shared among this machine's processes (Note
+  // [Threads per process]); the trainer's start line names the count.
+  const json threads = train_cfg.value("threads", json());
+  configure_threads(threads.is_number_integer() ? std::optional<int64_t>(threads.get<int64_t>()) : std::nullopt);
   // train.collective_timeout_s was applied when the config was resolved (config::resolve_run).
   // Processes started by torchrun's variables meet (the tcp group, Note [TCP process group]) before
   // anything is written, so a job that cannot meet fails with nothing on disk.

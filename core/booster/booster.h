@@ -10,6 +10,7 @@
 #include "booster/booster/build_info.h"
 #include "booster/common/error.h"
 #include "booster/common/error_context.h"
+#include "booster/common/threads.h"
 #include "booster/ops/ops.h"
 #include "booster/tensor/deferred.h"
 #include "booster/tensor/dtype.h"

@@ -481,6 +481,10 @@ std::vector<Section> make_training_schema() {
           integer("log_every", 50, 1),
           integer("eval_every", 0, 0, std::nullopt, "evaluate every N steps; 0: after each epoch"),
           integer("seed", 0, 0),
+          // Note [Threads per process] in booster/common/threads.h.
+          optional_integer("threads", 1,
+                           "CPU threads of this process; null: OMP_NUM_THREADS, else the cores divided among the "
+                           "processes of this machine"),
           optional_number("max_grad_norm", 0.0, "clip the gradients' joint L2 norm to this; null: no clipping"),
           integer("grad_accumulation", 1, 1, std::nullopt,
                   "micro-batches per optimizer step (their mean loss; no communication until the last)"),

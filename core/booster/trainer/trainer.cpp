@@ -16,6 +16,7 @@
 #include "booster/autograd/autograd.h"
 #include "booster/checkpoint/atomic_file.h"
 #include "booster/checkpoint/checkpoint.h"
+#include "booster/common/threads.h"
 #include "booster/data/dataloader.h"
 #include "booster/distributed/flight_recorder.h"
 #include "booster/distributed/process_group.h"
@@ -638,7 +639,8 @@ FitResult Trainer::fit() {
                  (scheduler ? ", lr scheduler " + scheduler->scheduler().name() : std::string()) + ", precision " +
                  running_precision + ", plugin " + booster_.plugin().name() +
                  (group.size() > 1 ? " x " + std::to_string(group.size()) + " processes" : std::string()) +
-                 (booster_.config().device != "cpu" ? ", device " + booster_.config().device : std::string()) + ", " +
+                 (booster_.config().device != "cpu" ? ", device " + booster_.config().device : std::string()) +
+                 ", threads " + std::to_string(num_threads()) + ", " +
                  std::to_string(total_steps_) + " steps (" + std::to_string(loader.size()) + " per epoch)" +
                  (run_dir_ ? ", run directory " + run_dir_->string() : std::string()));
   if (result.resumed_from)

@@ -13,6 +13,7 @@
 #include <algorithm>
 #include <array>
 #include <cstdint>
+#include <cstdlib>
 #include <vector>
 
 #include "booster/tensor/tensor.h"
@@ -22,12 +23,27 @@
 namespace booster::cpu {
 inline namespace BOOSTER_CPU_ISA_NS {  // Note [One namespace per ISA build]
 
-// Work below this many elements stays on one thread: the fork/join would cost more than it saves.
+// Note [The parallel grain]
+// Work below the grain (elements, or elements times a per-element cost) stays on the calling thread:
+// opening a parallel region costs a wake-up and a barrier, and on a busy machine the barrier waits for
+// whichever thread the kernel has descheduled. Every CPU kernel splits through num_threads_for, so this
+// is the one place the decision is made (PyTorch's at::parallel_for has the same rule with 32,768).
+// BOOSTER_PARALLEL_GRAIN overrides the default (read once; bench/threads.sh measures values of it).
 inline constexpr int64_t kParallelGrain = 32768;
 
+inline int64_t parallel_grain() {
+  static const int64_t grain = [] {
+    const char* v = std::getenv("BOOSTER_PARALLEL_GRAIN");
+    const long long g = v ? std::atoll(v) : 0;
+    return g > 0 ? int64_t(g) : kParallelGrain;
+  }();
+  return grain;
+}
+
 inline int num_threads_for(int64_t work) {
-  if (work < kParallelGrain || omp_in_parallel()) return 1;
-  return int(std::min<int64_t>(omp_get_max_threads(), (work + kParallelGrain - 1) / kParallelGrain));
+  const int64_t grain = parallel_grain();
+  if (work < grain || omp_in_parallel()) return 1;
+  return int(std::min<int64_t>(omp_get_max_threads(), (work + grain - 1) / grain));
 }
 
 // Runs f(begin, end) over [0, n) split into contiguous chunks, one per thread.
