@@ -154,7 +154,7 @@ TEST_CASE("booster eval of a checkpoint gives the val_loss and val_ppl train rep
   }
 }
 
-TEST_CASE("booster eval of a classifier gives train's final test_loss and test_accuracy; max_steps 0 evaluates in train",
+TEST_CASE("booster eval of a classifier gives train's final test_loss and test_accuracy, and max_steps 0 evaluates in train",
           "[cli][eval]") {
   const fs::path run = scratch_dir() / "mlp_run";
   fs::remove_all(run);

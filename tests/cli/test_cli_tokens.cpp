@@ -362,7 +362,7 @@ TEST_CASE("booster tokenize refuses an output that is its input text or tokenize
 
 // Note [Token file descriptions]: tokenize describes what it wrote, and check and train hold token data
 // to it; a headerless uint32 file read as uint16 is caught by its bytes.
-TEST_CASE("booster tokenize describes its files; check and train refuse tokens read as another dtype",
+TEST_CASE("booster tokenize describes its files, and check and train refuse tokens read as another dtype",
           "[cli][tokens][dtype]") {
   const fs::path dir = scratch_dir() / "dtype";
   fs::create_directories(dir);

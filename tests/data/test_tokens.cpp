@@ -571,7 +571,7 @@ TEST_CASE("token file descriptions: a dtype mismatch either way is a ConfigError
   }
 }
 
-TEST_CASE("a headerless uint32 file read as uint16 is refused as looking like uint32; uint16 files pass",
+TEST_CASE("a headerless uint32 file read as uint16 is refused as looking like uint32, and uint16 files pass",
           "[data][tokens][dtype]") {
   auto open16 = [](const fs::path& p) { return token_file_dataset(p.string(), TokenDType::UInt16, {.seq_len = 8}); };
   const fs::path wide = write_flat("headerless32.bin", small_ids(1000), 4);
