@@ -9,15 +9,16 @@
 // (settings.model, which `booster train` saves; Note [Settings a resume must keep]), else the run's
 // config.json beside the root, else --config (a training config, or a model section alone). --hf is a
 // Hugging Face model directory, read by nn::load_pretrained. The prompt: --prompt TEXT, encoded with
-// --tokenizer (a SentencePiece model, as `booster tokenize` uses), or --prompt-ids, ids separated by
-// spaces or commas. With a tokenizer stdout is the prompt followed by the generated text, and generation
-// stops at the tokenizer's </s> (with --ignore-eos it goes on, each </s> printed as a line end); without
-// one, stdout is one line: the new ids. With --hf it stops at the directory's eos_token_id too
-// (generation_config.json's, else config.json's; one id or a list), as transformers' generate does. A
-// sentence on stderr says how many tokens came, how fast, and why it stopped (the count, </s>, a --stop
-// text, or the model's position limit). --hf DIR uses DIR's tokenizer.model when --tokenizer is not
-// given, and a prompt starts with BOS when the Hugging Face tokenizer adds one (add_bos_token in
-// tokenizer_config.json, else the SentencePiece model's BOS), as transformers encodes it; a run of
+// --tokenizer (a SentencePiece model or a tokenizer.json, as `booster tokenize` uses), or --prompt-ids,
+// ids separated by spaces or commas. With a tokenizer stdout is the prompt followed by the generated
+// text, and generation stops at the tokenizer's </s> (with --ignore-eos it goes on, each </s> printed as
+// a line end); without one, stdout is one line: the new ids. With --hf it stops at the directory's
+// eos_token_id too (generation_config.json's, else config.json's; one id or a list), as transformers'
+// generate does. A sentence on stderr says how many tokens came, how fast, and why it stopped (the count,
+// </s>, a --stop text, or the model's position limit). --hf DIR uses DIR's tokenizer.model, else its
+// tokenizer.json, when --tokenizer is not given, and a prompt starts with BOS when the Hugging Face
+// tokenizer adds one (add_bos_token in tokenizer_config.json, else the tokenizer's BOS: a SentencePiece
+// model's, the one a tokenizer.json's post-processor adds), as transformers encodes it; a run of
 // booster's own on `booster tokenize` data (lines without BOS) gets none. --repetition-penalty,
 // --stop and --num-samples are transformers' repetition_penalty, stop_strings and
 // num_return_sequences (sample i seeded S + i).
@@ -148,7 +149,7 @@ std::vector<int64_t> hf_eos_ids(const fs::path& dir) {
 // add_bos_token when it says, else yes when the SentencePiece model has a BOS id (LlamaTokenizer's
 // default). Without a Hugging Face directory (a booster run on `booster tokenize` data, which encodes
 // lines without BOS) no.
-bool adds_bos(const std::string& hf_dir, const data::SentencePieceTokenizer& tokenizer) {
+bool adds_bos(const std::string& hf_dir, const data::Tokenizer& tokenizer) {
   if (hf_dir.empty()) return false;
   const fs::path file = fs::path(hf_dir) / "tokenizer_config.json";
   if (fs::exists(file)) {
@@ -203,7 +204,8 @@ int generate(const std::vector<std::string>& args) {
        "the training config, when the checkpoint does not record its model")
       ("hf", po::value<std::string>()->value_name("DIR"), "a Hugging Face model directory instead of --checkpoint")
       ("prompt", po::value<std::string>()->value_name("TEXT"), "the prompt text (needs --tokenizer)")
-      ("tokenizer", po::value<std::string>()->value_name("FILE"), "the SentencePiece .model of the text")
+      ("tokenizer", po::value<std::string>()->value_name("FILE"),
+       "the SentencePiece .model or Hugging Face tokenizer.json of the text")
       ("prompt-ids", po::value<std::string>()->value_name("IDS"), "the prompt as token ids, e.g. \"1 2 3\"")
       ("max-new-tokens,n", po::value<int64_t>()->default_value(64)->value_name("N"), "tokens to generate at most")
       ("temperature,t", po::value<double>()->default_value(1.0)->value_name("T"),
@@ -229,12 +231,15 @@ int generate(const std::vector<std::string>& args) {
                 "'booster generate' needs one of --checkpoint DIR or --hf DIR (see booster generate --help)");
   BOOSTER_CHECK(vm.count("prompt") + vm.count("prompt-ids") == 1, ConfigError,
                 "'booster generate' needs one of --prompt TEXT (with --tokenizer) or --prompt-ids \"1 2 3\"");
-  // --hf DIR brings its own SentencePiece model when it has one.
+  // --hf DIR brings its own tokenizer when it has one: its SentencePiece tokenizer.model, else its
+  // tokenizer.json (byte-level BPE).
   std::string tokenizer_file = vm.count("tokenizer") ? vm["tokenizer"].as<std::string>() : "";
-  if (tokenizer_file.empty() && vm.count("hf") && fs::is_regular_file(fs::path(vm["hf"].as<std::string>()) / "tokenizer.model"))
-    tokenizer_file = (fs::path(vm["hf"].as<std::string>()) / "tokenizer.model").string();
+  for (const char* name : {"tokenizer.model", "tokenizer.json"})
+    if (tokenizer_file.empty() && vm.count("hf") && fs::is_regular_file(fs::path(vm["hf"].as<std::string>()) / name))
+      tokenizer_file = (fs::path(vm["hf"].as<std::string>()) / name).string();
   BOOSTER_CHECK(!vm.count("prompt") || !tokenizer_file.empty(), ConfigError,
-                "--prompt needs --tokenizer FILE to turn the text into ids", vm.count("hf") ? " (the --hf directory has no tokenizer.model)" : "",
+                "--prompt needs --tokenizer FILE to turn the text into ids",
+                vm.count("hf") ? " (the --hf directory has no tokenizer.model or tokenizer.json)" : "",
                 "; or give --prompt-ids");
   BOOSTER_CHECK(!vm.count("stop") || !tokenizer_file.empty(), ConfigError,
                 "--stop needs a tokenizer (--tokenizer FILE) to read the new text");
@@ -259,8 +264,8 @@ int generate(const std::vector<std::string>& args) {
                 ": expected a probability in (0, 1] (1 keeps all)");
   const Device device = device_from_string(vm["device"].as<std::string>());
 
-  std::unique_ptr<data::SentencePieceTokenizer> tokenizer;
-  if (!tokenizer_file.empty()) tokenizer = std::make_unique<data::SentencePieceTokenizer>(tokenizer_file);
+  std::unique_ptr<data::Tokenizer> tokenizer;
+  if (!tokenizer_file.empty()) tokenizer = data::open_tokenizer(tokenizer_file);
 
   std::string hf_dir = vm.count("hf") ? vm["hf"].as<std::string>() : "";
   nn::ModulePtr model = vm.count("hf") ? load_hf_model(hf_dir)

@@ -1,4 +1,5 @@
-// `booster tokenize`: text files to token files with a SentencePiece model, for data.type "tokens".
+// `booster tokenize`: text files to token files with a SentencePiece model or a Hugging Face
+// tokenizer.json (byte-level BPE), for data.type "tokens".
 //
 //   booster tokenize --model tok.model --in corpus.txt [more.txt ...] --out train.bin [--val-fraction 0.05]
 //                    [--val-out val.bin] [--dtype uint16|uint32] [--no-eos]
@@ -67,7 +68,8 @@ int tokenize(const std::vector<std::string>& args) {
       "several inputs are concatenated in order.\n\noptions");
   desc.add_options()
       ("help,h", "show this help")
-      ("model,m", po::value<std::string>()->value_name("FILE"), "the SentencePiece .model (spm_train writes one)")
+      ("model,m", po::value<std::string>()->value_name("FILE"),
+       "the SentencePiece .model (spm_train writes one) or a Hugging Face tokenizer.json")
       ("in,i", po::value<std::vector<std::string>>()->multitoken()->value_name("FILE..."),
        "the text to encode; several files (repeated --in, or several after it) are concatenated in order")
       ("out,o", po::value<std::string>()->value_name("FILE"), "the training token file to write")
@@ -110,7 +112,8 @@ int tokenize(const std::vector<std::string>& args) {
                   "; writing it would overwrite the tokenizer; give another file (e.g. train.bin)");
   }
 
-  const data::SentencePieceTokenizer tokenizer(model);
+  const std::unique_ptr<data::Tokenizer> opened = data::open_tokenizer(model);
+  const data::Tokenizer& tokenizer = *opened;
   data::TokenDType dtype = tokenizer.vocab_size() <= 65536 ? data::TokenDType::UInt16 : data::TokenDType::UInt32;
   if (vm.count("dtype")) {
     dtype = data::token_dtype_from_string(vm["dtype"].as<std::string>());

@@ -398,7 +398,8 @@ std::vector<Section> make_training_schema() {
                integer("context", 128, 1),
                number("test_fraction", 0.1, 0.0, 1.0, false, true),
                optional_text("tokenizer", nullptr,
-                             "a SentencePiece .model: the text's token ids instead of its bytes; null: bytes"),
+                             "a SentencePiece .model or a Hugging Face tokenizer.json: the text's token ids "
+                             "instead of its bytes; null: bytes"),
            }},
           // Note [Token files] in booster/data/tokens.h.
           {"tokens",
@@ -613,7 +614,8 @@ void check_token_data(const json& c, bool gpt) {
                                           std::to_string(vocab) + " ids"
                                     : "'model.vocab_size' is " + std::to_string(vocab);
     if (data.at("tokenizer").is_string()) {
-      const data::SentencePieceTokenizer tokenizer(data.at("tokenizer").get<std::string>());
+      const std::unique_ptr<data::Tokenizer> opened = data::open_tokenizer(data.at("tokenizer").get<std::string>());
+      const data::Tokenizer& tokenizer = *opened;
       if (vocab > 0 && vocab < tokenizer.vocab_size())
         throw ConfigError(vocab_is + " but the tokenizer " + tokenizer.path() + " has " +
                           std::to_string(tokenizer.vocab_size()) + " ids; " +

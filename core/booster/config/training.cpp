@@ -111,7 +111,8 @@ DataSplits make_datasets(const json& cfg, uint64_t seed, int64_t vocab_size) {
     const std::string path = cfg.at("path").get<std::string>();
     const int64_t context = cfg.at("context").get<int64_t>();
     const double test_fraction = cfg.at("test_fraction").get<double>();
-    const data::SentencePieceTokenizer tokenizer(cfg.at("tokenizer").get<std::string>());
+    const std::unique_ptr<data::Tokenizer> opened = data::open_tokenizer(cfg.at("tokenizer").get<std::string>());
+    const data::Tokenizer& tokenizer = *opened;
     std::vector<uint32_t> ids = tokenizer.encode_lines(read_file_bytes(path));
     const int64_t n_test = int64_t(double(ids.size()) * test_fraction);
     const int64_t n_train = int64_t(ids.size()) - n_test;
