@@ -354,6 +354,17 @@ void Booster::load_model(nn::Module& model, const std::filesystem::path& path) c
   checkpoint_io_->load_model(model, path);
 }
 
+std::vector<std::string> Booster::enable_lora(const nn::ModulePtr& model, const nn::LoraConfig& config) {
+  BOOSTER_CHECK(!boosted_, StateError, "enable_lora: call it before boost(), on the model boost() is then given");
+  BOOSTER_CHECK(model != nullptr, ValueError, "enable_lora: the model is null");
+  const ParallelLayout layout = plugin_->layout();
+  BOOSTER_CHECK(layout.tensor <= 1 && layout.pipeline <= 1, IncompatibleError, "enable_lora: plugin '",
+                plugin_->name(), "' splits layers (tp ", layout.tensor, ", pp ", layout.pipeline,
+                "), and its shard policies do not split adapters yet; use ddp or low_level_zero, or tp_size and "
+                "pp_size 1");
+  return nn::apply_lora(*model, config);
+}
+
 // Note [save_pretrained through the plugin]: the plugin's checkpoint IO already knows how to make one
 // process's file of a sharded or split model (it is what save_model writes), so the weights go through
 // it into a scratch directory beside `dir`; rank 0 then builds an empty model of the same family from

@@ -39,6 +39,7 @@
 #include <vector>
 
 #include "booster/nn/hf.h"  // SavePretrainedOptions
+#include "booster/nn/lora.h"  // LoraConfig
 #include "booster/plugin/parallel_plugin.h"
 #include "booster/tensor/random.h"
 
@@ -335,6 +336,14 @@ class Booster {
   void save_model(const nn::Module& model, const std::filesystem::path& dir,
                   uint64_t max_shard_bytes = 5'000'000'000ull) const;
   void load_model(nn::Module& model, const std::filesystem::path& path) const;
+  // LoRA adapters (nn/lora.h) on `model` before boost(), as ColossalAI's enable_lora: the target Linears
+  // get lora_A and lora_B, everything else is frozen; build the optimizer over
+  // nn::trainable_parameters(*model), so it holds (and a strategy keeps masters of) the adapters only.
+  // Returns the module paths adapted. StateError after boost(); IncompatibleError under a plugin that
+  // splits layers (hybrid_parallel with tp_size or pp_size above 1), whose shard policies do not know
+  // adapters yet.
+  std::vector<std::string> enable_lora(const nn::ModulePtr& model, const nn::LoraConfig& config);
+
   // The model boost() was given as a Hugging Face directory (nn::save_pretrained: config.json and the
   // weights in Hugging Face's names), from a user's own loop under any plugin: the parameters a plugin
   // sharded or split (ZeRO-3, tensor and pipeline parallel) are gathered as save_model gathers them, and

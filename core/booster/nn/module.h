@@ -173,6 +173,10 @@ class Module {
   // Clears (set_to_none) or zeroes every parameter's gradient.
   void zero_grad(bool set_to_none = true);
 
+  // torch's add_module: registers a child from outside the module, e.g. an adapter attached to a
+  // layer (nn/lora.h). Its parameters are then this module's, under "<name>.".
+  void add_module(const std::string& name, ModulePtr module) { add_child(name, std::move(module)); }
+
  protected:
   // Registers a parameter under `name` (no dots) and returns the handle the layer keeps. The tensor
   // becomes a leaf that requires grad (unless requires_grad is false) named `name`.
