@@ -153,6 +153,13 @@ Field val_fraction() {
   return f;
 }
 
+// SFT data's "val_fraction": the last records of the file held out as validation; null: none.
+Field sft_val_fraction() {
+  Field f = val_fraction();
+  f.help = "without val_path: this share of the records, the file's last, is the validation data";
+  return f;
+}
+
 // The keys every file data type shares (Note [File data] in booster/data/file_dataset.h).
 std::vector<Field> with_file_data_fields(std::vector<Field> fields) {
   fields.push_back(number("test_fraction", 0.0, 0.0, 1.0, false, true,
@@ -368,7 +375,7 @@ std::vector<Section> make_training_schema() {
   // ------------------------------------------------------------------------------------- data
   schema.push_back(Section{
       "data",
-      "{\"type\": \"fashion_mnist\" | \"synthetic\" | \"text\" | \"tokens\" | \"npy\" | \"safetensors\" | \"csv\", "
+      "{\"type\": \"fashion_mnist\" | \"synthetic\" | \"text\" | \"tokens\" | \"sft\" | \"npy\" | \"safetensors\" | \"csv\", "
       "\"batch_size\": ...}",
       {
           integer("batch_size", 128, 1),
@@ -409,6 +416,19 @@ std::vector<Section> make_training_schema() {
                text("dtype", "uint16", {"uint16", "uint32"}, "the ids of a flat file; an llm.c shard says its own"),
                integer("seq_len", 128, 1, std::nullopt, "tokens per sample; sample i is tokens [i*seq_len, (i+1)*seq_len]"),
                val_fraction(),
+           }},
+          // Note [SFT records] and [SFT templates] in booster/data/sft.h.
+          {"sft",
+           {
+               text("path", std::nullopt, {}, "a JSONL file of {prompt, response} or {messages} records"),
+               text("tokenizer", std::nullopt, {}, "the model's own tokenizer: a SentencePiece .model or a tokenizer.json"),
+               integer("seq_len", 128, 1, std::nullopt, "tokens per sample: a longer record is cut, a shorter padded"),
+               any("template", json::object(),
+                   "plain strings with {content}: {\"system\", \"user\", \"assistant\", \"bos\", \"eos\"}; "
+                   "the loss is on the assistant's {content} and what follows it"),
+               optional_text("val_path", nullptr, "a JSONL file of validation records; null: no evaluation"),
+               sft_val_fraction(),
+               boolean("packing", false, "several records per sequence: not supported yet"),
            }},
           // Note [File data] in booster/data/file_dataset.h; the checks across keys are in
           // config::file_data_options (training.cpp).
@@ -601,7 +621,7 @@ void check_token_data(const json& c, bool gpt) {
   const json& data = c.at("data");
   const std::string data_type = data.at("type").get<std::string>();
   const int64_t vocab = model_vocab_size(model);
-  const char* length_key = data_type == "tokens" ? "seq_len" : "context";
+  const char* length_key = data_type == "text" ? "context" : "seq_len";
   if (gpt && data.at(length_key).get<int64_t>() > model.at("context").get<int64_t>())
     throw ConfigError("'data." + std::string(length_key) + "' is " + data.at(length_key).dump() +
                       " but 'model.context' is " + model.at("context").dump() +
@@ -690,10 +710,13 @@ void check_training_config(const json& c) {
     if (const std::string missing = missing_data_file(data); !missing.empty())
       fail(missing + " does not exist; it is made by " + made_by.get<std::string>() +
            " (data.made_by): run that first, or point the data at files of your own");
-  if (data_type == "text" || data_type == "tokens") {
+  if (data_type == "text" || data_type == "tokens" || data_type == "sft") {
     const bool language_model = model_type == "gpt" || model_type == "llama" || model_type == "hf";
     if (builtin_model && !language_model) fail("'data.type' \"" + data_type + "\" needs a language model: set 'model.type' to \"gpt\" (it is \"" + model_type + "\")");
     if (criterion != "cross_entropy") fail("'criterion.type' must be \"cross_entropy\" for " + data_type + " data (it is \"" + criterion + "\")");
+    if (data_type == "sft" && c.at("criterion").at("ignore_index") != -100)
+      fail("'criterion.ignore_index' is " + num(c.at("criterion").at("ignore_index")) +
+           " but sft data marks the targets outside the responses -100; leave 'criterion.ignore_index' at -100");
     check_token_data(c, model_type == "gpt");
   } else {
     if (model_type == "gpt")

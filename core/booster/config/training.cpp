@@ -8,6 +8,7 @@
 #include "booster/autograd/autograd.h"
 #include "booster/common/error.h"
 #include "booster/data/fashion_mnist.h"
+#include "booster/data/sft.h"
 #include "booster/data/synthetic.h"
 #include "booster/data/tokenizer.h"
 #include "booster/data/tokens.h"
@@ -136,6 +137,52 @@ DataSplits make_datasets(const json& cfg, uint64_t seed, int64_t vocab_size) {
                             "): ", n_train, " train tokens, ", n_test, " test tokens, context ", context);
     return split;
   }
+  if (type == "sft") {
+    // Note [SFT records], [SFT templates] and [SFT samples] in booster/data/sft.h.
+    BOOSTER_CHECK(!cfg.at("packing").get<bool>(), ConfigError,
+                  "'data.packing' is true, which is not supported yet: records packed into one sequence would "
+                  "attend to each other (the models have no attention mask to keep them apart); set it to false");
+    const json val_fraction = cfg.at("val_fraction");
+    BOOSTER_CHECK(val_fraction.is_null() || !cfg.at("val_path").is_string(), ConfigError, "'data.val_fraction' is ",
+                  val_fraction.dump(), " and 'data.val_path' is ", cfg.at("val_path").dump(),
+                  ": the validation data would be both; give one of them");
+    const data::ChatTemplate tmpl = data::chat_template_from_json(cfg.at("template"));
+    const int64_t seq_len = cfg.at("seq_len").get<int64_t>();
+    std::shared_ptr<const data::Tokenizer> opened = data::open_tokenizer(cfg.at("tokenizer").get<std::string>());
+    BOOSTER_CHECK(vocab_size <= 0 || opened->vocab_size() <= vocab_size, ConfigError, "the tokenizer ", opened->path(),
+                  " ('data.tokenizer') has ", opened->vocab_size(), " ids but the model's vocabulary has ", vocab_size,
+                  "; give 'data.tokenizer' the model's own tokenizer");
+    const data::SftTokenizer tokenizer = data::sft_tokenizer(opened);
+    const data::SftOptions samples{.seq_len = seq_len};
+    const std::string path = cfg.at("path").get<std::string>();
+    std::vector<data::Conversation> records = data::read_sft_file(path);
+    std::vector<data::Conversation> val_records;
+    std::string val_name;
+    if (val_fraction.is_number()) {
+      const int64_t n_val = int64_t(double(records.size()) * val_fraction.get<double>());
+      BOOSTER_CHECK(n_val >= 1 && n_val < int64_t(records.size()), ConfigError, "'data.val_fraction' ",
+                    val_fraction.get<double>(), " of the ", records.size(), " records of ", path, " is ", n_val,
+                    " records; it must leave at least one for validation and one for training: change "
+                    "'data.val_fraction' or give 'data.val_path'");
+      val_records.assign(records.end() - n_val, records.end());
+      records.resize(records.size() - size_t(n_val));
+      val_name = str(path, ", its last ", n_val, " records (data.val_fraction ", val_fraction.get<double>(), ")");
+    } else if (cfg.at("val_path").is_string()) {
+      val_name = cfg.at("val_path").get<std::string>();
+      val_records = data::read_sft_file(val_name);
+    }
+    auto train = std::make_shared<data::SftDataset>(records, tmpl, tokenizer, samples, path);
+    split.train = train;
+    split.description = str("sft ", train->describe(), ", tokenized by ", opened->path());
+    if (!val_records.empty()) {
+      auto val = std::make_shared<data::SftDataset>(val_records, tmpl, tokenizer, samples, val_name);
+      split.test = val;
+      split.description += str("; val ", val->describe());
+    }
+    split.tokens_per_sample = seq_len;
+    split.language_model = true;
+    return split;
+  }
   if (type == "tokens") {
     const int64_t seq_len = cfg.at("seq_len").get<int64_t>();
     const data::TokenDType dtype = data::token_dtype_from_string(cfg.at("dtype").get<std::string>());
@@ -207,7 +254,7 @@ DataSplits make_datasets(const json& cfg, uint64_t seed, int64_t vocab_size) {
     return split;
   }
   BOOSTER_FAIL(ConfigError, "'data.type' is \"", type,
-               "\"; expected one of 'fashion_mnist', 'synthetic', 'text', 'tokens', 'npy', 'safetensors', 'csv'");
+               "\"; expected one of 'fashion_mnist', 'synthetic', 'text', 'tokens', 'sft', 'npy', 'safetensors', 'csv'");
 }
 
 std::vector<std::string> token_data_paths(const json& data) {
