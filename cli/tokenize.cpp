@@ -146,7 +146,8 @@ int tokenize(const std::vector<std::string>& args) {
   std::vector<uint32_t> val(ids.end() - std::ptrdiff_t(n_val), ids.end());
   ids.resize(ids.size() - n_val);
   const data::TokenFileDescription about{
-      .vocab_size = tokenizer.vocab_size(), .tokenizer = model, .tokenizer_kind = "sentencepiece"};
+      .vocab_size = tokenizer.vocab_size(), .tokenizer = model,
+      .tokenizer_kind = std::filesystem::path(model).extension() == ".json" ? "byte_level_bpe" : "sentencepiece"};
   data::write_token_file(out, ids, dtype, about);
   if (n_val > 0) data::write_token_file(val_out, val, dtype, about);
 
