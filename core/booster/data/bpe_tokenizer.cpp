@@ -17,7 +17,7 @@
 
 #include "booster/common/error.h"
 #include "booster/data/dataset.h"
-#include "booster/data/unicode_tables.h"
+#include "booster/data/unicode_tables_impl.h"
 
 namespace booster::data {
 

@@ -13,7 +13,7 @@
 // The three known ones (GPT-2's, implied by ByteLevel with use_regex true; Llama 3's and Qwen2's, given
 // as a Split) are recognized by their exact text and run by a hand-written scanner that tries each
 // alternative in the regex's order with the regex's backtracking (bpe_tokenizer.cpp). \p{L} and \p{N}
-// are Unicode's general categories (unicode_tables.h), \s Unicode's White_Space property.
+// are Unicode's general categories (unicode_tables_impl.h), \s Unicode's White_Space property.
 //
 // Note [Special ids]
 // ~~~~~~~~~~~~~~~~~~

@@ -1,12 +1,12 @@
 #!/usr/bin/env python3
-# Writes unicode_tables.h: the code point classes the byte-level BPE pre-tokenizer needs (bpe_tokenizer.cpp),
+# Writes unicode_tables_impl.h: the code point classes the byte-level BPE pre-tokenizer needs (bpe_tokenizer.cpp),
 # from Python's own Unicode database (standard library only, no network). The split patterns of GPT-2,
 # Llama 3 and Qwen2 ask for \p{L} (letters: Lu Ll Lt Lm Lo), \p{N} (numbers: Nd Nl No) and \s; \s is
 # Unicode's White_Space property, a short fixed list written out in bpe_tokenizer.cpp, so not here. Qwen2's
 # NFC normalizer needs the canonical combining classes, the canonical decompositions and the pairs that
 # compose (a decomposition of two whose composite NFC keeps, i.e. not excluded from composition).
 #
-#   python3 core/booster/data/make_unicode_tables.py   # rewrites core/booster/data/unicode_tables.h
+#   python3 core/booster/data/make_unicode_tables.py   # rewrites core/booster/data/unicode_tables_impl.h
 import os
 import sys
 import unicodedata
@@ -98,6 +98,6 @@ inline constexpr Decomposition kDecompositions[] = {{
 {decomp_body}}};
 }}  // namespace booster::data::unicode
 """
-with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "unicode_tables.h"), "w") as f:
+with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "unicode_tables_impl.h"), "w") as f:
     f.write(text)
 print(f"{len(letters)} letter ranges, {len(numbers)} number ranges, {len(ccc)} class ranges, {len(decomp)} decompositions (Unicode {unicodedata.unidata_version})")
