@@ -471,6 +471,11 @@ json hf_config_of(const Module& model) {
   return json();
 }
 
+HfTensorName hf_tensor_name(const Module& model, const std::string& name) {
+  const Family& family = family_of(model);
+  return {hf_name(family, name), is_conv1d(family, name)};
+}
+
 void save_pretrained(const Module& model, const fs::path& out_dir, const SavePretrainedOptions& options) {
   const Family& family = family_of(model);
   checkpoint::TensorMap tensors;

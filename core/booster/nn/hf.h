@@ -66,6 +66,16 @@ void save_pretrained(const Module& model, const std::filesystem::path& out_dir, 
 // The config.json save_pretrained writes for `model` (without base_config).
 nlohmann::json hf_config_of(const Module& model);
 
+// The Hugging Face name of tensor `name` of a whole nn::Llama or nn::GPT, and whether Hugging Face stores
+// it transposed (GPT-2's Conv1D weights): save_pretrained's mapping, which names a Linear's LoRA adapters
+// too (nn/peft.h: "blocks.0.attn.c_attn.lora_A.weight" -> "transformer.h.0.attn.c_attn.lora_A.weight").
+// ConfigError for any other model.
+struct HfTensorName {
+  std::string name;
+  bool transposed = false;
+};
+HfTensorName hf_tensor_name(const Module& model, const std::string& name);
+
 // "5GB" (10^9 bytes, as transformers counts), "500MB", "2GiB", "100KB", "4096" (bytes) -> bytes;
 // ConfigError naming the text otherwise.
 uint64_t parse_byte_size(const std::string& text);

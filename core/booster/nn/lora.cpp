@@ -38,6 +38,9 @@ void LoraConfig::validate() const {
                 "lora: target_modules is empty; name the Linear layers to adapt, e.g. [\"q_proj\", \"v_proj\"]");
 }
 
+// peft.cpp: checks init_from's settings against `config` and loads its A and B into the adapters.
+void load_lora_init_from(Module& model, const LoraConfig& config);
+
 std::vector<std::string> apply_lora(Module& model, const LoraConfig& config) {
   config.validate();
   for (const auto& [name, p] : model.named_parameters())
@@ -97,6 +100,7 @@ std::vector<std::string> apply_lora(Module& model, const LoraConfig& config) {
     adapted.push_back(path);
   }
   model.set_tensor_names();
+  if (!config.init_from.empty()) load_lora_init_from(model, config);
   return adapted;
 }
 
