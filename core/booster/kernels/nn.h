@@ -59,11 +59,24 @@ BOOSTER_DECLARE_KERNEL(batch_norm_backward_kernel,
 BOOSTER_DECLARE_KERNEL(masked_scale_kernel, void(const Tensor& x, const Tensor& keep, double scale, Tensor& out));
 
 // --------------------------------------------------------------------------------------- attention
+// Which keys query i of batch b attends (booster::AttentionMask, checked by the op):
+//   (!causal || j <= offset + i) && (window == 0 || offset + i - j < window)
+//   && (!segments || segments[b / (B / G), j] == segments[b / (B / G), offset + i])
+// segments: int64 contiguous [G, S] on the kernel's device, or undefined; B a multiple of G.
+struct AttentionMaskArgs {
+  bool causal = false;
+  int64_t offset = 0;
+  int64_t window = 0;
+  Tensor segments;
+  // Only the top-left causal triangle (or nothing): the kernels' fast row bound suffices.
+  bool simple() const { return offset == 0 && window == 0 && !segments.defined(); }
+};
 // q [B, L, E], k [B, S, E], v [B, S, Ev], out [B, L, Ev], all contiguous, one dtype.
-// probs [B, L, S] in the compute type receives softmax(q k^T * scale + mask), kept for backward.
-// is_causal: query i attends keys j <= i (the top-left aligned lower triangle, as PyTorch).
-BOOSTER_DECLARE_KERNEL(attention_kernel, void(const Tensor& q, const Tensor& k, const Tensor& v, bool is_causal,
-                                              double scale, Tensor& out, Tensor& probs));
+// probs [B, L, S] in the compute type receives softmax(q k^T * scale + mask), kept for backward;
+// masked entries are 0 in it, so the backward needs no mask. Every query sees at least one key.
+BOOSTER_DECLARE_KERNEL(attention_kernel, void(const Tensor& q, const Tensor& k, const Tensor& v,
+                                              const AttentionMaskArgs& mask, double scale, Tensor& out,
+                                              Tensor& probs));
 // dq/dk/dv like q/k/v (any of them undefined when not wanted).
 BOOSTER_DECLARE_KERNEL(attention_backward_kernel,
                        void(const Tensor& grad_out, const Tensor& q, const Tensor& k, const Tensor& v,

@@ -62,17 +62,23 @@ void KVCache::clear() {
   for (LayerKVCache& l : layers_) l.clear();
 }
 
-Tensor cached_attention(const Tensor& q, const Tensor& k, const Tensor& v, int64_t start) {
-  BOOSTER_CHECK(q.dim() == 4 && k.dim() == 4 && v.shape() == k.shape() && q.size(0) == k.size(0) &&
-                    q.size(3) == k.size(3) && k.size(1) > 0 && q.size(1) % k.size(1) == 0,
+Tensor cached_attention(const Tensor& q, const Tensor& k_all, const Tensor& v_all, int64_t start, int64_t window) {
+  BOOSTER_CHECK(q.dim() == 4 && k_all.dim() == 4 && v_all.shape() == k_all.shape() && q.size(0) == k_all.size(0) &&
+                    q.size(3) == k_all.size(3) && k_all.size(1) > 0 && q.size(1) % k_all.size(1) == 0,
                 ShapeError, "cached_attention: expected q [B, heads, L, E] and k, v [B, kv_heads, S, E] with heads a ",
-                "multiple of kv_heads, got ", q.shape(), ", ", k.shape(), " and ", v.shape());
-  const int64_t B = q.size(0), H = q.size(1), L = q.size(2), E = q.size(3), KVH = k.size(1), S = k.size(2);
-  BOOSTER_CHECK(start >= 0 && start + L == S, ShapeError, "cached_attention: ", L, " new queries from position ", start,
-                " need ", start + L, " cached keys, got ", S);
+                "multiple of kv_heads, got ", q.shape(), ", ", k_all.shape(), " and ", v_all.shape());
+  BOOSTER_CHECK(window >= 0, ValueError, "cached_attention: the sliding window must be >= 0 (0: none), got ", window);
+  const int64_t B = q.size(0), H = q.size(1), L = q.size(2), E = q.size(3), KVH = k_all.size(1);
+  BOOSTER_CHECK(start >= 0 && start + L == k_all.size(2), ShapeError, "cached_attention: ", L,
+                " new queries from position ", start, " need ", start + L, " cached keys, got ", k_all.size(2));
+  // Keys before the first query's window are never attended (Note [Key/value cache]): they are left out.
+  const int64_t first = window > 0 ? std::max<int64_t>(0, start - window + 1) : 0;
+  const Tensor k = first > 0 ? k_all.narrow(2, first, k_all.size(2) - first) : k_all;
+  const Tensor v = first > 0 ? v_all.narrow(2, first, v_all.size(2) - first) : v_all;
+  const int64_t S = k.size(2), offset = start - first;
   const int64_t rep = H / KVH;
   if (L == 1) {
-    // One new position attends to every key: no mask. Grouped heads fold into the query length.
+    // One new position attends to every key left: no mask. Grouped heads fold into the query length.
     if (rep == 1) return scaled_dot_product_attention(q, k, v, false);
     const Tensor y = scaled_dot_product_attention(q.reshape({B, KVH, rep, E}), k, v, false);
     return y.reshape({B, H, 1, E});
@@ -81,14 +87,12 @@ Tensor cached_attention(const Tensor& q, const Tensor& k, const Tensor& v, int64
     return rep == 1 ? t : t.unsqueeze(2).expand({B, KVH, rep, S, E}).reshape({B, H, S, E});
   };
   const Tensor kr = repeat(k), vr = repeat(v);
-  if (start == 0) return scaled_dot_product_attention(q, kr, vr, true);  // the top-left mask is the right one
-  // A chunk after a prefix: the bottom-right aligned mask, written out.
-  std::vector<float> mask(size_t(L * S), 0.0f);
-  for (int64_t i = 0; i < L; ++i)
-    for (int64_t j = start + i + 1; j < S; ++j) mask[size_t(i * S + j)] = -std::numeric_limits<float>::infinity();
-  const Tensor m = from_vector(mask, {L, S}).to(q.device(), q.dtype());
-  const Tensor scores = matmul(q, kr.transpose(2, 3)) * (1.0 / std::sqrt(double(E)));
-  return matmul(softmax(scores + m, -1), vr);
+  if (offset == 0 && window == 0) return scaled_dot_product_attention(q, kr, vr, true);  // top-left is right
+  // A chunk after a prefix, or windowed: the bottom-right aligned causal mask (and the window).
+  AttentionMask mask;
+  mask.window = window;
+  mask.query_offset = offset;
+  return scaled_dot_product_attention(q, kr, vr, true, std::nullopt, mask);
 }
 
 }  // namespace booster::nn

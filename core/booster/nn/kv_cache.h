@@ -23,7 +23,9 @@
 // attention; one new position (a generation step) attends to every cached key with no mask, and its
 // grouped query heads are folded into the query length ([B, kv_heads, heads/kv_heads, E] against
 // [B, kv_heads, S, E]), so grouped-query attention reads the cache without repeating it per head; any
-// other chunk is masked explicitly (matmul, additive -inf mask, softmax, matmul). Positions are absolute:
+// other chunk runs the attention op with the mask aligned to the bottom right (AttentionMask's
+// query_offset). With a sliding window the keys before the first query's window are not even passed to
+// the op (a view, no copy); the cache itself keeps every position. Positions are absolute:
 // GPT's position embedding and Llama's rotary angle of a new token are those of position start + i.
 #pragma once
 
@@ -72,9 +74,10 @@ class KVCache {
 
 // Attention of new queries over cached keys (Note [Key/value cache]): q [B, heads, L, E] at positions
 // start .. start+L-1; k, v [B, kv_heads, start + L, E], heads a multiple of kv_heads (query head h reads
-// key/value head h / (heads / kv_heads)). Query i attends keys j <= start + i, scaled by 1/sqrt(E).
-// Returns [B, heads, L, E].
-Tensor cached_attention(const Tensor& q, const Tensor& k, const Tensor& v, int64_t start);
+// key/value head h / (heads / kv_heads)). Query i attends keys j <= start + i, scaled by 1/sqrt(E), and
+// with window > 0 only those with start + i - j < window (Mistral's sliding window; a key further back
+// is never read). Returns [B, heads, L, E].
+Tensor cached_attention(const Tensor& q, const Tensor& k, const Tensor& v, int64_t start, int64_t window = 0);
 
 // A decoder that can run over new positions with a KVCache: what nn::generate needs of a model.
 class CausalLM {

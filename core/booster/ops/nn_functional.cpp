@@ -286,8 +286,27 @@ Tensor flash_attention(const Tensor& q, const Tensor& k, const Tensor& v, bool i
 void set_flash_attention_enabled(bool enabled) { flash_enabled.store(enabled, std::memory_order_relaxed); }
 bool flash_attention_enabled() { return flash_enabled.load(std::memory_order_relaxed); }
 
+Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v, bool is_causal,
+                                    std::optional<double> scale) {
+  return scaled_dot_product_attention(q, k, v, is_causal, scale, AttentionMask{});
+}
+
+// Note [Attention masks]
+// ~~~~~~~~~~~~~~~~~~~~~~
+// A sliding window and packed documents restrict the causal mask further (AttentionMask in ops.h).
+// The window follows Hugging Face's sliding_window_overlay (transformers' masking_utils): key j is kept
+// when j > i - sliding_window, i.e. i - j < window, so a query sees itself and window - 1 keys before it
+// (older transformers releases built Mistral's mask with torch.triu(..., -sliding_window), one key
+// more; the current convention, which flash-attn's window_size = (window - 1, 0) matches, is the one
+// here). Segments give each position a document id; with is_causal a query attends the earlier keys
+// of its own document only, as if each document were a sequence of its own (SFT packing). The mask is
+// evaluated inside the unfused kernels, row by row, from these three numbers and the ids: no [L, S]
+// mask tensor is made. Masked probabilities are exactly 0, so the backward (which reads the saved
+// probabilities) needs no mask. Since query i always sees key offset + i (same document, distance 0),
+// no row is empty and the softmax never divides by zero. The fused (flash) kernels take only the plain
+// causal mask; a masked call runs the unfused kernel on every device.
 Tensor scaled_dot_product_attention(const Tensor& q_in, const Tensor& k_in, const Tensor& v_in, bool is_causal,
-                                    std::optional<double> scale_opt) {
+                                    std::optional<double> scale_opt, const AttentionMask& mask) {
   BOOSTER_OP_CONTEXT("scaled_dot_product_attention");
   const char* name = "scaled_dot_product_attention";
   Tensor q = q_in, k = k_in, v = v_in;
@@ -313,7 +332,23 @@ Tensor scaled_dot_product_attention(const Tensor& q_in, const Tensor& k_in, cons
   BOOSTER_CHECK(v.size(nd - 2) == S, ShapeError, name, ": value's length ", v.size(nd - 2),
                 " must equal key's length ", S, " (key ", k.shape(), ", value ", v.shape(), ")");
   const double scale = scale_opt ? *scale_opt : 1.0 / std::sqrt(double(E));
-  if (use_flash(q, k, v, L, S, E, Ev)) return flash_attention(q, k, v, is_causal, scale);
+  kernels::AttentionMaskArgs margs{is_causal, mask.query_offset, mask.window, Tensor()};
+  if (mask.any()) {
+    BOOSTER_CHECK(mask.window >= 0 && mask.query_offset >= 0 && mask.query_offset + L <= S, ShapeError, name,
+                  ": a mask needs window >= 0 and query_offset >= 0 with query_offset + L <= S (every query at a key ",
+                  "position), got window ", mask.window, ", query_offset ", mask.query_offset, ", L ", L, " and S ", S);
+    if (mask.segments.defined()) {
+      const Tensor& sg = mask.segments;
+      BOOSTER_CHECK(sg.dtype() == DType::Int64 || sg.dtype() == DType::Int32, DTypeError, name,
+                    ": segments must be int32 or int64 document ids, got ", sg.dtype());
+      BOOSTER_CHECK(nd >= 3 && sg.dim() == 2 && sg.size(0) == q.size(0) && sg.size(1) == S, ShapeError, name,
+                    ": segments must be [B, S] = [", nd >= 3 ? q.size(0) : 0, ", ", S,
+                    "] for query ", q.shape(), " (B its first dim), got ", sg.shape());
+      margs.segments = sg.detach().to(q.device(), DType::Int64).contiguous();
+    }
+  } else if (use_flash(q, k, v, L, S, E, Ev)) {
+    return flash_attention(q, k, v, is_causal, scale);
+  }
   const int64_t B = numel_of(batch);
 
   const Tensor qc = q.detach().contiguous().view({B, L, E});
@@ -321,7 +356,7 @@ Tensor scaled_dot_product_attention(const Tensor& q_in, const Tensor& k_in, cons
   const Tensor vc = v.detach().contiguous().view({B, S, Ev});
   Tensor out = Tensor::empty({B, L, Ev}, q.dtype(), q.device());
   Tensor probs = Tensor::empty({B, L, S}, stats_dtype(q.dtype()), q.device());
-  if (out.numel() > 0) kernels::attention_kernel(q.device())(qc, kc, vc, is_causal, scale, out, probs);
+  if (out.numel() > 0) kernels::attention_kernel(q.device())(qc, kc, vc, margs, scale, out, probs);
   Shape out_shape = batch;
   out_shape.push_back(L);
   out_shape.push_back(Ev);

@@ -173,6 +173,25 @@ Tensor dropout(const Tensor& a, double p, bool training, Generator* gen = nullpt
 // [..., H, L, E] view, so merging heads back is free); everything else, the unfused kernel.
 Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v,
                                     bool is_causal = false, std::optional<double> scale = std::nullopt);
+// Which keys a query may attend beyond the causal mask (Note [Attention masks] in nn_functional.cpp).
+// Query i sits at key position query_offset + i (0 in training; the cached length when new queries
+// meet a key/value cache, which aligns the causal mask to the bottom right). Key j is attended when
+//   (!is_causal || j <= query_offset + i)                                         causal
+//   && (window == 0 || query_offset + i - j < window)                             sliding window
+//   && (!segments.defined() || segments[b, j] == segments[b, query_offset + i])   packed documents
+// window: Mistral's / Hugging Face's sliding_window (a query sees itself and window - 1 keys before it).
+// segments: int32 or int64 [B, S] document ids, B the first batch dim of q (heads share a row): a query
+// attends only keys of its own document (block-diagonal with is_causal: sequence packing).
+struct AttentionMask {
+  int64_t window = 0;
+  Tensor segments;
+  int64_t query_offset = 0;
+  bool any() const { return window > 0 || segments.defined() || query_offset != 0; }
+};
+// As above, under `mask` as well. A mask with window, segments or offset needs query_offset + L <= S
+// (so every query sees at least its own position) and takes the unfused kernel.
+Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v, bool is_causal,
+                                    std::optional<double> scale, const AttentionMask& mask);
 // Whether scaled_dot_product_attention may use a fused kernel (on by default), as PyTorch's
 // torch.backends.cuda.enable_flash_sdp: off, it always computes the unfused softmax(q k^T) v.
 void set_flash_attention_enabled(bool enabled);

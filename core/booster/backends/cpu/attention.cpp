@@ -1,4 +1,5 @@
-// CPU scaled dot-product attention, causal or not, forward and backward (kernels/nn.h).
+// CPU scaled dot-product attention, causal or not, with an optional sliding window and packed documents
+// (Note [Attention masks] in ops/nn_functional.cpp), forward and backward (kernels/nn.h).
 //
 // Rows (or channels) are processed while in cache with float32 (float64) accumulators and split across
 // threads; reductions across rows add per-chunk partials in chunk order (Note [Repeatable sums] in
@@ -107,6 +108,33 @@ void softmax_row(A* row, int64_t valid, int64_t S) {
   for (int64_t j = valid; j < S; ++j) row[j] = 0;
 }
 
+// The keys row i of head b may attend (kernels::AttentionMaskArgs; Note [Attention masks] in
+// nn_functional.cpp): the range [lo, hi) of the causal and window bounds, and within it, with segments,
+// the keys of the query's document. softmax_row over that range, the rest 0.
+struct RowMask {
+  const kernels::AttentionMaskArgs& m;
+  int64_t L, S, group;  // group: heads per segments row
+  const int64_t* seg;
+  RowMask(const kernels::AttentionMaskArgs& mask, int64_t B, int64_t L_, int64_t S_)
+      : m(mask), L(L_), S(S_), group(1), seg(mask.segments.defined() ? mask.segments.data<int64_t>() : nullptr) {
+    if (seg) group = B / mask.segments.size(0);
+  }
+  // Softmax of row r (= b * L + i) of scores in place under the mask.
+  template <class A>
+  void softmax(A* row, int64_t r) const {
+    const int64_t i = r % L, pos = m.offset + i;
+    if (m.simple()) return softmax_row(row, m.causal ? std::min(i + 1, S) : S, S);
+    const int64_t hi = m.causal ? std::min(pos + 1, S) : S, lo = m.window > 0 ? std::max<int64_t>(0, pos - m.window + 1) : 0;
+    if (seg) {
+      const int64_t* sr = seg + (r / L / group) * S;
+      for (int64_t j = lo; j < hi; ++j)
+        if (sr[j] != sr[pos]) row[j] = -std::numeric_limits<A>::infinity();  // exp gives 0
+    }
+    for (int64_t j = 0; j < lo; ++j) row[j] = 0;
+    softmax_row(row + lo, hi - lo, S - lo);
+  }
+};
+
 // Note [Attention through oneDNN]
 // Where bfloat16 GEMMs run through oneDNN (Note [bfloat16 GEMMs through oneDNN]), a bfloat16 attention
 // runs its six products there as well, each one batched matmul over every head (oneDNN threads it),
@@ -131,8 +159,8 @@ kernels::GemmOperand heads(const void* data, bool trans, int64_t rows, int64_t c
   return kernels::GemmOperand{data, trans, cols, rows * cols, rows, cols};
 }
 
-bool attention_onednn(const Tensor& q, const Tensor& k, const Tensor& v, bool is_causal, double scale, Tensor& out,
-                      Tensor& probs) {
+bool attention_onednn(const Tensor& q, const Tensor& k, const Tensor& v, const kernels::AttentionMaskArgs& mask,
+                      double scale, Tensor& out, Tensor& probs) {
   const int64_t B = q.size(0), L = q.size(1), E = q.size(2), S = k.size(1), Ev = v.size(2);
   if (B == 0 || L == 0 || S == 0 || E == 0 || Ev == 0) return false;
   float* P = mptr<float>(probs);
@@ -140,10 +168,10 @@ bool attention_onednn(const Tensor& q, const Tensor& k, const Tensor& v, bool is
                          scale, 0.0, /*float32_result=*/true))
     return false;
   BFloat16* P16 = attention_scratch<BFloat16>(0, B * L * S);
+  const RowMask rows(mask, B, L, S);
   parallel_for(B * L, S * 8, [&](int64_t r0, int64_t r1) {
     for (int64_t r = r0; r < r1; ++r) {
-      const int64_t i = r % L;
-      softmax_row(P + r * S, is_causal ? std::min(i + 1, S) : S, S);
+      rows.softmax(P + r * S, r);
       store_block(P + r * S, P16 + r * S, S);
     }
   });
@@ -192,10 +220,10 @@ bool attention_backward_onednn(const Tensor& grad_out, const Tensor& q, const Te
 }
 
 template <class T>
-void attention_impl(const Tensor& q, const Tensor& k, const Tensor& v, bool is_causal, double scale, Tensor& out,
-                    Tensor& probs) {
+void attention_impl(const Tensor& q, const Tensor& k, const Tensor& v, const kernels::AttentionMaskArgs& mask,
+                    double scale, Tensor& out, Tensor& probs) {
   if constexpr (std::is_same_v<T, BFloat16>) {
-    if (onednn::bf16_gemm_enabled() && attention_onednn(q, k, v, is_causal, scale, out, probs)) return;
+    if (onednn::bf16_gemm_enabled() && attention_onednn(q, k, v, mask, scale, out, probs)) return;
   }
   using A = acc_t<T>;
   const int64_t B = q.size(0), L = q.size(1), E = q.size(2), S = k.size(1), Ev = v.size(2);
@@ -204,6 +232,7 @@ void attention_impl(const Tensor& q, const Tensor& k, const Tensor& v, bool is_c
   const T* pv = cptr<T>(v);
   T* po = mptr<T>(out);
   A* pp = mptr<A>(probs);
+  const RowMask rows(mask, B, L, S);
   for_heads(B, L * S * (E + Ev) * 2, [&](int64_t b0, int64_t b1) {
     std::vector<A> qs, ks, vs, os;
     for (int64_t b = b0; b < b1; ++b) {
@@ -212,10 +241,7 @@ void attention_impl(const Tensor& q, const Tensor& k, const Tensor& v, bool is_c
       const A* V = widen(pv + b * S * Ev, S * Ev, vs);
       A* P = pp + b * L * S;
       if (S > 0) blas_gemm(false, true, L, S, E, A(scale), Q, E, K, E, A(0), P, S);
-      for (int64_t i = 0; i < L; ++i) {
-        A* row = P + i * S;
-        softmax_row(row, is_causal ? std::min(i + 1, S) : S, S);  // over the keys this query may attend
-      }
+      for (int64_t i = 0; i < L; ++i) rows.softmax(P + i * S, b * L + i);  // over the keys this query may attend
       A* O = result_buffer(po + b * L * Ev, L * Ev, os);
       if (S > 0) {
         blas_gemm(false, false, L, Ev, S, A(1), P, S, V, Ev, A(0), O, Ev);
@@ -227,10 +253,10 @@ void attention_impl(const Tensor& q, const Tensor& k, const Tensor& v, bool is_c
   });
 }
 
-void cpu_attention(const Tensor& q, const Tensor& k, const Tensor& v, bool is_causal, double scale, Tensor& out,
-                   Tensor& probs) {
+void cpu_attention(const Tensor& q, const Tensor& k, const Tensor& v, const kernels::AttentionMaskArgs& mask,
+                   double scale, Tensor& out, Tensor& probs) {
   BOOSTER_DISPATCH_FLOATING(q.dtype(), "scaled_dot_product_attention",
-                            [&] { attention_impl<scalar_t>(q, k, v, is_causal, scale, out, probs); });
+                            [&] { attention_impl<scalar_t>(q, k, v, mask, scale, out, probs); });
 }
 
 template <class T>

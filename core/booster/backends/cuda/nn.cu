@@ -350,8 +350,23 @@ Tensor probs_as(const Tensor& probs, DType dt) {
   return p;
 }
 
-void cuda_attention(const Tensor& q, const Tensor& k, const Tensor& v, bool is_causal, double scale, Tensor& out,
-                    Tensor& probs) {
+// Sets the scores a query may not attend to -inf (kernels::AttentionMaskArgs, Note [Attention masks] in
+// ops/nn_functional.cpp), so the row softmax after it gives them probability 0. A block per row.
+template <class C>
+__global__ void attention_mask_kernel(C* p, int64_t rows, int64_t L, int64_t S, bool causal, int64_t offset,
+                                      int64_t window, const int64_t* seg, int64_t group) {
+  for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+    const int64_t pos = offset + r % L;
+    const int64_t* sr = seg ? seg + (r / L / group) * S : nullptr;
+    for (int64_t j = threadIdx.x; j < S; j += blockDim.x) {
+      const bool keep = (!causal || j <= pos) && (window == 0 || pos - j < window) && (!sr || sr[j] == sr[pos]);
+      if (!keep) p[r * S + j] = C(-INFINITY);
+    }
+  }
+}
+
+void cuda_attention(const Tensor& q, const Tensor& k, const Tensor& v, const kernels::AttentionMaskArgs& mask,
+                    double scale, Tensor& out, Tensor& probs) {
   const int dev = device_of(out);
   const int64_t B = q.size(0), L = q.size(1), E = q.size(2), S = k.size(1), Ev = v.size(2);
   const DType dt = q.dtype(), ct = compute_dtype(dt);
@@ -362,12 +377,21 @@ void cuda_attention(const Tensor& q, const Tensor& k, const Tensor& v, bool is_c
   }
   rowmajor_gemm(dev, false, true, L, S, E, scale, q.data_ptr(), dt, E, L * E, k.data_ptr(), E, S * E, 0.0,
                 probs.data_ptr(), ct, S, L * S, B);
-  // The causal mask of the CPU kernel is top-left aligned: query i sees keys j <= i.
+  // The causal mask of the CPU kernel is top-left aligned: query i sees keys j <= i. Any other mask is
+  // written into the scores first and the softmax runs over whole rows.
   const unsigned rows_grid = unsigned(std::min<int64_t>(B * L, 1 << 20));
+  const bool is_causal = mask.causal && mask.simple();
   Tensor pl = probs;
   with_compute_type(ct, [&](auto tag) {
     using C = decltype(tag);
     C* p = static_cast<C*>(probs.data_ptr());
+    if (!mask.simple()) {
+      const int64_t* seg = mask.segments.defined() ? static_cast<const int64_t*>(mask.segments.data_ptr()) : nullptr;
+      const int64_t group = seg ? B / mask.segments.size(0) : 1;
+      attention_mask_kernel<C><<<rows_grid, row_threads(S), 0, stream(dev)>>>(p, B * L, L, S, mask.causal, mask.offset,
+                                                                             mask.window, seg, group);
+      BOOSTER_CUDA_CHECK_LAUNCH();
+    }
     if (dt == ct) {
       softmax_rows_kernel<C, C><<<rows_grid, row_threads(S), 0, stream(dev)>>>(p, p, B * L, S, false,
                                                                               is_causal ? L : 0);
