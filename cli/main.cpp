@@ -353,6 +353,8 @@ int run(int argc, char** argv) {
                                      problem + "; check with -n N for the N processes you will start");
       }
       print_memory_estimate(config, world_size);
+      // Note [The lora section]: what the adapters train.
+      if (const auto lora = booster::config::lora_summary(config)) std::cerr << "booster: " << lora->describe() << "\n";
       const std::string format = booster::diagnostics::compute_format(config.at("mixed_precision"), config.at("plugin"));
       if (const std::string note = booster::diagnostics::cpu_time_note(format, config.at("device").get<std::string>());
           !note.empty())

@@ -22,6 +22,7 @@
 #include "booster/config/training.h"
 #include "booster/data/dataloader.h"
 #include "booster/distributed/process_group.h"
+#include "booster/nn/lora.h"
 #include "booster/nn/models.h"
 #include "booster/optim/lr_scheduler.h"
 #include "booster/optim/optimizer.h"
@@ -186,6 +187,7 @@ int run_training(const json& config, BoosterComponents components, const Trainin
   options.data_description = split.description;
   options.tokens_per_sample = split.tokens_per_sample;
   options.perplexity = split.language_model;
+  options.token_mean_ignore_index = split.token_mean_ignore_index;
   const int processes = booster.process_group().size();
   auto restore_hint = [processes](const std::string& where, const json& saved) {
     return restore_with_set(where, saved, processes);
@@ -210,7 +212,21 @@ int run_training(const json& config, BoosterComponents components, const Trainin
   // Model, optimizer, loss and schedule, boosted (Note [Booster lifecycle]). The scheduler is built on
   // the user's optimizer, as with torch.
   nn::ModulePtr model = make_model(config.at("model"), seed, train_cfg.at("verify_checkpoints").get<bool>());
-  std::shared_ptr<optim::Optimizer> optimizer = optim::make_optimizer(config.at("optimizer"), model->parameters());
+  // Note [The lora section] in booster/config/lora_section.cpp: adapters before boost(), and the
+  // optimizer over them only.
+  const std::optional<nn::LoraConfig> lora = config::lora_config(config);
+  if (lora) {
+    BOOSTER_CHECK(config.at("lora").at("init_from").is_null(), ConfigError, "'lora.init_from' is ",
+                  config.at("lora").at("init_from").dump(), ", but reading PEFT adapters is not supported by this "
+                  "build yet; set it to null (the adapters start as PEFT starts them)");
+    try {
+      booster.enable_lora(model, *lora);
+    } catch (const ConfigError& e) {
+      BOOSTER_FAIL(ConfigError, "'lora.target_modules' is ", config.at("lora").at("target_modules").dump(), ": ", e.what());
+    }
+  }
+  std::shared_ptr<optim::Optimizer> optimizer =
+      optim::make_optimizer(config.at("optimizer"), lora ? nn::trainable_parameters(*model) : model->parameters());
   std::shared_ptr<optim::LRScheduler> scheduler =
       evaluate_only ? nullptr : config::make_lr_scheduler(config.at("lr_scheduler"), *optimizer, total_steps);
   booster.boost(model, optimizer, config::make_criterion(config.at("criterion")), loader, scheduler);

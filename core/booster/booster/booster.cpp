@@ -2,6 +2,8 @@
 #include "booster/booster/booster.h"
 
 #include <algorithm>
+#include <cstdio>
+#include <cstring>
 #include <limits>
 #include <optional>
 #include <tuple>
@@ -218,6 +220,16 @@ Boosted Booster::boost(nn::ModulePtr model, std::shared_ptr<optim::Optimizer> op
   if (!plugin_->take_deferred_parameters())
     for (const Tensor& t : parts.model->parameters()) materialize(t);
   for (const Tensor& t : parts.model->buffers()) materialize(t);
+  if (lora_) {
+    // Note [Adapter-only checkpoints]: the base as given, before a strategy converts it.
+    lora_base_digest_ = base_digest(*parts.model);
+    if (parts.optimizer)
+      for (const optim::ParamGroup& g : parts.optimizer->param_groups())
+        for (const Tensor& p : g.params)
+          BOOSTER_CHECK(p.requires_grad(), ValueError, "Booster::boost: the optimizer holds '", p.name(),
+                        "', a frozen base weight of the LoRA model; build it over nn::trainable_parameters(*model) "
+                        "so the base gets no gradient, optimizer state or master weight");
+  }
   if (!plugin_->control_precision()) {
     // A strategy that keeps master weights needs an optimizer to rebuild; without one it still
     // converts or wraps model and criterion.
@@ -362,7 +374,44 @@ std::vector<std::string> Booster::enable_lora(const nn::ModulePtr& model, const 
                 plugin_->name(), "' splits layers (tp ", layout.tensor, ", pp ", layout.pipeline,
                 "), and its shard policies do not split adapters yet; use ddp or low_level_zero, or tp_size and "
                 "pp_size 1");
-  return nn::apply_lora(*model, config);
+  std::vector<std::string> adapted = nn::apply_lora(*model, config);
+  lora_ = config;
+  return adapted;
+}
+
+// Note [Adapter-only checkpoints] (state.cpp). A 64-bit multiply-xorshift over 8-byte words (bytes past
+// the last whole word padded with zeros); names, dtypes and shapes are hashed too, so a renamed or
+// reshaped base differs even where its bytes agree.
+std::string Booster::base_digest(const nn::Module& model) {
+  uint64_t h = 0x9e3779b97f4a7c15ull;
+  auto mix = [&h](uint64_t w) {
+    h ^= w + 0x9e3779b97f4a7c15ull + (h << 6) + (h >> 2);
+    h *= 0xff51afd7ed558ccdull;
+    h ^= h >> 33;
+  };
+  auto bytes = [&](const void* data, size_t n) {
+    const unsigned char* b = static_cast<const unsigned char*>(data);
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+      uint64_t w;
+      std::memcpy(&w, b + i, 8);
+      mix(w);
+    }
+    uint64_t tail = 0;
+    std::memcpy(&tail, b + i, n - i);
+    mix(tail ^ (uint64_t(n) << 56));
+  };
+  for (const auto& [name, p] : model.named_parameters()) {
+    if (p.requires_grad()) continue;
+    materialize(p);
+    const std::string head = name + "|" + dtype_name(p.dtype()) + "|" + str(p.shape());
+    bytes(head.data(), head.size());
+    const Tensor c = p.to(Device::cpu()).contiguous();
+    bytes(c.data_ptr(), c.nbytes());
+  }
+  char out[17];
+  std::snprintf(out, sizeof out, "%016llx", static_cast<unsigned long long>(h));
+  return out;
 }
 
 // Note [save_pretrained through the plugin]: the plugin's checkpoint IO already knows how to make one

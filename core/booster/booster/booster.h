@@ -343,6 +343,13 @@ class Booster {
   // splits layers (hybrid_parallel with tp_size or pp_size above 1), whose shard policies do not know
   // adapters yet.
   std::vector<std::string> enable_lora(const nn::ModulePtr& model, const nn::LoraConfig& config);
+  // The LoRA config enable_lora applied (nullopt without LoRA).
+  const std::optional<nn::LoraConfig>& lora() const { return lora_; }
+  // Note [Adapter-only checkpoints] (state.cpp): a digest of the frozen base weights boost() was given,
+  // 16 hex digits ("" before boost() or without LoRA). base_digest(model) computes it for any model: the
+  // names, dtypes, shapes and bytes of its parameters that do not require grad, in parameters() order.
+  const std::string& lora_base_digest() const { return lora_base_digest_; }
+  static std::string base_digest(const nn::Module& model);
 
   // The model boost() was given as a Hugging Face directory (nn::save_pretrained: config.json and the
   // weights in Hugging Face's names), from a user's own loop under any plugin: the parameters a plugin
@@ -474,6 +481,11 @@ class Booster {
   std::map<std::string, Generator*> registered_generators_;
   nlohmann::json resume_settings_ = nlohmann::json::object();
   std::map<std::filesystem::path, std::shared_ptr<void>> root_locks_;
+  // LoRA (Note [Adapter-only checkpoints] in state.cpp): the config, the base's digest (made in boost())
+  // and the adapters as a module tree of their own, whose state dict is what a checkpoint's model/ holds.
+  std::optional<nn::LoraConfig> lora_;
+  std::string lora_base_digest_;
+  nn::ModulePtr adapter_view() const;
 };
 
 }  // namespace booster

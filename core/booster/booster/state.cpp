@@ -43,6 +43,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <fstream>
+#include <functional>
 #include <regex>
 #include <set>
 
@@ -71,6 +72,12 @@ constexpr int kOldestStateFormatVersion = 2;
 constexpr const char* kExtraTensorsFile = "extra.safetensors";
 
 std::string show(const json& value) { return value.is_null() ? "null" : value.dump(); }
+
+// The LoRA settings a checkpoint records (Note [Adapter-only checkpoints]); the seed only made A's start.
+json lora_json(const nn::LoraConfig& c) {
+  return {{"r", c.r}, {"alpha", c.alpha}, {"dropout", c.dropout}, {"target_modules", c.target_modules},
+          {"use_rslora", c.use_rslora}};
+}
 
 std::string step_dir_name(int64_t step) {
   char name[32];
@@ -237,6 +244,51 @@ std::map<std::string, Generator*> Booster::generators() const {
 
 int64_t Booster::step() const { return parts_.optimizer ? parts_.optimizer->steps() : 0; }
 
+// Note [Adapter-only checkpoints]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// With LoRA (enable_lora) the base is frozen: it is the same at every step, so a checkpoint's model/
+// holds only the modules with a parameter that trains (lora_A and lora_B of each adapted Linear, plus
+// any module a program unfroze itself), under the whole model's names, and optimizer/ the state of the
+// adapters, which are all the optimizer holds (boost() refuses an optimizer with a frozen parameter).
+// The base it was trained on is named by a digest of its frozen parameters (Booster::base_digest: their
+// names, dtypes, shapes and bytes as boost() was given them, before a strategy converts them, so the
+// digest does not depend on the precision or the plugin), saved in trainer_state.json as
+// "lora": {"config": {...}, "base_digest": "..."}. load_state refuses a checkpoint whose digest differs
+// from this run's base (another model.init_from, seed or family), naming both digests, one of another
+// LoRA config naming the key, and a full checkpoint into a LoRA run or the other way round; then it loads
+// the adapters into the same module tree, so a resume continues bit for bit as a full one does. The
+// model's buffers are the base's and are not saved (a model whose buffers train, batch norm's running
+// statistics, is no LoRA target). The tree shares the model's modules, so under ZeRO-3 the checkpoint
+// IO gathers the adapters' shards into it as it gathers a whole model's.
+nn::ModulePtr Booster::adapter_view() const {
+  auto root = std::make_shared<nn::Module>();
+  std::map<std::string, nn::ModulePtr> nodes = {{"", root}};
+  // The node of `path` in the view, made with its ancestors on first use.
+  std::function<nn::ModulePtr(const std::string&)> node = [&](const std::string& path) -> nn::ModulePtr {
+    if (auto it = nodes.find(path); it != nodes.end()) return it->second;
+    const size_t dot = path.rfind('.');
+    nn::ModulePtr parent = node(dot == std::string::npos ? "" : path.substr(0, dot));
+    auto made = std::make_shared<nn::Module>();
+    parent->add_module(dot == std::string::npos ? path : path.substr(dot + 1), made);
+    return nodes[path] = made;
+  };
+  std::function<void(const nn::ModulePtr&, const std::string&)> walk = [&](const nn::ModulePtr& m,
+                                                                          const std::string& path) {
+    for (const auto& [name, child] : m->named_children()) {
+      const std::string child_path = path.empty() ? name : path + "." + name;
+      bool trains = false;
+      for (const auto& [pname, p] : child->named_parameters(/*recurse=*/false)) trains |= p.requires_grad();
+      if (trains) {
+        node(path)->add_module(name, child);  // the module whole, with its children
+        continue;
+      }
+      walk(child, child_path);
+    }
+  };
+  walk(user_model_, "");
+  return root;
+}
+
 // ------------------------------------------------------------------------------------------ save
 void Booster::lock_state_root(const fs::path& root) {
   if (process_group().rank() != 0) return;
@@ -259,7 +311,7 @@ fs::path Booster::save_state(const fs::path& root, const SaveStateOptions& optio
 
   const fs::path tmp_dir = writer ? checkpoint::begin_checkpoint(root, step) : root / (step_dir_name(step) + ".tmp");
   group.barrier();
-  if (parts_.model) save_model(*parts_.model, tmp_dir / "model");
+  if (parts_.model) save_model(lora_ ? *adapter_view() : *parts_.model, tmp_dir / "model");  // Note [Adapter-only checkpoints]
   if (parts_.optimizer) save_optimizer(*parts_.optimizer, tmp_dir / "optimizer");
   if (parts_.scheduler) save_lr_scheduler(*parts_.scheduler, tmp_dir / "scheduler.json");
   json rng = json::object();
@@ -281,7 +333,7 @@ fs::path Booster::save_state(const fs::path& root, const SaveStateOptions& optio
       for (const auto& [key, t] : reg.save_tensors()) tensors[name + "/" + key] = t;
     }
     if (!tensor_names.empty()) checkpoint::write_safetensors(tmp_dir / kExtraTensorsFile, tensors);
-    const json state = {{"format", kStateFormat},
+    json state = {{"format", kStateFormat},
                         {"version", kStateFormatVersion},
                         {"step", step},
                         {"dataloader", parts_.dataloader ? parts_.dataloader->state_dict() : json()},
@@ -295,6 +347,7 @@ fs::path Booster::save_state(const fs::path& root, const SaveStateOptions& optio
                         {"settings", resume_settings_},
                         {"state", extra},
                         {"tensors", tensor_names}};
+    if (lora_) state["lora"] = {{"config", lora_json(*lora_)}, {"base_digest", lora_base_digest_}};
     checkpoint::write_text_file_atomically(tmp_dir / checkpoint::kTrainerStateFileName, state.dump(1) + "\n");
     if (options.commit) {
       checkpoint::sync_directory(tmp_dir);
@@ -631,9 +684,31 @@ LoadedState Booster::load_state(const fs::path& path, const LoadStateOptions& op
   BOOSTER_CHECK(state.at("dataloader").is_null() || parts_.dataloader, CheckpointError, context, ": ", dir.string(),
                 " has a dataloader position but boost() was given no dataloader; pass the same parts as the saved run");
 
+  // Note [Adapter-only checkpoints]
+  const json saved_lora = state.value("lora", json());
+  BOOSTER_CHECK(saved_lora.is_object() == lora_.has_value(), CheckpointError, context, ": ", dir.string(),
+                saved_lora.is_object()
+                    ? " holds LoRA adapters only, but this run trains the whole model; resume with the lora settings "
+                      "it was saved with (" + saved_lora.value("config", json()).dump() + ")"
+                    : " is a checkpoint of the whole model, but this run trains LoRA adapters; resume without lora, "
+                      "or start the adapters afresh on its weights (model.init_from=" + (dir / "model").string() + ")");
+  if (lora_) {
+    const json config_now = lora_json(*lora_), config_saved = saved_lora.value("config", json::object());
+    std::vector<std::string> ignored;
+    if (const auto d = first_difference("lora", config_saved, config_now, ignored))
+      BOOSTER_FAIL(CheckpointError, context, ": ", dir.string(), " was saved with ", d->where, " ", show(d->saved),
+                   " but this run has ", show(d->now), "; a resume continues the saved adapters: resume with --set ",
+                   d->where, "=", show(d->saved));
+    const json digest = saved_lora.value("base_digest", json());
+    BOOSTER_CHECK(digest == json(lora_base_digest_), CheckpointError, context, ": ", dir.string(),
+                  " holds adapters trained on a base whose digest is ", show(digest), " but this run's base has ",
+                  show(json(lora_base_digest_)), "; resume on the base it was trained on (the same model section, "
+                  "model.init_from and train.seed)");
+  }
+
   // Everything checked: restore.
   if (same_precision) {
-    if (parts_.model) load_model(*parts_.model, dir / "model");
+    if (parts_.model) load_model(lora_ ? *adapter_view() : *parts_.model, dir / "model");
     if (parts_.optimizer) load_optimizer(*parts_.optimizer, dir / "optimizer");
   } else {
     const std::string refusal = str(context, ": ", dir.string(), " was saved with mixed_precision \"", saved_precision,
@@ -858,7 +933,7 @@ void Booster::apply_hand_over(HandOver& h) {
   const std::vector<Tensor> params = stepped_ptr ? flat_params(*stepped_ptr) : std::vector<Tensor>();
   // Parameters a plugin shards (ZeRO-3) are written whole, then sharded again.
   plugin_->with_full_parameters([&] {
-    if (parts_.model) parts_.model->load_state_dict(h.model);
+    if (parts_.model) parts_.model->load_state_dict(h.model, /*strict=*/!lora_);  // adapters only: Note [Adapter-only checkpoints]
     NoGradGuard no_grad;
     for (size_t i = 0; i < params.size(); ++i) {
       Tensor p = params[i];

@@ -295,7 +295,7 @@ json resolve(const json& config, const std::vector<Section>& schema) {
     if (config.contains(s.name)) {
       out[s.name] = resolve_section(s, config.at(s.name));
     } else if (s.optional) {
-      out[s.name] = resolve_section(s, json::object());
+      out[s.name] = s.when_absent ? *s.when_absent : resolve_section(s, json::object());
     } else {
       throw ConfigError("section '" + s.name + "' is missing" + (s.help.empty() ? "" : " (" + s.help + ")"));
     }

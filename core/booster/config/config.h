@@ -82,6 +82,9 @@ struct Section {
   // table has checked them, for a default that follows from another key (a Llama's num_key_value_heads:
   // its query heads) or a key that is left out when not set (a Hugging Face model's dropout).
   std::function<void(const std::string& variant, json& resolved)> finish_variant;
+  // Optional: what an optional section that the config leaves out resolves to, instead of its defaults
+  // (`lora`: null, no adapters, while "lora": {} is LoRA with every default).
+  std::optional<json> when_absent;
 };
 
 // The schema of a whole training config, one Section per top-level key.
@@ -113,6 +116,24 @@ void check_init_from(const json& resolved);
 // Returns why it did not run ("" when it ran or had nothing to check): a model whose parameters would
 // take more than half of the memory available is not built.
 std::string trial_forward(const json& resolved);
+
+// ------------------------------------------------------------------------------------ lora
+// Note [The lora section] (lora_section.cpp): "lora": {"r", "alpha", "dropout", "target_modules",
+// "use_rslora", "init_from"} puts adapters on the model before boost() (Booster::enable_lora) and trains
+// them only; left out or null, the whole model trains.
+// The adapters' config of a resolved config (its seed: train.seed); nullopt when lora is null.
+std::optional<nn::LoraConfig> lora_config(const json& resolved);
+// What LoRA does to a resolved config's model, counted on the model built deferred with no memory
+// (ShapesOnlyGuard): the adapted Linears, trainable and total parameters. ConfigError naming
+// lora.target_modules when no Linear of the model matches (with the names its Linears have).
+struct LoraSummary {
+  std::vector<std::string> adapted;  // module paths
+  int64_t trainable = 0, total = 0;
+  std::string describe() const;  // "lora: 4 Linears adapted (q_proj, v_proj), 896 trainable of 20,512 parameters (4.37%)"
+};
+std::optional<LoraSummary> lora_summary(const json& resolved);
+// The schema table's `lora` section.
+Section lora_section();
 
 // ------------------------------------------------------------------ mixed_precision and plugin
 // Note [The mixed_precision section] and Note [The plugin section] in booster_sections.cpp.

@@ -583,6 +583,10 @@ std::vector<Section> make_training_schema() {
   };
   schema.push_back(std::move(device));
 
+  // ------------------------------------------------------------------------------------- lora
+  // Note [The lora section] in lora_section.cpp: null (no adapters) when left out.
+  schema.push_back(lora_section());
+
   return schema;
 }
 
