@@ -93,7 +93,7 @@ std::string set_text(const std::vector<std::string>& v) {
 void check_agrees(bool same, const char* key, const std::string& given, const std::string& adapters,
                   const fs::path& dir) {
   BOOSTER_CHECK(same, ConfigError, "lora: ", key, " is ", given, " but the adapter init_from names (",
-                (dir / kPeftConfigFileName).string(), ") has ", adapters,
+                (dir / kPeftConfigFileName).string(), ") has ", key, " ", adapters,
                 "; leave lora.", key, " out to take the adapter's (in C++: LoraConfig::from_peft), or start from another adapter");
 }
 
