@@ -181,6 +181,7 @@ DataSplits make_datasets(const json& cfg, uint64_t seed, int64_t vocab_size) {
     }
     split.tokens_per_sample = seq_len;
     split.language_model = true;
+    split.token_mean_ignore_index = data::kIgnoreIndex;
     return split;
   }
   if (type == "tokens") {

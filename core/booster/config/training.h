@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -39,6 +40,9 @@ struct DataSplits {
   int64_t tokens_per_sample = 1;  // `context` for text, `seq_len` for tokens, 1 for classification
   // Next-token prediction (text, tokens): evaluation reports perplexity too (TrainerOptions::perplexity).
   bool language_model = false;
+  // sft: the targets outside the responses are this (-100), and a step's loss is the mean over the other
+  // targets of the global batch (TrainerOptions::token_mean_ignore_index).
+  std::optional<int64_t> token_mean_ignore_index;
   std::string description;       // "Fashion-MNIST: 60000 train, 10000 test", for the log
 };
 

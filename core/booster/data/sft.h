@@ -1,7 +1,9 @@
 // Instruction data for supervised fine-tuning (the `booster` command's data type "sft"): a JSONL file of
 // conversations, rendered by a template of plain strings, tokenized, cut or padded to seq_len, with the
 // loss on the response (assistant) tokens only: every other target is kIgnoreIndex, which the
-// cross-entropy skips (its mean is over the targets it does not ignore, as PyTorch's).
+// cross-entropy skips. A training step's loss is the mean over the response tokens of the whole global
+// batch, whatever its split into micro-batches and ranks (Note [The token mean of a global batch] in
+// booster/trainer/trainer.cpp; config::DataSplits::token_mean_ignore_index asks the Trainer for it).
 //
 // Note [SFT records]
 // ~~~~~~~~~~~~~~~~~~

@@ -32,6 +32,11 @@ class CrossEntropyLoss : public Module {
   const CrossEntropyLossOptions options;
 };
 
+// The targets of `target` (integer class indices) that are not ignore_index: what a mean cross-entropy
+// divides by, and what the token mean of a global batch counts (Note [The token mean of a global batch]
+// in booster/trainer/trainer.cpp). Read on the host: a device tensor is copied back once.
+int64_t count_targets(const Tensor& target, int64_t ignore_index = -100);
+
 class MSELoss : public Module {
  public:
   explicit MSELoss(Reduction reduction = Reduction::Mean) : reduction(reduction) {}

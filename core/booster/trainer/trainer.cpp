@@ -20,6 +20,7 @@
 #include "booster/data/dataloader.h"
 #include "booster/distributed/flight_recorder.h"
 #include "booster/distributed/process_group.h"
+#include "booster/nn/loss.h"
 #include "booster/ops/ops.h"
 #include "booster/trainer/signals.h"
 
@@ -172,7 +173,7 @@ json evaluation_json(const trainer::Evaluation& e, int64_t step) {
 
 // ------------------------------------------------------------------------------------ evaluation
 trainer::Evaluation trainer::evaluate(nn::Module& model, const data::Dataset& dataset, const nn::Criterion& criterion,
-                                      int64_t batch_size, int64_t stride) {
+                                      int64_t batch_size, int64_t stride, std::optional<int64_t> ignore_index) {
   BOOSTER_CHECK(batch_size > 0 && stride > 0, ValueError, "evaluate: batch_size (", batch_size, ") and stride (",
                 stride, ") must be positive");
   const std::vector<Tensor> params = model.parameters();
@@ -191,15 +192,16 @@ trainer::Evaluation trainer::evaluate(nn::Module& model, const data::Dataset& da
     data::Batch batch = dataset.get_batch(indices);
     Tensor output = model(batch.x.to(device));
     const int64_t batch_targets = batch.y.numel();
-    loss_sum += criterion(output, batch.y.to(device)).item() * double(batch_targets);
+    const int64_t counted = ignore_index ? nn::count_targets(batch.y, *ignore_index) : batch_targets;
+    if (counted > 0) loss_sum += criterion(output, batch.y.to(device)).item() * double(counted);
     if (!is_floating(batch.y.dtype())) {
       Tensor predicted = argmax(output, -1).cpu().contiguous();
       Tensor truth = batch.y.to(DType::Int64).contiguous();
       const int64_t* p = predicted.data<int64_t>();
       const int64_t* t = truth.data<int64_t>();
-      for (int64_t i = 0; i < batch_targets; ++i) correct += p[i] == t[i];
+      for (int64_t i = 0; i < batch_targets; ++i) correct += p[i] == t[i] && (!ignore_index || t[i] != *ignore_index);
     }
-    targets += batch_targets;
+    targets += counted;
     samples += int64_t(indices.size());
   }
   model.train(was_training);
@@ -382,7 +384,8 @@ trainer::Evaluation Trainer::evaluate() {
   BOOSTER_CHECK(eval_data_ != nullptr, StateError, "Trainer::evaluate: no eval data; call set_eval_data first");
   const Boosted& parts = booster_.boosted();
   trainer::Evaluation e =
-      trainer::evaluate(*parts.model, *eval_data_, parts.criterion, options_.eval_batch_size, eval_stride_);
+      trainer::evaluate(*parts.model, *eval_data_, parts.criterion, options_.eval_batch_size, eval_stride_,
+                        options_.token_mean_ignore_index);
   if (options_.perplexity) e.perplexity = std::exp(e.loss);
   return e;
 }
@@ -708,6 +711,60 @@ FitResult Trainer::fit() {
   double window_start = now_seconds();
   const int64_t accumulation = o.grad_accumulation;
   const bool pipelined = booster_.plugin().layout().pipeline > 1;
+  // Note [The token mean of a global batch]
+  // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+  // With TrainerOptions::token_mean_ignore_index a step's loss is sum_i l_i / N over the targets i of
+  // the whole global batch that are not ignored (every micro-batch, every data-parallel replica), N
+  // their number, as Hugging Face's Trainer (num_items_in_batch) and torchtitan compute it. The mean
+  // of the micro-batches' own means would weigh a micro-batch of 3 response tokens as much as one of
+  // 300, and so change with how the batch is split. So fit() fetches a step's micro-batches before it
+  // runs any, counts their targets, adds the counts over the group (one float64 all-reduce a step; the
+  // tensor and pipeline ranks of a replica load the same batch, so the sum is divided by their number),
+  // and runs each micro-batch through a criterion that turns the criterion's mean over its n targets
+  // into their sum over N:
+  //     loss' = criterion(output, target) * n * (R * A * P) / N.
+  // R * A * P undoes the averaging done anyway: the Booster divides each of the A micro-batches' losses
+  // by A (Note [Gradient accumulation]), the data-parallel plugins average the R replicas' gradients,
+  // and a pipeline divides by its P micro-batches (execute_pipeline hands the criterion rows / P rows;
+  // P is read from that). So the step's gradient is that of sum_i l_i / N, and the step's loss as Note
+  // [The loss of a data-parallel step] reduces it (the mean over ranks of each one's mean over its
+  // micro-batches) is sum_i l_i / N too; one rank's own share, which only the bar shows between logged
+  // steps, is R times its part of that sum. Mean times n is the sum within a rounding or two. The
+  // criterion is the boosted one (under tp the vocabulary-parallel cross-entropy), given its own
+  // targets, so a plugin sees nothing new. A micro-batch with no target counted (its mean would be
+  // 0/0) is given one made-up target and adds 0 times its loss: every parameter still gets its (zero)
+  // gradient, which data-parallel hooks wait for.
+  const std::optional<int64_t> token_ignore = o.token_mean_ignore_index;
+  const double replicas = double(booster_.plugin().layout().data);
+  double token_weight = 0.0;  // R * A / N of the step being run
+  int64_t micro_rows = 0;     // the rows of the micro-batch being run
+  std::vector<data::Batch> step_batches;  // the step's micro-batches, fetched before any runs
+  nn::Criterion token_criterion;
+  if (token_ignore)
+    token_criterion = [&, ignore = *token_ignore](const Tensor& output, const Tensor& target) -> Tensor {
+      const int64_t n = nn::count_targets(target, ignore);
+      const double pieces = target.dim() > 0 && target.size(0) > 0 ? double(micro_rows) / double(target.size(0)) : 1.0;
+      if (n > 0) return criterion(output, target) * (double(n) * token_weight * pieces);
+      Tensor made_up = target.cpu().to(DType::Int64).contiguous().clone();
+      if (made_up.numel() > 0) made_up.data<int64_t>()[0] = 0;
+      return criterion(output, made_up.to(target.dtype()).to(target.device())) * 0.0;
+    };
+  const nn::Criterion& step_criterion = token_ignore ? token_criterion : criterion;
+  // R * A / N of the fetched step (Note [The token mean of a global batch]).
+  auto token_step_weight = [&] {
+    int64_t local = 0;
+    for (const data::Batch& b : step_batches) local += nn::count_targets(b.y, *token_ignore);
+    double total = double(local);
+    if (several_ranks) {
+      Tensor t = full({1}, total, DType::Float64, group.device());
+      group.all_reduce(t);
+      total = t.item() / (double(group.size()) / replicas);
+    }
+    BOOSTER_CHECK(total > 0.0, DataError, "step ", step + 1, ": no target of the global batch counts (every one is ",
+                  *token_ignore, ", the ignore_index), so its mean loss is 0/0; check the data's masks, or give "
+                  "bigger batches");
+    return replicas * double(accumulation) / total;
+  };
   auto statistics_step = [&](int64_t s) { return o.diagnostics.every > 0 && s % o.diagnostics.every == 0; };
   std::optional<diagnostics::Tracer> tracer;
   if (o.diagnostics.every > 0 || o.diagnostics.name_nonfinite) tracer.emplace(model);
@@ -800,7 +857,8 @@ FitResult Trainer::fit() {
     double accumulated_loss = 0;  // their mean loss
     double step_start = now_seconds();
     int64_t batch_samples = 0;
-    for (data::Batch& batch : loader) {
+    // One micro-batch's forward and backward; true when it completes the step.
+    auto run_micro_batch = [&](data::Batch& batch) {
       if (micro == 0) {
         step_start = now_seconds();
         optimizer.zero_grad();
@@ -809,6 +867,7 @@ FitResult Trainer::fit() {
         if (tracer) tracer->begin_step(statistics_step(step + 1));
       }
       const bool last_micro = ++micro == accumulation;
+      micro_rows = batch.y.dim() > 0 ? batch.y.size(0) : 0;
       double micro_loss = 0.0;
       {
         const auto observing = tracer ? tracer->observe() : nullptr;
@@ -818,16 +877,30 @@ FitResult Trainer::fit() {
                       " runs; a loop outside fit() left an accumulation cycle of this Booster unfinished");
         if (pipelined) {
           // The plugin runs the stages' micro-batches (Booster::execute_pipeline).
-          micro_loss = booster_.execute_pipeline(batch.x, batch.y, model, criterion, optimizer);
+          micro_loss = booster_.execute_pipeline(batch.x, batch.y, model, step_criterion, optimizer);
         } else {
-          const Tensor loss = criterion(model(batch.x), batch.y);
+          const Tensor loss = step_criterion(model(batch.x), batch.y);
           booster_.backward(loss, optimizer);
           micro_loss = loss.item();
         }
       }
       accumulated_loss += micro_loss / double(accumulation);
       batch_samples += batch.x.size(0);
-      if (!last_micro) continue;
+      return last_micro;
+    };
+    for (data::Batch& fetched : loader) {
+      bool stepping = false;
+      if (!token_ignore) {
+        stepping = run_micro_batch(fetched);
+      } else {
+        // Note [The token mean of a global batch]: all of the step's micro-batches first.
+        step_batches.push_back(fetched);
+        if (int64_t(step_batches.size()) < accumulation) continue;
+        token_weight = token_step_weight();
+        for (data::Batch& batch : step_batches) stepping = run_micro_batch(batch);
+        step_batches.clear();
+      }
+      if (!stepping) continue;
       micro = 0;
       const double step_lr = optimizer.lr();  // the lr this step uses (the scheduler moves it after)
       const double step_scale = precision.loss_scale();  // the scale its gradients were made at

@@ -72,9 +72,11 @@ struct Evaluation {
 };
 
 // Evaluates `model` on every `stride`-th item of `dataset` in eval mode under NoGradGuard, `batch_size`
-// items at a time, on the model's device, and restores the model's training mode.
+// items at a time, on the model's device, and restores the model's training mode. The loss is the mean
+// over the targets: each batch's mean weighs its target count, which with `ignore_index` (a criterion
+// that skips those targets, as sft data's) counts only the others.
 Evaluation evaluate(nn::Module& model, const data::Dataset& dataset, const nn::Criterion& criterion,
-                    int64_t batch_size, int64_t stride = 1);
+                    int64_t batch_size, int64_t stride = 1, std::optional<int64_t> ignore_index = std::nullopt);
 
 // The precision a run trains in, as the start line, metrics.jsonl and the summary name it: the
 // Booster's strategy ("bf16"), or, where the plugin controls precision, the plugin's own ("fp16
@@ -151,6 +153,12 @@ struct TrainerOptions {
   // The eval data is next-token prediction: evaluations also report val_loss and val_ppl = exp(val_loss)
   // in metrics.jsonl, on the progress output and in the summary (Note [Perplexity] in trainer.cpp).
   bool perplexity = false;
+  // The criterion skips targets equal to this (a cross-entropy's ignore_index; sft data marks its prompt
+  // and padding -100): a step's loss is then the mean over the other targets of the whole global batch,
+  // all micro-batches and data-parallel ranks together, whatever the split (Note [The token mean of a
+  // global batch] in trainer.cpp); evaluations count those targets alike. Null: each micro-batch's loss
+  // weighs the same (the mean of their means), as before.
+  std::optional<int64_t> token_mean_ignore_index;
   DiagnosticsOptions diagnostics;
   // Progress display; default Progress::detect() (a bar on a terminal, lines otherwise, silent off rank 0).
   std::optional<trainer::Progress::Mode> progress;

@@ -1,0 +1,184 @@
+// The token mean of a global batch (Note [The token mean of a global batch] in booster/trainer/trainer.cpp)
+// under `mpirun -np 2`: a GPT trained one Trainer step on 8 sequences whose targets are masked as sft
+// data's (a prompt of varied length, -100), split over 2 ranks and 1, 2 or 4 micro-batches, under ddp,
+// low_level_zero stages 1 to 3 and hybrid_parallel (dp 2, tp 2, pp 2), ends where one process's plain
+// step on all 8 does: loss = sum of the N counted targets' losses / N (in float64 from the per-target
+// losses), gradient that of the summed cross-entropy over N, within float32 roundoff bounds.
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <filesystem>
+#include <map>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "booster/autograd/autograd.h"
+#include "booster/booster/booster.h"
+#include "booster/checkpoint/safetensors.h"
+#include "booster/data/data.h"
+#include "booster/distributed/process_group.h"
+#include "booster/nn/loss.h"
+#include "booster/nn/models.h"
+#include "booster/ops/ops.h"
+#include "booster/optim/optimizer.h"
+#include "booster/tensor/random.h"
+#include "booster/trainer/trainer.h"
+#include "roundoff.h"
+
+using namespace booster;
+using nlohmann::json;
+namespace fs = std::filesystem;
+namespace ro = ::testing::roundoff;
+
+namespace {
+
+distributed::ProcessGroup& world() { return distributed::init_process_group("mpi"); }
+
+fs::path shared_dir(const std::string& tag) {
+  Tensor n = full({1}, double(std::random_device{}() % 1000000), DType::Int64);
+  world().broadcast(n, 0);
+  return fs::temp_directory_path() / ("booster_token_mean_" + tag + "_" + std::to_string(n.to_vector<int64_t>()[0]));
+}
+
+constexpr int64_t kSamples = 8;
+constexpr double kLr = 0.5;
+
+nn::GPTConfig small_gpt() {
+  nn::GPTConfig cfg;
+  cfg.vocab_size = 32;
+  cfg.context = 8;
+  cfg.width = 16;
+  cfg.layers = 2;
+  cfg.heads = 2;
+  return cfg;
+}
+
+// Sample i trains on its last k_i targets (1 to 8), the rest -100: 36 targets in all.
+data::DatasetPtr masked_tokens(const nn::GPTConfig& cfg) {
+  const int64_t keep[kSamples] = {1, 8, 2, 7, 3, 1, 6, 8};
+  const int64_t T = cfg.context;
+  Generator gen(31);
+  std::vector<int64_t> x(size_t(kSamples * T)), y(size_t(kSamples * T));
+  for (int64_t s = 0; s < kSamples; ++s)
+    for (int64_t t = 0; t < T; ++t) {
+      x[size_t(s * T + t)] = int64_t(gen.uniform() * double(cfg.vocab_size)) % cfg.vocab_size;
+      y[size_t(s * T + t)] = t >= T - keep[s] ? int64_t(gen.uniform() * double(cfg.vocab_size)) % cfg.vocab_size : -100;
+    }
+  return std::make_shared<data::TensorDataset>(from_vector(x, {kSamples, T}), from_vector(y, {kSamples, T}));
+}
+
+Tensor lm_loss(const Tensor& logits, const Tensor& y) {
+  return cross_entropy(logits.reshape({-1, logits.size(-1)}), y.reshape({-1}));
+}
+
+double l2(const std::vector<double>& v) {
+  double s = 0;
+  for (double e : v) s += e * e;
+  return std::sqrt(s);
+}
+
+struct Reference {
+  double loss = 0, loss_abs = 0;
+  std::map<std::string, std::vector<double>> before, grad;
+};
+
+// One process, the whole batch at once, no Trainer: the per-target losses summed in float64 over N,
+// and the gradient of cross_entropy(Sum) / N.
+Reference reference(const nn::GPTConfig& cfg) {
+  Reference r;
+  nn::GPT model(cfg, 5);
+  for (const auto& [name, t] : model.state_dict()) r.before[name] = t.to(DType::Float64).to_vector<double>();
+  const data::Batch all = masked_tokens(cfg)->get_batch({0, 1, 2, 3, 4, 5, 6, 7});
+  const Tensor logits = model(all.x).reshape({-1, cfg.vocab_size});
+  const Tensor target = all.y.reshape({-1});
+  const int64_t n = nn::count_targets(target);
+  REQUIRE(n == 36);
+  {
+    autograd::NoGradGuard no_grad;
+    const std::vector<double> each = cross_entropy(logits, target, Reduction::None).to(DType::Float64).to_vector<double>();
+    for (double l : each) r.loss += l / double(n), r.loss_abs += std::abs(l) / double(n);
+  }
+  (cross_entropy(logits, target, Reduction::Sum) * (1.0 / double(n))).backward();
+  for (const auto& [name, p] : model.named_parameters()) r.grad[name] = p.grad().to(DType::Float64).to_vector<double>();
+  return r;
+}
+
+struct Layout {
+  std::string name, plugin;
+  json options;
+  int64_t accumulation;
+};
+
+}  // namespace
+
+TEST_CASE("token mean: every plugin and accumulation on 2 ranks gives the float64 sum over count",
+          "[mpi][trainer][sft]") {
+  REQUIRE(world().size() == 2);
+  const nn::GPTConfig cfg = small_gpt();
+  const Reference ref = reference(cfg);
+  const std::vector<Layout> layouts = {
+      {"ddp, 1 micro-batch", "ddp", json::object(), 1},
+      {"ddp, 2 micro-batches", "ddp", json::object(), 2},
+      {"ddp, 4 micro-batches", "ddp", json::object(), 4},
+      {"zero 1", "low_level_zero", {{"stage", 1}, {"precision", "fp32"}}, 2},
+      {"zero 2", "low_level_zero", {{"stage", 2}, {"precision", "fp32"}}, 2},
+      {"zero 3", "low_level_zero", {{"stage", 3}, {"precision", "fp32"}}, 2},
+      {"hybrid dp 2", "hybrid_parallel", json::object(), 2},
+      {"hybrid tp 2", "hybrid_parallel", {{"tp_size", 2}}, 2},
+      {"hybrid pp 2", "hybrid_parallel", {{"pp_size", 2}, {"num_microbatches", 2}}, 2},
+  };
+  for (const Layout& l : layouts) {
+    INFO(l.name);
+    Booster booster(BoosterConfig{.plugin = l.plugin, .plugin_options = l.options});
+    auto model = std::make_shared<nn::GPT>(cfg, 5);
+    auto sgd = std::make_shared<optim::SGD>(model->parameters(), json{{"lr", kLr}});
+    const int64_t replicas = l.options.value("tp_size", 1) * l.options.value("pp_size", 1) > 1 ? 1 : 2;
+    auto loader = booster.prepare_dataloader(masked_tokens(cfg), {.batch_size = kSamples / replicas / l.accumulation});
+    booster.boost(model, sgd, lm_loss, loader, nullptr);
+    TrainerOptions o;
+    o.max_steps = 1;
+    o.grad_accumulation = l.accumulation;
+    o.handle_signals = false;
+    o.progress = trainer::Progress::Mode::Silent;
+    o.token_mean_ignore_index = -100;
+    Trainer trainer(booster, o);
+    const FitResult result = trainer.fit();
+    // Note [Roundoff bounds] in tests/roundoff.h: the GPT's forward chain on the batch, the same back,
+    // the weight's sum over the 64 positions, the sums over micro-batches and ranks, and about ten single
+    // roundings of the scaling (Note [The token mean of a global batch]).
+    const double forward = ro::gpt_forward_length(double(cfg.width), double(cfg.layers), double(cfg.heads),
+                                                  double(cfg.context), double(cfg.vocab_size), double(kSamples));
+    const double eps_forward = ro::gamma(10, ro::kUnit) + ro::reduction_bound({forward, double(l.accumulation) + 2});
+    const double eps_gradient = ro::gamma(10, ro::kUnit) +
+                                ro::reduction_bound({2 * forward, double(kSamples * cfg.context), double(l.accumulation) + 2});
+    CHECK(std::abs(result.final_loss - ref.loss) <= eps_forward * ref.loss_abs);
+    const fs::path dir = shared_dir("model");
+    booster.save_model(*booster.boosted().model, dir);
+    if (world().rank() == 0) {
+      const checkpoint::TensorMap saved = checkpoint::load_model(dir);
+      for (const auto& [name, before] : ref.before) {
+        INFO(name);
+        if (!ref.grad.count(name)) continue;  // not a parameter
+        if (!saved.count(name)) {
+          FAIL_CHECK("the saved model has no " << name);
+          continue;
+        }
+        const std::vector<double> got = saved.at(name).to(DType::Float64).to_vector<double>();
+        const std::vector<double>& g = ref.grad.at(name);
+        std::vector<double> want(before.size()), d(before.size());
+        for (size_t e = 0; e < before.size(); ++e) want[e] = before[e] - kLr * g[e], d[e] = got[e] - want[e];
+        // The update's own rounding (one unit of each weight) and the gradient's (sgd_bound of the
+        // step's length).
+        const double bound = ro::kUnit * l2(want) + ro::sgd_bound(kLr * l2(g), eps_gradient);
+        INFO("|difference| " << l2(d) << ", bound " << bound << ", step " << kLr * l2(g));
+        CHECK(l2(d) <= bound);
+      }
+    }
+    world().barrier();
+    if (world().rank() == 0) fs::remove_all(dir);
+  }
+}
