@@ -14,6 +14,7 @@
 #include "booster/mixed_precision/master_weight_optimizer.h"
 #include "booster/mixed_precision/mixed_precision.h"
 #include "booster/nn/linear.h"
+#include "booster/nn/llama.h"
 #include "booster/nn/model_registry.h"
 #include "booster/tensor/deferred.h"
 #include "booster/ops/ops.h"
@@ -99,9 +100,10 @@ Precision probe_strategy(const json& section) {
 // activation_checkpointing a layer keeps only its input (h), and one layer's whole set lives again
 // while backward recomputes it.
 struct Transformer {
-  std::string family;  // "gpt" or "llama"
+  std::string family;  // "gpt" or "llama" (any decoder family of llama.h: mistral, qwen2 too)
   int64_t vocab = 0, width = 0, layers = 0, heads = 0, kv_heads = 0, intermediate = 0, positions = 0;
   bool tied = false, checkpointing = false;
+  bool qkv_bias = false;  // the family's q/k/v biases (qwen2)
 
   int64_t parameters() const {
     const int64_t v = vocab, w = width, L = layers;
@@ -111,7 +113,7 @@ struct Transformer {
       return v * w + positions * w + L * per_block + 2 * w + head;
     }
     const int64_t d = w / heads, q = heads * d, kv = kv_heads * d;
-    const int64_t per_layer = w * q + 2 * w * kv + q * w + 3 * w * intermediate + 2 * w;
+    const int64_t per_layer = w * q + 2 * w * kv + q * w + 3 * w * intermediate + 2 * w + (qkv_bias ? q + 2 * kv : 0);
     return v * w + L * per_layer + w + head;
   }
 
@@ -143,22 +145,23 @@ std::optional<Transformer> transformer_of(const json& model) {
     // (Megatron's count has no checkpointed variant here: the GPT's activations are counted whole.)
     t = {"gpt", i(model, "vocab_size", 0), i(model, "width", 0), i(model, "layers", 0), i(model, "heads", 0),
          i(model, "heads", 0), 4 * i(model, "width", 0), i(model, "context", 0), false, false};
-  } else if (type == "llama") {
+  } else if (const nn::DecoderFamily* f = nn::find_decoder_family(type)) {
     t = {"llama", i(model, "vocab_size", 0), i(model, "hidden_size", 0), i(model, "num_hidden_layers", 0),
          i(model, "num_attention_heads", 0), i(model, "num_key_value_heads", i(model, "num_attention_heads", 0)),
-         i(model, "intermediate_size", 0), i(model, "max_position_embeddings", 2048), b(model, "tie_word_embeddings", false),
-         b(model, "activation_checkpointing", false)};
+         i(model, "intermediate_size", 0), i(model, "max_position_embeddings", f->default_max_positions),
+         b(model, "tie_word_embeddings", false), b(model, "activation_checkpointing", false), f->qkv_bias};
   } else if (type == "hf" && model.value("path", json()).is_string()) {
     std::ifstream in(model.at("path").get<std::string>() + "/config.json");
     const json hf = json::parse(in, nullptr, /*allow_exceptions=*/false);
     if (!hf.is_object()) return std::nullopt;
     const std::string family = hf.value("model_type", json()).is_string() ? hf.at("model_type").get<std::string>() : "";
     const bool checkpointing = b(model, "activation_checkpointing", false);
-    if (family == "llama") {
+    if (const nn::DecoderFamily* f = nn::find_decoder_family(family)) {
       const int64_t heads = i(hf, "num_attention_heads", 0);
       t = {"llama", i(hf, "vocab_size", 0), i(hf, "hidden_size", 0), i(hf, "num_hidden_layers", 0), heads,
-           i(hf, "num_key_value_heads", heads), i(hf, "intermediate_size", 0), i(hf, "max_position_embeddings", 2048),
-           b(hf, "tie_word_embeddings", false), checkpointing};
+           i(hf, "num_key_value_heads", heads), i(hf, "intermediate_size", 0),
+           i(hf, "max_position_embeddings", f->default_max_positions), b(hf, "tie_word_embeddings", false), checkpointing,
+           f->qkv_bias};
     } else if (family == "gpt2") {
       const int64_t w = i(hf, "n_embd", 768);
       t = {"gpt", i(hf, "vocab_size", 50257), w, i(hf, "n_layer", 12), i(hf, "n_head", 12), i(hf, "n_head", 12),

@@ -103,7 +103,7 @@ class StandInGroup final : public distributed::ProcessGroup {
 
 // Where the model's position limit comes from, for the message.
 std::string positions_source(const json& model) {
-  if (model.at("type") == "llama") return "'model.max_position_embeddings'";
+  if (nn::find_decoder_family(model.at("type").get<std::string>())) return "'model.max_position_embeddings'";
   return "the config.json of " + model.at("path").get<std::string>() + " (max_position_embeddings or n_positions)";
 }
 
@@ -177,7 +177,7 @@ void check_split(const nn::ModulePtr& model, const json& plugin) {
 void check_model(const json& c) {
   const json& model = c.at("model");
   const std::string type = model.at("type").get<std::string>();
-  if (type != "llama" && type != "hf") {
+  if (nn::find_decoder_family(type) == nullptr && type != "hf") {
     if (!splits_model(c.at("plugin"))) return;
     // The built-in GPT's policy is booster's own, and split as a Llama's is; of other models, only
     // whether the plugin finds a policy (Note [Checking a model before it trains]).

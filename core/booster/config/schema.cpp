@@ -15,6 +15,7 @@
 #include "booster/data/file_dataset.h"
 #include "booster/data/tokenizer.h"
 #include "booster/data/tokens.h"
+#include "booster/nn/llama.h"
 #include "booster/nn/model_registry.h"
 #include "booster/plugin/loader.h"
 
@@ -226,8 +227,38 @@ Field hf_dropout() {
   return f;
 }
 
+// The keys of a decoder family (llama, mistral, qwen2), from its one declaration (Note [Decoder
+// families] in nn/llama.cpp): Llama's keys with the family's defaults, and the family's own keys.
+std::vector<Field> decoder_fields(const nn::DecoderFamily& family) {
+  std::vector<Field> fields = {
+      integer("vocab_size", std::nullopt, 1),
+      integer("hidden_size", std::nullopt, 1, std::nullopt,
+              "the width; num_attention_heads must divide it into heads of an even size (RoPE)"),
+      integer("intermediate_size", std::nullopt, 1, std::nullopt, "the SwiGLU feed-forward's width"),
+      integer("num_hidden_layers", std::nullopt, 1, double(kMaxModelDepth), "decoder layers (Note [The depth limit])"),
+      integer("num_attention_heads", std::nullopt, 1, std::nullopt, "query heads"),
+      optional_integer("num_key_value_heads", 1,
+                       "key/value heads, dividing num_attention_heads (grouped-query attention); null: "
+                       "as many as the query heads"),
+      integer("max_position_embeddings", family.default_max_positions, 1, std::nullopt, "longest sequence"),
+      number("rms_norm_eps", 1e-6, 0.0, std::nullopt, true),
+      number("rope_theta", family.default_rope_theta, 0.0, std::nullopt, true),
+      boolean("tie_word_embeddings", false, "lm_head reads the embedding table (one tensor)"),
+      boolean("activation_checkpointing", false,
+              "recompute each decoder layer's activations in backward: less memory, one more forward"),
+      any("rope_scaling", nullptr,
+          "Hugging Face's rope_scaling: null, {\"rope_type\": \"linear\", \"factor\"} or {\"rope_type\": \"llama3\", "
+          "\"factor\", \"low_freq_factor\", \"high_freq_factor\", \"original_max_position_embeddings\"}"),
+  };
+  for (const auto& [key, fallback] : family.extra_keys)
+    fields.push_back(any(key, fallback, key == "sliding_window" ? "keys a query attends, itself included; null: all"
+                                        : key == "use_sliding_window" ? "whether the window is used at all"
+                                                                      : "layers below this index attend everything"));
+  return fields;
+}
+
 void finish_model(const std::string& type, json& model) {
-  if (type == "llama" && model.at("num_key_value_heads").is_null())
+  if (nn::find_decoder_family(type) != nullptr && model.at("num_key_value_heads").is_null())
     model["num_key_value_heads"] = model.at("num_attention_heads");
   if (type == "hf" && model.at("dropout").is_null()) model.erase("dropout");
 }
@@ -239,7 +270,8 @@ std::vector<Section> make_training_schema() {
   // Read by nn::make_model (booster/nn/models.h), with the same key names.
   schema.push_back(Section{
       "model",
-      "the network: {\"type\": \"mlp\" | \"linear\" | \"gpt\" | \"cnn\" | \"llama\" | \"hf\" | a registered model, ...}, "
+      "the network: {\"type\": \"mlp\" | \"linear\" | \"gpt\" | \"cnn\" | \"llama\" | \"mistral\" | \"qwen2\" | \"hf\" | a "
+      "registered model, ...}, "
       "or a model library's: {\"type\": NAME, \"library\": LIB, its own keys...}",
       {optional_text("init_from", nullptr,
                      "start from these weights: a .safetensors file, or a directory with model.safetensors or a "
@@ -281,24 +313,9 @@ std::vector<Section> make_training_schema() {
                number("dropout", 0.0, 0.0, 1.0, false, true),
            }},
           // Note [Llama and Hugging Face model keys].
-          {"llama",
-           {
-               integer("vocab_size", std::nullopt, 1),
-               integer("hidden_size", std::nullopt, 1, std::nullopt,
-                       "the width; num_attention_heads must divide it into heads of an even size (RoPE)"),
-               integer("intermediate_size", std::nullopt, 1, std::nullopt, "the SwiGLU feed-forward's width"),
-               integer("num_hidden_layers", std::nullopt, 1, double(kMaxModelDepth), "decoder layers (Note [The depth limit])"),
-               integer("num_attention_heads", std::nullopt, 1, std::nullopt, "query heads"),
-               optional_integer("num_key_value_heads", 1,
-                                "key/value heads, dividing num_attention_heads (grouped-query attention); null: "
-                                "as many as the query heads"),
-               integer("max_position_embeddings", 2048, 1, std::nullopt, "longest sequence"),
-               number("rms_norm_eps", 1e-6, 0.0, std::nullopt, true),
-               number("rope_theta", 10000.0, 0.0, std::nullopt, true),
-               boolean("tie_word_embeddings", false, "lm_head reads the embedding table (one tensor)"),
-               boolean("activation_checkpointing", false,
-                       "recompute each decoder layer's activations in backward: less memory, one more forward"),
-           }},
+          {"llama", decoder_fields(*nn::find_decoder_family("llama"))},
+          {"mistral", decoder_fields(*nn::find_decoder_family("mistral"))},
+          {"qwen2", decoder_fields(*nn::find_decoder_family("qwen2"))},
           {"hf",
            {
                text("path", std::nullopt, {},
@@ -645,7 +662,7 @@ void check_token_data(const json& c, bool gpt) {
                           std::to_string(tokenizer.vocab_size()) + " ids; " +
                           (hf ? std::string("give 'data.tokenizer' the model's own tokenizer")
                               : "set 'model.vocab_size' to at least " + std::to_string(tokenizer.vocab_size())));
-    } else if ((gpt || model_type == "llama" || hf) && vocab > 0 && vocab < 256) {
+    } else if ((gpt || nn::find_decoder_family(model_type) || hf) && vocab > 0 && vocab < 256) {
       // Byte text has ids up to 255: a smaller embedding would fail at the first batch.
       throw ConfigError(vocab_is + "; text data without 'data.tokenizer' has one token per byte (256 ids), so " +
                         (hf ? std::string("give 'data.tokenizer' the model's own tokenizer")
@@ -715,7 +732,7 @@ void check_training_config(const json& c) {
       fail(missing + " does not exist; it is made by " + made_by.get<std::string>() +
            " (data.made_by): run that first, or point the data at files of your own");
   if (data_type == "text" || data_type == "tokens" || data_type == "sft") {
-    const bool language_model = model_type == "gpt" || model_type == "llama" || model_type == "hf";
+    const bool language_model = model_type == "gpt" || nn::find_decoder_family(model_type) || model_type == "hf";
     if (builtin_model && !language_model) fail("'data.type' \"" + data_type + "\" needs a language model: set 'model.type' to \"gpt\" (it is \"" + model_type + "\")");
     if (criterion != "cross_entropy") fail("'criterion.type' must be \"cross_entropy\" for " + data_type + " data (it is \"" + criterion + "\")");
     if (data_type == "sft" && c.at("criterion").at("ignore_index") != -100)

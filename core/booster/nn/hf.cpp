@@ -84,15 +84,21 @@ const Family& gpt2_family() {
   return family;
 }
 
-const Family& llama_family() {
-  static const Family family{"llama", "LlamaForCausalLM", "model.", {{"", ""}}, {},
-                             std::regex(R"(model\.layers\.\d+\.self_attn\.rotary_emb\.inv_freq)")};
-  return family;
+// Llama, Mistral and Qwen2 (llama.h's decoder_families(): Note [Decoder families]) share one table.
+const Family& llama_family(const std::string& model_type) {
+  static const std::map<std::string, Family> families = [] {
+    std::map<std::string, Family> out;
+    for (const DecoderFamily& f : decoder_families())
+      out.emplace(f.model_type, Family{f.model_type, f.architecture, "model.", {{"", ""}}, {},
+                                       std::regex(R"(model\.layers\.\d+\.self_attn\.rotary_emb\.inv_freq)")});
+    return out;
+  }();
+  return families.at(model_type);
 }
 
 const Family& family_of(const Module& model) {
   if (dynamic_cast<const GPT*>(&model)) return gpt2_family();
-  if (dynamic_cast<const Llama*>(&model)) return llama_family();
+  if (auto* llama = dynamic_cast<const Llama*>(&model)) return llama_family(llama->config.model_type);
   BOOSTER_FAIL(ConfigError, "save_pretrained: a ", model.name(),
                " has no Hugging Face format; a whole nn::Llama (model_type llama) or nn::GPT (gpt2) has");
 }
@@ -220,22 +226,23 @@ ModulePtr gpt2_from_config(const ConfigReader& r, const Overrides& o, uint64_t s
   return std::make_shared<GPT>(g, seed);
 }
 
-ModulePtr llama_from_config(const ConfigReader& r, const Overrides& o, uint64_t seed) {
-  json cfg = {{"type", "llama"}};
+ModulePtr llama_from_config(const ConfigReader& r, const Overrides& o, const DecoderFamily& family, uint64_t seed) {
+  json cfg = {{"type", family.model_type}};
   cfg["vocab_size"] = r.positive("vocab_size");
   cfg["hidden_size"] = r.positive("hidden_size");
   cfg["intermediate_size"] = r.positive("intermediate_size");
   cfg["num_hidden_layers"] = r.positive("num_hidden_layers");
   cfg["num_attention_heads"] = r.positive("num_attention_heads");
   cfg["num_key_value_heads"] = r.positive("num_key_value_heads", cfg["num_attention_heads"].get<int64_t>());
-  cfg["max_position_embeddings"] = r.positive("max_position_embeddings", 2048);
+  cfg["max_position_embeddings"] = r.positive("max_position_embeddings", family.default_max_positions);
   cfg["rms_norm_eps"] = r.number("rms_norm_eps", 1e-6);
-  cfg["rope_theta"] = r.number("rope_theta", 10000.0);
+  cfg["rope_theta"] = r.number("rope_theta", family.default_rope_theta);
   cfg["tie_word_embeddings"] = r.boolean("tie_word_embeddings", false);
-  if (const json* scaling = r.find("rope_scaling")) {  // {"rope_type": "default"} is plain RoPE too
-    const json type = scaling->is_object() ? scaling->value("rope_type", scaling->value("type", json())) : json();
-    r.refuse_unless(type == "default", "rope_scaling", "null or {\"rope_type\": \"default\"}: plain RoPE");
-  }
+  // rope_scaling and the family's own keys as config.json writes them (null kept: "no window");
+  // make_llama checks them (an unsupported rope_type is refused there, naming what is supported).
+  if (const json* scaling = r.find("rope_scaling")) cfg["rope_scaling"] = *scaling;
+  for (const auto& [key, fallback] : family.extra_keys)
+    if (r.c.contains(key)) cfg[key] = r.c.at(key);
   if (r.find("hidden_act")) r.refuse_unless(r.text("hidden_act", "silu") == "silu", "hidden_act", "\"silu\"");
   if (r.find("attention_bias")) r.refuse_unless(!r.boolean("attention_bias", false), "attention_bias", "false");
   if (r.find("mlp_bias")) r.refuse_unless(!r.boolean("mlp_bias", false), "mlp_bias", "false");
@@ -253,12 +260,13 @@ ModulePtr llama_from_config(const ConfigReader& r, const Overrides& o, uint64_t 
 ModulePtr from_config(const json& c, const std::string& where, const json& overrides, uint64_t seed) {
   BOOSTER_CHECK(c.is_object(), ConfigError, where, " is not a JSON object");
   const ConfigReader r{c, where};
-  BOOSTER_CHECK(r.find("model_type"), ConfigError, where, " has no \"model_type\"; booster reads \"llama\" and \"gpt2\"");
+  BOOSTER_CHECK(r.find("model_type"), ConfigError, where,
+                " has no \"model_type\"; booster reads \"llama\", \"mistral\", \"qwen2\" and \"gpt2\"");
   const std::string type = r.text("model_type", "");
-  BOOSTER_CHECK(type == "llama" || type == "gpt2", ConfigError, where, ": model_type \"", type,
-                "\" is not a family booster has; it reads \"llama\" (LlamaForCausalLM) and \"gpt2\" (GPT2LMHeadModel)");
+  const DecoderFamily* family = find_decoder_family(type);
+  if (type != "gpt2" && family == nullptr) refuse_family(where, type);
   const Overrides o = read_overrides(overrides, type);
-  return type == "gpt2" ? gpt2_from_config(r, o, seed) : llama_from_config(r, o, seed);
+  return type == "gpt2" ? gpt2_from_config(r, o, seed) : llama_from_config(r, o, *family, seed);
 }
 
 // ------------------------------------------------------------------------------------------ weight files
@@ -449,8 +457,19 @@ json hf_config_of(const Module& model) {
   }
   if (auto* llama = dynamic_cast<const Llama*>(&model)) {
     const LlamaConfig& c = llama->config;
-    return {{"architectures", {"LlamaForCausalLM"}},
-            {"model_type", "llama"},
+    const DecoderFamily* family = find_decoder_family(c.model_type);
+    BOOSTER_CHECK(family != nullptr, ConfigError, "save_pretrained: a Llama of model_type \"", c.model_type,
+                  "\", which has no Hugging Face family");
+    json rope_scaling = nullptr;
+    if (c.rope_scaling.type == "linear") rope_scaling = {{"rope_type", "linear"}, {"factor", c.rope_scaling.factor}};
+    if (c.rope_scaling.type == "llama3")
+      rope_scaling = {{"rope_type", "llama3"},
+                      {"factor", c.rope_scaling.factor},
+                      {"low_freq_factor", c.rope_scaling.low_freq_factor},
+                      {"high_freq_factor", c.rope_scaling.high_freq_factor},
+                      {"original_max_position_embeddings", c.rope_scaling.original_max_position_embeddings}};
+    json out = {{"architectures", {family->architecture}},
+            {"model_type", c.model_type},
             {"vocab_size", c.vocab_size},
             {"hidden_size", c.hidden_size},
             {"intermediate_size", c.intermediate_size},
@@ -460,12 +479,18 @@ json hf_config_of(const Module& model) {
             {"max_position_embeddings", c.max_position_embeddings},
             {"rms_norm_eps", c.rms_norm_eps},
             {"rope_theta", c.rope_theta},
-            {"rope_scaling", nullptr},
+            {"rope_scaling", rope_scaling},
             {"hidden_act", "silu"},
-            {"attention_bias", false},
-            {"mlp_bias", false},
             {"tie_word_embeddings", c.tie_word_embeddings},
             {"torch_dtype", torch_dtype}};
+    if (c.model_type == "llama") out["attention_bias"] = false, out["mlp_bias"] = false;
+    // The family's own keys (Note [Qwen2's window layers]): the window as config.json writes it.
+    for (const auto& [key, fallback] : family->extra_keys) {
+      if (key == "sliding_window") out[key] = c.sliding_window > 0 ? json(c.sliding_window) : json(nullptr);
+      if (key == "use_sliding_window") out[key] = c.sliding_window > 0;
+      if (key == "max_window_layers") out[key] = c.max_window_layers;
+    }
+    return out;
   }
   family_of(model);  // throws the ConfigError naming the model
   return json();

@@ -28,6 +28,37 @@
 // tp > kv_heads, is not done). The pipeline cuts between decoder layers, balanced by parameters (the
 // embedding counted on the first stage, norm and lm_head on the last), as the GPT's; tied embeddings
 // need the first and the last stage to be one, so they are refused with pp > 1.
+//
+// Note [Decoder families]
+// ~~~~~~~~~~~~~~~~~~~~~~~
+// Mistral and Qwen2 are Llama with optional parts: Mistral a sliding window on every layer, Qwen2 q/k/v
+// biases and a window on its upper layers; Llama 3 adds RoPE scaling. One table (decoder_families())
+// declares each family: its model_type and Hugging Face class, the config.json keys it adds with their
+// defaults, and whether its q/k/v carry biases. One parser (parse_decoder_config) reads any family's
+// keys into a LlamaConfig, so make_model, the Hugging Face reader (hf.cpp: config.json's keys are the
+// same), the schema and the memory estimate take a new family from its entry; the writer writes the
+// entry's keys back. Tensor names are Hugging Face's in all three (biases as "...q_proj.bias"); under
+// tensor parallelism a bias is split as its weight (column-parallel q/k/v: the rank's rows of both).
+// Other architectures of this lineage that differ in more than these parts (gemma's scaled embedding
+// and GeGLU, phi's partial rotary and dense MLP, mixtral's and qwen2_moe's experts) are refused by name.
+//
+// Note [Qwen2's window layers]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// Qwen2's config.json writes use_sliding_window, sliding_window and max_window_layers; transformers'
+// Qwen2Config makes sliding_window None unless use_sliding_window, and layer i a "sliding_attention"
+// layer when sliding_window is set and i >= max_window_layers (layer_types), the rest full attention.
+// So the lower max_window_layers layers attend everything and the ones above use the window; Mistral
+// is the case max_window_layers = 0. LlamaConfig keeps sliding_window (0: none) and max_window_layers.
+//
+// Note [RoPE scaling]
+// ~~~~~~~~~~~~~~~~~~~
+// transformers' rope_init_functions, on the default inverse frequencies, in float32 as there:
+//   linear: inv_freq / factor.
+//   llama3: wavelen = 2 pi / inv_freq; low = original / low_freq_factor, high = original /
+//     high_freq_factor (wavelengths); wavelen > low: inv_freq / factor; wavelen < high: inv_freq;
+//     between: (1 - s) inv_freq / factor + s inv_freq with s = (original / wavelen - low_freq_factor) /
+//     (high_freq_factor - low_freq_factor).
+// Both leave the attention scaling at 1 (no mscale), so only the table changes.
 #include "booster/nn/llama.h"
 
 #include <algorithm>
@@ -59,6 +90,11 @@ void LlamaConfig::validate() const {
                 num_attention_heads, " is not divisible by num_key_value_heads ", num_key_value_heads);
   BOOSTER_CHECK(rms_norm_eps > 0.0 && rope_theta > 0.0, ValueError,
                 "Llama: rms_norm_eps and rope_theta must be positive, got ", rms_norm_eps, " and ", rope_theta);
+  BOOSTER_CHECK(sliding_window >= 0 && max_window_layers >= 0, ValueError, "Llama: sliding_window and ",
+                "max_window_layers must be >= 0 (0: no window, all layers windowed), got ", sliding_window, " and ",
+                max_window_layers);
+  BOOSTER_CHECK(rope_scaling.type.empty() || rope_scaling.type == "linear" || rope_scaling.type == "llama3", ValueError,
+                "Llama: rope_scaling type \"", rope_scaling.type, "\" is not one of \"\" (none), \"linear\", \"llama3\"");
 }
 
 namespace {
@@ -81,12 +117,180 @@ const Linear& as_linear(const ModulePtr& m, const char* what) {
   return *l;
 }
 
-// This rank's rows (output features) of `full`, as a plain Linear over a copy.
+// This rank's rows (output features) of `full`, as a plain Linear over a copy; a bias follows its rows.
 std::shared_ptr<Linear> row_shard(const ModulePtr& full, distributed::ProcessGroup& group, const char* what) {
-  return std::make_shared<Linear>(shard_of(as_linear(full, what).weight, {0, 1}, group.rank(), group.size()));
+  const Linear& l = as_linear(full, what);
+  return std::make_shared<Linear>(shard_of(l.weight, {0, 1}, group.rank(), group.size()),
+                                  l.bias.defined() ? shard_of(l.bias, {0, 1}, group.rank(), group.size()) : Tensor());
 }
 
 }  // namespace
+
+// ------------------------------------------------------------------------------------------ families
+
+const std::vector<DecoderFamily>& decoder_families() {
+  static const std::vector<DecoderFamily> families = {
+      {"llama", "LlamaForCausalLM", {}, false, 2048, 10000.0},
+      {"mistral", "MistralForCausalLM", {{"sliding_window", 4096}}, false, 131072, 10000.0},
+      {"qwen2", "Qwen2ForCausalLM",
+       {{"use_sliding_window", false}, {"sliding_window", 4096}, {"max_window_layers", 28}}, true, 32768, 10000.0},
+  };
+  return families;
+}
+
+const DecoderFamily* find_decoder_family(const std::string& model_type) {
+  for (const DecoderFamily& f : decoder_families())
+    if (f.model_type == model_type) return &f;
+  return nullptr;
+}
+
+void refuse_family(const std::string& where, const std::string& model_type) {
+  static const std::vector<std::string> known_other = {
+      "gemma", "gemma2", "gemma3", "phi", "phi3", "mixtral", "qwen2_moe", "qwen3", "qwen3_moe", "falcon",
+      "gpt_neox", "mpt", "deepseek_v2", "deepseek_v3", "olmo", "starcoder2", "cohere", "stablelm"};
+  std::string have;
+  for (const DecoderFamily& f : decoder_families()) have += (have.empty() ? "\"" : ", \"") + f.model_type + "\"";
+  const bool known = std::find(known_other.begin(), known_other.end(), model_type) != known_other.end();
+  BOOSTER_FAIL(ConfigError, where, ": model_type \"", model_type, "\" ",
+               known ? "is an architecture booster does not implement" : "is not a family booster has",
+               "; it reads ", have, " and \"gpt2\"");
+}
+
+namespace {
+
+std::string quoted_list(const std::vector<std::string>& keys) {
+  std::string out;
+  for (const auto& k : keys) out += (out.empty() ? "\"" : ", \"") + k + "\"";
+  return out;
+}
+
+int64_t positive_int(const nlohmann::json& cfg, const std::string& key) {
+  const auto& v = cfg.at(key);
+  BOOSTER_CHECK(v.is_number_integer() && v.get<int64_t>() > 0, ConfigError, "make_model: \"", key,
+                "\" must be a positive integer, got ", v.dump());
+  return v.get<int64_t>();
+}
+
+double positive_number(const nlohmann::json& cfg, const std::string& key) {
+  const auto& v = cfg.at(key);
+  BOOSTER_CHECK(v.is_number() && v.get<double>() > 0.0 && std::isfinite(v.get<double>()), ConfigError,
+                "make_model: \"", key, "\" must be a positive number, got ", v.dump());
+  return v.get<double>();
+}
+
+bool boolean(const nlohmann::json& cfg, const std::string& key) {
+  const auto& v = cfg.at(key);
+  BOOSTER_CHECK(v.is_boolean(), ConfigError, "make_model: \"", key, "\" must be true or false, got ", v.dump());
+  return v.get<bool>();
+}
+
+// Hugging Face's rope_scaling object (Note [RoPE scaling]); null and {"rope_type": "default"} are none.
+RopeScaling parse_rope_scaling(const nlohmann::json& j) {
+  RopeScaling r;
+  if (j.is_null()) return r;
+  BOOSTER_CHECK(j.is_object(), ConfigError, "make_model: \"rope_scaling\" must be null or an object, got ", j.dump());
+  const nlohmann::json type = j.contains("rope_type") ? j.at("rope_type") : j.value("type", nlohmann::json());
+  BOOSTER_CHECK(type.is_string(), ConfigError, "make_model: \"rope_scaling\" needs a \"rope_type\" (or \"type\"), got ",
+                j.dump());
+  const std::string t = type.get<std::string>();
+  if (t == "default") return r;
+  BOOSTER_CHECK(t == "linear" || t == "llama3", ConfigError, "make_model: rope_scaling's rope_type \"", t,
+                "\" is not implemented; booster supports \"default\", \"linear\" (factor) and \"llama3\" (factor, ",
+                "low_freq_factor, high_freq_factor, original_max_position_embeddings)");
+  r.type = t;
+  for (const auto& [key, v] : j.items()) {
+    const bool known = key == "rope_type" || key == "type" || key == "factor" ||
+                       (t == "llama3" && (key == "low_freq_factor" || key == "high_freq_factor" ||
+                                          key == "original_max_position_embeddings"));
+    BOOSTER_CHECK(known, ConfigError, "make_model: rope_scaling key \"", key, "\" is not one rope_type \"", t,
+                  "\" takes (", t == "linear" ? "factor" : "factor, low_freq_factor, high_freq_factor, "
+                  "original_max_position_embeddings", ")");
+  }
+  BOOSTER_CHECK(j.contains("factor"), ConfigError, "make_model: rope_scaling of rope_type \"", t, "\" needs \"factor\"");
+  r.factor = positive_number(j, "factor");
+  if (t == "llama3") {
+    for (const char* key : {"low_freq_factor", "high_freq_factor", "original_max_position_embeddings"})
+      BOOSTER_CHECK(j.contains(key), ConfigError, "make_model: rope_scaling of rope_type \"llama3\" needs \"", key, "\"");
+    r.low_freq_factor = positive_number(j, "low_freq_factor");
+    r.high_freq_factor = positive_number(j, "high_freq_factor");
+    r.original_max_position_embeddings = positive_int(j, "original_max_position_embeddings");
+    BOOSTER_CHECK(r.high_freq_factor > r.low_freq_factor, ConfigError, "make_model: rope_scaling's high_freq_factor ",
+                  r.high_freq_factor, " must exceed low_freq_factor ", r.low_freq_factor);
+  }
+  return r;
+}
+
+}  // namespace
+
+LlamaConfig parse_decoder_config(const nlohmann::json& cfg) {
+  BOOSTER_CHECK(cfg.is_object(), ConfigError, "make_model: a model config must be an object, got ", cfg.dump());
+  const std::string type = cfg.value("type", std::string("llama"));
+  const DecoderFamily* family = find_decoder_family(type);
+  if (family == nullptr) refuse_family("make_model", type);
+  const std::vector<std::string> required = {"vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
+                                             "num_attention_heads"};
+  std::vector<std::string> allowed = {"type", "num_key_value_heads", "max_position_embeddings", "rms_norm_eps",
+                                      "rope_theta", "tie_word_embeddings", "activation_checkpointing", "rope_scaling"};
+  allowed.insert(allowed.end(), required.begin(), required.end());
+  for (const auto& [key, fallback] : family->extra_keys) allowed.push_back(key);
+  for (const auto& [key, value] : cfg.items())
+    BOOSTER_CHECK(std::find(allowed.begin(), allowed.end(), key) != allowed.end(), ConfigError,
+                  "make_model: unknown key \"", key, "\" for model type \"", type, "\"; allowed keys are ",
+                  quoted_list(allowed));
+  for (const auto& key : required)
+    BOOSTER_CHECK(cfg.contains(key), ConfigError, "make_model: missing key \"", key, "\" for model type \"", type,
+                  "\"; required keys are ", quoted_list(required));
+  LlamaConfig c;
+  c.model_type = type;
+  c.attention_bias = family->qkv_bias;
+  c.max_position_embeddings = family->default_max_positions;
+  c.rope_theta = family->default_rope_theta;
+  c.vocab_size = positive_int(cfg, "vocab_size");
+  c.hidden_size = positive_int(cfg, "hidden_size");
+  c.intermediate_size = positive_int(cfg, "intermediate_size");
+  c.num_hidden_layers = positive_int(cfg, "num_hidden_layers");
+  c.num_attention_heads = positive_int(cfg, "num_attention_heads");
+  c.num_key_value_heads =
+      cfg.contains("num_key_value_heads") ? positive_int(cfg, "num_key_value_heads") : c.num_attention_heads;
+  if (cfg.contains("max_position_embeddings")) c.max_position_embeddings = positive_int(cfg, "max_position_embeddings");
+  if (cfg.contains("rms_norm_eps")) c.rms_norm_eps = positive_number(cfg, "rms_norm_eps");
+  if (cfg.contains("rope_theta")) c.rope_theta = positive_number(cfg, "rope_theta");
+  if (cfg.contains("tie_word_embeddings")) c.tie_word_embeddings = boolean(cfg, "tie_word_embeddings");
+  if (cfg.contains("activation_checkpointing")) c.activation_checkpointing = boolean(cfg, "activation_checkpointing");
+  if (cfg.contains("rope_scaling")) c.rope_scaling = parse_rope_scaling(cfg.at("rope_scaling"));
+  // The family's own keys (Note [Qwen2's window layers]): a window of sliding_window keys, null for none.
+  auto value = [&](const std::string& key) {
+    for (const auto& [k, fallback] : family->extra_keys)
+      if (k == key) return cfg.contains(key) ? cfg.at(key) : fallback;
+    return nlohmann::json();
+  };
+  const nlohmann::json window = value("sliding_window");
+  if (!window.is_null()) {
+    BOOSTER_CHECK(window.is_number_integer() && window.get<int64_t>() > 0, ConfigError, "make_model: \"sliding_window\" ",
+                  "must be a positive integer or null (no window), got ", window.dump());
+    c.sliding_window = window.get<int64_t>();
+  }
+  const nlohmann::json use = value("use_sliding_window");
+  if (!use.is_null()) {
+    BOOSTER_CHECK(use.is_boolean(), ConfigError, "make_model: \"use_sliding_window\" must be true or false, got ", use.dump());
+    if (!use.get<bool>()) c.sliding_window = 0;
+  }
+  const nlohmann::json layers = value("max_window_layers");
+  if (!layers.is_null()) {
+    BOOSTER_CHECK(layers.is_number_integer() && layers.get<int64_t>() >= 0, ConfigError,
+                  "make_model: \"max_window_layers\" must be an integer >= 0, got ", layers.dump());
+    c.max_window_layers = layers.get<int64_t>();
+  }
+  BOOSTER_CHECK(c.hidden_size % c.num_attention_heads == 0, ConfigError, "make_model: \"hidden_size\" ",
+                c.hidden_size, " must be divisible by \"num_attention_heads\" ", c.num_attention_heads);
+  BOOSTER_CHECK(c.head_dim() % 2 == 0, ConfigError, "make_model: \"hidden_size\" / \"num_attention_heads\" = ",
+                c.head_dim(), " must be even (the rotary embedding turns pairs of features)");
+  BOOSTER_CHECK(c.num_attention_heads % c.num_key_value_heads == 0, ConfigError,
+                "make_model: \"num_attention_heads\" ", c.num_attention_heads,
+                " must be divisible by \"num_key_value_heads\" ", c.num_key_value_heads,
+                " (each key/value head serves a whole group of query heads)");
+  return c;
+}
 
 // ------------------------------------------------------------------------------------------ RMSNorm
 
@@ -110,7 +314,7 @@ std::string RMSNorm::extra_repr() const { return str("(", hidden_size, ",), eps=
 
 // ------------------------------------------------------------------------------------------ rotary
 
-RotaryEmbedding::RotaryEmbedding(int64_t d, double th) : head_dim(d), theta(th) {
+RotaryEmbedding::RotaryEmbedding(int64_t d, double th, RopeScaling sc) : head_dim(d), theta(th), scaling(std::move(sc)) {
   BOOSTER_CHECK(d > 0 && d % 2 == 0 && th > 0.0, ValueError, "RotaryEmbedding: head_dim must be positive and even ",
                 "and theta positive, got ", d, " and ", th);
 }
@@ -132,6 +336,7 @@ std::pair<Tensor, Tensor> RotaryEmbedding::cos_sin(int64_t T, Device device, DTy
       const float exponent = float(2 * i) / float(head_dim);
       inv_freq[size_t(i)] = 1.0f / std::pow(float(theta), exponent);
     }
+    scale_inv_freq(inv_freq);
     for (int64_t t = 0; t < length; ++t)
       for (int64_t i = 0; i < half; ++i) {
         const float angle = float(t) * inv_freq[size_t(i)];
@@ -144,6 +349,30 @@ std::pair<Tensor, Tensor> RotaryEmbedding::cos_sin(int64_t T, Device device, DTy
     table.sin = s.to(dtype).to(device);
   }
   return {table.cos.narrow(0, 0, T), table.sin.narrow(0, 0, T)};
+}
+
+void RotaryEmbedding::scale_inv_freq(std::vector<float>& inv_freq) const {
+  // Note [RoPE scaling]: float32 steps in transformers' order.
+  const float factor = float(scaling.factor);
+  if (scaling.type == "linear") {
+    for (float& f : inv_freq) f = f / factor;
+  } else if (scaling.type == "llama3") {
+    const float original = float(scaling.original_max_position_embeddings);
+    const float low = float(scaling.low_freq_factor), high = float(scaling.high_freq_factor);
+    const float low_wavelen = float(double(scaling.original_max_position_embeddings) / scaling.low_freq_factor);
+    const float high_wavelen = float(double(scaling.original_max_position_embeddings) / scaling.high_freq_factor);
+    const float two_pi = float(2.0 * 3.14159265358979323846);
+    for (float& f : inv_freq) {
+      const float wavelen = two_pi / f;
+      const float scaled = wavelen > low_wavelen ? f / factor : f;
+      if (!(wavelen < high_wavelen) && !(wavelen > low_wavelen)) {
+        const float smooth = (original / wavelen - low) / (high - low);
+        f = (1.0f - smooth) * scaled / factor + smooth * scaled;
+      } else {
+        f = scaled;
+      }
+    }
+  }
 }
 
 Tensor RotaryEmbedding::apply(const Tensor& x, int64_t start) {
@@ -160,19 +389,26 @@ Tensor RotaryEmbedding::apply(const Tensor& x, int64_t start) {
 
 // ------------------------------------------------------------------------------------------ attention
 
-LlamaAttention::LlamaAttention(const LlamaConfig& c, std::shared_ptr<RotaryEmbedding> rope, Generator* init_gen)
+LlamaAttention::LlamaAttention(const LlamaConfig& c, std::shared_ptr<RotaryEmbedding> rope, Generator* init_gen,
+                               int64_t window_)
     : hidden_size(c.hidden_size),
       heads(c.num_attention_heads),
       kv_heads(c.num_key_value_heads),
       head_dim(c.head_dim()),
+      window(window_),
       rotary(std::move(rope)) {
   c.validate();
   BOOSTER_CHECK(rotary != nullptr && rotary->head_dim == head_dim, ValueError,
                 "LlamaAttention: needs a rotary embedding of head size ", head_dim);
   Generator& g = gen_or_default(init_gen);
-  q_proj = register_module("q_proj", normal_linear(hidden_size, heads * head_dim, g));
-  k_proj = register_module("k_proj", normal_linear(hidden_size, kv_heads * head_dim, g));
-  v_proj = register_module("v_proj", normal_linear(hidden_size, kv_heads * head_dim, g));
+  // Qwen2's q/k/v biases start at zero, as Hugging Face's _init_weights sets them (no draws).
+  auto projection = [&](int64_t out) {
+    auto l = normal_linear(hidden_size, out, g);
+    return c.attention_bias ? std::make_shared<Linear>(l->weight, zeros({out})) : l;
+  };
+  q_proj = register_module("q_proj", projection(heads * head_dim));
+  k_proj = register_module("k_proj", projection(kv_heads * head_dim));
+  v_proj = register_module("v_proj", projection(kv_heads * head_dim));
   o_proj = register_module("o_proj", normal_linear(heads * head_dim, hidden_size, g));
 }
 
@@ -181,6 +417,7 @@ LlamaAttention::LlamaAttention(const LlamaAttention& full, distributed::ProcessG
       heads(full.heads / group.size()),
       kv_heads(full.kv_heads / group.size()),
       head_dim(full.head_dim),
+      window(full.window),
       rotary(full.rotary),
       tp_group_(&group) {
   BOOSTER_CHECK(full.tp_group_ == nullptr, IncompatibleError, "LlamaAttention: already split");
@@ -212,7 +449,10 @@ Tensor LlamaAttention::forward(const Tensor& x) {
     k = repeat(k);
     v = repeat(v);
   }
-  Tensor y = scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), true);
+  AttentionMask mask;
+  mask.window = window < T ? window : 0;  // a window as long as the sequence masks nothing more
+  Tensor y = scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), true, std::nullopt,
+                                          mask);
   y = y.transpose(1, 2).reshape({B, T, heads * head_dim});
   return (*o_proj)(y);
 }
@@ -226,7 +466,7 @@ Tensor LlamaAttention::forward_cached(const Tensor& x, LayerKVCache& cache) {
   const Tensor k = rotary->apply((*k_proj)(h).view({B, T, kv_heads, head_dim}), start);
   const Tensor v = (*v_proj)(h).view({B, T, kv_heads, head_dim});
   auto [keys, values] = cache.append(k.transpose(1, 2), v.transpose(1, 2));  // [B, kv_heads, start + T, d]
-  Tensor y = cached_attention(q.transpose(1, 2), keys, values, start);    // grouped heads read their kv head
+  Tensor y = cached_attention(q.transpose(1, 2), keys, values, start, window);  // grouped heads read their kv head
   y = y.transpose(1, 2).reshape({B, T, heads * head_dim});
   return (*o_proj)(y);
 }
@@ -257,8 +497,9 @@ Tensor LlamaMLP::forward(const Tensor& x) {
 
 // Registered in Hugging Face's order (attention, MLP, then the norms), so parameters list, and draw
 // their init, in its state-dict order.
-LlamaDecoderLayer::LlamaDecoderLayer(const LlamaConfig& c, std::shared_ptr<RotaryEmbedding> rope, Generator* gen) {
-  self_attn = register_module("self_attn", std::make_shared<LlamaAttention>(c, std::move(rope), gen));
+LlamaDecoderLayer::LlamaDecoderLayer(const LlamaConfig& c, std::shared_ptr<RotaryEmbedding> rope, Generator* gen,
+                                     int64_t window) {
+  self_attn = register_module("self_attn", std::make_shared<LlamaAttention>(c, std::move(rope), gen, window));
   mlp = register_module("mlp", std::make_shared<LlamaMLP>(c, gen));
   input_layernorm = register_module("input_layernorm", std::make_shared<RMSNorm>(c.hidden_size, c.rms_norm_eps));
   post_attention_layernorm =
@@ -301,7 +542,7 @@ Tensor run_layers(const std::vector<ModulePtr>& layers, Tensor h, bool activatio
 }  // namespace
 
 LlamaModel::LlamaModel(const LlamaConfig& c, Generator* init_gen)
-    : config(c), rotary(std::make_shared<RotaryEmbedding>(c.head_dim(), c.rope_theta)) {
+    : config(c), rotary(std::make_shared<RotaryEmbedding>(c.head_dim(), c.rope_theta, c.rope_scaling)) {
   c.validate();
   Generator& g = gen_or_default(init_gen);
   {
@@ -312,7 +553,7 @@ LlamaModel::LlamaModel(const LlamaConfig& c, Generator* init_gen)
   init::normal_(embed_tokens->weight, 0.0, kInitStd, g);
   layers = register_module("layers", std::make_shared<Sequential>());
   for (int64_t i = 0; i < c.num_hidden_layers; ++i)
-    layers->push_back(std::make_shared<LlamaDecoderLayer>(c, rotary, &g));
+    layers->push_back(std::make_shared<LlamaDecoderLayer>(c, rotary, &g, c.window_of(i)));
   norm = register_module("norm", std::make_shared<RMSNorm>(c.hidden_size, c.rms_norm_eps));
 }
 
@@ -356,73 +597,7 @@ Tensor Llama::forward_cached(const Tensor& idx, KVCache& cache) { return (*lm_he
 
 // ------------------------------------------------------------------------------------------ factory
 
-namespace {
-
-std::string quoted_list(const std::vector<std::string>& keys) {
-  std::string out;
-  for (const auto& k : keys) out += (out.empty() ? "\"" : ", \"") + k + "\"";
-  return out;
-}
-
-int64_t positive_int(const nlohmann::json& cfg, const std::string& key) {
-  const auto& v = cfg.at(key);
-  BOOSTER_CHECK(v.is_number_integer() && v.get<int64_t>() > 0, ConfigError, "make_model: \"", key,
-                "\" must be a positive integer, got ", v.dump());
-  return v.get<int64_t>();
-}
-
-double positive_number(const nlohmann::json& cfg, const std::string& key) {
-  const auto& v = cfg.at(key);
-  BOOSTER_CHECK(v.is_number() && v.get<double>() > 0.0 && std::isfinite(v.get<double>()), ConfigError,
-                "make_model: \"", key, "\" must be a positive number, got ", v.dump());
-  return v.get<double>();
-}
-
-bool boolean(const nlohmann::json& cfg, const std::string& key) {
-  const auto& v = cfg.at(key);
-  BOOSTER_CHECK(v.is_boolean(), ConfigError, "make_model: \"", key, "\" must be true or false, got ", v.dump());
-  return v.get<bool>();
-}
-
-}  // namespace
-
-ModulePtr make_llama(const nlohmann::json& cfg, uint64_t seed) {
-  const std::vector<std::string> required = {"vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
-                                             "num_attention_heads"};
-  std::vector<std::string> allowed = {"type", "num_key_value_heads", "max_position_embeddings", "rms_norm_eps",
-                                      "rope_theta", "tie_word_embeddings", "activation_checkpointing"};
-  allowed.insert(allowed.end(), required.begin(), required.end());
-  BOOSTER_CHECK(cfg.is_object(), ConfigError, "make_model: a model config must be an object, got ", cfg.dump());
-  for (const auto& [key, value] : cfg.items())
-    BOOSTER_CHECK(std::find(allowed.begin(), allowed.end(), key) != allowed.end(), ConfigError,
-                  "make_model: unknown key \"", key, "\" for model type \"llama\"; allowed keys are ",
-                  quoted_list(allowed));
-  for (const auto& key : required)
-    BOOSTER_CHECK(cfg.contains(key), ConfigError, "make_model: missing key \"", key,
-                  "\" for model type \"llama\"; required keys are ", quoted_list(required));
-  LlamaConfig c;
-  c.vocab_size = positive_int(cfg, "vocab_size");
-  c.hidden_size = positive_int(cfg, "hidden_size");
-  c.intermediate_size = positive_int(cfg, "intermediate_size");
-  c.num_hidden_layers = positive_int(cfg, "num_hidden_layers");
-  c.num_attention_heads = positive_int(cfg, "num_attention_heads");
-  c.num_key_value_heads =
-      cfg.contains("num_key_value_heads") ? positive_int(cfg, "num_key_value_heads") : c.num_attention_heads;
-  if (cfg.contains("max_position_embeddings")) c.max_position_embeddings = positive_int(cfg, "max_position_embeddings");
-  if (cfg.contains("rms_norm_eps")) c.rms_norm_eps = positive_number(cfg, "rms_norm_eps");
-  if (cfg.contains("rope_theta")) c.rope_theta = positive_number(cfg, "rope_theta");
-  if (cfg.contains("tie_word_embeddings")) c.tie_word_embeddings = boolean(cfg, "tie_word_embeddings");
-  if (cfg.contains("activation_checkpointing")) c.activation_checkpointing = boolean(cfg, "activation_checkpointing");
-  BOOSTER_CHECK(c.hidden_size % c.num_attention_heads == 0, ConfigError, "make_model: \"hidden_size\" ",
-                c.hidden_size, " must be divisible by \"num_attention_heads\" ", c.num_attention_heads);
-  BOOSTER_CHECK(c.head_dim() % 2 == 0, ConfigError, "make_model: \"hidden_size\" / \"num_attention_heads\" = ",
-                c.head_dim(), " must be even (the rotary embedding turns pairs of features)");
-  BOOSTER_CHECK(c.num_attention_heads % c.num_key_value_heads == 0, ConfigError,
-                "make_model: \"num_attention_heads\" ", c.num_attention_heads,
-                " must be divisible by \"num_key_value_heads\" ", c.num_key_value_heads,
-                " (each key/value head serves a whole group of query heads)");
-  return std::make_shared<Llama>(c, seed);
-}
+ModulePtr make_llama(const nlohmann::json& cfg, uint64_t seed) { return std::make_shared<Llama>(parse_decoder_config(cfg), seed); }
 
 // ------------------------------------------------------------------------------------------ shard policy
 
@@ -556,6 +731,9 @@ ShardedModel llama_shard_policy(const ModulePtr& whole, const ShardContext& c) {
       for (const char* name : {"self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "mlp.gate_proj",
                                "mlp.up_proj"})
         out.shards[p + name + ".weight"] = {0, 1};
+      if (cfg.attention_bias)  // a bias splits as its weight's rows (Note [Decoder families])
+        for (const char* name : {"self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"})
+          out.shards[p + name + ".bias"] = {0, 1};
       out.shards[p + "self_attn.o_proj.weight"] = {1, 1};
       out.shards[p + "mlp.down_proj.weight"] = {1, 1};
     }

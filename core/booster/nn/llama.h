@@ -22,7 +22,9 @@
 #include <memory>
 #include <mutex>
 #include <nlohmann/json.hpp>
+#include <string>
 #include <tuple>
+#include <vector>
 
 #include "booster/distributed/process_group.h"
 #include "booster/nn/container.h"
@@ -32,6 +34,16 @@
 #include "booster/nn/shard_policy.h"
 
 namespace booster::nn {
+
+// Hugging Face's rope_scaling (Note [RoPE scaling] in llama.cpp): none, "linear" (every inverse
+// frequency divided by factor) or "llama3" (long wavelengths divided by factor, short ones kept, a
+// smooth blend between low_freq_factor and high_freq_factor of original_max_position_embeddings).
+struct RopeScaling {
+  std::string type;  // "" (none), "linear" or "llama3"
+  double factor = 1.0, low_freq_factor = 1.0, high_freq_factor = 4.0;
+  int64_t original_max_position_embeddings = 8192;
+  bool operator==(const RopeScaling&) const = default;
+};
 
 // Hugging Face's LlamaConfig keys, with its defaults where it has one that matters here.
 struct LlamaConfig {
@@ -47,11 +59,47 @@ struct LlamaConfig {
   bool tie_word_embeddings = false;      // lm_head reads the embedding table (one tensor)
   // Recompute each decoder layer's activations in backward instead of keeping them (nn::checkpoint).
   bool activation_checkpointing = false;
+  // The family's optional parts (DecoderFamily below): which model_type this is, q/k/v biases (Qwen2),
+  // a sliding window of `sliding_window` keys (0: none) on the layers from max_window_layers on
+  // (Mistral: all of them, 0; Qwen2: Note [Qwen2's window layers] in llama.cpp), RoPE scaling.
+  std::string model_type = "llama";
+  bool attention_bias = false;
+  int64_t sliding_window = 0;
+  int64_t max_window_layers = 0;
+  RopeScaling rope_scaling;
 
   int64_t head_dim() const { return hidden_size / num_attention_heads; }
+  // The sliding window of decoder layer i (0: it attends every earlier key).
+  int64_t window_of(int64_t layer) const { return layer >= max_window_layers ? sliding_window : 0; }
   // ValueError naming the first size that is not positive or does not divide as the model needs.
   void validate() const;
 };
+
+// One decoder family of the Llama architecture, declared once (Note [Decoder families] in llama.cpp):
+// its model_type (make_model's "type" and config.json's "model_type"), Hugging Face's class, the
+// config.json keys it takes beyond Llama's with their defaults, and its optional parts. make_llama
+// (validation), the Hugging Face reader and writer (hf.cpp), the config schema, the memory estimate and
+// the shard policy read this table; a new family of this shape is one entry (decoder_families()).
+struct DecoderFamily {
+  std::string model_type, architecture;
+  // config.json keys beyond Llama's common ones, with Hugging Face's default (null: none).
+  // Each is one of "sliding_window", "use_sliding_window", "max_window_layers" (read by the one
+  // parser, parse_decoder_config).
+  std::vector<std::pair<std::string, nlohmann::json>> extra_keys;
+  bool qkv_bias = false;              // q/k/v projections always carry biases (Qwen2)
+  int64_t default_max_positions = 2048;
+  double default_rope_theta = 10000.0;
+};
+// The families: llama, mistral, qwen2.
+const std::vector<DecoderFamily>& decoder_families();
+// The family of a model_type, or nullptr.
+const DecoderFamily* find_decoder_family(const std::string& model_type);
+// ConfigError naming the known architectures booster does not have (gemma, phi, mixtral, ...) and
+// those it has, for a model_type or architecture outside the table.
+[[noreturn]] void refuse_family(const std::string& where, const std::string& model_type);
+// A LlamaConfig from make_model's keys (the family's keys, as make_llama documents them): ConfigError
+// naming the key for an unknown key, a missing or ill-typed value or sizes that do not divide.
+LlamaConfig parse_decoder_config(const nlohmann::json& config);
 
 // y = x * rsqrt(mean(x^2 over the last dim) + eps) * weight (Hugging Face's LlamaRMSNorm): normalized in
 // float32 whatever x's dtype, rounded back to x's dtype, then scaled by the weight (ones initially).
@@ -73,7 +121,7 @@ class RMSNorm : public Module {
 // llama.cpp). Not a module: it has no parameters and nothing to save.
 class RotaryEmbedding {
  public:
-  RotaryEmbedding(int64_t head_dim, double theta);
+  RotaryEmbedding(int64_t head_dim, double theta, RopeScaling scaling = {});
   // x [B, T, H, head_dim] rotated by positions start .. start+T-1: x * cos + rotate_half(x) * sin, where
   // rotate_half(x) = cat(-x2, x1) of x's halves. Differentiable in x; the tables are constants.
   Tensor apply(const Tensor& x, int64_t start = 0);
@@ -82,11 +130,13 @@ class RotaryEmbedding {
 
   const int64_t head_dim;
   const double theta;
+  const RopeScaling scaling;
 
  private:
   struct Table {
     Tensor cos, sin;  // [length, head_dim]; sin's first half negated: rotate_half's sign lives here
   };
+  void scale_inv_freq(std::vector<float>& inv_freq) const;  // Note [RoPE scaling]
   std::mutex mutex_;
   std::map<std::tuple<int, int, int>, Table> tables_;  // (device type, device index, dtype)
 };
@@ -98,7 +148,9 @@ class RotaryEmbedding {
 // group once for q, k and v together (one all-reduce of its gradient, not three).
 class LlamaAttention : public Module {
  public:
-  LlamaAttention(const LlamaConfig& config, std::shared_ptr<RotaryEmbedding> rotary, Generator* init_gen = nullptr);
+  // window: this layer's sliding window (0: none), config.window_of(layer).
+  LlamaAttention(const LlamaConfig& config, std::shared_ptr<RotaryEmbedding> rotary, Generator* init_gen = nullptr,
+                 int64_t window = 0);
   // This rank's heads of `full` (q/k/v rows of its heads copied, o_proj's columns: row-parallel). kv_heads
   // and heads must divide by the group size.
   LlamaAttention(const LlamaAttention& full, distributed::ProcessGroup& group);
@@ -109,7 +161,8 @@ class LlamaAttention : public Module {
   std::string name() const override { return "LlamaAttention"; }
 
   const int64_t hidden_size, heads, kv_heads, head_dim;  // heads, kv_heads: this rank's
-  ModulePtr q_proj, k_proj, v_proj;  // nn::Linear (this rank's rows under tensor parallelism)
+  const int64_t window;              // sliding window (0: none)
+  ModulePtr q_proj, k_proj, v_proj;  // nn::Linear, with biases in Qwen2 (this rank's rows under tp)
   ModulePtr o_proj;                  // nn::Linear, or tp::RowParallelLinear
   std::shared_ptr<RotaryEmbedding> rotary;
 
@@ -135,7 +188,8 @@ class LlamaMLP : public Module {
 // h = x + self_attn(input_layernorm(x)); h + mlp(post_attention_layernorm(h)).
 class LlamaDecoderLayer : public Module {
  public:
-  LlamaDecoderLayer(const LlamaConfig& config, std::shared_ptr<RotaryEmbedding> rotary, Generator* init_gen = nullptr);
+  LlamaDecoderLayer(const LlamaConfig& config, std::shared_ptr<RotaryEmbedding> rotary, Generator* init_gen = nullptr,
+                    int64_t window = 0);
   // The tensor-parallel twin of `full`: attention and MLP split, the norms `full`'s own (shared).
   LlamaDecoderLayer(const LlamaDecoderLayer& full, distributed::ProcessGroup& group);
   Tensor forward(const Tensor& x) override;
@@ -185,10 +239,12 @@ class Llama : public Module, public CausalLM {
   std::shared_ptr<Linear> lm_head;
 };
 
-// {"type": "llama", "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
+// {"type": "llama" | "mistral" | "qwen2", "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
 // "num_attention_heads" (required), "num_key_value_heads" (default: the heads), "max_position_embeddings"
 // (2048), "rms_norm_eps" (1e-6), "rope_theta" (10000), "tie_word_embeddings" (false),
-// "activation_checkpointing" (false)}. ConfigError naming the key for an unknown key, a missing or
+// "activation_checkpointing" (false), "rope_scaling" (null, or {"rope_type": "linear" | "llama3", ...} as
+// Hugging Face writes it), and the family's own: mistral "sliding_window" (4096, null: none); qwen2
+// "use_sliding_window" (false), "sliding_window" (4096), "max_window_layers" (28)}. ConfigError naming the key for an unknown key, a missing or
 // ill-typed value, or sizes that do not divide (hidden by heads, heads by kv heads).
 ModulePtr make_llama(const nlohmann::json& config, uint64_t seed);
 

@@ -236,7 +236,8 @@ void register_builtin_model(const std::string& name, ModelFactory factory);
   detail::register_builtin_model("linear", make_linear);
   detail::register_builtin_model("gpt", make_gpt);
   detail::register_builtin_model("cnn", make_cnn);
-  detail::register_builtin_model("llama", make_llama);  // llama.h
+  for (const DecoderFamily& f : decoder_families())  // llama, mistral, qwen2 (llama.h)
+    detail::register_builtin_model(f.model_type, make_llama);
   detail::register_builtin_model("hf", make_hf);        // hf.h: a Hugging Face model directory
   return true;
 }();
