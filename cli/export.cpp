@@ -16,6 +16,18 @@
 // (float32 by default) and config.json's torch_dtype says it. The tokenizer files of the Hugging Face
 // directory (or the run's data.tokenizer, as tokenizer.model) are copied along. What was written goes
 // to stdout as one line of JSON.
+//
+// A LoRA run's checkpoint holds its adapters only (Note [Adapter-only checkpoints] in
+// booster/booster/state.cpp) and says so in trainer_state.json. Of it:
+//   booster export --checkpoint DIR --format peft --out OUT      the adapters as a PEFT directory
+//                                                                 (adapter_config.json, adapter_model.safetensors;
+//                                                                 booster/nn/peft.h), which PEFT's
+//                                                                 PeftModel.from_pretrained and lora.init_from read
+//   booster export --checkpoint DIR --format hf --merge-lora --out OUT
+//                                                                 the base with W + s B A merged (in float64,
+//                                                                 then --dtype), no adapter tensors: a plain model
+// The base of the merge is built as `booster train` built it (the Hugging Face directory of model.path,
+// model.init_from, or train.seed's initial weights) and checked against the digest the run recorded.
 #include <filesystem>
 #include <iostream>
 #include <string>
@@ -32,8 +44,10 @@
 #include "booster/config/config.h"
 #include "booster/nn/hf.h"
 #include "booster/nn/models.h"
+#include "booster/nn/peft.h"
 #include "booster/tensor/deferred.h"
 #include "commands.h"
+#include "lora_checkpoint.h"
 #include "options.h"
 
 namespace po = boost::program_options;
@@ -76,19 +90,71 @@ std::vector<fs::path> tokenizer_files_of(const fs::path& hf_dir) {
   return files;
 }
 
+// --format peft or --format hf --merge-lora of a LoRA run's checkpoint (see the top).
+int export_lora(const fs::path& step, const json& resolved, const nn::LoraConfig& lora, const std::string& format,
+                const fs::path& out, DType dtype, const std::string& dtype_arg, nn::SavePretrainedOptions options,
+                bool verify) {
+  const json& model_config = resolved.at("model");
+  const uint64_t seed = resolved.at("train").at("seed").get<uint64_t>();
+  const bool hf = model_config.value("type", std::string()) == "hf";
+  const fs::path hf_dir = hf ? fs::path(model_config.value("path", std::string())) : fs::path();
+  if (hf)
+    BOOSTER_CHECK(fs::exists(hf_dir / "config.json"), ConfigError, "the checkpoint's base is the Hugging Face model ",
+                  hf_dir.string(), ", whose config.json is missing here; pass the run's config with --config FILE, its "
+                  "model.path the directory's path now");
+  const nn::ModulePtr model = lora_checkpoint_model(step, model_config, seed, lora, verify);
+  json summary = {{"out", out.string()}, {"checkpoint", step.string()}, {"format", format}, {"dtype", dtype_arg}};
+  if (format == "peft") {
+    nn::save_peft_adapter(*model, lora, out, {.base_model_name_or_path = hf ? hf_dir.string() : "", .dtype = dtype});
+    int64_t adapters = 0;
+    for (const Tensor& p : nn::trainable_parameters(*model)) adapters += p.numel();
+    summary["parameters"] = adapters;
+    std::cerr << "booster: wrote the LoRA adapters of " << step.string() << " as a PEFT directory " << out.string()
+              << " (r " << lora.r << ", " << adapters << " parameters, " << dtype_arg << ")\n";
+  } else {
+    const nn::StateDict merged = nn::merge_lora(*model, lora);
+    nn::ModulePtr plain;
+    {
+      LazyInitGuard lazy;  // the merged weights replace every tensor
+      plain = base_model(model_config, seed, verify);
+    }
+    plain->load_state_dict(merged);
+    if (dtype != DType::Float32) plain->to(dtype);
+    if (hf) options.base_config = config::load_file((hf_dir / "config.json").string());
+    nn::save_pretrained(*plain, out, options);
+    if (hf)
+      for (const fs::path& file : tokenizer_files_of(hf_dir)) fs::copy_file(file, out / file.filename(), fs::copy_options::overwrite_existing);
+    summary["parameters"] = plain->num_parameters();
+    summary["merged_lora"] = true;
+    std::cerr << "booster: wrote " << out.string() << " (the base with the LoRA adapters of " << step.string()
+              << " merged, " << plain->num_parameters() << " parameters, " << dtype_arg << ")\n";
+  }
+  json files = json::array();
+  for (const auto& e : fs::directory_iterator(out)) files.push_back(e.path().filename().string());
+  std::sort(files.begin(), files.end());
+  summary["files"] = files;
+  std::cout << summary.dump() << std::endl;
+  return kExitOk;
+}
+
 }  // namespace
 
 int export_model(const std::vector<std::string>& args) {
   po::options_description desc(
       "usage: booster export --checkpoint DIR --format hf --out OUT [--dtype float32] [--max-shard-size 5GB]\n"
-      "                     [--config FILE]\n\n"
+      "                     [--config FILE] [--merge-lora]\n"
+      "       booster export --checkpoint DIR --format peft --out OUT [--dtype float32]\n\n"
       "Writes a checkpoint's model as a Hugging Face model directory (config.json and model.safetensors, or\n"
-      "shards with model.safetensors.index.json) that transformers' from_pretrained loads.\n\noptions");
+      "shards with model.safetensors.index.json) that transformers' from_pretrained loads; a LoRA run's\n"
+      "adapters as a PEFT adapter directory (--format peft), or its model with the adapters merged\n"
+      "(--merge-lora).\n\noptions");
   desc.add_options()
       ("help,h", "show this help")
       ("checkpoint", po::value<std::string>()->value_name("DIR"),
        "a checkpoint step directory (step-N), or a checkpoint directory (its latest step)")
-      ("format", po::value<std::string>()->default_value("hf")->value_name("hf"), "the output format: hf")
+      ("format", po::value<std::string>()->default_value("hf")->value_name("hf|peft"),
+       "the output format: hf (a Hugging Face model) or peft (a LoRA run's adapters)")
+      ("merge-lora", "with --format hf, of a LoRA run: the base model with the adapters merged (W + s B A)")
       ("out,o", po::value<std::string>()->value_name("DIR"), "the directory to write")
       ("max-shard-size", po::value<std::string>()->default_value("5GB")->value_name("SIZE"),
        "split the weights into shards of at most SIZE (e.g. 2GB, 500MB), as transformers does")
@@ -100,7 +166,8 @@ int export_model(const std::vector<std::string>& args) {
   po::variables_map vm;
   if (!parse_options("export", desc, args, vm, {"checkpoint", "out"})) return kExitOk;
   const std::string format = vm["format"].as<std::string>();
-  BOOSTER_CHECK(format == "hf", ConfigError, "--format ", format, ": the only export format is hf (Hugging Face)");
+  BOOSTER_CHECK(format == "hf" || format == "peft", ConfigError, "--format ", format,
+                ": the export formats are hf (Hugging Face) and peft (a LoRA run's adapters)");
   nn::SavePretrainedOptions options;
   options.max_shard_bytes = nn::parse_byte_size(vm["max-shard-size"].as<std::string>());
   // A run directory stands for its checkpoints/ (checkpoint::checkpoints_of_run).
@@ -113,7 +180,16 @@ int export_model(const std::vector<std::string>& args) {
   const DType dtype = dtype_arg == "float32" ? DType::Float32 : dtype_arg == "bfloat16" ? DType::BFloat16 : DType::Float16;
 
   const json given = run_config(step, vm.count("config") ? vm["config"].as<std::string>() : std::string());
-  json model_config = config::resolve(given, config::training_schema()).at("model");
+  const json resolved = config::resolve(given, config::training_schema());
+  const std::optional<nn::LoraConfig> lora = checkpoint_lora(step);
+  BOOSTER_CHECK(lora || (format == "hf" && !vm.count("merge-lora")), ConfigError,
+                format == "peft" ? "--format peft" : "--merge-lora", ": the checkpoint ", step.string(),
+                " is of a run without LoRA (its trainer_state.json has no \"lora\"); export it with --format hf");
+  BOOSTER_CHECK(!lora || format == "peft" || vm.count("merge-lora"), ConfigError, "the checkpoint ", step.string(),
+                " holds a LoRA run's adapters only; export them with --format peft, or the model with the adapters "
+                "merged with --format hf --merge-lora");
+  if (lora) return export_lora(step, resolved, *lora, format, out, dtype, dtype_arg, options, !vm.count("no-verify"));
+  json model_config = resolved.at("model");
   model_config.erase("init_from");
   nn::ModulePtr model;
   std::vector<fs::path> tokenizer_files;

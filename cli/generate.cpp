@@ -22,6 +22,13 @@
 // booster's own on `booster tokenize` data (lines without BOS) gets none. --repetition-penalty,
 // --stop and --num-samples are transformers' repetition_penalty, stop_strings and
 // num_return_sequences (sample i seeded S + i).
+//
+// A LoRA run's checkpoint holds its adapters only: its base is rebuilt from the run's model section (a
+// Hugging Face directory's weights, else train.seed's initial ones; checked against the digest the run
+// recorded) and the adapters loaded on it. --adapter DIR applies a PEFT adapter directory (nn/peft.h:
+// adapter_config.json and adapter_model.safetensors, as PEFT saves them or `booster export --format
+// peft` writes them) to the --hf or --checkpoint model: y = W x + s B A x on its target Linears, what
+// generation with the merged model computes.
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -46,7 +53,9 @@
 #include "booster/nn/generate.h"
 #include "booster/nn/kv_cache.h"
 #include "booster/nn/models.h"
+#include "booster/nn/peft.h"
 #include "commands.h"
+#include "lora_checkpoint.h"
 #include "options.h"
 
 namespace po = boost::program_options;
@@ -105,11 +114,19 @@ nn::ModulePtr load_checkpoint_model(const std::string& given, const std::string&
                   " pass the run's config with --config FILE, its model.path the directory's path now");
   }
   if (verify) checkpoint::verify_checksums(step);  // a damaged file is refused, naming it, as export does
+  if (hf_source) *hf_source = model_config.value("type", std::string()) == "hf" ? model_config.value("path", std::string()) : "";
+  if (const std::optional<nn::LoraConfig> lora = checkpoint_lora(step)) {
+    const json state = json::parse(checkpoint::read_text_file(step / "trainer_state.json"), nullptr, false);
+    const json seed = state.is_object() ? state.value("settings", json::object()).value("train.seed", json(0)) : json(0);
+    nn::ModulePtr model = lora_checkpoint_model(step, model_config, seed.is_number_unsigned() ? seed.get<uint64_t>() : 0,
+                                                *lora, verify);
+    model->to(DType::Float32);
+    return model;
+  }
   nn::ModulePtr model = nn::make_model(model_config, 0);
   // The float32 masters where the run kept them (a ZeRO or pure 16-bit run), else the model file's.
   model->load_state_dict(Booster::read_trained_weights(step));
   model->to(DType::Float32);  // a 16-bit strategy may have saved 16-bit weights; generation runs in float32
-  if (hf_source) *hf_source = model_config.value("type", std::string()) == "hf" ? model_config.value("path", std::string()) : "";
   return model;
 }
 
@@ -191,7 +208,8 @@ std::vector<int64_t> parse_ids(const std::string& text) {
 
 int generate(const std::vector<std::string>& args) {
   po::options_description desc(
-      "usage: booster generate (--checkpoint DIR | --hf DIR) (--prompt TEXT --tokenizer tok.model | --prompt-ids \"1 2 3\")\n"
+      "usage: booster generate (--checkpoint DIR | --hf DIR) [--adapter DIR]\n"
+      "                        (--prompt TEXT --tokenizer tok.model | --prompt-ids \"1 2 3\")\n"
       "                        [--max-new-tokens N] [--temperature T] [--top-k K] [--top-p P] [--seed S]\n"
       "                        [--repetition-penalty P] [--stop TEXT] [--num-samples N]\n\n"
       "Samples a continuation of a prompt from a trained model, one position per new token through a\n"
@@ -203,6 +221,8 @@ int generate(const std::vector<std::string>& args) {
       ("config,c", po::value<std::string>()->value_name("FILE"),
        "the training config, when the checkpoint does not record its model")
       ("hf", po::value<std::string>()->value_name("DIR"), "a Hugging Face model directory instead of --checkpoint")
+      ("adapter", po::value<std::string>()->value_name("DIR"),
+       "a PEFT LoRA adapter directory (adapter_config.json, adapter_model.safetensors) to apply to the model")
       ("prompt", po::value<std::string>()->value_name("TEXT"), "the prompt text (needs --tokenizer)")
       ("tokenizer", po::value<std::string>()->value_name("FILE"),
        "the SentencePiece .model or Hugging Face tokenizer.json of the text")
@@ -272,6 +292,11 @@ int generate(const std::vector<std::string>& args) {
                                        : load_checkpoint_model(vm["checkpoint"].as<std::string>(),
                                                                vm.count("config") ? vm["config"].as<std::string>() : "",
                                                                !vm.count("no-verify"), &hf_dir);
+  if (vm.count("adapter")) {
+    nn::LoraConfig adapter = nn::LoraConfig::from_peft(vm["adapter"].as<std::string>());
+    adapter.dropout = 0.0;  // generation draws no dropout
+    nn::apply_lora(*model, adapter);
+  }
   std::vector<int64_t> prompt;
   bool bos = false;
   if (vm.count("prompt-ids")) {
@@ -308,6 +333,7 @@ int generate(const std::vector<std::string>& args) {
                   "; give the tokenizer the model was trained with");
   model->to(device);
   std::cerr << "booster: " << model->name() << " from " << (vm.count("hf") ? vm["hf"].as<std::string>() : vm["checkpoint"].as<std::string>())
+            << (vm.count("adapter") ? " with the LoRA adapter " + vm["adapter"].as<std::string>() : std::string())
             << ", prompt of " << prompt.size() << " tokens" << (bos ? " (BOS first, as its tokenizer adds it)" : "") << "\n";
 
   for (int64_t sample = 0; sample < samples; ++sample) {
