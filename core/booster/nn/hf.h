@@ -6,8 +6,8 @@
 //   auto same = nn::make_model({{"type", "hf"}, {"path", "TinyLlama-1.1B"}}, seed);   // the config's way
 //   nn::save_pretrained(*model, "out/");                                    // config.json + safetensors
 //
-// Two families: config.json's model_type "llama" (nn::Llama, whose names are Hugging Face's) and
-// "gpt2" (nn::GPT with tied embeddings; its names and GPT-2's Conv1D layout are mapped by a table,
+// The families: config.json's model_type "llama", "mistral" and "qwen2" (nn::Llama, whose names are
+// Hugging Face's; llama.h's decoder_families(), Note [Decoder families] in llama.cpp) and "gpt2" (nn::GPT with tied embeddings; its names and GPT-2's Conv1D layout are mapped by a table,
 // Note [Hugging Face names] in hf.cpp). Weights stored as F32, F16 or BF16 become float32 parameters
 // (a strategy converts them later). Under a LazyInitGuard the model stays deferred and each parameter
 // reads its tensor from the file only when allocated, a tensor-parallel shard only its own part (Note
@@ -30,7 +30,8 @@ namespace booster::nn {
 // `overrides` may set "activation_checkpointing" (both families) and "dropout" (gpt2: the one rate of
 // nn::GPT; config.json's *_pdrop are not applied, so fine-tuning runs without dropout unless set).
 // One ConfigError for: no config.json, an unknown model_type or a config the family cannot express
-// (rope_scaling, biases, another activation), an index naming a shard that is missing, and, listed
+// (a rope_scaling other than linear and llama3, biases in a Llama, another activation; another
+// architecture such as gemma or phi, by name), an index naming a shard that is missing, and, listed
 // together, every tensor that is missing, unexpected, misshapen or of a dtype other than F32/F16/BF16
 // (name, expected shape, found shape or dtype). Known non-parameter buffers (GPT-2's attn.bias and
 // attn.masked_bias, Llama's rotary_emb.inv_freq, a tied lm_head.weight) are ignored. A file saved from
