@@ -339,6 +339,8 @@ int run(int argc, char** argv) {
       // A library model's input and classes against the data: one forward, as train's first step.
       if (const std::string skipped = booster::config::trial_forward(config); !skipped.empty())
         std::cerr << "booster: " << skipped << "\n";
+      // Note [The lora section]: what the adapters train (or the target a model lacks, refused).
+      if (const auto lora = booster::config::lora_summary(config)) std::cerr << "booster: " << lora->describe() << "\n";
       // resolve() has run the compatibility matrix: reaching here means the combination works.
       std::cerr << "booster: compatible: mixed precision '" << config.at("mixed_precision").at("name").get<std::string>()
                 << "' with plugin '" << config.at("plugin").at("name").get<std::string>() << "' on "
@@ -353,8 +355,6 @@ int run(int argc, char** argv) {
                                      problem + "; check with -n N for the N processes you will start");
       }
       print_memory_estimate(config, world_size);
-      // Note [The lora section]: what the adapters train.
-      if (const auto lora = booster::config::lora_summary(config)) std::cerr << "booster: " << lora->describe() << "\n";
       const std::string format = booster::diagnostics::compute_format(config.at("mixed_precision"), config.at("plugin"));
       if (const std::string note = booster::diagnostics::cpu_time_note(format, config.at("device").get<std::string>());
           !note.empty())
