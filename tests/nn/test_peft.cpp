@@ -202,12 +202,18 @@ TEST_CASE("peft: merge_lora equals the reference's merge and loads as a plain mo
 
 TEST_CASE("peft: the adapter's settings fill the config and a contradiction is named", "[peft][lora][nn]") {
   const std::string dir = adapter_dir("llama").string();
-  const nn::LoraConfig filled = nn::LoraConfig::from_json({{"init_from", dir}, {"dropout", 0.1}});
+  const nn::LoraConfig filled = nn::LoraConfig::from_json({{"init_from", dir}, {"dropout", 0.1}, {"seed", 3}});
   CHECK(filled.r == 4);
   CHECK(filled.alpha == 8.0);
   CHECK(filled.dropout == 0.1);  // the run's own
   CHECK(filled.target_modules == std::vector<std::string>{"q_proj", "v_proj", "down_proj"});
   CHECK(filled.init_from == dir);
+  CHECK(filled.seed == 3);
+  // Without init_from, absent keys keep LoraConfig's defaults.
+  const nn::LoraConfig plain = nn::LoraConfig::from_json({{"r", 16}, {"init_from", nullptr}});
+  CHECK(plain.r == 16);
+  CHECK(plain.alpha == nn::LoraConfig{}.alpha);
+  CHECK(plain.init_from.empty());
   // Equal values may be repeated, the targets in any order.
   CHECK_NOTHROW(nn::LoraConfig::from_json(
       {{"init_from", dir}, {"r", 4}, {"alpha", 8}, {"target_modules", {"down_proj", "q_proj", "v_proj"}}}));

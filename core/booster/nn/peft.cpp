@@ -377,7 +377,8 @@ LoraConfig LoraConfig::from_json(const json& section) {
     c.use_rslora = v->get<bool>();
   }
   if (const json* v = given("seed")) {
-    BOOSTER_CHECK(v->is_number_unsigned(), ConfigError, "'lora.seed' must be an integer >= 0, got ", v->dump());
+    BOOSTER_CHECK(v->is_number_integer() && v->get<int64_t>() >= 0, ConfigError,
+                  "'lora.seed' must be an integer >= 0, got ", v->dump());
     c.seed = v->get<uint64_t>();
   }
   if (const json* v = given("target_modules")) {
