@@ -1,8 +1,8 @@
 // The CUDA attention under a mask (AttentionMask: a sliding window, packed documents, a query offset;
 // Note [Attention masks] in ops/nn_functional.cpp): forward and gradients against the CPU float64 op on
 // the same rounded inputs (tests/nn/test_families.cpp checks that op against an explicit masked softmax
-// over every pair and against finite differences). A masked call takes the unfused kernel on every
-// device, fused attention enabled or not. Skipped without a GPU.
+// over every pair and against finite differences), through the fused (flash) kernels for 16-bit inputs
+// and the unfused kernel (float32, or fused attention disabled). Skipped without a GPU.
 #include <catch2/catch.hpp>
 
 #include "cuda_skip.h"

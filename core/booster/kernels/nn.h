@@ -86,14 +86,16 @@ BOOSTER_DECLARE_KERNEL(attention_backward_kernel,
 // float16/bfloat16, head size E of 16, 32 or 64 for q, k and v alike. q/out [B, H, L, E] (or [B, L, E])
 // and k/v [B, H, S, E], each with its own strides, the last 1 and the others multiples of 8 elements
 // (16-byte aligned rows). lse [B, H, L] float32 contiguous receives log(sum_j exp(scale q_i . k_j))
-// over the keys row i sees; the probabilities are never stored.
+// over the keys row i sees; the probabilities are never stored. mask as attention_kernel's, its segments
+// [B, S] (one row per batch index of q, shared by the heads).
 BOOSTER_DECLARE_KERNEL(flash_attention_kernel, void(const Tensor& q, const Tensor& k, const Tensor& v,
-                                                    bool is_causal, double scale, Tensor& out, Tensor& lse));
+                                                    const AttentionMaskArgs& mask, double scale, Tensor& out,
+                                                    Tensor& lse));
 // grad_out and out like q; dq, dk, dv like q, k, v (all three written, with their own strides).
 BOOSTER_DECLARE_KERNEL(flash_attention_backward_kernel,
                        void(const Tensor& grad_out, const Tensor& q, const Tensor& k, const Tensor& v,
-                            const Tensor& out, const Tensor& lse, bool is_causal, double scale, Tensor& dq,
-                            Tensor& dk, Tensor& dv));
+                            const Tensor& out, const Tensor& lse, const AttentionMaskArgs& mask, double scale,
+                            Tensor& dq, Tensor& dk, Tensor& dv));
 
 // ------------------------------------------------------------------------------------------ losses
 // How per-element losses are combined; mirrors booster::Reduction (ops.h) without depending on it.

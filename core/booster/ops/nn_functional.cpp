@@ -260,21 +260,22 @@ Tensor empty_heads_last(const Tensor& t) {
   return Tensor::empty({t.size(0), t.size(2), t.size(1), t.size(3)}, t.dtype(), t.device()).transpose(1, 2);
 }
 
-Tensor flash_attention(const Tensor& q, const Tensor& k, const Tensor& v, bool is_causal, double scale) {
+Tensor flash_attention(const Tensor& q, const Tensor& k, const Tensor& v, const kernels::AttentionMaskArgs& mask,
+                       double scale) {
   const Tensor qd = q.detach(), kd = k.detach(), vd = v.detach();
   const int64_t H = q.dim() == 4 ? q.size(1) : 1, L = q.size(q.dim() - 2);
   Tensor out = empty_heads_last(q);
   Tensor lse = Tensor::empty({q.size(0), H, L}, DType::Float32, q.device());
-  kernels::flash_attention_kernel(q.device())(qd, kd, vd, is_causal, scale, out, lse);
+  kernels::flash_attention_kernel(q.device())(qd, kd, vd, mask, scale, out, lse);
   if (autograd::needs_grad({&q, &k, &v})) {
     const bool gq = q.requires_grad(), gk = k.requires_grad(), gv = v.requires_grad();
     autograd::record(out, "ScaledDotProductAttentionBackward", {q, k, v},
-                     [qd, kd, vd, o = out.detach(), lse, is_causal, scale, gq, gk, gv](const Tensor& g) {
+                     [qd, kd, vd, o = out.detach(), lse, mask, scale, gq, gk, gv](const Tensor& g) {
                        Tensor gc = g.dtype() == qd.dtype() ? g : g.to(qd.dtype());
                        if (!flash_layout(gc)) gc = gc.contiguous();
                        Tensor dq = empty_heads_last(qd), dk = empty_heads_last(kd), dv = empty_heads_last(vd);
-                       kernels::flash_attention_backward_kernel(qd.device())(gc, qd, kd, vd, o, lse, is_causal,
-                                                                             scale, dq, dk, dv);
+                       kernels::flash_attention_backward_kernel(qd.device())(gc, qd, kd, vd, o, lse, mask, scale,
+                                                                             dq, dk, dv);
                        return grads{gq ? dq : Tensor(), gk ? dk : Tensor(), gv ? dv : Tensor()};
                      });
   }
@@ -303,8 +304,9 @@ Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tens
 // evaluated inside the unfused kernels, row by row, from these three numbers and the ids: no [L, S]
 // mask tensor is made. Masked probabilities are exactly 0, so the backward (which reads the saved
 // probabilities) needs no mask. Since query i always sees key offset + i (same document, distance 0),
-// no row is empty and the softmax never divides by zero. The fused (flash) kernels take only the plain
-// causal mask; a masked call runs the unfused kernel on every device.
+// no row is empty and the softmax never divides by zero. The fused (flash) kernels evaluate the same
+// predicate per score and skip the key tiles (forward) and query tiles (backward) that the causal mask
+// and the window leave wholly masked, so a window of w costs O(L w), not O(L S).
 Tensor scaled_dot_product_attention(const Tensor& q_in, const Tensor& k_in, const Tensor& v_in, bool is_causal,
                                     std::optional<double> scale_opt, const AttentionMask& mask) {
   BOOSTER_OP_CONTEXT("scaled_dot_product_attention");
@@ -346,9 +348,8 @@ Tensor scaled_dot_product_attention(const Tensor& q_in, const Tensor& k_in, cons
                     "] for query ", q.shape(), " (B its first dim), got ", sg.shape());
       margs.segments = sg.detach().to(q.device(), DType::Int64).contiguous();
     }
-  } else if (use_flash(q, k, v, L, S, E, Ev)) {
-    return flash_attention(q, k, v, is_causal, scale);
   }
+  if (use_flash(q, k, v, L, S, E, Ev)) return flash_attention(q, k, v, margs, scale);
   const int64_t B = numel_of(batch);
 
   const Tensor qc = q.detach().contiguous().view({B, L, E});

@@ -189,7 +189,7 @@ struct AttentionMask {
   bool any() const { return window > 0 || segments.defined() || query_offset != 0; }
 };
 // As above, under `mask` as well. A mask with window, segments or offset needs query_offset + L <= S
-// (so every query sees at least its own position) and takes the unfused kernel.
+// (so every query sees at least its own position); the fused and unfused kernels both take it.
 Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v, bool is_causal,
                                     std::optional<double> scale, const AttentionMask& mask);
 // Whether scaled_dot_product_attention may use a fused kernel (on by default), as PyTorch's

@@ -138,7 +138,28 @@ __device__ __forceinline__ void load_rows_transposed(T (*dst)[kTile + kPad], con
 struct Geometry {
   int H, L, S;
   float scale_log2;  // softmax scale * log2(e): the kernels work in base 2
-  bool causal;       // query i sees keys j <= i (top-left aligned, as the unfused kernel)
+  bool causal;       // query i sees keys j <= offset + i
+  int offset;        // query i sits at key position offset + i (kernels::AttentionMaskArgs)
+  int window;        // > 0: query i sees keys j with offset + i - j < window
+  const int64_t* seg;  // [B, S] document ids (batch b's row b), or null: a query sees its document only
+
+  // Whether query `row` of batch b may not attend key `col` (Note [Attention masks] in
+  // ops/nn_functional.cpp). Rows past L are never stored; their document id is read clamped.
+  __device__ __forceinline__ bool masked(int b, int row, int col) const {
+    const int pos = offset + row;
+    if (col >= S || (causal && col > pos) || (window > 0 && pos - col >= window)) return true;
+    return seg != nullptr && seg[int64_t(b) * S + col] != seg[int64_t(b) * S + min(pos, S - 1)];
+  }
+  // The key tiles query tile [q0, q0 + 64) may see: [first, end).
+  __device__ __forceinline__ int first_key(int q0) const {
+    return window > 0 ? max(0, offset + q0 - window + 1) / kTile * kTile : 0;
+  }
+  __device__ __forceinline__ int key_end(int q0) const { return causal ? min(S, offset + q0 + kTile) : S; }
+  // The query tiles key tile [k0, k0 + 64) is seen by: [first, end).
+  __device__ __forceinline__ int first_query(int k0) const { return causal ? max(0, k0 - offset) / kTile * kTile : 0; }
+  __device__ __forceinline__ int query_end(int k0) const {
+    return window > 0 ? min(L, max(0, k0 + kTile + window - 1 - offset)) : L;
+  }
 };
 
 // ------------------------------------------------------------------------------------------ forward
@@ -179,8 +200,8 @@ __global__ void __launch_bounds__(kThreads) flash_forward(Operand q, Operand k, 
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
   float o[E / 8][4] = {};
 
-  const int key_end = geo.causal ? min(geo.S, q0 + kTile) : geo.S;
-  for (int k0 = 0; k0 < key_end; k0 += kTile) {
+  const int key_end = geo.key_end(q0);
+  for (int k0 = geo.first_key(q0); k0 < key_end; k0 += kTile) {
     __syncthreads();
     load_rows<T, E>(sK, k, b, h, k0, geo.S);
     load_rows_transposed<T, E>(sVt, v, b, h, k0, geo.S);
@@ -194,8 +215,7 @@ __global__ void __launch_bounds__(kThreads) flash_forward(Operand q, Operand k, 
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const int col = k0 + nt * 8 + 2 * t + (e & 1), row = e < 2 ? row0 : row1;
-        const bool masked = col >= geo.S || (geo.causal && col > row);
-        s[nt][e] = masked ? -INFINITY : s[nt][e] * geo.scale_log2;
+        s[nt][e] = geo.masked(b, row, col) ? -INFINITY : s[nt][e] * geo.scale_log2;
         mx[e / 2] = fmaxf(mx[e / 2], s[nt][e]);
       }
 #pragma unroll
@@ -315,9 +335,10 @@ __global__ void __launch_bounds__(kThreads) flash_backward(Operand q, Operand k,
   float dkacc[E / 8][4] = {}, dvacc[E / 8][4] = {};
   const int64_t bh = int64_t(b) * geo.H + h;
 
-  // Causal: query tiles before the one holding query k0 see none of these keys.
-  const int q_begin = geo.causal ? (k0 / kTile) * kTile : 0;
-  for (int q0 = q_begin; q0 < geo.L; q0 += kTile) {
+  // Causal: query tiles before the one holding query k0 see none of these keys; with a window, nor do
+  // the tiles past the last query whose window reaches them.
+  const int q_end = geo.query_end(k0);
+  for (int q0 = geo.first_query(k0); q0 < q_end; q0 += kTile) {
     __syncthreads();
     load_rows<T, E>(sm.q, q, b, h, q0, geo.L);
     load_rows_transposed<T, E>(sm.qt, q, b, h, q0, geo.L);
@@ -338,7 +359,7 @@ __global__ void __launch_bounds__(kThreads) flash_backward(Operand q, Operand k,
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const int qc = nt * 8 + 2 * t + (e & 1), key = e < 2 ? key0 : key1;
-        const bool masked = q0 + qc >= geo.L || key >= geo.S || (geo.causal && key > q0 + qc);
+        const bool masked = q0 + qc >= geo.L || geo.masked(b, q0 + qc, key);
         p[nt][e] = masked ? 0.f : exp2f(p[nt][e] * geo.scale_log2 - sm.lse2[qc]);
       }
     // dV += P^T dO.
@@ -410,9 +431,11 @@ __global__ void flash_backward_dq(const float* dq_acc, Operand dq, int H, int L,
   dst[e] = store_as<T>(dq_acc[i]);
 }
 
-Geometry geometry(const Tensor& q, const Tensor& k, bool is_causal, double scale) {
+Geometry geometry(const Tensor& q, const Tensor& k, const kernels::AttentionMaskArgs& mask, double scale) {
   const int nd = int(q.dim());
-  return {nd == 4 ? int(q.size(1)) : 1, int(q.size(nd - 2)), int(k.size(nd - 2)), float(scale * kLog2e), is_causal};
+  const int64_t* seg = mask.segments.defined() ? static_cast<const int64_t*>(mask.segments.data_ptr()) : nullptr;
+  return {nd == 4 ? int(q.size(1)) : 1, int(q.size(nd - 2)), int(k.size(nd - 2)), float(scale * kLog2e), mask.causal,
+          int(mask.offset), int(std::min<int64_t>(mask.window, INT32_MAX)), seg};
 }
 
 // f.template operator()<T, E>() for the tensor's 16-bit dtype and a head size of 16, 32, 64 or 128
@@ -433,11 +456,11 @@ void with_flash_types(DType dt, int64_t E, F&& f) {
   else BOOSTER_FAIL(DTypeError, "flash attention: expected float16 or bfloat16, got ", dt);
 }
 
-void cuda_flash_attention(const Tensor& q, const Tensor& k, const Tensor& v, bool is_causal, double scale, Tensor& out,
-                          Tensor& lse) {
+void cuda_flash_attention(const Tensor& q, const Tensor& k, const Tensor& v, const kernels::AttentionMaskArgs& mask,
+                          double scale, Tensor& out, Tensor& lse) {
   const int dev = device_of(q);
   const int64_t E = q.size(-1), batch = q.size(0);
-  const Geometry geo = geometry(q, k, is_causal, scale);
+  const Geometry geo = geometry(q, k, mask, scale);
   if (batch == 0 || geo.L == 0) return;
   with_flash_types(q.dtype(), E, [&]<class T, int D>() {
     constexpr int kSmem = int(sizeof(ForwardShared<T, D>));
@@ -451,11 +474,11 @@ void cuda_flash_attention(const Tensor& q, const Tensor& k, const Tensor& v, boo
 }
 
 void cuda_flash_attention_backward(const Tensor& grad_out, const Tensor& q, const Tensor& k, const Tensor& v,
-                                   const Tensor& out, const Tensor& lse, bool is_causal, double scale, Tensor& dq,
-                                   Tensor& dk, Tensor& dv) {
+                                   const Tensor& out, const Tensor& lse, const kernels::AttentionMaskArgs& mask,
+                                   double scale, Tensor& dq, Tensor& dk, Tensor& dv) {
   const int dev = device_of(q);
   const int64_t E = q.size(-1), batch = q.size(0);
-  const Geometry geo = geometry(q, k, is_causal, scale);
+  const Geometry geo = geometry(q, k, mask, scale);
   if (batch == 0 || geo.L == 0 || geo.S == 0) return;
   const int64_t rows = batch * geo.H * geo.L;
   Tensor delta = Tensor::empty({rows}, DType::Float32, q.device());
