@@ -133,6 +133,21 @@ TEST_CASE("booster train on sft data trains a tiny llama and counts the truncate
   const size_t at = trained.err.find(said);
   CHECK(at != std::string::npos);
   CHECK(trained.err.find(said, at + 1) == std::string::npos);
+
+  // Packed (Note [Packing SFT records]): the 6 short training records share sequences, each cut one
+  // alone; the loss is of the same kind.
+  json packed_cfg = sft_config(tokenizer_model().string(), records_file(), "packed");
+  packed_cfg["data"]["packing"] = true;
+  packed_cfg["data"]["batch_size"] = 1;
+  const fs::path packed_config = write_config("sft_packed.json", packed_cfg);
+  const RunResult packed = run_booster("train --config " + packed_config.string());
+  INFO("packed train stderr: " << packed.err);
+  REQUIRE(packed.exit_code == 0);
+  CHECK_THAT(packed.err, Contains("9 records packed into the"));
+  const json packed_result = json::parse(testing::last_line(packed.out));
+  CHECK(packed_result["steps"] == 3);
+  CHECK(std::isfinite(packed_result["val_loss"].get<double>()));
+  CHECK(packed_result["val_loss"].get<double>() < 8.0);
 }
 
 TEST_CASE("booster check refuses sft config mistakes naming the key, and bad records naming the line", "[cli][sft]") {
@@ -145,7 +160,12 @@ TEST_CASE("booster check refuses sft config mistakes naming the key, and bad rec
     std::vector<std::string> expect;
   };
   const std::vector<Case> cases = {
-      {"packing", [](json& c) { c["data"]["packing"] = true; }, {"'data.packing'", "not supported yet"}},
+      {"packing_recomputed",
+       [](json& c) {
+         c["data"]["packing"] = true;
+         c["model"]["activation_checkpointing"] = true;
+       },
+       {"'data.packing'", "activation_checkpointing", "attend across the packed records"}},
       {"no_content", [](json& c) { c["data"]["template"]["assistant"] = "A:"; },
        {"'data.template.assistant'", "no {content}"}},
       {"unknown_key", [](json& c) { c["data"]["template"]["tool"] = "{content}"; },

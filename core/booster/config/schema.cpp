@@ -445,7 +445,8 @@ std::vector<Section> make_training_schema() {
                    "the loss is on the assistant's {content} and what follows it"),
                optional_text("val_path", nullptr, "a JSONL file of validation records; null: no evaluation"),
                sft_val_fraction(),
-               boolean("packing", false, "several records per sequence: not supported yet"),
+               boolean("packing", false, "several records per sequence, greedily in file order, each attending only "
+                       "to itself (Llama-family models, pp_size 1)"),
            }},
           // Note [File data] in booster/data/file_dataset.h; the checks across keys are in
           // config::file_data_options (training.cpp).
@@ -738,6 +739,20 @@ void check_training_config(const json& c) {
     if (data_type == "sft" && c.at("criterion").at("ignore_index") != -100)
       fail("'criterion.ignore_index' is " + num(c.at("criterion").at("ignore_index")) +
            " but sft data marks the targets outside the responses -100; leave 'criterion.ignore_index' at -100");
+    if (data_type == "sft" && data.value("packing", false)) {
+      // Note [Packing SFT records] and [Packed sequences] in booster/nn/packing.h: the model keeps them apart.
+      if (builtin_model && !nn::find_decoder_family(model_type))
+        fail("'data.packing' is true but 'model.type' \"" + model_type + "\" cannot keep packed records apart (the "
+             "Llama family can: llama, mistral, qwen2); set 'data.packing' to false");
+      if (model.value("activation_checkpointing", false))
+        fail("'data.packing' is true with 'model.activation_checkpointing': the recomputed forward would attend "
+             "across the packed records; set one of them to false");
+      const json plugin = c.value("plugin", json());
+      if (plugin.is_object() && plugin.value("pp_size", 1) > 1)
+        fail("'data.packing' is true with 'plugin.pp_size' " + num(plugin.at("pp_size")) +
+             ": stages after the first cannot keep packed records apart; set 'plugin.pp_size' to 1 or "
+             "'data.packing' to false");
+    }
     check_token_data(c, model_type == "gpt");
   } else {
     if (model_type == "gpt")

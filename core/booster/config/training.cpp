@@ -139,9 +139,6 @@ DataSplits make_datasets(const json& cfg, uint64_t seed, int64_t vocab_size) {
   }
   if (type == "sft") {
     // Note [SFT records], [SFT templates] and [SFT samples] in booster/data/sft.h.
-    BOOSTER_CHECK(!cfg.at("packing").get<bool>(), ConfigError,
-                  "'data.packing' is true, which is not supported yet: records packed into one sequence would "
-                  "attend to each other (the models have no attention mask to keep them apart); set it to false");
     const json val_fraction = cfg.at("val_fraction");
     BOOSTER_CHECK(val_fraction.is_null() || !cfg.at("val_path").is_string(), ConfigError, "'data.val_fraction' is ",
                   val_fraction.dump(), " and 'data.val_path' is ", cfg.at("val_path").dump(),
@@ -153,7 +150,7 @@ DataSplits make_datasets(const json& cfg, uint64_t seed, int64_t vocab_size) {
                   " ('data.tokenizer') has ", opened->vocab_size(), " ids but the model's vocabulary has ", vocab_size,
                   "; give 'data.tokenizer' the model's own tokenizer");
     const data::SftTokenizer tokenizer = data::sft_tokenizer(opened);
-    const data::SftOptions samples{.seq_len = seq_len};
+    const data::SftOptions samples{.seq_len = seq_len, .packing = cfg.at("packing").get<bool>()};
     const std::string path = cfg.at("path").get<std::string>();
     std::vector<data::Conversation> records = data::read_sft_file(path);
     std::vector<data::Conversation> val_records;

@@ -172,6 +172,21 @@ SftDataset::SftDataset(const std::vector<Conversation>& records, const ChatTempl
   BOOSTER_CHECK(options_.seq_len >= 1, ValueError, "SftDataset: seq_len is ", options_.seq_len, "; expected >= 1");
   const int64_t T = options_.seq_len;
   records_ = int64_t(records.size());
+  // Note [Packing SFT records]: the row being filled, its ids, document ids and targets.
+  std::vector<int64_t> row_x, row_seg, row_y;
+  int64_t row_documents = 0;
+  auto close_row = [&] {
+    if (row_documents == 0) return;
+    row_x.resize(size_t(T), options_.pad_id);
+    row_seg.resize(size_t(T), row_documents);  // the padding: a document of its own
+    row_y.resize(size_t(T), kIgnoreIndex);
+    x_.insert(x_.end(), row_x.begin(), row_x.end());
+    x_.insert(x_.end(), row_seg.begin(), row_seg.end());
+    y_.insert(y_.end(), row_y.begin(), row_y.end());
+    row_x.clear(), row_seg.clear(), row_y.clear();
+    row_documents = 0;
+    ++size_;
+  };
   for (const Conversation& record : records) {
     const RenderedConversation r = render_conversation(record, tmpl, tokenizer);
     const int64_t L = int64_t(r.ids.size());
@@ -189,10 +204,22 @@ SftDataset::SftDataset(const std::vector<Conversation>& records, const ChatTempl
       continue;
     }
     response_tokens_ += targets;
+    if (options_.packing) {
+      // Its positions: every id but the last (which only is a target), at most T.
+      const int64_t n = std::min(L - 1, T);
+      if (int64_t(row_x.size()) + n > T) close_row();
+      row_x.insert(row_x.end(), x.begin(), x.begin() + n);
+      row_y.insert(row_y.end(), y.begin(), y.begin() + n);
+      row_seg.insert(row_seg.end(), size_t(n), row_documents);
+      ++row_documents;
+      ++packed_records_;
+      continue;
+    }
     x_.insert(x_.end(), x.begin(), x.end());
     y_.insert(y_.end(), y.begin(), y.end());
     ++size_;
   }
+  close_row();
   BOOSTER_CHECK(size_ > 0, DataError, "sft data: ", name_, ": none of its ", records_,
                 " records has a response token within data.seq_len ", T,
                 "; raise data.seq_len or shorten the prompts");
@@ -200,18 +227,19 @@ SftDataset::SftDataset(const std::vector<Conversation>& records, const ChatTempl
 
 Batch SftDataset::get(int64_t i) const {
   Batch b = get_batch({i});
-  return {b.x.reshape({options_.seq_len}), b.y.reshape({options_.seq_len})};
+  const Shape x_shape = options_.packing ? Shape{2, options_.seq_len} : Shape{options_.seq_len};
+  return {b.x.reshape(x_shape), b.y.reshape({options_.seq_len})};
 }
 
 Batch SftDataset::get_batch(const std::vector<int64_t>& indices) const {
-  const int64_t b = int64_t(indices.size()), T = options_.seq_len;
-  Tensor x = Tensor::empty({b, T}, DType::Int64);
+  const int64_t b = int64_t(indices.size()), T = options_.seq_len, rows = options_.packing ? 2 : 1;
+  Tensor x = Tensor::empty(options_.packing ? Shape{b, 2, T} : Shape{b, T}, DType::Int64);
   Tensor y = Tensor::empty({b, T}, DType::Int64);
   for (int64_t k = 0; k < b; ++k) {
     const int64_t i = indices[size_t(k)];
     BOOSTER_CHECK(i >= 0 && i < size_, IndexError, "SftDataset::get_batch: index ", i,
                   " is out of range for a data set of size ", size_, " (", name_, ")");
-    std::memcpy(x.data<int64_t>() + k * T, x_.data() + i * T, size_t(T) * sizeof(int64_t));
+    std::memcpy(x.data<int64_t>() + k * rows * T, x_.data() + i * rows * T, size_t(rows * T) * sizeof(int64_t));
     std::memcpy(y.data<int64_t>() + k * T, y_.data() + i * T, size_t(T) * sizeof(int64_t));
   }
   return {x, y};
@@ -223,6 +251,7 @@ std::string SftDataset::describe() const {
   if (truncated_ > 0)
     s += str("; ", truncated_, " records truncated at seq_len ", options_.seq_len, " (their tail is not trained on)");
   if (dropped_ > 0) s += str("; ", dropped_, " records left out: no response token within seq_len");
+  if (options_.packing) s += str("; ", packed_records_, " records packed into the ", size_, " samples");
   return s;
 }
 

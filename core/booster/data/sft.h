@@ -36,8 +36,19 @@
 // is a response token, else kIgnoreIndex. A record of more than T + 1 ids is cut to T + 1 (counted in
 // truncated()); one shorter is padded: x with pad_id, y with kIgnoreIndex, so a causal model's earlier
 // positions do not see the padding and the loss does not count it. A record with no response target
-// left within T is left out (counted in dropped()): it would add nothing to the loss. Several records in
-// one sequence (packing) would need attention masks the models do not have, so each sample is one record.
+// left within T is left out (counted in dropped()): it would add nothing to the loss.
+//
+// Note [Packing SFT records]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~
+// With SftOptions::packing (data.packing) a sample holds several records: greedily in file order (next
+// fit: a record goes into the current sequence when its positions fit in what is left, else it starts
+// the next one; no reordering, so the samples follow the file). A record takes min(L - 1, T) positions,
+// its ids but the last, which is only ever a target; a longer record is cut and counted as above and
+// fills a sequence alone. x is then the packed input [2, T] of Note [Packed sequences] in
+// booster/nn/packing.h: its ids and each position's record number in the sequence (0, 1, ...; the
+// padding at the end one more), from which a model restarts the positions at each record and keeps
+// attention within it; y as above. A record's targets and logits are those it has alone, so with the
+// loss the token mean of the global batch the packed run's loss is the records' one by one.
 #pragma once
 
 #include <cstdint>
@@ -105,9 +116,11 @@ RenderedConversation render_conversation(const Conversation& turns, const ChatTe
 struct SftOptions {
   int64_t seq_len = 128;
   int64_t pad_id = 0;  // any id the model has: padded positions are never targets
+  bool packing = false;  // several records per sample (Note [Packing SFT records])
 };
 
-// Samples of rendered conversations (Note [SFT samples]): x and y int64 [T].
+// Samples of rendered conversations (Note [SFT samples]): x and y int64 [T]; packed, x [2, T] (Note
+// [Packing SFT records]).
 class SftDataset : public Dataset {
  public:
   // `name` stands for the records' file in messages. DataError naming it when no record keeps a
@@ -124,6 +137,7 @@ class SftDataset : public Dataset {
   int64_t truncated() const { return truncated_; }        // records cut to seq_len + 1 ids
   int64_t dropped() const { return dropped_; }            // records left out: no response target within seq_len
   int64_t response_tokens() const { return response_tokens_; }  // targets the loss counts, all samples
+  int64_t packed_records() const { return packed_records_; }    // records in packed samples (packing)
   const std::string& name() const { return name_; }
   // "N records, K truncated at seq_len T, ..." for the run's log.
   std::string describe() const;
@@ -131,8 +145,8 @@ class SftDataset : public Dataset {
  private:
   SftOptions options_;
   std::string name_;
-  std::vector<int64_t> x_, y_;  // size_ * seq_len each
-  int64_t size_ = 0, records_ = 0, truncated_ = 0, dropped_ = 0, response_tokens_ = 0;
+  std::vector<int64_t> x_, y_;  // size_ * seq_len each (x_ twice that, packed: ids then record numbers)
+  int64_t size_ = 0, records_ = 0, truncated_ = 0, dropped_ = 0, response_tokens_ = 0, packed_records_ = 0;
 };
 
 }  // namespace booster::data

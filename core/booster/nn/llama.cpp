@@ -68,6 +68,7 @@
 #include "booster/autograd/autograd.h"
 #include "booster/common/error.h"
 #include "booster/nn/activation_checkpoint.h"
+#include "booster/nn/packing.h"
 #include "booster/nn/init.h"
 #include "booster/nn/pipeline.h"
 #include "booster/nn/tensor_parallel.h"
@@ -437,8 +438,13 @@ Tensor LlamaAttention::forward(const Tensor& x) {
   const int64_t B = x.size(0), T = x.size(1);
   // Under tensor parallelism x enters the group once for all three projections (Megatron's f).
   const Tensor h = tp_group_ != nullptr ? tp::copy_to_group(x, *tp_group_) : x;
-  Tensor q = rotary->apply((*q_proj)(h).view({B, T, heads, head_dim}));
-  Tensor k = rotary->apply((*k_proj)(h).view({B, T, kv_heads, head_dim}));
+  // Note [Packed sequences]: each document turns by its own positions and attends only to itself.
+  const SequenceLayout* packed = current_sequence_layout();
+  auto rotate = [&](const Tensor& t) {
+    return packed ? rotate_at_positions(*rotary, t, packed->positions) : rotary->apply(t);
+  };
+  Tensor q = rotate((*q_proj)(h).view({B, T, heads, head_dim}));
+  Tensor k = rotate((*k_proj)(h).view({B, T, kv_heads, head_dim}));
   Tensor v = (*v_proj)(h).view({B, T, kv_heads, head_dim});
   if (kv_heads != heads) {
     // Grouped-query attention: query head j reads key/value head j / (heads / kv_heads).
@@ -451,6 +457,7 @@ Tensor LlamaAttention::forward(const Tensor& x) {
   }
   AttentionMask mask;
   mask.window = window < T ? window : 0;  // a window as long as the sequence masks nothing more
+  if (packed) mask.segments = packed->segments;
   Tensor y = scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), true, std::nullopt,
                                           mask);
   y = y.transpose(1, 2).reshape({B, T, heads * head_dim});
@@ -558,6 +565,15 @@ LlamaModel::LlamaModel(const LlamaConfig& c, Generator* init_gen)
 }
 
 Tensor LlamaModel::forward(const Tensor& idx) {
+  if (is_packed(idx)) {
+    // Note [Packed sequences]: the layout holds for this forward; a recomputing backward would lose it.
+    BOOSTER_CHECK(!config.activation_checkpointing, IncompatibleError, "Llama: a packed input (several documents per "
+                  "sequence) with activation_checkpointing: the recomputed forward would attend across them; turn one off");
+    auto [ids, layout] = unpack_sequences(idx);
+    check_ids(ids, config.max_position_embeddings);
+    const SequenceLayoutScope scope(std::move(layout));
+    return (*norm)(run_layers(layers->children(), (*embed_tokens)(ids), false));
+  }
   check_ids(idx, config.max_position_embeddings);
   return (*norm)(run_layers(layers->children(), (*embed_tokens)(idx), config.activation_checkpointing));
 }
@@ -636,6 +652,17 @@ class LlamaStage final : public Module {
   std::string name() const override { return "LlamaStage"; }
 
   Tensor forward(const Tensor& x) override {
+    if (embed_ && is_packed(x)) {
+      // Note [Packed sequences]: only a stage that is the whole model keeps the layout to its end.
+      BOOSTER_CHECK(head_ != nullptr && !config_.activation_checkpointing, IncompatibleError,
+                    "Llama: a packed input (several documents per sequence) needs the whole model in one stage "
+                    "and no activation_checkpointing (later pipeline stages and a recomputed forward would attend "
+                    "across the documents); use pp_size 1 and activation_checkpointing false, or data.packing false");
+      auto [ids, layout] = unpack_sequences(x);
+      check_ids(ids, config_.max_position_embeddings);
+      const SequenceLayoutScope scope(std::move(layout));
+      return (*head_)((*norm_)(run_layers(layers_, (*embed_)(ids), false)));
+    }
     Tensor h = x;
     if (embed_) {
       check_ids(x, config_.max_position_embeddings);

@@ -1,0 +1,182 @@
+// Packed sft samples (Note [Packing SFT records] in booster/data/sft.h, Note [Packed sequences] in
+// booster/nn/packing.h): records share sequences greedily in file order, and a Llama given the packed
+// input gives each record the logits it has alone (positions restart, no attention across records), so
+// one training step on the packed samples has the loss and gradients of one on the records one by one.
+// A byte tokenizer (id = byte, bos 1, eos 2) makes every id known here.
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "booster/booster/booster.h"
+#include "booster/common/error.h"
+#include "booster/data/sft.h"
+#include "booster/nn/model_registry.h"
+#include "booster/nn/packing.h"
+#include "booster/ops/ops.h"
+#include "booster/optim/optimizer.h"
+#include "booster/trainer/trainer.h"
+#include "roundoff.h"
+
+using namespace booster;
+using namespace booster::data;
+using nlohmann::json;
+namespace ro = ::testing::roundoff;
+
+namespace {
+
+SftTokenizer byte_tokenizer() {
+  SftTokenizer t;
+  t.encode = [](std::string_view text) {
+    std::vector<int> ids;
+    for (const char c : text) ids.push_back(int(uint8_t(c)));
+    return ids;
+  };
+  t.bos_id = 1;
+  t.eos_id = 2;
+  t.vocab_size = 256;
+  t.name = "bytes";
+  return t;
+}
+
+constexpr int64_t kT = 32;
+
+// Records of L = |prompt| + |response| + 8 ids (bos, "U:", prompt, "|", "A:", response, "!", eos), each
+// taking min(L - 1, 32) positions: 11, 19, 21, 32 (cut), 9, 11, 11; the last is left out (its response
+// lies past 32). Next fit: [11 19] [21] [32] [9 11 11].
+std::vector<Conversation> records() {
+  const std::vector<std::pair<std::string, std::string>> pairs = {
+      {"a", "one"}, {"what is two", "2"}, {"say hello", "hello"}, {"abcdefghij", "klmnopqrstuvwxyz0123"},
+      {"q", "r"},   {"hi", "yo"},         {"x", "abc"},         {"a prompt far longer than the whole of seq_len allows", "lost"}};
+  std::vector<Conversation> out;
+  for (const auto& [p, r] : pairs) out.push_back({{"user", p}, {"assistant", r}});
+  return out;
+}
+
+const ChatTemplate kTemplate = chat_template_from_json({{"user", "U:{content}|"}, {"assistant", "A:{content}!"}});
+
+SftDataset make(bool packing) { return SftDataset(records(), kTemplate, byte_tokenizer(), {.seq_len = kT, .packing = packing}, "r"); }
+
+const json kLlama = {{"type", "llama"},          {"vocab_size", 256},      {"hidden_size", 16},
+                     {"intermediate_size", 24},  {"num_hidden_layers", 2}, {"num_attention_heads", 2},
+                     {"num_key_value_heads", 1}, {"max_position_embeddings", 64}};
+
+Tensor lm_loss(const Tensor& logits, const Tensor& y) {
+  return cross_entropy(logits.reshape({-1, logits.size(-1)}), y.reshape({-1}));
+}
+
+// Where record k lies: packed row, first position, positions.
+struct Place {
+  int64_t row, start, length;
+};
+const std::vector<Place> kPlaces = {{0, 0, 11}, {0, 11, 19}, {1, 0, 21}, {2, 0, 32}, {3, 0, 9}, {3, 9, 11}, {3, 20, 11}};
+
+double l2(const Tensor& t) {
+  double s = 0;
+  for (double v : t.to(DType::Float64).to_vector<double>()) s += v * v;
+  return std::sqrt(s);
+}
+
+}  // namespace
+
+TEST_CASE("sft packing: records share sequences greedily in file order, numbered per sequence", "[data][sft]") {
+  const SftDataset unpacked = make(false), packed = make(true);
+  CHECK(unpacked.size() == 7);
+  CHECK(packed.size() == 4);
+  CHECK(packed.packed_records() == 7);
+  CHECK(packed.dropped() == 1);
+  CHECK(packed.truncated() == 2);
+  CHECK(packed.response_tokens() == unpacked.response_tokens());
+  CHECK_THAT(packed.describe(), Catch::Contains("7 records packed into the 4 samples"));
+  const Batch b = packed.get_batch({0, 1, 2, 3});
+  REQUIRE(b.x.shape() == Shape{4, 2, kT});
+  REQUIRE(packed.get(3).x.shape() == Shape{2, kT});
+  const auto [ids, layout] = nn::unpack_sequences(b.x);
+  const std::vector<int64_t> seg = layout.segments.to_vector<int64_t>(), pos = layout.positions.to_vector<int64_t>();
+  const std::vector<int64_t> x = ids.to_vector<int64_t>(), y = b.y.to_vector<int64_t>();
+  const Batch u = unpacked.get_batch({0, 1, 2, 3, 4, 5, 6});
+  const std::vector<int64_t> ux = u.x.to_vector<int64_t>(), uy = u.y.to_vector<int64_t>();
+  std::vector<int64_t> used(4, 0);
+  for (size_t k = 0; k < kPlaces.size(); ++k) {
+    const Place& p = kPlaces[k];
+    INFO("record " << k);
+    used[size_t(p.row)] += p.length;
+    for (int64_t i = 0; i < p.length; ++i) {
+      const size_t at = size_t(p.row * kT + p.start + i), alone = size_t(int64_t(k) * kT + i);
+      CHECK(x[at] == ux[alone]);  // the record's ids and targets, as alone
+      CHECK(y[at] == uy[alone]);
+      CHECK(pos[at] == i);        // positions restart
+      CHECK(seg[at] == seg[size_t(p.row * kT + p.start)]);
+    }
+    if (p.start > 0) CHECK(seg[size_t(p.row * kT + p.start)] != seg[size_t(p.row * kT + p.start - 1)]);
+  }
+  for (int64_t r = 0; r < 4; ++r)  // the padding: no targets, a document of its own
+    for (int64_t t = used[size_t(r)]; t < kT; ++t) {
+      CHECK(y[size_t(r * kT + t)] == kIgnoreIndex);
+      CHECK(seg[size_t(r * kT + t)] != seg[size_t(r * kT + used[size_t(r)] - 1)]);
+    }
+}
+
+TEST_CASE("sft packing: a Llama gives each packed record its logits alone, and one step its loss and gradients",
+          "[data][sft][nn]") {
+  const SftDataset unpacked = make(false), packed = make(true);
+  const nn::ModulePtr model = nn::make_model(kLlama, 5);
+  const Batch p = packed.get_batch({0, 1, 2, 3});
+  const Batch u = unpacked.get_batch({0, 1, 2, 3, 4, 5, 6});
+  const Tensor packed_logits = model->forward(p.x), alone_logits = model->forward(u.x);
+  REQUIRE(packed_logits.shape() == Shape{4, kT, 256});
+  // The sums that differ between the two: the attention over the keys (masked ones add exact zeros)
+  // and the GEMMs of other row counts (Note [Roundoff bounds]), relative to a row's largest logit.
+  const double eps = ro::reduction_bound({ro::llama_forward_length(16, 2, 2, 24, double(kT), 256, 1)});
+  // Without the layout the same ids give other logits past a sequence's first record: what packing fixes.
+  const Tensor plain_logits = model->forward(nn::unpack_sequences(p.x).first);
+  double worst = 0, plain_gap = 0;
+  for (size_t k = 0; k < kPlaces.size(); ++k) {
+    const Place& pl = kPlaces[k];
+    const Tensor got = packed_logits.select(0, pl.row).narrow(0, pl.start, pl.length);
+    const Tensor want = alone_logits.select(0, int64_t(k)).narrow(0, 0, pl.length);
+    const double scale = max(abs(want)).item<double>();
+    const double d = max(abs(got - want)).item<double>();
+    INFO("record " << k << ": difference " << d << ", bound " << eps * scale);
+    CHECK(d <= eps * scale);
+    worst = std::max(worst, d / scale);
+    if (pl.start > 0)
+      plain_gap = std::max(plain_gap, max(abs(plain_logits.select(0, pl.row).narrow(0, pl.start, pl.length) - want)).item<double>() / scale);
+  }
+  CHECK(plain_gap > 1e3 * eps);
+
+  // One SGD step of lr 1 on all records, packed and one by one, the loss the token mean (as sft trains).
+  auto step = [&](bool packing, int64_t batch) {
+    Booster booster(BoosterConfig{});
+    const nn::ModulePtr m = nn::make_model(kLlama, 5);
+    auto sgd = std::make_shared<optim::SGD>(m->parameters(), json{{"lr", 1.0}});
+    auto view = std::make_shared<SftDataset>(records(), kTemplate, byte_tokenizer(),
+                                             SftOptions{.seq_len = kT, .packing = packing}, "r");
+    booster.boost(m, sgd, lm_loss, booster.prepare_dataloader(view, {.batch_size = batch}), nullptr);
+    TrainerOptions o;
+    o.max_steps = 1;
+    o.handle_signals = false;
+    o.progress = trainer::Progress::Mode::Silent;
+    o.token_mean_ignore_index = kIgnoreIndex;
+    Trainer trainer(booster, o);
+    const double loss = trainer.fit().final_loss;
+    return std::make_pair(loss, booster.boosted().model->state_dict());
+  };
+  const auto [alone_loss, alone_weights] = step(false, 7);
+  const auto [packed_loss, packed_weights] = step(true, 4);
+  const double forward = ro::llama_forward_length(16, 2, 2, 24, double(kT), 256, 7 * double(kT));
+  CHECK(std::abs(packed_loss - alone_loss) <= ro::reduction_bound({forward}) * alone_loss);
+  const nn::StateDict start = nn::make_model(kLlama, 5)->state_dict();
+  const double eps_gradient = ro::reduction_bound({2 * forward, 7 * double(kT)});
+  for (const auto& [name, w] : alone_weights) {
+    INFO(name);
+    const double moved = l2(w - start.at(name));  // lr |g|
+    const double d = l2(packed_weights.at(name) - w);
+    INFO("difference " << d << ", step " << moved);
+    CHECK(d <= ro::kUnit * 2 * l2(w) + ro::sgd_bound(moved, eps_gradient));
+  }
+}
