@@ -22,6 +22,8 @@
 
 #include "booster/booster/booster.h"
 #include "booster/common/error.h"
+#include "booster/config/config.h"
+#include "booster/config/memory_estimate.h"
 #include "booster/nn/generate.h"
 #include "booster/nn/hf.h"
 #include "booster/nn/llama.h"
@@ -261,6 +263,21 @@ TEST_CASE("families: Qwen2 windows its upper layers only, Mistral every layer", 
   json off = fixtures().at("qwen2").at("model");
   off["use_sliding_window"] = false;
   CHECK(std::dynamic_pointer_cast<nn::Llama>(nn::make_model(off, 0))->config.sliding_window == 0);
+}
+
+TEST_CASE("families: the memory estimate counts each family's parameters as the model has them", "[families][memory]") {
+  // The estimate's closed formula (Qwen2's biases included) against the built model's own count.
+  for (const char* name : {"mistral", "qwen2", "llama3"}) {
+    INFO(name);
+    json model = fixtures().at(name).at("model");
+    model["vocab_size"] = 256;  // text data without a tokenizer: one id per byte
+    const json c = {{"model", model},
+                    {"optimizer", {{"type", "adamw"}, {"lr", 0.01}}},
+                    {"data", {{"type", "text"}, {"path", std::string(BOOSTER_SOURCE_DIR) + "/README.md"},
+                              {"context", 16}, {"batch_size", 4}}}};
+    const config::MemoryEstimate e = config::estimate_memory(config::resolve(c), 1);
+    CHECK(e.parameters == nn::make_model(model, 0)->num_parameters());
+  }
 }
 
 TEST_CASE("families: Mistral's windowed greedy tokens equal the reference, with and without the cache",
