@@ -3,7 +3,9 @@
 // mean of a global batch] in booster/trainer/trainer.cpp). The model is a table of logits (an Embedding
 // whose row for token t is the logits after t), so the reference is closed-form in float64:
 //     loss = sum_i (lse(E[x_i]) - E[x_i][y_i]) / N,   dloss/dE[r] = sum_{i: x_i = r} (softmax(E[r]) - e_{y_i}) / N
-// over the N targets that are not -100. One SGD step with lr 1 moves E by exactly that gradient.
+// over the N targets that are not -100. One SGD step with lr 1 moves E by exactly that gradient. And
+// records of prompts of varied lengths, rendered, masked and trained on as booster's sft data, against
+// PyTorch's loss with Hugging Face's num_items_in_batch (tests/fixtures/make_sft_fixtures.py).
 #include <catch2/catch.hpp>
 
 #include <cmath>
@@ -12,14 +14,17 @@
 
 #include <nlohmann/json.hpp>
 
+#include "booster/autograd/autograd.h"
 #include "booster/booster/booster.h"
 #include "booster/data/data.h"
+#include "booster/data/sft.h"
 #include "booster/nn/embedding.h"
 #include "booster/nn/loss.h"
 #include "booster/ops/ops.h"
 #include "booster/optim/optimizer.h"
 #include "booster/tensor/random.h"
 #include "booster/trainer/trainer.h"
+#include "fixture.h"
 #include "roundoff.h"
 
 using namespace booster;
@@ -32,9 +37,9 @@ constexpr int64_t kVocab = 7, kSamples = 8, kLen = 6;
 
 class TableLM : public nn::Module {
  public:
-  explicit TableLM(uint64_t seed) {
+  explicit TableLM(uint64_t seed, int64_t vocab = kVocab) {
     Generator gen(seed);
-    table_ = register_module("table", std::make_shared<nn::Embedding>(kVocab, kVocab, &gen));
+    table_ = register_module("table", std::make_shared<nn::Embedding>(vocab, vocab, &gen));
   }
   Tensor forward(const Tensor& x) override { return (*table_)(x); }
   std::string name() const override { return "TableLM"; }
@@ -160,4 +165,86 @@ TEST_CASE("token mean: evaluation weighs each batch by its counted targets", "[t
   CHECK(e.loss == Approx(ref.loss).epsilon(ro::gamma(10, ro::kUnit) + ro::reduction_bound({double(kVocab), 28.0})));
   CHECK(e.samples == kSamples);
   CHECK(nn::count_targets(data->get_batch({0, 1, 2}).y) == 9);
+}
+
+TEST_CASE("token mean: sft records of varied prompts give PyTorch's num_items_in_batch loss and gradient",
+          "[trainer][sft]") {
+  const json fx = booster::testing::load_fixture_json("sft.json");
+  const int64_t T = fx.at("seq_len"), V = fx.at("vocab");
+  std::vector<data::Conversation> records;
+  for (const json& r : fx.at("records"))
+    records.push_back({{"user", r.at("prompt").get<std::string>()}, {"assistant", r.at("response").get<std::string>()}});
+  data::SftTokenizer bytes;
+  bytes.encode = [](std::string_view text) {
+    std::vector<int> ids;
+    for (const char c : text) ids.push_back(int(uint8_t(c)));
+    return ids;
+  };
+  bytes.bos_id = 1;
+  bytes.eos_id = 2;
+  bytes.vocab_size = V;
+  const auto sft = std::make_shared<data::SftDataset>(records, data::chat_template_from_json(fx.at("template")), bytes,
+                                                      data::SftOptions{.seq_len = T}, "sft.json");
+  // The samples are the script's: rendering, cutting and the response mask.
+  const Tensor want_x = booster::testing::tensor_from_json(fx.at("x")), want_y = booster::testing::tensor_from_json(fx.at("y"));
+  REQUIRE(sft->size() == want_x.size(0));
+  std::vector<int64_t> all(size_t(sft->size()));
+  for (int64_t i = 0; i < sft->size(); ++i) all[size_t(i)] = i;
+  const data::Batch samples = sft->get_batch(all);
+  CHECK(samples.x.to_vector<int64_t>() == want_x.to_vector<int64_t>());
+  CHECK(samples.y.to_vector<int64_t>() == want_y.to_vector<int64_t>());
+  CHECK(sft->response_tokens() == fx.at("num_items").get<int64_t>());
+
+  const std::vector<double> table = fx.at("W").get<std::vector<double>>();
+  const int64_t micro = fx.at("micro_batch"), steps = (sft->size() + micro - 1) / micro;
+  auto run = [&](int64_t batch, int64_t accumulation, bool token_mean) {
+    Booster booster(BoosterConfig{});
+    auto model = std::make_shared<TableLM>(1, V);
+    {
+      autograd::NoGradGuard no_grad;
+      model->parameters().front().copy_(from_vector(table, {V, V}));
+    }
+    auto sgd = std::make_shared<optim::SGD>(model->parameters(), json{{"lr", 1.0}});
+    booster.boost(model, sgd, lm_loss, booster.prepare_dataloader(sft, {.batch_size = batch}), nullptr);
+    TrainerOptions o;
+    o.max_steps = 1;
+    o.grad_accumulation = accumulation;
+    o.handle_signals = false;
+    o.progress = trainer::Progress::Mode::Silent;
+    if (token_mean) o.token_mean_ignore_index = data::kIgnoreIndex;
+    Trainer trainer(booster, o);
+    const double loss = trainer.fit().final_loss;
+    return std::make_pair(loss, booster.boosted().model->state_dict().at("table.weight").to(DType::Float64).to_vector<double>());
+  };
+  const double want_loss = fx.at("loss");
+  const Tensor grad = booster::testing::tensor_from_json(fx.at("grad"));
+  const std::vector<double> g = grad.to_vector<double>();
+  const std::vector<int64_t> rows = fx.at("grad_rows").get<std::vector<int64_t>>();
+  const double n = double(sft->response_tokens());
+  // Per table row, the targets whose input it is: the terms of its gradient, each at most 1 / N.
+  std::vector<double> terms(size_t(V), 0.0);
+  {
+    const std::vector<int64_t> sx = samples.x.to_vector<int64_t>(), sy = samples.y.to_vector<int64_t>();
+    for (size_t i = 0; i < sx.size(); ++i)
+      if (sy[i] != data::kIgnoreIndex) terms[size_t(sx[i])] += 1.0;
+  }
+  for (const auto& [batch, accumulation] : std::vector<std::pair<int64_t, int64_t>>{{sft->size(), 1}, {micro, steps}}) {
+    INFO(accumulation << " micro-batches");
+    const auto [loss, after] = run(batch, accumulation, true);
+    // As in the test above: the float32 chain and about ten roundings, relative to the losses (all
+    // positive) and, per weight, to the sum of its gradient's terms' sizes.
+    const double eps =
+        ro::gamma(10, ro::kUnit) + ro::reduction_bound({double(V), n, double(accumulation) + 1});
+    CHECK(std::abs(loss - want_loss) <= eps * want_loss);
+    for (size_t r = 0; r < rows.size(); ++r)
+      for (int64_t c = 0; c < V; ++c) {
+        const size_t e = size_t(rows[r] * V + c);
+        const double want = double(float(table[e])) - g[r * size_t(V) + size_t(c)];
+        CHECK(std::abs(after[e] - want) <= ro::kUnit * std::abs(want) + eps * terms[size_t(rows[r])] / n);
+      }
+  }
+  // The mean of the micro-batches' own means is the other number the script prints.
+  const auto [mean_of_means, unused] = run(micro, steps, false);
+  CHECK(mean_of_means == Approx(fx.at("mean_of_means").get<double>()).epsilon(1e-5));
+  CHECK(std::abs(mean_of_means - want_loss) > 1e-3 * want_loss);
 }
