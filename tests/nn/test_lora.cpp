@@ -2,7 +2,9 @@
 // and the gradients of A, B and the input equal a float64 computation of y = W x + b + s B A x written
 // here (not the library's code), for alpha / r and rsLoRA's alpha / sqrt(r); the base is frozen and
 // only A and B change through training under the single, ddp and low_level_zero (stages 1, 2, 3) plugins
-// and under bf16 autocast; names, refusals and Booster::enable_lora's place before boost().
+// and under bf16 autocast; names, refusals and Booster::enable_lora's place before boost(); under the
+// 16-bit strategies and ZeRO the base keeps the strategy's dtype and gets no master, gradient or optimizer
+// state; boost() refuses an optimizer holding the base; the base digest of adapter-only checkpoints.
 #include <catch2/catch.hpp>
 
 #include <cmath>
@@ -212,4 +214,78 @@ TEST_CASE("lora: through the Booster only the adapters change, under every data-
   }
   Booster split(BoosterConfig{.plugin = "hybrid_parallel", .plugin_options = {{"tp_size", 2}}});
   CHECK_THROWS_WITH(split.enable_lora(tiny_llama(), {}), Contains("use ddp or low_level_zero"));
+}
+
+TEST_CASE("lora: the strategies keep masters and optimizer state of the adapters only, the base in their dtype",
+          "[lora][booster][amp]") {
+  const std::vector<std::pair<std::string, BoosterConfig>> setups = {
+      {"bf16 pure", BoosterConfig{.mixed_precision = "bf16", .mixed_precision_options = {{"pure", true}}}},
+      {"fp16_naive", BoosterConfig{.mixed_precision = "fp16_naive"}},
+      {"apex O2", BoosterConfig{.mixed_precision = "fp16_apex", .mixed_precision_options = {{"opt_level", "O2"}}}},
+      {"apex O3", BoosterConfig{.mixed_precision = "fp16_apex", .mixed_precision_options = {{"opt_level", "O3"}}}},
+      {"zero 2 bf16", BoosterConfig{.plugin = "low_level_zero", .plugin_options = {{"stage", 2}, {"precision", "bf16"}}}}};
+  for (const auto& [label, config] : setups) {
+    INFO(label);
+    Booster booster(config);
+    auto model = tiny_llama();
+    booster.enable_lora(model, {.r = 2, .alpha = 4, .target_modules = {"q_proj", "v_proj"}});
+    const size_t adapters = nn::trainable_parameters(*model).size();
+    REQUIRE(adapters == 8);
+    Boosted b = booster.boost(
+        model, optim::make_optimizer({{"type", "adam"}, {"lr", 1e-3}}, nn::trainable_parameters(*model)), loss_of);
+    Generator data(2);
+    const Tensor x = randint(0, 19, {2, 6}, &data), y = randint(0, 19, {2, 6}, &data);
+    b.optimizer->zero_grad();
+    booster.backward(b.criterion((*b.model)(x), y), *b.optimizer);
+    b.optimizer->step();
+    // The stepped optimizer's parameters and state: the adapters alone.
+    const optim::Optimizer& stepped = b.optimizer->stepped_optimizer();
+    size_t held = 0;
+    for (const optim::ParamGroup& g : stepped.param_groups()) held += g.params.size();
+    CHECK(held == adapters);
+    for (const auto& [key, t] : stepped.state_dict().tensors) {
+      size_t i = 0;
+      std::string name;
+      REQUIRE(optim::parse_state_key(key, i, name));
+      CHECK(i < adapters);
+    }
+    // Float32 masters (the strategy's or ZeRO's): one per adapter, none of the base (apex O3 keeps none).
+    size_t masters = 0;
+    for (const auto& [key, t] : booster.precision().state_dict().tensors) masters += key.rfind("master_weights.", 0) == 0;
+    for (const auto& [key, t] : stepped.state_dict().tensors) masters += key.find(optim::kMasterWeight) != std::string::npos;
+    CHECK(masters == (label == "apex O3" ? 0 : adapters));
+    // The base stays in the strategy's 16-bit storage, with no gradient.
+    for (const auto& [n, p] : model->named_parameters()) {
+      INFO(n);
+      if (p.requires_grad()) continue;
+      if (n.find("norm") == std::string::npos) CHECK(p.dtype() != DType::Float32);
+      CHECK_FALSE(p.grad().defined());
+    }
+  }
+}
+
+TEST_CASE("lora: boost refuses an optimizer that holds the frozen base", "[lora][booster]") {
+  Booster booster(BoosterConfig{});
+  auto model = tiny_llama();
+  booster.enable_lora(model, {});
+  std::shared_ptr<optim::Optimizer> all = optim::make_optimizer({{"type", "sgd"}, {"lr", 0.1}}, model->parameters());
+  CHECK_THROWS_WITH(booster.boost(model, all, loss_of),
+                    Contains("a frozen base weight") && Contains("nn::trainable_parameters"));
+}
+
+TEST_CASE("lora: the base digest names the frozen weights' bytes, and not the adapters'", "[lora][booster]") {
+  auto a = tiny_llama(), b = tiny_llama(), c = tiny_llama();
+  nn::apply_lora(*a, {.seed = 1});
+  nn::apply_lora(*b, {.seed = 2});  // other adapters, the same base
+  nn::apply_lora(*c, {.seed = 1});
+  const std::string digest = Booster::base_digest(*a);
+  CHECK(digest.size() == 16);
+  CHECK(Booster::base_digest(*b) == digest);
+  {
+    NoGradGuard no_grad;
+    Tensor w = c->named_parameters().front().second;  // the embedding: one element changed by one ulp
+    float* first = w.data<float>();
+    first[0] = std::nextafter(first[0], 1.0f);
+  }
+  CHECK(Booster::base_digest(*c) != digest);
 }
