@@ -64,6 +64,7 @@
 #include <algorithm>
 #include <cmath>
 #include <numeric>
+#include <set>
 
 #include "booster/autograd/autograd.h"
 #include "booster/common/error.h"
@@ -680,6 +681,12 @@ class LlamaStage final : public Module {
   std::vector<ModulePtr> layers_;
 };
 
+// How each Linear of a decoder layer splits under tensor parallelism (Note [Llama shard policy]): the
+// dimension of its weight that is divided, 0 (column-parallel: output features) or 1 (row-parallel).
+constexpr std::pair<const char*, int64_t> kLayerSplits[] = {
+    {"self_attn.q_proj", 0}, {"self_attn.k_proj", 0}, {"self_attn.v_proj", 0}, {"self_attn.o_proj", 1},
+    {"mlp.gate_proj", 0},    {"mlp.up_proj", 0},      {"mlp.down_proj", 1}};
+
 std::vector<int64_t> divisors_of(int64_t n) {
   std::vector<int64_t> out;
   for (int64_t d = 1; d <= n; ++d)
@@ -753,16 +760,16 @@ ShardedModel llama_shard_policy(const ModulePtr& whole, const ShardContext& c) {
     }
     out.shards["model.embed_tokens.weight"] = {0, 1};
     if (!cfg.tie_word_embeddings) out.shards["lm_head.weight"] = {0, 1};
+    // Each Linear of a layer by its split (kLayerSplits); a bias the model has follows a column split's
+    // rows and stays whole under a row split (added once after the all-reduce).
+    std::set<std::string> names;
+    for (const auto& [name, p] : llama->named_parameters()) names.insert(name);
     for (int64_t i = 0; i < cfg.num_hidden_layers; ++i) {
       const std::string p = "model.layers." + std::to_string(i) + ".";
-      for (const char* name : {"self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "mlp.gate_proj",
-                               "mlp.up_proj"})
-        out.shards[p + name + ".weight"] = {0, 1};
-      if (cfg.attention_bias)  // a bias splits as its weight's rows (Note [Decoder families])
-        for (const char* name : {"self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"})
-          out.shards[p + name + ".bias"] = {0, 1};
-      out.shards[p + "self_attn.o_proj.weight"] = {1, 1};
-      out.shards[p + "mlp.down_proj.weight"] = {1, 1};
+      for (const auto& [linear, dim] : kLayerSplits) {
+        out.shards[p + linear + ".weight"] = {dim, 1};
+        if (dim == 0 && names.count(p + linear + ".bias")) out.shards[p + linear + ".bias"] = {0, 1};
+      }
     }
     out.criterion = vocab_parallel_criterion(*group, cfg.vocab_size, "Llama");
   }
