@@ -3,7 +3,9 @@
 // data's (a prompt of varied length, -100), split over 2 ranks and 1, 2 or 4 micro-batches, under ddp,
 // low_level_zero stages 1 to 3 and hybrid_parallel (dp 2, tp 2, pp 2), ends where one process's plain
 // step on all 8 does: loss = sum of the N counted targets' losses / N (in float64 from the per-target
-// losses), gradient that of the summed cross-entropy over N, within float32 roundoff bounds.
+// losses), gradient that of the summed cross-entropy over N, within float32 roundoff bounds. And packed
+// sft samples (Note [Packing SFT records]) train a Llama under ddp, ZeRO-2 and tp 2 as one process
+// trains it on the records one by one.
 #include <catch2/catch.hpp>
 
 #include <cmath>
@@ -20,6 +22,8 @@
 #include "booster/booster/booster.h"
 #include "booster/checkpoint/safetensors.h"
 #include "booster/data/data.h"
+#include "booster/data/sft.h"
+#include "booster/nn/model_registry.h"
 #include "booster/distributed/process_group.h"
 #include "booster/nn/loss.h"
 #include "booster/nn/models.h"
@@ -176,6 +180,93 @@ TEST_CASE("token mean: every plugin and accumulation on 2 ranks gives the float6
         const double bound = ro::kUnit * l2(want) + ro::sgd_bound(kLr * l2(g), eps_gradient);
         INFO("|difference| " << l2(d) << ", bound " << bound << ", step " << kLr * l2(g));
         CHECK(l2(d) <= bound);
+      }
+    }
+    world().barrier();
+    if (world().rank() == 0) fs::remove_all(dir);
+  }
+}
+
+namespace {
+
+// Short records of varied lengths, byte-tokenized (bos 1, eos 2), packed into sequences of 32.
+std::shared_ptr<data::SftDataset> byte_records(bool packing) {
+  data::SftTokenizer bytes;
+  bytes.encode = [](std::string_view text) {
+    std::vector<int> ids;
+    for (const char c : text) ids.push_back(int(uint8_t(c)));
+    return ids;
+  };
+  bytes.bos_id = 1;
+  bytes.eos_id = 2;
+  bytes.vocab_size = 256;
+  std::vector<data::Conversation> records;
+  for (const auto& [p, r] : std::vector<std::pair<std::string, std::string>>{
+           {"a", "one"}, {"what is two", "2"}, {"say hello", "hello"}, {"q", "r"}, {"hi", "yo"},
+           {"x", "abc"}, {"name it", "a name"}, {"b", "c"}, {"up or down", "up"}, {"why", "because"}})
+    records.push_back({{"user", p}, {"assistant", r}});
+  const data::ChatTemplate tmpl =
+      data::chat_template_from_json({{"user", "U:{content}|"}, {"assistant", "A:{content}!"}});
+  return std::make_shared<data::SftDataset>(records, tmpl, bytes, data::SftOptions{.seq_len = 32, .packing = packing},
+                                            "records");
+}
+
+const json kLlama = {{"type", "llama"},          {"vocab_size", 256},      {"hidden_size", 16},
+                     {"intermediate_size", 24},  {"num_hidden_layers", 2}, {"num_attention_heads", 2},
+                     {"num_key_value_heads", 2}, {"max_position_embeddings", 64}};
+
+// One Trainer step of SGD lr kLr on all of `data` in one batch per replica; its loss.
+double llama_step(Booster& booster, const data::DatasetPtr& data, int64_t batch) {
+  const nn::ModulePtr model = nn::make_model(kLlama, 5);
+  auto sgd = std::make_shared<optim::SGD>(model->parameters(), json{{"lr", kLr}});
+  booster.boost(model, sgd, lm_loss, booster.prepare_dataloader(data, {.batch_size = batch}), nullptr);
+  TrainerOptions o;
+  o.max_steps = 1;
+  o.handle_signals = false;
+  o.progress = trainer::Progress::Mode::Silent;
+  o.token_mean_ignore_index = data::kIgnoreIndex;
+  Trainer trainer(booster, o);
+  return trainer.fit().final_loss;
+}
+
+}  // namespace
+
+TEST_CASE("token mean: packed sft samples on 2 ranks train a Llama as the records one by one in one process",
+          "[mpi][trainer][sft]") {
+  const auto alone = byte_records(false), packed = byte_records(true);
+  REQUIRE(alone->size() == 10);
+  REQUIRE(packed->size() == 6);  // next fit in 32 positions: [11 19] [21 9] [11 11] [20 9] [19] [17]
+  Booster single(BoosterConfig{});
+  const double want_loss = llama_step(single, alone, alone->size());
+  const nn::StateDict want = single.boosted().model->state_dict();
+  const nn::StateDict start = nn::make_model(kLlama, 5)->state_dict();
+  const double forward = ro::llama_forward_length(16, 2, 2, 24, 32, 256, 10 * 32);
+  const double eps_gradient = ro::reduction_bound({2 * forward, 10 * 32, 4});
+  for (const auto& [name, plugin, options, replicas] : std::vector<std::tuple<std::string, std::string, json, int64_t>>{
+           {"ddp", "ddp", json::object(), 2},
+           {"zero 2", "low_level_zero", {{"stage", 2}, {"precision", "fp32"}}, 2},
+           {"hybrid tp 2", "hybrid_parallel", {{"tp_size", 2}}, 1}}) {
+    INFO(name);
+    Booster booster(BoosterConfig{.plugin = plugin, .plugin_options = options});
+    const double loss = llama_step(booster, packed, packed->size() / replicas);
+    CHECK(std::abs(loss - want_loss) <= ro::reduction_bound({forward, 4}) * want_loss);
+    const fs::path dir = shared_dir("packed");
+    booster.save_model(*booster.boosted().model, dir);
+    if (world().rank() == 0) {
+      const checkpoint::TensorMap saved = checkpoint::load_model(dir);
+      for (const auto& [key, w] : want) {
+        INFO(key);
+        if (!saved.count(key)) {
+          FAIL_CHECK("the saved model has no " << key);
+          continue;
+        }
+        const std::vector<double> a = saved.at(key).to(DType::Float64).to_vector<double>();
+        const std::vector<double> b = w.to(DType::Float64).to_vector<double>();
+        const std::vector<double> s0 = start.at(key).to(DType::Float64).to_vector<double>();
+        std::vector<double> d(a.size()), moved(a.size());
+        for (size_t e = 0; e < a.size(); ++e) d[e] = a[e] - b[e], moved[e] = b[e] - s0[e];
+        INFO("difference " << l2(d) << ", step " << l2(moved));
+        CHECK(l2(d) <= 2 * ro::kUnit * l2(b) + ro::sgd_bound(l2(moved), eps_gradient));
       }
     }
     world().barrier();
