@@ -335,7 +335,7 @@ std::string config_error_of(const std::function<void()>& f) {
 
 }  // namespace
 
-TEST_CASE("families: Hugging Face files out and back in give the same model", "[families][hf]") {
+TEST_CASE("families: Hugging Face files out and back in give the same model, model_type or class", "[families][hf]") {
   const std::map<std::string, std::string> architecture = {
       {"mistral", "MistralForCausalLM"}, {"qwen2", "Qwen2ForCausalLM"}, {"llama3", "LlamaForCausalLM"}};
   for (const auto& [name, arch] : architecture) {
@@ -355,6 +355,10 @@ TEST_CASE("families: Hugging Face files out and back in give the same model", "[
       CHECK(written.at("max_window_layers") == 1);
     }
     if (name == "llama3") CHECK(written.at("rope_scaling") == f.at("model").at("rope_scaling"));
+    // Without model_type the class in "architectures" names the family.
+    json no_type = written;
+    no_type.erase("model_type");
+    std::ofstream(tmp.path / "config.json") << no_type.dump();
     const auto loaded = std::dynamic_pointer_cast<nn::Llama>(nn::load_pretrained(tmp.path));
     REQUIRE(loaded != nullptr);
     CHECK(loaded->config.model_type == model->config.model_type);

@@ -260,9 +260,18 @@ ModulePtr llama_from_config(const ConfigReader& r, const Overrides& o, const Dec
 ModulePtr from_config(const json& c, const std::string& where, const json& overrides, uint64_t seed) {
   BOOSTER_CHECK(c.is_object(), ConfigError, where, " is not a JSON object");
   const ConfigReader r{c, where};
-  BOOSTER_CHECK(r.find("model_type"), ConfigError, where,
-                " has no \"model_type\"; booster reads \"llama\", \"mistral\", \"qwen2\" and \"gpt2\"");
-  const std::string type = r.text("model_type", "");
+  // Without model_type, the class in "architectures" names the family (as transformers' AutoConfig does
+  // for old files).
+  std::string type = r.text("model_type", "");
+  if (const json* arch = r.find("architectures"); type.empty() && arch && arch->is_array() && !arch->empty() &&
+                                                   arch->front().is_string()) {
+    const std::string name = arch->front().get<std::string>();
+    if (name == "GPT2LMHeadModel") type = "gpt2";
+    for (const DecoderFamily& f : decoder_families())
+      if (f.architecture == name) type = f.model_type;
+  }
+  BOOSTER_CHECK(!type.empty(), ConfigError, where, " has no \"model_type\" (nor an \"architectures\" class booster ",
+                "knows); booster reads \"llama\", \"mistral\", \"qwen2\" and \"gpt2\"");
   const DecoderFamily* family = find_decoder_family(type);
   if (type != "gpt2" && family == nullptr) refuse_family(where, type);
   const Overrides o = read_overrides(overrides, type);
