@@ -7,7 +7,7 @@ cd "$(dirname "$0")/.."
 packages=(build-essential cmake ninja-build pkg-config
           libopenblas-dev libopenblas-openmp-dev libboost-dev libboost-program-options-dev nlohmann-json3-dev catch2
           zlib1g-dev libopenmpi-dev openmpi-bin dataset-fashion-mnist python3-numpy valgrind
-          libsentencepiece-dev sentencepiece fortunes libdnnl-dev)
+          libsentencepiece-dev sentencepiece fortunes wordnet-base libdnnl-dev)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || missing+=("$p")
