@@ -128,6 +128,22 @@ TEST_CASE("attention mask: window, documents and offset equal an explicit float6
     const double bound = ro::gamma(double(E + 2 * c.S + 8), ro::kUnit) * 7.0 * vmax + 2.0 * ro::kUnit * vmax;
     INFO("float32: max difference " << worst32 << ", bound " << bound);
     CHECK(worst32 <= bound);
+    // bfloat16 (oneDNN's batched products where the CPU has them, else widened to float32; Note
+    // [Attention through oneDNN]) against the reference on the same rounded inputs: P and the output
+    // are rounded to bfloat16 once each (2 u_bf16 of max|v|), the rest as float32 above.
+    {
+      auto bf = [](const Tensor& t) { return t.to(DType::BFloat16); };
+      auto back = [](const Tensor& t) { return t.to(DType::Float64); };
+      const std::vector<double> want16 =
+          masked_attention_reference(back(bf(q)), back(bf(k)), back(bf(v)), c.causal, m);
+      const std::vector<double> got16 =
+          scaled_dot_product_attention(bf(q), bf(k), bf(v), c.causal, std::nullopt, m).to(DType::Float64).tolist();
+      double worst16 = 0;
+      for (size_t i = 0; i < got16.size(); ++i) worst16 = std::max(worst16, std::abs(got16[i] - want16[i]));
+      const double bound16 = 2.0 * ro::kUnitBFloat16 * vmax + bound;
+      INFO("bfloat16: max difference " << worst16 << ", bound " << bound16);
+      CHECK(worst16 <= bound16);
+    }
     // The gradients of q, k and v against central differences (the probabilities saved hold the mask).
     CHECK(booster::testing::gradcheck(
         [&](const std::vector<Tensor>& x) { return scaled_dot_product_attention(x[0], x[1], x[2], c.causal, std::nullopt, m); },
