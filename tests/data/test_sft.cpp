@@ -18,6 +18,7 @@
 #include "booster/nn/model_registry.h"
 #include "booster/ops/ops.h"
 #include "run_booster.h"
+#include "sft_bytes.h"
 
 using namespace booster;
 using namespace booster::data;
@@ -29,19 +30,7 @@ namespace {
 
 fs::path scratch(const std::string& name) { return testing::scratch_dir("test_sft") / name; }
 
-SftTokenizer byte_tokenizer() {
-  SftTokenizer t;
-  t.encode = [](std::string_view text) {
-    std::vector<int> ids;
-    for (const char c : text) ids.push_back(int(uint8_t(c)));
-    return ids;
-  };
-  t.bos_id = 1;
-  t.eos_id = 2;
-  t.vocab_size = 256;
-  t.name = "bytes";
-  return t;
-}
+SftTokenizer byte_tokenizer() { return ::testing::byte_sft_tokenizer(); }
 
 std::vector<int64_t> bytes_of(const std::string& s) {
   std::vector<int64_t> ids;

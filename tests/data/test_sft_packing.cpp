@@ -21,6 +21,7 @@
 #include "booster/optim/optimizer.h"
 #include "booster/trainer/trainer.h"
 #include "roundoff.h"
+#include "sft_bytes.h"
 
 using namespace booster;
 using namespace booster::data;
@@ -29,19 +30,7 @@ namespace ro = ::testing::roundoff;
 
 namespace {
 
-SftTokenizer byte_tokenizer() {
-  SftTokenizer t;
-  t.encode = [](std::string_view text) {
-    std::vector<int> ids;
-    for (const char c : text) ids.push_back(int(uint8_t(c)));
-    return ids;
-  };
-  t.bos_id = 1;
-  t.eos_id = 2;
-  t.vocab_size = 256;
-  t.name = "bytes";
-  return t;
-}
+SftTokenizer byte_tokenizer() { return ::testing::byte_sft_tokenizer(); }
 
 constexpr int64_t kT = 32;
 

@@ -32,6 +32,7 @@
 #include "booster/tensor/random.h"
 #include "booster/trainer/trainer.h"
 #include "roundoff.h"
+#include "sft_bytes.h"
 
 using namespace booster;
 using nlohmann::json;
@@ -191,15 +192,7 @@ namespace {
 
 // Short records of varied lengths, byte-tokenized (bos 1, eos 2), packed into sequences of 32.
 std::shared_ptr<data::SftDataset> byte_records(bool packing) {
-  data::SftTokenizer bytes;
-  bytes.encode = [](std::string_view text) {
-    std::vector<int> ids;
-    for (const char c : text) ids.push_back(int(uint8_t(c)));
-    return ids;
-  };
-  bytes.bos_id = 1;
-  bytes.eos_id = 2;
-  bytes.vocab_size = 256;
+  const data::SftTokenizer bytes = ::testing::byte_sft_tokenizer();
   std::vector<data::Conversation> records;
   for (const auto& [p, r] : std::vector<std::pair<std::string, std::string>>{
            {"a", "one"}, {"what is two", "2"}, {"say hello", "hello"}, {"q", "r"}, {"hi", "yo"},

@@ -26,6 +26,7 @@
 #include "booster/trainer/trainer.h"
 #include "fixture.h"
 #include "roundoff.h"
+#include "sft_bytes.h"
 
 using namespace booster;
 using nlohmann::json;
@@ -174,15 +175,7 @@ TEST_CASE("token mean: sft records of varied prompts give PyTorch's num_items_in
   std::vector<data::Conversation> records;
   for (const json& r : fx.at("records"))
     records.push_back({{"user", r.at("prompt").get<std::string>()}, {"assistant", r.at("response").get<std::string>()}});
-  data::SftTokenizer bytes;
-  bytes.encode = [](std::string_view text) {
-    std::vector<int> ids;
-    for (const char c : text) ids.push_back(int(uint8_t(c)));
-    return ids;
-  };
-  bytes.bos_id = 1;
-  bytes.eos_id = 2;
-  bytes.vocab_size = V;
+  const data::SftTokenizer bytes = ::testing::byte_sft_tokenizer(V);
   const auto sft = std::make_shared<data::SftDataset>(records, data::chat_template_from_json(fx.at("template")), bytes,
                                                       data::SftOptions{.seq_len = T}, "sft.json");
   // The samples are the script's: rendering, cutting and the response mask.
