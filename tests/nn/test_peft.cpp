@@ -6,14 +6,12 @@
 // adapter_config.json, another peft_type and a config contradicting the adapter are named errors.
 #include <catch2/catch.hpp>
 
-#include <atomic>
 #include <cstring>
 #include <cmath>
 #include <fstream>
-#include <sstream>
-#include <unistd.h>
 
 #include "fixture.h"
+#include "run_booster.h"
 
 #include "booster/checkpoint/safetensors.h"
 #include "booster/nn/hf.h"
@@ -30,34 +28,22 @@ namespace fs = std::filesystem;
 namespace {
 
 const json& reference() {
-  static const json j = testing::load_fixture_json("peft/reference.json");
+  static const json j = booster::testing::load_fixture_json("peft/reference.json");
   return j;
 }
 
 fs::path adapter_dir(const std::string& name) { return fs::path(BOOSTER_FIXTURE_DIR) / "peft" / name; }
 fs::path base_dir(const std::string& name) { return fs::path(BOOSTER_FIXTURE_DIR) / "hf" / name; }
 
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    static std::atomic<int> counter{0};
-    path = fs::temp_directory_path() / ("booster_test_peft_" + std::to_string(::getpid()) + "_" + std::to_string(counter++));
-    fs::remove_all(path);
-    fs::create_directories(path);
-  }
-  ~TempDir() {
-    std::error_code ignored;
-    fs::remove_all(path, ignored);
-  }
-  fs::path operator/(const std::string& name) const { return path / name; }
-};
-
-std::string read_bytes(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  std::stringstream s;
-  s << in.rdbuf();
-  return s.str();
+// A fresh directory under this process's scratch directory.
+fs::path fresh_dir(const std::string& name) {
+  const fs::path dir = ::testing::scratch_dir("test_peft") / name;
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  return dir;
 }
+
+std::string read_bytes(const fs::path& p) { return ::testing::read_text(p); }
 
 Tensor ids_of(const json& f) {
   std::vector<double> ids;
@@ -84,7 +70,7 @@ nn::ModulePtr adapted(const std::string& name) {
   return model;
 }
 
-fs::path copy_adapter(const TempDir& tmp, const std::string& name) {
+fs::path copy_adapter(const fs::path& tmp, const std::string& name) {
   const fs::path dst = tmp / name;
   fs::copy(adapter_dir(name), dst, fs::copy_options::recursive);
   return dst;
@@ -125,20 +111,20 @@ TEST_CASE("peft: a PEFT adapter on the tiny Llama and GPT-2 gives the reference 
     const nn::ModulePtr model = adapted(name);
     NoGradGuard no_grad;
     const Tensor logits = (*model)(ids_of(f));
-    const Tensor want = testing::tensor_from_json(f.at("logits"));
+    const Tensor want = booster::testing::tensor_from_json(f.at("logits"));
     REQUIRE(logits.shape() == want.shape());
     const double scale = max_abs(want);
-    INFO("max difference " << testing::max_abs_diff(logits, want) << ", bound " << bound * scale);
-    CHECK(testing::max_abs_diff(logits, want) <= bound * scale);
+    INFO("max difference " << booster::testing::max_abs_diff(logits, want) << ", bound " << bound * scale);
+    CHECK(booster::testing::max_abs_diff(logits, want) <= bound * scale);
     // The adapter matters: the base alone is far from the reference.
     const nn::ModulePtr base = nn::load_pretrained(base_dir(name));
     base->eval();
-    CHECK(testing::max_abs_diff((*base)(ids_of(f)), want) > 100 * bound * scale);
+    CHECK(booster::testing::max_abs_diff((*base)(ids_of(f)), want) > 100 * bound * scale);
   }
 }
 
 TEST_CASE("peft: save_peft_adapter writes the bytes PEFT wrote and init_from reads them back", "[peft][lora][nn]") {
-  TempDir tmp;
+  const fs::path tmp = fresh_dir("case1");
   for (const char* name : kCases) {
     INFO(name);
     const nn::ModulePtr model = adapted(name);
@@ -167,7 +153,7 @@ TEST_CASE("peft: save_peft_adapter writes the bytes PEFT wrote and init_from rea
 // differ by the order of a sum of r products (1e-16 relative), so the float32 results are equal, or one
 // float32 unit apart where that value lies at a rounding tie.
 TEST_CASE("peft: merge_lora equals the reference's merge and loads as a plain model", "[peft][lora][nn]") {
-  TempDir tmp;
+  const fs::path tmp = fresh_dir("case2");
   for (const char* name : kCases) {
     INFO(name);
     const nn::ModulePtr model = adapted(name);
@@ -184,7 +170,7 @@ TEST_CASE("peft: merge_lora equals the reference's merge and loads as a plain mo
       INFO(key);
       REQUIRE(written.count(key));
       const Tensor got = written.at(key);
-      CHECK(testing::max_abs_diff(got, w) <= std::ldexp(1.0, -23) * max_abs(w));
+      CHECK(booster::testing::max_abs_diff(got, w) <= std::ldexp(1.0, -23) * max_abs(w));
     }
     // Every other tensor is the base's, unchanged.
     const checkpoint::TensorMap base = checkpoint::load_model(base_dir(name));
@@ -194,8 +180,8 @@ TEST_CASE("peft: merge_lora equals the reference's merge and loads as a plain mo
     const json& f = reference().at(name);
     plain->eval();
     NoGradGuard no_grad;
-    const Tensor want_logits = testing::tensor_from_json(f.at("logits"));
-    CHECK(testing::max_abs_diff((*plain)(ids_of(f)), want_logits) <=
+    const Tensor want_logits = booster::testing::tensor_from_json(f.at("logits"));
+    CHECK(booster::testing::max_abs_diff((*plain)(ids_of(f)), want_logits) <=
           17.0 * std::sqrt(64.0) * std::ldexp(1.0, -24) * max_abs(want_logits));
   }
 }
@@ -233,7 +219,7 @@ TEST_CASE("peft: the adapter's settings fill the config and a contradiction is n
 
 TEST_CASE("peft: an adapter of another base, a missing config, another peft_type are named errors",
           "[peft][lora][nn]") {
-  TempDir tmp;
+  const fs::path tmp = fresh_dir("case3");
   SECTION("an A of another width and a layer the model lacks are named, with both shapes") {
     const fs::path dir = copy_adapter(tmp, "llama");
     checkpoint::TensorMap t = checkpoint::read_safetensors(dir / "adapter_model.safetensors").tensors;
