@@ -269,3 +269,34 @@ TEST_CASE("booster export and generate: PEFT misuse is one line and a non-zero e
                                fixture_adapter("gpt2").string() + " --prompt-ids \"1 2\" -n 2"),
                        {"target_modules"});
 }
+
+// A base of booster's own (model.type llama) has no weights file: export and generate rebuild it from
+// train.seed, as train built it, and the digest the run recorded tells another seed apart.
+TEST_CASE("a LoRA run on a model built from train.seed exports and generates alike, another seed is refused",
+          "[cli][peft][lora]") {
+  const fs::path run = scratch_dir() / "lora_own";
+  fs::remove_all(run);
+  json c = {{"model", {{"type", "llama"}, {"vocab_size", 48}, {"hidden_size", 16}, {"intermediate_size", 32},
+                       {"num_hidden_layers", 2}, {"num_attention_heads", 4}, {"num_key_value_heads", 2},
+                       {"max_position_embeddings", 32}}},
+            {"lora", {{"r", 2}, {"alpha", 4}, {"target_modules", {"q_proj", "o_proj"}}}},
+            {"optimizer", {{"type", "sgd"}, {"lr", 0.5}}},
+            {"data", {{"type", "tokens"}, {"path", token_file().string()}, {"dtype", "uint16"}, {"seq_len", 8},
+                      {"batch_size", 4}, {"shuffle", false}}},
+            {"train", {{"max_steps", 4}, {"seed", 7}, {"checkpoint_every", 4}, {"run_dir", run.string()}}}};
+  std::ofstream(scratch_dir() / "lora_own.json") << c.dump(2);
+  REQUIRE(run_cli("train --config " + (scratch_dir() / "lora_own.json").string()).exit_code == 0);
+  const fs::path merged = scratch_dir() / "lora_own_merged", peft = scratch_dir() / "lora_own_peft";
+  fs::remove_all(merged);
+  fs::remove_all(peft);
+  REQUIRE(run_cli("export --checkpoint " + run.string() + " --merge-lora --out " + merged.string()).exit_code == 0);
+  REQUIRE(run_cli("export --checkpoint " + run.string() + " --format peft --out " + peft.string()).exit_code == 0);
+  CHECK(json::parse(testing::read_text(peft / "adapter_config.json")).at("base_model_name_or_path").is_null());
+  CHECK(greedy("--checkpoint " + run.string()) == greedy("--hf " + merged.string()));
+  c["train"]["seed"] = 8;
+  std::ofstream(scratch_dir() / "lora_own_seed8.json") << c.dump(2);
+  check_one_line_error(run_cli("export --checkpoint " + run.string() + " --merge-lora --out " +
+                               (scratch_dir() / "lora_own_seed8").string() + " --config " +
+                               (scratch_dir() / "lora_own_seed8.json").string()),
+                       {"was trained on a base of digest", "--config FILE"});
+}
