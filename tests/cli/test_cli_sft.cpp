@@ -166,6 +166,19 @@ TEST_CASE("booster check refuses sft config mistakes naming the key, and bad rec
          c["model"]["activation_checkpointing"] = true;
        },
        {"'data.packing'", "activation_checkpointing", "attend across the packed records"}},
+      {"packing_pipelined",
+       [](json& c) {
+         c["data"]["packing"] = true;
+         c["model"]["num_hidden_layers"] = 2;
+         c["plugin"] = {{"name", "hybrid_parallel"}, {"pp_size", 2}};
+       },
+       {"'data.packing'", "'plugin.pp_size' 2", "set 'plugin.pp_size' to 1"}},
+      {"packing_gpt",
+       [](json& c) {
+         c["data"]["packing"] = true;
+         c["model"] = {{"type", "gpt"}, {"vocab_size", 300}, {"context", 48}, {"width", 16}, {"layers", 1}, {"heads", 2}};
+       },
+       {"'data.packing'", "'model.type' \"gpt\"", "cannot keep packed records apart"}},
       {"no_content", [](json& c) { c["data"]["template"]["assistant"] = "A:"; },
        {"'data.template.assistant'", "no {content}"}},
       {"unknown_key", [](json& c) { c["data"]["template"]["tool"] = "{content}"; },
