@@ -258,3 +258,33 @@ TEST_CASE("a LoRA checkpoint is refused on another base, LoRA config or a full r
   check_refused(run_booster(train + " --set train.max_steps=1 --resume " + step_dir(scratch_dir() / "base3", 1).string()),
                 {"checkpoint of the whole model", "model.init_from="});
 }
+
+TEST_CASE("lora.init_from starts the adapters from a PEFT directory, its settings where the config has none",
+          "[cli][lora][peft]") {
+  // The PEFT fixture (tests/fixtures/peft/make_peft_fixture.py): r 4, alpha 8, q_proj, v_proj and
+  // down_proj of the tiny Hugging Face Llama (hidden 16, 2 key/value heads of 4, intermediate 32, 2
+  // layers). Per layer: q A [4, 16] + B [16, 4] (128), v A [4, 16] + B [8, 4] (96), down A [4, 32] +
+  // B [16, 4] (192): 416; 2 layers: 832, beside the base's 6,224.
+  const std::string fixtures = BOOSTER_FIXTURE_DIR;
+  json c = lora_config();
+  c["model"] = {{"type", "hf"}, {"path", fixtures + "/hf/llama"}};
+  c["lora"] = {{"init_from", fixtures + "/peft/llama"}};
+  const fs::path cfg = write_config("peft.json", c);
+  RunResult r = run_booster("check --config " + cfg.string());
+  INFO(r.err);
+  REQUIRE(r.exit_code == 0);
+  CHECK(r.err.find("lora: 6 Linears adapted (down_proj, q_proj, v_proj), 832 trainable of 7,056") != std::string::npos);
+  const fs::path root = scratch_dir() / "from_peft";
+  fs::remove_all(root);
+  r = run_booster("train --config " + cfg.string() + " --set train.max_steps=1 --set train.checkpoint_every=1 --set "
+                  "train.checkpoint_dir=" + root.string());
+  INFO(r.err);
+  REQUIRE(r.exit_code == 0);
+  const json saved = json::parse(read_text(step_dir(root, 1) / "trainer_state.json")).at("lora").at("config");
+  CHECK(saved.at("r") == 4);
+  CHECK(saved.at("alpha") == 8.0);
+  // A setting that differs from the adapter's is refused naming both.
+  c["lora"]["r"] = 8;
+  r = run_booster("train --config " + write_config("peft_r8.json", c).string());
+  check_refused(r, {"lora.r", "8", "4"});
+}

@@ -119,9 +119,10 @@ std::string trial_forward(const json& resolved);
 
 // ------------------------------------------------------------------------------------ lora
 // Note [The lora section] (lora_section.cpp): "lora": {"r", "alpha", "dropout", "target_modules",
-// "use_rslora", "init_from"} puts adapters on the model before boost() (Booster::enable_lora) and trains
+// "use_rslora", "init_from", "seed"} puts adapters on the model before boost() (Booster::enable_lora) and trains
 // them only; left out or null, the whole model trains.
-// The adapters' config of a resolved config (its seed: train.seed); nullopt when lora is null.
+// The adapters' config of a resolved config (its seed: lora.seed, else train.seed; with init_from, the
+// PEFT adapter's settings where the section leaves them out); nullopt when lora is null.
 std::optional<nn::LoraConfig> lora_config(const json& resolved);
 // What LoRA does to a resolved config's model, counted on the model built deferred with no memory
 // (ShapesOnlyGuard): the adapted Linears, trainable and total parameters. ConfigError naming

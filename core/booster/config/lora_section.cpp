@@ -4,15 +4,18 @@
 // Note [The lora section]
 // ~~~~~~~~~~~~~~~~~~~~~~~
 //   "lora": {"r": 8, "alpha": 16, "dropout": 0.0, "target_modules": ["q_proj", "v_proj"],
-//            "use_rslora": false, "init_from": null}
+//            "use_rslora": false, "init_from": null, "seed": null}
 // is PEFT's LoraConfig (r, lora_alpha, lora_dropout, target_modules, use_rslora) as Booster::enable_lora
 // takes it: `booster train` applies it to the model before boost() and builds the optimizer over the
 // adapters only (nn::trainable_parameters), so under every strategy and plugin the frozen base has no
 // gradient, master weight or optimizer state, and checkpoints hold the adapters (Note [Adapter-only
 // checkpoints] in booster/booster/state.cpp). The section is top-level, beside model and optimizer,
 // because it changes both: what the model computes and what the optimizer holds. Left out or null, the
-// whole model trains; {} is LoRA with every default. A's initial draws come from train.seed. The keys a
-// resume must keep are the checkpoint's own (state.cpp compares them), not train's settings.
+// whole model trains; {} is LoRA with every default. A's initial draws come from lora.seed, else
+// train.seed. With init_from (a PEFT adapter directory) the adapters start from its A and B, and r,
+// alpha, target_modules and use_rslora left out are the adapter's (nn::LoraConfig::from_json, which
+// refuses a given one that differs). The keys a resume must keep are the checkpoint's own (state.cpp
+// compares them), not train's settings.
 #include <iomanip>
 #include <set>
 #include <sstream>
@@ -56,7 +59,10 @@ Section lora_table() {
   Field init_from = lora_field("init_from", Kind::String, nullptr, "a PEFT adapter directory to start from; null: A "
                                                                    "kaiming-uniform, B zero");
   init_from.nullable = true;
-  s.common = {r, alpha, dropout, targets, rslora, init_from};
+  Field seed = lora_field("seed", Kind::Int, nullptr, "the draws of A's start and of the dropout; null: train.seed");
+  seed.min = 0;
+  seed.nullable = true;
+  s.common = {r, alpha, dropout, targets, rslora, init_from, seed};
   return s;
 }
 
@@ -81,7 +87,12 @@ Section lora_section() {
   s.custom_resolve = [](const json& given) -> json {
     if (given.is_null()) return nullptr;
     json out = resolve(json{{"lora", given}}, {lora_table()}).at("lora");
+    // From a PEFT adapter, what the config leaves out is the adapter's (nn::LoraConfig::from_json).
+    if (out.at("init_from").is_string())
+      for (const char* adapter_key : {"r", "alpha", "target_modules", "use_rslora"})
+        if (!given.contains(adapter_key)) out[adapter_key] = nullptr;
     const json& targets = out.at("target_modules");
+    if (targets.is_null()) return out;
     if (targets.empty())
       throw ConfigError("'lora.target_modules' is []; name the Linear layers to adapt, e.g. [\"q_proj\", \"v_proj\"]");
     std::set<std::string> seen;
@@ -103,19 +114,15 @@ Section lora_section() {
 std::optional<nn::LoraConfig> lora_config(const json& resolved) {
   const json& lora = resolved.value("lora", json());
   if (lora.is_null()) return std::nullopt;
-  nn::LoraConfig c;
-  c.r = lora.at("r").get<int64_t>();
-  c.alpha = lora.at("alpha").get<double>();
-  c.dropout = lora.at("dropout").get<double>();
-  c.target_modules = lora.at("target_modules").get<std::vector<std::string>>();
-  c.use_rslora = lora.at("use_rslora").get<bool>();
-  c.seed = resolved.at("train").at("seed").get<uint64_t>();
-  return c;
+  json section = lora;
+  if (section.value("seed", json()).is_null()) section["seed"] = resolved.at("train").at("seed");
+  return nn::LoraConfig::from_json(section);  // reads lora.init_from's adapter_config.json
 }
 
 std::optional<LoraSummary> lora_summary(const json& resolved) {
-  const std::optional<nn::LoraConfig> lora = lora_config(resolved);
+  std::optional<nn::LoraConfig> lora = lora_config(resolved);
   if (!lora) return std::nullopt;
+  lora->init_from.clear();  // the shapes are the config's; the adapter's values are not read here
   json section = resolved.at("model");
   section.erase("init_from");  // the weights do not change the shapes
   LazyInitGuard lazy;
@@ -125,7 +132,7 @@ std::optional<LoraSummary> lora_summary(const json& resolved) {
   try {
     s.adapted = nn::apply_lora(*model, *lora);
   } catch (const ConfigError& e) {
-    throw ConfigError("'lora.target_modules' is " + show(resolved.at("lora").at("target_modules")) + ": " + e.what());
+    throw ConfigError("'lora.target_modules' is " + json(lora->target_modules).dump() + ": " + e.what());
   }
   for (const Tensor& p : model->parameters()) {
     s.total += p.numel();
