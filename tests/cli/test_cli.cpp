@@ -470,6 +470,24 @@ TEST_CASE("every shipped example config is valid and trains for a few steps", "[
       booster::data::write_token_file(tokens.string(), ids, booster::data::TokenDType::UInt16);
       data_files = " --set data.path=" + json(tokens.string()).dump() + " --set data.val_path=" + json(tokens.string()).dump();
     }
+    // Instruction data (llama_wordnet_lora.json) names records and a tokenizer its script makes: a few
+    // records here, the byte-level BPE fixture's tokenizer.json, and a small Llama of its vocabulary
+    // in place of the script's base model (the config's lora section then adapts that one).
+    if (raw.contains("data") && raw.at("data").value("type", "") == "sft") {
+      const fs::path records = scratch_dir() / (cfg.stem().string() + ".jsonl");
+      std::ofstream out(records);
+      for (int i = 0; i < 40; ++i)
+        out << json{{"prompt", "What does word " + std::to_string(i) + " mean?"}, {"response", "a number, " + std::to_string(i)}}.dump()
+            << "\n";
+      out.close();
+      const json model = {{"type", "llama"}, {"vocab_size", 640}, {"hidden_size", 32}, {"intermediate_size", 64},
+                          {"num_hidden_layers", 2}, {"num_attention_heads", 4}, {"num_key_value_heads", 2},
+                          {"max_position_embeddings", 128}};
+      const fs::path tokenizer = fs::path(BOOSTER_FIXTURE_DIR) / "bpe" / "gpt2" / "tokenizer.json";
+      model_dir = " --set model='" + model.dump() + "' --set data.path=" + json(records.string()).dump() +
+                  " --set data.val_path=" + json(records.string()).dump() + " --set data.tokenizer=" +
+                  json(tokenizer.string()).dump() + " --set data.seq_len=120";
+    }
     data_files += model_dir;
     // A hybrid config is checked for the processes its grid needs (tp_size x pp_size).
     std::string processes;
