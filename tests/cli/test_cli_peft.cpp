@@ -1,6 +1,7 @@
 // PEFT adapters through the `booster` program: a LoRA run on the tiny Hugging Face Llama and GPT-2
 // (tests/fixtures/hf/) exports its adapters with `booster export --format peft` in PEFT's names, shapes
-// and config fields, bit for bit the checkpoint's, and init_from reads them back bit for bit;
+// and config fields, bit for bit the checkpoint's, and init_from (the library's, and booster train's
+// lora.init_from) reads them back bit for bit;
 // `--format hf --merge-lora` writes a plain model whose adapted weights are W + s B A computed here in
 // float64; `booster generate --adapter DIR` (a PEFT directory made by tests/fixtures/peft/
 // make_peft_fixture.py, or the export) gives the greedy tokens of the merged model, as does generate
@@ -164,6 +165,27 @@ TEST_CASE("booster export --format peft writes a LoRA run's adapters as PEFT doe
     for (const auto& [name, t] : trained) {
       REQUIRE(sd.count(name));
       CHECK(bit_equal(sd.at(name), t));
+    }
+    // booster train with lora.init_from the export (r, alpha, targets from it) starts from those adapters:
+    // one SGD step of lr 1e-30 moves no float32 weight above 1e-20 (far below half a unit of roundoff),
+    // so its checkpoint holds them bit for bit.
+    const fs::path resumed = scratch_dir() / ("init_from_" + family);
+    fs::remove_all(resumed);
+    const json c2 = {{"model", {{"type", "hf"}, {"path", base_dir(family).string()}}},
+                     {"lora", {{"init_from", out.string()}}},
+                     {"optimizer", {{"type", "sgd"}, {"lr", 1e-30}}},
+                     {"data", {{"type", "tokens"}, {"path", token_file().string()}, {"dtype", "uint16"}, {"seq_len", 8},
+                               {"batch_size", 4}, {"shuffle", false}}},
+                     {"train", {{"max_steps", 1}, {"seed", 5}, {"checkpoint_every", 1}, {"run_dir", resumed.string()}}}};
+    std::ofstream(scratch_dir() / ("init_from_" + family + ".json")) << c2.dump(2);
+    const RunResult t = run_cli("train --config " + (scratch_dir() / ("init_from_" + family + ".json")).string());
+    INFO(t.err);
+    REQUIRE(t.exit_code == 0);
+    const checkpoint::TensorMap started = checkpoint::load_model(resumed / "checkpoints" / "step-00000001" / "model");
+    CHECK(started.size() == trained.size());
+    for (const auto& [name, t0] : trained) {
+      REQUIRE(started.count(name));
+      CHECK(bit_equal(started.at(name), t0));
     }
   }
 }
