@@ -247,10 +247,13 @@ nlohmann::json eval_overrides(const po::variables_map& vm, std::vector<std::stri
     if (!std::filesystem::is_directory(step / "model"))
       throw booster::CheckpointError("--checkpoint " + step.string() +
                                      " has no model/ directory; it is not a booster checkpoint with weights");
-    overrides.push_back("model.init_from=" + nlohmann::json(step.string()).dump());
     evaluated["checkpoint"] = step.string();
     const nlohmann::json state = nlohmann::json::parse(
         booster::checkpoint::read_text_file(step / booster::checkpoint::kTrainerStateFileName), nullptr, false);
+    // A LoRA run's checkpoint holds the adapters only: the base is the config's, the adapters load after
+    // boost() (Note [Adapter-only checkpoints] in booster/booster/state.cpp).
+    if (state.is_object() && state.value("lora", nlohmann::json()).is_object()) evaluated["lora_adapters"] = true;
+    else overrides.push_back("model.init_from=" + nlohmann::json(step.string()).dump());
     if (state.is_object() && state.value("step", nlohmann::json()).is_number_integer()) evaluated["step"] = state.at("step");
   } else if (vm.count("hf")) {
     const std::string dir = vm["hf"].as<std::string>();

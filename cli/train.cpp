@@ -229,6 +229,12 @@ int run_training(const json& config, BoosterComponents components, const Trainin
       evaluate_only ? nullptr : config::make_lr_scheduler(config.at("lr_scheduler"), *optimizer, total_steps);
   booster.boost(model, optimizer, config::make_criterion(config.at("criterion")), loader, scheduler);
 
+  if (evaluate_only && hooks.evaluated.value("lora_adapters", false)) {
+    const std::string checkpoint = hooks.evaluated.at("checkpoint").get<std::string>();
+    BOOSTER_CHECK(lora.has_value(), ConfigError, "--checkpoint ", checkpoint, " holds LoRA adapters only; evaluate "
+                  "it with the config of the run that saved it (its lora section)");
+    booster.load_adapters(checkpoint, "booster eval --checkpoint");
+  }
   Trainer trainer(booster, std::move(options));
   if (split.test && hooks.evaluate) trainer.set_eval_data(split.test, split.eval_stride);
   if (hooks.before_fit) hooks.before_fit(trainer);

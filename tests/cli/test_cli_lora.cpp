@@ -288,3 +288,25 @@ TEST_CASE("lora.init_from starts the adapters from a PEFT directory, its setting
   r = run_booster("train --config " + write_config("peft_r8.json", c).string());
   check_refused(r, {"lora.r", "8", "4"});
 }
+
+TEST_CASE("booster eval of a LoRA checkpoint gives the validation loss its run reported", "[cli][lora][checkpoint]") {
+  json c = lora_config();
+  c["data"]["val_path"] = token_file().string();
+  const fs::path cfg = write_config("eval.json", c), root = scratch_dir() / "eval";
+  fs::remove_all(root);
+  RunResult r = run_booster("train --config " + cfg.string() + " --set train.checkpoint_every=6 --set "
+                            "train.checkpoint_dir=" + root.string());
+  INFO(r.err);
+  REQUIRE(r.exit_code == 0);
+  const json trained = json::parse(r.out.substr(r.out.rfind('{')));
+  r = run_booster("eval --config " + cfg.string() + " --checkpoint " + step_dir(root, 6).string());
+  INFO(r.err);
+  REQUIRE(r.exit_code == 0);
+  const json evaluated = json::parse(r.out.substr(r.out.rfind('{')));
+  CHECK(evaluated.at("lora_adapters") == true);
+  CHECK(evaluated.at("val_loss") == trained.at("val_loss"));
+  // Without the run's lora section there is no model to put the adapters on.
+  check_refused(run_booster("eval --config " + cfg.string() + " --checkpoint " + step_dir(root, 6).string() +
+                            " --set lora=null"),
+                {"holds LoRA adapters only", "lora section"});
+}

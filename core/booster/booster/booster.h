@@ -350,6 +350,10 @@ class Booster {
   // names, dtypes, shapes and bytes of its parameters that do not require grad, in parameters() order.
   const std::string& lora_base_digest() const { return lora_base_digest_; }
   static std::string base_digest(const nn::Module& model);
+  // The adapters of a LoRA checkpoint step directory into the boosted model (what `booster eval` of a
+  // LoRA run evaluates): its model/ only, after the checks load_state makes of its "lora" (the same LoRA
+  // settings, the same base digest). CheckpointError naming what differs. Collective.
+  void load_adapters(const std::filesystem::path& step_dir, const std::string& context = "load_adapters");
 
   // The model boost() was given as a Hugging Face directory (nn::save_pretrained: config.json and the
   // weights in Hugging Face's names), from a user's own loop under any plugin: the parameters a plugin
@@ -486,6 +490,7 @@ class Booster {
   std::optional<nn::LoraConfig> lora_;
   std::string lora_base_digest_;
   nn::ModulePtr adapter_view() const;
+  void check_lora_state(const nlohmann::json& state, const std::filesystem::path& dir, const std::string& context) const;
 };
 
 }  // namespace booster

@@ -362,6 +362,39 @@ fs::path Booster::save_state(const fs::path& root, const SaveStateOptions& optio
 }
 
 // ------------------------------------------------------------------------------------------ load
+// Note [Adapter-only checkpoints]: a checkpoint's "lora" against this run's, before anything loads.
+void Booster::check_lora_state(const json& state, const fs::path& dir, const std::string& context) const {
+  const json saved_lora = state.value("lora", json());
+  BOOSTER_CHECK(saved_lora.is_object() == lora_.has_value(), CheckpointError, context, ": ", dir.string(),
+                saved_lora.is_object()
+                    ? " holds LoRA adapters only, but this run trains the whole model; resume with the lora settings "
+                      "it was saved with (" + saved_lora.value("config", json()).dump() + ")"
+                    : " is a checkpoint of the whole model, but this run trains LoRA adapters; resume without lora, "
+                      "or start the adapters afresh on its weights (model.init_from=" + (dir / "model").string() + ")");
+  if (lora_) {
+    const json config_now = lora_json(*lora_), config_saved = saved_lora.value("config", json::object());
+    std::vector<std::string> ignored;
+    if (const auto d = first_difference("lora", config_saved, config_now, ignored))
+      BOOSTER_FAIL(CheckpointError, context, ": ", dir.string(), " was saved with ", d->where, " ", show(d->saved),
+                   " but this run has ", show(d->now), "; a resume continues the saved adapters: resume with --set ",
+                   d->where, "=", show(d->saved));
+    const json digest = saved_lora.value("base_digest", json());
+    BOOSTER_CHECK(digest == json(lora_base_digest_), CheckpointError, context, ": ", dir.string(),
+                  " holds adapters trained on a base whose digest is ", show(digest), " but this run's base has ",
+                  show(json(lora_base_digest_)), "; resume on the base it was trained on (the same model section, "
+                  "model.init_from and train.seed)");
+  }
+
+}
+
+void Booster::load_adapters(const fs::path& step_dir, const std::string& context) {
+  BOOSTER_CHECK(boosted_ && lora_, StateError, context, ": load_adapters needs a LoRA model (enable_lora) boosted first");
+  checkpoint::verify_checksums(step_dir);  // Note [Checkpoint checksums]: a damaged file names itself
+  const json state = read_state_file(step_dir, context);
+  check_lora_state(state, step_dir, context);
+  load_model(*adapter_view(), step_dir / "model");
+}
+
 // Note [Falling back from a damaged checkpoint]
 // A root resumes from its newest step that passes its checksums: the one `latest` names, else each
 // committed step from the newest down (checkpoint::checkpoint_candidates). A step that fails them (a
@@ -684,27 +717,7 @@ LoadedState Booster::load_state(const fs::path& path, const LoadStateOptions& op
   BOOSTER_CHECK(state.at("dataloader").is_null() || parts_.dataloader, CheckpointError, context, ": ", dir.string(),
                 " has a dataloader position but boost() was given no dataloader; pass the same parts as the saved run");
 
-  // Note [Adapter-only checkpoints]
-  const json saved_lora = state.value("lora", json());
-  BOOSTER_CHECK(saved_lora.is_object() == lora_.has_value(), CheckpointError, context, ": ", dir.string(),
-                saved_lora.is_object()
-                    ? " holds LoRA adapters only, but this run trains the whole model; resume with the lora settings "
-                      "it was saved with (" + saved_lora.value("config", json()).dump() + ")"
-                    : " is a checkpoint of the whole model, but this run trains LoRA adapters; resume without lora, "
-                      "or start the adapters afresh on its weights (model.init_from=" + (dir / "model").string() + ")");
-  if (lora_) {
-    const json config_now = lora_json(*lora_), config_saved = saved_lora.value("config", json::object());
-    std::vector<std::string> ignored;
-    if (const auto d = first_difference("lora", config_saved, config_now, ignored))
-      BOOSTER_FAIL(CheckpointError, context, ": ", dir.string(), " was saved with ", d->where, " ", show(d->saved),
-                   " but this run has ", show(d->now), "; a resume continues the saved adapters: resume with --set ",
-                   d->where, "=", show(d->saved));
-    const json digest = saved_lora.value("base_digest", json());
-    BOOSTER_CHECK(digest == json(lora_base_digest_), CheckpointError, context, ": ", dir.string(),
-                  " holds adapters trained on a base whose digest is ", show(digest), " but this run's base has ",
-                  show(json(lora_base_digest_)), "; resume on the base it was trained on (the same model section, "
-                  "model.init_from and train.seed)");
-  }
+  check_lora_state(state, dir, context);  // Note [Adapter-only checkpoints]
 
   // Everything checked: restore.
   if (same_precision) {
