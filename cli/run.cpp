@@ -28,6 +28,7 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <sched.h>
+#include <sys/random.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -48,6 +49,7 @@
 #include <vector>
 
 #include "booster/common/error.h"
+#include "booster/common/sha256.h"
 #include "booster/config/config.h"
 #include "booster/trainer/signals.h"
 #include "commands.h"
@@ -789,6 +791,34 @@ void copy_hostfile_for_mpirun(LaunchPlan& plan, const std::string& contents, Hos
       plan.mpirun_options[k + 1] = path;
 }
 
+// Note [Job secret under booster run]
+// Every start of the job (each restart too, so that a straggler of the last attempt cannot join the next)
+// gets a fresh secret of 32 random bytes, hex, in BOOSTER_JOB_SECRET, which the tcp group and the TCP
+// rendezvous prove with a challenge-response (Note [Job secret] in distributed/README.md). It goes in
+// booster run's environment and mpirun passes it on with `-x BOOSTER_JOB_SECRET` (to other hosts too),
+// so its value is on no command line (`ps` shows the name only; /proc/<pid>/environ is the owner's). A
+// secret the user set (BOOSTER_JOB_SECRET or BOOSTER_JOB_SECRET_FILE) is kept and passed on instead.
+// --dry-run prints neither.
+std::string fresh_job_secret() {
+  uint8_t bytes[32];
+  size_t done = 0;
+  while (done < sizeof bytes) {
+    const ssize_t n = ::getrandom(bytes + done, sizeof bytes - done, 0);
+    if (n < 0 && errno == EINTR) continue;
+    BOOSTER_CHECK(n > 0, IOError, "booster run: no random bytes for the job secret (getrandom: ", std::strerror(errno),
+                  "); set BOOSTER_JOB_SECRET to a random value yourself");
+    done += size_t(n);
+  }
+  return common::to_hex(bytes, sizeof bytes);
+}
+
+// The variable that carries the job's secret to the ranks, setting a fresh one when the user gave none.
+std::string secret_for_attempt(bool user_secret) {
+  if (user_secret) return std::getenv("BOOSTER_JOB_SECRET") ? "BOOSTER_JOB_SECRET" : "BOOSTER_JOB_SECRET_FILE";
+  ::setenv("BOOSTER_JOB_SECRET", fresh_job_secret().c_str(), /*overwrite=*/1);
+  return "BOOSTER_JOB_SECRET";
+}
+
 }  // namespace
 
 int run(const std::vector<std::string>& args) {
@@ -834,10 +864,14 @@ int run(const std::vector<std::string>& args) {
   const bool train = restart::is_train(plan.command, context.self);
   const nlohmann::json train_config = train && plan.max_restarts > 0 ? restart::train_config(plan.command) : nullptr;
   LaunchPlan attempt = plan;
+  const bool user_secret = std::getenv("BOOSTER_JOB_SECRET") || std::getenv("BOOSTER_JOB_SECRET_FILE");
   for (int restarts = 0;; ++restarts) {
     for (const auto& [name, value] : attempt.env) ::setenv(name.c_str(), value.c_str(), /*overwrite=*/1);
+    // Note [Job secret under booster run]
+    std::vector<std::string> launch = attempt.argv;
+    launch.insert(launch.begin() + 1, {"-x", secret_for_attempt(user_secret)});
     std::vector<char*> argv;
-    for (const std::string& a : attempt.argv) argv.push_back(const_cast<char*>(a.c_str()));
+    for (const std::string& a : launch) argv.push_back(const_cast<char*>(a.c_str()));
     argv.push_back(nullptr);
     std::cout.flush();
     std::cerr.flush();

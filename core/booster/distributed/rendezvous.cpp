@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
@@ -224,6 +225,7 @@ struct Hello {
 };
 
 constexpr char kOtherJob[8] = {'B', 'O', 'O', 'S', 'T', 'R', 'D', 'J'};  // rank 0's answer to another job
+constexpr char kChallenge[8] = {'B', 'O', 'O', 'S', 'T', 'R', 'D', 'N'};  // a nonce follows (Note [Job secret])
 
 std::string where(const RendezvousSpec& spec) {
   return spec.address + ":" + std::to_string(spec.port) + " (" + spec.source + ")";
@@ -233,6 +235,7 @@ std::vector<uint8_t> serve_tcp(const RendezvousSpec& spec, int world_size, const
                                std::chrono::duration<double> timeout) {
   const auto deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(timeout);
   // Bound to the address MASTER_ADDR names (ConfigError when it is not this machine's or the port is taken).
+  warn_without_secret(spec, "rendezvous");
   const std::vector<Socket> listeners = listen_at_master(spec, world_size, "rendezvous");
   std::vector<int> listener_fds;
   for (const Socket& l : listeners) listener_fds.push_back(l.fd);
@@ -254,6 +257,16 @@ std::vector<uint8_t> serve_tcp(const RendezvousSpec& spec, int world_size, const
     if (hello.token != job_token(spec, hello.world_size)) {
       (void)send_all(peer.fd, kOtherJob, sizeof kOtherJob, std::min(deadline, Clock::now() + std::chrono::seconds(1)));
       continue;
+    }
+    // With a secret, only a peer that proves it counts (Note [Job secret]); a stranger is dropped before
+    // the checks below could end the job.
+    if (!spec.secret.empty()) {
+      const bool proved = send_all(peer.fd, kChallenge, sizeof kChallenge, deadline) &&
+                          check_peer_secret(peer.fd, spec.secret, &hello, sizeof hello, deadline);
+      if (!proved) {
+        log_dropped(peer.fd, "rendezvous", hello.rank, hello.world_size);
+        continue;
+      }
     }
     BOOSTER_CHECK(hello.world_size == world_size, ConfigError, "rendezvous: rank ", hello.rank, " was started with a ",
                   "world size of ", hello.world_size, " and rank 0 with ", world_size,
@@ -294,10 +307,21 @@ std::vector<uint8_t> fetch_tcp(const RendezvousSpec& spec, int rank, int world_s
       hello.token = job_token(spec, world_size);
       char magic[sizeof kMagic];
       uint64_t n = 0;
-      const bool answered = send_all(s.fd, &hello, sizeof hello, deadline) && recv_all(s.fd, magic, sizeof magic, deadline);
+      bool answered = send_all(s.fd, &hello, sizeof hello, deadline) && recv_all(s.fd, magic, sizeof magic, deadline);
       BOOSTER_CHECK(!answered || std::memcmp(magic, kOtherJob, sizeof kOtherJob) != 0, DistributedError,
                     "rendezvous: rank ", rank, " reached a rank 0 at ", where(spec), " of another job, not this one (",
                     job_name(spec, world_size), "); give each job a MASTER_PORT of its own");
+      if (answered && !spec.secret.empty() && std::memcmp(magic, kChallenge, sizeof kChallenge) == 0) {
+        const SecretResult proof = prove_secret(s.fd, spec.secret, &hello, sizeof hello, deadline);
+        BOOSTER_CHECK(proof != SecretResult::kRefused, DistributedError, "rendezvous: rank ", rank,
+                      " was refused by the rank 0 at ", where(spec), ": it has another job secret (another job on ",
+                      "this port, or the ranks were given different BOOSTER_JOB_SECRET values); give each job a ",
+                      "MASTER_PORT of its own and every rank the same secret");
+        BOOSTER_CHECK(proof != SecretResult::kImpostor, DistributedError, "rendezvous: the process at ", where(spec),
+                      " that rank ", rank, " reached as rank 0 did not prove it knows this job's secret; it is not ",
+                      "this job's rank 0");
+        answered = proof == SecretResult::kProved && recv_all(s.fd, magic, sizeof magic, deadline);
+      }
       if (!answered || std::memcmp(magic, kMagic, sizeof kMagic) != 0 || !recv_all(s.fd, &n, sizeof n, deadline) ||
           n > kMaxBlob) {
         last_error = "the connection ended before the id came";
@@ -354,6 +378,7 @@ std::optional<RendezvousSpec> rendezvous_from_environment() {
     spec.file = file;
     spec.source = "BOOSTER_NCCL_ID_FILE";
     spec.job = job_from_environment();
+    spec.secret = job_secret_from_environment();
     return spec;
   }
   const char* address = env("MASTER_ADDR");
@@ -367,7 +392,30 @@ std::optional<RendezvousSpec> rendezvous_from_environment() {
   spec.port = number_variable("MASTER_PORT", 1, 65535, "a port number");
   spec.source = "MASTER_ADDR/MASTER_PORT";
   spec.job = job_from_environment();
+  spec.secret = job_secret_from_environment();
   return spec;
+}
+
+std::string job_secret_from_environment() {
+  if (const char* secret = env("BOOSTER_JOB_SECRET")) return secret;
+  const char* file = env("BOOSTER_JOB_SECRET_FILE");
+  if (!file) return "";
+  std::error_code ec;
+  const auto status = fs::status(file, ec);
+  BOOSTER_CHECK(!ec && fs::is_regular_file(status), ConfigError, "BOOSTER_JOB_SECRET_FILE names '", file,
+                "', which ", ec ? "cannot be read (" + ec.message() + ")" : std::string("is not a regular file"),
+                "; point it at a file holding the job's secret, or set BOOSTER_JOB_SECRET");
+  std::ifstream in(file, std::ios::binary);
+  std::string text(4097, '\0');
+  in.read(text.data(), std::streamsize(text.size()));
+  BOOSTER_CHECK(!in.bad(), ConfigError, "BOOSTER_JOB_SECRET_FILE '", file, "' cannot be read");
+  text.resize(size_t(in.gcount()));
+  BOOSTER_CHECK(text.size() <= 4096, ConfigError, "BOOSTER_JOB_SECRET_FILE '", file,
+                "' is over 4 KiB; a secret of 32 random bytes (64 hex digits) is enough");
+  while (!text.empty() && std::isspace(static_cast<unsigned char>(text.back()))) text.pop_back();
+  BOOSTER_CHECK(!text.empty(), ConfigError, "BOOSTER_JOB_SECRET_FILE '", file,
+                "' is empty; write the job's secret into it (e.g. 64 hex digits from /dev/urandom)");
+  return text;
 }
 
 std::vector<uint8_t> share_from_rank0(const RendezvousSpec& spec, int rank, int world_size,

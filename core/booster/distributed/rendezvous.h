@@ -37,7 +37,16 @@ struct RendezvousSpec {
   // The job's id, so that two jobs on one file or port do not take each other's blob:
   // TORCHELASTIC_RUN_ID, else SLURM_JOB_ID, else BOOSTER_RUN_ID, else "" (the world size counts too).
   std::string job;
+  // The job's secret (Note [Job secret] in distributed/README.md): BOOSTER_JOB_SECRET, else the contents
+  // of the file BOOSTER_JOB_SECRET_FILE names (booster run makes one per launch), else "". With one, every
+  // TCP hello is a challenge-response over it (an HMAC of the other side's nonce), both ways; the secret
+  // itself never travels.
+  std::string secret;
 };
+
+// BOOSTER_JOB_SECRET, else the trimmed contents of BOOSTER_JOB_SECRET_FILE (a regular file of at most
+// 4 KiB), else "". ConfigError for a file that cannot be read, is not a regular file, or is empty.
+std::string job_secret_from_environment();
 
 // BOOSTER_NCCL_ID_FILE when set, else MASTER_ADDR and MASTER_PORT (both: ConfigError when one is
 // missing, or the port is not from 1 to 65535); nullopt when none is set.

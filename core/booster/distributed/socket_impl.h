@@ -11,6 +11,7 @@
 #include <netinet/tcp.h>
 #include <poll.h>
 #include <sys/socket.h>
+#include <sys/random.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -19,12 +20,15 @@
 #include <cstdint>
 #include <cstring>
 #include <deque>
+#include <iostream>
+#include <mutex>
 #include <memory>
 #include <sstream>
 #include <string>
 #include <vector>
 
 #include "booster/common/error.h"
+#include "booster/common/sha256.h"
 #include "booster/distributed/rendezvous.h"
 
 namespace booster::distributed::net {
@@ -41,10 +45,13 @@ inline Clock::time_point deadline_after(std::chrono::duration<double> timeout) {
   return Clock::now() + std::chrono::duration_cast<Clock::duration>(timeout);
 }
 
-// The job's token (Note [Rendezvous without MPI], "two jobs"): FNV-1a of its id and world size.
+// The job's token (Note [Rendezvous without MPI], "two jobs"): FNV-1a of its id and world size, and
+// whether it has a secret (so that a rank without one meets "another job", not a failed proof). Public:
+// anyone computes it; only the secret's challenge-response (Note [Job secret]) keeps strangers out.
 inline uint64_t job_token(const RendezvousSpec& spec, int world_size) {
   uint64_t h = 1469598103934665603ull;
-  for (const char c : spec.job + "/" + std::to_string(world_size)) h = (h ^ uint8_t(c)) * 1099511628211ull;
+  for (const char c : spec.job + "/" + std::to_string(world_size) + (spec.secret.empty() ? "" : "/secret"))
+    h = (h ^ uint8_t(c)) * 1099511628211ull;
   return h;
 }
 
@@ -404,6 +411,106 @@ inline std::vector<Socket> listen_at_master(const RendezvousSpec& spec, int back
                std::strerror(last),
                last == EADDRINUSE ? "; another program (or job) uses it: choose another MASTER_PORT"
                                   : "; choose another MASTER_PORT");
+}
+
+// Note [Job secret]
+// With a secret (RendezvousSpec::secret), a connection is used only after both ends proved they know it,
+// without sending it: after the fixed-size hello, the acceptor sends a fresh random nonce nA; the
+// connector answers with its own nonce nC and HMAC-SHA256(secret, "C" | hello | nA | nC); the acceptor
+// checks it (in constant time) and answers 'Y' and HMAC(secret, "A" | hello | nA | nC), or 'N'. The hello
+// (magic, token, rank, world size, port) is inside both MACs, so a proof made for one rank, world size or
+// direction fits no other, and a captured answer fits no later nonce (a replay fails). A connection that
+// fails is dropped and logged and the acceptor goes on waiting for the real peer until its timeout; a
+// connector told 'N' fails at once (another job's rank 0 on this port, or ranks given different
+// secrets). The acceptor gives one connection at most kProofWait to answer, so a stranger that stalls
+// delays the job by that much per try, no more. Without a secret the hello is checked by its token only,
+// as before; a job listening on a non-loopback address without one warns once (warn_without_secret).
+constexpr size_t kNonceBytes = 32;
+constexpr auto kProofWait = std::chrono::seconds(2);
+
+inline void random_nonce(uint8_t* out) {
+  size_t done = 0;
+  while (done < kNonceBytes) {
+    const ssize_t n = ::getrandom(out + done, kNonceBytes - done, 0);
+    if (n < 0 && errno == EINTR) continue;
+    BOOSTER_CHECK(n > 0, DistributedError, "tcp group: no random bytes for the job secret's nonce (getrandom: ",
+                  std::strerror(errno), ")");
+    done += size_t(n);
+  }
+}
+
+inline common::Sha256Digest secret_proof(const std::string& secret, char direction, const void* hello,
+                                         size_t hello_bytes, const uint8_t* nonce_a, const uint8_t* nonce_c) {
+  std::string message = "booster job secret ";
+  message += direction;
+  message.append(static_cast<const char*>(hello), hello_bytes);
+  message.append(reinterpret_cast<const char*>(nonce_a), kNonceBytes);
+  message.append(reinterpret_cast<const char*>(nonce_c), kNonceBytes);
+  return common::hmac_sha256(secret, message);
+}
+
+// The acceptor's half, on a connection whose `hello` was read: true when the peer proved it knows
+// `secret`. Never throws for the peer's behaviour.
+inline bool check_peer_secret(int fd, const std::string& secret, const void* hello, size_t hello_bytes,
+                              Clock::time_point deadline) {
+  deadline = std::min(deadline, Clock::now() + std::chrono::duration_cast<Clock::duration>(kProofWait));
+  uint8_t nonce_a[kNonceBytes], answer[kNonceBytes + 32];
+  random_nonce(nonce_a);
+  if (!send_all(fd, nonce_a, sizeof nonce_a, deadline) || !recv_all(fd, answer, sizeof answer, deadline))
+    return false;
+  common::Sha256Digest got{};
+  std::memcpy(got.data(), answer + kNonceBytes, got.size());
+  const bool ok =
+      common::digests_equal(got, secret_proof(secret, 'C', hello, hello_bytes, nonce_a, answer));
+  char reply[1 + 32] = {ok ? 'Y' : 'N'};
+  if (ok) {
+    const common::Sha256Digest mine = secret_proof(secret, 'A', hello, hello_bytes, nonce_a, answer);
+    std::memcpy(reply + 1, mine.data(), mine.size());
+  }
+  return send_all(fd, reply, sizeof reply, deadline) && ok;
+}
+
+// The connector's half, after it sent `hello`: kProved, kRefused (the acceptor said 'N'), kImpostor (it
+// answered 'Y' without the proof), or kLost (the connection ended or time ran out).
+enum class SecretResult { kProved, kRefused, kImpostor, kLost };
+inline SecretResult prove_secret(int fd, const std::string& secret, const void* hello, size_t hello_bytes,
+                                 Clock::time_point deadline) {
+  uint8_t nonce_a[kNonceBytes], answer[kNonceBytes + 32];
+  if (!recv_all(fd, nonce_a, sizeof nonce_a, deadline)) return SecretResult::kLost;
+  random_nonce(answer);
+  const common::Sha256Digest mine = secret_proof(secret, 'C', hello, hello_bytes, nonce_a, answer);
+  std::memcpy(answer + kNonceBytes, mine.data(), mine.size());
+  char reply[1 + 32];
+  if (!send_all(fd, answer, sizeof answer, deadline) || !recv_all(fd, reply, sizeof reply, deadline))
+    return SecretResult::kLost;
+  if (reply[0] != 'Y') return SecretResult::kRefused;
+  common::Sha256Digest got{};
+  std::memcpy(got.data(), reply + 1, got.size());
+  return common::digests_equal(got, secret_proof(secret, 'A', hello, hello_bytes, nonce_a, answer))
+             ? SecretResult::kProved
+             : SecretResult::kImpostor;
+}
+
+// Logs a connection dropped for failing the proof (Note [Job secret]); the job goes on.
+inline void log_dropped(int fd, const std::string& who, int claimed_rank, int claimed_world) {
+  std::cerr << who + ": dropped a connection from " + numeric_host(peer_address(fd)) + " that says it is rank " +
+                   std::to_string(claimed_rank) + " of " + std::to_string(claimed_world) +
+                   ": it did not prove it knows this job's secret (BOOSTER_JOB_SECRET); waiting on for the "
+                   "job's own ranks\n";
+}
+
+// Once per process: a job on a non-loopback MASTER_ADDR without a secret lets anyone who reaches the
+// port join it (Note [Job secret]).
+inline void warn_without_secret(const RendezvousSpec& spec, const std::string& who) {
+  if (!spec.secret.empty() || spec.kind != RendezvousSpec::Kind::Tcp) return;
+  if (is_loopback(spec.address) || spec.address == "localhost") return;
+  static std::once_flag once;
+  std::call_once(once, [&] {
+    std::cerr << who + ": warning: no job secret, and MASTER_ADDR " + spec.address +
+                     " is reachable from other machines: anyone who reaches port " + std::to_string(spec.port) +
+                     " can join this job; start it with booster run, or set BOOSTER_JOB_SECRET (or "
+                     "BOOSTER_JOB_SECRET_FILE) to the same random value on every rank\n";
+  });
 }
 
 }  // namespace booster::distributed::net

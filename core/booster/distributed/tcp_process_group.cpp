@@ -47,6 +47,7 @@ constexpr char kHelloMagic[8] = {'B', 'O', 'O', 'S', 'T', 'T', 'C', 'P'};  // a 
 constexpr char kMeshMagic[8] = {'B', 'O', 'O', 'S', 'T', 'T', 'C', 'M'};   // a mesh link's hello
 constexpr char kTableMagic[8] = {'B', 'O', 'O', 'S', 'T', 'T', 'C', 'T'};  // rank 0's table
 constexpr char kOtherJob[8] = {'B', 'O', 'O', 'S', 'T', 'T', 'C', 'J'};    // rank 0's answer to another job
+constexpr char kChallenge[8] = {'B', 'O', 'O', 'S', 'T', 'T', 'C', 'N'};  // a nonce follows (Note [Job secret])
 
 // What a rank says first on a new connection: to rank 0 (with the port of its own listener), or on a
 // mesh link.
@@ -86,10 +87,39 @@ std::string where(const Endpoint& e) {
 
 // ---------------------------------------------------------------------------------------- bootstrap
 
+// The connector's half of Note [Job secret] on `fd`, after `hello` went: reads the challenge and proves
+// the secret. False when the connection ended (try again); DistributedError when the other end refused
+// the proof or could not prove the secret itself.
+bool prove_to_acceptor(int fd, const Hello& hello, const std::string& secret, const std::string& at,
+                       Clock::time_point deadline, const std::string& who) {
+  char head[8];
+  if (!net::recv_all(fd, head, sizeof head, deadline)) return false;
+  if (std::memcmp(head, kChallenge, sizeof kChallenge) != 0) return false;
+  const net::SecretResult r = net::prove_secret(fd, secret, &hello, sizeof hello, deadline);
+  BOOSTER_CHECK(r != net::SecretResult::kRefused, DistributedError, who, ": rank ", hello.rank, " was refused by ",
+                at, ": the process there has another job secret (another job on this port, or the ranks were "
+                "given different BOOSTER_JOB_SECRET values); start every rank with the same secret");
+  BOOSTER_CHECK(r != net::SecretResult::kImpostor, DistributedError, who, ": the process at ", at,
+                " that rank ", hello.rank, " reached did not prove it knows this job's secret; it is not one of "
+                "this job's ranks");
+  return r == net::SecretResult::kProved;
+}
+
+// The acceptor's half of Note [Job secret] on `peer`, whose `hello` was read: true when it proved the
+// secret (or there is none); else it is logged, and the caller drops it.
+bool accept_proof(const Socket& peer, const Hello& hello, const std::string& secret, Clock::time_point deadline,
+                  const std::string& who) {
+  if (secret.empty()) return true;
+  const bool ok = net::send_all(peer.fd, kChallenge, sizeof kChallenge, deadline) &&
+                  net::check_peer_secret(peer.fd, secret, &hello, sizeof hello, deadline);
+  if (!ok) net::log_dropped(peer.fd, who, hello.rank, hello.world_size);
+  return ok;
+}
+
 // Connects to `to` (any of its addresses), retrying until the deadline; sends `hello`. An invalid
 // socket with `error` set when time ran out.
-Socket connect_with_hello(const Endpoint& to, const Hello& hello, Clock::time_point deadline, std::string& error,
-                          const std::string& who) {
+Socket connect_with_hello(const Endpoint& to, const Hello& hello, const std::string& secret, Clock::time_point deadline,
+                          std::string& error, const std::string& who) {
   while (Clock::now() < deadline) {
     const net::AddressList found = net::resolve(to.host, to.port, false, error);
     for (const addrinfo* a = found.get(); a; a = a->ai_next) {
@@ -100,6 +130,10 @@ Socket connect_with_hello(const Endpoint& to, const Hello& hello, Clock::time_po
       net::set_nodelay(s.fd);
       if (!net::send_all(s.fd, &hello, sizeof hello, deadline)) {
         error = "the connection ended before the hello went";
+        continue;
+      }
+      if (!secret.empty() && !prove_to_acceptor(s.fd, hello, secret, where(to), deadline, who)) {
+        error = "the connection ended during the job secret's challenge";
         continue;
       }
       return s;
@@ -174,8 +208,8 @@ std::string missing(const std::vector<bool>& have, int first, int end) {
 // lower rank from `first_lower` on and accepts every higher rank on `listener`; links[j] ends as the
 // link to rank j. Each link's hello carries `token`, so a stray connection is dropped.
 void build_mesh(int rank, int size, const std::vector<Endpoint>& ends, Socket& listener, int first_lower,
-                uint64_t token, Clock::time_point deadline, Seconds timeout, std::vector<Socket>& links,
-                const std::string& who) {
+                uint64_t token, const std::string& secret, Clock::time_point deadline, Seconds timeout,
+                std::vector<Socket>& links, const std::string& who) {
   Hello hello{};
   std::memcpy(hello.magic, kMeshMagic, sizeof kMeshMagic);
   hello.token = token;
@@ -183,7 +217,7 @@ void build_mesh(int rank, int size, const std::vector<Endpoint>& ends, Socket& l
   hello.world_size = size;
   for (int j = first_lower; j < rank; ++j) {
     std::string error;
-    links[size_t(j)] = connect_with_hello(ends[size_t(j)], hello, deadline, error, who);
+    links[size_t(j)] = connect_with_hello(ends[size_t(j)], hello, secret, deadline, error, who);
     BOOSTER_CHECK(links[size_t(j)].fd >= 0, DistributedError, who, ": rank ", rank, " could not connect to rank ",
                   j, " at ", where(ends[size_t(j)]), " within ", net::seconds(timeout), " (last: ", error,
                   "); is rank ", j, " running, and can this host reach it?");
@@ -199,6 +233,7 @@ void build_mesh(int rank, int size, const std::vector<Endpoint>& ends, Socket& l
     if (std::memcmp(got.magic, kMeshMagic, sizeof kMeshMagic) != 0 || got.token != token ||
         got.world_size != size || got.rank <= rank || got.rank >= size || have[size_t(got.rank)])
       continue;  // not one of this group's links: dropped
+    if (!accept_proof(peer, got, secret, deadline, who)) continue;
     net::set_nodelay(peer.fd);
     have[size_t(got.rank)] = true;
     links[size_t(got.rank)] = std::move(peer);
@@ -370,6 +405,9 @@ class TcpComm {
   int size() const { return size_; }
   int world_size() const { return world_size_; }
   uint64_t token() const { return token_; }
+  // The job's secret (Note [Job secret]), which a split's mesh proves too.
+  const std::string& secret() const { return secret_; }
+  void set_secret(std::string secret) { secret_ = std::move(secret); }
   const std::string& host() const { return host_; }
   int world_rank_of(int r) const { return world_of_.empty() ? r : world_of_[size_t(r)]; }
   uint64_t next_split() { return ++splits_; }
@@ -985,6 +1023,7 @@ class TcpComm {
   const std::vector<int> world_of_;  // world rank of each rank; empty: the world itself
   const int world_size_;
   const uint64_t token_;
+  std::string secret_;
   const std::string host_;  // this rank's address on its links: a subgroup's listener binds it
   int flight_group_ = -1;
   std::atomic<uint64_t> splits_{0};
@@ -1296,9 +1335,11 @@ std::shared_ptr<ProcessGroup> TcpProcessGroup::split(int color, int key, const s
   if (whole_world) world_of.clear();
   const uint64_t token = mix(mix(comm_->token(), number), uint64_t(uint32_t(color)));
   std::vector<Socket> links(static_cast<size_t>(sub_size));
-  build_mesh(sub_rank, sub_size, ends, listener, 0, token, deadline, limit, links, who);
-  return std::make_shared<TcpProcessGroup>(std::make_unique<TcpComm>(
-      name, sub_rank, sub_size, std::move(world_of), comm_->world_size(), token, std::move(links), comm_->host()));
+  build_mesh(sub_rank, sub_size, ends, listener, 0, token, comm_->secret(), deadline, limit, links, who);
+  auto sub = std::make_unique<TcpComm>(name, sub_rank, sub_size, std::move(world_of), comm_->world_size(), token,
+                                       std::move(links), comm_->host());
+  sub->set_secret(comm_->secret());
+  return std::make_shared<TcpProcessGroup>(std::move(sub));
 }
 
 }  // namespace
@@ -1325,6 +1366,7 @@ std::shared_ptr<ProcessGroup> make_tcp_process_group(int rank, int world_size, c
         std::make_unique<TcpComm>("world", 0, 1, std::vector<int>{}, 1, token, std::move(links), host));
 
   if (rank == 0) {
+    net::warn_without_secret(spec, who);
     std::vector<Socket> listeners;
     if (spec.kind == RendezvousSpec::Kind::Tcp) {
       listeners = net::listen_at_master(spec, world_size, who);
@@ -1361,6 +1403,9 @@ std::shared_ptr<ProcessGroup> make_tcp_process_group(int rank, int world_size, c
                             std::min(deadline, Clock::now() + std::chrono::seconds(1)));
         continue;
       }
+      // With a secret, only a peer that proves it counts (Note [Job secret]): a stranger claiming another
+      // world size or a taken rank is dropped here, before the checks below could end the job.
+      if (!accept_proof(peer, hello, spec.secret, deadline, who)) continue;
       BOOSTER_CHECK(hello.world_size == world_size, ConfigError, who, ": rank ", hello.rank, " was started with a ",
                     "world size of ", hello.world_size, " and rank 0 with ", world_size,
                     "; every rank needs the same WORLD_SIZE");
@@ -1446,10 +1491,21 @@ std::shared_ptr<ProcessGroup> make_tcp_process_group(int rank, int world_size, c
           }
           // Rank 0 answers with the table once every rank is there, or at once when this is another
           // job's rank 0.
-          const bool answered = net::recv_all(s.fd, answer, sizeof answer, deadline);
+          bool answered = net::recv_all(s.fd, answer, sizeof answer, deadline);
           BOOSTER_CHECK(!answered || std::memcmp(answer, kOtherJob, sizeof kOtherJob) != 0, DistributedError, who,
                         ": rank ", rank, " reached a rank 0 at ", where(e), " of another job, not this one (",
                         net::job_name(spec, world_size), "); give each job a MASTER_PORT of its own");
+          if (answered && !spec.secret.empty() && std::memcmp(answer, kChallenge, sizeof kChallenge) == 0) {
+            const net::SecretResult proof = net::prove_secret(s.fd, spec.secret, &hello, sizeof hello, deadline);
+            BOOSTER_CHECK(proof != net::SecretResult::kRefused, DistributedError, who, ": rank ", rank,
+                          " was refused by the rank 0 at ", where(e), ": it has another job secret (another job on ",
+                          "this port, or the ranks were given different BOOSTER_JOB_SECRET values); give each job ",
+                          "a MASTER_PORT of its own and every rank the same secret");
+            BOOSTER_CHECK(proof != net::SecretResult::kImpostor, DistributedError, who, ": the process at ",
+                          where(e), " that rank ", rank, " reached as rank 0 did not prove it knows this job's ",
+                          "secret; it is not this job's rank 0");
+            answered = proof == net::SecretResult::kProved && net::recv_all(s.fd, answer, sizeof answer, deadline);
+          }
           BOOSTER_CHECK(answered && std::memcmp(answer, kTableMagic, sizeof kTableMagic) == 0, DistributedError, who,
                         ": rank ", rank, " connected to rank 0 at ", where(e), " (", spec.source,
                         ") but rank 0 closed the connection before every rank was there",
@@ -1474,11 +1530,12 @@ std::shared_ptr<ProcessGroup> make_tcp_process_group(int rank, int world_size, c
                   " for rank 0 at ", zero.empty() ? std::string("?") : where(zero.front()), " (", spec.source,
                   ", last: ", error, "); is rank 0 running, and ", spec.source, " the same on every rank?");
     links[0] = std::move(to_zero);
-    build_mesh(rank, world_size, ends, listener, 1, token, deadline, connect_timeout, links, who);
+    build_mesh(rank, world_size, ends, listener, 1, token, spec.secret, deadline, connect_timeout, links, who);
   }
-  return std::make_shared<TcpProcessGroup>(
-      std::make_unique<TcpComm>("world", rank, world_size, std::vector<int>{}, world_size, token, std::move(links),
-                                host));
+  auto comm = std::make_unique<TcpComm>("world", rank, world_size, std::vector<int>{}, world_size, token,
+                                        std::move(links), host);
+  comm->set_secret(spec.secret);
+  return std::make_shared<TcpProcessGroup>(std::move(comm));
 }
 
 }  // namespace booster::distributed
