@@ -28,8 +28,21 @@
 //                                                                 then --dtype), no adapter tensors: a plain model
 // The base of the merge is built as `booster train` built it (the Hugging Face directory of model.path,
 // model.init_from, or train.seed's initial weights) and checked against the digest the run recorded.
+//
+// Note [Export never destroys what it writes over]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// --out is refused when it lies inside any checkpoint (a step directory, a checkpoint root, the
+// checkpoint being read, a step-* under a checkpoints/ directory: see inside_checkpoint), when it holds
+// the checkpoint being read, and when it is a directory that is not empty, unless --overwrite. Every
+// format writes into a fresh hidden sibling, `.<name>.export-<pid>`, which takes --out's place only
+// once everything is written: a failure midway removes it and leaves --out as it was; with --overwrite
+// the old directory is renamed aside, the new one renamed in, and only then is the old one (with the
+// files the export did not rewrite) removed.
+#include <unistd.h>
+
 #include <filesystem>
 #include <iostream>
+#include <regex>
 #include <string>
 #include <vector>
 
@@ -37,6 +50,7 @@
 #include <nlohmann/json.hpp>
 
 #include "booster/booster/booster.h"
+#include "booster/checkpoint/atomic_file.h"
 #include "booster/checkpoint/checkpoint.h"
 #include "booster/checkpoint/checksums.h"
 #include "booster/checkpoint/safetensors.h"
@@ -67,6 +81,117 @@ fs::path step_directory(const fs::path& given) {
   return *step;
 }
 
+// Why `dir` is (part of) a checkpoint, or "" (Note [Export never destroys what it writes over]).
+std::string checkpoint_kind(const fs::path& dir) {
+  std::error_code ec;
+  if (fs::exists(dir / checkpoint::kTrainerStateFileName, ec)) return "a checkpoint step (it holds trainer_state.json)";
+  if (fs::exists(fs::symlink_status(dir / checkpoint::kChecksumsFileName, ec)))
+    return "a checkpoint step (it holds checksums.json)";
+  if (fs::exists(fs::symlink_status(dir / checkpoint::kLatestFileName, ec)))
+    return "a checkpoint directory (it holds `latest`)";
+  static const std::regex step_name(R"(step-\d{8}.*)");
+  if (std::regex_match(dir.filename().string(), step_name) && dir.parent_path().filename() == "checkpoints")
+    return "a checkpoint step directory";
+  if (fs::is_directory(dir, ec) && !checkpoint::list_checkpoints(dir).empty())
+    return "a checkpoint directory (it holds step-XXXXXXXX directories)";
+  return "";
+}
+
+bool is_within(const fs::path& inner, const fs::path& outer) {
+  auto i = inner.begin(), o = outer.begin();
+  for (; o != outer.end(); ++i, ++o)
+    if (i == inner.end() || *i != *o) return false;
+  return true;
+}
+
+// The directory an export writes (Note [Export never destroys what it writes over]): checks --out,
+// then hands out a fresh sibling to write into, which commit() puts in --out's place.
+class OutputDirectory {
+ public:
+  OutputDirectory(const fs::path& given, const fs::path& step, bool overwrite) : given_(given) {
+    out_ = fs::weakly_canonical(fs::absolute(given));
+    if (out_.filename().empty()) out_ = out_.parent_path();  // "dir/" names dir
+    const fs::path checkpoint = fs::weakly_canonical(fs::absolute(step));
+    BOOSTER_CHECK(!is_within(out_, checkpoint), ConfigError, "--out ", given.string(),
+                  " is inside the checkpoint being exported, ", checkpoint.string(),
+                  "; writing there would change the checkpoint: choose a directory outside it");
+    for (fs::path dir = out_;; dir = dir.parent_path()) {
+      const std::string kind = checkpoint_kind(dir);
+      BOOSTER_CHECK(kind.empty(), ConfigError, "--out ", given.string(), dir == out_ ? " is " : " is inside ",
+                    dir == out_ ? "" : dir.string() + ", ", kind,
+                    "; writing there would change a checkpoint: choose a directory outside every checkpoint");
+      if (dir == dir.root_path() || dir.parent_path() == dir) break;
+    }
+    BOOSTER_CHECK(!is_within(checkpoint, out_), ConfigError, "--out ", given.string(),
+                  " holds the checkpoint being exported, ", checkpoint.string(),
+                  "; choose a directory outside it");
+    std::error_code ec;
+    if (fs::exists(fs::symlink_status(out_, ec))) {
+      BOOSTER_CHECK(fs::is_directory(out_, ec), ConfigError, "--out ", given.string(),
+                    " exists and is not a directory; an export writes a directory: choose another --out");
+      size_t entries = 0;
+      std::string first;
+      for (const auto& e : fs::directory_iterator(out_)) {
+        if (entries++ == 0) first = e.path().filename().string();
+      }
+      replace_ = entries > 0;
+      BOOSTER_CHECK(!replace_ || overwrite, ConfigError, "--out ", given.string(), " is not empty (", entries,
+                    entries == 1 ? " entry: '" : " entries, e.g. '", first,
+                    "'); choose a new or empty directory, or pass --overwrite to replace it (its files are removed "
+                    "once the export has succeeded)");
+    }
+    fs::create_directories(out_.parent_path());
+    const std::string tag = std::to_string(::getpid());
+    std::string hidden(".");
+    hidden += out_.filename().string();
+    tmp_ = out_.parent_path() / (hidden + ".export-" + tag);
+    old_ = out_.parent_path() / (hidden + ".export-old-" + tag);
+    fs::remove_all(tmp_);
+  }
+  OutputDirectory(const OutputDirectory&) = delete;
+  OutputDirectory& operator=(const OutputDirectory&) = delete;
+  ~OutputDirectory() {
+    std::error_code ec;
+    if (!committed_) fs::remove_all(tmp_, ec);
+  }
+
+  // Where to write.
+  const fs::path& path() const { return tmp_; }
+  // --out as given, for messages.
+  const fs::path& given() const { return given_; }
+
+  // Puts what was written in --out's place; the old directory's files go only now.
+  void commit() {
+    fs::create_directories(tmp_);
+    checkpoint::sync_directory(tmp_);
+    std::error_code ec;
+    if (replace_) {
+      fs::remove_all(old_, ec);
+      fs::rename(out_, old_);
+      fs::rename(tmp_, out_);
+      committed_ = true;
+      fs::remove_all(old_);
+    } else {
+      if (fs::exists(fs::symlink_status(out_, ec))) fs::remove(out_);  // empty
+      fs::rename(tmp_, out_);
+      committed_ = true;
+    }
+    checkpoint::sync_directory(out_.parent_path());
+  }
+
+  // The names of the files written, sorted (after commit()).
+  json files() const {
+    json names = json::array();
+    for (const auto& e : fs::directory_iterator(out_)) names.push_back(e.path().filename().string());
+    std::sort(names.begin(), names.end());
+    return names;
+  }
+
+ private:
+  fs::path given_, out_, tmp_, old_;
+  bool replace_ = false, committed_ = false;
+};
+
 // The run's config: --config, else the first config.json with a "model" section beside the checkpoint.
 json run_config(const fs::path& step, const std::string& given) {
   if (!given.empty()) return config::load_file(given);
@@ -92,8 +217,9 @@ std::vector<fs::path> tokenizer_files_of(const fs::path& hf_dir) {
 
 // --format peft or --format hf --merge-lora of a LoRA run's checkpoint (see the top).
 int export_lora(const fs::path& step, const json& resolved, const nn::LoraConfig& lora, const std::string& format,
-                const fs::path& out, DType dtype, const std::string& dtype_arg, nn::SavePretrainedOptions options,
+                OutputDirectory& output, DType dtype, const std::string& dtype_arg, nn::SavePretrainedOptions options,
                 bool verify) {
+  const fs::path& out = output.path();
   const json& model_config = resolved.at("model");
   const uint64_t seed = resolved.at("train").at("seed").get<uint64_t>();
   const bool hf = model_config.value("type", std::string()) == "hf";
@@ -103,13 +229,14 @@ int export_lora(const fs::path& step, const json& resolved, const nn::LoraConfig
                   hf_dir.string(), ", whose config.json is missing here; pass the run's config with --config FILE, its "
                   "model.path the directory's path now");
   const nn::ModulePtr model = lora_checkpoint_model(step, model_config, seed, lora, verify);
-  json summary = {{"out", out.string()}, {"checkpoint", step.string()}, {"format", format}, {"dtype", dtype_arg}};
+  json summary = {{"out", output.given().string()}, {"checkpoint", step.string()}, {"format", format}, {"dtype", dtype_arg}};
   if (format == "peft") {
     nn::save_peft_adapter(*model, lora, out, {.base_model_name_or_path = hf ? hf_dir.string() : "", .dtype = dtype});
     int64_t adapters = 0;
     for (const Tensor& p : nn::trainable_parameters(*model)) adapters += p.numel();
     summary["parameters"] = adapters;
-    std::cerr << "booster: wrote the LoRA adapters of " << step.string() << " as a PEFT directory " << out.string()
+    output.commit();
+    std::cerr << "booster: wrote the LoRA adapters of " << step.string() << " as a PEFT directory " << output.given().string()
               << " (r " << lora.r << ", " << adapters << " parameters, " << dtype_arg << ")\n";
   } else {
     const nn::StateDict merged = nn::merge_lora(*model, lora);
@@ -126,13 +253,11 @@ int export_lora(const fs::path& step, const json& resolved, const nn::LoraConfig
       for (const fs::path& file : tokenizer_files_of(hf_dir)) fs::copy_file(file, out / file.filename(), fs::copy_options::overwrite_existing);
     summary["parameters"] = plain->num_parameters();
     summary["merged_lora"] = true;
-    std::cerr << "booster: wrote " << out.string() << " (the base with the LoRA adapters of " << step.string()
+    output.commit();
+    std::cerr << "booster: wrote " << output.given().string() << " (the base with the LoRA adapters of " << step.string()
               << " merged, " << plain->num_parameters() << " parameters, " << dtype_arg << ")\n";
   }
-  json files = json::array();
-  for (const auto& e : fs::directory_iterator(out)) files.push_back(e.path().filename().string());
-  std::sort(files.begin(), files.end());
-  summary["files"] = files;
+  summary["files"] = output.files();
   std::cout << summary.dump() << std::endl;
   return kExitOk;
 }
@@ -142,8 +267,8 @@ int export_lora(const fs::path& step, const json& resolved, const nn::LoraConfig
 int export_model(const std::vector<std::string>& args) {
   po::options_description desc(
       "usage: booster export --checkpoint DIR --format hf --out OUT [--dtype float32] [--max-shard-size 5GB]\n"
-      "                     [--config FILE] [--merge-lora]\n"
-      "       booster export --checkpoint DIR --format peft --out OUT [--dtype float32]\n\n"
+      "                     [--config FILE] [--merge-lora] [--overwrite]\n"
+      "       booster export --checkpoint DIR --format peft --out OUT [--dtype float32] [--overwrite]\n\n"
       "Writes a checkpoint's model as a Hugging Face model directory (config.json and model.safetensors, or\n"
       "shards with model.safetensors.index.json) that transformers' from_pretrained loads; a LoRA run's\n"
       "adapters as a PEFT adapter directory (--format peft), or its model with the adapters merged\n"
@@ -162,6 +287,7 @@ int export_model(const std::vector<std::string>& args) {
        "the run's config (default: the config.json booster train wrote beside the checkpoint)")
       ("dtype", po::value<std::string>()->default_value("float32")->value_name("DTYPE"),
        "the weights' dtype: float32 (the float32 master weights where the run kept them), bfloat16 or float16")
+      ("overwrite", "replace --out when it is a directory that is not empty (never one inside a checkpoint)")
       ("no-verify", "export without checking the checkpoint's files against its checksums");
   po::variables_map vm;
   if (!parse_options("export", desc, args, vm, {"checkpoint", "out"})) return kExitOk;
@@ -173,7 +299,8 @@ int export_model(const std::vector<std::string>& args) {
   // A run directory stands for its checkpoints/ (checkpoint::checkpoints_of_run).
   const fs::path step = step_directory(checkpoint::checkpoints_of_run(vm["checkpoint"].as<std::string>()));
   if (!vm.count("no-verify")) checkpoint::verify_checksums(step);  // a damaged file is refused, naming it
-  const fs::path out = vm["out"].as<std::string>();
+  OutputDirectory output(vm["out"].as<std::string>(), step, vm.count("overwrite") > 0);
+  const fs::path& out = output.path();
   const std::string dtype_arg = vm["dtype"].as<std::string>();
   BOOSTER_CHECK(dtype_arg == "float32" || dtype_arg == "bfloat16" || dtype_arg == "float16", ConfigError, "--dtype ",
                 dtype_arg, ": the weights are written as float32, bfloat16 or float16");
@@ -188,7 +315,7 @@ int export_model(const std::vector<std::string>& args) {
   BOOSTER_CHECK(!lora || format == "peft" || vm.count("merge-lora"), ConfigError, "the checkpoint ", step.string(),
                 " holds a LoRA run's adapters only; export them with --format peft, or the model with the adapters "
                 "merged with --format hf --merge-lora");
-  if (lora) return export_lora(step, resolved, *lora, format, out, dtype, dtype_arg, options, !vm.count("no-verify"));
+  if (lora) return export_lora(step, resolved, *lora, format, output, dtype, dtype_arg, options, !vm.count("no-verify"));
   json model_config = resolved.at("model");
   model_config.erase("init_from");
   nn::ModulePtr model;
@@ -233,13 +360,12 @@ int export_model(const std::vector<std::string>& args) {
     fs::copy_file(file, out / name, fs::copy_options::overwrite_existing);
   }
 
-  std::cerr << "booster: wrote " << out.string() << " (" << nn::hf_config_of(*model).at("model_type").get<std::string>()
+  output.commit();
+  std::cerr << "booster: wrote " << output.given().string() << " (" << nn::hf_config_of(*model).at("model_type").get<std::string>()
             << ", " << model->num_parameters() << " parameters, " << dtype_arg
             << (masters ? ", from the float32 master weights" : "") << ") from " << step.string() << "\n";
-  json files = json::array();
-  for (const auto& e : fs::directory_iterator(out)) files.push_back(e.path().filename().string());
-  std::sort(files.begin(), files.end());
-  std::cout << json{{"out", out.string()}, {"checkpoint", step.string()}, {"format", format}, {"files", files},
+  std::cout << json{{"out", output.given().string()}, {"checkpoint", step.string()}, {"format", format},
+                    {"files", output.files()},
                     {"parameters", model->num_parameters()}, {"dtype", dtype_arg},
                     {"master_weights", masters}}
                    .dump()
