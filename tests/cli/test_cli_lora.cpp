@@ -310,3 +310,25 @@ TEST_CASE("booster eval of a LoRA checkpoint gives the validation loss its run r
                             " --set lora=null"),
                 {"holds LoRA adapters only", "lora section"});
 }
+
+TEST_CASE("a LoRA checkpoint resumes under another precision and on another layout", "[cli][lora][checkpoint]") {
+  // The digest is of the base as given, before a strategy converts it, so neither move changes it; the
+  // adapters and their state carry over (Note [Resuming under another precision], [Resuming across layouts]).
+  const fs::path root = scratch_dir() / "moves";
+  fs::remove_all(root);
+  const std::string train = "train --config " + write_config("moves.json", lora_config()).string() +
+                            " --set train.checkpoint_dir=" + root.string();
+  RunResult r = run_booster(train + " --set train.checkpoint_every=3");
+  INFO(r.err);
+  REQUIRE(r.exit_code == 0);
+  const std::string step3 = step_dir(root, 3).string();
+  r = run_booster(train + " --set mixed_precision='{\"name\":\"bf16\",\"pure\":true}' --resume " + step3);
+  INFO(r.err);
+  CHECK(r.exit_code == 0);
+  CHECK(r.err.find("resumed under") != std::string::npos);
+  r = run_booster("run -n 2 -- booster " + train + " --set data.batch_size=2 --set "
+                  "plugin='{\"name\":\"low_level_zero\",\"stage\":2,\"precision\":\"fp32\"}' --resume " + step3);
+  INFO(r.err);
+  CHECK(r.exit_code == 0);
+  CHECK(r.err.find("resumed on 2 processes") != std::string::npos);
+}
