@@ -64,6 +64,7 @@
 #include <algorithm>
 #include <cmath>
 #include <numeric>
+#include <optional>
 #include <set>
 
 #include "booster/autograd/autograd.h"
@@ -433,48 +434,48 @@ LlamaAttention::LlamaAttention(const LlamaAttention& full, distributed::ProcessG
                                                                              /*input_is_parallel=*/true));
 }
 
-Tensor LlamaAttention::forward(const Tensor& x) {
+Tensor LlamaAttention::forward(const Tensor& x) { return forward(x, nullptr); }
+
+// Note [One attention path]: the uncached and the cached forward share the projections, the rotary
+// turn (by absolute positions: 0 .. T-1 without a cache, cache->length() onwards with one) and o_proj.
+// They differ only in the attention itself: without a cache, the fused op over this call's keys (grouped
+// heads repeated, the sliding window and packed documents as an AttentionMask); with one, the keys are
+// appended to the cache and cached_attention reads them all (grouped heads and window handled there).
+// A cached forward reads no packed layout: generation runs one document per row.
+Tensor LlamaAttention::forward(const Tensor& x, LayerKVCache* cache) {
   BOOSTER_CHECK(x.dim() == 3 && x.size(2) == hidden_size, ShapeError, "LlamaAttention: expected input [B, T, ",
                 hidden_size, "], got shape ", x.shape());
-  const int64_t B = x.size(0), T = x.size(1);
+  const int64_t B = x.size(0), T = x.size(1), start = cache != nullptr ? cache->length() : 0;
   // Under tensor parallelism x enters the group once for all three projections (Megatron's f).
   const Tensor h = tp_group_ != nullptr ? tp::copy_to_group(x, *tp_group_) : x;
   // Note [Packed sequences]: each document turns by its own positions and attends only to itself.
-  const SequenceLayout* packed = current_sequence_layout();
+  const SequenceLayout* packed = cache == nullptr ? current_sequence_layout() : nullptr;
   auto rotate = [&](const Tensor& t) {
-    return packed ? rotate_at_positions(*rotary, t, packed->positions) : rotary->apply(t);
+    return packed ? rotate_at_positions(*rotary, t, packed->positions) : rotary->apply(t, start);
   };
   Tensor q = rotate((*q_proj)(h).view({B, T, heads, head_dim}));
   Tensor k = rotate((*k_proj)(h).view({B, T, kv_heads, head_dim}));
   Tensor v = (*v_proj)(h).view({B, T, kv_heads, head_dim});
-  if (kv_heads != heads) {
-    // Grouped-query attention: query head j reads key/value head j / (heads / kv_heads).
-    const int64_t rep = heads / kv_heads;
-    auto repeat = [&](const Tensor& t) {
-      return t.unsqueeze(3).expand({B, T, kv_heads, rep, head_dim}).reshape({B, T, heads, head_dim});
-    };
-    k = repeat(k);
-    v = repeat(v);
+  Tensor y;
+  if (cache != nullptr) {
+    auto [keys, values] = cache->append(k.transpose(1, 2), v.transpose(1, 2));  // [B, kv_heads, start + T, d]
+    y = cached_attention(q.transpose(1, 2), keys, values, start, window);       // grouped heads read their kv head
+  } else {
+    if (kv_heads != heads) {
+      // Grouped-query attention: query head j reads key/value head j / (heads / kv_heads).
+      const int64_t rep = heads / kv_heads;
+      auto repeat = [&](const Tensor& t) {
+        return t.unsqueeze(3).expand({B, T, kv_heads, rep, head_dim}).reshape({B, T, heads, head_dim});
+      };
+      k = repeat(k);
+      v = repeat(v);
+    }
+    AttentionMask mask;
+    mask.window = window < T ? window : 0;  // a window as long as the sequence masks nothing more
+    if (packed) mask.segments = packed->segments;
+    y = scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), true, std::nullopt,
+                                     mask);
   }
-  AttentionMask mask;
-  mask.window = window < T ? window : 0;  // a window as long as the sequence masks nothing more
-  if (packed) mask.segments = packed->segments;
-  Tensor y = scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), true, std::nullopt,
-                                          mask);
-  y = y.transpose(1, 2).reshape({B, T, heads * head_dim});
-  return (*o_proj)(y);
-}
-
-Tensor LlamaAttention::forward_cached(const Tensor& x, LayerKVCache& cache) {
-  BOOSTER_CHECK(x.dim() == 3 && x.size(2) == hidden_size, ShapeError, "LlamaAttention: expected input [B, T, ",
-                hidden_size, "], got shape ", x.shape());
-  const int64_t B = x.size(0), T = x.size(1), start = cache.length();
-  const Tensor h = tp_group_ != nullptr ? tp::copy_to_group(x, *tp_group_) : x;
-  const Tensor q = rotary->apply((*q_proj)(h).view({B, T, heads, head_dim}), start);
-  const Tensor k = rotary->apply((*k_proj)(h).view({B, T, kv_heads, head_dim}), start);
-  const Tensor v = (*v_proj)(h).view({B, T, kv_heads, head_dim});
-  auto [keys, values] = cache.append(k.transpose(1, 2), v.transpose(1, 2));  // [B, kv_heads, start + T, d]
-  Tensor y = cached_attention(q.transpose(1, 2), keys, values, start, window);  // grouped heads read their kv head
   y = y.transpose(1, 2).reshape({B, T, heads * head_dim});
   return (*o_proj)(y);
 }
@@ -521,13 +522,12 @@ LlamaDecoderLayer::LlamaDecoderLayer(const LlamaDecoderLayer& full, distributed:
   post_attention_layernorm = register_module("post_attention_layernorm", full.post_attention_layernorm);
 }
 
-Tensor LlamaDecoderLayer::forward(const Tensor& x) {
-  const Tensor h = x + (*self_attn)((*input_layernorm)(x));
-  return h + (*mlp)((*post_attention_layernorm)(h));
-}
+Tensor LlamaDecoderLayer::forward(const Tensor& x) { return forward(x, nullptr); }
 
-Tensor LlamaDecoderLayer::forward_cached(const Tensor& x, LayerKVCache& cache) {
-  const Tensor h = x + self_attn->forward_cached((*input_layernorm)(x), cache);
+Tensor LlamaDecoderLayer::forward(const Tensor& x, LayerKVCache* cache) {
+  const Tensor normed = (*input_layernorm)(x);
+  // Without a cache through operator(), so hooks and error paths see the attention module as before.
+  const Tensor h = x + (cache != nullptr ? self_attn->forward(normed, cache) : (*self_attn)(normed));
   return h + (*mlp)((*post_attention_layernorm)(h));
 }
 
@@ -565,35 +565,41 @@ LlamaModel::LlamaModel(const LlamaConfig& c, Generator* init_gen)
   norm = register_module("norm", std::make_shared<RMSNorm>(c.hidden_size, c.rms_norm_eps));
 }
 
-Tensor LlamaModel::forward(const Tensor& idx) {
-  if (is_packed(idx)) {
+Tensor LlamaModel::forward(const Tensor& idx) { return forward(idx, nullptr); }
+
+Tensor LlamaModel::forward(const Tensor& idx, KVCache* cache) {
+  Tensor ids = idx;
+  bool recompute = config.activation_checkpointing;
+  std::optional<SequenceLayoutScope> scope;
+  if (cache == nullptr && is_packed(idx)) {
     // Note [Packed sequences]: the layout holds for this forward; a recomputing backward would lose it.
     BOOSTER_CHECK(!config.activation_checkpointing, IncompatibleError, "Llama: a packed input (several documents per "
                   "sequence) with activation_checkpointing: the recomputed forward would attend across them; turn one off");
-    auto [ids, layout] = unpack_sequences(idx);
-    check_ids(ids, config.max_position_embeddings);
-    const SequenceLayoutScope scope(std::move(layout));
-    return (*norm)(run_layers(layers->children(), (*embed_tokens)(ids), false));
+    auto [unpacked, layout] = unpack_sequences(idx);
+    ids = unpacked;
+    scope.emplace(std::move(layout));
+    recompute = false;
   }
-  check_ids(idx, config.max_position_embeddings);
-  return (*norm)(run_layers(layers->children(), (*embed_tokens)(idx), config.activation_checkpointing));
-}
-
-Tensor LlamaModel::forward_cached(const Tensor& idx, KVCache& cache) {
-  BOOSTER_CHECK(idx.dim() == 2, ShapeError, "Llama: expected token ids [B, T], got shape ", idx.shape());
-  const int64_t start = cache.length(), T = idx.size(1);
-  BOOSTER_CHECK(cache.num_layers() == config.num_hidden_layers, ValueError, "Llama: a key/value cache of ",
-                cache.num_layers(), " layers for a model of ", config.num_hidden_layers, "; make it with make_kv_cache");
-  BOOSTER_CHECK(start + T <= config.max_position_embeddings, ShapeError, "Llama: positions ", start, " .. ",
-                start + T - 1, " pass max_position_embeddings ", config.max_position_embeddings,
-                "; generate at most that many tokens in all or raise max_position_embeddings");
-  Tensor h = (*embed_tokens)(idx);
+  if (cache == nullptr) {
+    check_ids(ids, config.max_position_embeddings);
+  } else {
+    BOOSTER_CHECK(idx.dim() == 2, ShapeError, "Llama: expected token ids [B, T], got shape ", idx.shape());
+    const int64_t start = cache->length(), T = idx.size(1);
+    BOOSTER_CHECK(cache->num_layers() == config.num_hidden_layers, ValueError, "Llama: a key/value cache of ",
+                  cache->num_layers(), " layers for a model of ", config.num_hidden_layers,
+                  "; make it with make_kv_cache");
+    BOOSTER_CHECK(start + T <= config.max_position_embeddings, ShapeError, "Llama: positions ", start, " .. ",
+                  start + T - 1, " pass max_position_embeddings ", config.max_position_embeddings,
+                  "; generate at most that many tokens in all or raise max_position_embeddings");
+  }
+  Tensor h = (*embed_tokens)(ids);
   const std::vector<ModulePtr> children = layers->children();
+  if (cache == nullptr) return (*norm)(run_layers(children, h, recompute));
   for (size_t i = 0; i < children.size(); ++i) {
     auto* layer = dynamic_cast<LlamaDecoderLayer*>(children[i].get());
     BOOSTER_CHECK(layer != nullptr, IncompatibleError, "Llama: layer ", i, " is a ", children[i]->name(),
                   ", not a LlamaDecoderLayer; a pipeline stage has no cached forward");
-    h = layer->forward_cached(h, cache.layer(int64_t(i)));
+    h = layer->forward(h, &cache->layer(int64_t(i)));
   }
   return (*norm)(h);
 }
@@ -610,7 +616,7 @@ Llama::Llama(const LlamaConfig& c, uint64_t seed) : config(c) {
 
 Tensor Llama::forward(const Tensor& idx) { return (*lm_head)((*model)(idx)); }
 
-Tensor Llama::forward_cached(const Tensor& idx, KVCache& cache) { return (*lm_head)(model->forward_cached(idx, cache)); }
+Tensor Llama::forward_cached(const Tensor& idx, KVCache& cache) { return (*lm_head)(model->forward(idx, &cache)); }
 
 // ------------------------------------------------------------------------------------------ factory
 

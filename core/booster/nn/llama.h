@@ -154,10 +154,11 @@ class LlamaAttention : public Module {
   // This rank's heads of `full` (q/k/v rows of its heads copied, o_proj's columns: row-parallel). kv_heads
   // and heads must divide by the group size.
   LlamaAttention(const LlamaAttention& full, distributed::ProcessGroup& group);
-  Tensor forward(const Tensor& x) override;
-  // forward over new positions x [B, T, hidden], rotated by their absolute positions, attending to the
-  // keys and values in `cache`, to which theirs are appended (Note [Key/value cache] in kv_cache.h).
-  Tensor forward_cached(const Tensor& x, LayerKVCache& cache);
+  Tensor forward(const Tensor& x) override;  // forward(x, nullptr)
+  // x [B, T, hidden]. Without a cache: positions 0 .. T-1 (or a packed layout's, Note [Packed sequences]).
+  // With one: new positions x rotated by their absolute positions, attending to the keys and values in
+  // `cache`, to which theirs are appended (Note [Key/value cache] in kv_cache.h).
+  Tensor forward(const Tensor& x, LayerKVCache* cache);
   std::string name() const override { return "LlamaAttention"; }
 
   const int64_t hidden_size, heads, kv_heads, head_dim;  // heads, kv_heads: this rank's
@@ -192,8 +193,8 @@ class LlamaDecoderLayer : public Module {
                     int64_t window = 0);
   // The tensor-parallel twin of `full`: attention and MLP split, the norms `full`'s own (shared).
   LlamaDecoderLayer(const LlamaDecoderLayer& full, distributed::ProcessGroup& group);
-  Tensor forward(const Tensor& x) override;
-  Tensor forward_cached(const Tensor& x, LayerKVCache& cache);  // attention through the cache
+  Tensor forward(const Tensor& x) override;               // forward(x, nullptr)
+  Tensor forward(const Tensor& x, LayerKVCache* cache);  // attention through the cache when not null
   std::string name() const override { return "LlamaDecoderLayer"; }
 
   std::shared_ptr<LlamaAttention> self_attn;
@@ -207,8 +208,9 @@ class LlamaDecoderLayer : public Module {
 class LlamaModel : public Module {
  public:
   LlamaModel(const LlamaConfig& config, Generator* init_gen);
-  Tensor forward(const Tensor& idx) override;
-  Tensor forward_cached(const Tensor& idx, KVCache& cache);  // Llama::forward_cached's hidden states
+  Tensor forward(const Tensor& idx) override;  // forward(idx, nullptr)
+  // With a cache: Llama::forward_cached's hidden states (token ids only, no packed input).
+  Tensor forward(const Tensor& idx, KVCache* cache);
   std::string name() const override { return "LlamaModel"; }
 
   const LlamaConfig config;

@@ -52,36 +52,36 @@ GPT::GPT(const GPTConfig& cfg, uint64_t seed)
   set_tensor_names();
 }
 
-Tensor GPT::forward(const Tensor& idx) {
+Tensor GPT::forward(const Tensor& idx) { return forward(idx, nullptr); }
+
+Tensor GPT::forward_cached(const Tensor& idx, KVCache& cache) { return forward(idx, &cache); }
+
+Tensor GPT::forward(const Tensor& idx, KVCache* cache) {
   BOOSTER_CHECK(idx.dim() == 2, ShapeError, "GPT: expected token ids [B, T], got shape ", idx.shape());
-  const int64_t T = idx.size(1);
-  BOOSTER_CHECK(T <= config.context, ShapeError, "GPT: sequence length ", T, " exceeds the context length ",
-                config.context, "; pass at most ", config.context, " tokens");
-  const Tensor positions = arange(T, DType::Int64).to(idx.device());
+  const int64_t T = idx.size(1), start = cache != nullptr ? cache->length() : 0;
+  if (cache == nullptr) {
+    BOOSTER_CHECK(T <= config.context, ShapeError, "GPT: sequence length ", T, " exceeds the context length ",
+                  config.context, "; pass at most ", config.context, " tokens");
+  } else {
+    BOOSTER_CHECK(cache->num_layers() == config.layers, ValueError, "GPT: a key/value cache of ", cache->num_layers(),
+                  " layers for a model of ", config.layers, "; make it with make_kv_cache");
+    BOOSTER_CHECK(start + T <= config.context, ShapeError, "GPT: positions ", start, " .. ", start + T - 1,
+                  " pass the context length ", config.context, "; generate at most ", config.context, " tokens in all");
+  }
+  const Tensor positions = arange(double(start), double(start + T), 1.0, DType::Int64).to(idx.device());
   Tensor x = (*drop)((*wte)(idx) + (*wpe)(positions));  // [B, T, C] + [T, C]
-  if (config.activation_checkpointing) {
+  if (cache != nullptr) {
+    const std::vector<ModulePtr> layers = blocks->children();
+    for (size_t i = 0; i < layers.size(); ++i) {
+      auto* block = dynamic_cast<Block*>(layers[i].get());
+      BOOSTER_CHECK(block != nullptr, IncompatibleError, "GPT: block ", i, " is a ", layers[i]->name(),
+                    ", not a Block; a split (tensor- or pipeline-parallel) GPT has no cached forward");
+      x = block->forward(x, &cache->layer(int64_t(i)));
+    }
+  } else if (config.activation_checkpointing) {
     for (const ModulePtr& block : blocks->children()) x = checkpoint(*block, x);
   } else {
     x = (*blocks)(x);
-  }
-  return (*lm_head)((*ln_f)(x));
-}
-
-Tensor GPT::forward_cached(const Tensor& idx, KVCache& cache) {
-  BOOSTER_CHECK(idx.dim() == 2, ShapeError, "GPT: expected token ids [B, T], got shape ", idx.shape());
-  const int64_t T = idx.size(1), start = cache.length();
-  BOOSTER_CHECK(cache.num_layers() == config.layers, ValueError, "GPT: a key/value cache of ", cache.num_layers(),
-                " layers for a model of ", config.layers, "; make it with make_kv_cache");
-  BOOSTER_CHECK(start + T <= config.context, ShapeError, "GPT: positions ", start, " .. ", start + T - 1,
-                " pass the context length ", config.context, "; generate at most ", config.context, " tokens in all");
-  const Tensor positions = arange(double(start), double(start + T), 1.0, DType::Int64).to(idx.device());
-  Tensor x = (*drop)((*wte)(idx) + (*wpe)(positions));
-  const std::vector<ModulePtr> layers = blocks->children();
-  for (size_t i = 0; i < layers.size(); ++i) {
-    auto* block = dynamic_cast<Block*>(layers[i].get());
-    BOOSTER_CHECK(block != nullptr, IncompatibleError, "GPT: block ", i, " is a ", layers[i]->name(),
-                  ", not a Block; a split (tensor- or pipeline-parallel) GPT has no cached forward");
-    x = block->forward_cached(x, cache.layer(int64_t(i)));
   }
   return (*lm_head)((*ln_f)(x));
 }

@@ -43,7 +43,9 @@ class GPT : public Module, public CausalLM {
   Tensor forward(const Tensor& idx) override;
   // CausalLM (kv_cache.h): the new positions' logits, their position embeddings those of their absolute
   // positions, attention through the cache.
-  Tensor forward_cached(const Tensor& idx, KVCache& cache) override;
+  Tensor forward_cached(const Tensor& idx, KVCache& cache) override;  // forward(idx, &cache)
+  // The one path of both: no cache (nullptr) is forward(idx), positions 0 .. T-1.
+  Tensor forward(const Tensor& idx, KVCache* cache);
   KVCache make_kv_cache(int64_t capacity) const override { return KVCache(config.layers, capacity); }
   int64_t max_positions() const override { return config.context; }
   int64_t vocab_size() const override { return config.vocab_size; }

@@ -14,26 +14,25 @@ CausalSelfAttention::CausalSelfAttention(int64_t width_, int64_t heads_, double 
   resid_dropout = register_module("resid_dropout", std::make_shared<Dropout>(p, std::move(dropout_gen)));
 }
 
-Tensor CausalSelfAttention::forward(const Tensor& x) {
+Tensor CausalSelfAttention::forward(const Tensor& x) { return forward(x, nullptr); }
+
+// One path for both (Note [One attention path] in llama.cpp): only the attention itself differs, the
+// fused causal op over this call's keys without a cache, cached_attention over all cached keys with one.
+Tensor CausalSelfAttention::forward(const Tensor& x, LayerKVCache* cache) {
   BOOSTER_CHECK(x.dim() == 3 && x.size(2) == width, ShapeError, "CausalSelfAttention: expected input [B, T, ",
                 width, "], got shape ", x.shape());
   const int64_t B = x.size(0), T = x.size(1), head_dim = width / heads;
   const std::vector<Tensor> qkv = split((*c_attn)(x), width, 2);
   // [B, T, width] -> [B, H, T, head_dim]: a view (the split pieces are runs of the last dim).
   auto to_heads = [&](const Tensor& t) { return t.view({B, T, heads, head_dim}).transpose(1, 2); };
-  Tensor y = scaled_dot_product_attention(to_heads(qkv[0]), to_heads(qkv[1]), to_heads(qkv[2]), true);
-  y = y.transpose(1, 2).reshape({B, T, width});
-  return (*resid_dropout)((*c_proj)(y));
-}
-
-Tensor CausalSelfAttention::forward_cached(const Tensor& x, LayerKVCache& cache) {
-  BOOSTER_CHECK(x.dim() == 3 && x.size(2) == width, ShapeError, "CausalSelfAttention: expected input [B, T, ",
-                width, "], got shape ", x.shape());
-  const int64_t B = x.size(0), T = x.size(1), head_dim = width / heads, start = cache.length();
-  const std::vector<Tensor> qkv = split((*c_attn)(x), width, 2);
-  auto to_heads = [&](const Tensor& t) { return t.view({B, T, heads, head_dim}).transpose(1, 2); };
-  auto [k, v] = cache.append(to_heads(qkv[1]), to_heads(qkv[2]));
-  Tensor y = cached_attention(to_heads(qkv[0]), k, v, start);
+  Tensor y;
+  if (cache != nullptr) {
+    const int64_t start = cache->length();
+    auto [k, v] = cache->append(to_heads(qkv[1]), to_heads(qkv[2]));
+    y = cached_attention(to_heads(qkv[0]), k, v, start);
+  } else {
+    y = scaled_dot_product_attention(to_heads(qkv[0]), to_heads(qkv[1]), to_heads(qkv[2]), true);
+  }
   y = y.transpose(1, 2).reshape({B, T, width});
   return (*resid_dropout)((*c_proj)(y));
 }
@@ -55,13 +54,12 @@ Block::Block(int64_t width, int64_t heads, double p, Generator* init_gen, std::s
   mlp = register_module("mlp", std::make_shared<MLP>(width, p, init_gen, dropout_gen));
 }
 
-Tensor Block::forward(const Tensor& x) {
-  Tensor h = x + (*attn)((*ln_1)(x));
-  return h + (*mlp)((*ln_2)(h));
-}
+Tensor Block::forward(const Tensor& x) { return forward(x, nullptr); }
 
-Tensor Block::forward_cached(const Tensor& x, LayerKVCache& cache) {
-  Tensor h = x + attn->forward_cached((*ln_1)(x), cache);
+Tensor Block::forward(const Tensor& x, LayerKVCache* cache) {
+  const Tensor normed = (*ln_1)(x);
+  // Without a cache through operator(), so hooks and error paths see the attention module as before.
+  Tensor h = x + (cache != nullptr ? attn->forward(normed, cache) : (*attn)(normed));
   return h + (*mlp)((*ln_2)(h));
 }
 

@@ -23,10 +23,10 @@ class CausalSelfAttention : public Module {
   // q, k, v = split(c_attn(x)) each viewed [B, H, T, width/H]; causal scaled dot-product attention;
   // heads merged back to [B, T, width]; c_proj; residual dropout. (Dropout on the attention weights
   // themselves is not applied: the fused attention op takes no dropout probability.)
-  Tensor forward(const Tensor& x) override;
-  // forward over new positions x [B, T, width] with the earlier ones' keys and values in `cache`, to
-  // which this call's are appended (Note [Key/value cache] in kv_cache.h).
-  Tensor forward_cached(const Tensor& x, LayerKVCache& cache);
+  Tensor forward(const Tensor& x) override;  // forward(x, nullptr)
+  // With a cache: forward over new positions x [B, T, width] with the earlier ones' keys and values in
+  // `cache`, to which this call's are appended (Note [Key/value cache] in kv_cache.h).
+  Tensor forward(const Tensor& x, LayerKVCache* cache);
   std::string name() const override { return "CausalSelfAttention"; }
 
   const int64_t width, heads;
@@ -54,8 +54,8 @@ class Block : public Module {
  public:
   Block(int64_t width, int64_t heads, double dropout = 0.0, Generator* init_gen = nullptr,
         std::shared_ptr<Generator> dropout_gen = nullptr, double layer_norm_eps = 1e-5);
-  Tensor forward(const Tensor& x) override;
-  Tensor forward_cached(const Tensor& x, LayerKVCache& cache);  // attention through the cache
+  Tensor forward(const Tensor& x) override;               // forward(x, nullptr)
+  Tensor forward(const Tensor& x, LayerKVCache* cache);  // attention through the cache when not null
   std::string name() const override { return "Block"; }
 
   std::shared_ptr<LayerNorm> ln_1;
