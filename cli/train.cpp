@@ -229,7 +229,7 @@ int run_training(const json& config, BoosterComponents components, const Trainin
       evaluate_only ? nullptr : config::make_lr_scheduler(config.at("lr_scheduler"), *optimizer, total_steps);
   booster.boost(model, optimizer, config::make_criterion(config.at("criterion")), loader, scheduler);
 
-  if (evaluate_only && hooks.evaluated.value("lora_adapters", false)) {
+  if (evaluate_only && hooks.evaluated.is_object() && hooks.evaluated.value("lora_adapters", false)) {
     const std::string checkpoint = hooks.evaluated.at("checkpoint").get<std::string>();
     BOOSTER_CHECK(lora.has_value(), ConfigError, "--checkpoint ", checkpoint, " holds LoRA adapters only; evaluate "
                   "it with the config of the run that saved it (its lora section)");
