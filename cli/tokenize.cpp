@@ -30,6 +30,7 @@
 #include <boost/program_options.hpp>
 #include <nlohmann/json.hpp>
 
+#include "booster/checkpoint/atomic_file.h"
 #include "booster/common/error.h"
 #include "booster/data/tokenizer.h"
 #include "booster/data/tokens.h"
@@ -105,6 +106,10 @@ int tokenize(const std::vector<std::string>& args) {
                   " would overwrite each other's description (FILE.json); give other names");
   }
   for (const auto& [flag, path] : writes) {
+    // Note [Outputs that are not files] (checkpoint/atomic_file.h): a FIFO or device node at an output,
+    // or at the temporary file renamed over it, is refused before anything is read or written.
+    checkpoint::refuse_non_regular_output(path, flag);
+    checkpoint::refuse_non_regular_output(path + ".tmp", flag + "'s temporary file");
     for (const std::string& in : inputs)
       BOOSTER_CHECK(!same_file(path, in), ConfigError, flag, " ", path, " is the --in text ", in,
                     "; writing it would overwrite the text; give another file (e.g. train.bin)");

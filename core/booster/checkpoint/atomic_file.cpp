@@ -20,9 +20,35 @@ std::string errno_text() { return std::strerror(errno); }
 
 }  // namespace
 
+void refuse_non_regular_output(const fs::path& path, const std::string& what) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0 || S_ISREG(st.st_mode)) return;  // absent (or unreadable: open says why)
+  const char* kind = S_ISDIR(st.st_mode)    ? "a directory"
+                     : S_ISFIFO(st.st_mode) ? "a FIFO (named pipe)"
+                     : S_ISCHR(st.st_mode)  ? "a character device"
+                     : S_ISBLK(st.st_mode)  ? "a block device"
+                     : S_ISSOCK(st.st_mode) ? "a socket"
+                                            : "not a regular file";
+  std::error_code ec;
+  const bool link = fs::is_symlink(fs::symlink_status(path, ec));
+  BOOSTER_FAIL(ConfigError, what.empty() ? std::string() : what + " ", path.string(), " is ",
+               link ? std::string("a symbolic link to ") : std::string(), kind,
+               ", not a regular file; writing it would replace it or block, so nothing was written. "
+               "Give a path that is a file or does not exist yet");
+}
+
 FileWriter::FileWriter(fs::path path) : path_(std::move(path)) {
-  fd_ = ::open(path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  refuse_non_regular_output(path_);  // Note [Outputs that are not files]
+  // O_NONBLOCK: a FIFO put here since the check fails to open (ENXIO) instead of blocking.
+  fd_ = ::open(path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NONBLOCK, 0644);
   BOOSTER_CHECK(fd_ >= 0, CheckpointError, "cannot create ", path_.string(), ": ", errno_text());
+  struct stat st {};
+  if (::fstat(fd_, &st) != 0 || !S_ISREG(st.st_mode)) {
+    ::close(fd_);
+    fd_ = -1;
+    refuse_non_regular_output(path_);
+    BOOSTER_FAIL(CheckpointError, "cannot create ", path_.string(), ": not a regular file");
+  }
 }
 
 FileWriter::~FileWriter() {
@@ -97,6 +123,7 @@ void write_captured(const std::vector<WriteCapture::File>& files) {
 }
 
 void write_file_atomically(const fs::path& path, const std::function<void(FileWriter&)>& fill) {
+  refuse_non_regular_output(path);  // Note [Outputs that are not files]
   if (WriteCapture* capture = WriteCapture::active()) {  // Note [Capturing a checkpoint's files]
     std::string bytes;
     FileWriter out(path, bytes);

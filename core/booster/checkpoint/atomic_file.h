@@ -41,6 +41,15 @@ class FileWriter {
   std::string* memory_ = nullptr;
 };
 
+// Note [Outputs that are not files]
+// An output path that exists and is not a regular file (a device node, a FIFO, a socket, a directory; a
+// symlink counts as what it points to, so one to /dev/null is a device) is refused before anything is
+// written: renaming a temporary file over it would replace a device node (as root, /dev/null itself),
+// and opening a FIFO to write blocks until someone reads. ConfigError naming `what` (e.g. "--out", or
+// "" for a file the program chose) and the path, with the fix. Every write through write_file_atomically
+// and FileWriter checks it; a command checks its outputs with it up front, before the work.
+void refuse_non_regular_output(const std::filesystem::path& path, const std::string& what = "");
+
 // Writes `path` atomically (Note [Atomic checkpoint writes]): fill() writes the content into a
 // temporary file beside it. If fill() throws, the temporary file is removed and `path` is unchanged.
 void write_file_atomically(const std::filesystem::path& path, const std::function<void(FileWriter&)>& fill);
