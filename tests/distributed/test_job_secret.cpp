@@ -334,3 +334,23 @@ TEST_CASE("job secret: read from BOOSTER_JOB_SECRET or a file, which must be a n
   ::unsetenv("BOOSTER_JOB_SECRET_FILE");
   fs::remove_all(dir);
 }
+
+TEST_CASE("job secret: without one, a non-loopback MASTER_ADDR warns once and loopback stays quiet",
+          "[distributed][secret]") {
+  RendezvousSpec spec = secret_spec(29500, "");
+  CaptureCerr capture;
+  net::warn_without_secret(spec, "tcp group");  // loopback: as before, no warning
+  spec.address = "localhost";
+  net::warn_without_secret(spec, "tcp group");
+  CHECK(capture.text.str().empty());
+  spec.secret = "s";
+  spec.address = "10.1.2.3";
+  net::warn_without_secret(spec, "tcp group");  // a secret: no warning
+  CHECK(capture.text.str().empty());
+  spec.secret = "";
+  net::warn_without_secret(spec, "tcp group");
+  net::warn_without_secret(spec, "rendezvous");
+  const std::string text = capture.text.str();
+  CHECK_THAT(text, Catch::Contains("tcp group: warning: no job secret, and MASTER_ADDR 10.1.2.3"));
+  CHECK(text.find("warning") == text.rfind("warning"));  // once
+}
