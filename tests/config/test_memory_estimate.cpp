@@ -97,6 +97,37 @@ TEST_CASE("memory estimate: 16-bit models, master weights and ZeRO shards", "[me
   CHECK(e.total_bytes() == 196 + 196 + 392 + 784 + 1472 * 2);
 }
 
+TEST_CASE("memory estimate: LoRA trains the adapters only, by hand", "[memory][lora]") {
+  // A Llama of width 32, 4 heads over 2 key/value heads (head_dim 8), 2 layers; LoRA r 4 on q_proj
+  // (32 -> 32) and v_proj (32 -> 16) adds r * (in + out) per Linear: 4 * (64 + 48) = 448 per layer, 896.
+  json c = {{"model", {{"type", "llama"}, {"vocab_size", 256}, {"hidden_size", 32}, {"intermediate_size", 48},
+                       {"num_hidden_layers", 2}, {"num_attention_heads", 4}, {"num_key_value_heads", 2},
+                       {"max_position_embeddings", 16}}},
+            {"optimizer", {{"type", "adamw"}, {"lr", 0.01}}},
+            {"mixed_precision", {{"name", "bf16"}, {"pure", true}}},
+            {"data", {{"type", "text"}, {"path", std::string(BOOSTER_SOURCE_DIR) + "/README.md"}, {"context", 16},
+                      {"batch_size", 2}}}};
+  const config::MemoryEstimate full = config::estimate_memory(config::resolve(c), 1);
+  const int64_t base = full.parameters;
+  REQUIRE(bytes_of(full, "gradients") == base * 2);
+  c["lora"] = {{"r", 4}, {"alpha", 8}, {"target_modules", {"q_proj", "v_proj"}}};
+  config::MemoryEstimate e = config::estimate_memory(config::resolve(c), 1);
+  CHECK(e.parameters == base + 896);
+  CHECK(bytes_of(e, "parameters") == (base + 896) * 2);  // the frozen base stays bfloat16
+  CHECK(bytes_of(e, "gradients") == 896 * 2);
+  CHECK(bytes_of(e, "master weights") == 896 * 4);
+  CHECK(bytes_of(e, "optimizer state") == 2 * 896 * 4);
+  CHECK(bytes_of(e, "activations") == bytes_of(full, "activations"));
+  // ZeRO stage 2 over 2 ranks shards the adapters' gradients, masters and moments: 448 each.
+  c["mixed_precision"] = "fp32";
+  c["plugin"] = {{"name", "low_level_zero"}, {"stage", 2}, {"precision", "bf16"}};
+  e = config::estimate_memory(config::resolve(c), 2);
+  CHECK(bytes_of(e, "parameters") == (base + 896) * 2);
+  CHECK(bytes_of(e, "gradients") == 448 * 2);
+  CHECK(bytes_of(e, "master weights") == 448 * 4);
+  CHECK(bytes_of(e, "optimizer state") == 2 * 448 * 4);
+}
+
 TEST_CASE("memory estimate: GPT parameters and activations, and library models not estimated", "[memory]") {
   json c = {{"model", {{"type", "gpt"}, {"vocab_size", 256}, {"context", 16}, {"width", 32}, {"layers", 2}, {"heads", 4}}},
             {"optimizer", {{"type", "adamw"}, {"lr", 0.01}}},

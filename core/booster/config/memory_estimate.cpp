@@ -11,6 +11,7 @@
 
 #include "booster/autograd/autograd.h"
 #include "booster/common/error.h"
+#include "booster/config/config.h"  // lora_summary
 #include "booster/mixed_precision/master_weight_optimizer.h"
 #include "booster/mixed_precision/mixed_precision.h"
 #include "booster/nn/linear.h"
@@ -266,17 +267,26 @@ MemoryEstimate estimate_memory(const json& c, int world_size) {
   }
   const int world = shard_ways;
   const std::string shard_text = ", sharded 1/" + std::to_string(world);
+  // With LoRA the model holds the adapters too, but gradients, masters and optimizer state exist for the
+  // adapters only: the frozen base keeps its storage and nothing else (Note [The lora section]).
+  int64_t trainable = e.parameters;
+  if (std::optional<LoraSummary> lora = lora_summary(c)) {
+    e.parameters = lora->total;
+    trainable = lora->trainable;
+    e.notes.push_back(lora->describe() + ": gradients, master weights and optimizer state for those only");
+  }
   const int64_t n = shard(e.parameters, int(model_parallel));
+  const int64_t n_trained = shard(trainable, int(model_parallel));
 
   const int64_t held_params = zero_stage >= 3 ? shard(n, world) : n;
   e.items.push_back({"parameters", thousands(held_params) + " x " + std::to_string(p.model_bytes) + " bytes (" +
                                        p.model_dtype + ")" + (zero_stage >= 3 ? shard_text + " (ZeRO stage 3)" : ""),
                      held_params * p.model_bytes});
-  const int64_t grads = zero_stage >= 2 ? shard(n, world) : n;
+  const int64_t grads = zero_stage >= 2 ? shard(n_trained, world) : n_trained;
   e.items.push_back({"gradients", thousands(grads) + " x " + std::to_string(p.model_bytes) + " bytes" +
                                       (zero_stage >= 2 ? shard_text + " (ZeRO stage " + std::to_string(zero_stage) + ")" : ""),
                      grads * p.model_bytes});
-  const int64_t sharded = zero_stage >= 1 ? shard(n, world) : n;
+  const int64_t sharded = zero_stage >= 1 ? shard(n_trained, world) : n_trained;
   if (p.master_weights)
     e.items.push_back({"master weights", thousands(sharded) + " x 4 bytes (float32)" + (zero_stage ? shard_text : ""),
                        sharded * 4});
