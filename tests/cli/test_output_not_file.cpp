@@ -14,7 +14,6 @@
 
 #include "booster/checkpoint/atomic_file.h"
 #include "booster/common/error.h"
-#include "booster/trainer/progress.h"
 #include "run_booster.h"
 #include "skip.h"
 
@@ -131,19 +130,4 @@ TEST_CASE("the atomic writer refuses a FIFO, a link to /dev/null and a directory
   fs::create_symlink(dir / "new.txt", dir / "link.txt");
   write_text_file_atomically(dir / "link.txt", "c");
   CHECK(testing::read_text(dir / "link.txt") == "c");
-}
-
-TEST_CASE("train's metrics file at a FIFO or a link to /dev/null is refused and it remains", "[trainer][outputs]") {
-  const fs::path dir = scratch() / "metrics";
-  make_targets(dir);
-  for (const char* name : {"fifo", "null", "dir"}) {
-    booster::trainer::MetricsLog log;
-    CHECK_THROWS_WITH(log.open(dir / name), Contains("train.run_dir's metrics file") && Contains("not a regular file"));
-    CHECK_THROWS_AS(log.open(dir / name, /*append=*/true), ConfigError);
-  }
-  CHECK(is_named_pipe(dir / "fifo"));
-  CHECK(dev_null_intact());
-  booster::trainer::MetricsLog ok;
-  ok.open(dir / "metrics.jsonl");
-  CHECK(ok.enabled());
 }

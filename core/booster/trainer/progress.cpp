@@ -12,7 +12,6 @@
 #include <cstdlib>
 #include <cstring>
 
-#include "booster/checkpoint/atomic_file.h"
 #include "booster/common/error.h"
 #include "booster/distributed/process_group.h"
 
@@ -159,8 +158,6 @@ void MetricsLog::open(const std::filesystem::path& file, bool append) {
   lost_ = 0;
   std::error_code ec;
   if (file.has_parent_path()) std::filesystem::create_directories(file.parent_path(), ec);
-  // Note [Outputs that are not files]: a FIFO here would block the run, a device take its metrics.
-  checkpoint::refuse_non_regular_output(file, "train.run_dir's metrics file");
   fd_ = ::open(file.c_str(), O_WRONLY | O_CREAT | O_CLOEXEC | (append ? O_APPEND : O_TRUNC), 0644);
   BOOSTER_CHECK(fd_ >= 0, ConfigError, "cannot write the metrics file '", file.string(), "': ", std::strerror(errno),
                 "; set train.run_dir to a writable directory, or to null for no files");
