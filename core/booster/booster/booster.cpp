@@ -14,6 +14,7 @@
 #include "booster/checkpoint/checkpoint.h"
 #include "booster/checkpoint/safetensors.h"
 #include "booster/config/config.h"
+#include "booster/config/json_text.h"
 #include "booster/ops/ops.h"
 #include "booster/tensor/deferred.h"
 
@@ -469,10 +470,14 @@ void Booster::load_optimizer(BoostedOptimizer& optimizer, const std::filesystem:
                 " does not exist; the directory must be one Booster::save_optimizer wrote");
   json meta;
   try {
-    meta = json::parse(checkpoint::read_text_file(meta_file));
-  } catch (const json::exception& e) {
-    BOOSTER_FAIL(CheckpointError, "load_optimizer: ", meta_file.string(), " is not valid JSON (", e.what(),
+    // Note [One JSON reader] (booster/config/json_text.h).
+    meta = config::parse_json_text(checkpoint::read_text_file(meta_file), "load_optimizer: " + meta_file.string(),
+                                   config::checkpoint_limits());
+  } catch (const config::JsonSyntaxError& e) {
+    BOOSTER_FAIL(CheckpointError, "load_optimizer: ", meta_file.string(), " is not valid JSON (", e.detail(),
                  "); the file is truncated or corrupt");
+  } catch (const ConfigError& e) {
+    throw CheckpointError(e.what());
   }
   const std::string saved = meta.value("strategy", "");
   BOOSTER_CHECK(!precision_state || saved == precision_->name(), CheckpointError, "load_optimizer: ", dir.string(),

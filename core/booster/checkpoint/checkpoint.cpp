@@ -17,6 +17,7 @@
 #include "booster/checkpoint/atomic_file.h"
 #include "booster/checkpoint/checksums.h"
 #include "booster/common/error.h"
+#include "booster/config/json_text.h"
 
 namespace booster::checkpoint {
 
@@ -429,12 +430,10 @@ TrainingState load_checkpoint(const fs::path& path, const LoadOptions& options) 
   const fs::path state_file = dir / kTrainerStateFileName;
   BOOSTER_CHECK(fs::exists(state_file), CheckpointError, "load_checkpoint: ", dir.string(), " has no ",
                 kTrainerStateFileName, "; it is not a complete checkpoint");
-  json saved;
-  try {
-    saved = json::parse(read_text_file(state_file));
-  } catch (const json::exception& e) {
-    BOOSTER_FAIL(CheckpointError, "corrupt checkpoint ", state_file.string(), ": not valid JSON: ", e.what());
-  }
+  // Note [One JSON reader] (booster/config/json_text.h).
+  json saved = config::parse_json_as<CheckpointError>(read_text_file(state_file), "checkpoint file " + state_file.string(),
+                                                      "corrupt checkpoint " + state_file.string() + ": not valid JSON: ",
+                                                      config::checkpoint_limits());
   BOOSTER_CHECK(saved.is_object() && saved.value("format", json()) == kFormatName, CheckpointError,
                 "load_checkpoint: ", state_file.string(), " is not a booster checkpoint (no \"format\": \"",
                 kFormatName, "\")");
@@ -504,7 +503,8 @@ std::optional<std::pair<std::string, int64_t>> booster_state_format(const fs::pa
   std::error_code ec;
   if (!fs::is_regular_file(file, ec)) return std::nullopt;
   try {
-    const json state = json::parse(read_text_file(file, size_t(256) << 20));
+    const json state = config::parse_json_text(read_text_file(file, size_t(256) << 20), file.string(),
+                                               config::checkpoint_limits());
     if (!state.is_object() || !state.contains("version") || !state.at("version").is_number_integer())
       return std::nullopt;
     const json format = state.value("format", json());
@@ -596,7 +596,8 @@ std::map<std::string, Shape> weight_shapes(const fs::path& path) {
   }
   json map;
   try {
-    map = json::parse(read_text_file(index, size_t(256) << 20)).at("weight_map");
+    map = config::parse_json_text(read_text_file(index, size_t(256) << 20), index.string(), config::checkpoint_limits())
+              .at("weight_map");
   } catch (const std::exception& e) {
     BOOSTER_FAIL(CheckpointError, "model index ", index.string(), ": no readable \"weight_map\" (", e.what(), ")");
   }

@@ -16,6 +16,7 @@
 
 #include "booster/checkpoint/atomic_file.h"
 #include "booster/common/error.h"
+#include "booster/config/json_text.h"
 
 namespace booster::checkpoint {
 
@@ -246,9 +247,12 @@ Header read_header(const FileReader& file, const fs::path& path, bool raw) {
   file.read_at(8, text.data(), header_size);
   json header;
   try {
-    header = json::parse(text);
-  } catch (const json::exception& e) {
-    BOOSTER_FAIL(CheckpointError, where, "the header is not valid JSON: ", e.what());
+    // The config's depth (Note [One JSON reader] in booster/config/json_text.h); the size is checked
+    // above. A duplicate tensor name is refused as one, naming both places.
+    header = config::parse_json_text(text, where + "the header",
+                                     config::data_limits(kMaxHeaderBytes, "a safetensors header's limit"));
+  } catch (const ConfigError& e) {
+    throw CheckpointError(e.what());
   }
   BOOSTER_CHECK(header.is_object(), CheckpointError, where, "the header is not a JSON object");
 
@@ -373,9 +377,11 @@ TensorMap load_sharded(const fs::path& index_path) {
   const std::string where = "model index " + index_path.string() + ": ";
   json index;
   try {
-    index = json::parse(read_text_file(index_path, kMaxHeaderBytes));
-  } catch (const json::exception& e) {
-    BOOSTER_FAIL(CheckpointError, where, "not valid JSON: ", e.what());
+    // Note [One JSON reader]: an index lists a name per tensor, no bigger than a header.
+    index = config::read_json_file(index_path.string(), "model index",
+                                   config::data_limits(kMaxHeaderBytes, "a safetensors header's limit"));
+  } catch (const ConfigError& e) {
+    throw CheckpointError(e.what());
   }
   BOOSTER_CHECK(index.is_object() && index.contains("weight_map") && index["weight_map"].is_object(),
                 CheckpointError, where, "no \"weight_map\" object");

@@ -62,7 +62,8 @@ std::string printable(std::string_view s, size_t limit = 60) {
 class DocumentBuilder {
  public:
   DocumentBuilder(std::string_view text, const std::string& source, const char** furthest, const JsonLimits& limits)
-      : text_(text), source_(source), furthest_(furthest), max_depth_(limits.max_depth), max_items_(limits.max_items) {}
+      : text_(text), source_(source), furthest_(furthest), max_depth_(limits.max_depth), max_items_(limits.max_items),
+        plain_strings_(limits.plain_strings) {}
 
   json take() { return std::move(root_); }
 
@@ -73,7 +74,7 @@ class DocumentBuilder {
   bool number_float(json::number_float_t v, const std::string&) { return put(json(v)); }
   bool binary(json::binary_t& v) { return put(json::binary(std::move(v))); }
   bool string(std::string& v) {
-    if (v.find('\0') != std::string::npos) fail("a string holds a NUL character (\\u0000)", "remove it");
+    if (plain_strings_ && v.find('\0') != std::string::npos) fail("a string holds a NUL character (\\u0000)", "remove it");
     return put(json(std::move(v)));
   }
   bool start_object(std::size_t) { return open(json::object()); }
@@ -83,7 +84,7 @@ class DocumentBuilder {
 
   bool key(std::string& k) {
     Frame& frame = frames_.back();
-    if (std::any_of(k.begin(), k.end(), [](char c) { return static_cast<unsigned char>(c) < 0x20; }))
+    if (plain_strings_ && std::any_of(k.begin(), k.end(), [](char c) { return static_cast<unsigned char>(c) < 0x20; }))
       fail("the key \"" + printable(k) + "\" holds a control character", "keys are plain names");
     const size_t here = key_offset();
     const auto [it, inserted] = frame.key_offsets.emplace(k, here);
@@ -106,7 +107,7 @@ class DocumentBuilder {
     std::string what = e.what();
     const auto cut = what.find("] ");
     if (cut != std::string::npos) what = what.substr(cut + 2);
-    throw JsonSyntaxError(source_ + " is not valid JSON: " + printable(what, 300));
+    throw JsonSyntaxError(source_ + " is not valid JSON: " + printable(what, 300), printable(what, 300));
   }
 
  private:
@@ -142,7 +143,7 @@ class DocumentBuilder {
   bool open(json&& container) {
     if (int(frames_.size()) >= max_depth_) {
       fail("objects and arrays are nested more than " + std::to_string(max_depth_) + " deep",
-           "a config never needs that; check for runaway brackets");
+           "no file the project reads needs that; check for runaway brackets");
     }
     json* node = nullptr;
     if (frames_.empty()) {
@@ -216,6 +217,7 @@ class DocumentBuilder {
   const char** furthest_;
   int max_depth_;
   size_t max_items_;
+  bool plain_strings_;
   json root_;
   std::vector<Frame> frames_;
 };
@@ -231,8 +233,8 @@ std::string megabytes(uintmax_t bytes) {
 
 json parse_json_text(std::string_view text, const std::string& source, const JsonLimits& limits) {
   if (text.size() > limits.max_bytes) {
-    throw ConfigError(source + " is " + megabytes(text.size()) + "; config text is limited to " +
-                      megabytes(limits.max_bytes) + " (data belongs in the files a config names)");
+    throw ConfigError(source + " is " + megabytes(text.size()) + "; it is limited to " + megabytes(limits.max_bytes) +
+                      " (" + limits.size_advice + ")");
   }
   const char* furthest = text.data();
   TrackedIterator first{text.data(), &furthest}, last{text.data() + text.size(), &furthest};
@@ -242,16 +244,20 @@ json parse_json_text(std::string_view text, const std::string& source, const Jso
 }
 
 json read_json_file(const std::string& path, const JsonLimits& limits) {
-  const std::string source = "config file '" + path + "'";
+  return read_json_file(path, "config file", limits);
+}
+
+json read_json_file(const std::string& path, const std::string& what, const JsonLimits& limits) {
+  const std::string source = what + " '" + path + "'";
   std::error_code ec;
   if (std::filesystem::exists(path, ec) && !std::filesystem::is_regular_file(path, ec))
     throw ConfigError(source + " is not a regular file (a directory, a FIFO or a device); give a JSON file");
   std::ifstream in(path, std::ios::binary);
-  if (!in) throw ConfigError("cannot open config file '" + path + "'");
+  if (!in) throw ConfigError("cannot open " + source);
   const uintmax_t size = std::filesystem::file_size(path, ec);
   if (!ec && size > limits.max_bytes) {
-    throw ConfigError(source + " is " + megabytes(size) + "; config files are limited to " +
-                      megabytes(limits.max_bytes) + " (data belongs in the files a config names)");
+    throw ConfigError(source + " is " + megabytes(size) + "; it is limited to " + megabytes(limits.max_bytes) + " (" +
+                      limits.size_advice + ")");
   }
   std::string text;
   // A FIFO or a device has no size: read at most one byte past the limit.
@@ -260,6 +266,22 @@ json read_json_file(const std::string& path, const JsonLimits& limits) {
   text.resize(size_t(in.gcount()));
   if (in.bad()) throw ConfigError("cannot read " + source);
   return parse_json_text(text, source, limits);
+}
+
+json try_parse_json_text(std::string_view text, const JsonLimits& limits) {
+  try {
+    return parse_json_text(text, "", limits);
+  } catch (const ConfigError&) {
+    return json(json::value_t::discarded);
+  }
+}
+
+json try_read_json_file(const std::string& path, const JsonLimits& limits) {
+  try {
+    return read_json_file(path, "", limits);
+  } catch (const ConfigError&) {
+    return json(json::value_t::discarded);
+  }
 }
 
 }  // namespace booster::config

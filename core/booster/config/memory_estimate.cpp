@@ -12,6 +12,7 @@
 #include "booster/autograd/autograd.h"
 #include "booster/common/error.h"
 #include "booster/config/config.h"  // lora_summary
+#include "booster/config/json_text.h"
 #include "booster/mixed_precision/master_weight_optimizer.h"
 #include "booster/mixed_precision/mixed_precision.h"
 #include "booster/nn/linear.h"
@@ -152,8 +153,8 @@ std::optional<Transformer> transformer_of(const json& model) {
          i(model, "intermediate_size", 0), i(model, "max_position_embeddings", f->default_max_positions),
          b(model, "tie_word_embeddings", false), b(model, "activation_checkpointing", false), f->qkv_bias};
   } else if (type == "hf" && model.value("path", json()).is_string()) {
-    std::ifstream in(model.at("path").get<std::string>() + "/config.json");
-    const json hf = json::parse(in, nullptr, /*allow_exceptions=*/false);
+    // Note [One JSON reader] (json_text.h).
+    const json hf = try_read_json_file(model.at("path").get<std::string>() + "/config.json", JsonLimits{});
     if (!hf.is_object()) return std::nullopt;
     const std::string family = hf.value("model_type", json()).is_string() ? hf.at("model_type").get<std::string>() : "";
     const bool checkpointing = b(model, "activation_checkpointing", false);

@@ -7,6 +7,7 @@
 
 #include "booster/autograd/autograd.h"
 #include "booster/common/error.h"
+#include "booster/config/json_text.h"
 #include "booster/data/fashion_mnist.h"
 #include "booster/data/sft.h"
 #include "booster/data/synthetic.h"
@@ -280,8 +281,8 @@ int64_t model_vocab_size(const json& model) {
   if (model.value("type", json()) == "hf" && model.value("path", json()).is_string()) {
     // A Hugging Face model directory: its config.json names the vocabulary. Unreadable here is not an
     // error: the model's own loader reports it.
-    std::ifstream in(model.at("path").get<std::string>() + "/config.json");
-    const json config = json::parse(in, nullptr, /*allow_exceptions=*/false);
+    // Note [One JSON reader] (json_text.h).
+    const json config = try_read_json_file(model.at("path").get<std::string>() + "/config.json", JsonLimits{});
     if (config.is_object() && config.value("vocab_size", json()).is_number_integer())
       return config.at("vocab_size").get<int64_t>();
   }

@@ -19,6 +19,7 @@
 #include <nlohmann/json.hpp>
 
 #include "booster/common/error.h"
+#include "booster/config/json_text.h"
 #include "booster/data/dataset.h"
 
 namespace booster::data {
@@ -45,7 +46,16 @@ std::optional<TokenFileDescription> read_token_description(const std::string& pa
   std::ifstream in(where, std::ios::binary);
   BOOSTER_CHECK(in.good(), DataError, "token data: cannot read ", where, ", the description of ", path, ": ",
                 std::strerror(errno), fix);
-  const nlohmann::json j = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+  in.close();
+  // The config's limits (Note [One JSON reader] in booster/config/json_text.h).
+  nlohmann::json j;
+  try {
+    j = config::read_json_file(where, "token data: the description of " + path + ", the file", config::JsonLimits{});
+  } catch (const config::JsonSyntaxError&) {
+    j = nlohmann::json(nlohmann::json::value_t::discarded);  // not a JSON object, below
+  } catch (const ConfigError& e) {
+    throw DataError(e.what() + fix);
+  }
   BOOSTER_CHECK(j.is_object(), DataError, "token data: ", where, ", the description of ", path,
                 ", is not a JSON object", fix);
   const nlohmann::json dtype = j.value("dtype", nlohmann::json());

@@ -1,0 +1,180 @@
+// Every JSON file the project reads goes through the one reader with the config's depth limit (Note [One
+// JSON reader] in booster/config/json_text.h): 200 000 nested `[` (under 1 MB, the issue's hostile input,
+// which crashed nlohmann's recursive parse, copy and destruction with SIGSEGV) in each file is a typed error that
+// names the file and the nesting, from each reader's public function, and the process goes on. The
+// readers given larger size limits than a config's still read their legitimately large files: a
+// tokenizer.json past a config's 16 MB and with more array items than a config may hold.
+#include <catch2/catch.hpp>
+
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <vector>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "booster/checkpoint/checkpoint.h"
+#include "booster/checkpoint/checksums.h"
+#include "booster/checkpoint/safetensors.h"
+#include "booster/common/error.h"
+#include "booster/config/config.h"
+#include "booster/config/json_text.h"
+#include "booster/data/bpe_tokenizer.h"
+#include "booster/data/tokens.h"
+#include "booster/nn/hf.h"
+#include "booster/nn/peft.h"
+#include "run_booster.h"
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+using namespace booster;
+using Catch::Contains;
+
+namespace {
+
+fs::path scratch_dir() { return testing::scratch_dir("test_json_limits"); }
+
+// The hostile text: 200 000 arrays nested in one another, valid JSON of 400 kB (nlohmann::json::parse
+// of it ends in SIGSEGV).
+const std::string& deep() {
+  static const std::string text = std::string(200'000, '[') + std::string(200'000, ']');
+  return text;
+}
+
+void write(const fs::path& file, const std::string& text) {
+  fs::create_directories(file.parent_path());
+  std::ofstream(file, std::ios::binary) << text;
+}
+
+// A fresh directory of the scratch directory.
+fs::path fresh(const std::string& name) {
+  const fs::path dir = scratch_dir() / name;
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  return dir;
+}
+
+// `read` throws an E whose message names `file` and the nesting limit.
+template <class E>
+void check_refused(const std::function<void()>& read, const std::string& file) {
+  try {
+    read();
+    FAIL("no error");
+  } catch (const E& e) {
+    INFO(e.what());
+    CHECK_THAT(e.what(), Contains(file) && Contains("nested more than 64 deep"));
+  }
+}
+
+}  // namespace
+
+TEST_CASE("a config file nested 200000 deep is a ConfigError naming it", "[config][json_limits][hardening]") {
+  const fs::path file = fresh("config") / "deep.json";
+  write(file, deep());
+  check_refused<ConfigError>([&] { config::load_file(file.string()); }, "deep.json");
+}
+
+TEST_CASE("an HF config.json nested 200000 deep is a ConfigError naming it", "[config][json_limits][hardening]") {
+  const fs::path dir = fresh("hf");
+  write(dir / "config.json", deep());
+  check_refused<ConfigError>([&] { nn::load_pretrained(dir); }, (dir / "config.json").string());
+}
+
+TEST_CASE("a safetensors header nested 200000 deep is a CheckpointError naming the file",
+          "[config][json_limits][hardening]") {
+  const fs::path file = fresh("safetensors") / "model.safetensors";
+  std::string bytes(8, '\0');
+  const uint64_t n = deep().size();
+  for (int i = 0; i < 8; ++i) bytes[size_t(i)] = char((n >> (8 * i)) & 0xff);
+  write(file, bytes + deep());
+  check_refused<CheckpointError>([&] { checkpoint::read_safetensors(file); }, file.string());
+  check_refused<CheckpointError>([&] { checkpoint::load_model(file.parent_path()); }, file.string());
+}
+
+TEST_CASE("a safetensors header with a tensor named twice names the duplicate", "[config][json_limits][hardening]") {
+  const fs::path file = fresh("duplicate") / "model.safetensors";
+  const std::string header =
+      R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}})";
+  std::string bytes(8, '\0');
+  for (int i = 0; i < 8; ++i) bytes[size_t(i)] = char((header.size() >> (8 * i)) & 0xff);
+  write(file, bytes + header + std::string(4, '\0'));
+  try {
+    checkpoint::read_safetensors(file);
+    FAIL("no error");
+  } catch (const CheckpointError& e) {
+    CHECK_THAT(e.what(), Contains(file.string()) && Contains("the key \"a\" is given twice"));
+  }
+}
+
+TEST_CASE("a model index nested 200000 deep is a CheckpointError naming it", "[config][json_limits][hardening]") {
+  const fs::path dir = fresh("index");
+  write(dir / "model.safetensors.index.json", deep());
+  check_refused<CheckpointError>([&] { checkpoint::load_model(dir); }, "model.safetensors.index.json");
+}
+
+TEST_CASE("a tokenizer.json or tokenizer_config.json nested 200000 deep is a DataError naming it",
+          "[config][json_limits][hardening]") {
+  const fs::path dir = fresh("tokenizer");
+  write(dir / "tokenizer.json", deep());
+  check_refused<DataError>([&] { data::ByteLevelBPETokenizer((dir / "tokenizer.json").string()); }, "tokenizer.json");
+  check_refused<DataError>([&] { data::ByteLevelBPETokenizer(deep(), "given.json"); }, "given.json");
+  // A good tokenizer.json beside a hostile tokenizer_config.json.
+  const fs::path good = fresh("tokenizer_config");
+  fs::copy_file(fs::path(BOOSTER_FIXTURE_DIR) / "bpe" / "gpt2" / "tokenizer.json", good / "tokenizer.json");
+  write(good / "tokenizer_config.json", deep());
+  check_refused<DataError>([&] { data::ByteLevelBPETokenizer((good / "tokenizer.json").string()); },
+                           "tokenizer_config.json");
+}
+
+TEST_CASE("a tokenizer.json past a config's size and item limits still reads", "[config][json_limits]") {
+  // The fixture with an array of 70 000 items (more than a config's 65 536, fewer than a real
+  // tokenizer's merges) and a 17 MB string (more than a config's 16 MB) in fields it ignores.
+  json t = json::parse(testing::read_text(fs::path(BOOSTER_FIXTURE_DIR) / "bpe" / "gpt2" / "tokenizer.json"));
+  t["padding_items"] = json(std::vector<int>(70'000, 1));
+  t["padding_note"] = std::string(17'000'000, 'x');
+  const fs::path file = fresh("big_tokenizer") / "tokenizer.json";
+  write(file, t.dump());
+  REQUIRE(fs::file_size(file) > 16'000'000);
+  const data::ByteLevelBPETokenizer reference((fs::path(BOOSTER_FIXTURE_DIR) / "bpe" / "gpt2" / "tokenizer.json").string());
+  const data::ByteLevelBPETokenizer big(file.string());
+  CHECK(big.vocab_size() == reference.vocab_size());
+  CHECK(big.encode("hello world") == reference.encode("hello world"));
+}
+
+TEST_CASE("a trainer_state.json or checksums.json nested 200000 deep is a CheckpointError naming it",
+          "[config][json_limits][hardening]") {
+  const fs::path step = fresh("checkpoint") / "step-00000001";
+  write(step / "trainer_state.json", deep());
+  check_refused<CheckpointError>([&] { checkpoint::load_checkpoint(step); }, "trainer_state.json");
+  const fs::path sums = fresh("checksums");
+  write(sums / "checksums.json", deep());
+  check_refused<CheckpointError>([&] { checkpoint::verify_checksums(sums); }, "checksums.json");
+}
+
+TEST_CASE("a token file description nested 200000 deep is a DataError naming it", "[config][json_limits][hardening]") {
+  const fs::path dir = fresh("tokens");
+  write(dir / "tokens.bin", std::string(8, '\0'));
+  write(dir / "tokens.bin.json", deep());
+  check_refused<DataError>([&] { data::read_token_description((dir / "tokens.bin").string()); }, "tokens.bin.json");
+}
+
+TEST_CASE("an adapter_config.json nested 200000 deep is a ConfigError naming it", "[config][json_limits][hardening]") {
+  const fs::path dir = fresh("peft");
+  write(dir / "adapter_config.json", deep());
+  check_refused<ConfigError>([&] { nn::read_peft_config(dir); }, "adapter_config.json");
+}
+
+TEST_CASE("booster generate refuses a generation_config.json nested 200000 deep in one line",
+          "[config][json_limits][hardening][cli]") {
+  const fs::path dir = fresh("generation");
+  for (const auto& e : fs::directory_iterator(fs::path(BOOSTER_FIXTURE_DIR) / "hf" / "gpt2"))
+    fs::copy_file(e.path(), dir / e.path().filename());
+  write(dir / "generation_config.json", deep());
+  const testing::RunResult r =
+      testing::run_booster_in(scratch_dir(), "generate --hf " + dir.string() + " --prompt-ids \"1 2\" -n 2");
+  INFO(r.err);
+  CHECK(r.exit_code == 2);
+  CHECK(std::count(r.err.begin(), r.err.end(), '\n') == 1);
+  CHECK_THAT(r.err, Contains("generation_config.json") && Contains("nested more than 64 deep"));
+}
