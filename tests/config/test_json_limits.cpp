@@ -21,6 +21,7 @@
 #include "booster/config/config.h"
 #include "booster/config/json_text.h"
 #include "booster/data/bpe_tokenizer.h"
+#include "booster/data/sft.h"
 #include "booster/data/tokens.h"
 #include "booster/nn/hf.h"
 #include "booster/nn/peft.h"
@@ -177,4 +178,21 @@ TEST_CASE("booster generate refuses a generation_config.json nested 200000 deep 
   CHECK(r.exit_code == 2);
   CHECK(std::count(r.err.begin(), r.err.end(), '\n') == 1);
   CHECK_THAT(r.err, Contains("generation_config.json") && Contains("nested more than 64 deep"));
+}
+
+TEST_CASE("an SFT line nested 200000 deep is a DataError naming the file and line", "[config][json_limits][hardening]") {
+  check_refused<DataError>([&] { data::parse_sft_record(deep(), "chat.jsonl", 7); }, "chat.jsonl line 7");
+  // A good line still reads.
+  CHECK(data::parse_sft_record(R"({"prompt": "a", "response": "b"})", "chat.jsonl", 8).size() > 0);
+}
+
+TEST_CASE("booster plot takes a metrics line nested 200000 deep for no record", "[config][json_limits][hardening][cli]") {
+  const fs::path dir = fresh("plot");
+  write(dir / "metrics.jsonl", deep() + "\n");
+  const testing::RunResult r = testing::run_booster_in(
+      scratch_dir(), "plot --out " + (dir / "loss.png").string() + " " + (dir / "metrics.jsonl").string());
+  INFO(r.err);
+  CHECK(r.exit_code == 2);
+  CHECK(std::count(r.err.begin(), r.err.end(), '\n') == 1);
+  CHECK_THAT(r.err, Contains("metrics.jsonl") && Contains("line 1"));
 }

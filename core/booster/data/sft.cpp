@@ -7,6 +7,7 @@
 #include <fstream>
 
 #include "booster/common/error.h"
+#include "booster/config/json_text.h"
 #include "booster/data/tokenizer.h"
 
 namespace booster::data {
@@ -60,9 +61,14 @@ Conversation parse_sft_record(std::string_view line, const std::string& file, in
   const std::string at = str("sft data: ", file, " line ", line_number, ": ");
   json j;
   try {
-    j = json::parse(line);
-  } catch (const json::exception& e) {
-    BOOSTER_FAIL(DataError, at, "not JSON (", e.what(), "); each line must be one JSON object");
+    // The config's depth (Note [One JSON reader] in booster/config/json_text.h); a line as long as it
+    // is: the file's size is the data set's.
+    j = config::parse_json_text(line, str("sft data: ", file, " line ", line_number),
+                                config::data_limits(line.size(), "a line of the file"));
+  } catch (const config::JsonSyntaxError& e) {
+    BOOSTER_FAIL(DataError, at, "not JSON (", e.detail(), "); each line must be one JSON object");
+  } catch (const ConfigError& e) {
+    throw DataError(e.what());
   }
   BOOSTER_CHECK(j.is_object(), DataError, at, "a JSON ", j.type_name(),
                 ", not an object; expected {\"prompt\", \"response\"} or {\"messages\": [...]}");
