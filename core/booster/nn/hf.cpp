@@ -35,6 +35,7 @@
 #include <algorithm>
 #include <cctype>
 #include <cmath>
+#include <cstdlib>
 #include <fstream>
 #include <map>
 #include <regex>
@@ -414,9 +415,17 @@ ModulePtr load_pretrained(const fs::path& dir, const json& overrides, uint64_t s
     if (!used.count(hf) && !ignored)
       problems.push_back(str("unexpected ", ft.entry.name, " ", ft.entry.shape, " ", ft.entry.dtype));
   }
+  // The first 20 problems and a count: a file of 1.23 M stray tensors made a 37 MB line.
+  constexpr size_t kShown = 20;
+  const size_t total = problems.size();
+  if (total > kShown) {
+    const size_t more = problems.size() - kShown;
+    problems.resize(kShown);
+    problems.push_back(str("and ", more, " more"));
+  }
   BOOSTER_CHECK(problems.empty(), ConfigError, "hf model ", dir.string(), ": the weights do not fit the ",
-                family.model_type, " model its config.json describes (", problems.size(),
-                problems.size() == 1 ? " problem): " : " problems): ", join(problems, "; "));
+                family.model_type, " model its config.json describes (", total,
+                total == 1 ? " problem): " : " problems): ", join(problems, "; "));
 
   for (auto& [t, source] : sources)
     BOOSTER_CHECK(defer_from_file(t, std::move(source)), StateError, "load_pretrained: parameter ", t.name(),
@@ -536,8 +545,11 @@ uint64_t parse_byte_size(const std::string& text) {
     const int power = int(std::string("KMGT").find(unit[0])) + 1;
     scale = std::pow(unit[1] == 'I' ? 1024.0 : 1000.0, power);
   }
-  const double bytes = std::stod(m[1].str()) * scale;
-  BOOSTER_CHECK(bytes >= 1.0 && bytes < 1.8e19, ConfigError, "the size '", text, "' must be at least one byte");
+  // strtod, not stod: 400 digits are infinity here (refused below), not std::out_of_range.
+  const double bytes = std::strtod(m[1].str().c_str(), nullptr) * scale;
+  BOOSTER_CHECK(bytes >= 1.0, ConfigError, "the size '", text, "' must be at least one byte");
+  BOOSTER_CHECK(bytes < 1.8e19, ConfigError, "the size '", text.size() > 40 ? text.substr(0, 40) + "..." : text,
+                "' is more bytes than a file can hold (2^64); give a size such as 5GB");
   return uint64_t(bytes);
 }
 
