@@ -574,6 +574,14 @@ class HybridParallelPlugin final : public ParallelPlugin {
       BOOSTER_CHECK(sharded.module != nullptr, PluginError, why, ": the shard policy for '", parts.model->name(),
                     "' returned no module");
       split_->shards = std::move(sharded.shards);
+      // A split parameter is a new tensor: it stays frozen where the whole model's is (a LoRA model's
+      // base), so it gets no gradient and the optimizer does not hold it.
+      std::map<std::string, bool> trains;
+      for (const auto& [n, p] : parts.model->named_parameters()) trains[n] = p.requires_grad();
+      for (auto [n, p] : sharded.module->named_parameters()) {
+        auto it = trains.find(n);
+        if (it != trains.end() && !it->second) p.requires_grad_(false);  // a handle: the parameter itself
+      }
       if (sharded.criterion && parts.criterion) parts.criterion = sharded.criterion(parts.criterion);
       part = sharded.module;
       require_no_empty_stage(*part, why);

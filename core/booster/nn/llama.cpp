@@ -72,6 +72,7 @@
 #include "booster/nn/activation_checkpoint.h"
 #include "booster/nn/packing.h"
 #include "booster/nn/init.h"
+#include "booster/nn/lora.h"
 #include "booster/nn/pipeline.h"
 #include "booster/nn/tensor_parallel.h"
 #include "booster/ops/ops.h"
@@ -756,8 +757,26 @@ ShardedModel llama_shard_policy(const ModulePtr& whole, const ShardContext& c) {
     // Only this stage's layers are split (Note [Shard policies]).
     std::shared_ptr<tp::VocabParallelEmbedding> vocab_embed;
     if (first) embed = vocab_embed = std::make_shared<tp::VocabParallelEmbedding>(*llama->model->embed_tokens, *group);
-    for (auto& [i, layer] : mine)
-      layer = std::make_shared<LlamaDecoderLayer>(dynamic_cast<const LlamaDecoderLayer&>(*layer), *group);
+    // A sub-module by its dotted path under `m` ("self_attn.q_proj").
+    auto at = [](const ModulePtr& m, const std::string& path) {
+      ModulePtr cur = m;
+      for (size_t from = 0; cur != nullptr && from <= path.size();) {
+        const size_t dot = std::min(path.find('.', from), path.size());
+        const std::string part = path.substr(from, dot - from);
+        ModulePtr next;
+        for (const auto& [n, c] : cur->named_children())
+          if (n == part) next = c;
+        cur = next;
+        from = dot + 1;
+      }
+      return cur;
+    };
+    for (auto& [i, layer] : mine) {
+      auto split = std::make_shared<LlamaDecoderLayer>(dynamic_cast<const LlamaDecoderLayer&>(*layer), *group);
+      // LoRA adapters follow their Linear's split (Note [LoRA under tensor parallelism] in lora.cpp).
+      for (const auto& [linear, dim] : kLayerSplits) split_lora(*at(layer, linear), *at(split, linear), dim, *group);
+      layer = split;
+    }
     if (last) {
       if (cfg.tie_word_embeddings)  // one stage (checked above): the head is the embedding's shard
         head = std::make_shared<LlamaVocabParallelHead>(vocab_embed->weight, Tensor(), cfg.vocab_size, *group, false);
@@ -775,6 +794,9 @@ ShardedModel llama_shard_policy(const ModulePtr& whole, const ShardContext& c) {
       for (const auto& [linear, dim] : kLayerSplits) {
         out.shards[p + linear + ".weight"] = {dim, 1};
         if (dim == 0 && names.count(p + linear + ".bias")) out.shards[p + linear + ".bias"] = {0, 1};
+        // LoRA: B follows a column split's rows, A a row split's columns; the other is replicated.
+        if (names.count(p + linear + ".lora_A.weight"))
+          out.shards[p + linear + (dim == 0 ? ".lora_B.weight" : ".lora_A.weight")] = {dim, 1};
       }
     }
     out.criterion = vocab_parallel_criterion(*group, cfg.vocab_size, "Llama");

@@ -30,6 +30,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "booster/distributed/process_group.h"
 #include "booster/nn/module.h"
 
 namespace booster::nn {
@@ -71,6 +72,13 @@ struct LoraConfig {
 // adapters are then loaded (nn::load_lora_weights; its errors, and a ConfigError when the config's r,
 // alpha, use_rslora or target_modules differ from the directory's, naming both values).
 std::vector<std::string> apply_lora(Module& model, const LoraConfig& config);
+
+// Under tensor parallelism (Note [LoRA under tensor parallelism] in lora.cpp): gives `split`, this
+// rank's piece of the adapted Linear `full` (dim 0: column-parallel, split along its output features;
+// dim 1: row-parallel, split along its input features, its output all-reduced inside it), this rank's
+// pieces of full's adapters (named lora_A, lora_B as in the whole model) and the adapter's hook. Does
+// nothing when `full` has no adapters. The group must outlive `split`.
+void split_lora(const Module& full, Module& split, int64_t dim, distributed::ProcessGroup& group);
 
 // The parameters that require grad, in parameters() order: what the optimizer of an adapted model
 // holds (the frozen base needs no gradient, optimizer state or master weight).

@@ -1,0 +1,264 @@
+// LoRA under the hybrid_parallel plugin (Note [LoRA under tensor parallelism] in nn/lora.cpp), over
+// `mpirun -np 2`: a Llama with adapters on all seven of a layer's Linears, B nonzero (PEFT starts it at
+// zero, where a wrong split of B or of A's gradient would not show), against the same model in one
+// process. The Llama shard policy with tp 2: this rank's logits, the loss and every adapter's gradient
+// (its slice of the whole model's where the adapter is split, the whole gradient where it is
+// replicated); then three AdamW steps through the Booster with tp 2 and with pp 2: each step's loss, the
+// first step's adapter gradients, the adapters at the end in the gathered checkpoint, and the frozen base
+// saved unchanged. Bounds from Note [Roundoff bounds] (tests/roundoff.h), float32.
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <filesystem>
+#include <map>
+#include <optional>
+#include <random>
+#include <tuple>
+
+#include "booster/autograd/autograd.h"
+#include "booster/booster/booster.h"
+#include "booster/checkpoint/checkpoint.h"
+#include "booster/distributed/process_group.h"
+#include "booster/nn/llama.h"
+#include "booster/nn/lora.h"
+#include "booster/nn/shard_policy.h"
+#include "booster/ops/ops.h"
+#include "booster/optim/optimizer.h"
+#include "roundoff.h"
+
+using namespace booster;
+using namespace booster::distributed;
+using nlohmann::json;
+namespace fs = std::filesystem;
+namespace ro = ::testing::roundoff;
+
+namespace {
+
+ProcessGroup& group() { return init_process_group("mpi"); }
+
+nn::LlamaConfig llama_config() {
+  nn::LlamaConfig c;
+  c.vocab_size = 64;
+  c.hidden_size = 32;
+  c.intermediate_size = 48;
+  c.num_hidden_layers = 2;
+  c.num_attention_heads = 4;
+  c.num_key_value_heads = 2;
+  c.max_position_embeddings = 16;
+  return c;
+}
+constexpr int64_t kRank = 4;
+const nn::LoraConfig kLora{.r = kRank,
+                           .alpha = 8,
+                           .target_modules = {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj",
+                                              "down_proj"}};
+const json kAdamW = {{"type", "adamw"}, {"lr", 1e-2}, {"betas", {0.9, 0.95}}, {"weight_decay", 0.1}};
+
+// The whole model, adapted, its B drawn N(0, 0.1^2) (the same on every rank and in every call).
+std::shared_ptr<nn::Llama> adapted(Booster* booster = nullptr) {
+  auto m = std::make_shared<nn::Llama>(llama_config(), 13);
+  if (booster) {
+    booster->enable_lora(m, kLora);
+  } else {
+    nn::apply_lora(*m, kLora);
+  }
+  NoGradGuard no_grad;
+  Generator gen(5);
+  for (auto [name, p] : m->named_parameters())
+    if (name.find(".lora_B.") != std::string::npos) p.copy_(randn(p.shape(), &gen) * 0.1);
+  return m;
+}
+
+// Note [Roundoff bounds]: the Llama's reductions, and per layer four adapted outputs on the path
+// (q/k/v, o, gate/up, down) each adding B's sum over r and the addition to the base's output.
+double forward_length(double batch, double T) {
+  return ro::llama_forward_length(32, 2, 4, 48, T, 64, batch) + 2 * 4 * (kRank + 1);
+}
+double forward_bound(double batch, double T) { return ro::reduction_bound({forward_length(batch, T)}); }
+double gradient_bound(double batch, double T, double parameters = 0) {
+  return ro::reduction_bound({2 * forward_length(batch, T), batch * T, parameters});
+}
+
+// Largest |a - b| / (1 + |b|).
+double max_diff(const Tensor& a, const Tensor& b) {
+  REQUIRE(a.shape() == b.shape());
+  const std::vector<double> x = a.tolist(), y = b.tolist();
+  double m = 0;
+  for (size_t i = 0; i < x.size(); ++i) m = std::max(m, std::abs(x[i] - y[i]) / (1 + std::abs(y[i])));
+  return m;
+}
+
+Tensor loss_of(const Tensor& logits, const Tensor& y) {
+  return cross_entropy(logits.reshape({-1, logits.size(-1)}), y.reshape({-1}));
+}
+
+// How an adapter splits at tp 2 (Note [LoRA under tensor parallelism]): B along out under a
+// column-parallel base, A along in under a row-parallel one; nothing for the others.
+std::optional<nn::ShardSpec> adapter_split(const std::string& name) {
+  const bool row = name.find("o_proj.") != std::string::npos || name.find("down_proj.") != std::string::npos;
+  if (row && name.find(".lora_A.") != std::string::npos) return nn::ShardSpec{1, 1};
+  if (!row && name.find(".lora_B.") != std::string::npos) return nn::ShardSpec{0, 1};
+  return std::nullopt;
+}
+
+// A directory every rank names alike (rank 0 draws the suffix).
+fs::path shared_dir(const std::string& tag) {
+  Tensor n = full({1}, double(std::random_device{}() % 1000000), DType::Int64);
+  group().broadcast(n, 0);
+  return fs::temp_directory_path() / ("booster_lora_hybrid_" + tag + "_" + std::to_string(n.to_vector<int64_t>()[0]));
+}
+
+}  // namespace
+
+TEST_CASE("lora: the Llama policy with tp 2 splits the adapters, logits and gradients as one process",
+          "[mpi][lora][tp][roundoff]") {
+  ProcessGroup& pg = group();
+  REQUIRE(pg.size() == 2);
+  auto reference = adapted(), source = adapted();
+  nn::ShardContext c;
+  c.tp = &pg;
+  const nn::ShardedModel part = nn::find_shard_policy("Llama", "this test")(source, c);
+  CHECK(part.shards.count("model.layers.1.self_attn.q_proj.lora_B.weight"));
+  CHECK(part.shards.count("model.layers.1.mlp.down_proj.lora_A.weight"));
+  CHECK_FALSE(part.shards.count("model.layers.1.self_attn.q_proj.lora_A.weight"));
+  CHECK_FALSE(part.shards.count("model.layers.1.mlp.down_proj.lora_B.weight"));
+  const nn::Criterion criterion = part.criterion(loss_of);
+
+  Generator data(3);  // the same batch on both ranks
+  const Tensor ids = randint(0, 64, {2, 9}, &data), y = randint(0, 64, {2, 9}, &data);
+  const Tensor whole = (*reference)(ids);
+  const Tensor split = (*part.module)(ids);  // training: this rank's half of the vocabulary
+  CHECK(max_diff(split, whole.narrow(2, pg.rank() * 32, 32)) <= forward_bound(2, 9));
+  const Tensor want = loss_of(whole, y), got = criterion(split, y);
+  CHECK(std::abs(got.item() - want.item()) <= forward_bound(2, 9) * std::abs(want.item()));
+  want.backward();
+  got.backward();
+
+  std::map<std::string, Tensor> full_params;
+  for (const auto& [name, p] : reference->named_parameters()) full_params[name] = p;
+  int adapters = 0;
+  for (const auto& [name, p] : part.module->named_parameters()) {
+    INFO(name);
+    REQUIRE(full_params.count(name));
+    if (!full_params.at(name).requires_grad()) continue;  // the frozen base (the plugin freezes its pieces)
+    ++adapters;
+    REQUIRE(p.grad().defined());
+    Tensor ref = full_params.at(name).grad();
+    const auto spec = adapter_split(name);
+    const auto policy_spec = part.shards.find(name);
+    CHECK(spec.has_value() == (policy_spec != part.shards.end()));
+    if (spec) ref = nn::shard_of(ref, *spec, pg.rank(), 2);
+    CHECK(max_diff(p.grad(), ref) <= gradient_bound(2, 9));
+  }
+  CHECK(adapters == 2 * 7 * 2);
+}
+
+TEST_CASE("lora: hybrid_parallel tp 2 and pp 2 train the adapters as one process does",
+          "[mpi][lora][hybrid][roundoff]") {
+  ProcessGroup& pg = group();
+  REQUIRE(pg.size() == 2);
+  const int steps = 3;
+  Generator data(9);
+  std::vector<std::pair<Tensor, Tensor>> batches;
+  for (int s = 0; s < steps; ++s) {
+    const Tensor x = randint(0, 64, {4, 8}, &data);
+    batches.emplace_back(x, randint(0, 64, {4, 8}, &data));
+  }
+  // The reference: a plain loop in one process.
+  auto reference = adapted();
+  std::map<std::string, Tensor> base;  // the frozen base as it started
+  for (const auto& [n, p] : reference->named_parameters())
+    if (!p.requires_grad()) base[n] = p.detach().clone();
+  auto ref_opt = optim::make_optimizer(kAdamW, nn::trainable_parameters(*reference));
+  std::vector<double> want, grad_l1;
+  std::map<std::string, Tensor> first_grads;
+  for (const auto& [x, y] : batches) {
+    ref_opt->zero_grad();
+    const Tensor loss = loss_of((*reference)(x), y);
+    loss.backward();
+    double l1 = 0;
+    for (const auto& [n, p] : reference->named_parameters()) {
+      if (!p.requires_grad()) continue;
+      for (double g : p.grad().tolist()) l1 += std::abs(g);
+      if (want.empty()) first_grads[n] = p.grad().clone();
+    }
+    grad_l1.push_back(l1);
+    ref_opt->step();
+    want.push_back(loss.item());
+  }
+  const int64_t trained = int64_t(nn::trainable_parameters(*reference).size());
+  int64_t trained_numel = 0;
+  for (const Tensor& p : nn::trainable_parameters(*reference)) trained_numel += p.numel();
+  // Under AdamW each element within adam_drift_bound, each loss within the forward's roundoff plus
+  // |g_t|_1 times that drift (first order in the weights' difference), as tests/mpi/test_mpi_hybrid.cpp.
+  const double eps_forward = forward_bound(4, 8), eps_gradient = gradient_bound(4, 8, double(trained_numel));
+  const double drift = ro::adam_drift_bound(kAdamW.at("lr").get<double>(), steps, 0.9, 0.95);
+
+  for (const auto& [label, tp, pp] : std::vector<std::tuple<std::string, int, int>>{{"tp 2", 2, 1}, {"pp 2", 1, 2}}) {
+    INFO(label);
+    Booster booster(BoosterConfig{.plugin = "hybrid_parallel",
+                                  .plugin_options = {{"tp_size", tp}, {"pp_size", pp}, {"num_microbatches", 2}}});
+    auto whole = adapted(&booster);
+    Boosted b = booster.boost(whole, optim::make_optimizer(kAdamW, nn::trainable_parameters(*whole)), loss_of);
+    for (int s = 0; s < steps; ++s) {
+      b.optimizer->zero_grad();
+      const double got =
+          booster.execute_pipeline(batches[size_t(s)].first, batches[size_t(s)].second, *b.model, b.criterion, *b.optimizer);
+      if (s == 0) {
+        // The first step's gradients: this rank's adapters (its slice where split), the base none.
+        int64_t seen = 0;
+        for (const auto& [n, p] : b.model->named_parameters()) {
+          INFO(n);
+          if (!p.requires_grad()) {
+            CHECK_FALSE(p.grad().defined());
+            continue;
+          }
+          ++seen;
+          REQUIRE(first_grads.count(n));
+          REQUIRE(p.grad().defined());
+          Tensor ref = first_grads.at(n);
+          if (tp > 1)
+            if (const auto spec = adapter_split(n)) ref = nn::shard_of(ref, *spec, pg.rank(), tp);
+          CHECK(max_diff(p.grad(), ref) <= eps_gradient);
+        }
+        Tensor total = full({1}, double(seen), DType::Float64);
+        pg.all_reduce(total);  // pp: the stages' adapters together; tp: each rank all of them
+        CHECK(total.item() == double(pp > 1 ? trained : 2 * trained));
+      }
+      b.optimizer->step();
+      // Every rank has its replica's loss; the ranks' mean is the batch's.
+      Tensor mean = full({1}, got / 2, DType::Float64);
+      pg.all_reduce(mean);
+      const double bound = eps_forward * std::abs(want[size_t(s)]) + drift * double(s) / steps * grad_l1[size_t(s)];
+      INFO("step " << s << ": " << mean.item() << " against " << want[size_t(s)] << ", bound " << bound);
+      CHECK(std::abs(mean.item() - want[size_t(s)]) <= bound);
+    }
+    // The saved model is one process's file: adapters within the drift, the base unchanged.
+    const fs::path dir = shared_dir("model");
+    booster.save_model(*b.model, dir);
+    if (pg.rank() == 0) {
+      const checkpoint::TensorMap saved = checkpoint::load_model(dir);
+      const nn::StateDict ref = reference->state_dict();
+      CHECK(saved.size() == ref.size());
+      for (const auto& [n, t] : ref) {
+        INFO(n);
+        if (!saved.count(n)) {
+          FAIL_CHECK("the saved model has no " << n);
+          continue;
+        }
+        const Tensor got = saved.at(n);
+        REQUIRE(got.shape() == t.shape());
+        if (base.count(n)) {
+          CHECK(max_diff(got, base.at(n)) == 0.0);
+          continue;
+        }
+        double largest = 0;
+        const std::vector<double> a = got.tolist(), w = t.tolist();
+        for (size_t i = 0; i < a.size(); ++i) largest = std::max(largest, std::abs(a[i] - w[i]));
+        CHECK(largest <= drift);
+      }
+    }
+    pg.barrier();
+    if (pg.rank() == 0) fs::remove_all(dir);
+  }
+}
