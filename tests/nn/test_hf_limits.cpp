@@ -1,7 +1,8 @@
 // Hostile sizes in Hugging Face inputs end in short, clear messages: a model file with 25 tensors the
 // model does not have lists the first 20 and a count (a file of 1.23 M stray tensors made a 37 MB
 // line), and a --max-shard-size of 400 digits is refused as more bytes than a file can hold (it was
-// std::stod's out_of_range, "error: stod").
+// std::stod's out_of_range, "error: stod"); --max-new-tokens of 2^63 - 1 generates up to the model's
+// limit (prompt + count wrapped negative in the key/value cache's capacity).
 #include <catch2/catch.hpp>
 
 #include <filesystem>
@@ -51,4 +52,16 @@ TEST_CASE("a byte size of 400 digits is refused as too large", "[nn][hf][hardeni
   }
   CHECK_THROWS_AS(nn::parse_byte_size("0B"), ConfigError);
   CHECK_THROWS_AS(nn::parse_byte_size("20000000TB"), ConfigError);
+}
+
+TEST_CASE("booster generate with --max-new-tokens near 2^63 stops at the model's limit", "[nn][hf][hardening][cli]") {
+  const fs::path fixture = fs::path(BOOSTER_FIXTURE_DIR) / "hf" / "gpt2";
+  for (const char* n : {"9223372036854775807", "9223372036854775790"}) {
+    const testing::RunResult r = testing::run_booster_in(
+        testing::scratch_dir("test_hf_limits"),
+        "generate --hf " + fixture.string() + " --prompt-ids \"1 2\" --temperature 0 --max-new-tokens " + n);
+    INFO(r.err);
+    CHECK(r.exit_code == 0);
+    CHECK_THAT(r.err, Contains("stopped at the model's limit of 16 positions"));
+  }
 }

@@ -144,7 +144,8 @@ GenerateResult generate(Module& model, const std::vector<int64_t>& prompt, const
   GenerateResult result;
   Generator gen(o.seed);
   std::vector<int64_t> sequence = prompt;
-  const int64_t total = std::min(limit, P + o.max_new_tokens);
+  // Not P + max_new_tokens first: near 2^63 it wraps negative.
+  const int64_t total = o.max_new_tokens >= limit - P ? limit : P + o.max_new_tokens;
   const bool use_cache = o.use_cache && lm->has_kv_cache();
   std::optional<KVCache> cache;
   if (use_cache) cache = lm->make_kv_cache(total);
