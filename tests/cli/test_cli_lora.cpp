@@ -7,6 +7,7 @@
 // model.init_from) is refused naming both digests, as are another LoRA config and a full checkpoint.
 #include <catch2/catch.hpp>
 
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <regex>
@@ -17,6 +18,7 @@
 #include <nlohmann/json.hpp>
 
 #include "booster/checkpoint/safetensors.h"
+#include "roundoff.h"
 #include "run_booster.h"
 
 namespace fs = std::filesystem;
@@ -331,4 +333,38 @@ TEST_CASE("a LoRA checkpoint resumes under another precision and on another layo
   INFO(r.err);
   CHECK(r.exit_code == 0);
   CHECK(r.err.find("resumed on 2 processes") != std::string::npos);
+}
+
+TEST_CASE("a LoRA checkpoint of hybrid_parallel tp 2 and pp 2 evaluates on 1 process", "[cli][lora][checkpoint][mpi]") {
+  // The adapters are saved gathered under the whole model's names and the digest is the whole base's
+  // (Note [LoRA under tensor parallelism] in nn/lora.cpp), so one process takes them up. (A hybrid run
+  // resumes on its own layout only: its optimizer state is per rank.) The validation loss is the run's
+  // within the roundoff of the model's reductions (Note [Roundoff bounds] in tests/roundoff.h): the split
+  // model sums in another order.
+  for (const auto& [name, plugin] : std::vector<std::pair<std::string, json>>{
+           {"hybrid_tp", {{"name", "hybrid_parallel"}, {"tp_size", 2}, {"pp_size", 1}}},
+           {"hybrid_pp", {{"name", "hybrid_parallel"}, {"tp_size", 1}, {"pp_size", 2}, {"num_microbatches", 2}}}}) {
+    INFO(name);
+    const fs::path root = scratch_dir() / name;
+    fs::remove_all(root);
+    json c = lora_config("fp32", plugin);
+    c["lora"]["target_modules"] = {"q_proj", "o_proj", "up_proj", "down_proj"};  // both splits
+    c["data"]["val_path"] = token_file().string();
+    const fs::path cfg = write_config(name + ".json", c);
+    RunResult r = run_booster("run -n 2 -- booster train --config " + cfg.string() +
+                              " --set train.checkpoint_every=6 --set train.checkpoint_dir=" + root.string());
+    INFO(r.err);
+    REQUIRE(r.exit_code == 0);
+    const json trained = json::parse(r.out.substr(r.out.rfind('{')));
+    r = run_booster("eval --config " + cfg.string() + " --set plugin=single --checkpoint " + step_dir(root, 6).string());
+    INFO(r.err);
+    REQUIRE(r.exit_code == 0);
+    const json evaluated = json::parse(r.out.substr(r.out.rfind('{')));
+    CHECK(evaluated.at("lora_adapters") == true);
+    const double got = evaluated.at("val_loss").get<double>(), want = trained.at("val_loss").get<double>();
+    namespace ro = ::testing::roundoff;
+    const double bound = ro::reduction_bound({ro::llama_forward_length(32, 2, 4, 48, 8, 64, 511)}) * std::abs(want);
+    INFO(got << " against " << want << ", bound " << bound);
+    CHECK(std::abs(got - want) <= bound);
+  }
 }

@@ -223,7 +223,10 @@ Boosted Booster::boost(nn::ModulePtr model, std::shared_ptr<optim::Optimizer> op
   for (const Tensor& t : parts.model->buffers()) materialize(t);
   if (lora_) {
     // Note [Adapter-only checkpoints]: the base as given, before a strategy converts it.
-    lora_base_digest_ = base_digest(*parts.model);
+    // Under a plugin that splits layers, of the whole model (so any layout resumes it), which that
+    // allocates where it was built deferred.
+    const ParallelLayout layout = plugin_->layout();
+    lora_base_digest_ = base_digest(layout.tensor > 1 || layout.pipeline > 1 ? *user_model_ : *parts.model);
     if (parts.optimizer)
       for (const optim::ParamGroup& g : parts.optimizer->param_groups())
         for (const Tensor& p : g.params)

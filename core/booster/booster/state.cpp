@@ -290,7 +290,11 @@ nn::ModulePtr Booster::adapter_view() const {
       walk(child, child_path);
     }
   };
-  walk(user_model_, "");
+  // Under a plugin that splits layers the adapters that train are the split model's (this rank's pieces
+  // and stage, named as the whole model's; its checkpoint IO gathers them): Note [LoRA under tensor
+  // parallelism] in nn/lora.cpp.
+  const ParallelLayout layout = plugin_->layout();
+  walk(layout.tensor > 1 || layout.pipeline > 1 ? parts_.model : user_model_, "");
   return root;
 }
 
