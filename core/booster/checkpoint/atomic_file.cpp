@@ -20,8 +20,9 @@ std::string errno_text() { return std::strerror(errno); }
 
 }  // namespace
 
-void refuse_non_regular_output(const fs::path& path, const std::string& what) {
+void refuse_non_regular_output(const fs::path& path, const std::string& what, bool follow_links) {
   struct stat st {};
+  if (!follow_links && ::lstat(path.c_str(), &st) == 0 && S_ISLNK(st.st_mode)) return;  // the link is replaced
   if (::stat(path.c_str(), &st) != 0 || S_ISREG(st.st_mode)) return;  // absent (or unreadable: open says why)
   const char* kind = S_ISDIR(st.st_mode)    ? "a directory"
                      : S_ISFIFO(st.st_mode) ? "a FIFO (named pipe)"
@@ -123,7 +124,7 @@ void write_captured(const std::vector<WriteCapture::File>& files) {
 }
 
 void write_file_atomically(const fs::path& path, const std::function<void(FileWriter&)>& fill) {
-  refuse_non_regular_output(path);  // Note [Outputs that are not files]
+  refuse_non_regular_output(path, "", /*follow_links=*/false);  // Note [Outputs that are not files]
   if (WriteCapture* capture = WriteCapture::active()) {  // Note [Capturing a checkpoint's files]
     std::string bytes;
     FileWriter out(path, bytes);

@@ -48,7 +48,11 @@ class FileWriter {
 // and opening a FIFO to write blocks until someone reads. ConfigError naming `what` (e.g. "--out", or
 // "" for a file the program chose) and the path, with the fix. Every write through write_file_atomically
 // and FileWriter checks it; a command checks its outputs with it up front, before the work.
-void refuse_non_regular_output(const std::filesystem::path& path, const std::string& what = "");
+// write_file_atomically passes follow_links false: its rename replaces a symbolic link itself, never
+// what it points to, so a link is written over as a file is (a checkpoint's `latest` may be a link to a
+// step directory); FileWriter opens the path, so for it a link counts as its target.
+void refuse_non_regular_output(const std::filesystem::path& path, const std::string& what = "",
+                               bool follow_links = true);
 
 // Writes `path` atomically (Note [Atomic checkpoint writes]): fill() writes the content into a
 // temporary file beside it. If fill() throws, the temporary file is removed and `path` is unchanged.
