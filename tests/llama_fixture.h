@@ -16,6 +16,20 @@
 
 namespace booster::testing {
 
+// A tiny grouped-query Llama (width 32, 4 heads over 2 key/value heads, 2 layers, vocabulary 64, 16
+// positions) for the tests that compare layouts or strategies on one model of their own.
+inline nn::LlamaConfig tiny_llama_config() {
+  nn::LlamaConfig c;
+  c.vocab_size = 64;
+  c.hidden_size = 32;
+  c.intermediate_size = 48;
+  c.num_hidden_layers = 2;
+  c.num_attention_heads = 4;
+  c.num_key_value_heads = 2;
+  c.max_position_embeddings = 16;
+  return c;
+}
+
 inline nn::LlamaConfig llama_config_from(const nlohmann::json& j) {
   nn::LlamaConfig c;
   c.vocab_size = j.at("vocab_size");

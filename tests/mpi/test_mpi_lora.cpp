@@ -20,6 +20,7 @@
 #include "booster/optim/optimizer.h"
 #include "roundoff.h"
 #include "trajectory.h"
+#include "llama_fixture.h"
 
 using namespace booster;
 using namespace booster::distributed;
@@ -30,17 +31,6 @@ namespace {
 ProcessGroup& group() { return init_process_group("mpi"); }
 namespace ro = ::testing::roundoff;
 
-nn::LlamaConfig llama_config() {
-  nn::LlamaConfig c;
-  c.vocab_size = 64;
-  c.hidden_size = 32;
-  c.intermediate_size = 48;
-  c.num_hidden_layers = 2;
-  c.num_attention_heads = 4;
-  c.num_key_value_heads = 2;
-  c.max_position_embeddings = 16;
-  return c;
-}
 const nn::LoraConfig kLora{.r = 4, .alpha = 8, .target_modules = {"q_proj", "v_proj", "down_proj"}};
 const json kSgd = {{"type", "sgd"}, {"lr", 0.5}, {"momentum", 0.9}};
 constexpr double kMomentum = 0.9;
@@ -82,7 +72,7 @@ Run train(const BoosterConfig& config, Rows mode, double unit = ro::kUnit) {
   ProcessGroup& pg = group();
   Generator data(12);
   Booster booster(config);
-  auto model = std::make_shared<nn::Llama>(llama_config(), 13);
+  auto model = std::make_shared<nn::Llama>(booster::testing::tiny_llama_config(), 13);
   booster.enable_lora(model, kLora);
   std::map<std::string, Tensor> base_before;
   for (const auto& [n, p] : model->named_parameters())

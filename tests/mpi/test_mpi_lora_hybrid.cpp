@@ -25,6 +25,7 @@
 #include "booster/ops/ops.h"
 #include "booster/optim/optimizer.h"
 #include "roundoff.h"
+#include "llama_fixture.h"
 
 using namespace booster;
 using namespace booster::distributed;
@@ -36,17 +37,6 @@ namespace {
 
 ProcessGroup& group() { return init_process_group("mpi"); }
 
-nn::LlamaConfig llama_config() {
-  nn::LlamaConfig c;
-  c.vocab_size = 64;
-  c.hidden_size = 32;
-  c.intermediate_size = 48;
-  c.num_hidden_layers = 2;
-  c.num_attention_heads = 4;
-  c.num_key_value_heads = 2;
-  c.max_position_embeddings = 16;
-  return c;
-}
 constexpr int64_t kRank = 4;
 const nn::LoraConfig kLora{.r = kRank,
                            .alpha = 8,
@@ -56,7 +46,7 @@ const json kAdamW = {{"type", "adamw"}, {"lr", 1e-2}, {"betas", {0.9, 0.95}}, {"
 
 // The whole model, adapted, its B drawn N(0, 0.1^2) (the same on every rank and in every call).
 std::shared_ptr<nn::Llama> adapted(Booster* booster = nullptr) {
-  auto m = std::make_shared<nn::Llama>(llama_config(), 13);
+  auto m = std::make_shared<nn::Llama>(booster::testing::tiny_llama_config(), 13);
   if (booster) {
     booster->enable_lora(m, kLora);
   } else {
