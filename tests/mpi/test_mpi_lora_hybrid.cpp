@@ -1,14 +1,18 @@
 // LoRA under the hybrid_parallel plugin (Note [LoRA under tensor parallelism] in nn/lora.cpp), over
-// `mpirun -np 2`: a Llama with adapters on all seven of a layer's Linears, B nonzero (PEFT starts it at
-// zero, where a wrong split of B or of A's gradient would not show), against the same model in one
-// process. The Llama shard policy with tp 2: this rank's logits, the loss and every adapter's gradient
-// (its slice of the whole model's where the adapter is split, the whole gradient where it is
-// replicated); then three AdamW steps through the Booster with tp 2 and with pp 2: each step's loss, the
-// first step's adapter gradients, the adapters at the end in the gathered checkpoint, and the frozen base
-// saved unchanged. Bounds from Note [Roundoff bounds] (tests/roundoff.h), float32.
+// `mpirun -np 2`, for both shard policies that split adapters: a Llama with adapters on all seven of a
+// layer's Linears, and a GPT with adapters on all four of a block's (c_attn, whose B splits in its
+// q | k | v row blocks, the two c_proj and c_fc), B nonzero (PEFT starts it at zero, where a wrong split
+// of B or of A's gradient would not show), against the same model in one process. The shard policy
+// with tp 2: this rank's logits, the loss and every adapter's gradient (its slice of the whole model's
+// where the adapter is split, the whole gradient where it is replicated); then three AdamW steps
+// through the Booster with tp 2 and with pp 2: each step's loss, the first step's adapter gradients,
+// the adapters at the end in the gathered checkpoint, and the frozen base saved unchanged. Bounds from
+// Note [Roundoff bounds] (tests/roundoff.h), float32.
 #include <catch2/catch.hpp>
 
+#include <chrono>
 #include <cmath>
+#include <functional>
 #include <filesystem>
 #include <map>
 #include <optional>
@@ -21,6 +25,7 @@
 #include "booster/distributed/process_group.h"
 #include "booster/nn/llama.h"
 #include "booster/nn/lora.h"
+#include "booster/nn/models.h"
 #include "booster/nn/shard_policy.h"
 #include "booster/ops/ops.h"
 #include "booster/optim/optimizer.h"
@@ -35,22 +40,74 @@ namespace ro = ::testing::roundoff;
 
 namespace {
 
-ProcessGroup& group() { return init_process_group("mpi"); }
+// A bug that leaves a rank waiting fails the test within a minute, naming the collective.
+ProcessGroup& group() {
+  set_default_collective_timeout(std::chrono::seconds(60));
+  return init_process_group("mpi");
+}
 
 constexpr int64_t kRank = 4;
-const nn::LoraConfig kLora{.r = kRank,
-                           .alpha = 8,
-                           .target_modules = {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj",
-                                              "down_proj"}};
 const json kAdamW = {{"type", "adamw"}, {"lr", 1e-2}, {"betas", {0.9, 0.95}}, {"weight_decay", 0.1}};
 
+// One model under test: how to build it whole, its adapters, and how each adapter splits at tp 2.
+struct Family {
+  std::string policy;  // the model's name(): its shard policy
+  nn::LoraConfig lora;
+  std::function<nn::ModulePtr()> build;
+  int64_t vocab;
+  int64_t adapters;  // adapter tensors (A and B) of the whole model
+  // Note [Roundoff bounds]: the model's forward reductions (roundoff.h), on `batch` sequences of T.
+  std::function<double(double batch, double T)> model_length;
+  // Note [LoRA under tensor parallelism]: B along out under a column-parallel base (in its blocks for
+  // a fused one), A along in under a row-parallel one; nothing for the others.
+  std::function<std::optional<nn::ShardSpec>(const std::string& name)> split;
+};
+
+Family llama() {
+  return {.policy = "Llama",
+          .lora = {.r = kRank,
+                   .alpha = 8,
+                   .target_modules = {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"}},
+          .build = [] { return std::make_shared<nn::Llama>(booster::testing::tiny_llama_config(), 13); },
+          .vocab = 64,
+          .adapters = 2 * 7 * 2,
+          .model_length = [](double batch, double T) { return ro::llama_forward_length(32, 2, 4, 48, T, 64, batch); },
+          .split = [](const std::string& name) -> std::optional<nn::ShardSpec> {
+            const bool row = name.find("o_proj.") != std::string::npos || name.find("down_proj.") != std::string::npos;
+            if (row && name.find(".lora_A.") != std::string::npos) return nn::ShardSpec{1, 1};
+            if (!row && name.find(".lora_B.") != std::string::npos) return nn::ShardSpec{0, 1};
+            return std::nullopt;
+          }};
+}
+
+// A tiny GPT: width 32, 4 heads, 2 blocks, vocabulary 64, 16 positions.
+Family gpt() {
+  return {.policy = "GPT",
+          .lora = {.r = kRank, .alpha = 8, .target_modules = {"c_attn", "c_proj", "c_fc"}},
+          .build =
+              [] {
+                nn::GPTConfig c;
+                c.vocab_size = 64, c.context = 16, c.width = 32, c.layers = 2, c.heads = 4;
+                return std::make_shared<nn::GPT>(c, 13);
+              },
+          .vocab = 64,
+          .adapters = 2 * 4 * 2,
+          .model_length = [](double batch, double T) { return ro::gpt_forward_length(32, 2, 4, T, 64, batch); },
+          .split = [](const std::string& name) -> std::optional<nn::ShardSpec> {
+            const bool row = name.find("c_proj.") != std::string::npos;
+            if (row && name.find(".lora_A.") != std::string::npos) return nn::ShardSpec{1, 1};
+            if (row || name.find(".lora_B.") == std::string::npos) return std::nullopt;
+            return nn::ShardSpec{0, name.find("c_attn.") != std::string::npos ? 3 : 1};  // q | k | v
+          }};
+}
+
 // The whole model, adapted, its B drawn N(0, 0.1^2) (the same on every rank and in every call).
-std::shared_ptr<nn::Llama> adapted(Booster* booster = nullptr) {
-  auto m = std::make_shared<nn::Llama>(booster::testing::tiny_llama_config(), 13);
+nn::ModulePtr adapted(const Family& f, Booster* booster = nullptr) {
+  nn::ModulePtr m = f.build();
   if (booster) {
-    booster->enable_lora(m, kLora);
+    booster->enable_lora(m, f.lora);
   } else {
-    nn::apply_lora(*m, kLora);
+    nn::apply_lora(*m, f.lora);
   }
   NoGradGuard no_grad;
   Generator gen(5);
@@ -59,14 +116,15 @@ std::shared_ptr<nn::Llama> adapted(Booster* booster = nullptr) {
   return m;
 }
 
-// Note [Roundoff bounds]: the Llama's reductions, and per layer four adapted outputs on the path
-// (q/k/v, o, gate/up, down) each adding B's sum over r and the addition to the base's output.
-double forward_length(double batch, double T) {
-  return ro::llama_forward_length(32, 2, 4, 48, T, 64, batch) + 2 * 4 * (kRank + 1);
+// Note [Roundoff bounds]: the model's reductions, and per layer four adapted outputs on the path
+// (Llama: q/k/v, o, gate/up, down; GPT: c_attn, c_proj, c_fc, c_proj) each adding B's sum over r and the
+// addition to the base's output.
+double forward_length(const Family& f, double batch, double T) { return f.model_length(batch, T) + 2 * 4 * (kRank + 1); }
+double forward_bound(const Family& f, double batch, double T) {
+  return ro::reduction_bound({forward_length(f, batch, T)});
 }
-double forward_bound(double batch, double T) { return ro::reduction_bound({forward_length(batch, T)}); }
-double gradient_bound(double batch, double T, double parameters = 0) {
-  return ro::reduction_bound({2 * forward_length(batch, T), batch * T, parameters});
+double gradient_bound(const Family& f, double batch, double T, double parameters = 0) {
+  return ro::reduction_bound({2 * forward_length(f, batch, T), batch * T, parameters});
 }
 
 // Largest |a - b| / (1 + |b|).
@@ -82,15 +140,6 @@ Tensor loss_of(const Tensor& logits, const Tensor& y) {
   return cross_entropy(logits.reshape({-1, logits.size(-1)}), y.reshape({-1}));
 }
 
-// How an adapter splits at tp 2 (Note [LoRA under tensor parallelism]): B along out under a
-// column-parallel base, A along in under a row-parallel one; nothing for the others.
-std::optional<nn::ShardSpec> adapter_split(const std::string& name) {
-  const bool row = name.find("o_proj.") != std::string::npos || name.find("down_proj.") != std::string::npos;
-  if (row && name.find(".lora_A.") != std::string::npos) return nn::ShardSpec{1, 1};
-  if (!row && name.find(".lora_B.") != std::string::npos) return nn::ShardSpec{0, 1};
-  return std::nullopt;
-}
-
 // A directory every rank names alike (rank 0 draws the suffix).
 fs::path shared_dir(const std::string& tag) {
   Tensor n = full({1}, double(std::random_device{}() % 1000000), DType::Int64);
@@ -98,29 +147,24 @@ fs::path shared_dir(const std::string& tag) {
   return fs::temp_directory_path() / ("booster_lora_hybrid_" + tag + "_" + std::to_string(n.to_vector<int64_t>()[0]));
 }
 
-}  // namespace
-
-TEST_CASE("lora: the Llama policy with tp 2 splits the adapters, logits and gradients as one process",
-          "[mpi][lora][tp][roundoff]") {
+// The policy with tp 2 alone: this rank's logits, the loss and every adapter's gradient.
+void check_tp_split(const Family& f) {
   ProcessGroup& pg = group();
   REQUIRE(pg.size() == 2);
-  auto reference = adapted(), source = adapted();
+  auto reference = adapted(f), source = adapted(f);
   nn::ShardContext c;
   c.tp = &pg;
-  const nn::ShardedModel part = nn::find_shard_policy("Llama", "this test")(source, c);
-  CHECK(part.shards.count("model.layers.1.self_attn.q_proj.lora_B.weight"));
-  CHECK(part.shards.count("model.layers.1.mlp.down_proj.lora_A.weight"));
-  CHECK_FALSE(part.shards.count("model.layers.1.self_attn.q_proj.lora_A.weight"));
-  CHECK_FALSE(part.shards.count("model.layers.1.mlp.down_proj.lora_B.weight"));
+  const nn::ShardedModel part = nn::find_shard_policy(f.policy, "this test")(source, c);
   const nn::Criterion criterion = part.criterion(loss_of);
+  const int64_t half = f.vocab / 2;
 
   Generator data(3);  // the same batch on both ranks
-  const Tensor ids = randint(0, 64, {2, 9}, &data), y = randint(0, 64, {2, 9}, &data);
+  const Tensor ids = randint(0, f.vocab, {2, 9}, &data), y = randint(0, f.vocab, {2, 9}, &data);
   const Tensor whole = (*reference)(ids);
   const Tensor split = (*part.module)(ids);  // training: this rank's half of the vocabulary
-  CHECK(max_diff(split, whole.narrow(2, pg.rank() * 32, 32)) <= forward_bound(2, 9));
+  CHECK(max_diff(split, whole.narrow(2, pg.rank() * half, half)) <= forward_bound(f, 2, 9));
   const Tensor want = loss_of(whole, y), got = criterion(split, y);
-  CHECK(std::abs(got.item() - want.item()) <= forward_bound(2, 9) * std::abs(want.item()));
+  CHECK(std::abs(got.item() - want.item()) <= forward_bound(f, 2, 9) * std::abs(want.item()));
   want.backward();
   got.backward();
 
@@ -134,28 +178,32 @@ TEST_CASE("lora: the Llama policy with tp 2 splits the adapters, logits and grad
     ++adapters;
     REQUIRE(p.grad().defined());
     Tensor ref = full_params.at(name).grad();
-    const auto spec = adapter_split(name);
+    // The policy lays the piece out as the test expects (the checkpoint gathers it so).
+    const auto spec = f.split(name);
     const auto policy_spec = part.shards.find(name);
-    CHECK(spec.has_value() == (policy_spec != part.shards.end()));
-    if (spec) ref = nn::shard_of(ref, *spec, pg.rank(), 2);
-    CHECK(max_diff(p.grad(), ref) <= gradient_bound(2, 9));
+    REQUIRE(spec.has_value() == (policy_spec != part.shards.end()));
+    if (spec) {
+      CHECK((policy_spec->second.dim == spec->dim && policy_spec->second.chunks == spec->chunks));
+      ref = nn::shard_of(ref, *spec, pg.rank(), 2);
+    }
+    CHECK(max_diff(p.grad(), ref) <= gradient_bound(f, 2, 9));
   }
-  CHECK(adapters == 2 * 7 * 2);
+  CHECK(adapters == f.adapters);
 }
 
-TEST_CASE("lora: hybrid_parallel tp 2 and pp 2 train the adapters as one process does",
-          "[mpi][lora][hybrid][roundoff]") {
+// Three AdamW steps through the Booster with tp 2 and with pp 2, against a plain loop in one process.
+void check_training(const Family& f) {
   ProcessGroup& pg = group();
   REQUIRE(pg.size() == 2);
   const int steps = 3;
   Generator data(9);
   std::vector<std::pair<Tensor, Tensor>> batches;
   for (int s = 0; s < steps; ++s) {
-    const Tensor x = randint(0, 64, {4, 8}, &data);
-    batches.emplace_back(x, randint(0, 64, {4, 8}, &data));
+    const Tensor x = randint(0, f.vocab, {4, 8}, &data);
+    batches.emplace_back(x, randint(0, f.vocab, {4, 8}, &data));
   }
   // The reference: a plain loop in one process.
-  auto reference = adapted();
+  auto reference = adapted(f);
   std::map<std::string, Tensor> base;  // the frozen base as it started
   for (const auto& [n, p] : reference->named_parameters())
     if (!p.requires_grad()) base[n] = p.detach().clone();
@@ -181,14 +229,14 @@ TEST_CASE("lora: hybrid_parallel tp 2 and pp 2 train the adapters as one process
   for (const Tensor& p : nn::trainable_parameters(*reference)) trained_numel += p.numel();
   // Under AdamW each element within adam_drift_bound, each loss within the forward's roundoff plus
   // |g_t|_1 times that drift (first order in the weights' difference), as tests/mpi/test_mpi_hybrid.cpp.
-  const double eps_forward = forward_bound(4, 8), eps_gradient = gradient_bound(4, 8, double(trained_numel));
+  const double eps_forward = forward_bound(f, 4, 8), eps_gradient = gradient_bound(f, 4, 8, double(trained_numel));
   const double drift = ro::adam_drift_bound(kAdamW.at("lr").get<double>(), steps, 0.9, 0.95);
 
   for (const auto& [label, tp, pp] : std::vector<std::tuple<std::string, int, int>>{{"tp 2", 2, 1}, {"pp 2", 1, 2}}) {
     INFO(label);
     Booster booster(BoosterConfig{.plugin = "hybrid_parallel",
                                   .plugin_options = {{"tp_size", tp}, {"pp_size", pp}, {"num_microbatches", 2}}});
-    auto whole = adapted(&booster);
+    auto whole = adapted(f, &booster);
     Boosted b = booster.boost(whole, optim::make_optimizer(kAdamW, nn::trainable_parameters(*whole)), loss_of);
     for (int s = 0; s < steps; ++s) {
       b.optimizer->zero_grad();
@@ -208,7 +256,7 @@ TEST_CASE("lora: hybrid_parallel tp 2 and pp 2 train the adapters as one process
           REQUIRE(p.grad().defined());
           Tensor ref = first_grads.at(n);
           if (tp > 1)
-            if (const auto spec = adapter_split(n)) ref = nn::shard_of(ref, *spec, pg.rank(), tp);
+            if (const auto spec = f.split(n)) ref = nn::shard_of(ref, *spec, pg.rank(), tp);
           CHECK(max_diff(p.grad(), ref) <= eps_gradient);
         }
         Tensor total = full({1}, double(seen), DType::Float64);
@@ -251,4 +299,26 @@ TEST_CASE("lora: hybrid_parallel tp 2 and pp 2 train the adapters as one process
     pg.barrier();
     if (pg.rank() == 0) fs::remove_all(dir);
   }
+}
+
+}  // namespace
+
+TEST_CASE("lora: the Llama policy with tp 2 splits the adapters, logits and gradients as one process",
+          "[mpi][lora][tp][roundoff]") {
+  check_tp_split(llama());
+}
+
+TEST_CASE("lora: the GPT policy with tp 2 splits the adapters, c_attn's B by q, k and v, as one process",
+          "[mpi][lora][tp][gpt][roundoff]") {
+  check_tp_split(gpt());
+}
+
+TEST_CASE("lora: hybrid_parallel tp 2 and pp 2 train the adapters as one process does",
+          "[mpi][lora][hybrid][roundoff]") {
+  check_training(llama());
+}
+
+TEST_CASE("lora: hybrid_parallel tp 2 and pp 2 train a GPT's adapters as one process does",
+          "[mpi][lora][hybrid][gpt][roundoff]") {
+  check_training(gpt());
 }

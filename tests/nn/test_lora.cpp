@@ -213,11 +213,11 @@ TEST_CASE("lora: through the Booster only the adapters change, under every data-
       }
     });
   }
-  // Only the Llama's shard policy splits adapters (tests/mpi/test_mpi_lora_hybrid.cpp): a GPT is refused.
+  // Only the Llama's and the GPT's shard policies split adapters (tests/mpi/test_mpi_lora_hybrid.cpp): an
+  // MLP classifier is refused.
   Booster split(BoosterConfig{.plugin = "hybrid_parallel", .plugin_options = {{"tp_size", 2}}});
-  nn::GPTConfig gpt;
-  gpt.vocab_size = 32, gpt.context = 8, gpt.width = 16, gpt.layers = 1, gpt.heads = 2;
-  CHECK_THROWS_WITH(split.enable_lora(std::make_shared<nn::GPT>(gpt, 1), {.target_modules = {"c_attn"}}),
+  CHECK_THROWS_WITH(split.enable_lora(std::make_shared<nn::MLPClassifier>(8, std::vector<int64_t>{4}, 2),
+                                      {.target_modules = {"layers"}}),
                     Contains("use ddp or low_level_zero"));
 }
 

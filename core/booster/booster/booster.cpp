@@ -373,13 +373,14 @@ void Booster::load_model(nn::Module& model, const std::filesystem::path& path) c
 std::vector<std::string> Booster::enable_lora(const nn::ModulePtr& model, const nn::LoraConfig& config) {
   BOOSTER_CHECK(!boosted_, StateError, "enable_lora: call it before boost(), on the model boost() is then given");
   BOOSTER_CHECK(model != nullptr, ValueError, "enable_lora: the model is null");
-  // Under tp and pp the Llama's shard policy splits the adapters with their Linears (Note [LoRA under
-  // tensor parallelism] in nn/lora.cpp); the other policies do not yet.
+  // Under tp and pp the Llama's and the GPT's shard policies split the adapters with their Linears
+  // (Note [LoRA under tensor parallelism] in nn/lora.cpp); the other policies do not yet.
   const ParallelLayout layout = plugin_->layout();
-  BOOSTER_CHECK((layout.tensor <= 1 && layout.pipeline <= 1) || model->name() == "Llama", IncompatibleError,
+  const bool splits_adapters = model->name() == "Llama" || model->name() == "GPT";
+  BOOSTER_CHECK((layout.tensor <= 1 && layout.pipeline <= 1) || splits_adapters, IncompatibleError,
                 "enable_lora: plugin '", plugin_->name(), "' splits layers (tp ", layout.tensor, ", pp ",
-                layout.pipeline, "), and only the Llama's shard policy splits adapters; the model is a ",
-                model->name(), "; use ddp or low_level_zero, or tp_size and pp_size 1");
+                layout.pipeline, "), and only the Llama's and the GPT's shard policies split adapters; the model "
+                "is a ", model->name(), "; use ddp or low_level_zero, or tp_size and pp_size 1");
   std::vector<std::string> adapted = nn::apply_lora(*model, config);
   lora_ = config;
   return adapted;

@@ -341,7 +341,8 @@ class Booster {
   // nn::trainable_parameters(*model), so it holds (and a strategy keeps masters of) the adapters only.
   // Returns the module paths adapted. StateError after boost(); IncompatibleError under a plugin that
   // splits layers (hybrid_parallel with tp_size or pp_size above 1) for a model other than the Llama
-  // family, whose shard policy alone splits adapters (Note [LoRA under tensor parallelism], nn/lora.cpp).
+  // family and the GPT, whose shard policies alone split adapters (Note [LoRA under tensor parallelism],
+  // nn/lora.cpp).
   std::vector<std::string> enable_lora(const nn::ModulePtr& model, const nn::LoraConfig& config);
   // The LoRA config enable_lora applied (nullopt without LoRA).
   const std::optional<nn::LoraConfig>& lora() const { return lora_; }

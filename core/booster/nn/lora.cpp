@@ -23,6 +23,12 @@
 //   and once with x detached through copy_to_group (identity forward, all-reduce backward), whose
 //   backward gives every rank the whole sum_r B_r^T dy_r and so A's complete gradient; the forward
 //   value is the second one's exactly (the first enters as z - z.detach(), which is 0).
+//   A tp::ColumnParallelLinear (the GPT's c_attn and c_fc) enters the group inside its own forward, so
+//   the hook sees the replicated x, before the layer's f: there x's gradient through the adapter must
+//   be complete as it leaves, and one product does both, A x through copy_to_group ([.., r] numbers
+//   all-reduced backward, A's and x's gradient then whole on every rank).
+//   A fused base whose rows are blocks split alike (the GPT's c_attn: q | k | v, each by heads, ShardSpec
+//   chunks 3) has B split the same way, so B_r's rows are the weight's rows of this rank, in its order.
 // - Row-parallel base (o, down: split along in, the partial products all-reduced inside the layer):
 //   A [r, in] is split along in (the rank's columns), B whole. A_r x_r is the rank's partial sum of
 //   A x; it is all-reduced (reduce_from_group: [.., r] numbers, small) and B applied to the whole A x on
@@ -152,7 +158,7 @@ std::vector<std::string> apply_lora(Module& model, const LoraConfig& config) {
   return adapted;
 }
 
-void split_lora(const Module& full, Module& split, int64_t dim, distributed::ProcessGroup& group) {
+void split_lora(const Module& full, Module& split, int64_t dim, distributed::ProcessGroup& group, int64_t chunks) {
   const auto A = std::dynamic_pointer_cast<LoraDown>(child_named(full, "lora_A"));
   const auto B = std::dynamic_pointer_cast<Linear>(child_named(full, "lora_B"));
   if (!A || !B) return;
@@ -163,8 +169,10 @@ void split_lora(const Module& full, Module& split, int64_t dim, distributed::Pro
   const int rank = group.rank(), size = group.size();
   // Note [LoRA under tensor parallelism]. A split adapter is a copy of this rank's piece; a replicated
   // one is the whole model's module, shared, as a policy shares the layer norms.
+  BOOSTER_CHECK(chunks >= 1 && (dim == 0 || chunks == 1), ValueError, "lora: split_lora takes chunks >= 1, and "
+                "above 1 only for a column-parallel base (dim 0), not dim ", dim, " with chunks ", chunks);
   auto piece = [&](const Tensor& w, int64_t d) {
-    Tensor t = shard_of(w, ShardSpec{d, 1}, rank, size).clone();
+    Tensor t = shard_of(w, ShardSpec{d, d == 0 ? chunks : 1}, rank, size).clone();
     t.requires_grad_(w.requires_grad());
     return t;
   };
@@ -176,6 +184,14 @@ void split_lora(const Module& full, Module& split, int64_t dim, distributed::Pro
     split.add_module("lora_A", a);
     split.add_module("lora_B", b);
     if (drop) split.add_module("lora_dropout", drop);
+    if (dynamic_cast<const tp::ColumnParallelLinear*>(&split) != nullptr) {
+      // Its input is replicated, before the layer's own f: one product, entered into the group.
+      split.register_forward_hook([a, b, drop, s, g](Module&, const Tensor& x, const Tensor& y) {
+        const Tensor h = drop ? (*drop)(x) : x;
+        return y + (*b)(tp::copy_to_group((*a)(h), *g)) * s;
+      });
+      return;
+    }
     split.register_forward_hook([a, b, drop, s, g](Module&, const Tensor& x, const Tensor& y) {
       const Tensor h = drop ? (*drop)(x) : x;
       const Tensor whole = tp::copy_to_group(linear(h.detach(), a->weight), *g);  // A's complete gradient

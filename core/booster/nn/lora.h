@@ -77,8 +77,13 @@ std::vector<std::string> apply_lora(Module& model, const LoraConfig& config);
 // rank's piece of the adapted Linear `full` (dim 0: column-parallel, split along its output features;
 // dim 1: row-parallel, split along its input features, its output all-reduced inside it), this rank's
 // pieces of full's adapters (named lora_A, lora_B as in the whole model) and the adapter's hook. Does
-// nothing when `full` has no adapters. The group must outlive `split`.
-void split_lora(const Module& full, Module& split, int64_t dim, distributed::ProcessGroup& group);
+// nothing when `full` has no adapters. `chunks` is the column split's: the output rows are that many
+// equal blocks, each split alike (a GPT's fused q|k|v c_attn: 3; ShardSpec, shard_policy.h), and B's
+// rows follow. A column-parallel `split` that is a tp::ColumnParallelLinear takes the replicated input
+// and enters the group itself; any other (the Llama's q/k/v/gate/up) gets an input that entered it
+// already. The group must outlive `split`.
+void split_lora(const Module& full, Module& split, int64_t dim, distributed::ProcessGroup& group,
+                int64_t chunks = 1);
 
 // The parameters that require grad, in parameters() order: what the optimizer of an adapted model
 // holds (the frozen base needs no gradient, optimizer state or master weight).

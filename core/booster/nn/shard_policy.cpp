@@ -24,12 +24,14 @@
 #include <cmath>
 #include <memory>
 #include <mutex>
+#include <set>
 
 #include "booster/autograd/autograd.h"
 #include "booster/common/error.h"
 #include "booster/nn/container.h"
 #include "booster/nn/linear.h"
 #include "booster/nn/llama.h"
+#include "booster/nn/lora.h"
 #include "booster/nn/models.h"
 #include "booster/nn/pipeline.h"
 #include "booster/nn/tensor_parallel.h"
@@ -131,15 +133,30 @@ ShardedModel gpt_policy(const ModulePtr& model, const ShardContext& c) {
     // memory (a deferred model's are never allocated at all).
     std::shared_ptr<tp::VocabParallelEmbedding> vocab_wte;
     if (c.stage == 0) parts.wte = vocab_wte = std::make_shared<tp::VocabParallelEmbedding>(*gpt->wte, *group);
-    for (int64_t b = first_block; b < end_block; ++b)
-      parts.blocks[size_t(b)] =
-          std::make_shared<tp::ParallelBlock>(dynamic_cast<const Block&>(*parts.blocks[size_t(b)]), *group);
+    for (int64_t b = first_block; b < end_block; ++b) {
+      const auto& block = dynamic_cast<const Block&>(*parts.blocks[size_t(b)]);
+      auto split = std::make_shared<tp::ParallelBlock>(block, *group);
+      // LoRA adapters follow their Linear's split, B's rows c_attn's q | k | v blocks (Note [LoRA under
+      // tensor parallelism] in lora.cpp).
+      split_lora(*block.attn->c_attn, *split->attn->c_attn, 0, *group, 3);
+      split_lora(*block.attn->c_proj, *split->attn->c_proj, 1, *group);
+      split_lora(*block.mlp->c_fc, *split->mlp->c_fc, 0, *group);
+      split_lora(*block.mlp->c_proj, *split->mlp->c_proj, 1, *group);
+      parts.blocks[size_t(b)] = split;
+    }
+    // The vocabulary-parallel head is not a Linear that takes adapters.
+    for (const auto& [name, p] : gpt->lm_head->named_parameters())
+      BOOSTER_CHECK(name.find("lora_") == std::string::npos, IncompatibleError, "shard policy 'GPT': lm_head has "
+                    "LoRA adapters, which tensor parallelism does not split (the head is vocabulary-parallel); "
+                    "leave lm_head out of lora.target_modules, or use tp_size 1");
     if (c.stage == c.stages - 1)
       parts.lm_head = cfg.tie_word_embeddings  // one stage (checked above): the head is wte's shard
                           ? std::make_shared<VocabParallelHead>(vocab_wte->weight, Tensor(), cfg.vocab_size, *group, false)
                           : std::make_shared<VocabParallelHead>(*gpt->lm_head, *group);
     out.shards["wte.weight"] = {0, 1};
     if (!cfg.tie_word_embeddings) out.shards["lm_head.weight"] = {0, 1};
+    std::set<std::string> names;
+    for (const auto& [name, p] : gpt->named_parameters()) names.insert(name);
     for (int64_t i = 0; i < cfg.layers; ++i) {
       const std::string b = "blocks." + std::to_string(i) + ".";
       out.shards[b + "attn.c_attn.weight"] = {0, 3};
@@ -148,6 +165,11 @@ ShardedModel gpt_policy(const ModulePtr& model, const ShardContext& c) {
       out.shards[b + "mlp.c_fc.weight"] = {0, 1};
       out.shards[b + "mlp.c_fc.bias"] = {0, 1};
       out.shards[b + "mlp.c_proj.weight"] = {1, 1};
+      // LoRA: B follows a column split's rows (c_attn's in its 3 blocks), A a row split's columns.
+      if (names.count(b + "attn.c_attn.lora_B.weight")) out.shards[b + "attn.c_attn.lora_B.weight"] = {0, 3};
+      if (names.count(b + "attn.c_proj.lora_A.weight")) out.shards[b + "attn.c_proj.lora_A.weight"] = {1, 1};
+      if (names.count(b + "mlp.c_fc.lora_B.weight")) out.shards[b + "mlp.c_fc.lora_B.weight"] = {0, 1};
+      if (names.count(b + "mlp.c_proj.lora_A.weight")) out.shards[b + "mlp.c_proj.lora_A.weight"] = {1, 1};
     }
     out.criterion = vocab_parallel_criterion(*group, cfg.vocab_size, "GPT");
   }
