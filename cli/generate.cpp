@@ -49,7 +49,7 @@
 #include "booster/checkpoint/safetensors.h"
 #include "booster/common/error.h"
 #include "booster/config/config.h"
-#include "booster/config/json_text.h"
+#include "booster/common/json_text.h"
 #include "booster/data/tokenizer.h"
 #include "booster/nn/generate.h"
 #include "booster/nn/kv_cache.h"
@@ -79,7 +79,7 @@ json checkpoint_model_config(const fs::path& step, const std::string& config_fil
   }
   const fs::path state_file = step / "trainer_state.json";
   if (fs::exists(state_file)) {
-    const json state = config::try_parse_json_text(checkpoint::read_text_file(state_file), config::checkpoint_limits());
+    const json state = try_parse_json_text(checkpoint::read_text_file(state_file), checkpoint_limits());
     if (state.is_object() && state.contains("settings") && state.at("settings").is_object() &&
         state.at("settings").contains("model") && state.at("settings").at("model").is_object())
       return state.at("settings").at("model");
@@ -118,7 +118,7 @@ nn::ModulePtr load_checkpoint_model(const std::string& given, const std::string&
   if (hf_source) *hf_source = model_config.value("type", std::string()) == "hf" ? model_config.value("path", std::string()) : "";
   if (const std::optional<nn::LoraConfig> lora = checkpoint_lora(step)) {
     const json state =
-        config::try_parse_json_text(checkpoint::read_text_file(step / "trainer_state.json"), config::checkpoint_limits());
+        try_parse_json_text(checkpoint::read_text_file(step / "trainer_state.json"), checkpoint_limits());
     const json seed = state.is_object() ? state.value("settings", json::object()).value("train.seed", json(0)) : json(0);
     nn::ModulePtr model = lora_checkpoint_model(step, model_config, seed.is_number_unsigned() ? seed.get<uint64_t>() : 0,
                                                 *lora, verify);
@@ -147,8 +147,8 @@ std::vector<int64_t> hf_eos_ids(const fs::path& dir) {
   for (const char* name : {"generation_config.json", "config.json"}) {
     const fs::path file = dir / name;
     if (!fs::exists(file)) continue;
-    // The config's limits (Note [One JSON reader] in booster/config/json_text.h).
-    const json c = config::read_json_file(file.string(), "Hugging Face file", config::JsonLimits{});
+    // The config's limits (Note [One JSON reader] in booster/common/json_text.h).
+    const json c = booster::read_json_file(file.string(), "Hugging Face file", JsonLimits{});
     BOOSTER_CHECK(c.is_object(), ConfigError, file.string(), " is not a JSON object");
     if (!c.contains("eos_token_id")) continue;
     const json& eos = c.at("eos_token_id");

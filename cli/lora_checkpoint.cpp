@@ -7,7 +7,7 @@
 #include "booster/checkpoint/atomic_file.h"
 #include "booster/checkpoint/checkpoint.h"
 #include "booster/common/error.h"
-#include "booster/config/json_text.h"
+#include "booster/common/json_text.h"
 #include "booster/nn/models.h"
 
 namespace fs = std::filesystem;
@@ -20,8 +20,8 @@ namespace {
 json trainer_state(const fs::path& step) {
   const fs::path file = step / "trainer_state.json";
   if (!fs::exists(file)) return json::object();
-  // Note [One JSON reader] (booster/config/json_text.h).
-  const json state = config::try_parse_json_text(checkpoint::read_text_file(file), config::checkpoint_limits());
+  // Note [One JSON reader] (booster/common/json_text.h).
+  const json state = try_parse_json_text(checkpoint::read_text_file(file), checkpoint_limits());
   return state.is_object() ? state : json::object();
 }
 

@@ -19,7 +19,7 @@
 #include "booster/checkpoint/checkpoint.h"
 #include "booster/common/error.h"
 #include "booster/config/config.h"
-#include "booster/config/json_text.h"
+#include "booster/common/json_text.h"
 #include "booster/config/memory_estimate.h"
 #include "booster/diagnostics/doctor.h"
 #include "booster/distributed/device_mesh.h"
@@ -249,9 +249,9 @@ nlohmann::json eval_overrides(const po::variables_map& vm, std::vector<std::stri
       throw booster::CheckpointError("--checkpoint " + step.string() +
                                      " has no model/ directory; it is not a booster checkpoint with weights");
     evaluated["checkpoint"] = step.string();
-    const nlohmann::json state = booster::config::try_parse_json_text(
+    const nlohmann::json state = booster::try_parse_json_text(
         booster::checkpoint::read_text_file(step / booster::checkpoint::kTrainerStateFileName),
-        booster::config::checkpoint_limits());
+        booster::checkpoint_limits());
     // A LoRA run's checkpoint holds the adapters only: the base is the config's, the adapters load after
     // boost() (Note [Adapter-only checkpoints] in booster/booster/state.cpp).
     if (state.is_object() && state.value("lora", nlohmann::json()).is_object()) evaluated["lora_adapters"] = true;

@@ -31,7 +31,7 @@
 #include <nlohmann/json.hpp>
 
 #include "booster/common/error.h"
-#include "booster/config/json_text.h"
+#include "booster/common/json_text.h"
 #include "canvas.h"
 #include "commands.h"
 
@@ -72,8 +72,8 @@ Series read_series(const fs::path& file, const std::string& key) {
   std::string line;
   for (int number = 1; std::getline(in, line); ++number) {
     if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
-    // Note [One JSON reader] (booster/config/json_text.h): a hostile line is not a record.
-    const json record = config::try_parse_json_text(line, config::data_limits(line.size(), "a line of the file"));
+    // Note [One JSON reader] (booster/common/json_text.h): a hostile line is not a record.
+    const json record = try_parse_json_text(line, data_limits(line.size(), "a line of the file"));
     BOOSTER_CHECK(record.is_object(), ConfigError, "plot: '", file.string(), "' line ", number,
                   " is not a JSON object; expected one record per line as booster train writes them");
     if (record.value("kind", "train") != (evaluation_key ? "eval" : "train")) continue;

@@ -30,7 +30,7 @@
 #include <nlohmann/json.hpp>
 
 #include "booster/common/error.h"
-#include "booster/config/json_text.h"
+#include "booster/common/json_text.h"
 #include "canvas.h"
 #include "commands.h"
 
@@ -58,8 +58,8 @@ json read_report(const fs::path& file) {
   json report;
   while (std::getline(in, line)) {
     if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
-    // Note [One JSON reader] (booster/config/json_text.h).
-    json j = config::try_parse_json_text(line, config::data_limits(line.size(), "a line of the file"));
+    // Note [One JSON reader] (booster/common/json_text.h).
+    json j = try_parse_json_text(line, data_limits(line.size(), "a line of the file"));
     if (j.is_object() && j.contains("modules") && j.at("modules").is_array()) report = std::move(j);
   }
   BOOSTER_CHECK(report.is_object(), ConfigError, "plot: '", file.string(),

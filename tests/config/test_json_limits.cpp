@@ -1,5 +1,5 @@
 // Every JSON file the project reads goes through the one reader with the config's depth limit (Note [One
-// JSON reader] in booster/config/json_text.h): 200 000 nested `[` (under 1 MB, the hostile input,
+// JSON reader] in booster/common/json_text.h): 200 000 nested `[` (under 1 MB, the hostile input,
 // which crashed nlohmann's recursive parse, copy and destruction with SIGSEGV) in each file is a typed error that
 // names the file and the nesting, from each reader's public function, and the process goes on. The
 // readers given larger size limits than a config's still read their legitimately large files: a
@@ -19,7 +19,7 @@
 #include "booster/checkpoint/safetensors.h"
 #include "booster/common/error.h"
 #include "booster/config/config.h"
-#include "booster/config/json_text.h"
+#include "booster/common/json_text.h"
 #include "booster/data/bpe_tokenizer.h"
 #include "booster/data/sft.h"
 #include "booster/data/tokens.h"

@@ -14,7 +14,7 @@
 #include "booster/checkpoint/checkpoint.h"
 #include "booster/checkpoint/safetensors.h"
 #include "booster/config/config.h"
-#include "booster/config/json_text.h"
+#include "booster/common/json_text.h"
 #include "booster/ops/ops.h"
 #include "booster/tensor/deferred.h"
 
@@ -476,10 +476,10 @@ void Booster::load_optimizer(BoostedOptimizer& optimizer, const std::filesystem:
                 " does not exist; the directory must be one Booster::save_optimizer wrote");
   json meta;
   try {
-    // Note [One JSON reader] (booster/config/json_text.h).
-    meta = config::parse_json_text(checkpoint::read_text_file(meta_file), "load_optimizer: " + meta_file.string(),
-                                   config::checkpoint_limits());
-  } catch (const config::JsonSyntaxError& e) {
+    // Note [One JSON reader] (booster/common/json_text.h).
+    meta = parse_json_text(checkpoint::read_text_file(meta_file), "load_optimizer: " + meta_file.string(),
+                           checkpoint_limits());
+  } catch (const JsonSyntaxError& e) {
     BOOSTER_FAIL(CheckpointError, "load_optimizer: ", meta_file.string(), " is not valid JSON (", e.detail(),
                  "); the file is truncated or corrupt");
   } catch (const ConfigError& e) {

@@ -2,7 +2,7 @@
 #include <fstream>
 
 #include "booster/plugin/parallel_plugin.h"
-#include "booster/config/json_text.h"
+#include "booster/common/json_text.h"
 #include "booster/checkpoint/atomic_file.h"
 #include "booster/checkpoint/safetensors.h"
 
@@ -18,10 +18,10 @@ constexpr const char* kOptimizerMetaFile = "optimizer.json";
 json read_json(const fs::path& file, const char* what) {
   BOOSTER_CHECK(fs::exists(file), CheckpointError, what, ": ", file.string(), " does not exist");
   try {
-    // Note [One JSON reader] (booster/config/json_text.h).
-    return config::parse_json_text(checkpoint::read_text_file(file), std::string(what) + ": " + file.string(),
-                                   config::checkpoint_limits());
-  } catch (const config::JsonSyntaxError& e) {
+    // Note [One JSON reader] (booster/common/json_text.h).
+    return parse_json_text(checkpoint::read_text_file(file), std::string(what) + ": " + file.string(),
+                           checkpoint_limits());
+  } catch (const JsonSyntaxError& e) {
     BOOSTER_FAIL(CheckpointError, what, ": ", file.string(), " is not valid JSON (", e.detail(),
                  "); the file is truncated or corrupt");
   } catch (const ConfigError& e) {

@@ -54,7 +54,7 @@
 #include "booster/checkpoint/checksums.h"
 #include "booster/checkpoint/safetensors.h"
 #include "booster/common/error.h"
-#include "booster/config/json_text.h"
+#include "booster/common/json_text.h"
 #include "booster/data/dataloader.h"
 #include "booster/distributed/process_group.h"
 #include "booster/ops/ops.h"
@@ -123,10 +123,10 @@ json read_state_file(const fs::path& dir, const std::string& context) {
                 checkpoint::kTrainerStateFileName, "; it is not a complete checkpoint of Booster::save_state");
   json state;
   try {
-    // Note [One JSON reader] (booster/config/json_text.h).
-    state = config::parse_json_text(checkpoint::read_text_file(file), "checkpoint file " + file.string(),
-                                    config::checkpoint_limits());
-  } catch (const config::JsonSyntaxError& e) {
+    // Note [One JSON reader] (booster/common/json_text.h).
+    state = parse_json_text(checkpoint::read_text_file(file), "checkpoint file " + file.string(),
+                            checkpoint_limits());
+  } catch (const JsonSyntaxError& e) {
     BOOSTER_FAIL(CheckpointError, context, ": ", file.string(), " is not valid JSON (", e.detail(),
                  "); the checkpoint is truncated or corrupt");
   } catch (const ConfigError& e) {
@@ -746,9 +746,9 @@ LoadedState Booster::load_state(const fs::path& path, const LoadStateOptions& op
       const fs::path mine = dir / rank_file("rng", ".json");
       BOOSTER_CHECK(fs::exists(mine), CheckpointError, context, ": ", mine.string(), " does not exist; a checkpoint of ",
                     "a split model resumes with the same layout");
-      rng = config::parse_json_as<CheckpointError>(checkpoint::read_text_file(mine), "checkpoint file " + mine.string(),
-                                                   str(context, ": ", mine.string(), " is not valid JSON: "),
-                                                   config::checkpoint_limits());
+      rng = parse_json_as<CheckpointError>(checkpoint::read_text_file(mine), "checkpoint file " + mine.string(),
+                                           str(context, ": ", mine.string(), " is not valid JSON: "),
+                                           checkpoint_limits());
     }
     for (const auto& [name, gen] : gens) gen->set_state(rng.at(name).get<std::vector<uint64_t>>());
     loaded.step = state.at("step").get<int64_t>();
@@ -809,9 +809,9 @@ nn::StateDict Booster::read_master_weights(const fs::path& step_dir) {
   const fs::path meta_file = dir / "optimizer.json", tensor_file = dir / "optimizer.safetensors";
   nn::StateDict out;
   if (!fs::exists(meta_file)) return out;
-  const json meta = config::parse_json_as<CheckpointError>(
+  const json meta = parse_json_as<CheckpointError>(
       checkpoint::read_text_file(meta_file), "checkpoint file " + meta_file.string(),
-      meta_file.string() + " is not valid JSON; the checkpoint is corrupt: ", config::checkpoint_limits());
+      meta_file.string() + " is not valid JSON; the checkpoint is corrupt: ", checkpoint_limits());
   BOOSTER_CHECK(meta.is_object() && meta.contains("param_groups") && meta.at("param_groups").is_array(),
                 CheckpointError, meta_file.string(), " is not an optimizer state; the checkpoint is corrupt");
   const json names = meta.value("param_names", json());
@@ -878,9 +878,9 @@ Booster::HandOver Booster::read_hand_over(const fs::path& dir, const std::string
   const fs::path meta_file = optimizer_dir / "optimizer.json", tensor_file = optimizer_dir / "optimizer.safetensors";
   BOOSTER_CHECK(fs::exists(meta_file) && fs::exists(tensor_file), CheckpointError, refusal, "its optimizer state (",
                 meta_file.string(), ", ", tensor_file.string(), ") is missing; the checkpoint is incomplete");
-  h.optimizer.meta = config::parse_json_as<CheckpointError>(
+  h.optimizer.meta = parse_json_as<CheckpointError>(
       checkpoint::read_text_file(meta_file), "checkpoint file " + meta_file.string(),
-      refusal + meta_file.string() + " is not valid JSON; the checkpoint is corrupt: ", config::checkpoint_limits());
+      refusal + meta_file.string() + " is not valid JSON; the checkpoint is corrupt: ", checkpoint_limits());
   BOOSTER_CHECK(h.optimizer.meta.is_object() && h.optimizer.meta.contains("param_groups") &&
                     h.optimizer.meta.at("param_groups").is_array(),
                 CheckpointError, refusal, meta_file.string(), " is not an optimizer state; the checkpoint is corrupt");

@@ -17,7 +17,7 @@
 #include "booster/checkpoint/atomic_file.h"
 #include "booster/checkpoint/checksums.h"
 #include "booster/common/error.h"
-#include "booster/config/json_text.h"
+#include "booster/common/json_text.h"
 
 namespace booster::checkpoint {
 
@@ -430,10 +430,10 @@ TrainingState load_checkpoint(const fs::path& path, const LoadOptions& options) 
   const fs::path state_file = dir / kTrainerStateFileName;
   BOOSTER_CHECK(fs::exists(state_file), CheckpointError, "load_checkpoint: ", dir.string(), " has no ",
                 kTrainerStateFileName, "; it is not a complete checkpoint");
-  // Note [One JSON reader] (booster/config/json_text.h).
-  json saved = config::parse_json_as<CheckpointError>(read_text_file(state_file), "checkpoint file " + state_file.string(),
-                                                      "corrupt checkpoint " + state_file.string() + ": not valid JSON: ",
-                                                      config::checkpoint_limits());
+  // Note [One JSON reader] (booster/common/json_text.h).
+  json saved = parse_json_as<CheckpointError>(read_text_file(state_file), "checkpoint file " + state_file.string(),
+                                              "corrupt checkpoint " + state_file.string() + ": not valid JSON: ",
+                                              checkpoint_limits());
   BOOSTER_CHECK(saved.is_object() && saved.value("format", json()) == kFormatName, CheckpointError,
                 "load_checkpoint: ", state_file.string(), " is not a booster checkpoint (no \"format\": \"",
                 kFormatName, "\")");
@@ -503,8 +503,8 @@ std::optional<std::pair<std::string, int64_t>> booster_state_format(const fs::pa
   std::error_code ec;
   if (!fs::is_regular_file(file, ec)) return std::nullopt;
   try {
-    const json state = config::parse_json_text(read_text_file(file, size_t(256) << 20), file.string(),
-                                               config::checkpoint_limits());
+    const json state = parse_json_text(read_text_file(file, size_t(256) << 20), file.string(),
+                                       checkpoint_limits());
     if (!state.is_object() || !state.contains("version") || !state.at("version").is_number_integer())
       return std::nullopt;
     const json format = state.value("format", json());
@@ -596,7 +596,7 @@ std::map<std::string, Shape> weight_shapes(const fs::path& path) {
   }
   json map;
   try {
-    map = config::parse_json_text(read_text_file(index, size_t(256) << 20), index.string(), config::checkpoint_limits())
+    map = parse_json_text(read_text_file(index, size_t(256) << 20), index.string(), checkpoint_limits())
               .at("weight_map");
   } catch (const std::exception& e) {
     BOOSTER_FAIL(CheckpointError, "model index ", index.string(), ": no readable \"weight_map\" (", e.what(), ")");

@@ -19,7 +19,7 @@
 #include "booster/checkpoint/atomic_file.h"
 #include "booster/checkpoint/safetensors.h"
 #include "booster/common/error.h"
-#include "booster/config/json_text.h"
+#include "booster/common/json_text.h"
 
 namespace booster::checkpoint {
 
@@ -246,10 +246,10 @@ ChecksumStatus verify_checksums(const fs::path& dir, const fs::path& below_path)
   if (!fs::exists(fs::symlink_status(manifest_file, ec))) return ChecksumStatus::Absent;
   json manifest;
   try {
-    // Note [One JSON reader] (booster/config/json_text.h).
-    manifest = config::parse_json_text(read_text_file(manifest_file, size_t(256) << 20),
-                                       "checkpoint file " + manifest_file.string(), config::checkpoint_limits());
-  } catch (const config::JsonSyntaxError& e) {
+    // Note [One JSON reader] (booster/common/json_text.h).
+    manifest = parse_json_text(read_text_file(manifest_file, size_t(256) << 20),
+                               "checkpoint file " + manifest_file.string(), checkpoint_limits());
+  } catch (const JsonSyntaxError& e) {
     BOOSTER_FAIL(CheckpointError, "checkpoint file ", manifest_file.string(), " is not valid JSON (", e.detail(),
                  "); it was damaged after it was saved; ", kEscape);
   } catch (const ConfigError& e) {

@@ -16,7 +16,7 @@
 
 #include "booster/checkpoint/atomic_file.h"
 #include "booster/common/error.h"
-#include "booster/config/json_text.h"
+#include "booster/common/json_text.h"
 
 namespace booster::checkpoint {
 
@@ -247,10 +247,10 @@ Header read_header(const FileReader& file, const fs::path& path, bool raw) {
   file.read_at(8, text.data(), header_size);
   json header;
   try {
-    // The config's depth (Note [One JSON reader] in booster/config/json_text.h); the size is checked
+    // The config's depth (Note [One JSON reader] in booster/common/json_text.h); the size is checked
     // above. A duplicate tensor name is refused as one, naming both places.
-    header = config::parse_json_text(text, where + "the header",
-                                     config::data_limits(kMaxHeaderBytes, "a safetensors header's limit"));
+    header = parse_json_text(text, where + "the header",
+                             data_limits(kMaxHeaderBytes, "a safetensors header's limit"));
   } catch (const ConfigError& e) {
     throw CheckpointError(e.what());
   }
@@ -378,8 +378,8 @@ TensorMap load_sharded(const fs::path& index_path) {
   json index;
   try {
     // Note [One JSON reader]: an index lists a name per tensor, no bigger than a header.
-    index = config::read_json_file(index_path.string(), "model index",
-                                   config::data_limits(kMaxHeaderBytes, "a safetensors header's limit"));
+    index = booster::read_json_file(index_path.string(), "model index",
+                                    data_limits(kMaxHeaderBytes, "a safetensors header's limit"));
   } catch (const ConfigError& e) {
     throw CheckpointError(e.what());
   }

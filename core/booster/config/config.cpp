@@ -1,6 +1,6 @@
 // Validation and defaults for JSON configs (Note [Config errors] in config.h).
 #include "booster/config/config.h"
-#include "booster/config/json_text.h"
+#include "booster/common/json_text.h"
 
 #include <algorithm>
 #include <chrono>
@@ -319,7 +319,7 @@ ResolvedRun resolve_run(const json& config) {
 
 json resolve(const json& config) { return resolve_run(config).config; }
 
-json load_file(const std::string& path) { return read_json_file(path); }
+json load_file(const std::string& path) { return read_json_file(path, config_text_limits()); }
 
 void apply_override(json& config, const std::string& assignment) {
   auto eq = assignment.find('=');
@@ -330,7 +330,8 @@ void apply_override(json& config, const std::string& assignment) {
   std::string text = assignment.substr(eq + 1);
   json value;
   try {
-    value = parse_json_text(text, "--set '" + path + "=" + (text.size() > 40 ? text.substr(0, 40) + "...'" : text + "'"));
+    value = parse_json_text(text, "--set '" + path + "=" + (text.size() > 40 ? text.substr(0, 40) + "...'" : text + "'"),
+                            config_text_limits());
   } catch (const JsonSyntaxError&) {
     value = text;  // `adamw`, `/data/dir`: a plain string
   }

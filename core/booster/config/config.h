@@ -18,11 +18,26 @@
 #include <nlohmann/json.hpp>
 
 #include "booster/booster/booster.h"  // BoosterConfig, BoosterComponents
+#include "booster/common/json_text.h"   // JsonLimits
 
 
 namespace booster::config {
 
 using json = nlohmann::json;
+
+// The most layers a config's model may have (Note [The depth limit] in schema.cpp).
+inline constexpr int64_t kMaxModelDepth = 4096;
+
+// The limits of a config's text (Note [Reading config text] in booster/common/json_text.h): the
+// reader's defaults, and an array past its item limit named against the depth limit.
+inline JsonLimits config_text_limits() {
+  static_assert(kMaxModelDepth == 4096, "the advice below names the depth limit");
+  JsonLimits limits;
+  limits.items_advice =
+      "a config never needs that: data belongs in the files a config names, and a model's layers stop at the depth "
+      "limit of 4096";
+  return limits;
+}
 
 // Note [Config errors]
 // ~~~~~~~~~~~~~~~~~~~~

@@ -12,7 +12,7 @@
 #include "booster/autograd/autograd.h"
 #include "booster/common/error.h"
 #include "booster/config/config.h"  // lora_summary
-#include "booster/config/json_text.h"
+#include "booster/common/json_text.h"
 #include "booster/mixed_precision/master_weight_optimizer.h"
 #include "booster/mixed_precision/mixed_precision.h"
 #include "booster/nn/linear.h"

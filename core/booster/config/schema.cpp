@@ -10,7 +10,7 @@
 #include <fstream>
 
 #include "booster/common/error.h"
-#include "booster/config/json_text.h"
+#include "booster/common/json_text.h"
 #include "booster/config/training.h"
 #include "booster/data/file_dataset.h"
 #include "booster/data/tokenizer.h"

@@ -7,7 +7,7 @@
 
 #include "booster/autograd/autograd.h"
 #include "booster/common/error.h"
-#include "booster/config/json_text.h"
+#include "booster/common/json_text.h"
 #include "booster/data/fashion_mnist.h"
 #include "booster/data/sft.h"
 #include "booster/data/synthetic.h"

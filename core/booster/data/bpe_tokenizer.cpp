@@ -16,7 +16,7 @@
 #include <nlohmann/json.hpp>
 
 #include "booster/common/error.h"
-#include "booster/config/json_text.h"
+#include "booster/common/json_text.h"
 #include "booster/data/dataset.h"
 #include "booster/data/unicode_tables_impl.h"
 
@@ -30,17 +30,17 @@ namespace fs = std::filesystem;
 // ------------------------------------------------------------------------------------------ reading
 
 // tokenizer.json and tokenizer_config.json through the one JSON reader (Note [One JSON reader] in
-// booster/config/json_text.h): the config's depth, but 256 MB, where the config stops at 16 MB: a
+// booster/common/json_text.h): the config's depth, but 256 MB, where the config stops at 16 MB: a
 // released model's tokenizer.json is 2 to 35 MB (Llama 3's 9 MB, Gemma 3's 33 MB), its vocabulary and
 // merges arrays of hundreds of thousands of items, and its tokens any characters (NUL and newlines
 // included), all of which a config would refuse.
-config::JsonLimits tokenizer_json_limits() {
-  return config::data_limits(size_t(256) << 20, "a Hugging Face tokenizer file's limit");
+JsonLimits tokenizer_json_limits() {
+  return data_limits(size_t(256) << 20, "a Hugging Face tokenizer file's limit");
 }
 
 json read_tokenizer_json(const fs::path& file, const std::string& what) {
   try {
-    return config::read_json_file(file.string(), what, tokenizer_json_limits());
+    return booster::read_json_file(file.string(), what, tokenizer_json_limits());
   } catch (const ConfigError& e) {
     throw DataError(e.what());
   }
@@ -743,7 +743,7 @@ ByteLevelBPETokenizer::ByteLevelBPETokenizer(std::string_view json_text, const s
     : impl_(std::make_unique<Impl>()), path_(path) {
   json j;
   try {
-    j = config::parse_json_text(json_text, "tokenizer '" + path + "'", tokenizer_json_limits());
+    j = parse_json_text(json_text, "tokenizer '" + path + "'", tokenizer_json_limits());
   } catch (const ConfigError& e) {
     throw DataError(e.what());
   }

@@ -7,7 +7,7 @@
 #include <fstream>
 
 #include "booster/common/error.h"
-#include "booster/config/json_text.h"
+#include "booster/common/json_text.h"
 #include "booster/data/tokenizer.h"
 
 namespace booster::data {
@@ -61,11 +61,11 @@ Conversation parse_sft_record(std::string_view line, const std::string& file, in
   const std::string at = str("sft data: ", file, " line ", line_number, ": ");
   json j;
   try {
-    // The config's depth (Note [One JSON reader] in booster/config/json_text.h); a line as long as it
+    // The config's depth (Note [One JSON reader] in booster/common/json_text.h); a line as long as it
     // is: the file's size is the data set's.
-    j = config::parse_json_text(line, str("sft data: ", file, " line ", line_number),
-                                config::data_limits(line.size(), "a line of the file"));
-  } catch (const config::JsonSyntaxError& e) {
+    j = parse_json_text(line, str("sft data: ", file, " line ", line_number),
+                        data_limits(line.size(), "a line of the file"));
+  } catch (const JsonSyntaxError& e) {
     BOOSTER_FAIL(DataError, at, "not JSON (", e.detail(), "); each line must be one JSON object");
   } catch (const ConfigError& e) {
     throw DataError(e.what());

@@ -19,7 +19,7 @@
 #include <nlohmann/json.hpp>
 
 #include "booster/common/error.h"
-#include "booster/config/json_text.h"
+#include "booster/common/json_text.h"
 #include "booster/data/dataset.h"
 
 namespace booster::data {
@@ -47,11 +47,11 @@ std::optional<TokenFileDescription> read_token_description(const std::string& pa
   BOOSTER_CHECK(in.good(), DataError, "token data: cannot read ", where, ", the description of ", path, ": ",
                 std::strerror(errno), fix);
   in.close();
-  // The config's limits (Note [One JSON reader] in booster/config/json_text.h).
+  // The config's limits (Note [One JSON reader] in booster/common/json_text.h).
   nlohmann::json j;
   try {
-    j = config::read_json_file(where, "token data: the description of " + path + ", the file", config::JsonLimits{});
-  } catch (const config::JsonSyntaxError&) {
+    j = booster::read_json_file(where, "token data: the description of " + path + ", the file", JsonLimits{});
+  } catch (const JsonSyntaxError&) {
     j = nlohmann::json(nlohmann::json::value_t::discarded);  // not a JSON object, below
   } catch (const ConfigError& e) {
     throw DataError(e.what() + fix);

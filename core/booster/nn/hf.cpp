@@ -45,7 +45,7 @@
 
 #include "booster/checkpoint/atomic_file.h"
 #include "booster/common/error.h"
-#include "booster/config/json_text.h"
+#include "booster/common/json_text.h"
 #include "booster/nn/llama.h"
 #include "booster/nn/models.h"
 #include "booster/tensor/deferred.h"
@@ -128,8 +128,8 @@ bool tied(const Module& model) {
 json read_json_file(const fs::path& file, const std::string& what) {
   std::ifstream in(file, std::ios::binary);
   BOOSTER_CHECK(in.good(), ConfigError, what, ": cannot read ", file.string());
-  // The config's limits (Note [One JSON reader] in booster/config/json_text.h).
-  return config::read_json_file(file.string(), what + ": the file", config::JsonLimits{});
+  // The config's limits (Note [One JSON reader] in booster/common/json_text.h).
+  return booster::read_json_file(file.string(), what + ": the file", JsonLimits{});
 }
 
 // Reads config.json's keys with Hugging Face's defaults, naming the file in every complaint.

@@ -37,7 +37,7 @@
 
 #include "booster/checkpoint/atomic_file.h"
 #include "booster/common/error.h"
-#include "booster/config/json_text.h"
+#include "booster/common/json_text.h"
 #include "booster/nn/hf.h"
 #include "booster/nn/llama.h"
 #include "booster/nn/models.h"
@@ -121,8 +121,8 @@ LoraAdapter read_peft_config(const fs::path& dir) {
   BOOSTER_CHECK(fs::is_regular_file(file), ConfigError, "lora adapter ", dir.string(), " has no ", kPeftConfigFileName,
                 " (it holds ", listing(dir), "); a PEFT adapter directory holds adapter_config.json and "
                 "adapter_model.safetensors, as PeftModel.save_pretrained writes them");
-  // The config's limits (Note [One JSON reader] in booster/config/json_text.h).
-  const json c = config::read_json_file(file.string(), "lora adapter config", config::JsonLimits{});
+  // The config's limits (Note [One JSON reader] in booster/common/json_text.h).
+  const json c = booster::read_json_file(file.string(), "lora adapter config", JsonLimits{});
   const std::string where = file.string();
   BOOSTER_CHECK(c.is_object(), ConfigError, where, " is not a JSON object");
   auto get = [&](const char* key) -> const json* {

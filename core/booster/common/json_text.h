@@ -1,4 +1,6 @@
-// Reading JSON that a person wrote (a config file, a --set value) without trusting it.
+// The one JSON reader: every JSON text the project reads (a config, a --set value, an HF config.json,
+// a safetensors header, a checkpoint's state, a flight record) is parsed here, without trusting it.
+// It lives in common/ so that every layer (distributed/, nn/, checkpoint/, config/) can use it.
 //
 // Note [Reading config text]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~
@@ -9,7 +11,7 @@
 // parse_json_text builds the document through its own SAX handler, which refuses each of these at the
 // point it is read, with the source, line and column and the JSON path: duplicate keys name both
 // positions, nesting stops at `max_depth`, an array at `max_items` (16 MB holds a list of 5 000 000
-// layers, most of a second to read, where kMaxModelDepth allows 4096), text longer than `max_bytes` is
+// layers, most of a second to read, where a config allows 4096), text longer than `max_bytes` is
 // refused before parsing, and no string may contain NUL (no key may contain any control character).
 // Comments are allowed, as in config files before.
 //
@@ -33,10 +35,7 @@
 
 #include "booster/common/error.h"
 
-namespace booster::config {
-
-// The most layers a config's model may have (Note [The depth limit] in schema.cpp).
-inline constexpr int64_t kMaxModelDepth = 4096;
+namespace booster {
 
 struct JsonLimits {
   size_t max_bytes = 16'000'000;  // a config is small; data belongs in the files it names
@@ -46,6 +45,7 @@ struct JsonLimits {
   // (a tokenizer's vocabulary, a safetensors header's metadata) may hold them.
   bool plain_strings = true;
   const char* size_advice = "data belongs in the files a config names";  // why the size limit holds
+  const char* items_advice = "a config never needs that: data belongs in the files a config names";  // likewise
 };
 
 // The limits for a JSON file that holds data, not settings (Note [One JSON reader]): the config's
@@ -108,4 +108,4 @@ nlohmann::json parse_json_as(std::string_view text, const std::string& source, c
   }
 }
 
-}  // namespace booster::config
+}  // namespace booster

@@ -1,6 +1,6 @@
 // Note [Reading config text] (json_text.h): a SAX handler that builds the document and enforces the
 // limits as it goes.
-#include "booster/config/json_text.h"
+#include "booster/common/json_text.h"
 
 #include <algorithm>
 #include <cstdio>
@@ -11,7 +11,7 @@
 #include <sstream>
 #include <vector>
 
-namespace booster::config {
+namespace booster {
 
 namespace {
 
@@ -63,7 +63,7 @@ class DocumentBuilder {
  public:
   DocumentBuilder(std::string_view text, const std::string& source, const char** furthest, const JsonLimits& limits)
       : text_(text), source_(source), furthest_(furthest), max_depth_(limits.max_depth), max_items_(limits.max_items),
-        plain_strings_(limits.plain_strings) {}
+        plain_strings_(limits.plain_strings), items_advice_(limits.items_advice) {}
 
   json take() { return std::move(root_); }
 
@@ -135,9 +135,7 @@ class DocumentBuilder {
   // An array past max_items stops here, before the rest is read (Note [Reading config text]).
   void check_items(const Frame& frame) const {
     if (frame.node->size() < max_items_) return;
-    fail("an array holds more than " + std::to_string(max_items_) + " items",
-         "a config never needs that: data belongs in the files a config names, and a model's layers stop at the "
-         "depth limit of " + std::to_string(kMaxModelDepth));
+    fail("an array holds more than " + std::to_string(max_items_) + " items", items_advice_);
   }
 
   bool open(json&& container) {
@@ -218,6 +216,7 @@ class DocumentBuilder {
   int max_depth_;
   size_t max_items_;
   bool plain_strings_;
+  const char* items_advice_;
   json root_;
   std::vector<Frame> frames_;
 };
@@ -284,4 +283,4 @@ json try_read_json_file(const std::string& path, const JsonLimits& limits) {
   }
 }
 
-}  // namespace booster::config
+}  // namespace booster
