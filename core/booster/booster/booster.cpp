@@ -10,6 +10,7 @@
 
 #include "booster/backends/cuda/cuda.h"
 #include "booster/booster/compat.h"
+#include "booster/booster/reproducible.h"
 #include "booster/checkpoint/atomic_file.h"
 #include "booster/checkpoint/checkpoint.h"
 #include "booster/checkpoint/safetensors.h"
@@ -26,8 +27,10 @@ using nlohmann::json;
 BoosterConfig BoosterConfig::from_json(const json& config) {
   BOOSTER_CHECK(config.is_object(), ConfigError, "booster config must be a JSON object, got ", config.dump());
   for (const auto& [key, value] : config.items())
-    BOOSTER_CHECK(key == "mixed_precision" || key == "plugin" || key == "device", ConfigError,
-                  "booster config: unknown key '", key, "'; the keys are mixed_precision, plugin, device");
+    BOOSTER_CHECK(key == "mixed_precision" || key == "plugin" || key == "device" || key == "reproducible" ||
+                      key == "reproducible_chunks",
+                  ConfigError, "booster config: unknown key '", key,
+                  "'; the keys are mixed_precision, plugin, device, reproducible, reproducible_chunks");
   BoosterConfig out;
   if (config.contains("mixed_precision"))
     std::tie(out.mixed_precision, out.mixed_precision_options) =
@@ -39,6 +42,17 @@ BoosterConfig BoosterConfig::from_json(const json& config) {
                   "\"cpu\" or \"cuda\", got ", config.at("device").dump());
     out.device = config.at("device").get<std::string>();
   }
+  if (config.contains("reproducible")) {
+    BOOSTER_CHECK(config.at("reproducible").is_boolean(), ConfigError, "booster config 'reproducible' must be true "
+                  "or false, got ", config.at("reproducible").dump());
+    out.reproducible = config.at("reproducible").get<bool>();
+  }
+  if (config.contains("reproducible_chunks")) {
+    const json& k = config.at("reproducible_chunks");
+    BOOSTER_CHECK(k.is_number_integer() && k.get<int64_t>() >= 0, ConfigError, "booster config 'reproducible_chunks' "
+                  "must be a power of two (0: chosen from the batch), got ", k.dump());
+    out.reproducible_chunks = k.get<int64_t>();
+  }
   return out;
 }
 
@@ -47,7 +61,12 @@ json BoosterConfig::to_json() const {
   mp["name"] = mixed_precision;
   json pl = plugin_options;
   pl["name"] = plugin.empty() ? "single" : plugin;
-  return {{"mixed_precision", mp}, {"plugin", pl}, {"device", device}};
+  json out = {{"mixed_precision", mp}, {"plugin", pl}, {"device", device}};
+  if (reproducible) {  // absent by default, so the default config reads as it always did
+    out["reproducible"] = true;
+    out["reproducible_chunks"] = reproducible_chunks;
+  }
+  return out;
 }
 
 // ------------------------------------------------------------------------- BoostedOptimizer/Scheduler
@@ -179,6 +198,8 @@ Booster::Booster(BoosterComponents components)
       precision_(std::move(components.precision)) {
   checkpoint_io_ = plugin_->checkpoint_io();
   BOOSTER_CHECK(checkpoint_io_ != nullptr, PluginError, "plugin '", plugin_->name(), "' returned no checkpoint IO");
+  if (config_.reproducible)  // Note [Reproducible training across world sizes]: refused before any work
+    reproducible::check_layout(plugin_->name(), plugin_->layout(), plugin_->options(), config_.mixed_precision);
 }
 
 Booster::~Booster() = default;
@@ -189,6 +210,7 @@ Boosted Booster::boost(nn::ModulePtr model, std::shared_ptr<optim::Optimizer> op
   BOOSTER_CHECK(!boosted_, StateError, "Booster::boost: this Booster has boosted a model already; make one Booster "
                 "per model");
   boosted_ = true;
+  if (config_.reproducible) reproducible::check_model(*model);
   const std::shared_ptr<optim::Optimizer> user_optimizer = optimizer;
   user_model_ = model;
   // The model goes to the device first: a strategy converts it there, master weights are made there
@@ -285,6 +307,71 @@ double Booster::execute_pipeline(const Tensor& x, const Tensor& y, nn::Module& m
   const Tensor loss = criterion(model(x), y);
   backward(loss);
   return loss.item();
+}
+
+int64_t Booster::reproducible_chunks(int64_t global_rows) {
+  const int64_t chunks =
+      config_.reproducible_chunks > 0 ? config_.reproducible_chunks : reproducible::default_chunks(global_rows);
+  reproducible::check_sizes(chunks, global_rows, plugin_->process_group().size(), "reproducible training");
+  return chunks;
+}
+
+int64_t Booster::reproducible_received_bytes() const {
+  return reproducible_tree_ ? reproducible_tree_->received_bytes() : 0;
+}
+
+// Note [Reproducible training across world sizes] in reproducible.h.
+double Booster::reproducible_step(const Tensor& x, const Tensor& y, nn::Module& model, const nn::Criterion& criterion,
+                                  BoostedOptimizer& optimizer) {
+  BOOSTER_CHECK(config_.reproducible, StateError, "Booster::reproducible_step: this Booster is not reproducible; set "
+                "BoosterConfig::reproducible (train.reproducible)");
+  BOOSTER_CHECK(!accumulation_->open, StateError, "Booster::reproducible_step: called inside accumulate(); a "
+                "reproducible step cuts the step's rows into chunks itself: pass all of them at once");
+  BOOSTER_CHECK(criterion != nullptr, ValueError, "Booster::reproducible_step: the criterion is empty");
+  BOOSTER_CHECK(x.dim() >= 1 && y.dim() >= 1 && x.size(0) == y.size(0), ShapeError, "Booster::reproducible_step: x ",
+                shape_str(x.shape()), " and y ", shape_str(y.shape()), " must have the same number of rows");
+  distributed::ProcessGroup& group = plugin_->process_group();
+  const int world = group.size();
+  const int64_t rows = x.size(0);
+  const int64_t chunks = reproducible_chunks(rows * int64_t(world));
+  const int64_t local = chunks / world;  // this rank's chunks: c = rank + world * m
+  const int64_t chunk_rows = rows / local;
+  if (!reproducible_tree_) reproducible_tree_ = std::make_unique<reproducible::GradientTree>(model.parameters());
+  reproducible::GradientTree& tree = *reproducible_tree_;
+  reproducible::ValueTree losses;
+  tree.clear();
+  optimizer.zero_grad();
+  const bool quiet = plugin_->support_no_sync();
+  if (quiet) plugin_->set_gradient_sync(false);
+  try {
+    Tensor picked = Tensor::empty({chunk_rows}, DType::Int64);
+    for (int64_t t = 0; t < local; ++t) {
+      const int64_t m = reproducible::leaf(t, local);  // local chunk m: rows m, m + local, m + 2 local, ...
+      for (int64_t j = 0; j < chunk_rows; ++j) picked.data<int64_t>()[j] = m + j * local;
+      picked.bump_version();
+      const Tensor index = picked.to(x.device());
+      const Tensor loss = criterion(model(index_select(x, 0, index)), index_select(y, 0, index.to(y.device())));
+      losses.push(loss.item());
+      precision_->backward(mul(loss, 1.0 / double(chunks)), optimizer.stepped_optimizer());
+      tree.push_gradients();
+    }
+    tree.combine_ranks(group);
+    losses.combine_ranks(group);
+    // Rank 0 hands the plugin's averaging reduction world * G and the others zeros: exact in any order.
+    tree.write_gradients(double(world), /*zeros_elsewhere=*/true, group.rank());
+    if (quiet) {
+      plugin_->set_gradient_sync(true);
+      // A backward that reaches no parameter: the plugin reduces what the gradients hold (ddp's
+      // finish_backward launches every bucket, ZeRO-1 reduce-scatters its buffer).
+      Tensor nothing = zeros({1}, DType::Float32, x.device());
+      nothing.requires_grad_(true);
+      precision_->backward(sum(nothing), optimizer.stepped_optimizer());
+    }
+  } catch (...) {
+    if (quiet) plugin_->set_gradient_sync(true);
+    throw;
+  }
+  return losses.total() / double(chunks);
 }
 
 double Booster::clip_grad_norm(BoostedOptimizer& optimizer, double max_norm) {

@@ -45,6 +45,10 @@
 
 namespace booster {
 
+namespace reproducible {
+class GradientTree;
+}
+
 struct BoosterConfig {
   // A registered strategy name ("fp32", "fp16", "bf16", "fp16_naive", "fp16_apex", ...) or a precision
   // plugin's name or path, with the strategy's options.
@@ -56,9 +60,14 @@ struct BoosterConfig {
   // Where the model trains: "cpu", "cuda" or "cuda:N". boost() moves the model there and makes the
   // dataloader hand out batches there.
   std::string device = "cpu";
+  // The same bytes at every world size that divides `reproducible_chunks` (Note [Reproducible training
+  // across world sizes] in booster/booster/reproducible.h): train with Booster::reproducible_step. The
+  // chunks the global batch is cut into; 0: reproducible::default_chunks of the batch.
+  bool reproducible = false;
+  int64_t reproducible_chunks = 0;
 
   // {"mixed_precision": "fp16" or {"name": "fp16", <options>}, "plugin": "ddp" or {"name": "ddp",
-  // <options>}, "device": "cpu"}; every key optional. ConfigError naming the key for anything else.
+  // <options>}, "device": "cpu", "reproducible": false, "reproducible_chunks": 0}; every key optional. ConfigError naming the key for anything else.
   // The sections are read by config::parse_named_section, the one parser of their shape.
   static BoosterConfig from_json(const nlohmann::json& config);
   // The strategy and plugin `booster run --mixed-precision NAME --plugin NAME` chose for this process,
@@ -258,6 +267,23 @@ class Booster {
   // (unscaled) on every rank. Pass the boosted parts. Collective under a pipeline.
   double execute_pipeline(const Tensor& x, const Tensor& y, nn::Module& model, const nn::Criterion& criterion,
                           BoostedOptimizer& optimizer, double loss_factor = 1.0);
+  // One optimizer step's forward and backward under BoosterConfig::reproducible (Note [Reproducible
+  // training across world sizes] in booster/booster/reproducible.h): (x, y) are this rank's rows of the
+  // step's global batch as a DistributedSampler deals them (the micro-batches of the step concatenated).
+  // They are cut into the rank's chunks, each chunk's gradient of criterion / K is computed on its own,
+  // and the chunks of every rank are summed in one fixed tree, so the gradients the optimizer steps with
+  // (and the loss returned, the global batch's mean over chunks) are the same bytes at every supported
+  // world size. Then call clip_grad_norm (if wanted) and optimizer.step() as usual. Collective.
+  // StateError without reproducible or inside accumulate(); ConfigError for a batch the chunks do not
+  // divide (reproducible::check_sizes).
+  double reproducible_step(const Tensor& x, const Tensor& y, nn::Module& model, const nn::Criterion& criterion,
+                           BoostedOptimizer& optimizer);
+  // The chunks of a global batch of `global_rows` rows under this config (BoosterConfig::reproducible_chunks
+  // or the default), checked against the world size (ConfigError).
+  int64_t reproducible_chunks(int64_t global_rows);
+  // Bytes this rank received in the last reproducible_step's gradient exchange (0 on one process).
+  int64_t reproducible_received_bytes() const;
+
   // Unscales first, then clips the joint L2 norm of all gradients to max_norm; returns the norm before
   // clipping (inf when a gradient is inf/NaN: the step will be skipped). Inside accumulate() on a
   // micro-step that does not step, does nothing and returns NaN (the gradients are not complete yet).
@@ -454,6 +480,8 @@ class Booster {
   bool boosted_ = false;
   // Shared with the boosted optimizer and scheduler (Note [Gradient accumulation in a loop]).
   std::shared_ptr<AccumulationState> accumulation_ = std::make_shared<AccumulationState>();
+  // reproducible_step's sums, made at its first call.
+  std::unique_ptr<reproducible::GradientTree> reproducible_tree_;
 
   // Booster state (state.cpp).
   struct RegisteredState {
