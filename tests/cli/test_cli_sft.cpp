@@ -160,19 +160,6 @@ TEST_CASE("booster check refuses sft config mistakes naming the key, and bad rec
     std::vector<std::string> expect;
   };
   const std::vector<Case> cases = {
-      {"packing_recomputed",
-       [](json& c) {
-         c["data"]["packing"] = true;
-         c["model"]["activation_checkpointing"] = true;
-       },
-       {"'data.packing'", "activation_checkpointing", "attend across the packed records"}},
-      {"packing_pipelined",
-       [](json& c) {
-         c["data"]["packing"] = true;
-         c["model"]["num_hidden_layers"] = 2;
-         c["plugin"] = {{"name", "hybrid_parallel"}, {"pp_size", 2}};
-       },
-       {"'data.packing'", "'plugin.pp_size' 2", "set 'plugin.pp_size' to 1"}},
       {"packing_gpt",
        [](json& c) {
          c["data"]["packing"] = true;

@@ -1,11 +1,13 @@
 // Packed sft samples (Note [Packing SFT records] in booster/data/sft.h, Note [Packed sequences] in
 // booster/nn/packing.h): records share sequences greedily in file order, and a Llama given the packed
 // input gives each record the logits it has alone (positions restart, no attention across records), so
-// one training step on the packed samples has the loss and gradients of one on the records one by one.
+// one training step on the packed samples has the loss and gradients of one on the records one by one,
+// also with activation checkpointing (whose recompute runs under the forward's layout).
 // A byte tokenizer (id = byte, bos 1, eos 2) makes every id known here.
 #include <catch2/catch.hpp>
 
 #include <cmath>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -167,5 +169,45 @@ TEST_CASE("sft packing: a Llama gives each packed record its logits alone, and o
     const double d = l2(packed_weights.at(name) - w);
     INFO("difference " << d << ", step " << moved);
     CHECK(d <= ro::kUnit * 2 * l2(w) + ro::sgd_bound(moved, eps_gradient));
+  }
+}
+
+TEST_CASE("sft packing: with activation checkpointing a Llama gets the packed gradients bit for bit, as the records alone",
+          "[data][sft][nn]") {
+  // Note [Recomputing in backward]: each checkpointed layer runs again in backward under the packed
+  // layout its forward ran under, so the recompute is the forward's ops on the forward's operands and
+  // the gradients are the plain packed run's bit for bit; the plain packed run equals the records one
+  // by one within roundoff (the test above), and so the checkpointed one does.
+  const SftDataset unpacked = make(false), packed = make(true);
+  const Batch p = packed.get_batch({0, 1, 2, 3});
+  const Batch u = unpacked.get_batch({0, 1, 2, 3, 4, 5, 6});
+  json recomputing = kLlama;
+  recomputing["activation_checkpointing"] = true;
+  // The token mean of every response token (both batches hold the same ones): the gradients by name.
+  auto gradients = [](const json& config, const Batch& b) {
+    const nn::ModulePtr m = nn::make_model(config, 5);
+    Tensor loss = lm_loss(m->forward(b.x), b.y);
+    loss.backward();
+    std::map<std::string, Tensor> out;
+    for (const auto& [name, w] : m->named_parameters()) out[name] = w.grad();
+    return std::make_pair(loss.item<double>(), out);
+  };
+  const auto [plain_loss, plain] = gradients(kLlama, p);
+  const auto [recomputed_loss, recomputed] = gradients(recomputing, p);
+  const auto [alone_loss, alone] = gradients(kLlama, u);
+  CHECK(recomputed_loss == plain_loss);
+  const double forward = ro::llama_forward_length(16, 2, 2, 24, double(kT), 256, 7 * double(kT));
+  CHECK(std::abs(recomputed_loss - alone_loss) <= ro::reduction_bound({forward}) * alone_loss);
+  const double eps_gradient = ro::reduction_bound({2 * forward, 7 * double(kT)});
+  REQUIRE(recomputed.size() == alone.size());
+  for (const auto& [name, g] : alone) {
+    INFO(name);
+    REQUIRE(recomputed.at(name).defined());
+    const double differs = max(abs(recomputed.at(name) - plain.at(name))).item<double>();
+    const double d = l2(recomputed.at(name) - g);
+    INFO("largest difference from the plain packed gradient " << differs << ", from the records alone " << d
+         << " of " << l2(g) << ", bound " << eps_gradient * l2(g));
+    CHECK(differs == 0.0);
+    CHECK(d <= eps_gradient * l2(g));
   }
 }

@@ -5,9 +5,11 @@
 // step on all 8 does: loss = sum of the N counted targets' losses / N (in float64 from the per-target
 // losses), gradient that of the summed cross-entropy over N, within float32 roundoff bounds. And packed
 // sft samples (Note [Packing SFT records]) train a Llama under ddp, ZeRO-2 and tp 2 as one process
-// trains it on the records one by one.
+// trains it on the records one by one, and under pp 2 (1F1B, GPipe, with activation checkpointing)
+// give the logits and step of one process on the same packed batch.
 #include <catch2/catch.hpp>
 
+#include <chrono>
 #include <cmath>
 #include <filesystem>
 #include <map>
@@ -259,6 +261,86 @@ TEST_CASE("token mean: packed sft samples on 2 ranks train a Llama as the record
         std::vector<double> d(a.size()), moved(a.size());
         for (size_t e = 0; e < a.size(); ++e) d[e] = a[e] - b[e], moved[e] = b[e] - s0[e];
         INFO("difference " << l2(d) << ", step " << l2(moved));
+        CHECK(l2(d) <= 2 * ro::kUnit * l2(b) + ro::sgd_bound(l2(moved), eps_gradient));
+      }
+    }
+    world().barrier();
+    if (world().rank() == 0) fs::remove_all(dir);
+  }
+}
+
+TEST_CASE("token mean: packed sft samples under hybrid pp 2 give a Llama the logits and step of one process",
+          "[mpi][trainer][sft]") {
+  // Note [Packed micro-batches] in booster/nn/pipeline.cpp: the second stage runs each micro-batch
+  // under the layout of the packed input it is handed too, so the split Llama's logits (evaluation
+  // through forward_to_all) and one Trainer step (execute_pipeline, 1F1B and GPipe, with activation
+  // checkpointing) equal the packed batch's on one process, where the records stay apart.
+  REQUIRE(world().size() == 2);
+  distributed::set_default_collective_timeout(std::chrono::seconds(60));  // a stage left waiting fails
+  const auto packed = byte_records(true);
+  const data::Batch all = packed->get_batch({0, 1, 2, 3, 4, 5});
+  // One process: the logits of the packed batch, then one step on it.
+  auto run = [&](Booster& booster, const json& model_config, Tensor& logits) {
+    const nn::ModulePtr model = nn::make_model(model_config, 5);
+    auto sgd = std::make_shared<optim::SGD>(model->parameters(), json{{"lr", kLr}});
+    booster.boost(model, sgd, lm_loss, booster.prepare_dataloader(packed, {.batch_size = packed->size()}), nullptr);
+    {
+      autograd::NoGradGuard no_grad;
+      logits = (*booster.boosted().model)(all.x);
+    }
+    TrainerOptions o;
+    o.max_steps = 1;
+    o.handle_signals = false;
+    o.progress = trainer::Progress::Mode::Silent;
+    o.token_mean_ignore_index = data::kIgnoreIndex;
+    Trainer trainer(booster, o);
+    return trainer.fit().final_loss;
+  };
+  Booster single(BoosterConfig{});
+  Tensor want_logits;
+  const double want_loss = run(single, kLlama, want_logits);
+  const nn::StateDict want = single.boosted().model->state_dict();
+  const nn::StateDict start = nn::make_model(kLlama, 5)->state_dict();
+  // Note [Roundoff bounds]: the layouts differ only in the GEMMs' row counts (micro-batches) and the
+  // sums of the weight gradients over them.
+  const double eps_logits = ro::reduction_bound({ro::llama_forward_length(16, 2, 2, 24, 32, 256, 1)});
+  const double forward = ro::llama_forward_length(16, 2, 2, 24, 32, 256, 6 * 32);
+  const double eps_gradient = ro::reduction_bound({2 * forward, 6 * 32, 4});
+  json recomputing = kLlama;
+  recomputing["activation_checkpointing"] = true;
+  for (const auto& [name, options, model_config] : std::vector<std::tuple<std::string, json, json>>{
+           {"pp 2, 1f1b, 2 micro-batches", {{"pp_size", 2}, {"num_microbatches", 2}}, kLlama},
+           {"pp 2, gpipe, 3 micro-batches", {{"pp_size", 2}, {"num_microbatches", 3}, {"schedule", "gpipe"}}, kLlama},
+           {"pp 2, 1f1b, 3 micro-batches, activation checkpointing", {{"pp_size", 2}, {"num_microbatches", 3}},
+            recomputing}}) {
+    INFO(name);
+    Booster booster(BoosterConfig{.plugin = "hybrid_parallel", .plugin_options = options});
+    Tensor logits;
+    const double loss = run(booster, model_config, logits);
+    REQUIRE(logits.shape() == want_logits.shape());
+    const double scale = max(abs(want_logits)).item<double>();
+    const double d_logits = max(abs(logits - want_logits)).item<double>();
+    INFO("logits differ by " << d_logits << ", bound " << eps_logits * scale);
+    CHECK(d_logits <= eps_logits * scale);
+    INFO("loss " << loss << ", one process " << want_loss);
+    CHECK(std::abs(loss - want_loss) <= ro::reduction_bound({forward, 4}) * want_loss);
+    const fs::path dir = shared_dir("packed_pp");
+    booster.save_model(*booster.boosted().model, dir);
+    if (world().rank() == 0) {
+      const checkpoint::TensorMap saved = checkpoint::load_model(dir);
+      for (const auto& [key, w] : want) {
+        INFO(key);
+        if (!saved.count(key)) {
+          FAIL_CHECK("the saved model has no " << key);
+          continue;
+        }
+        const std::vector<double> a = saved.at(key).to(DType::Float64).to_vector<double>();
+        const std::vector<double> b = w.to(DType::Float64).to_vector<double>();
+        const std::vector<double> s0 = start.at(key).to(DType::Float64).to_vector<double>();
+        std::vector<double> d(a.size()), moved(a.size());
+        for (size_t e = 0; e < a.size(); ++e) d[e] = a[e] - b[e], moved[e] = b[e] - s0[e];
+        INFO("difference " << l2(d) << ", step " << l2(moved) << ", bound "
+             << 2 * ro::kUnit * l2(b) + ro::sgd_bound(l2(moved), eps_gradient));
         CHECK(l2(d) <= 2 * ro::kUnit * l2(b) + ro::sgd_bound(l2(moved), eps_gradient));
       }
     }

@@ -744,14 +744,6 @@ void check_training_config(const json& c) {
       if (builtin_model && !nn::find_decoder_family(model_type))
         fail("'data.packing' is true but 'model.type' \"" + model_type + "\" cannot keep packed records apart (the "
              "Llama family can: llama, mistral, qwen2); set 'data.packing' to false");
-      if (model.value("activation_checkpointing", false))
-        fail("'data.packing' is true with 'model.activation_checkpointing': the recomputed forward would attend "
-             "across the packed records; set one of them to false");
-      const json plugin = c.value("plugin", json());
-      if (plugin.is_object() && plugin.value("pp_size", 1) > 1)
-        fail("'data.packing' is true with 'plugin.pp_size' " + num(plugin.at("pp_size")) +
-             ": stages after the first cannot keep packed records apart; set 'plugin.pp_size' to 1 or "
-             "'data.packing' to false");
     }
     check_token_data(c, model_type == "gpt");
   } else {

@@ -1,8 +1,11 @@
 // Note [Recomputing in backward] (activation_checkpoint.h).
 #include "booster/nn/activation_checkpoint.h"
 
+#include <optional>
+
 #include "booster/autocast/autocast.h"
 #include "booster/autograd/autograd.h"
+#include "booster/nn/packing.h"
 
 namespace booster::nn {
 
@@ -35,6 +38,10 @@ Tensor checkpoint(Module& module, const Tensor& x) {
 
   const std::vector<SavedRng> rng_at_forward = save_rng(module);
   const autocast::State autocast_at_forward = autocast::state();
+  // The packed layout the forward runs under (Note [Packed sequences] in packing.h), installed again
+  // for the recompute: backward runs outside the model's forward, where the thread holds none.
+  std::optional<SequenceLayout> layout_at_forward;
+  if (const SequenceLayout* layout = current_sequence_layout()) layout_at_forward = *layout;
   Tensor out;
   {
     autograd::NoGradGuard no_grad;
@@ -45,7 +52,7 @@ Tensor checkpoint(Module& module, const Tensor& x) {
   const Tensor input = x.requires_grad() ? x : x.detach().requires_grad_();
   Module* m = &module;
   autograd::record(out, "CheckpointBackward", {input},
-                   [m, saved = x.detach(), rng_at_forward, autocast_at_forward](const Tensor& g) {
+                   [m, saved = x.detach(), rng_at_forward, autocast_at_forward, layout_at_forward](const Tensor& g) {
                      // Recompute with the forward's random state and autocast, then put the streams back.
                      std::vector<SavedRng> now;
                      for (const SavedRng& r : rng_at_forward) {
@@ -56,6 +63,8 @@ Tensor checkpoint(Module& module, const Tensor& x) {
                      Tensor recomputed;
                      {
                        GradModeOn grad_on;
+                       std::optional<SequenceLayoutScope> packed;
+                       if (layout_at_forward) packed.emplace(*layout_at_forward);
                        autocast::AutocastGuard ac(autocast_at_forward.enabled, autocast_at_forward.dtype,
                                                   autocast_at_forward.table, autocast_at_forward.linear_override);
                        recomputed = (*m)(leaf);

@@ -14,7 +14,9 @@
 // are those of a plain run. Backward of the recomputed graph accumulates the parameters' gradients
 // (their grad-ready hooks fire as usual, so data-parallel reduction still overlaps) and returns the
 // input's. The recomputed ops are the forward's, in the same dtypes and order, so the gradients equal
-// the plain run's bit for bit.
+// the plain run's bit for bit. The packed layout the forward ran under (current_sequence_layout(),
+// Note [Packed sequences] in packing.h) is held by the node and installed again for the recompute, so
+// packed documents stay apart in it as in the forward.
 // Outside grad mode (evaluation, NoGradGuard) it is a plain forward.
 #pragma once
 

@@ -570,16 +570,13 @@ Tensor LlamaModel::forward(const Tensor& idx) { return forward(idx, nullptr); }
 
 Tensor LlamaModel::forward(const Tensor& idx, KVCache* cache) {
   Tensor ids = idx;
-  bool recompute = config.activation_checkpointing;
   std::optional<SequenceLayoutScope> scope;
   if (cache == nullptr && is_packed(idx)) {
-    // Note [Packed sequences]: the layout holds for this forward; a recomputing backward would lose it.
-    BOOSTER_CHECK(!config.activation_checkpointing, IncompatibleError, "Llama: a packed input (several documents per "
-                  "sequence) with activation_checkpointing: the recomputed forward would attend across them; turn one off");
+    // Note [Packed sequences]: the layout holds for this forward (a checkpointed layer keeps it for its
+    // recompute, Note [Recomputing in backward]).
     auto [unpacked, layout] = unpack_sequences(idx);
     ids = unpacked;
     scope.emplace(std::move(layout));
-    recompute = false;
   }
   if (cache == nullptr) {
     check_ids(ids, config.max_position_embeddings);
@@ -595,7 +592,7 @@ Tensor LlamaModel::forward(const Tensor& idx, KVCache* cache) {
   }
   Tensor h = (*embed_tokens)(ids);
   const std::vector<ModulePtr> children = layers->children();
-  if (cache == nullptr) return (*norm)(run_layers(children, h, recompute));
+  if (cache == nullptr) return (*norm)(run_layers(children, h, config.activation_checkpointing));
   for (size_t i = 0; i < children.size(); ++i) {
     auto* layer = dynamic_cast<LlamaDecoderLayer*>(children[i].get());
     BOOSTER_CHECK(layer != nullptr, IncompatibleError, "Llama: layer ", i, " is a ", children[i]->name(),
@@ -660,21 +657,20 @@ class LlamaStage final : public Module {
   std::string name() const override { return "LlamaStage"; }
 
   Tensor forward(const Tensor& x) override {
-    if (embed_ && is_packed(x)) {
-      // Note [Packed sequences]: only a stage that is the whole model keeps the layout to its end.
-      BOOSTER_CHECK(head_ != nullptr && !config_.activation_checkpointing, IncompatibleError,
-                    "Llama: a packed input (several documents per sequence) needs the whole model in one stage "
-                    "and no activation_checkpointing (later pipeline stages and a recomputed forward would attend "
-                    "across the documents); use pp_size 1 and activation_checkpointing false, or data.packing false");
-      auto [ids, layout] = unpack_sequences(x);
-      check_ids(ids, config_.max_position_embeddings);
-      const SequenceLayoutScope scope(std::move(layout));
-      return (*head_)((*norm_)(run_layers(layers_, (*embed_)(ids), false)));
-    }
     Tensor h = x;
+    // Note [Packed sequences]: the first stage unpacks a packed input and holds its layout for its own
+    // layers; a later stage runs under the layout its PipelineStage installs from the same micro-batch
+    // (Note [Packed micro-batches] in pipeline.cpp).
+    std::optional<SequenceLayoutScope> scope;
     if (embed_) {
-      check_ids(x, config_.max_position_embeddings);
-      h = (*embed_)(x);
+      Tensor ids = x;
+      if (is_packed(x)) {
+        auto [unpacked, layout] = unpack_sequences(x);
+        ids = unpacked;
+        scope.emplace(std::move(layout));
+      }
+      check_ids(ids, config_.max_position_embeddings);
+      h = (*embed_)(ids);
     }
     h = run_layers(layers_, h, config_.activation_checkpointing);
     if (norm_) h = (*norm_)(h);

@@ -14,9 +14,11 @@
 // where its attention layers read it (current_sequence_layout()); so a document's logits are those it
 // has alone, and a packed batch's loss over the global batch's targets (Note [The token mean of a
 // global batch] in booster/trainer/trainer.cpp) is that of its documents one by one. The scope is
-// thread-local and lasts one forward: activation checkpointing, which runs the forward again during
-// backward, and pipeline stages after the first, which see hidden states only, cannot read it, so both
-// refuse packed input (the config check says so before a run starts).
+// thread-local and lasts one forward. Two things run a model's layers outside it: activation
+// checkpointing, whose recompute runs in backward (the checkpoint keeps the layout it ran under and
+// installs it again, Note [Recomputing in backward]), and pipeline stages after the first, which see
+// hidden states only (their PipelineStage installs the micro-batch's layout from the batch every stage
+// is handed, Note [Packed micro-batches] in pipeline.cpp).
 #pragma once
 
 #include <utility>

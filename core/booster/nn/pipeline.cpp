@@ -26,15 +26,28 @@
 // parameters' gradients are those of the mean over micro-batches, which for equal micro-batches and a
 // criterion that averages over its batch is the whole batch's loss; that mean is what every stage
 // returns (broadcast from the last).
+//
+// Note [Packed micro-batches]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// A packed input (Note [Packed sequences] in packing.h) carries its documents' layout in band, but only
+// the first stage reads the input; the others receive hidden states, which say nothing of where a
+// document starts. Every stage is handed the same batch (train_step's contract), so a later stage
+// derives micro-batch i's layout from micro-batch i of that batch and holds it (SequenceLayoutScope)
+// while its module runs the micro-batch forward; its attention layers read it as the first stage's
+// do. Nothing more crosses between stages, and the layout is the sender's by construction. Backward
+// needs no layout (the attention saved its mask); a checkpointed layer keeps the layout it ran under
+// for its recompute (Note [Recomputing in backward]).
 #include "booster/nn/pipeline.h"
 
 #include <algorithm>
 #include <chrono>
 #include <limits>
+#include <optional>
 
 #include "booster/autograd/autograd.h"
 #include "booster/nn/activation_checkpoint.h"
 #include "booster/nn/container.h"
+#include "booster/nn/packing.h"
 #include "booster/common/error.h"
 #include "booster/ops/ops.h"
 
@@ -90,6 +103,13 @@ Tensor microbatch(const Tensor& t, int i, int m, const char* what) {
   BOOSTER_CHECK(n % m == 0, ShapeError, "pipeline: a batch of ", n, " ", what, "s does not split into ", m,
                 " equal micro-batches; choose num_microbatches dividing the batch size");
   return t.narrow(0, i * (n / m), n / m);
+}
+
+// Note [Packed micro-batches]: the layout a stage after the first runs micro-batch i of m under, when
+// the batch x is packed; none otherwise.
+std::optional<SequenceLayout> packed_layout(const Tensor& x, int i, int m, bool first) {
+  if (first || !is_packed(x)) return std::nullopt;
+  return unpack_sequences(microbatch(x, i, m, "input")).second;
 }
 
 }  // namespace
@@ -167,7 +187,12 @@ double PipelineStage::train_step(const Tensor& x, const Tensor& y, const Criteri
     if (action.kind == Action::Kind::Forward) {
       Tensor in = is_first() ? microbatch(x, action.microbatch, m, "input") : receive_activation(stage() - 1, action.microbatch);
       if (!is_first() && is_floating(in.dtype())) in.requires_grad_(true);  // its gradient goes upstream
-      Tensor out = (*stage_)(in);
+      Tensor out;
+      {
+        std::optional<SequenceLayoutScope> packed;
+        if (auto layout = packed_layout(x, action.microbatch, m, is_first())) packed.emplace(std::move(*layout));
+        out = (*stage_)(in);
+      }
       if (is_last()) {
         const Tensor loss = criterion(out, microbatch(y, action.microbatch, m, "target"));
         BOOSTER_CHECK(loss.numel() == 1, ShapeError, "pipeline: the criterion returned ", loss.shape(),
@@ -216,7 +241,12 @@ Tensor PipelineStage::forward(const Tensor& x) {
   for (int i = 0; i < m; ++i) {
     if (is_first()) flush_sends();
     const Tensor in = is_first() ? microbatch(x, i, m, "input") : receive_activation(stage() - 1, i);
-    Tensor out = (*stage_)(in);
+    Tensor out;
+    {
+      std::optional<SequenceLayoutScope> packed;
+      if (auto layout = packed_layout(x, i, m, is_first())) packed.emplace(std::move(*layout));
+      out = (*stage_)(in);
+    }
     if (is_last()) outs.push_back(out);
     else send_activation(out, stage() + 1);
   }
