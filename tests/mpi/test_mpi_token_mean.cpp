@@ -210,11 +210,17 @@ const json kLlama = {{"type", "llama"},          {"vocab_size", 256},      {"hid
                      {"intermediate_size", 24},  {"num_hidden_layers", 2}, {"num_attention_heads", 2},
                      {"num_key_value_heads", 2}, {"max_position_embeddings", 64}};
 
-// One Trainer step of SGD lr kLr on all of `data` in one batch per replica; its loss.
-double llama_step(Booster& booster, const data::DatasetPtr& data, int64_t batch) {
-  const nn::ModulePtr model = nn::make_model(kLlama, 5);
+// One Trainer step of SGD lr kLr on all of `data` in one batch per replica, of the Llama `config`; its
+// loss. With `logits`, first the boosted model's output on `eval_x` without gradients.
+double llama_step(Booster& booster, const data::DatasetPtr& data, int64_t batch, const json& config = kLlama,
+                  const Tensor& eval_x = Tensor(), Tensor* logits = nullptr) {
+  const nn::ModulePtr model = nn::make_model(config, 5);
   auto sgd = std::make_shared<optim::SGD>(model->parameters(), json{{"lr", kLr}});
   booster.boost(model, sgd, lm_loss, booster.prepare_dataloader(data, {.batch_size = batch}), nullptr);
+  if (logits != nullptr) {
+    autograd::NoGradGuard no_grad;
+    *logits = (*booster.boosted().model)(eval_x);
+  }
   TrainerOptions o;
   o.max_steps = 1;
   o.handle_signals = false;
@@ -222,6 +228,33 @@ double llama_step(Booster& booster, const data::DatasetPtr& data, int64_t batch)
   o.token_mean_ignore_index = data::kIgnoreIndex;
   Trainer trainer(booster, o);
   return trainer.fit().final_loss;
+}
+
+// Rank 0 reads the model `booster` saves and checks it is one process's step `want` from `start`, within
+// a unit of each weight (the update's rounding, twice) and the gradient's sgd_bound of the step.
+void check_saved_step(Booster& booster, const nn::StateDict& want, const nn::StateDict& start, double eps_gradient) {
+  const fs::path dir = shared_dir("packed");
+  booster.save_model(*booster.boosted().model, dir);
+  if (world().rank() == 0) {
+    const checkpoint::TensorMap saved = checkpoint::load_model(dir);
+    for (const auto& [key, w] : want) {
+      INFO(key);
+      if (!saved.count(key)) {
+        FAIL_CHECK("the saved model has no " << key);
+        continue;
+      }
+      const std::vector<double> a = saved.at(key).to(DType::Float64).to_vector<double>();
+      const std::vector<double> b = w.to(DType::Float64).to_vector<double>();
+      const std::vector<double> s0 = start.at(key).to(DType::Float64).to_vector<double>();
+      std::vector<double> d(a.size()), moved(a.size());
+      for (size_t e = 0; e < a.size(); ++e) d[e] = a[e] - b[e], moved[e] = b[e] - s0[e];
+      const double bound = 2 * ro::kUnit * l2(b) + ro::sgd_bound(l2(moved), eps_gradient);
+      INFO("difference " << l2(d) << ", step " << l2(moved) << ", bound " << bound);
+      CHECK(l2(d) <= bound);
+    }
+  }
+  world().barrier();
+  if (world().rank() == 0) fs::remove_all(dir);
 }
 
 }  // namespace
@@ -245,27 +278,7 @@ TEST_CASE("token mean: packed sft samples on 2 ranks train a Llama as the record
     Booster booster(BoosterConfig{.plugin = plugin, .plugin_options = options});
     const double loss = llama_step(booster, packed, packed->size() / replicas);
     CHECK(std::abs(loss - want_loss) <= ro::reduction_bound({forward, 4}) * want_loss);
-    const fs::path dir = shared_dir("packed");
-    booster.save_model(*booster.boosted().model, dir);
-    if (world().rank() == 0) {
-      const checkpoint::TensorMap saved = checkpoint::load_model(dir);
-      for (const auto& [key, w] : want) {
-        INFO(key);
-        if (!saved.count(key)) {
-          FAIL_CHECK("the saved model has no " << key);
-          continue;
-        }
-        const std::vector<double> a = saved.at(key).to(DType::Float64).to_vector<double>();
-        const std::vector<double> b = w.to(DType::Float64).to_vector<double>();
-        const std::vector<double> s0 = start.at(key).to(DType::Float64).to_vector<double>();
-        std::vector<double> d(a.size()), moved(a.size());
-        for (size_t e = 0; e < a.size(); ++e) d[e] = a[e] - b[e], moved[e] = b[e] - s0[e];
-        INFO("difference " << l2(d) << ", step " << l2(moved));
-        CHECK(l2(d) <= 2 * ro::kUnit * l2(b) + ro::sgd_bound(l2(moved), eps_gradient));
-      }
-    }
-    world().barrier();
-    if (world().rank() == 0) fs::remove_all(dir);
+    check_saved_step(booster, want, start, eps_gradient);
   }
 }
 
@@ -280,25 +293,9 @@ TEST_CASE("token mean: packed sft samples under hybrid pp 2 give a Llama the log
   const auto packed = byte_records(true);
   const data::Batch all = packed->get_batch({0, 1, 2, 3, 4, 5});
   // One process: the logits of the packed batch, then one step on it.
-  auto run = [&](Booster& booster, const json& model_config, Tensor& logits) {
-    const nn::ModulePtr model = nn::make_model(model_config, 5);
-    auto sgd = std::make_shared<optim::SGD>(model->parameters(), json{{"lr", kLr}});
-    booster.boost(model, sgd, lm_loss, booster.prepare_dataloader(packed, {.batch_size = packed->size()}), nullptr);
-    {
-      autograd::NoGradGuard no_grad;
-      logits = (*booster.boosted().model)(all.x);
-    }
-    TrainerOptions o;
-    o.max_steps = 1;
-    o.handle_signals = false;
-    o.progress = trainer::Progress::Mode::Silent;
-    o.token_mean_ignore_index = data::kIgnoreIndex;
-    Trainer trainer(booster, o);
-    return trainer.fit().final_loss;
-  };
   Booster single(BoosterConfig{});
   Tensor want_logits;
-  const double want_loss = run(single, kLlama, want_logits);
+  const double want_loss = llama_step(single, packed, packed->size(), kLlama, all.x, &want_logits);
   const nn::StateDict want = single.boosted().model->state_dict();
   const nn::StateDict start = nn::make_model(kLlama, 5)->state_dict();
   // Note [Roundoff bounds]: the layouts differ only in the GEMMs' row counts (micro-batches) and the
@@ -316,7 +313,7 @@ TEST_CASE("token mean: packed sft samples under hybrid pp 2 give a Llama the log
     INFO(name);
     Booster booster(BoosterConfig{.plugin = "hybrid_parallel", .plugin_options = options});
     Tensor logits;
-    const double loss = run(booster, model_config, logits);
+    const double loss = llama_step(booster, packed, packed->size(), model_config, all.x, &logits);
     REQUIRE(logits.shape() == want_logits.shape());
     const double scale = max(abs(want_logits)).item<double>();
     const double d_logits = max(abs(logits - want_logits)).item<double>();
@@ -324,27 +321,6 @@ TEST_CASE("token mean: packed sft samples under hybrid pp 2 give a Llama the log
     CHECK(d_logits <= eps_logits * scale);
     INFO("loss " << loss << ", one process " << want_loss);
     CHECK(std::abs(loss - want_loss) <= ro::reduction_bound({forward, 4}) * want_loss);
-    const fs::path dir = shared_dir("packed_pp");
-    booster.save_model(*booster.boosted().model, dir);
-    if (world().rank() == 0) {
-      const checkpoint::TensorMap saved = checkpoint::load_model(dir);
-      for (const auto& [key, w] : want) {
-        INFO(key);
-        if (!saved.count(key)) {
-          FAIL_CHECK("the saved model has no " << key);
-          continue;
-        }
-        const std::vector<double> a = saved.at(key).to(DType::Float64).to_vector<double>();
-        const std::vector<double> b = w.to(DType::Float64).to_vector<double>();
-        const std::vector<double> s0 = start.at(key).to(DType::Float64).to_vector<double>();
-        std::vector<double> d(a.size()), moved(a.size());
-        for (size_t e = 0; e < a.size(); ++e) d[e] = a[e] - b[e], moved[e] = b[e] - s0[e];
-        INFO("difference " << l2(d) << ", step " << l2(moved) << ", bound "
-             << 2 * ro::kUnit * l2(b) + ro::sgd_bound(l2(moved), eps_gradient));
-        CHECK(l2(d) <= 2 * ro::kUnit * l2(b) + ro::sgd_bound(l2(moved), eps_gradient));
-      }
-    }
-    world().barrier();
-    if (world().rank() == 0) fs::remove_all(dir);
+    check_saved_step(booster, want, start, eps_gradient);
   }
 }
