@@ -46,8 +46,8 @@
 #include "booster/checkpoint/atomic_file.h"
 #include "booster/common/error.h"
 #include "booster/common/json_text.h"
+#include "booster/nn/families.h"
 #include "booster/nn/llama.h"
-#include "booster/nn/models.h"
 #include "booster/tensor/deferred.h"
 
 namespace booster::nn {
@@ -59,68 +59,24 @@ namespace {
 
 // ------------------------------------------------------------------------------------------ name tables
 
-struct NameRule {
-  std::string booster, hf;  // name prefixes
-};
-
-struct Family {
-  std::string model_type, architecture;
-  std::string base_prefix;  // the base model's name in the LM-head model (Note [A base model's names])
-  std::vector<NameRule> names;
-  std::vector<std::string> conv1d;  // booster-name suffixes of weights stored [in, out]
-  std::regex buffers;               // tensors of the files that are not parameters
-};
-
-const Family& gpt2_family() {
-  static const Family family{
-      "gpt2",
-      "GPT2LMHeadModel",
-      "transformer.",
-      {{"wte.", "transformer.wte."},
-       {"wpe.", "transformer.wpe."},
-       {"blocks.", "transformer.h."},
-       {"ln_f.", "transformer.ln_f."},
-       {"lm_head.", "lm_head."}},
-      {".attn.c_attn.weight", ".attn.c_proj.weight", ".mlp.c_fc.weight", ".mlp.c_proj.weight"},
-      std::regex(R"(transformer\.h\.\d+\.attn\.(masked_)?bias)")};
-  return family;
+// The family of a whole model (its declaration, families.h), or the ConfigError naming the model.
+const ModelFamily& family_of_model(const Module& model) {
+  const ModelFamily* family = family_of(model);
+  BOOSTER_CHECK(family != nullptr && !family->hf_model_type.empty(), ConfigError, "save_pretrained: a ", model.name(),
+                " has no Hugging Face format; a whole nn::Llama (model_type llama) or nn::GPT (gpt2) has");
+  return *family;
 }
 
-// Llama, Mistral and Qwen2 (llama.h's decoder_families(): Note [Decoder families]) share one table.
-const Family& llama_family(const std::string& model_type) {
-  static const std::map<std::string, Family> families = [] {
-    std::map<std::string, Family> out;
-    for (const DecoderFamily& f : decoder_families())
-      out.emplace(f.model_type, Family{f.model_type, f.architecture, "model.", {{"", ""}}, {},
-                                       std::regex(R"(model\.layers\.\d+\.self_attn\.rotary_emb\.inv_freq)")});
-    return out;
-  }();
-  return families.at(model_type);
+std::string hf_name(const ModelFamily& f, const std::string& name) {
+  for (const auto& [booster, hf] : f.names)
+    if (name.compare(0, booster.size(), booster) == 0) return hf + name.substr(booster.size());
+  BOOSTER_FAIL(ConfigError, "the ", f.hf_model_type, " name table has no Hugging Face name for parameter '", name, "'");
 }
 
-const Family& family_of(const Module& model) {
-  if (dynamic_cast<const GPT*>(&model)) return gpt2_family();
-  if (auto* llama = dynamic_cast<const Llama*>(&model)) return llama_family(llama->config.model_type);
-  BOOSTER_FAIL(ConfigError, "save_pretrained: a ", model.name(),
-               " has no Hugging Face format; a whole nn::Llama (model_type llama) or nn::GPT (gpt2) has");
-}
-
-std::string hf_name(const Family& f, const std::string& name) {
-  for (const NameRule& rule : f.names)
-    if (name.compare(0, rule.booster.size(), rule.booster) == 0) return rule.hf + name.substr(rule.booster.size());
-  BOOSTER_FAIL(ConfigError, "the ", f.model_type, " name table has no Hugging Face name for parameter '", name, "'");
-}
-
-bool is_conv1d(const Family& f, const std::string& name) {
+bool is_conv1d(const ModelFamily& f, const std::string& name) {
   return std::any_of(f.conv1d.begin(), f.conv1d.end(), [&](const std::string& suffix) {
     return name.size() >= suffix.size() && name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0;
   });
-}
-
-bool tied(const Module& model) {
-  if (auto* gpt = dynamic_cast<const GPT*>(&model)) return gpt->config.tie_word_embeddings;
-  if (auto* llama = dynamic_cast<const Llama*>(&model)) return llama->config.tie_word_embeddings;
-  return false;
 }
 
 // ------------------------------------------------------------------------------------------ config.json
@@ -132,149 +88,84 @@ json read_json_file(const fs::path& file, const std::string& what) {
   return booster::read_json_file(file.string(), what + ": the file", JsonLimits{});
 }
 
+}  // namespace
+
 // Reads config.json's keys with Hugging Face's defaults, naming the file in every complaint.
-struct ConfigReader {
-  const json& c;
-  std::string where;
+const json* HfConfigReader::find(const char* key) const {
+  auto it = c.find(key);
+  return it == c.end() || it->is_null() ? nullptr : &*it;
+}
 
-  const json* find(const char* key) const {
-    auto it = c.find(key);
-    return it == c.end() || it->is_null() ? nullptr : &*it;
-  }
-  int64_t positive(const char* key, std::optional<int64_t> fallback = std::nullopt) const {
-    const json* v = find(key);
-    BOOSTER_CHECK(v != nullptr || fallback, ConfigError, where, " has no \"", key, "\"");
-    if (v == nullptr) return *fallback;
-    BOOSTER_CHECK(v->is_number_integer() && v->get<int64_t>() > 0, ConfigError, where, ": \"", key,
-                  "\" must be a positive integer, got ", v->dump());
-    return v->get<int64_t>();
-  }
-  double number(const char* key, double fallback) const {
-    const json* v = find(key);
-    if (v == nullptr) return fallback;
-    BOOSTER_CHECK(v->is_number() && std::isfinite(v->get<double>()) && v->get<double>() > 0.0, ConfigError, where,
-                  ": \"", key, "\" must be a positive number, got ", v->dump());
-    return v->get<double>();
-  }
-  bool boolean(const char* key, bool fallback) const {
-    const json* v = find(key);
-    if (v == nullptr) return fallback;
-    BOOSTER_CHECK(v->is_boolean(), ConfigError, where, ": \"", key, "\" must be true or false, got ", v->dump());
-    return v->get<bool>();
-  }
-  std::string text(const char* key, const std::string& fallback) const {
-    const json* v = find(key);
-    if (v == nullptr) return fallback;
-    BOOSTER_CHECK(v->is_string(), ConfigError, where, ": \"", key, "\" must be a string, got ", v->dump());
-    return v->get<std::string>();
-  }
-  // A feature the family does not implement: refused rather than silently computed differently.
-  void refuse_unless(bool ok, const char* key, const std::string& supported) const {
-    BOOSTER_CHECK(ok, ConfigError, where, ": \"", key, "\" is ", c.at(key).dump(), ", which booster's ",
-                  c.value("model_type", std::string()), " does not implement (it supports ", supported, ")");
-  }
-};
+int64_t HfConfigReader::positive(const char* key, std::optional<int64_t> fallback) const {
+  const json* v = find(key);
+  BOOSTER_CHECK(v != nullptr || fallback, ConfigError, where, " has no \"", key, "\"");
+  if (v == nullptr) return *fallback;
+  BOOSTER_CHECK(v->is_number_integer() && v->get<int64_t>() > 0, ConfigError, where, ": \"", key,
+                "\" must be a positive integer, got ", v->dump());
+  return v->get<int64_t>();
+}
 
-// The overrides a config section may add to a Hugging Face model.
-struct Overrides {
-  std::optional<bool> activation_checkpointing;
-  std::optional<double> dropout;
-};
+double HfConfigReader::number(const char* key, double fallback) const {
+  const json* v = find(key);
+  if (v == nullptr) return fallback;
+  BOOSTER_CHECK(v->is_number() && std::isfinite(v->get<double>()) && v->get<double>() > 0.0, ConfigError, where,
+                ": \"", key, "\" must be a positive number, got ", v->dump());
+  return v->get<double>();
+}
 
-Overrides read_overrides(const json& o, const std::string& model_type) {
+bool HfConfigReader::boolean(const char* key, bool fallback) const {
+  const json* v = find(key);
+  if (v == nullptr) return fallback;
+  BOOSTER_CHECK(v->is_boolean(), ConfigError, where, ": \"", key, "\" must be true or false, got ", v->dump());
+  return v->get<bool>();
+}
+
+std::string HfConfigReader::text(const char* key, const std::string& fallback) const {
+  const json* v = find(key);
+  if (v == nullptr) return fallback;
+  BOOSTER_CHECK(v->is_string(), ConfigError, where, ": \"", key, "\" must be a string, got ", v->dump());
+  return v->get<std::string>();
+}
+
+void HfConfigReader::refuse_unless(bool ok, const char* key, const std::string& supported) const {
+  BOOSTER_CHECK(ok, ConfigError, where, ": \"", key, "\" is ", c.at(key).dump(), ", which booster's ",
+                c.value("model_type", std::string()), " does not implement (it supports ", supported, ")");
+}
+
+namespace {
+
+// The overrides an hf model section may add: "activation_checkpointing", and the family's own
+// (hf_overrides: the GPT's "dropout", whose value its from_hf checks).
+json read_overrides(const json& o, const ModelFamily& family) {
   BOOSTER_CHECK(o.is_object(), ConfigError, "hf model: the overrides must be an object, got ", o.dump());
-  Overrides out;
+  std::string own;
+  for (const std::string& key : family.hf_overrides) own += " and \"" + key + "\"";
   for (const auto& [key, v] : o.items()) {
     if (key == "activation_checkpointing") {
       BOOSTER_CHECK(v.is_boolean(), ConfigError, "'model.activation_checkpointing' must be true or false, got ", v.dump());
-      out.activation_checkpointing = v.get<bool>();
-    } else if (key == "dropout" && model_type == "gpt2") {
-      BOOSTER_CHECK(v.is_number() && v.get<double>() >= 0.0 && v.get<double>() < 1.0, ConfigError,
-                    "'model.dropout' must be a number in [0, 1), got ", v.dump());
-      out.dropout = v.get<double>();
     } else {
-      BOOSTER_FAIL(ConfigError, "'model.", key, "' is not an option of a Hugging Face ", model_type,
-                   " model; it takes \"path\", \"activation_checkpointing\"",
-                   model_type == "gpt2" ? " and \"dropout\"" : "");
+      BOOSTER_CHECK(std::find(family.hf_overrides.begin(), family.hf_overrides.end(), key) != family.hf_overrides.end(),
+                    ConfigError, "'model.", key, "' is not an option of a Hugging Face ", family.hf_model_type,
+                    " model; it takes \"path\", \"activation_checkpointing\"", own);
     }
   }
-  return out;
-}
-
-ModulePtr gpt2_from_config(const ConfigReader& r, const Overrides& o, uint64_t seed) {
-  GPTConfig g;
-  g.vocab_size = r.positive("vocab_size", 50257);
-  g.context = r.positive("n_positions", 1024);
-  g.width = r.positive("n_embd", 768);
-  g.layers = r.positive("n_layer", 12);
-  g.heads = r.positive("n_head", 12);
-  g.layer_norm_eps = r.number("layer_norm_epsilon", 1e-5);
-  g.tie_word_embeddings = r.boolean("tie_word_embeddings", true);
-  const std::string act = r.text("activation_function", "gelu_new");
-  if (r.find("activation_function"))
-    r.refuse_unless(act == "gelu_new" || act == "gelu_pytorch_tanh", "activation_function",
-                    "\"gelu_new\", GELU's tanh approximation");
-  if (const json* n_inner = r.find("n_inner"))
-    r.refuse_unless(*n_inner == 4 * g.width, "n_inner", "null, i.e. 4 n_embd");
-  if (r.find("scale_attn_by_inverse_layer_idx"))
-    r.refuse_unless(!r.boolean("scale_attn_by_inverse_layer_idx", false), "scale_attn_by_inverse_layer_idx", "false");
-  if (r.find("scale_attn_weights")) r.refuse_unless(r.boolean("scale_attn_weights", true), "scale_attn_weights", "true");
-  BOOSTER_CHECK(g.width % g.heads == 0, ConfigError, r.where, ": n_embd ", g.width, " is not divisible by n_head ", g.heads);
-  g.dropout = o.dropout.value_or(0.0);
-  g.activation_checkpointing = o.activation_checkpointing.value_or(false);
-  return std::make_shared<GPT>(g, seed);
-}
-
-ModulePtr llama_from_config(const ConfigReader& r, const Overrides& o, const DecoderFamily& family, uint64_t seed) {
-  json cfg = {{"type", family.model_type}};
-  cfg["vocab_size"] = r.positive("vocab_size");
-  cfg["hidden_size"] = r.positive("hidden_size");
-  cfg["intermediate_size"] = r.positive("intermediate_size");
-  cfg["num_hidden_layers"] = r.positive("num_hidden_layers");
-  cfg["num_attention_heads"] = r.positive("num_attention_heads");
-  cfg["num_key_value_heads"] = r.positive("num_key_value_heads", cfg["num_attention_heads"].get<int64_t>());
-  cfg["max_position_embeddings"] = r.positive("max_position_embeddings", family.default_max_positions);
-  cfg["rms_norm_eps"] = r.number("rms_norm_eps", 1e-6);
-  cfg["rope_theta"] = r.number("rope_theta", family.default_rope_theta);
-  cfg["tie_word_embeddings"] = r.boolean("tie_word_embeddings", false);
-  // rope_scaling and the family's own keys as config.json writes them (null kept: "no window");
-  // make_llama checks them (an unsupported rope_type is refused there, naming what is supported).
-  if (const json* scaling = r.find("rope_scaling")) cfg["rope_scaling"] = *scaling;
-  for (const auto& [key, fallback] : family.extra_keys)
-    if (r.c.contains(key)) cfg[key] = r.c.at(key);
-  if (r.find("hidden_act")) r.refuse_unless(r.text("hidden_act", "silu") == "silu", "hidden_act", "\"silu\"");
-  if (r.find("attention_bias")) r.refuse_unless(!r.boolean("attention_bias", false), "attention_bias", "false");
-  if (r.find("mlp_bias")) r.refuse_unless(!r.boolean("mlp_bias", false), "mlp_bias", "false");
-  if (r.find("head_dim"))
-    r.refuse_unless(cfg["num_attention_heads"].get<int64_t>() * r.positive("head_dim") == cfg["hidden_size"].get<int64_t>(),
-                    "head_dim", "hidden_size / num_attention_heads");
-  if (o.activation_checkpointing) cfg["activation_checkpointing"] = *o.activation_checkpointing;
-  try {
-    return make_llama(cfg, seed);
-  } catch (const ConfigError& e) {
-    BOOSTER_FAIL(ConfigError, r.where, ": ", e.what());
-  }
+  return o;
 }
 
 ModulePtr from_config(const json& c, const std::string& where, const json& overrides, uint64_t seed) {
   BOOSTER_CHECK(c.is_object(), ConfigError, where, " is not a JSON object");
-  const ConfigReader r{c, where};
+  const HfConfigReader r{c, where};
   // Without model_type, the class in "architectures" names the family (as transformers' AutoConfig does
   // for old files).
   std::string type = r.text("model_type", "");
   if (const json* arch = r.find("architectures"); type.empty() && arch && arch->is_array() && !arch->empty() &&
-                                                   arch->front().is_string()) {
-    const std::string name = arch->front().get<std::string>();
-    if (name == "GPT2LMHeadModel") type = "gpt2";
-    for (const DecoderFamily& f : decoder_families())
-      if (f.architecture == name) type = f.model_type;
-  }
+                                                   arch->front().is_string())
+    if (const ModelFamily* f = find_hf_family(arch->front().get<std::string>())) type = f->hf_model_type;
   BOOSTER_CHECK(!type.empty(), ConfigError, where, " has no \"model_type\" (nor an \"architectures\" class booster ",
                 "knows); booster reads \"llama\", \"mistral\", \"qwen2\" and \"gpt2\"");
-  const DecoderFamily* family = find_decoder_family(type);
-  if (type != "gpt2" && family == nullptr) refuse_family(where, type);
-  const Overrides o = read_overrides(overrides, type);
-  return type == "gpt2" ? gpt2_from_config(r, o, seed) : llama_from_config(r, o, *family, seed);
+  const ModelFamily* family = find_hf_family(type);
+  if (family == nullptr || family->hf_model_type != type || !family->from_hf) refuse_family(where, type);
+  return family->from_hf(r, read_overrides(overrides, *family), seed);
 }
 
 // ------------------------------------------------------------------------------------------ weight files
@@ -335,7 +226,7 @@ std::map<std::string, FileTensor> index_weights(const fs::path& dir, std::vector
 // The tensors of a base model's file under the LM-head model's names (Note [A base model's names]):
 // the family's prefix added to every name but lm_head's, and to the names of unreadable shards'
 // tensors, when no name has it. Entries keep the names the file uses.
-std::map<std::string, FileTensor> with_base_prefix(const Family& family, std::map<std::string, FileTensor> weights,
+std::map<std::string, FileTensor> with_base_prefix(const ModelFamily& family, std::map<std::string, FileTensor> weights,
                                                    std::set<std::string>& unreadable) {
   const std::string& prefix = family.base_prefix;
   auto prefixed = [&](const std::string& name) { return name.compare(0, prefix.size(), prefix) == 0; };
@@ -384,8 +275,9 @@ ModulePtr load_pretrained(const fs::path& dir, const json& overrides, uint64_t s
     LazyInitGuard lazy;  // nothing allocated: every parameter is about to point at the file instead
     model = from_config(config, config_file.string(), overrides, seed);
   }
-  const Family& family = family_of(*model);
-  const bool is_tied = tied(*model);
+  const ModelFamily& family = family_of_model(*model);
+  const bool is_tied = family.tied && family.tied(*model);
+  const std::regex buffers(family.buffers.empty() ? std::string("$^") : family.buffers);
 
   std::vector<std::string> problems;
   std::set<std::string> unreadable, used;
@@ -411,7 +303,7 @@ ModulePtr load_pretrained(const fs::path& dir, const json& overrides, uint64_t s
       sources.emplace_back(t, DeferredFileTensor{it->second.file, e.begin, *dtype, e.shape, transposed});
   }
   for (const auto& [hf, ft] : weights) {
-    const bool ignored = std::regex_match(hf, family.buffers) || (is_tied && hf == "lm_head.weight");
+    const bool ignored = std::regex_match(hf, buffers) || (is_tied && hf == "lm_head.weight");
     if (!used.count(hf) && !ignored)
       problems.push_back(str("unexpected ", ft.entry.name, " ", ft.entry.shape, " ", ft.entry.dtype));
   }
@@ -424,7 +316,7 @@ ModulePtr load_pretrained(const fs::path& dir, const json& overrides, uint64_t s
     problems.push_back(str("and ", more, " more"));
   }
   BOOSTER_CHECK(problems.empty(), ConfigError, "hf model ", dir.string(), ": the weights do not fit the ",
-                family.model_type, " model its config.json describes (", total,
+                family.hf_model_type, " model its config.json describes (", total,
                 total == 1 ? " problem): " : " problems): ", join(problems, "; "));
 
   for (auto& [t, source] : sources)
@@ -450,75 +342,21 @@ ModulePtr make_hf(const json& cfg, uint64_t seed) {
 // ------------------------------------------------------------------------------------------ out
 
 json hf_config_of(const Module& model) {
+  const ModelFamily& family = family_of_model(model);
   const std::vector<Tensor> params = model.parameters();
   const DType dtype = params.empty() ? DType::Float32 : params.front().dtype();
-  const std::string torch_dtype = dtype == DType::Float16 ? "float16" : dtype == DType::BFloat16 ? "bfloat16" : "float32";
-  if (auto* gpt = dynamic_cast<const GPT*>(&model)) {
-    const GPTConfig& g = gpt->config;
-    return {{"architectures", {"GPT2LMHeadModel"}},
-            {"model_type", "gpt2"},
-            {"vocab_size", g.vocab_size},
-            {"n_positions", g.context},
-            {"n_embd", g.width},
-            {"n_layer", g.layers},
-            {"n_head", g.heads},
-            {"n_inner", nullptr},
-            {"layer_norm_epsilon", g.layer_norm_eps},
-            {"activation_function", "gelu_new"},
-            {"tie_word_embeddings", g.tie_word_embeddings},
-            {"resid_pdrop", g.dropout},
-            {"embd_pdrop", g.dropout},
-            {"attn_pdrop", 0.0},  // nn::GPT applies no dropout to the attention weights
-            {"torch_dtype", torch_dtype}};
-  }
-  if (auto* llama = dynamic_cast<const Llama*>(&model)) {
-    const LlamaConfig& c = llama->config;
-    const DecoderFamily* family = find_decoder_family(c.model_type);
-    BOOSTER_CHECK(family != nullptr, ConfigError, "save_pretrained: a Llama of model_type \"", c.model_type,
-                  "\", which has no Hugging Face family");
-    json rope_scaling = nullptr;
-    if (c.rope_scaling.type == "linear") rope_scaling = {{"rope_type", "linear"}, {"factor", c.rope_scaling.factor}};
-    if (c.rope_scaling.type == "llama3")
-      rope_scaling = {{"rope_type", "llama3"},
-                      {"factor", c.rope_scaling.factor},
-                      {"low_freq_factor", c.rope_scaling.low_freq_factor},
-                      {"high_freq_factor", c.rope_scaling.high_freq_factor},
-                      {"original_max_position_embeddings", c.rope_scaling.original_max_position_embeddings}};
-    json out = {{"architectures", {family->architecture}},
-            {"model_type", c.model_type},
-            {"vocab_size", c.vocab_size},
-            {"hidden_size", c.hidden_size},
-            {"intermediate_size", c.intermediate_size},
-            {"num_hidden_layers", c.num_hidden_layers},
-            {"num_attention_heads", c.num_attention_heads},
-            {"num_key_value_heads", c.num_key_value_heads},
-            {"max_position_embeddings", c.max_position_embeddings},
-            {"rms_norm_eps", c.rms_norm_eps},
-            {"rope_theta", c.rope_theta},
-            {"rope_scaling", rope_scaling},
-            {"hidden_act", "silu"},
-            {"tie_word_embeddings", c.tie_word_embeddings},
-            {"torch_dtype", torch_dtype}};
-    if (c.model_type == "llama") out["attention_bias"] = false, out["mlp_bias"] = false;
-    // The family's own keys (Note [Qwen2's window layers]): the window as config.json writes it.
-    for (const auto& [key, fallback] : family->extra_keys) {
-      if (key == "sliding_window") out[key] = c.sliding_window > 0 ? json(c.sliding_window) : json(nullptr);
-      if (key == "use_sliding_window") out[key] = c.sliding_window > 0;
-      if (key == "max_window_layers") out[key] = c.max_window_layers;
-    }
-    return out;
-  }
-  family_of(model);  // throws the ConfigError naming the model
-  return json();
+  json out = family.to_hf(model);
+  out["torch_dtype"] = dtype == DType::Float16 ? "float16" : dtype == DType::BFloat16 ? "bfloat16" : "float32";
+  return out;
 }
 
 HfTensorName hf_tensor_name(const Module& model, const std::string& name) {
-  const Family& family = family_of(model);
+  const ModelFamily& family = family_of_model(model);
   return {hf_name(family, name), is_conv1d(family, name)};
 }
 
 void save_pretrained(const Module& model, const fs::path& out_dir, const SavePretrainedOptions& options) {
-  const Family& family = family_of(model);
+  const ModelFamily& family = family_of_model(model);
   checkpoint::TensorMap tensors;
   for (const auto& [name, t] : model.named_parameters()) {
     Tensor value = t.detach();

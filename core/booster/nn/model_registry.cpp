@@ -3,6 +3,7 @@
 #include "booster/nn/model_registry.h"
 
 #include <algorithm>
+#include <map>
 #include <mutex>
 #include <utility>
 
@@ -19,7 +20,8 @@ namespace {
 struct Registry {
   std::mutex mu;
   std::vector<std::pair<std::string, ModelFactory>> models;  // registration order
-  std::vector<std::string> builtins;
+  std::vector<std::string> builtins;             // in their order (register_builtin_model)
+  std::map<std::string, double> builtin_order;
 };
 
 Registry& registry() {
@@ -93,12 +95,21 @@ ModulePtr make_library_model(const json& cfg, const std::string& type, uint64_t 
 }  // namespace
 
 namespace detail {
-// Called by models.cpp for the built-ins, when the library loads.
-void register_builtin_model(const std::string& name, ModelFactory factory) {
+// Called by models.cpp and register_model_family (families.h) for the built-ins, when the library loads.
+// `order` places the name among the built-ins (smaller first), whatever order the files' statics run in.
+void register_builtin_model(const std::string& name, ModelFactory factory, double order) {
   register_model(name, std::move(factory));
   Registry& r = registry();
   std::lock_guard<std::mutex> lock(r.mu);
-  r.builtins.push_back(name);
+  size_t at = 0;
+  while (at < r.builtins.size() && r.builtin_order[r.builtins[at]] <= order) ++at;
+  r.builtin_order[name] = order;
+  r.builtins.insert(r.builtins.begin() + std::ptrdiff_t(at), name);
+  // The built-ins first (registered_models()), in that order.
+  auto it = std::find_if(r.models.begin(), r.models.end(), [&](const auto& m) { return m.first == name; });
+  auto entry = std::move(*it);
+  r.models.erase(it);
+  r.models.insert(r.models.begin() + std::ptrdiff_t(at), std::move(entry));
 }
 }  // namespace detail
 

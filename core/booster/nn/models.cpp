@@ -7,7 +7,6 @@
 #include "booster/nn/cnn.h"
 #include "booster/nn/hf.h"
 #include "booster/nn/init.h"
-#include "booster/nn/llama.h"
 #include "booster/ops/ops.h"
 
 namespace booster::nn {
@@ -163,33 +162,6 @@ ModulePtr make_linear(const nlohmann::json& cfg, uint64_t seed) {
                                          "relu", seed);
 }
 
-ModulePtr make_gpt(const nlohmann::json& cfg, uint64_t seed) {
-  check_keys(cfg, "gpt", {"type", "vocab_size", "context", "width", "layers", "heads", "dropout",
-                          "activation_checkpointing"},
-             {"vocab_size", "context", "width", "layers", "heads"});
-  GPTConfig g;
-  g.vocab_size = positive_int(cfg, "vocab_size");
-  g.context = positive_int(cfg, "context");
-  g.width = positive_int(cfg, "width");
-  g.layers = positive_int(cfg, "layers");
-  g.heads = positive_int(cfg, "heads");
-  BOOSTER_CHECK(g.width % g.heads == 0, ConfigError, "make_model: \"width\" ", g.width,
-                " must be divisible by \"heads\" ", g.heads);
-  if (cfg.contains("dropout")) {
-    const auto& d = cfg["dropout"];
-    BOOSTER_CHECK(d.is_number() && d.get<double>() >= 0.0 && d.get<double>() < 1.0, ConfigError,
-                  "make_model: \"dropout\" must be a number in [0, 1), got ", d.dump());
-    g.dropout = d.get<double>();
-  }
-  if (cfg.contains("activation_checkpointing")) {
-    BOOSTER_CHECK(cfg["activation_checkpointing"].is_boolean(), ConfigError,
-                  "make_model: \"activation_checkpointing\" must be true or false, got ",
-                  cfg["activation_checkpointing"].dump());
-    g.activation_checkpointing = cfg["activation_checkpointing"].get<bool>();
-  }
-  return std::make_shared<GPT>(g, seed);
-}
-
 ModulePtr make_cnn(const nlohmann::json& cfg, uint64_t seed) {
   check_keys(cfg, "cnn", {"type", "in_channels", "height", "width", "channels", "hidden", "classes", "batch_norm", "dropout"},
              {"classes"});
@@ -227,18 +199,16 @@ ModulePtr make_cnn(const nlohmann::json& cfg, uint64_t seed) {
 }  // namespace
 
 // The built-ins register themselves when the library loads (Note [Model libraries] in model_registry.h
-// for the other ways in).
+// for the other ways in); the decoder families (gpt, llama, mistral, qwen2) by their declarations
+// (Note [Model families] in families.cpp), listed between these by their listing_order.
 namespace detail {
-void register_builtin_model(const std::string& name, ModelFactory factory);
+void register_builtin_model(const std::string& name, ModelFactory factory, double order);
 }
 [[maybe_unused]] static const bool kBuiltinsRegistered = [] {
-  detail::register_builtin_model("mlp", make_mlp);
-  detail::register_builtin_model("linear", make_linear);
-  detail::register_builtin_model("gpt", make_gpt);
-  detail::register_builtin_model("cnn", make_cnn);
-  for (const DecoderFamily& f : decoder_families())  // llama, mistral, qwen2 (llama.h)
-    detail::register_builtin_model(f.model_type, make_llama);
-  detail::register_builtin_model("hf", make_hf);        // hf.h: a Hugging Face model directory
+  detail::register_builtin_model("mlp", make_mlp, 1);
+  detail::register_builtin_model("linear", make_linear, 2);
+  detail::register_builtin_model("cnn", make_cnn, 4);
+  detail::register_builtin_model("hf", make_hf, 9);  // hf.h: a Hugging Face model directory
   return true;
 }();
 
