@@ -15,6 +15,7 @@
 #include <boost/program_options.hpp>
 
 #include "booster/booster/build_info.h"
+#include "booster/booster/reproducible.h"
 #include "booster/checkpoint/atomic_file.h"
 #include "booster/checkpoint/checkpoint.h"
 #include "booster/common/error.h"
@@ -359,6 +360,8 @@ int run(int argc, char** argv) {
           throw booster::ConfigError("plugin 'hybrid_parallel' on " + std::to_string(world_size) + " processes: " +
                                      problem + "; check with -n N for the N processes you will start");
       }
+      // Note [Reproducible training across world sizes]: whether, and at which world sizes.
+      std::cerr << "booster: " << booster::reproducible::describe_config(config, world_size) << "\n";
       print_memory_estimate(config, world_size);
       const std::string format = booster::diagnostics::compute_format(config.at("mixed_precision"), config.at("plugin"));
       if (const std::string note = booster::diagnostics::cpu_time_note(format, config.at("device").get<std::string>());

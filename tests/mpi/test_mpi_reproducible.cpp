@@ -19,9 +19,12 @@
 #include "booster/nn/container.h"
 #include "booster/nn/dropout.h"
 #include "booster/nn/linear.h"
+#include "booster/nn/llama.h"
 #include "booster/nn/loss.h"
+#include "booster/nn/models.h"
 #include "booster/ops/ops.h"
 #include "booster/optim/optimizer.h"
+#include "booster/trainer/trainer.h"
 
 using namespace booster;
 using nlohmann::json;
@@ -143,7 +146,94 @@ BoosterConfig with(const std::string& precision, const std::string& plugin, json
   return c;
 }
 
+// ---- the Trainer (what `booster train` runs) on a GPT and a Llama
+constexpr int64_t kSequences = 64, kContext = 8, kVocab = 32;
+constexpr int64_t kStepRows = 16;  // the global batch: 4 steps an epoch
+
+data::DatasetPtr token_data() {
+  Generator gen(31);
+  Tensor x = Tensor::empty({kSequences, kContext}, DType::Int64), y = Tensor::empty({kSequences, kContext}, DType::Int64);
+  for (int64_t i = 0; i < kSequences * kContext; ++i) {
+    x.data<int64_t>()[i] = int64_t(gen.uniform() * double(kVocab)) % kVocab;
+    y.data<int64_t>()[i] = int64_t(gen.uniform() * double(kVocab)) % kVocab;
+  }
+  return std::make_shared<data::TensorDataset>(x, y);
+}
+
+Tensor lm_loss(const Tensor& logits, const Tensor& y) {
+  return cross_entropy(logits.reshape({-1, logits.size(-1)}), y.reshape({-1}));
+}
+
+nn::ModulePtr language_model(const std::string& family) {
+  if (family == "gpt") {
+    nn::GPTConfig cfg;
+    cfg.vocab_size = kVocab;
+    cfg.context = kContext;
+    cfg.width = 16;
+    cfg.layers = 2;
+    cfg.heads = 2;
+    return std::make_shared<nn::GPT>(cfg, 5);
+  }
+  nn::LlamaConfig cfg;
+  cfg.vocab_size = kVocab;
+  cfg.hidden_size = 16;
+  cfg.intermediate_size = 32;
+  cfg.num_hidden_layers = 2;
+  cfg.num_attention_heads = 4;
+  cfg.num_key_value_heads = 2;
+  cfg.max_position_embeddings = kContext;
+  return std::make_shared<nn::Llama>(cfg, 5);
+}
+
+// A Trainer run of two epochs (8 steps) with `accumulation` micro-batches a step; `whole`: one process
+// with the whole global batch.
+Outcome fit(BoosterConfig config, const std::string& family, int64_t accumulation, bool whole) {
+  config.reproducible = true;
+  config.reproducible_chunks = kChunks;
+  if (whole) config.plugin = "";
+  Booster booster(config);
+  nn::ModulePtr net = language_model(family);
+  std::shared_ptr<optim::Optimizer> adamw =
+      optim::make_optimizer({{"type", "adamw"}, {"lr", 3e-2}, {"weight_decay", 0.01}}, net->parameters());
+  const int world = whole ? 1 : group().size();
+  auto loader = booster.prepare_dataloader(token_data(), {.batch_size = kStepRows / world / accumulation,
+                                                          .shuffle = true, .drop_last = true, .seed = 3});
+  booster.boost(net, adamw, lm_loss, loader, nullptr);
+  TrainerOptions o;
+  o.epochs = 2;
+  o.grad_accumulation = accumulation;
+  o.log_every = 1;
+  o.handle_signals = false;
+  o.progress = trainer::Progress::Mode::Silent;
+  std::vector<double> losses;
+  Trainer trainer(booster, o);
+  trainer.on_step([&](const trainer::StepReport& r) { losses.push_back(r.loss); });
+  const FitResult result = trainer.fit();
+  Outcome out;
+  for (const auto& [name, t] : booster.boosted().model->state_dict()) out.params.push_back(t.clone());
+  out.state = booster.boosted().optimizer->state_dict().tensors;
+  out.losses = losses;  // every step's, on rank 0 (on_step hooks run there)
+  out.losses.push_back(result.final_loss);
+  return out;
+}
+
 }  // namespace
+
+TEST_CASE("reproducible Trainer runs of a GPT and a Llama end on the one-process bytes", "[mpi][reproducible]") {
+  for (const std::string family : {"gpt", "llama"})
+    for (const int64_t accumulation : {1, 2}) {
+      INFO(family << ", " << accumulation << " micro-batches a step");
+      const Outcome reference = fit(with("fp32", ""), family, accumulation, true);
+      require_same_bytes(fit(with("fp32", "ddp"), family, accumulation, false), reference);
+      require_same_bytes(
+          fit(with("fp32", "low_level_zero", {{"stage", 1}, {"precision", "fp32"}}), family, accumulation, false),
+          reference);
+    }
+  // bf16 on the GPT: a bfloat16 model with float32 masters.
+  BoosterConfig pure = with("bf16", "ddp");
+  pure.mixed_precision_options = {{"pure", true}};
+  require_same_bytes(fit(pure, "gpt", 2, false), fit(pure, "gpt", 2, true));
+}
 
 TEST_CASE("reproducible ddp fp32 ends on the one-process bytes", "[mpi][reproducible]") {
   const Outcome reference = train(with("fp32", ""), /*whole=*/true);
@@ -203,6 +293,26 @@ TEST_CASE("reproducible refusals name what would work", "[mpi][reproducible]") {
   REQUIRE(reproducible::default_chunks(24) == 8);
   REQUIRE(reproducible::default_chunks(12) == 4);
   REQUIRE(reproducible::default_chunks(7) == 1);
+
+  // What `booster check` says, and its refusals, on a resolved config.
+  json config = {{"train", {{"reproducible", true}, {"reproducible_chunks", nullptr}, {"grad_accumulation", 2},
+                            {"max_grad_norm", nullptr}}},
+                 {"plugin", {{"name", "ddp"}}},
+                 {"mixed_precision", {{"name", "bf16"}}},
+                 {"model", {{"type", "gpt"}, {"dropout", 0.0}}},
+                 {"data", {{"batch_size", 12}}}};
+  REQUIRE_THAT(reproducible::describe_config(config, 1),
+               Contains("global batch of 24 rows is cut into 8 chunks of 3 rows") &&
+                   Contains("1 (data.batch_size 12), 2 (data.batch_size 6), 4 (data.batch_size 3)"));
+  REQUIRE_THROWS_WITH(reproducible::describe_config(config, 3), Contains("run on 1, 2, 4 or 8 processes"));
+  config["model"]["dropout"] = 0.1;
+  REQUIRE_THROWS_WITH(reproducible::describe_config(config, 1), Contains("model.dropout is 0.1"));
+  config["model"]["dropout"] = 0.0;
+  config["plugin"] = {{"name", "low_level_zero"}, {"stage", 1}, {"precision", "bf16"}};
+  config["train"]["max_grad_norm"] = 1.0;
+  REQUIRE_THROWS_WITH(reproducible::describe_config(config, 1), Contains("clipping under low_level_zero"));
+  config["train"]["reproducible"] = false;
+  REQUIRE_THAT(reproducible::describe_config(config, 1), Contains("not reproducible"));
 
   // Tensor parallelism, and dropout.
   REQUIRE_THROWS_WITH(reproducible::check_layout("hybrid_parallel", {.data = 1, .tensor = 2}, json::object(), "fp32"),

@@ -107,6 +107,41 @@ void check_model(const nn::Module& model) {
                     "model's dropout to 0 or turn train.reproducible off");
 }
 
+std::string describe_config(const json& config, int world_size) {
+  const json& train = config.at("train");
+  if (!train.value("reproducible", false))
+    return "not reproducible (train.reproducible is false): runs on other numbers of processes agree within "
+           "roundoff, not bit for bit";
+  const json& plugin = config.at("plugin");
+  const std::string name = plugin.value("name", std::string("single"));
+  ParallelLayout layout;
+  layout.tensor = plugin.value("tp_size", 1);
+  layout.pipeline = plugin.value("pp_size", 1);
+  const json& clip = train.at("max_grad_norm");
+  check_layout(name == "single" ? "" : name, layout, plugin, config.at("mixed_precision").value("name", "fp32"),
+               clip.is_number() && clip.get<double>() > 0.0);
+  const json dropout = config.at("model").value("dropout", json(0.0));
+  BOOSTER_CHECK(!dropout.is_number() || dropout.get<double>() == 0.0, ConfigError, "train.reproducible: model.dropout is ",
+                dropout.dump(), ", and dropout masks follow the rank that draws them, not the sample; set it to 0 or "
+                "turn train.reproducible off");
+  const json& data = config.at("data");
+  const int64_t batch = data.at("batch_size").get<int64_t>();
+  const int64_t accumulation = train.at("grad_accumulation").get<int64_t>();
+  const int64_t global = batch * accumulation * int64_t(world_size);
+  const json& given = train.at("reproducible_chunks");
+  const int64_t chunks = given.is_number_integer() ? given.get<int64_t>() : default_chunks(global);
+  check_sizes(chunks, global, world_size, "train.reproducible");
+  std::string sizes;
+  for (int w : world_sizes(chunks)) {
+    if (global % (accumulation * w) != 0) continue;
+    if (!sizes.empty()) sizes += ", ";
+    sizes += std::to_string(w) + " (data.batch_size " + std::to_string(global / (accumulation * w)) + ")";
+  }
+  return "reproducible: the global batch of " + std::to_string(global) + " rows is cut into " +
+         std::to_string(chunks) + " chunks of " + std::to_string(global / chunks) +
+         " rows; the same bytes on these numbers of processes, keeping the global batch: " + sizes;
+}
+
 int64_t leaf(int64_t position, int64_t count) {
   const int bits = log2_exact(count);
   int64_t out = 0;

@@ -69,6 +69,11 @@ void check_layout(const std::string& plugin, const ParallelLayout& layout, const
 // ConfigError naming the first nn::Dropout with p > 0 (its masks depend on the rank that draws them).
 void check_model(const nn::Module& model);
 
+// What `booster check` says of a resolved training config on `world_size` processes: one line saying
+// that it is not reproducible, or at which world sizes (with which data.batch_size) it gives the same
+// bytes. ConfigError (naming the setting and what would work) where train.reproducible cannot hold.
+std::string describe_config(const nlohmann::json& config, int world_size);
+
 // The leaf at `position` of a tree over `count` leaves (a power of two): the bit reversal of position.
 int64_t leaf(int64_t position, int64_t count);
 

@@ -197,6 +197,12 @@ BoosterConfig booster_config(const json& resolved) {
   out.plugin = plugin_name == kDefaultPlugin ? "" : plugin_name;
   const json device = resolved.value("device", json("cpu"));
   out.device = device.is_string() ? device.get<std::string>() : "cpu";
+  // Note [Reproducible training across world sizes]: the train section's switch, for the Booster.
+  if (const json train = resolved.value("train", json::object()); train.is_object()) {
+    out.reproducible = train.value("reproducible", false);
+    if (const json k = train.value("reproducible_chunks", json()); k.is_number_integer())
+      out.reproducible_chunks = k.get<int64_t>();
+  }
   return out;
 }
 

@@ -527,6 +527,13 @@ std::vector<Section> make_training_schema() {
           optional_number("max_grad_norm", 0.0, "clip the gradients' joint L2 norm to this; null: no clipping"),
           integer("grad_accumulation", 1, 1, std::nullopt,
                   "micro-batches per optimizer step (their mean loss; no communication until the last)"),
+          // Note [Reproducible training across world sizes] in booster/booster/reproducible.h.
+          boolean("reproducible", false,
+                  "the same bytes (weights, optimizer state, losses) at every world size that divides "
+                  "reproducible_chunks, keeping the global batch; `booster check` names those sizes"),
+          optional_integer("reproducible_chunks", 1,
+                           "the chunks a step's global batch is cut into, a power of two; null: the largest "
+                           "power of two dividing the global batch, at most 8"),
           // Note [The run directory] in config.h.
           optional_text("run_dir", kDefaultRunDir, "metrics.jsonl, config.json, checkpoints; {time}: the start time; null: no files"),
           optional_text("checkpoint_dir", nullptr, "null: <run_dir>/checkpoints"),

@@ -14,6 +14,7 @@
 #include <fstream>
 
 #include "booster/autograd/autograd.h"
+#include "booster/booster/reproducible.h"
 #include "booster/checkpoint/atomic_file.h"
 #include "booster/checkpoint/checkpoint.h"
 #include "booster/common/threads.h"
@@ -343,6 +344,19 @@ Trainer::Trainer(Booster& booster, TrainerOptions options) : booster_(booster), 
 
   distributed::ProcessGroup& group = booster_.process_group();
   is_rank0_ = group.size() > 1 ? group.rank() == 0 : trainer::process_rank() == 0;
+  // Note [Reproducible training across world sizes] (booster/booster/reproducible.h): every step's global
+  // batch must cut into the chunks at this world size, and what cannot keep the sums in order is refused.
+  if (booster_.config().reproducible) {
+    BOOSTER_CHECK(!o.token_mean_ignore_index, ConfigError, "Trainer: reproducible training does not take the token "
+                  "mean of a global batch (sft data) yet; turn train.reproducible off for this data");
+    BOOSTER_CHECK(loader.options().drop_last || loader.num_samples() % loader.options().batch_size == 0, ConfigError,
+                  "Trainer: reproducible training needs every batch full, but ", loader.num_samples(),
+                  " items for this process leave a short last batch of ", loader.options().batch_size,
+                  "; set data.drop_last");
+    reproducible::check_layout(booster_.plugin().name(), booster_.plugin().layout(), booster_.plugin().options(),
+                               booster_.config().mixed_precision, o.max_grad_norm > 0.0);
+    booster_.reproducible_chunks(loader.options().batch_size * o.grad_accumulation * int64_t(group.size()));
+  }
   if (o.run_dir) run_dir_ = resolve_run_dir(o.run_dir->string(), group);
   // Note [Flight recorder]: a collective timeout or a crash leaves <run_dir>/flight/rank-N.json.
   if (run_dir_) distributed::set_flight_dump_dir(*run_dir_ / "flight");
@@ -773,9 +787,10 @@ FitResult Trainer::fit() {
   auto steps_left_in_epoch = [&] { return (loader.size() - loader.batches_consumed()) / accumulation; };
   // After a step's work: a due checkpoint, and a signal's save and stop.
   // The step's loss over the global batch, into the position a checkpoint saves.
+  const bool reproducible = booster_.config().reproducible;  // every rank holds the global loss already
   auto reduce_loss = [&] {
     if (loss_step == step) return;
-    last_loss = several_ranks ? global_mean(step_local_loss) : step_local_loss;
+    last_loss = several_ranks && !reproducible ? global_mean(step_local_loss) : step_local_loss;
     loss_step = step;
     position_.loss = std::isfinite(last_loss) ? json(last_loss) : json(nullptr);
   };
@@ -888,9 +903,30 @@ FitResult Trainer::fit() {
       batch_samples += batch.x.size(0);
       return last_micro;
     };
+    // Note [Reproducible training across world sizes]: the step's micro-batches as one global batch's
+    // rows, which Booster::reproducible_step cuts into its chunks.
+    auto run_reproducible_step = [&] {
+      step_start = now_seconds();
+      if (tracer) tracer->begin_step(statistics_step(step + 1));
+      std::vector<Tensor> xs, ys;
+      batch_samples = 0;
+      for (const data::Batch& b : step_batches) {
+        xs.push_back(b.x);
+        ys.push_back(b.y);
+        batch_samples += b.x.size(0);
+      }
+      step_batches.clear();
+      const auto observing = tracer ? tracer->observe() : nullptr;
+      accumulated_loss = booster_.reproducible_step(cat(xs, 0), cat(ys, 0), model, step_criterion, optimizer);
+      return true;
+    };
     for (data::Batch& fetched : loader) {
       bool stepping = false;
-      if (!token_ignore) {
+      if (reproducible) {
+        step_batches.push_back(fetched);
+        if (int64_t(step_batches.size()) < accumulation) continue;
+        stepping = run_reproducible_step();
+      } else if (!token_ignore) {
         stepping = run_micro_batch(fetched);
       } else {
         // Note [The token mean of a global batch]: all of the step's micro-batches first.
