@@ -5,8 +5,8 @@
 // step on all 8 does: loss = sum of the N counted targets' losses / N (in float64 from the per-target
 // losses), gradient that of the summed cross-entropy over N, within float32 roundoff bounds. And packed
 // sft samples (Note [Packing SFT records]) train a Llama under ddp, ZeRO-2 and tp 2 as one process
-// trains it on the records one by one, and under pp 2 (1F1B, GPipe, with activation checkpointing)
-// give the logits and step of one process on the same packed batch.
+// trains it on the records one by one, and under pp (1F1B, GPipe, with activation checkpointing; on 4
+// ranks tp 2 x pp 2 and dp 2 x pp 2) give the logits and step of one process on the same packed batch.
 #include <catch2/catch.hpp>
 
 #include <chrono>
@@ -282,13 +282,15 @@ TEST_CASE("token mean: packed sft samples on 2 ranks train a Llama as the record
   }
 }
 
-TEST_CASE("token mean: packed sft samples under hybrid pp 2 give a Llama the logits and step of one process",
-          "[mpi][trainer][sft]") {
-  // Note [Packed micro-batches] in booster/nn/pipeline.cpp: the second stage runs each micro-batch
-  // under the layout of the packed input it is handed too, so the split Llama's logits (evaluation
-  // through forward_to_all) and one Trainer step (execute_pipeline, 1F1B and GPipe, with activation
-  // checkpointing) equal the packed batch's on one process, where the records stay apart.
-  REQUIRE(world().size() == 2);
+TEST_CASE("token mean: packed sft samples under hybrid pp give a Llama the logits and step of one process",
+          "[mpi][trainer][sft][packed_pp]") {
+  // Note [Packed micro-batches] in booster/nn/pipeline.cpp: a stage after the first runs each
+  // micro-batch under the layout of the packed input it is handed too, so the split Llama's logits
+  // (evaluation through forward_to_all) and one Trainer step (execute_pipeline) equal the packed batch's
+  // on one process, where the records stay apart. On 2 ranks pp 2 under 1F1B, GPipe and with activation
+  // checkpointing; on 4 (CTest's test_mpi_token_mean_4_ranks) tp 2 x pp 2 and dp 2 x pp 2.
+  const int n = world().size();
+  REQUIRE((n == 2 || n == 4));
   distributed::set_default_collective_timeout(std::chrono::seconds(60));  // a stage left waiting fails
   const auto packed = byte_records(true);
   const data::Batch all = packed->get_batch({0, 1, 2, 3, 4, 5});
@@ -298,22 +300,31 @@ TEST_CASE("token mean: packed sft samples under hybrid pp 2 give a Llama the log
   const double want_loss = llama_step(single, packed, packed->size(), kLlama, all.x, &want_logits);
   const nn::StateDict want = single.boosted().model->state_dict();
   const nn::StateDict start = nn::make_model(kLlama, 5)->state_dict();
-  // Note [Roundoff bounds]: the layouts differ only in the GEMMs' row counts (micro-batches) and the
-  // sums of the weight gradients over them.
+  // Note [Roundoff bounds]: the layouts differ in the GEMMs' row counts (micro-batches), the sums of
+  // the weight gradients over micro-batches and ranks, and tp's split sums over the width.
   const double eps_logits = ro::reduction_bound({ro::llama_forward_length(16, 2, 2, 24, 32, 256, 1)});
   const double forward = ro::llama_forward_length(16, 2, 2, 24, 32, 256, 6 * 32);
   const double eps_gradient = ro::reduction_bound({2 * forward, 6 * 32, 4});
   json recomputing = kLlama;
   recomputing["activation_checkpointing"] = true;
-  for (const auto& [name, options, model_config] : std::vector<std::tuple<std::string, json, json>>{
-           {"pp 2, 1f1b, 2 micro-batches", {{"pp_size", 2}, {"num_microbatches", 2}}, kLlama},
-           {"pp 2, gpipe, 3 micro-batches", {{"pp_size", 2}, {"num_microbatches", 3}, {"schedule", "gpipe"}}, kLlama},
-           {"pp 2, 1f1b, 3 micro-batches, activation checkpointing", {{"pp_size", 2}, {"num_microbatches", 3}},
-            recomputing}}) {
+  using Layout = std::tuple<std::string, json, json>;
+  const std::vector<Layout> layouts =
+      n == 2 ? std::vector<Layout>{
+                   {"pp 2, 1f1b, 2 micro-batches", {{"pp_size", 2}, {"num_microbatches", 2}}, kLlama},
+                   {"pp 2, gpipe, 3 micro-batches", {{"pp_size", 2}, {"num_microbatches", 3}, {"schedule", "gpipe"}},
+                    kLlama},
+                   {"pp 2, 1f1b, 3 micro-batches, activation checkpointing",
+                    {{"pp_size", 2}, {"num_microbatches", 3}}, recomputing}}
+             : std::vector<Layout>{
+                   {"tp 2 x pp 2, 2 micro-batches", {{"tp_size", 2}, {"pp_size", 2}, {"num_microbatches", 2}}, kLlama},
+                   {"dp 2 x pp 2, 3 micro-batches, activation checkpointing",
+                    {{"pp_size", 2}, {"num_microbatches", 3}}, recomputing}};
+  for (const auto& [name, options, model_config] : layouts) {
     INFO(name);
     Booster booster(BoosterConfig{.plugin = "hybrid_parallel", .plugin_options = options});
+    const int64_t replicas = n / (options.value("tp_size", 1) * options.value("pp_size", 1));
     Tensor logits;
-    const double loss = llama_step(booster, packed, packed->size(), model_config, all.x, &logits);
+    const double loss = llama_step(booster, packed, packed->size() / replicas, model_config, all.x, &logits);
     REQUIRE(logits.shape() == want_logits.shape());
     const double scale = max(abs(want_logits)).item<double>();
     const double d_logits = max(abs(logits - want_logits)).item<double>();
