@@ -5,7 +5,8 @@
 // `--format hf --merge-lora` writes a plain model whose adapted weights are W + s B A computed here in
 // float64; `booster generate --adapter DIR` (a PEFT directory made by tests/fixtures/peft/
 // make_peft_fixture.py, or the export) gives the greedy tokens of the merged model, as does generate
-// of the LoRA checkpoint itself; misuse is one line and a non-zero exit.
+// of the LoRA checkpoint itself; misuse is one line and a non-zero exit. A GPT-2 trained with
+// hybrid_parallel tp 2 exports the single process's adapters within SGD's roundoff bound.
 #include <catch2/catch.hpp>
 
 #include <algorithm>
@@ -13,6 +14,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -22,7 +24,9 @@
 #include "booster/nn/hf.h"
 #include "booster/nn/lora.h"
 #include "booster/nn/peft.h"
+#include "roundoff.h"
 #include "run_booster.h"
+#include "skip.h"
 
 namespace fs = std::filesystem;
 using nlohmann::json;
@@ -52,20 +56,32 @@ json targets_of(const std::string& family) {
   return family == "gpt2" ? json{"c_attn", "c_proj"} : json{"q_proj", "v_proj", "down_proj"};
 }
 
+// How a run of lora_run trains: its name, the plugin (null: the default single process), the targets
+// (null: targets_of the family), how often it checkpoints, and the launcher before "booster train".
+struct RunSetup {
+  std::string name;
+  json plugin = nullptr;
+  json targets = nullptr;
+  int checkpoint_every = 4;
+  std::string launcher;
+};
+
 // A LoRA run of 4 SGD steps on the family's fixture; its run directory.
-fs::path lora_run(const std::string& family, bool lora = true) {
-  const std::string run = (lora ? "lora_" : "full_") + family;
+fs::path lora_run(const std::string& family, bool lora = true, const RunSetup& setup = {}) {
+  const std::string run = setup.name.empty() ? (lora ? "lora_" : "full_") + family : setup.name;
   fs::remove_all(scratch_dir() / run);
   json c = {{"model", {{"type", "hf"}, {"path", base_dir(family).string()}}},
             {"optimizer", {{"type", "sgd"}, {"lr", 0.5}}},
             {"data", {{"type", "tokens"}, {"path", token_file().string()}, {"dtype", "uint16"}, {"seq_len", 8},
                       {"batch_size", 4}, {"shuffle", false}}},
-            {"train", {{"max_steps", 4}, {"log_every", 1}, {"seed", 3}, {"checkpoint_every", 4},
-                       {"run_dir", (scratch_dir() / run).string()}}}};
-  if (lora) c["lora"] = {{"r", 4}, {"alpha", 6}, {"target_modules", targets_of(family)}};
+            {"train", {{"max_steps", 4}, {"log_every", 1}, {"seed", 3}, {"checkpoint_every", setup.checkpoint_every},
+                       {"keep_last", 0}, {"run_dir", (scratch_dir() / run).string()}}}};
+  if (lora)
+    c["lora"] = {{"r", 4}, {"alpha", 6}, {"target_modules", setup.targets.is_null() ? targets_of(family) : setup.targets}};
+  if (!setup.plugin.is_null()) c["plugin"] = setup.plugin;
   const fs::path config = scratch_dir() / (run + ".json");
   std::ofstream(config) << c.dump(2);
-  const RunResult r = run_cli("train --config " + config.string());
+  const RunResult r = run_cli(setup.launcher + "train --config " + config.string());
   INFO(r.err);
   REQUIRE(r.exit_code == 0);
   return scratch_dir() / run;
@@ -321,4 +337,78 @@ TEST_CASE("a LoRA run on a model built from train.seed exports and generates ali
                                (scratch_dir() / "lora_own_seed8").string() + " --config " +
                                (scratch_dir() / "lora_own_seed8.json").string()),
                        {"was trained on a base of digest", "--config FILE"});
+}
+
+// The GPT's shard policy splits the adapters with their Linears (Note [LoRA under tensor parallelism] in
+// nn/lora.cpp: c_attn's B by its q, k and v rows, c_fc's B by rows, both c_proj's A by columns), and the
+// hybrid checkpoint gathers them under the whole model's names, so the PEFT export of a GPT-2 trained
+// with tp 2 is the single process's: the same adapter_config.json, the same tensors within SGD's bound
+// (Note [Roundoff bounds] step 3 in tests/roundoff.h). Each weight's path sum_t lr |g_t| is read off the
+// single run's checkpoints at every step: under SGD lr g_t = w_{t-1} - w_t, with B starting at zero and
+// A unmoved by the first step (its gradient is s B^T dy x^T = 0 while B is 0).
+TEST_CASE("booster export --format peft of a GPT-2 trained with tp 2 gives the single process's files",
+          "[cli][peft][lora][mpi]") {
+  if (const std::string why = testing::why_no_mpi("hybrid_parallel"); !why.empty()) return skip_test(why);
+  const json targets = {"c_attn", "c_proj", "c_fc"};
+  const fs::path one = lora_run("gpt2", true, {.name = "gpt2_tp1", .targets = targets, .checkpoint_every = 1});
+  const fs::path two = lora_run("gpt2", true,
+                                {.name = "gpt2_tp2",
+                                 .plugin = {{"name", "hybrid_parallel"}, {"tp_size", 2}, {"pp_size", 1}},
+                                 .targets = targets,
+                                 .launcher = "run -n 2 -- booster "});
+  std::map<std::string, fs::path> peft;
+  for (const fs::path& run : {one, two}) {
+    const fs::path out = scratch_dir() / ("peft_" + run.filename().string());
+    fs::remove_all(out);
+    const RunResult e = run_cli("export --checkpoint " + run.string() + " --format peft --out " + out.string());
+    INFO(e.err);
+    REQUIRE(e.exit_code == 0);
+    peft[run.filename().string()] = out;
+  }
+  CHECK(testing::read_text(peft.at("gpt2_tp1") / "adapter_config.json") ==
+        testing::read_text(peft.at("gpt2_tp2") / "adapter_config.json"));
+  const checkpoint::TensorMap want = checkpoint::read_safetensors(peft.at("gpt2_tp1") / "adapter_model.safetensors").tensors;
+  const checkpoint::TensorMap got = checkpoint::read_safetensors(peft.at("gpt2_tp2") / "adapter_model.safetensors").tensors;
+  REQUIRE(got.size() == want.size());
+  CHECK(want.size() == 2 * 4 * 2);  // 2 blocks, 4 adapted Linears, A and B
+
+  // The path of each weight, from the single run's checkpoints after steps 1 .. 4.
+  std::vector<checkpoint::TensorMap> steps;
+  for (int t = 1; t <= 4; ++t)
+    steps.push_back(checkpoint::load_model(one / "checkpoints" / ("step-0000000" + std::to_string(t)) / "model"));
+  namespace ro = ::testing::roundoff;
+  // One gradient's relative roundoff: GPT-2's forward (width 16, 2 layers, 2 heads, 8 positions, 48 tokens,
+  // batch 4) with four adapted outputs per block each adding B's sum over r, twice (forward and backward),
+  // and the weight gradients' sums over the batch's 32 positions.
+  const double forward = ro::gpt_forward_length(16, 2, 2, 8, 48, 4) + 2 * 4 * (4 + 1);
+  const double eps = ro::reduction_bound({2 * forward, 4 * 8});
+  const nn::ModulePtr base = nn::load_pretrained(base_dir("gpt2"));
+  double worst = 0;
+  for (const auto& [name, trained] : steps.back()) {
+    INFO(name);
+    const std::string key = "base_model.model." + nn::hf_tensor_name(*base, name).name;
+    REQUIRE(want.count(key));
+    REQUIRE(got.count(key));
+    CHECK(bit_equal(want.at(key), trained));  // the export holds the checkpoint's values
+    REQUIRE(got.at(key).shape() == trained.shape());
+    const bool is_b = name.find("lora_B") != std::string::npos;
+    const std::vector<double> w = trained.tolist(), g = got.at(key).tolist();
+    std::vector<double> path(w.size(), 0.0), prev = is_b ? std::vector<double>(w.size(), 0.0) : steps[0].at(name).tolist();
+    for (const checkpoint::TensorMap& s : steps) {
+      const std::vector<double> now = s.at(name).tolist();
+      for (size_t i = 0; i < w.size(); ++i) path[i] += std::abs(now[i] - prev[i]);
+      prev = now;
+    }
+    for (size_t i = 0; i < w.size(); ++i) {
+      // SGD's bound, plus each step's own rounding of the updated weight in either run.
+      const double bound = ro::sgd_bound(path[i], eps) + 4 * 2 * ro::kUnit * std::abs(w[i]);
+      worst = std::max(worst, std::abs(g[i] - w[i]) / std::max(bound, 1e-300));
+      if (std::abs(g[i] - w[i]) > bound) {
+        FAIL_CHECK("element " << i << ": " << g[i] << " against " << w[i] << ", bound " << bound);
+        break;
+      }
+    }
+  }
+  INFO("largest difference over its bound: " << worst);
+  CHECK(worst <= 1.0);
 }
