@@ -11,6 +11,7 @@
 // A directory without records, or a file that is not one, is a DataError (exit 1).
 #include <filesystem>
 #include <iostream>
+#include <sstream>
 #include <set>
 #include <string>
 #include <vector>
@@ -25,6 +26,29 @@
 namespace po = boost::program_options;
 
 namespace booster::cli {
+
+namespace {
+
+// "rank 1", "ranks 1-999999, 1000001": the ranks below `world` that are not in `have`, as ranges, so
+// that a world of 10^6 ranks (or a record named rank-999999999.json) never lists each number.
+std::string absent_ranks(const std::set<int>& have, int world) {
+  std::string out;
+  int64_t count = 0, next = 0;
+  auto add = [&](int64_t first, int64_t last) {
+    if (first > last) return;
+    count += last - first + 1;
+    out += (out.empty() ? "" : ", ") + std::to_string(first);
+    if (last > first) out += (last == first + 1 ? ", " : "-") + std::to_string(last);
+  };
+  for (int r : have) {
+    add(next, int64_t(r) - 1);
+    next = int64_t(r) + 1;
+  }
+  add(next, int64_t(world) - 1);
+  return out.empty() ? out : (count == 1 ? "rank " : "ranks ") + out;
+}
+
+}  // namespace
 
 int flight(const std::vector<std::string>& args) {
   po::options_description desc(
@@ -56,7 +80,8 @@ int flight(const std::vector<std::string>& args) {
   if (fs::is_directory(dir / "flight", ec)) dir /= "flight";  // a run directory
   const std::vector<nlohmann::json> records = distributed::load_flight_records(dir);
 
-  // Which ranks wrote, and which of the world did not.
+  // Which ranks wrote, and which of the world did not. The whole text is made before any of it is
+  // printed: a record that fails the analysis prints nothing partial.
   std::set<int> have;
   int world = 0;
   for (const nlohmann::json& r : records) {
@@ -64,33 +89,28 @@ int flight(const std::vector<std::string>& args) {
     for (const nlohmann::json& g : r.at("groups")) world = std::max(world, int(g.at("size").get<int64_t>()));
   }
   if (!have.empty()) world = std::max(world, *have.rbegin() + 1);
-  auto list = [](const std::vector<int>& ranks) {
-    std::string out;
-    for (int r : ranks) out += (out.empty() ? "" : ", ") + std::to_string(r);
-    return out;
-  };
-  std::vector<int> got(have.begin(), have.end()), absent;
-  for (int r = 0; r < world; ++r)
-    if (!have.count(r)) absent.push_back(r);
+  const std::vector<int> got(have.begin(), have.end());
+  const std::string absent = absent_ranks(have, world);
   size_t unknown = 0;  // rank-unknown-<pid>.json files
   for (const nlohmann::json& r : records) unknown += r.at("world_rank").is_null();
-  std::cout << "booster flight: " << dir.string() << ": records of " << (got.size() == 1 ? "rank " : "ranks ")
-            << (got.empty() ? "none" : list(got)) << " (world of " << world;
-  if (!absent.empty()) std::cout << "; no record from " << (absent.size() == 1 ? "rank " : "ranks ") << list(absent);
-  if (unknown) std::cout << "; " << unknown << " from a process that did not know its rank";
-  std::cout << ")\n";
+  std::ostringstream out;
+  out << "booster flight: " << dir.string() << ": records of "
+      << (got.empty() ? "ranks none" : distributed::rank_list_text(got)) << " (world of " << world;
+  if (!absent.empty()) out << "; no record from " << absent;
+  if (unknown) out << "; " << unknown << " from a process that did not know its rank";
+  out << ")\n";
   // A rank-unknown-<pid>.json is named by its pid, and by the rank its groups give it where they do.
   for (const nlohmann::json& r : records) {
     const int rank = distributed::record_world_rank(r);
     if (r.at("world_rank").is_null())
-      std::cout << "  rank unknown (rank-unknown-" << r.value("pid", int64_t(0)) << ".json"
-                << (rank >= 0 ? "; rank " + std::to_string(rank) + " by its groups" : std::string()) << ")";
+      out << "  rank unknown (rank-unknown-" << r.value("pid", int64_t(0)) << ".json"
+          << (rank >= 0 ? "; rank " + std::to_string(rank) + " by its groups" : std::string()) << ")";
     else
-      std::cout << "  rank " << rank;
-    std::cout << " wrote it on: " << r.value("reason", "?") << "\n";
+      out << "  rank " << rank;
+    out << " wrote it on: " << r.value("reason", "?") << "\n";
   }
-  for (const distributed::FlightGroupFinding& f : distributed::analyze_flight_records(records))
-    std::cout << f.text << "\n";
+  for (const distributed::FlightGroupFinding& f : distributed::analyze_flight_records(records)) out << f.text << "\n";
+  std::cout << out.str();
   return kExitOk;
 }
 

@@ -23,6 +23,7 @@
 #include "booster/data/bpe_tokenizer.h"
 #include "booster/data/sft.h"
 #include "booster/data/tokens.h"
+#include "booster/distributed/flight_recorder.h"
 #include "booster/nn/hf.h"
 #include "booster/nn/peft.h"
 #include "run_booster.h"
@@ -195,4 +196,17 @@ TEST_CASE("booster plot takes a metrics line nested 200000 deep for no record", 
   CHECK(r.exit_code == 2);
   CHECK(std::count(r.err.begin(), r.err.end(), '\n') == 1);
   CHECK_THAT(r.err, Contains("metrics.jsonl") && Contains("line 1"));
+}
+
+TEST_CASE("a flight record nested 200000 deep is a DataError naming it", "[config][json_limits][hardening]") {
+  const fs::path dir = fresh("flight");
+  write(dir / "rank-0.json", deep());
+  check_refused<DataError>([&] { distributed::load_flight_records(dir); }, "rank-0.json");
+  // Through the command: one line, exit 1.
+  const testing::RunResult r = testing::run_booster_in(scratch_dir(), "flight " + dir.string());
+  INFO(r.err);
+  CHECK(r.exit_code == 1);
+  CHECK(r.out.empty());
+  CHECK(std::count(r.err.begin(), r.err.end(), '\n') == 1);
+  CHECK_THAT(r.err, Contains("rank-0.json") && Contains("nested more than 64 deep"));
 }

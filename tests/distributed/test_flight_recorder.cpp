@@ -569,7 +569,7 @@ TEST_CASE("flight records: a missing directory, no record or a malformed one is 
   json doc = record(0, 2, completed_up_to(2));
   doc["entries"][1].erase("seq");
   std::ofstream(dir / "rank-0.json") << doc.dump();
-  CHECK_THROWS_WITH(load_flight_records(dir), Catch::Contains("lacks seq"));
+  CHECK_THROWS_WITH(load_flight_records(dir), Catch::Contains("entries[1].seq is missing"));
   std::ofstream(dir / "rank-0.json") << record(1, 2, {}).dump();
   CHECK_THROWS_WITH(load_flight_records(dir), Catch::Contains("it says world rank 1"));
 }
@@ -595,13 +595,13 @@ TEST_CASE("flight records: a bad rank in a name or a field of the wrong type is 
       CHECK_THAT(e.what(), Catch::Contains("rank-0.json is not a flight record") && Catch::Contains(says));
     }
   };
-  bad([](json& d) { d["clock"] = 5; }, "\"clock\" is not an object");
-  bad([](json& d) { d["clock"]["wall_ns"] = "noon"; }, "\"clock\" is not an object");
+  bad([](json& d) { d["clock"] = 5; }, "clock is 5, not an object");
+  bad([](json& d) { d["clock"]["wall_ns"] = "noon"; }, "clock.wall_ns is \"noon\", not an integer");
   bad([](json& d) { d["groups"][0]["world_ranks"] = json({0, "one"}); }, "world_ranks holds \"one\", not a rank");
   bad([](json& d) { d["groups"][0]["world_ranks"] = json({0, 1.5}); }, "world_ranks holds 1.5, not a rank");
-  bad([](json& d) { d["groups"][0]["instance"] = "first"; }, "instance is not an integer");
-  bad([](json& d) { d["entries"][0]["peer"] = "none"; }, "peer or end_ns is not an integer");
-  bad([](json& d) { d["entries"][0]["end_ns"] = "later"; }, "peer or end_ns is not an integer");
+  bad([](json& d) { d["groups"][0]["instance"] = "first"; }, "groups[0].instance is \"first\", not an integer");
+  bad([](json& d) { d["entries"][0]["peer"] = "none"; }, "entries[0].peer is \"none\", not an integer");
+  bad([](json& d) { d["entries"][0]["end_ns"] = "later"; }, "entries[0].end_ns is \"later\", not an integer");
 }
 
 TEST_CASE("booster flight: usage and bad input exit non-zero with one line", "[distributed][flight][cli]") {

@@ -23,6 +23,7 @@
 #include <tuple>
 
 #include "booster/common/error.h"
+#include "booster/common/json_text.h"
 #include "booster/distributed/collective_timeout_impl.h"
 
 namespace booster::distributed {
@@ -629,41 +630,106 @@ namespace {
                " (booster writes these files on a collective timeout; was it cut short or edited?)");
 }
 
-// Checks the fields the analysis reads, naming the first one that is wrong.
-void validate(const json& doc, const fs::path& file) {
-  if (!doc.is_object()) malformed(file, "not a JSON object");
-  if (doc.value("format", "") != "booster-flight-recorder") malformed(file, "no \"format\": \"booster-flight-recorder\"");
-  for (const char* key : {"world_rank", "clock", "groups", "entries"})
-    if (!doc.contains(key)) malformed(file, str("no \"", key, "\""));
-  if (!doc["world_rank"].is_null() && (!doc["world_rank"].is_number_integer() || doc["world_rank"].get<int64_t>() < 0))
-    malformed(file, "\"world_rank\" is not a rank");
-  if (!doc["groups"].is_array() || !doc["entries"].is_array()) malformed(file, "\"groups\" or \"entries\" is not a list");
-  if (!doc["clock"].is_object() || !doc["clock"].value("steady_ns", json()).is_number_integer() ||
-      !doc["clock"].value("wall_ns", json()).is_number_integer())
-    malformed(file, "\"clock\" is not an object of integers steady_ns and wall_ns");
-  for (const json& g : doc["groups"]) {
-    if (!g.is_object() || !g.value("name", json()).is_string() || !g.value("backend", json()).is_string() ||
-        !g.value("size", json()).is_number_integer() || !g.value("rank", json()).is_number_integer() ||
-        !g.value("index", json()).is_number_integer() || !g.value("world_ranks", json()).is_array() ||
-        g["world_ranks"].size() != g["size"].get<size_t>())
-      malformed(file, str("group ", g.dump().substr(0, 120), " lacks index, backend, name, size, rank or world_ranks"));
-    for (const json& w : g["world_ranks"])
-      if (!w.is_number_integer() || w.get<int64_t>() < 0 || w.get<int64_t>() > INT32_MAX)
-        malformed(file, str("group ", g.dump().substr(0, 120), ": world_ranks holds ", w.dump(), ", not a rank"));
-    if (g.contains("instance") && !g["instance"].is_number_integer())
-      malformed(file, str("group ", g.dump().substr(0, 120), ": instance is not an integer"));
-    if (!g.value("last_started", json()).is_number_unsigned() || !g.value("completed_through", json()).is_number_unsigned())
-      malformed(file, str("group ", g.dump().substr(0, 120), " lacks last_started or completed_through (a record of "
-                          "an older booster?)"));
+// Note [Reading a flight record]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// A record is read as any JSON file is (Note [One JSON reader] in booster/common/json_text.h): depth
+// 64, at most kMaxRecordBytes. Then every field that the analysis or `booster flight` reads is checked
+// here, once, before anything is printed, so a field of the wrong type is a DataError naming the file
+// and the field ("groups[0].size is "2", not an integer"), never nlohmann's type_error halfway
+// through the output. Integers read into an int are checked to fit one.
+constexpr size_t kMaxRecordBytes = size_t(256) << 20;  // 256 groups of a 100 000-rank world, and more
+
+// Checks of one JSON value, naming its path in the record.
+class FieldCheck {
+ public:
+  FieldCheck(const fs::path& file) : file_(file) {}
+
+  // The member `key` of object `parent` (at `path`), which must be there.
+  const json& need(const json& parent, const std::string& path, const char* key) const {
+    if (!parent.contains(key)) malformed(file_, str(join(path, key), " is missing"));
+    return parent[key];
   }
-  for (const json& e : doc["entries"]) {
-    if (!e.is_object() || !e.value("seq", json()).is_number_unsigned() || !e.value("op", json()).is_string() ||
-        !e.value("group_index", json()).is_number_integer() || !e.value("state", json()).is_string() ||
-        !e.value("start_ns", json()).is_number_integer())
-      malformed(file, str("entry ", e.dump().substr(0, 120), " lacks seq, op, group_index, state or start_ns"));
-    if ((e.contains("peer") && !e["peer"].is_number_integer()) ||
-        (e.contains("end_ns") && !e["end_ns"].is_null() && !e["end_ns"].is_number_integer()))
-      malformed(file, str("entry ", e.dump().substr(0, 120), ": peer or end_ns is not an integer"));
+  void integer(const json& v, const std::string& path, int64_t lo = INT32_MIN, int64_t hi = INT32_MAX) const {
+    if (!v.is_number_integer()) wrong(v, path, "an integer");
+    if (v.is_number_unsigned() ? v.get<uint64_t>() > uint64_t(hi) : (v.get<int64_t>() < lo || v.get<int64_t>() > hi))
+      wrong(v, path, str("an integer from ", lo, " to ", hi));
+  }
+  void int64(const json& v, const std::string& path) const {
+    if (!v.is_number_integer() || (v.is_number_unsigned() && v.get<uint64_t>() > uint64_t(INT64_MAX)))
+      wrong(v, path, "an integer");
+  }
+  void count(const json& v, const std::string& path) const {
+    if (!v.is_number_unsigned()) wrong(v, path, "an integer of at least 0");
+  }
+  void string(const json& v, const std::string& path) const {
+    if (!v.is_string()) wrong(v, path, "a string");
+  }
+  void object(const json& v, const std::string& path) const {
+    if (!v.is_object()) wrong(v, path, "an object");
+  }
+  void array(const json& v, const std::string& path) const {
+    if (!v.is_array()) wrong(v, path, "a list");
+  }
+  [[noreturn]] void wrong(const json& v, const std::string& path, const std::string& want) const {
+    std::string shown = v.dump();
+    if (shown.size() > 40) shown = shown.substr(0, 40) + "...";
+    malformed(file_, str(path, " is ", shown, ", not ", want));
+  }
+  static std::string join(const std::string& path, const char* key) { return path.empty() ? key : path + "." + key; }
+
+ private:
+  const fs::path& file_;
+};
+
+// Checks the fields the analysis and `booster flight` read (Note [Reading a flight record]).
+void validate(const json& doc, const fs::path& file) {
+  const FieldCheck c(file);
+  if (!doc.is_object()) malformed(file, "not a JSON object");
+  if (doc.value("format", json()) != "booster-flight-recorder") malformed(file, "no \"format\": \"booster-flight-recorder\"");
+  const json& world_rank = c.need(doc, "", "world_rank");
+  if (!world_rank.is_null()) c.integer(world_rank, "world_rank", 0);
+  if (doc.contains("reason")) c.string(doc["reason"], "reason");
+  if (doc.contains("pid")) c.int64(doc["pid"], "pid");
+  const json& clock = c.need(doc, "", "clock");
+  c.object(clock, "clock");
+  c.int64(c.need(clock, "clock", "steady_ns"), "clock.steady_ns");
+  c.int64(c.need(clock, "clock", "wall_ns"), "clock.wall_ns");
+  const json& groups = c.need(doc, "", "groups");
+  c.array(groups, "groups");
+  for (size_t i = 0; i < groups.size(); ++i) {
+    const json& g = groups[i];
+    const std::string at = str("groups[", i, "]");
+    c.object(g, at);
+    c.int64(c.need(g, at, "index"), at + ".index");
+    c.string(c.need(g, at, "backend"), at + ".backend");
+    c.string(c.need(g, at, "name"), at + ".name");
+    const json& size = c.need(g, at, "size");
+    c.integer(size, at + ".size", 1);
+    c.integer(c.need(g, at, "rank"), at + ".rank");
+    if (g.contains("instance")) c.integer(g["instance"], at + ".instance");
+    c.count(c.need(g, at, "last_started"), at + ".last_started");
+    c.count(c.need(g, at, "completed_through"), at + ".completed_through");
+    const json& world_ranks = c.need(g, at, "world_ranks");
+    c.array(world_ranks, at + ".world_ranks");
+    if (world_ranks.size() != size.get<size_t>())
+      malformed(file, str(at, ".world_ranks holds ", world_ranks.size(), " ranks, where ", at, ".size is ", size.dump()));
+    for (const json& w : world_ranks)
+      if (!w.is_number_integer() || w.get<int64_t>() < 0 || w.get<int64_t>() > INT32_MAX)
+        malformed(file, str(at, ".world_ranks holds ", w.dump().substr(0, 40), ", not a rank"));
+  }
+  const json& entries = c.need(doc, "", "entries");
+  c.array(entries, "entries");
+  for (size_t i = 0; i < entries.size(); ++i) {
+    const json& e = entries[i];
+    const std::string at = str("entries[", i, "]");
+    c.object(e, at);
+    c.count(c.need(e, at, "seq"), at + ".seq");
+    c.string(c.need(e, at, "op"), at + ".op");
+    c.int64(c.need(e, at, "group_index"), at + ".group_index");
+    c.string(c.need(e, at, "state"), at + ".state");
+    c.int64(c.need(e, at, "start_ns"), at + ".start_ns");
+    if (e.contains("peer")) c.integer(e["peer"], at + ".peer");
+    if (e.contains("end_ns") && !e["end_ns"].is_null()) c.int64(e["end_ns"], at + ".end_ns");
   }
 }
 
@@ -689,9 +755,15 @@ std::vector<json> load_flight_records(const fs::path& dir) {
   std::sort(files.begin(), files.end());
   std::vector<json> records;
   for (const auto& [unknown, rank, file] : files) {
-    std::ifstream in(file);
-    json doc = json::parse(in, nullptr, /*allow_exceptions=*/false);
-    if (doc.is_discarded()) malformed(file, "not valid JSON");
+    json doc;
+    try {
+      // Note [Reading a flight record].
+      doc = read_json_file(file.string(), "flight record", data_limits(kMaxRecordBytes, "a flight record's limit"));
+    } catch (const JsonSyntaxError& e) {
+      malformed(file, "not valid JSON (" + e.detail() + ")");
+    } catch (const ConfigError& e) {
+      throw DataError(e.what());
+    }
     validate(doc, file);
     if (unknown != doc["world_rank"].is_null() || (!unknown && doc["world_rank"].get<long long>() != rank))
       malformed(file, str("it says world rank ", doc["world_rank"].dump()));
@@ -744,6 +816,8 @@ std::string how_long(const json& record, const json& e) {
 }
 
 }  // namespace
+
+std::string rank_list_text(const std::vector<int>& ranks) { return detail::rank_names(ranks, {}); }
 
 int record_world_rank(const json& record) {
   if (record.at("world_rank").is_number_integer()) return record["world_rank"].get<int>();
@@ -799,15 +873,16 @@ std::vector<FlightGroupFinding> analyze_flight_records(const std::vector<json>& 
     auto names = [&](const std::vector<int>& ranks) { return detail::rank_names(ranks, world_of); };
 
     std::vector<RankView> views(size_t(f.size));
-    std::vector<std::string> missing_why;
+    // Looked up once: a key holds the group's members, and comparing it per rank made a group of
+    // 10^6 ranks take 10^12 steps.
+    const std::map<int, std::pair<const json*, const json*>>& members = where.at(key);
+    std::vector<int> no_file, no_group;  // missing ranks: without a record, with one that lacks the group
     for (int g = 0; g < f.size; ++g) {
       const int world = key.world[size_t(g)];
-      auto found = where[key].find(world);
-      if (found == where[key].end()) {
+      auto found = members.find(world);
+      if (found == members.end()) {
         f.missing.push_back(g);
-        missing_why.push_back(by_rank.count(world) ? "its record does not have the group"
-                                                   : str("no rank-", world, ".json: stopped, hung or killed before it "
-                                                                            "could write one"));
+        (by_rank.count(world) ? no_group : no_file).push_back(g);
         continue;
       }
       RankView& v = views[size_t(g)];
@@ -935,8 +1010,16 @@ std::vector<FlightGroupFinding> analyze_flight_records(const std::vector<json>& 
                               stand.rfind("its last", 0) == 0 && ranks.size() > 1 ? "their" + stand.substr(3) : stand));
       }
     }
-    for (size_t i = 0; i < f.missing.size(); ++i)
-      parts.push_back(str(names({f.missing[i]}), " left no record (", missing_why[i], ")"));
+    // One clause per reason, whatever the number of ranks.
+    if (no_file.size() == 1)
+      parts.push_back(str(names(no_file), " left no record (no rank-", key.world[size_t(no_file.front())],
+                          ".json: stopped, hung or killed before it could write one)"));
+    else if (!no_file.empty())
+      parts.push_back(str(names(no_file), " left no record (no rank-N.json: stopped, hung or killed before they could "
+                          "write one)"));
+    if (!no_group.empty())
+      parts.push_back(str(names(no_group), " left no record (", no_group.size() == 1 ? "its record does" : "their records do",
+                          " not have the group)"));
     f.text = head + ": ";
     for (size_t i = 0; i < parts.size(); ++i) f.text += (i ? "; " : "") + parts[i];
     // Point-to-point batches are not numbered: each rank's unfinished ones, on lines of their own.

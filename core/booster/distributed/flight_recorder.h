@@ -41,6 +41,9 @@ std::vector<nlohmann::json> load_flight_records(const std::filesystem::path& dir
 // the one its groups give it; -1 when neither says.
 int record_world_rank(const nlohmann::json& record);
 
+// "rank 1", "ranks 0, 2-4": world ranks as the findings name them, runs of ranks as ranges.
+std::string rank_list_text(const std::vector<int>& ranks);
+
 // What the ranks' records say about one group (its name, backend and member ranks): the first
 // collective that did not complete on every rank, and where each member stands. Ranks are the
 // group's own numbers (world ranks for the world group).
