@@ -24,6 +24,7 @@
 #include <set>
 
 #include "booster/common/error.h"
+#include "booster/nn/lora.h"
 
 namespace booster::nn {
 
@@ -153,6 +154,30 @@ std::map<std::string, ShardSpec> family_shards(const ModelFamily& family, const 
     }
   }
   return out;
+}
+
+ModulePtr submodule(const ModulePtr& module, const std::string& path) {
+  ModulePtr cur = module;
+  for (size_t from = 0; cur != nullptr && from <= path.size();) {
+    const size_t dot = std::min(path.find('.', from), path.size());
+    const std::string part = path.substr(from, dot - from);
+    ModulePtr next;
+    for (const auto& [name, child] : cur->named_children())
+      if (name == part) next = child;
+    cur = next;
+    from = dot + 1;
+  }
+  return cur;
+}
+
+void split_layer_lora(const ModelFamily& family, const ModulePtr& full, const ModulePtr& split,
+                      distributed::ProcessGroup& group) {
+  for (const LinearSplit& s : family.layer_splits) {
+    const ModulePtr from = submodule(full, s.path), to = submodule(split, s.path);
+    BOOSTER_CHECK(from != nullptr && to != nullptr, IncompatibleError, "shard policy '", family.module_name,
+                  "': a layer has no ", s.path, " (the family's split table names it)");
+    split_lora(*from, *to, s.dim, group, s.chunks);
+  }
 }
 
 }  // namespace booster::nn

@@ -135,4 +135,11 @@ void check_family_keys(const ModelFamily& family, const nlohmann::json& cfg);
 // LoRA adapters following their weight, the embedding and (unless tied) the head vocabulary-parallel.
 std::map<std::string, ShardSpec> family_shards(const ModelFamily& family, const Module& model, int64_t layers);
 
+// The sub-module at dotted `path` under `module` ("attn.c_attn"), or nullptr.
+ModulePtr submodule(const ModulePtr& module, const std::string& path);
+// LoRA adapters of a layer's Linears moved onto their tensor-parallel split, each by the family's
+// table (split_lora in lora.h): `full` the whole model's layer, `split` this rank's.
+void split_layer_lora(const ModelFamily& family, const ModulePtr& full, const ModulePtr& split,
+                      distributed::ProcessGroup& group);
+
 }  // namespace booster::nn

@@ -139,6 +139,7 @@ std::optional<TransformerSizes> gpt_sizes(const json& model, bool hf) {
   f.layer_splits = {{"attn.c_attn", 0, 3}, {"attn.c_proj", 1, 1}, {"mlp.c_fc", 0, 1}, {"mlp.c_proj", 1, 1}};
   f.embedding = "wte.weight";
   f.head = "lm_head.weight";
+  f.shard_policy = gpt_shard_policy;  // shard_policy.cpp: the block surgery; its shards read the table above
   register_model_family(std::move(f));
   return true;
 }();

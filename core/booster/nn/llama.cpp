@@ -71,6 +71,7 @@
 #include "booster/common/error.h"
 #include "booster/nn/activation_checkpoint.h"
 #include "booster/nn/packing.h"
+#include "booster/nn/families.h"
 #include "booster/nn/init.h"
 #include "booster/nn/lora.h"
 #include "booster/nn/pipeline.h"
@@ -684,12 +685,6 @@ class LlamaStage final : public Module {
   std::vector<ModulePtr> layers_;
 };
 
-// How each Linear of a decoder layer splits under tensor parallelism (Note [Llama shard policy]): the
-// dimension of its weight that is divided, 0 (column-parallel: output features) or 1 (row-parallel).
-constexpr std::pair<const char*, int64_t> kLayerSplits[] = {
-    {"self_attn.q_proj", 0}, {"self_attn.k_proj", 0}, {"self_attn.v_proj", 0}, {"self_attn.o_proj", 1},
-    {"mlp.gate_proj", 0},    {"mlp.up_proj", 0},      {"mlp.down_proj", 1}};
-
 std::vector<int64_t> divisors_of(int64_t n) {
   std::vector<int64_t> out;
   for (int64_t d = 1; d <= n; ++d)
@@ -753,24 +748,12 @@ ShardedModel llama_shard_policy(const ModulePtr& whole, const ShardContext& c) {
     // Only this stage's layers are split (Note [Shard policies]).
     std::shared_ptr<tp::VocabParallelEmbedding> vocab_embed;
     if (first) embed = vocab_embed = std::make_shared<tp::VocabParallelEmbedding>(*llama->model->embed_tokens, *group);
-    // A sub-module by its dotted path under `m` ("self_attn.q_proj").
-    auto at = [](const ModulePtr& m, const std::string& path) {
-      ModulePtr cur = m;
-      for (size_t from = 0; cur != nullptr && from <= path.size();) {
-        const size_t dot = std::min(path.find('.', from), path.size());
-        const std::string part = path.substr(from, dot - from);
-        ModulePtr next;
-        for (const auto& [n, c] : cur->named_children())
-          if (n == part) next = c;
-        cur = next;
-        from = dot + 1;
-      }
-      return cur;
-    };
+    // How each Linear of a layer splits: the family's declaration (llama_family.cpp).
+    const ModelFamily& family = *family_of(*llama);
     for (auto& [i, layer] : mine) {
       auto split = std::make_shared<LlamaDecoderLayer>(dynamic_cast<const LlamaDecoderLayer&>(*layer), *group);
       // LoRA adapters follow their Linear's split (Note [LoRA under tensor parallelism] in lora.cpp).
-      for (const auto& [linear, dim] : kLayerSplits) split_lora(*at(layer, linear), *at(split, linear), dim, *group);
+      split_layer_lora(family, layer, split, *group);
       layer = split;
     }
     if (last) {
@@ -779,22 +762,10 @@ ShardedModel llama_shard_policy(const ModulePtr& whole, const ShardContext& c) {
       else
         head = std::make_shared<LlamaVocabParallelHead>(*llama->lm_head, *group, false);
     }
-    out.shards["model.embed_tokens.weight"] = {0, 1};
-    if (!cfg.tie_word_embeddings) out.shards["lm_head.weight"] = {0, 1};
-    // Each Linear of a layer by its split (kLayerSplits); a bias the model has follows a column split's
-    // rows and stays whole under a row split (added once after the all-reduce).
-    std::set<std::string> names;
-    for (const auto& [name, p] : llama->named_parameters()) names.insert(name);
-    for (int64_t i = 0; i < cfg.num_hidden_layers; ++i) {
-      const std::string p = "model.layers." + std::to_string(i) + ".";
-      for (const auto& [linear, dim] : kLayerSplits) {
-        out.shards[p + linear + ".weight"] = {dim, 1};
-        if (dim == 0 && names.count(p + linear + ".bias")) out.shards[p + linear + ".bias"] = {0, 1};
-        // LoRA: B follows a column split's rows, A a row split's columns; the other is replicated.
-        if (names.count(p + linear + ".lora_A.weight"))
-          out.shards[p + linear + (dim == 0 ? ".lora_B.weight" : ".lora_A.weight")] = {dim, 1};
-      }
-    }
+    // Each Linear of a layer by its split; a bias the model has follows a column split's rows and stays
+    // whole under a row split (added once after the all-reduce); LoRA's B follows a column split's rows,
+    // A a row split's columns, the other replicated.
+    out.shards = family_shards(family, *llama, cfg.num_hidden_layers);
     out.criterion = vocab_parallel_criterion(*group, cfg.vocab_size, "Llama");
   }
   auto stage = std::make_shared<LlamaStage>(cfg, embed, std::move(mine), last ? ModulePtr(llama->model->norm) : nullptr,

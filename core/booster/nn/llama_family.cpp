@@ -124,6 +124,7 @@ std::optional<TransformerSizes> llama_sizes(const DecoderFamily& f, const json& 
                       {"mlp.down_proj", 1}};
     f.embedding = "model.embed_tokens.weight";
     f.head = "lm_head.weight";
+    f.shard_policy = llama_shard_policy;  // llama.cpp: one policy, under "Llama", for all three
     register_model_family(std::move(f));
   }
   return true;

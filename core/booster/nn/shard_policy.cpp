@@ -29,6 +29,7 @@
 #include "booster/autograd/autograd.h"
 #include "booster/common/error.h"
 #include "booster/nn/container.h"
+#include "booster/nn/families.h"
 #include "booster/nn/linear.h"
 #include "booster/nn/llama.h"
 #include "booster/nn/lora.h"
@@ -104,7 +105,9 @@ class VocabParallelHead final : public tp::ColumnParallelLinear {
   }
 };
 
-ShardedModel gpt_policy(const ModulePtr& model, const ShardContext& c) {
+}  // namespace
+
+ShardedModel gpt_shard_policy(const ModulePtr& model, const ShardContext& c) {
   const auto gpt = std::dynamic_pointer_cast<GPT>(model);
   BOOSTER_CHECK(gpt != nullptr, IncompatibleError, "shard policy 'GPT': the model is a ", model->name(),
                 ", not a booster::nn::GPT");
@@ -133,15 +136,13 @@ ShardedModel gpt_policy(const ModulePtr& model, const ShardContext& c) {
     // memory (a deferred model's are never allocated at all).
     std::shared_ptr<tp::VocabParallelEmbedding> vocab_wte;
     if (c.stage == 0) parts.wte = vocab_wte = std::make_shared<tp::VocabParallelEmbedding>(*gpt->wte, *group);
+    const ModelFamily& family = *find_model_family("gpt");
     for (int64_t b = first_block; b < end_block; ++b) {
-      const auto& block = dynamic_cast<const Block&>(*parts.blocks[size_t(b)]);
-      auto split = std::make_shared<tp::ParallelBlock>(block, *group);
-      // LoRA adapters follow their Linear's split, B's rows c_attn's q | k | v blocks (Note [LoRA under
-      // tensor parallelism] in lora.cpp).
-      split_lora(*block.attn->c_attn, *split->attn->c_attn, 0, *group, 3);
-      split_lora(*block.attn->c_proj, *split->attn->c_proj, 1, *group);
-      split_lora(*block.mlp->c_fc, *split->mlp->c_fc, 0, *group);
-      split_lora(*block.mlp->c_proj, *split->mlp->c_proj, 1, *group);
+      const ModulePtr block = parts.blocks[size_t(b)];
+      auto split = std::make_shared<tp::ParallelBlock>(dynamic_cast<const Block&>(*block), *group);
+      // LoRA adapters follow their Linear's split by the family's table, B's rows c_attn's q | k | v
+      // blocks (Note [LoRA under tensor parallelism] in lora.cpp).
+      split_layer_lora(family, block, split, *group);
       parts.blocks[size_t(b)] = split;
     }
     // The vocabulary-parallel head is not a Linear that takes adapters.
@@ -153,30 +154,16 @@ ShardedModel gpt_policy(const ModulePtr& model, const ShardContext& c) {
       parts.lm_head = cfg.tie_word_embeddings  // one stage (checked above): the head is wte's shard
                           ? std::make_shared<VocabParallelHead>(vocab_wte->weight, Tensor(), cfg.vocab_size, *group, false)
                           : std::make_shared<VocabParallelHead>(*gpt->lm_head, *group);
-    out.shards["wte.weight"] = {0, 1};
-    if (!cfg.tie_word_embeddings) out.shards["lm_head.weight"] = {0, 1};
-    std::set<std::string> names;
-    for (const auto& [name, p] : gpt->named_parameters()) names.insert(name);
-    for (int64_t i = 0; i < cfg.layers; ++i) {
-      const std::string b = "blocks." + std::to_string(i) + ".";
-      out.shards[b + "attn.c_attn.weight"] = {0, 3};
-      out.shards[b + "attn.c_attn.bias"] = {0, 3};
-      out.shards[b + "attn.c_proj.weight"] = {1, 1};
-      out.shards[b + "mlp.c_fc.weight"] = {0, 1};
-      out.shards[b + "mlp.c_fc.bias"] = {0, 1};
-      out.shards[b + "mlp.c_proj.weight"] = {1, 1};
-      // LoRA: B follows a column split's rows (c_attn's in its 3 blocks), A a row split's columns.
-      if (names.count(b + "attn.c_attn.lora_B.weight")) out.shards[b + "attn.c_attn.lora_B.weight"] = {0, 3};
-      if (names.count(b + "attn.c_proj.lora_A.weight")) out.shards[b + "attn.c_proj.lora_A.weight"] = {1, 1};
-      if (names.count(b + "mlp.c_fc.lora_B.weight")) out.shards[b + "mlp.c_fc.lora_B.weight"] = {0, 1};
-      if (names.count(b + "mlp.c_proj.lora_A.weight")) out.shards[b + "mlp.c_proj.lora_A.weight"] = {1, 1};
-    }
+    // Each block's Linears by the family's split table (gpt_family.cpp), biases and LoRA following.
+    out.shards = family_shards(family, *gpt, cfg.layers);
     out.criterion = vocab_parallel_criterion(*group, cfg.vocab_size, "GPT");
   }
   out.module = pp::gpt_stage(parts, c.stage, c.stages, layers);
   out.module->train(gpt->is_training());
   return out;
 }
+
+namespace {
 
 // Layers [begin, end) of an MLPClassifier's Sequential, named as there; the first stage flattens the
 // input as the classifier does.
@@ -269,8 +256,8 @@ ShardedModel mlp_policy(const ModulePtr& model, const ShardContext& c) {
 
 struct Registry {
   std::mutex mutex;
-  std::map<std::string, ShardPolicy> policies{
-      {"GPT", gpt_policy}, {"MLPClassifier", mlp_policy}, {"Llama", llama_shard_policy}};
+  // The decoder families' ("GPT", "Llama") are added by their declarations (families.h).
+  std::map<std::string, ShardPolicy> policies{{"MLPClassifier", mlp_policy}};
 };
 
 Registry& registry() {

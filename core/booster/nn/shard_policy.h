@@ -69,6 +69,10 @@ std::function<Criterion(const Criterion&)> vocab_parallel_criterion(distributed:
 
 // This rank's piece of `whole` under `spec` (rank of `size`), and the whole from every rank's piece
 // (in rank order): the inverse of each other.
+// The built-in GPT's policy (Note [Shard policies] in shard_policy.cpp), registered under "GPT" by its
+// family declaration (gpt_family.cpp).
+ShardedModel gpt_shard_policy(const ModulePtr& model, const ShardContext& context);
+
 Tensor shard_of(const Tensor& whole, const ShardSpec& spec, int rank, int size);
 Tensor unshard(const std::vector<Tensor>& pieces, const ShardSpec& spec);
 
