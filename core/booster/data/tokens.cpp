@@ -144,6 +144,9 @@ struct Storage {
   void* map = nullptr;
   size_t bytes = 0;
   std::vector<uint32_t> owned;
+  // The mapped file's identity, to tell it from a file renamed over its path (Note [Token files cut short]).
+  dev_t device = 0;
+  ino_t inode = 0;
   Storage() = default;
   Storage(const Storage&) = delete;
   Storage& operator=(const Storage&) = delete;
@@ -180,6 +183,25 @@ struct TokenSource::Part {
     return dtype == TokenDType::UInt16 ? reinterpret_cast<const uint16_t*>(tokens)[k]
                                        : reinterpret_cast<const uint32_t*>(tokens)[k];
   }
+
+  // Note [Token files cut short]: DataError naming the file and the offset unless the mapped file still
+  // holds this part's tokens [0, end). One stat(2); nothing for ids in memory.
+  void check_present(int64_t end) const {
+    if (file.empty() || storage->map == nullptr) return;
+    struct stat st {};
+    // Gone, or another file renamed over the path: the mapping still holds the inode it mapped, whole.
+    if (::stat(file.c_str(), &st) != 0 || st.st_dev != storage->device || st.st_ino != storage->inode) return;
+    const int64_t width = token_bytes(dtype), needed = header_bytes + (first + end) * width;
+    if (int64_t(st.st_size) >= needed) [[likely]]
+      return;
+    const int64_t offset = first + end - 1;
+    BOOSTER_FAIL(DataError, "token data: ", file, " was cut short while in use: it holds ", int64_t(st.st_size),
+                 " bytes now, ", storage->bytes, " when it was opened, and a batch reads token offset ", offset,
+                 " (byte offset ", header_bytes + offset * width,
+                 "); restore the file and run again (or resume from a checkpoint). To change a token file under a "
+                 "running job, write a new one and rename it over the old (booster tokenize does): the job reads the "
+                 "file it opened to the end");
+  }
 };
 
 namespace {
@@ -208,6 +230,8 @@ std::shared_ptr<const TokenSource::Part> map_one(const std::string& path, TokenD
                   " bytes): ", std::strerror(err));
     storage->map = map;
     storage->bytes = size_t(bytes);
+    storage->device = st.st_dev;
+    storage->inode = st.st_ino;
     // Samples are read at random offsets: no read-ahead of pages no sample asked for.
     ::madvise(map, size_t(bytes), MADV_RANDOM);
   } else {
@@ -429,6 +453,22 @@ uint32_t TokenSource::copy(int64_t begin, int64_t count, int64_t* out) const {
   return largest;
 }
 
+void TokenSource::check_present(const int64_t* begins, int64_t n, int64_t count) const {
+  if (n <= 0 || count <= 0) return;
+  if (parts_.size() == 1) {  // one stat for the batch: a truncated file loses its end
+    const int64_t end = *std::max_element(begins, begins + n) + count;
+    parts_[0]->check_present(end - starts_[0]);
+    return;
+  }
+  for (int64_t i = 0; i < n; ++i)  // one stat per file a sample reads
+    for (int64_t begin = begins[i], left = count, k = int64_t(part_of(begin)); left > 0; ++k) {
+      const Part& p = *parts_[size_t(k)];
+      const int64_t from = begin - starts_[size_t(k)], m = std::min(left, p.n - from);
+      p.check_present(from + m);
+      begin += m, left -= m;
+    }
+}
+
 int64_t TokenSource::find_at_least(int64_t begin, int64_t count, int64_t vocab_size) const {
   for (size_t k = count > 0 ? part_of(begin) : parts_.size(); count > 0; ++k) {
     const Part& p = *parts_[k];
@@ -485,11 +525,17 @@ Batch TokenDataset::get_batch(const std::vector<int64_t>& indices) const {
   Tensor y = Tensor::empty({b, T}, DType::Int64);
   int64_t* px = x.data<int64_t>();
   int64_t* py = y.data<int64_t>();
+  // Note [Token files cut short]: the sample starts, in y's storage until the tokens overwrite them, so
+  // the files are checked once for the batch before a token is read.
   for (int64_t k = 0; k < b; ++k) {
     const int64_t i = indices[size_t(k)];
     BOOSTER_CHECK(i >= 0 && i < size_, IndexError, "TokenDataset::get_batch: index ", i,
                   " is out of range for a data set of size ", size_, " (", source_->name(), ")");
-    const int64_t begin = i * options_.stride;
+    py[k] = i * options_.stride;
+  }
+  source_->check_present(py, b, T + 1);
+  for (int64_t k = 0; k < b; ++k) {
+    const int64_t begin = indices[size_t(k)] * options_.stride;
     // x is tokens [begin, begin + T); y the same shifted by one: copy x, then y's last token.
     const uint32_t largest = source_->copy(begin, T, px + k * T);
     std::memcpy(py + k * T, px + k * T + 1, size_t(T - 1) * sizeof(int64_t));

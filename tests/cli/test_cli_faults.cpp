@@ -1,0 +1,112 @@
+// Faults from outside the program while `booster train` runs, through the binary: a token file cut
+// short under a running job (Note [Token files cut short] in booster/data/tokens.h).
+// Each run is bounded by `timeout`, so a regression fails within a minute instead of hanging.
+#include <catch2/catch.hpp>
+
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <csignal>
+#include <cstdint>
+#include <filesystem>
+#include <fstream>
+#include <random>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "booster/common/error.h"
+#include "booster/data/tokens.h"
+#include "run_booster.h"
+
+namespace fs = std::filesystem;
+using Catch::Contains;
+using nlohmann::json;
+using testing::RunResult;
+
+namespace {
+
+fs::path scratch_dir() { return testing::scratch_dir("test_cli_faults"); }
+
+const std::string kEnv = "OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1";
+
+fs::path write_config(const std::string& name, const json& config) {
+  const fs::path file = scratch_dir() / name;
+  std::ofstream(file) << config.dump(2);
+  return file;
+}
+
+// `n` uint16 token ids below 64 in a flat file (no description: the dtype is data.dtype's).
+fs::path write_tokens(const fs::path& file, int64_t n) {
+  std::mt19937 gen(7);
+  std::vector<uint16_t> ids(static_cast<size_t>(n));
+  for (auto& id : ids) id = uint16_t(1 + gen() % 63);
+  std::ofstream(file, std::ios::binary).write(reinterpret_cast<const char*>(ids.data()), std::streamsize(n * 2));
+  return file;
+}
+
+// A tiny GPT on `tokens` that would train for a long time: the tests end it, or a fault does.
+json long_gpt_run(const fs::path& tokens, const fs::path& run_dir) {
+  return {{"model", {{"type", "gpt"}, {"vocab_size", 64}, {"context", 16}, {"width", 16}, {"layers", 1}, {"heads", 2}}},
+          {"optimizer", {{"type", "adamw"}, {"lr", 0.001}}},
+          {"criterion", {{"type", "cross_entropy"}}},
+          {"data", {{"type", "tokens"}, {"path", tokens.string()}, {"dtype", "uint16"}, {"seq_len", 16}, {"batch_size", 4}}},
+          {"train", {{"max_steps", 1000000}, {"epochs", 1000}, {"log_every", 1}, {"seed", 1}, {"run_dir", run_dir.string()}}}};
+}
+
+// `booster train` started in the background in `dir`; once it logged a step, `then` runs (bash; the
+// trainer's pid is $pid), and the trainer's status is returned. A watchdog kills it after 60 s, so a
+// trainer that should have ended does not hang the test.
+RunResult train_then(const fs::path& dir, const fs::path& config, const std::string& then) {
+  return testing::run_booster_interrupted(
+      dir, "train --config " + config.string(), testing::wait_for_line("step ", 1200),
+      "(sleep 60; kill -9 $pid 2>/dev/null) & watchdog=$!; " + then +
+          "; wait $pid; rc=$?; kill $watchdog 2>/dev/null; exit $rc",
+      kEnv);
+}
+
+}  // namespace
+
+// ------------------------------------------------------------------------------ item 7: token files
+TEST_CASE("a token file cut short under a mapped data set is a DataError naming the file and offset",
+          "[data][faults]") {
+  const fs::path file = write_tokens(scratch_dir() / "cut.bin", 4096);
+  auto data = booster::data::token_file_dataset(file.string(), booster::data::TokenDType::UInt16, {.seq_len = 16});
+  REQUIRE(data->size() == 255);
+  data->get_batch({0, 254});  // whole: reads
+  REQUIRE(::truncate(file.c_str(), 1000) == 0);  // 500 tokens left
+  data->get_batch({0, 30});   // tokens [0, 497) are still there
+  // Sample 31 reads tokens [496, 513): 513 - 1 = 512 is the offset it needs, past the 500 left. Without
+  // the check it reads zeros (the rest of the last page), and sample 200, on a page wholly past the
+  // end, is SIGBUS: the test program dies.
+  CHECK_THROWS_AS(data->get_batch({200}), booster::DataError);
+  CHECK_THROWS_MATCHES(data->get_batch({0, 31}), booster::DataError,
+                       Catch::Matchers::Predicate<booster::DataError>([&](const booster::DataError& e) {
+                         const std::string m = e.what();
+                         return m.find(file.string() + " was cut short while in use: it holds 1000 bytes now, 8192") !=
+                                    std::string::npos &&
+                                m.find("token offset 512 (byte offset 1024)") != std::string::npos;
+                       }, "names the file, its sizes and the offset"));
+  // A file renamed over the path is another file: the job reads the one it mapped, whole.
+  write_tokens(scratch_dir() / "cut.bin.new", 10);
+  auto whole = booster::data::token_file_dataset(write_tokens(scratch_dir() / "kept.bin", 4096).string(),
+                                                 booster::data::TokenDType::UInt16, {.seq_len = 16});
+  fs::rename(scratch_dir() / "cut.bin.new", scratch_dir() / "kept.bin");
+  CHECK(whole->get_batch({254}).x.numel() == 16);
+}
+
+TEST_CASE("booster train on a token file truncated while it trains fails naming the file", "[cli][faults]") {
+  const fs::path dir = scratch_dir() / "truncated";
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  const fs::path tokens = write_tokens(dir / "train.bin", 400000);
+  const fs::path config = write_config("truncated.json", long_gpt_run(tokens, dir / "run"));
+  // 1000 bytes are left: nearly every later sample lies past them. Without the check the trainer dies of
+  // SIGBUS (status 135) and says nothing of the file.
+  const RunResult r = train_then(dir, config, "truncate -s 1000 " + tokens.string());
+  INFO(r.err);
+  CHECK(r.exit_code == 1);
+  CHECK_THAT(r.err, Contains("booster: error: token data: " + tokens.string() + " was cut short while in use: it holds "
+                             "1000 bytes now, 800000 when it was opened, and a batch reads token offset "));
+}
