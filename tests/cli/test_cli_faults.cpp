@@ -1,5 +1,6 @@
 // Faults from outside the program while `booster train` runs, through the binary: a token file cut
-// short under a running job (Note [Token files cut short] in booster/data/tokens.h).
+// short under a running job (Note [Token files cut short] in booster/data/tokens.h), and two runs on one
+// run directory (the run directory's lock in Trainer::fit).
 // Each run is bounded by `timeout`, so a regression fails within a minute instead of hanging.
 #include <catch2/catch.hpp>
 
@@ -109,4 +110,50 @@ TEST_CASE("booster train on a token file truncated while it trains fails naming 
   CHECK(r.exit_code == 1);
   CHECK_THAT(r.err, Contains("booster: error: token data: " + tokens.string() + " was cut short while in use: it holds "
                              "1000 bytes now, 800000 when it was opened, and a batch reads token offset "));
+}
+
+// ------------------------------------------------------------------------------ item 8: run_dir lock
+TEST_CASE("a second run on a run directory in use is refused at once, naming the holder", "[cli][faults]") {
+  const fs::path dir = scratch_dir() / "shared_run_dir";
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  const fs::path tokens = write_tokens(dir / "train.bin", 20000);
+  const fs::path run_dir = dir / "run";
+  const fs::path first = write_config("first.json", long_gpt_run(tokens, run_dir));
+  json short_run = long_gpt_run(tokens, run_dir);
+  short_run["train"]["max_steps"] = 3;
+  const fs::path second = write_config("second.json", short_run);
+  // The second run starts while the first trains, both without checkpoints; its status and stderr go
+  // to files. Without the lock it trains its 3 steps into the first one's metrics.jsonl and ends 0.
+  const std::string booster = std::string(BOOSTER_BIN_DIR) + "/booster";
+  const RunResult r = train_then(dir, first,
+                                 "echo $pid >first.pid; " + kEnv + " timeout -s KILL 60 " + booster + " train --config " +
+                                     second.string() + " >second.out 2>second.err; echo $? >second.rc; kill -9 $pid");
+  const std::string second_err = testing::read_text(dir / "second.err");
+  INFO(r.err);
+  INFO(second_err);
+  CHECK(r.exit_code == 128 + SIGKILL);  // the first ran until the test ended it
+  CHECK(testing::read_text(dir / "second.rc") == "1\n");
+  const std::string pid = testing::read_text(dir / "first.pid");
+  REQUIRE(pid.size() > 1);
+  CHECK_THAT(second_err, Contains("booster: error: the run directory " + run_dir.string() +
+                                  " is in use by another process (") &&
+                             Contains(":" + pid.substr(0, pid.size() - 1) + ", host:pid per " +
+                                      (run_dir / "lock").string() + ")"));
+  // Every record of metrics.jsonl is the first run's: one per step, in order from 1.
+  std::ifstream metrics(run_dir / "metrics.jsonl");
+  int64_t expected = 1;
+  for (std::string line; std::getline(metrics, line);) {
+    const json record = json::parse(line, nullptr, /*allow_exceptions=*/false);
+    if (record.is_discarded()) {  // only the line the kill cut short
+      CHECK(metrics.peek() == EOF);
+      continue;
+    }
+    if (record.value("kind", "") == "train") CHECK(record["step"] == expected++);
+  }
+  CHECK(expected > 1);
+  // The kernel dropped the first one's lock with it: the directory is free again.
+  const RunResult again = testing::run_booster_in(dir, "train --config " + second.string(), kEnv + " timeout -s KILL 60");
+  INFO(again.err);
+  CHECK(again.exit_code == 0);
 }

@@ -320,10 +320,10 @@ fs::path save_checkpoint(const fs::path& root, const TrainingState& state, const
 // The lock file holds `hostname:pid` of its holder, only to name it in the refusal (a root on a shared
 // file system may be held from another node). BOOSTER_TEST_FLOCK_ERRNO=<errno> makes flock() fail with
 // that errno, as on such a file system (tests/checkpoint/test_checkpoint.cpp, tests/cli/test_cli_resume.cpp).
-RootLock::RootLock(const fs::path& root) {
+RootLock::RootLock(const fs::path& root, const std::string& what) {
   std::error_code ec;
   fs::create_directories(root, ec);
-  BOOSTER_CHECK(fs::is_directory(root), CheckpointError, "cannot create the checkpoint directory ", root.string(),
+  BOOSTER_CHECK(fs::is_directory(root), CheckpointError, "cannot create the ", what, " ", root.string(),
                 ec ? ": " + ec.message() : std::string());
   const fs::path file = root / kLockFileName;
   fd_ = ::open(file.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
@@ -339,9 +339,9 @@ RootLock::RootLock(const fs::path& root) {
     const int why = errno;
     if (why == ENOSYS || why == ENOLCK || why == EOPNOTSUPP || why == EINVAL) {
       std::fprintf(stderr,
-                   "booster: warning: the checkpoint directory %s cannot be locked on this file system (%s); "
+                   "booster: warning: the %s %s cannot be locked on this file system (%s); "
                    "no two runs may use it at once\n",
-                   root.c_str(), std::strerror(why));
+                   what.c_str(), root.c_str(), std::strerror(why));
       std::fflush(stderr);
       ::close(fd_);
       fd_ = -1;
@@ -351,10 +351,9 @@ RootLock::RootLock(const fs::path& root) {
     const ssize_t n = ::pread(fd_, holder, sizeof holder - 1, 0);
     ::close(fd_);
     fd_ = -1;
-    BOOSTER_CHECK(why != EWOULDBLOCK, CheckpointError, "the checkpoint directory ", root.string(),
+    BOOSTER_CHECK(why != EWOULDBLOCK, CheckpointError, "the ", what, " ", root.string(),
                   " is in use by another process (", n > 0 ? std::string(holder, size_t(n)) : std::string("?"),
-                  ", host:pid per ", file.string(),
-                  "); give this run its own checkpoint directory, or wait for that one");
+                  ", host:pid per ", file.string(), "); give this run its own ", what, ", or wait for that one");
     BOOSTER_FAIL(CheckpointError, "cannot lock ", file.string(), ": ", std::strerror(why));
   }
   // The holder, only for the message above: the flock is the lock, so a failed write is harmless.

@@ -126,9 +126,10 @@ std::filesystem::path checkpoints_of_run(const std::filesystem::path& path);
 // kernel releases when the process ends, crash or not. Creates `root` if needed. CheckpointError
 // naming the root and the holder's hostname:pid when another process (or another RootLock) holds it.
 // Where the file system cannot flock, a warning on stderr and no lock (Note [Locking a checkpoint root]).
+// `what` names the directory in those messages: the Trainer locks its run directory the same way.
 class RootLock {
  public:
-  explicit RootLock(const std::filesystem::path& root);
+  explicit RootLock(const std::filesystem::path& root, const std::string& what = "checkpoint directory");
   ~RootLock();
   RootLock(const RootLock&) = delete;
   RootLock& operator=(const RootLock&) = delete;

@@ -579,6 +579,21 @@ FitResult Trainer::fit() {
     ~LeaveLoop() { trainer::StopOnSignal::set_in_loop(false); }
   } leave_loop;
 
+  // Rank 0, which writes metrics.jsonl and config.json, holds the run directory while fit() runs: two
+  // runs on one directory would both append to one metrics.jsonl, each ending with status 0 and a torn
+  // log, checkpoints or not. The same lock as a checkpoint root's (RootLock), and the Booster's own when
+  // the run directory is also the checkpoint root (one process must not flock one file twice).
+  std::optional<checkpoint::RootLock> run_dir_lock;
+  if (is_rank0_ && run_dir_) {
+    const auto same = [](const fs::path& a, const fs::path& b) {  // "runs/a" and "./runs/a/" alike
+      std::error_code ec;
+      return (fs::absolute(a, ec) / "").lexically_normal() == (fs::absolute(b, ec) / "").lexically_normal();
+    };
+    if (checkpoint_root_ && same(*checkpoint_root_, *run_dir_))
+      booster_.lock_state_root(*run_dir_);
+    else
+      run_dir_lock.emplace(*run_dir_, "run directory");
+  }
   // The process that saves holds the checkpoint directory for the whole run: a second run started on
   // it is refused rather than clearing this one's save in progress as a crash's leftover.
   const bool saves = o.checkpoint_every > 0 && checkpoint_root_ && (group.size() > 1 || is_rank0_);

@@ -111,7 +111,9 @@ struct TrainerOptions {
   int64_t eval_every = 0;      // evaluate every N steps; 0: after each epoch. Always at the end.
   int64_t eval_batch_size = 256;
   // A directory for metrics.jsonl, config.json and checkpoints/; "{time}" in it becomes the start time
-  // (UTC YYYYmmdd-HHMMSS, a -2, -3 suffix when taken). Null: no files.
+  // (UTC YYYYmmdd-HHMMSS, a -2, -3 suffix when taken). Null: no files. fit() holds `<run_dir>/lock`
+  // (checkpoint::RootLock) while it runs, so a second run on the same directory is refused at once,
+  // naming the holder, instead of both appending to one metrics.jsonl.
   std::optional<std::filesystem::path> run_dir;
   // Where checkpoints go; null: <run_dir>/checkpoints.
   std::optional<std::filesystem::path> checkpoint_dir;
