@@ -160,12 +160,6 @@ TEST_CASE("booster check refuses sft config mistakes naming the key, and bad rec
     std::vector<std::string> expect;
   };
   const std::vector<Case> cases = {
-      {"packing_gpt",
-       [](json& c) {
-         c["data"]["packing"] = true;
-         c["model"] = {{"type", "gpt"}, {"vocab_size", 300}, {"context", 48}, {"width", 16}, {"layers", 1}, {"heads", 2}};
-       },
-       {"'data.packing'", "'model.type' \"gpt\"", "cannot keep packed records apart"}},
       {"no_content", [](json& c) { c["data"]["template"]["assistant"] = "A:"; },
        {"'data.template.assistant'", "no {content}"}},
       {"unknown_key", [](json& c) { c["data"]["template"]["tool"] = "{content}"; },

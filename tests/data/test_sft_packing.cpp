@@ -1,6 +1,6 @@
 // Packed sft samples (Note [Packing SFT records] in booster/data/sft.h, Note [Packed sequences] in
-// booster/nn/packing.h): records share sequences greedily in file order, and a Llama given the packed
-// input gives each record the logits it has alone (positions restart, no attention across records), so
+// booster/nn/packing.h): records share sequences greedily in file order, and a Llama or a GPT given the
+// packed input gives each record the logits it has alone (positions restart, no attention across records), so
 // one training step on the packed samples has the loss and gradients of one on the records one by one,
 // also with activation checkpointing (whose recompute runs under the forward's layout).
 // A byte tokenizer (id = byte, bos 1, eos 2) makes every id known here.
@@ -55,6 +55,16 @@ SftDataset make(bool packing) { return SftDataset(records(), kTemplate, byte_tok
 const json kLlama = {{"type", "llama"},          {"vocab_size", 256},      {"hidden_size", 16},
                      {"intermediate_size", 24},  {"num_hidden_layers", 2}, {"num_attention_heads", 2},
                      {"num_key_value_heads", 1}, {"max_position_embeddings", 64}};
+
+// A GPT of the same size: its learned position embeddings restart per record as the Llama's rotary
+// turns do, and its attention takes the same segments.
+const json kGPT = {{"type", "gpt"}, {"vocab_size", 256}, {"context", 64}, {"width", 16}, {"layers", 2}, {"heads", 2}};
+
+// Note [Roundoff bounds]: the model's forward reductions on `batch` sequences of kT.
+double forward_length(const json& model, double batch) {
+  if (model.at("type") == "gpt") return ro::gpt_forward_length(16, 2, 2, double(kT), 256, batch);
+  return ro::llama_forward_length(16, 2, 2, 24, double(kT), 256, batch);
+}
 
 Tensor lm_loss(const Tensor& logits, const Tensor& y) {
   return cross_entropy(logits.reshape({-1, logits.size(-1)}), y.reshape({-1}));
@@ -112,17 +122,20 @@ TEST_CASE("sft packing: records share sequences greedily in file order, numbered
     }
 }
 
-TEST_CASE("sft packing: a Llama gives each packed record its logits alone, and one step its loss and gradients",
-          "[data][sft][nn]") {
+namespace {
+
+// The packed logits of each record are its logits alone, and one step on the packed samples is one on
+// the records one by one.
+void check_packed_like_alone(const json& family) {
   const SftDataset unpacked = make(false), packed = make(true);
-  const nn::ModulePtr model = nn::make_model(kLlama, 5);
+  const nn::ModulePtr model = nn::make_model(family, 5);
   const Batch p = packed.get_batch({0, 1, 2, 3});
   const Batch u = unpacked.get_batch({0, 1, 2, 3, 4, 5, 6});
   const Tensor packed_logits = model->forward(p.x), alone_logits = model->forward(u.x);
   REQUIRE(packed_logits.shape() == Shape{4, kT, 256});
   // The sums that differ between the two: the attention over the keys (masked ones add exact zeros)
   // and the GEMMs of other row counts (Note [Roundoff bounds]), relative to a row's largest logit.
-  const double eps = ro::reduction_bound({ro::llama_forward_length(16, 2, 2, 24, double(kT), 256, 1)});
+  const double eps = ro::reduction_bound({forward_length(family, 1)});
   // Without the layout the same ids give other logits past a sequence's first record: what packing fixes.
   const Tensor plain_logits = model->forward(nn::unpack_sequences(p.x).first);
   double worst = 0, plain_gap = 0;
@@ -143,7 +156,7 @@ TEST_CASE("sft packing: a Llama gives each packed record its logits alone, and o
   // One SGD step of lr 1 on all records, packed and one by one, the loss the token mean (as sft trains).
   auto step = [&](bool packing, int64_t batch) {
     Booster booster(BoosterConfig{});
-    const nn::ModulePtr m = nn::make_model(kLlama, 5);
+    const nn::ModulePtr m = nn::make_model(family, 5);
     auto sgd = std::make_shared<optim::SGD>(m->parameters(), json{{"lr", 1.0}});
     auto view = std::make_shared<SftDataset>(records(), kTemplate, byte_tokenizer(),
                                              SftOptions{.seq_len = kT, .packing = packing}, "r");
@@ -159,9 +172,9 @@ TEST_CASE("sft packing: a Llama gives each packed record its logits alone, and o
   };
   const auto [alone_loss, alone_weights] = step(false, 7);
   const auto [packed_loss, packed_weights] = step(true, 4);
-  const double forward = ro::llama_forward_length(16, 2, 2, 24, double(kT), 256, 7 * double(kT));
+  const double forward = forward_length(family, 7 * double(kT));
   CHECK(std::abs(packed_loss - alone_loss) <= ro::reduction_bound({forward}) * alone_loss);
-  const nn::StateDict start = nn::make_model(kLlama, 5)->state_dict();
+  const nn::StateDict start = nn::make_model(family, 5)->state_dict();
   const double eps_gradient = ro::reduction_bound({2 * forward, 7 * double(kT)});
   for (const auto& [name, w] : alone_weights) {
     INFO(name);
@@ -172,8 +185,21 @@ TEST_CASE("sft packing: a Llama gives each packed record its logits alone, and o
   }
 }
 
-TEST_CASE("sft packing: with activation checkpointing a Llama gets the packed gradients bit for bit, as the records alone",
+}  // namespace
+
+TEST_CASE("sft packing: a Llama gives each packed record its logits alone, and one step its loss and gradients",
           "[data][sft][nn]") {
+  check_packed_like_alone(kLlama);
+}
+
+TEST_CASE("sft packing: a GPT gives each packed record its logits alone, and one step its loss and gradients",
+          "[data][sft][nn][gpt]") {
+  check_packed_like_alone(kGPT);
+}
+
+namespace {
+
+void check_recomputed_like_plain(const json& family) {
   // Note [Recomputing in backward]: each checkpointed layer runs again in backward under the packed
   // layout its forward ran under, so the recompute is the forward's ops on the forward's operands and
   // the gradients are the plain packed run's bit for bit; the plain packed run equals the records one
@@ -181,7 +207,7 @@ TEST_CASE("sft packing: with activation checkpointing a Llama gets the packed gr
   const SftDataset unpacked = make(false), packed = make(true);
   const Batch p = packed.get_batch({0, 1, 2, 3});
   const Batch u = unpacked.get_batch({0, 1, 2, 3, 4, 5, 6});
-  json recomputing = kLlama;
+  json recomputing = family;
   recomputing["activation_checkpointing"] = true;
   // The token mean of every response token (both batches hold the same ones): the gradients by name.
   auto gradients = [](const json& config, const Batch& b) {
@@ -192,11 +218,11 @@ TEST_CASE("sft packing: with activation checkpointing a Llama gets the packed gr
     for (const auto& [name, w] : m->named_parameters()) out[name] = w.grad();
     return std::make_pair(loss.item<double>(), out);
   };
-  const auto [plain_loss, plain] = gradients(kLlama, p);
+  const auto [plain_loss, plain] = gradients(family, p);
   const auto [recomputed_loss, recomputed] = gradients(recomputing, p);
-  const auto [alone_loss, alone] = gradients(kLlama, u);
+  const auto [alone_loss, alone] = gradients(family, u);
   CHECK(recomputed_loss == plain_loss);
-  const double forward = ro::llama_forward_length(16, 2, 2, 24, double(kT), 256, 7 * double(kT));
+  const double forward = forward_length(family, 7 * double(kT));
   CHECK(std::abs(recomputed_loss - alone_loss) <= ro::reduction_bound({forward}) * alone_loss);
   const double eps_gradient = ro::reduction_bound({2 * forward, 7 * double(kT)});
   REQUIRE(recomputed.size() == alone.size());
@@ -210,4 +236,16 @@ TEST_CASE("sft packing: with activation checkpointing a Llama gets the packed gr
     CHECK(differs == 0.0);
     CHECK(d <= eps_gradient * l2(g));
   }
+}
+
+}  // namespace
+
+TEST_CASE("sft packing: with activation checkpointing a Llama gets the packed gradients bit for bit, as the records alone",
+          "[data][sft][nn]") {
+  check_recomputed_like_plain(kLlama);
+}
+
+TEST_CASE("sft packing: with activation checkpointing a GPT gets the packed gradients bit for bit, as the records alone",
+          "[data][sft][nn][gpt]") {
+  check_recomputed_like_plain(kGPT);
 }

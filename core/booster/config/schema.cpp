@@ -748,9 +748,9 @@ void check_training_config(const json& c) {
            " but sft data marks the targets outside the responses -100; leave 'criterion.ignore_index' at -100");
     if (data_type == "sft" && data.value("packing", false)) {
       // Note [Packing SFT records] and [Packed sequences] in booster/nn/packing.h: the model keeps them apart.
-      if (builtin_model && !nn::find_decoder_family(model_type))
-        fail("'data.packing' is true but 'model.type' \"" + model_type + "\" cannot keep packed records apart (the "
-             "Llama family can: llama, mistral, qwen2); set 'data.packing' to false");
+      if (builtin_model && model_type != "gpt" && !nn::find_decoder_family(model_type))
+        fail("'data.packing' is true but 'model.type' \"" + model_type + "\" cannot keep packed records apart (gpt "
+             "and the Llama family can: llama, mistral, qwen2); set 'data.packing' to false");
     }
     check_token_data(c, model_type == "gpt");
   } else {

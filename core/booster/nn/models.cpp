@@ -2,11 +2,13 @@
 
 #include <algorithm>
 #include <cmath>
+#include <optional>
 
 #include "booster/nn/activation_checkpoint.h"
 #include "booster/nn/cnn.h"
 #include "booster/nn/hf.h"
 #include "booster/nn/init.h"
+#include "booster/nn/packing.h"
 #include "booster/ops/ops.h"
 
 namespace booster::nn {
@@ -55,7 +57,18 @@ Tensor GPT::forward(const Tensor& idx) { return forward(idx, nullptr); }
 
 Tensor GPT::forward_cached(const Tensor& idx, KVCache& cache) { return forward(idx, &cache); }
 
-Tensor GPT::forward(const Tensor& idx, KVCache* cache) {
+Tensor GPT::forward(const Tensor& idx_in, KVCache* cache) {
+  // Note [Packed sequences] (packing.h): a packed input's records attend only to themselves (the
+  // attention reads the layout this scope holds for the forward, a checkpointed block keeps it for its
+  // recompute) and take the position embeddings of their own positions, from 0 at each record.
+  Tensor idx = idx_in, packed_positions;
+  std::optional<SequenceLayoutScope> scope;
+  if (cache == nullptr && is_packed(idx_in)) {
+    auto [ids, layout] = unpack_sequences(idx_in);
+    idx = ids;
+    packed_positions = layout.positions;
+    scope.emplace(std::move(layout));
+  }
   BOOSTER_CHECK(idx.dim() == 2, ShapeError, "GPT: expected token ids [B, T], got shape ", idx.shape());
   const int64_t T = idx.size(1), start = cache != nullptr ? cache->length() : 0;
   if (cache == nullptr) {
@@ -67,8 +80,10 @@ Tensor GPT::forward(const Tensor& idx, KVCache* cache) {
     BOOSTER_CHECK(start + T <= config.context, ShapeError, "GPT: positions ", start, " .. ", start + T - 1,
                   " pass the context length ", config.context, "; generate at most ", config.context, " tokens in all");
   }
-  const Tensor positions = arange(double(start), double(start + T), 1.0, DType::Int64).to(idx.device());
-  Tensor x = (*drop)((*wte)(idx) + (*wpe)(positions));  // [B, T, C] + [T, C]
+  const Tensor positions = packed_positions.defined()
+                               ? packed_positions  // [B, T]
+                               : arange(double(start), double(start + T), 1.0, DType::Int64).to(idx.device());
+  Tensor x = (*drop)((*wte)(idx) + (*wpe)(positions));  // [B, T, C] + [T, C] (packed: [B, T, C])
   if (cache != nullptr) {
     const std::vector<ModulePtr> layers = blocks->children();
     for (size_t i = 0; i < layers.size(); ++i) {

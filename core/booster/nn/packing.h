@@ -9,9 +9,10 @@
 // it, unpack_sequences splits it into the ids [B, T] and a SequenceLayout: the document ids (the
 // attention op's `segments`: a query attends only keys of its own document, Note [Attention masks] in
 // ops/nn_functional.cpp) and each token's position within its document (0 at a document's first token),
-// which the rotary embedding turns by. A model that knows packing (the Llama family: llama, mistral,
-// qwen2) unpacks its input and holds the layout in a SequenceLayoutScope for the length of its forward,
-// where its attention layers read it (current_sequence_layout()); so a document's logits are those it
+// which the rotary embedding turns by (the GPT's learned position embeddings are looked up at it). A
+// model that knows packing (the Llama family: llama, mistral, qwen2; the GPT) unpacks its input and
+// holds the layout in a SequenceLayoutScope for the length of its forward, where its attention layers
+// read it (current_sequence_layout()); so a document's logits are those it
 // has alone, and a packed batch's loss over the global batch's targets (Note [The token mean of a
 // global batch] in booster/trainer/trainer.cpp) is that of its documents one by one. The scope is
 // thread-local and lasts one forward. Two things run a model's layers outside it: activation

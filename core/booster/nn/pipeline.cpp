@@ -344,12 +344,23 @@ class GPTStage final : public Module {
 
   Tensor forward(const Tensor& x) override {
     Tensor h = x;
+    // Note [Packed sequences]: the first stage unpacks a packed input and holds its layout for its own
+    // blocks, each record's position embeddings from 0; a later stage runs under the layout its
+    // PipelineStage installs from the same micro-batch (Note [Packed micro-batches]).
+    std::optional<SequenceLayoutScope> scope;
     if (first_) {
-      BOOSTER_CHECK(x.dim() == 2, ShapeError, "GPT stage: expected token ids [B, T], got shape ", x.shape());
-      BOOSTER_CHECK(x.size(1) <= parts_.context, ShapeError, "GPT: sequence length ", x.size(1),
+      Tensor ids = x, positions;
+      if (is_packed(x)) {
+        auto [unpacked, layout] = unpack_sequences(x);
+        ids = unpacked;
+        positions = layout.positions;
+        scope.emplace(std::move(layout));
+      }
+      BOOSTER_CHECK(ids.dim() == 2, ShapeError, "GPT stage: expected token ids [B, T], got shape ", ids.shape());
+      BOOSTER_CHECK(ids.size(1) <= parts_.context, ShapeError, "GPT: sequence length ", ids.size(1),
                     " exceeds the context length ", parts_.context, "; pass at most ", parts_.context, " tokens");
-      const Tensor positions = arange(x.size(1), DType::Int64).to(x.device());
-      h = (*parts_.drop)((*parts_.wte)(x) + (*parts_.wpe)(positions));
+      if (!positions.defined()) positions = arange(ids.size(1), DType::Int64).to(ids.device());
+      h = (*parts_.drop)((*parts_.wte)(ids) + (*parts_.wpe)(positions));
     }
     for (const ModulePtr& block : blocks_->children())
       h = parts_.activation_checkpointing ? checkpoint(*block, h) : (*block)(h);

@@ -6,6 +6,7 @@
 #include "booster/autograd/autograd.h"
 #include "booster/nn/embedding.h"
 #include "booster/nn/linear.h"
+#include "booster/nn/packing.h"
 #include "booster/nn/shard_policy.h"
 #include "booster/ops/ops.h"
 #include "booster/tensor/deferred.h"
@@ -158,7 +159,9 @@ Tensor ParallelCausalSelfAttention::forward(const Tensor& x) {
   const int64_t B = x.size(0), T = x.size(1), head_dim = width / heads, local = local_heads * head_dim;
   const std::vector<Tensor> qkv = split((*c_attn)(x), local, 2);
   auto to_heads = [&](const Tensor& t) { return t.view({B, T, local_heads, head_dim}).transpose(1, 2); };
-  Tensor y = scaled_dot_product_attention(to_heads(qkv[0]), to_heads(qkv[1]), to_heads(qkv[2]), true);
+  AttentionMask mask;  // Note [Packed sequences]: a packed forward's records attend only to themselves
+  if (const SequenceLayout* packed = current_sequence_layout()) mask.segments = packed->segments;
+  Tensor y = scaled_dot_product_attention(to_heads(qkv[0]), to_heads(qkv[1]), to_heads(qkv[2]), true, std::nullopt, mask);
   y = y.transpose(1, 2).reshape({B, T, local});
   return (*resid_dropout)((*c_proj)(y));
 }

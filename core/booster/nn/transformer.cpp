@@ -1,8 +1,21 @@
 #include "booster/nn/transformer.h"
 
+#include "booster/nn/packing.h"
 #include "booster/ops/ops.h"
 
 namespace booster::nn {
+
+namespace {
+
+// Note [Packed sequences] (packing.h): inside a packed forward a query attends only to keys of its own
+// record; outside one, nothing more than the causal mask.
+AttentionMask packed_mask() {
+  AttentionMask mask;
+  if (const SequenceLayout* packed = current_sequence_layout()) mask.segments = packed->segments;
+  return mask;
+}
+
+}  // namespace
 
 CausalSelfAttention::CausalSelfAttention(int64_t width_, int64_t heads_, double p, Generator* init_gen,
                                          std::shared_ptr<Generator> dropout_gen)
@@ -31,7 +44,8 @@ Tensor CausalSelfAttention::forward(const Tensor& x, LayerKVCache* cache) {
     auto [k, v] = cache->append(to_heads(qkv[1]), to_heads(qkv[2]));
     y = cached_attention(to_heads(qkv[0]), k, v, start);
   } else {
-    y = scaled_dot_product_attention(to_heads(qkv[0]), to_heads(qkv[1]), to_heads(qkv[2]), true);
+    y = scaled_dot_product_attention(to_heads(qkv[0]), to_heads(qkv[1]), to_heads(qkv[2]), true, std::nullopt,
+                                     packed_mask());
   }
   y = y.transpose(1, 2).reshape({B, T, width});
   return (*resid_dropout)((*c_proj)(y));
