@@ -39,7 +39,8 @@ fs::path cpu_config(const std::string& name, int max_steps = 4, int epochs = 4) 
     "optimizer": {"type": "adamw", "lr": 0.01},
     "data": {"type": "synthetic", "num_samples": 256, "num_test_samples": 32, "num_features": 8,
              "num_classes": 3, "batch_size": 16},
-    "train": {"log_every": 1, "eval_every": 2, "seed": 3, "checkpoint_every": 2, "keep_last": 0}
+    "train": {"log_every": 1, "eval_every": 2, "seed": 3, "checkpoint_every": 2, "keep_last": 0,
+              "collective_timeout_s": 60}
   })");
   config["train"]["epochs"] = epochs;
   config["train"]["max_steps"] = max_steps;
@@ -156,7 +157,7 @@ TEST_CASE("a rank killed under torchrun's variables ends the others with its nam
                            "sleep 0.05; done; kill -9 $pid1";
   const Job job = run_env_job(scratch_dir() / "job_killed", 2,
                               "train --config " + config.string() +
-                                  " --plugin ddp --set train.collective_timeout_s=600 --set train.checkpoint_every=0",
+                                  " --plugin ddp --set train.collective_timeout_s=60 --set train.checkpoint_every=0",
                               "", kill);
   INFO(what_ranks_printed(job));
   CHECK(job.ranks[1].exit_code == 137);

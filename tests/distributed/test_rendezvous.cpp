@@ -21,6 +21,7 @@
 #include <thread>
 #include <vector>
 
+#include "collective_timeout.h"  // a rank left waiting fails within a minute
 #include "booster/common/error.h"
 #include "booster/distributed/rendezvous.h"
 #include "local_sockets.h"

@@ -26,6 +26,7 @@
 #include <thread>
 #include <vector>
 
+#include "collective_timeout.h"  // a rank left waiting fails within a minute
 #include "booster/common/error.h"
 #include "booster/distributed/process_group.h"
 #include "booster/distributed/rendezvous.h"

@@ -6,6 +6,7 @@
 
 #include <cmath>
 #include <cstdlib>
+#include <chrono>
 #include <filesystem>
 #include <fstream>
 #include <thread>
@@ -252,8 +253,13 @@ TEST_CASE("mpi barrier waits for the slowest rank", "[mpi]") {
   if (pg.rank() == 0) std::filesystem::create_directories(dir);
   pg.barrier();  // line up: the directory exists
   if (pg.rank() == 0) {
+    // A rank that never arrives fails the test within a minute instead of hanging it.
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
     for (int r = 1; r < pg.size(); ++r)
-      while (!std::filesystem::exists(arrived(r))) std::this_thread::yield();  // CTest's timeout ends a hang
+      while (!std::filesystem::exists(arrived(r))) {
+        if (std::chrono::steady_clock::now() > deadline) FAIL("rank " << r << " never reached the barrier in 60 s");
+        std::this_thread::yield();
+      }
     std::ofstream(dir / "rank0_entered") << "";
   } else {
     std::ofstream(arrived(pg.rank())) << "";
