@@ -6,7 +6,8 @@
 // losses), gradient that of the summed cross-entropy over N, within float32 roundoff bounds. And packed
 // sft samples (Note [Packing SFT records]) train a Llama under ddp, ZeRO-2 and tp 2 as one process
 // trains it on the records one by one, and under pp (1F1B, GPipe, with activation checkpointing; on 4
-// ranks tp 2 x pp 2 and dp 2 x pp 2) give the logits and step of one process on the same packed batch.
+// ranks tp 2 x pp 2 and dp 2 x pp 2) give the logits and step of one process on the same packed batch,
+// as they do a GPT under pp 2, tp 2 and tp 2 x pp 2.
 #include <catch2/catch.hpp>
 
 #include <chrono>
@@ -282,7 +283,7 @@ TEST_CASE("token mean: packed sft samples on 2 ranks train a Llama as the record
   }
 }
 
-TEST_CASE("token mean: packed sft samples under hybrid pp give a Llama the logits and step of one process",
+TEST_CASE("token mean: packed sft samples under hybrid pp and tp give a Llama and a GPT the logits and step of one process",
           "[mpi][trainer][sft][packed_pp]") {
   // Note [Packed micro-batches] in booster/nn/pipeline.cpp: a stage after the first runs each
   // micro-batch under the layout of the packed input it is handed too, so the split Llama's logits
@@ -294,17 +295,33 @@ TEST_CASE("token mean: packed sft samples under hybrid pp give a Llama the logit
   distributed::set_default_collective_timeout(std::chrono::seconds(60));  // a stage left waiting fails
   const auto packed = byte_records(true);
   const data::Batch all = packed->get_batch({0, 1, 2, 3, 4, 5});
-  // One process: the logits of the packed batch, then one step on it.
-  Booster single(BoosterConfig{});
-  Tensor want_logits;
-  const double want_loss = llama_step(single, packed, packed->size(), kLlama, all.x, &want_logits);
-  const nn::StateDict want = single.boosted().model->state_dict();
-  const nn::StateDict start = nn::make_model(kLlama, 5)->state_dict();
+  // A GPT of the same size keeps the records apart by the same segments, its learned positions per record.
+  const json kGPT = {{"type", "gpt"}, {"vocab_size", 256}, {"context", 64}, {"width", 16}, {"layers", 2}, {"heads", 2}};
+  // One process, per model: the logits of the packed batch, then one step on it.
+  struct Reference {
+    Tensor logits;
+    double loss;
+    nn::StateDict want, start;
+  };
+  std::map<std::string, Reference> references;
+  auto reference_of = [&](const json& config) -> const Reference& {
+    const std::string type = config.at("type");
+    if (!references.count(type)) {
+      Booster single(BoosterConfig{});
+      Reference r;
+      r.loss = llama_step(single, packed, packed->size(), config, all.x, &r.logits);
+      r.want = single.boosted().model->state_dict();
+      r.start = nn::make_model(config, 5)->state_dict();
+      references[type] = r;
+    }
+    return references.at(type);
+  };
   // Note [Roundoff bounds]: the layouts differ in the GEMMs' row counts (micro-batches), the sums of
   // the weight gradients over micro-batches and ranks, and tp's split sums over the width.
-  const double eps_logits = ro::reduction_bound({ro::llama_forward_length(16, 2, 2, 24, 32, 256, 1)});
-  const double forward = ro::llama_forward_length(16, 2, 2, 24, 32, 256, 6 * 32);
-  const double eps_gradient = ro::reduction_bound({2 * forward, 6 * 32, 4});
+  auto forward_length = [](const json& config, double batch) {
+    return config.at("type") == "gpt" ? ro::gpt_forward_length(16, 2, 2, 32, 256, batch)
+                                      : ro::llama_forward_length(16, 2, 2, 24, 32, 256, batch);
+  };
   json recomputing = kLlama;
   recomputing["activation_checkpointing"] = true;
   using Layout = std::tuple<std::string, json, json>;
@@ -314,13 +331,23 @@ TEST_CASE("token mean: packed sft samples under hybrid pp give a Llama the logit
                    {"pp 2, gpipe, 3 micro-batches", {{"pp_size", 2}, {"num_microbatches", 3}, {"schedule", "gpipe"}},
                     kLlama},
                    {"pp 2, 1f1b, 3 micro-batches, activation checkpointing",
-                    {{"pp_size", 2}, {"num_microbatches", 3}}, recomputing}}
+                    {{"pp_size", 2}, {"num_microbatches", 3}}, recomputing},
+                   {"GPT, pp 2, 1f1b, 2 micro-batches", {{"pp_size", 2}, {"num_microbatches", 2}}, kGPT},
+                   {"GPT, tp 2", {{"tp_size", 2}}, kGPT}}
              : std::vector<Layout>{
                    {"tp 2 x pp 2, 2 micro-batches", {{"tp_size", 2}, {"pp_size", 2}, {"num_microbatches", 2}}, kLlama},
                    {"dp 2 x pp 2, 3 micro-batches, activation checkpointing",
-                    {{"pp_size", 2}, {"num_microbatches", 3}}, recomputing}};
+                    {{"pp_size", 2}, {"num_microbatches", 3}}, recomputing},
+                   {"GPT, tp 2 x pp 2, 2 micro-batches", {{"tp_size", 2}, {"pp_size", 2}, {"num_microbatches", 2}},
+                    kGPT}};
   for (const auto& [name, options, model_config] : layouts) {
     INFO(name);
+    const Reference& ref = reference_of(model_config);
+    const Tensor& want_logits = ref.logits;
+    const double want_loss = ref.loss;
+    const double eps_logits = ro::reduction_bound({forward_length(model_config, 1)});
+    const double forward = forward_length(model_config, 6 * 32);
+    const double eps_gradient = ro::reduction_bound({2 * forward, 6 * 32, 4});
     Booster booster(BoosterConfig{.plugin = "hybrid_parallel", .plugin_options = options});
     const int64_t replicas = n / (options.value("tp_size", 1) * options.value("pp_size", 1));
     Tensor logits;
@@ -332,6 +359,6 @@ TEST_CASE("token mean: packed sft samples under hybrid pp give a Llama the logit
     CHECK(d_logits <= eps_logits * scale);
     INFO("loss " << loss << ", one process " << want_loss);
     CHECK(std::abs(loss - want_loss) <= ro::reduction_bound({forward, 4}) * want_loss);
-    check_saved_step(booster, want, start, eps_gradient);
+    check_saved_step(booster, ref.want, ref.start, eps_gradient);
   }
 }
