@@ -25,6 +25,7 @@
 #include "booster/autograd/autograd.h"
 #include "booster/checkpoint/atomic_file.h"
 #include "booster/checkpoint/safetensors.h"
+#include "booster/common/json_text.h"
 #include "booster/config/option_reader.h"
 #include "booster/distributed/device_mesh.h"
 #include "booster/distributed/local_process_group.h"
@@ -477,7 +478,10 @@ class HybridCheckpointIO final : public CheckpointIO {
     const std::filesystem::path file = path / "hybrid_layout.json";
     BOOSTER_CHECK(std::filesystem::exists(file), CheckpointError, "load_optimizer: ", file.string(),
                   " does not exist; plugin 'hybrid_parallel' resumes only its own checkpoints");
-    const json saved = json::parse(checkpoint::read_text_file(file));
+    // Note [One JSON reader] (booster/common/json_text.h).
+    const json saved = parse_json_as<CheckpointError>(
+        checkpoint::read_text_file(file), "checkpoint file " + file.string(),
+        "load_optimizer: " + file.string() + " is not valid JSON; the checkpoint is corrupt: ", checkpoint_limits());
     BOOSTER_CHECK(saved == layout, CheckpointError, "load_optimizer: the checkpoint was saved with the layout ",
                   saved.dump(), " and this run has ", layout.dump(), "; resume with the same plugin options and "
                   "number of processes");
@@ -507,7 +511,11 @@ class HybridCheckpointIO final : public CheckpointIO {
     Tensor chars = zeros({n.to_vector<int64_t>()[0]}, DType::Int64, pp.device());
     pp.recv(chars, from)->wait();
     const std::vector<int64_t> b = chars.to_vector<int64_t>();
-    const json meta = json::parse(std::string(b.begin(), b.end()));
+    // The peer's list of its tensors, read as any JSON text is (Note [One JSON reader]).
+    const json meta = parse_json_as<CheckpointError>(std::string(b.begin(), b.end()), "the tensor list of stage " +
+                                                     std::to_string(from), "the tensor list of stage " +
+                                                     std::to_string(from) + " is not valid JSON: ",
+                                                     data_limits(b.size(), "the size it was sent with"));
     for (const json& m : meta) {
       Shape shape;
       for (const json& d : m.at("shape")) shape.push_back(d.get<int64_t>());

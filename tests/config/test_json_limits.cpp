@@ -27,6 +27,7 @@
 #include "booster/nn/hf.h"
 #include "booster/nn/peft.h"
 #include "run_booster.h"
+#include "skip.h"
 
 namespace fs = std::filesystem;
 using nlohmann::json;
@@ -209,4 +210,29 @@ TEST_CASE("a flight record nested 200000 deep is a DataError naming it", "[confi
   CHECK(r.out.empty());
   CHECK(std::count(r.err.begin(), r.err.end(), '\n') == 1);
   CHECK_THAT(r.err, Contains("rank-0.json") && Contains("nested more than 64 deep"));
+}
+
+TEST_CASE("a hybrid_layout.json nested 200000 deep is refused at resume, naming it",
+          "[config][json_limits][hardening][cli][hybrid]") {
+  if (!testing::have_plugin("hybrid_parallel")) {
+    skip_test("the hybrid_parallel plugin is not built");
+    return;
+  }
+  const fs::path dir = fresh("hybrid");
+  const std::string train = "train --config " + std::string(BOOSTER_SOURCE_DIR) +
+                            "/examples/configs/gpt_char.json -p hybrid_parallel --set train.max_steps=2 "
+                            "--set train.eval_every=0 --set train.run_dir=null --set train.checkpoint_every=1 ";
+  testing::RunResult r = testing::run_booster_in(dir, train + "--set train.checkpoint_dir=ck", "OMP_NUM_THREADS=1");
+  INFO(r.err);
+  REQUIRE(r.exit_code == 0);
+  const fs::path step = dir / "ck" / "step-00000001";
+  REQUIRE(fs::exists(step / "optimizer" / "hybrid_layout.json"));
+  write(step / "optimizer" / "hybrid_layout.json", deep());
+  checkpoint::write_checksums(step);  // the file is what its checksum says: only its text is wrong
+  r = testing::run_booster_in(dir, train + "--set train.checkpoint_dir=ck2 --resume ck/step-00000001",
+                              "OMP_NUM_THREADS=1");
+  INFO(r.err);
+  CHECK(r.exit_code != 0);
+  CHECK(r.exit_code < 128);
+  CHECK_THAT(r.err, Contains("hybrid_layout.json") && Contains("nested more than 64 deep"));
 }

@@ -76,6 +76,14 @@ CsvTable read_csv(const std::filesystem::path& path, const CsvOptions& options) 
     if (!line.empty() && line.back() == '\r') line.pop_back();
     if (trim(line).empty()) continue;
     std::vector<std::string> cells = split_cells(line, options.delimiter);
+    // A NUL would cut every message that shows the cell (and the header names taken from it).
+    for (size_t c = 0; c < cells.size(); ++c) {
+      if (cells[c].find('\0') == std::string::npos) continue;
+      BOOSTER_FAIL(DataError, "csv data: ", file, " line ", line_number, ", column ", c,
+                   c < names.size() ? " (\"" + names[c] + "\")" : std::string(),
+                   ": the cell holds a NUL byte (\\0) at character ", line.find('\0') + 1,
+                   " of the line; a CSV file is text (is it a binary file, or saved as UTF-16?)");
+    }
     if (first) {
       first = false;
       columns = cells.size();
