@@ -96,12 +96,12 @@ TEST_CASE("elastic choice: the slots left are the fewer of the re-read hostfile'
   if (const std::string why = testing::why_no_mpi(); !why.empty()) return skip_test(why);
   const fs::path hosts = write_hostfile("hosts_choice", "localhost slots=4\n");
   {
-    // The hostfile drops to 3 slots, the hook allows 2: 2 are left (global 12: 2 divides it).
-    INFO("hostfile 3, hook 2");
+    // The hostfile drops to 2 slots, the hook allows 3: 2 are left (global 12: 3 would divide it too).
+    INFO("hostfile 2, hook 3");
     const RunResult r = run_booster(
         "run -n 4 --hostfile " + hosts.string() + " --max-restarts 1 --min-processes 1 -- booster train --config " +
             config("both", 3).string(),
-        killed_once("both", "BOOSTER_TEST_MAX_PROCESSES=2 BOOSTER_TEST_BEFORE_RESTART='echo localhost slots=3 >" +
+        killed_once("both", "BOOSTER_TEST_MAX_PROCESSES=3 BOOSTER_TEST_BEFORE_RESTART='echo localhost slots=2 >" +
                                 hosts.string() + "'"));
     INFO(r.err);
     REQUIRE(r.exit_code == 0);

@@ -191,8 +191,8 @@ double conv_worst(const ConvVariant& v, DType dtype, uint64_t seed) {
 }
 
 std::vector<ConvVariant> conv_variants() {
-  // Every variant has the same images and (but for the kernel-shape ones) the same output size 9 x 9,
-  // so a key without the argument that differs would find the first variant's entry.
+  // Every variant has the same images; the first nine (but for the kernel-shape one) the same output
+  // size 9 x 9, so a key without the argument that differs would find the first variant's entry.
   std::vector<ConvVariant> v(9);
   v[0].what = "3x3, stride 1, padding 1, bias";
   v[1].what = "no bias";
@@ -211,6 +211,23 @@ std::vector<ConvVariant> conv_variants() {
   v[7].dw = 2, v[7].pw = 2;
   v[8] = v[0];
   v[8].what = "the first variant again";
+  // Pairs that differ in one argument only with the same output size (so a key that left it out finds
+  // the pair's first entry even where the output size is part of the key): a 1x1 kernel at stride 3 and
+  // 4 (3 x 3 outputs), then stride 4 in width only; a 3x3 kernel at stride 4 without and with dilation
+  // 2 (2 x 2); at stride 5 without and with padding 1 (2 x 2).
+  auto add = [&](const char* what, int64_t k, int64_t sh, int64_t sw, int64_t p, int64_t d) {
+    ConvVariant c;
+    c.what = what;
+    c.kh = c.kw = k, c.sh = sh, c.sw = sw, c.ph = c.pw = p, c.dh = c.dw = d;
+    v.push_back(c);
+  };
+  add("1x1, stride 3", 1, 3, 3, 0, 1);
+  add("1x1, stride 4", 1, 4, 4, 0, 1);
+  add("1x1, stride 4 in height, 3 in width", 1, 4, 3, 0, 1);
+  add("3x3, stride 4", 3, 4, 4, 0, 1);
+  add("3x3, stride 4, dilation 2", 3, 4, 4, 0, 2);
+  add("3x3, stride 5", 3, 5, 5, 0, 1);
+  add("3x3, stride 5, padding 1", 3, 5, 5, 1, 1);
   return v;
 }
 
