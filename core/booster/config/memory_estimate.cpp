@@ -15,6 +15,7 @@
 #include "booster/common/json_text.h"
 #include "booster/mixed_precision/master_weight_optimizer.h"
 #include "booster/mixed_precision/mixed_precision.h"
+#include "booster/nn/families.h"
 #include "booster/nn/linear.h"
 #include "booster/nn/llama.h"
 #include "booster/nn/model_registry.h"
@@ -101,16 +102,14 @@ Precision probe_strategy(const json& section) {
 // output, the final norm's input and output (3h) and the logits with their softmax (2v). With
 // activation_checkpointing a layer keeps only its input (h), and one layer's whole set lives again
 // while backward recomputes it.
-struct Transformer {
-  std::string family;  // "gpt" or "llama" (any decoder family of llama.h: mistral, qwen2 too)
-  int64_t vocab = 0, width = 0, layers = 0, heads = 0, kv_heads = 0, intermediate = 0, positions = 0;
-  bool tied = false, checkpointing = false;
-  bool qkv_bias = false;  // the family's q/k/v biases (qwen2)
+// The sizes come from the family's declaration (nn/families.h: its `sizes`), the counts from its layout:
+// "gpt" (GPT-2's blocks) or "llama" (the Llama layers of llama, mistral and qwen2).
+struct Transformer : nn::TransformerSizes {
 
   int64_t parameters() const {
     const int64_t v = vocab, w = width, L = layers;
     const int64_t head = tied ? 0 : w * v;
-    if (family == "gpt") {
+    if (layout == "gpt") {
       const int64_t per_block = 2 * 2 * w + (w * 3 * w + 3 * w) + (w * w + w) + (w * 4 * w + 4 * w) + (4 * w * w + w);
       return v * w + positions * w + L * per_block + 2 * w + head;
     }
@@ -121,7 +120,7 @@ struct Transformer {
 
   double activations_per_token(int64_t T) const {
     const double w = double(width), v = double(vocab), L = double(layers), H = double(heads);
-    if (family == "gpt") return L * (17.0 * w + 2.5 * H * double(T)) + 3.0 * w + 2.0 * v;
+    if (layout == "gpt") return L * (17.0 * w + 2.5 * H * double(T)) + 3.0 * w + 2.0 * v;
     const double kv = double(kv_heads) * (w / H);
     const double per_layer = 2.0 * w + (w + 2.0 * kv) + (w + kv) + (kv_heads < heads ? 2.0 * w : 0.0) +
                              H * double(T) + w + 2.0 * w + 4.0 * double(intermediate);
@@ -134,46 +133,21 @@ struct Transformer {
 // Face's keys and defaults, as nn::load_pretrained reads them); nullopt for anything else.
 std::optional<Transformer> transformer_of(const json& model) {
   const std::string type = model.at("type").get<std::string>();
-  auto i = [](const json& j, const char* key, int64_t fallback) {
-    const json v = j.value(key, json());
-    return v.is_number_integer() ? v.get<int64_t>() : fallback;
-  };
-  auto b = [](const json& j, const char* key, bool fallback) {
-    const json v = j.value(key, json());
-    return v.is_boolean() ? v.get<bool>() : fallback;
-  };
-  Transformer t;
-  if (type == "gpt") {
-    // (Megatron's count has no checkpointed variant here: the GPT's activations are counted whole.)
-    t = {"gpt", i(model, "vocab_size", 0), i(model, "width", 0), i(model, "layers", 0), i(model, "heads", 0),
-         i(model, "heads", 0), 4 * i(model, "width", 0), i(model, "context", 0), false, false};
-  } else if (const nn::DecoderFamily* f = nn::find_decoder_family(type)) {
-    t = {"llama", i(model, "vocab_size", 0), i(model, "hidden_size", 0), i(model, "num_hidden_layers", 0),
-         i(model, "num_attention_heads", 0), i(model, "num_key_value_heads", i(model, "num_attention_heads", 0)),
-         i(model, "intermediate_size", 0), i(model, "max_position_embeddings", f->default_max_positions),
-         b(model, "tie_word_embeddings", false), b(model, "activation_checkpointing", false), f->qkv_bias};
+  std::optional<nn::TransformerSizes> sizes;
+  if (const nn::ModelFamily* f = nn::find_model_family(type); f != nullptr && f->sizes) {
+    sizes = f->sizes(model, nullptr);
   } else if (type == "hf" && model.value("path", json()).is_string()) {
     // Note [One JSON reader] (json_text.h).
     const json hf = try_read_json_file(model.at("path").get<std::string>() + "/config.json", JsonLimits{});
     if (!hf.is_object()) return std::nullopt;
     const std::string family = hf.value("model_type", json()).is_string() ? hf.at("model_type").get<std::string>() : "";
-    const bool checkpointing = b(model, "activation_checkpointing", false);
-    if (const nn::DecoderFamily* f = nn::find_decoder_family(family)) {
-      const int64_t heads = i(hf, "num_attention_heads", 0);
-      t = {"llama", i(hf, "vocab_size", 0), i(hf, "hidden_size", 0), i(hf, "num_hidden_layers", 0), heads,
-           i(hf, "num_key_value_heads", heads), i(hf, "intermediate_size", 0),
-           i(hf, "max_position_embeddings", f->default_max_positions), b(hf, "tie_word_embeddings", false), checkpointing,
-           f->qkv_bias};
-    } else if (family == "gpt2") {
-      const int64_t w = i(hf, "n_embd", 768);
-      t = {"gpt", i(hf, "vocab_size", 50257), w, i(hf, "n_layer", 12), i(hf, "n_head", 12), i(hf, "n_head", 12),
-           4 * w, i(hf, "n_positions", 1024), b(hf, "tie_word_embeddings", true), false};
-    } else {
-      return std::nullopt;
-    }
-  } else {
-    return std::nullopt;
+    const nn::ModelFamily* f = nn::find_hf_family(family);
+    if (f == nullptr || f->hf_model_type != family || !f->sizes) return std::nullopt;
+    sizes = f->sizes(model, &hf);  // Hugging Face's keys and defaults, as nn::load_pretrained reads them
   }
+  if (!sizes) return std::nullopt;
+  Transformer t;
+  static_cast<nn::TransformerSizes&>(t) = *sizes;
   // Sizes the model would refuse (check_model refuses them first): not counted here.
   if (t.vocab < 1 || t.width < 1 || t.layers < 1 || t.heads < 1 || t.kv_heads < 1 || t.intermediate < 1 ||
       t.positions < 1 || t.width % t.heads != 0)
@@ -221,7 +195,7 @@ MemoryEstimate estimate_memory(const json& c, int world_size) {
                                                  : t->positions;
     e.parameters = t->parameters();
     activation_elements = int64_t(std::llround(double(batch * T) * t->activations_per_token(T)));
-    activation_detail = t->family + ", batch " + std::to_string(batch) + " x " + std::to_string(T) + " tokens" +
+    activation_detail = t->layout + ", batch " + std::to_string(batch) + " x " + std::to_string(T) + " tokens" +
                         (t->checkpointing ? ", layers checkpointed" : "");
     if (type == "hf") e.notes.push_back("model 'hf': the sizes of " + model.at("path").get<std::string>() + "/config.json");
   } else {

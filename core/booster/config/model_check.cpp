@@ -56,6 +56,7 @@
 #include "booster/checkpoint/checkpoint.h"
 #include "booster/common/error.h"
 #include "booster/distributed/process_group.h"
+#include "booster/nn/families.h"
 #include "booster/nn/kv_cache.h"
 #include "booster/nn/llama.h"
 #include "booster/nn/model_registry.h"
@@ -179,9 +180,9 @@ void check_model(const json& c) {
   const std::string type = model.at("type").get<std::string>();
   if (nn::find_decoder_family(type) == nullptr && type != "hf") {
     if (!splits_model(c.at("plugin"))) return;
-    // The built-in GPT's policy is booster's own, and split as a Llama's is; of other models, only
+    // A family's policy (the GPT's) is booster's own, and split as a Llama's is; of other models, only
     // whether the plugin finds a policy (Note [Checking a model before it trains]).
-    if (type == "gpt") check_split(build_deferred(c), c.at("plugin"));
+    if (nn::find_model_family(type) != nullptr) check_split(build_deferred(c), c.at("plugin"));
     else shard_policy_of(*build_deferred(c), c.at("plugin"));
     return;
   }

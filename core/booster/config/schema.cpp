@@ -15,6 +15,7 @@
 #include "booster/data/file_dataset.h"
 #include "booster/data/tokenizer.h"
 #include "booster/data/tokens.h"
+#include "booster/nn/families.h"
 #include "booster/nn/llama.h"
 #include "booster/nn/model_registry.h"
 #include "booster/plugin/loader.h"
@@ -257,6 +258,27 @@ std::vector<Field> decoder_fields(const nn::DecoderFamily& family) {
   return fields;
 }
 
+// The keys of a family declared as data (the GPT's: nn/gpt_family.cpp), with the schema's defaults and
+// bounds from its one declaration (Note [Model families] in nn/families.cpp).
+std::vector<Field> family_fields(const nn::ModelFamily& family) {
+  std::vector<Field> fields;
+  for (const nn::FamilyKey& k : family.keys) {
+    switch (k.kind) {
+      case nn::FamilyKey::Kind::Integer:
+        fields.push_back(integer(k.name, k.default_value.get<int64_t>(), k.min,
+                                 k.depth ? std::optional<double>(double(kMaxModelDepth)) : std::nullopt, k.help));
+        break;
+      case nn::FamilyKey::Kind::Number:
+        fields.push_back(number(k.name, k.default_value.get<double>(), k.min, k.max, false, true, k.help));
+        break;
+      case nn::FamilyKey::Kind::Boolean:
+        fields.push_back(boolean(k.name, k.default_value.get<bool>(), k.help));
+        break;
+    }
+  }
+  return fields;
+}
+
 void finish_model(const std::string& type, json& model) {
   if (nn::find_decoder_family(type) != nullptr && model.at("num_key_value_heads").is_null())
     model["num_key_value_heads"] = model.at("num_attention_heads");
@@ -290,17 +312,7 @@ std::vector<Section> make_training_schema() {
                integer("in", 784, 1, std::nullopt, "input features per sample"),
                integer("classes", 10, 1),
            }},
-          {"gpt",
-           {
-               integer("vocab_size", 256, 1),
-               integer("context", 128, 1, std::nullopt, "longest sequence"),
-               integer("width", 256, 1),
-               integer("layers", 4, 1, double(kMaxModelDepth), "transformer blocks (Note [The depth limit])"),
-               integer("heads", 4, 1, std::nullopt, "must divide width"),
-               number("dropout", 0.0, 0.0, 1.0, false, true),
-               boolean("activation_checkpointing", false,
-                       "recompute each block's activations in backward: less memory, one more forward"),
-           }},
+          {"gpt", family_fields(*nn::find_model_family("gpt"))},  // Note [Model families]
           {"cnn",
            {
                integer("in_channels", 1, 1),
@@ -644,16 +656,17 @@ void check_file_data(const json& c, bool classifier) {
 // is loaded (a missing or corrupt .model is a DataError naming it) and its vocabulary must fit the
 // model's; token files are mapped, their layout checked and, when small, every
 // id checked against the model's vocabulary (Note [Checking token ids] in booster/data/tokens.h). Only
-// the built-in GPT's context is known here; other models check their own.
-void check_token_data(const json& c, bool gpt) {
+// a family's declared context key is checked here (the GPT's "context"); other models check their own.
+void check_token_data(const json& c, const nn::ModelFamily* family) {
   const json& model = c.at("model");
   const json& data = c.at("data");
   const std::string data_type = data.at("type").get<std::string>();
   const int64_t vocab = model_vocab_size(model);
   const char* length_key = data_type == "text" ? "context" : "seq_len";
-  if (gpt && data.at(length_key).get<int64_t>() > model.at("context").get<int64_t>())
-    throw ConfigError("'data." + std::string(length_key) + "' is " + data.at(length_key).dump() +
-                      " but 'model.context' is " + model.at("context").dump() +
+  if (family != nullptr && !family->context_key.empty() &&
+      data.at(length_key).get<int64_t>() > model.at(family->context_key).get<int64_t>())
+    throw ConfigError("'data." + std::string(length_key) + "' is " + data.at(length_key).dump() + " but 'model." +
+                      family->context_key + "' is " + model.at(family->context_key).dump() +
                       "; the model cannot see more tokens than its context");
   if (data_type == "text") {
     // An hf model's vocabulary is its config.json's, which a user does not edit: the fix is the data's.
@@ -670,7 +683,7 @@ void check_token_data(const json& c, bool gpt) {
                           std::to_string(tokenizer.vocab_size()) + " ids; " +
                           (hf ? std::string("give 'data.tokenizer' the model's own tokenizer")
                               : "set 'model.vocab_size' to at least " + std::to_string(tokenizer.vocab_size())));
-    } else if ((gpt || nn::find_decoder_family(model_type) || hf) && vocab > 0 && vocab < 256) {
+    } else if ((family != nullptr || hf) && vocab > 0 && vocab < 256) {
       // Byte text has ids up to 255: a smaller embedding would fail at the first batch.
       throw ConfigError(vocab_is + "; text data without 'data.tokenizer' has one token per byte (256 ids), so " +
                         (hf ? std::string("give 'data.tokenizer' the model's own tokenizer")
@@ -723,6 +736,7 @@ void check_training_config(const json& c) {
   const bool builtin_model = std::find(builtins.begin(), builtins.end(), model_type) != builtins.end();
   const bool classifier = model_type == "mlp" || model_type == "linear";
   const bool image_classifier = model_type == "cnn";
+  const nn::ModelFamily* family = nn::find_model_family(model_type);  // gpt, llama, mistral, qwen2
   // A Llama or Hugging Face model is built (deferred) and split as the run would: its sizes, its files,
   // its positions against the data's sequences, its shard policy (Note [Checking a model before it trains]).
   check_model(c);
@@ -740,7 +754,7 @@ void check_training_config(const json& c) {
       fail(missing + " does not exist; it is made by " + made_by.get<std::string>() +
            " (data.made_by): run that first, or point the data at files of your own");
   if (data_type == "text" || data_type == "tokens" || data_type == "sft") {
-    const bool language_model = model_type == "gpt" || nn::find_decoder_family(model_type) || model_type == "hf";
+    const bool language_model = family != nullptr || model_type == "hf";
     if (builtin_model && !language_model) fail("'data.type' \"" + data_type + "\" needs a language model: set 'model.type' to \"gpt\" (it is \"" + model_type + "\")");
     if (criterion != "cross_entropy") fail("'criterion.type' must be \"cross_entropy\" for " + data_type + " data (it is \"" + criterion + "\")");
     if (data_type == "sft" && c.at("criterion").at("ignore_index") != -100)
@@ -752,9 +766,9 @@ void check_training_config(const json& c) {
         fail("'data.packing' is true but 'model.type' \"" + model_type + "\" cannot keep packed records apart (gpt "
              "and the Llama family can: llama, mistral, qwen2); set 'data.packing' to false");
     }
-    check_token_data(c, model_type == "gpt");
+    check_token_data(c, family);
   } else {
-    if (model_type == "gpt")
+    if (family != nullptr)  // every decoder family reads token ids
       fail("'model.type' \"" + model_type + "\" needs token data: set 'data.type' to \"text\" or \"tokens\", or use \"mlp\" for \"" + data_type + "\"");
     if (is_file_data(data_type)) {
       check_file_data(c, classifier);
@@ -777,8 +791,9 @@ void check_training_config(const json& c) {
         fail("'model.classes' is " + num(model.at("classes")) + " but the " + data_type + " data has " + std::to_string(classes) + " classes");
     }
   }
-  if (model_type == "gpt" && model.at("width").get<int64_t>() % model.at("heads").get<int64_t>() != 0)
-    fail("'model.width' " + num(model.at("width")) + " is not divisible by 'model.heads' " + num(model.at("heads")));
+  for (const auto& [a, b] : family != nullptr ? family->divisible : std::vector<std::pair<std::string, std::string>>{})
+    if (model.at(a).get<int64_t>() % model.at(b).get<int64_t>() != 0)
+      fail("'model." + a + "' " + num(model.at(a)) + " is not divisible by 'model." + b + "' " + num(model.at(b)));
   // Note [The run directory] in config.h.
   const json& train = c.at("train");
   const bool has_run_dir = train.at("run_dir").is_string();

@@ -133,6 +133,9 @@ void check_family_keys(const ModelFamily& family, const nlohmann::json& cfg) {
         break;
     }
   }
+  for (const auto& [a, b] : family.divisible)
+    BOOSTER_CHECK(cfg.at(a).get<int64_t>() % cfg.at(b).get<int64_t>() == 0, ConfigError, "make_model: \"", a, "\" ",
+                  cfg.at(a).get<int64_t>(), " must be divisible by \"", b, "\" ", cfg.at(b).get<int64_t>());
 }
 
 // ------------------------------------------------------------------------------------------ shards

@@ -87,6 +87,11 @@ struct ModelFamily {
 
   // ---- config keys
   std::vector<FamilyKey> keys;  // declared as data (the GPT); empty for a family with its own parser
+  // Pairs of keys (a, b) where b must divide a ("width" by "heads"), checked by the schema too.
+  std::vector<std::pair<std::string, std::string>> divisible;
+  // The key of the longest sequence, checked by the schema against the data's ("context"); empty: the
+  // built model says (CausalLM::max_positions, checked by booster check's model check).
+  std::string context_key;
   ModelFactory make;            // make_model's factory for `type`
   // make_model's config of the model a config.json describes (a ConfigError names the file), and the
   // config.json of a built model (save_pretrained's).
@@ -127,7 +132,8 @@ const ModelFamily* find_hf_family(const std::string& model_type_or_architecture)
 const ModelFamily* family_of(const Module& model);
 
 // make_model's check of a config against a family's declared keys: ConfigError for an unknown key
-// (listing the allowed ones), a missing required one, or a value of the wrong kind or out of bounds.
+// (listing the allowed ones), a missing required one, a value of the wrong kind or out of bounds, or
+// sizes that do not divide (`divisible`).
 void check_family_keys(const ModelFamily& family, const nlohmann::json& cfg);
 
 // The parameters a family splits under tensor parallelism (ShardedModel::shards) for a model of

@@ -25,8 +25,6 @@ ModulePtr make_gpt(const json& cfg, uint64_t seed) {
   g.width = integer(cfg, "width");
   g.layers = integer(cfg, "layers");
   g.heads = integer(cfg, "heads");
-  BOOSTER_CHECK(g.width % g.heads == 0, ConfigError, "make_model: \"width\" ", g.width,
-                " must be divisible by \"heads\" ", g.heads);
   g.dropout = cfg.value("dropout", g.dropout);
   g.activation_checkpointing = cfg.value("activation_checkpointing", g.activation_checkpointing);
   return std::make_shared<GPT>(g, seed);
@@ -117,6 +115,8 @@ std::optional<TransformerSizes> gpt_sizes(const json& model, bool hf) {
       {"activation_checkpointing", Kind::Boolean, false, false, 0, INFINITY, false,
        "recompute each block's activations in backward: less memory, one more forward", "", nullptr},
   };
+  f.divisible = {{"width", "heads"}};
+  f.context_key = "context";
   f.make = make_gpt;
   f.from_hf = gpt2_from_hf;
   f.to_hf = gpt2_to_hf;
