@@ -364,8 +364,10 @@ class Relay {
     }
   }
 
-  // The first error line the job printed, else mpirun's line about a rank that died of a signal ("":
-  // neither): the reason a restart names (Note [Restarting a failed job]).
+  // The first error line the job printed (a rank's "fatal signal" line naming the model library that
+  // crashed counts: Note [Naming the code that crashed] in booster/common/fatal_signal.h), else
+  // mpirun's line about a rank that died of a signal ("": neither): the reason a restart names (Note
+  // [Restarting a failed job]).
   std::string failure() const { return first_error_.empty() ? died_ : first_error_; }
 
   void err(const char* data, size_t n) {
@@ -428,7 +430,9 @@ class Relay {
       } else if (data[i] != '\n') {
         if (scanned_.size() < 2000) scanned_ += data[i];
       } else {
-        if (first_error_.empty() && contains(scanned_, "error:")) first_error_ = scanned_;
+        const bool fatal_signal = starts_with(scanned_, "booster: ") && contains(scanned_, ": fatal signal ") &&
+                                  contains(scanned_, " of model library '");
+        if (first_error_.empty() && (contains(scanned_, "error:") || fatal_signal)) first_error_ = scanned_;
         if (died_.empty() && contains(scanned_, "exited on signal")) died_ = scanned_;
         scanned_.clear();
       }

@@ -1,6 +1,7 @@
-// Faults from outside the program while `booster train` runs, through the binary: a token file cut
-// short under a running job (Note [Token files cut short] in booster/data/tokens.h), and two runs on one
-// run directory (the run directory's lock in Trainer::fit).
+// Faults from outside the program while `booster train` runs (issue 48 items 7-9), through the binary:
+// a token file cut short under a running job (Note [Token files cut short] in booster/data/tokens.h), two
+// runs on one run directory (the run directory's lock in Trainer::fit), and a model library that crashes
+// in its factory or its forward (Note [Naming the code that crashed] in booster/common/fatal_signal.h).
 // Each run is bounded by `timeout`, so a regression fails within a minute instead of hanging.
 #include <catch2/catch.hpp>
 
@@ -20,6 +21,7 @@
 #include "booster/common/error.h"
 #include "booster/data/tokens.h"
 #include "run_booster.h"
+#include "skip.h"
 
 namespace fs = std::filesystem;
 using Catch::Contains;
@@ -156,4 +158,65 @@ TEST_CASE("a second run on a run directory in use is refused at once, naming the
   const RunResult again = testing::run_booster_in(dir, "train --config " + second.string(), kEnv + " timeout -s KILL 60");
   INFO(again.err);
   CHECK(again.exit_code == 0);
+}
+
+// ------------------------------------------------------------------------------ item 9: crashing models
+namespace {
+
+const std::string kCrashy = std::string(BOOSTER_TEST_MODEL_DIR) + "/libbooster_model_crashy.so";
+
+// `booster train` of the crashy library's `type` on synthetic data, on `processes` processes (1:
+// directly; more: booster run -n under ddp, with a short collective timeout so no rank waits long).
+RunResult train_crashy(const std::string& type, int processes, const std::string& run_args = "") {
+  const fs::path dir = scratch_dir() / ("crashy_" + type + "_" + std::to_string(processes));
+  fs::remove_all(dir);
+  json config = {{"model", {{"type", type}, {"library", kCrashy}, {"in", 8}, {"classes", 3}}},
+                 {"optimizer", {{"type", "sgd"}, {"lr", 0.1}}},
+                 {"criterion", {{"type", "cross_entropy"}}},
+                 {"data", {{"type", "synthetic"}, {"num_samples", 64}, {"num_test_samples", 16}, {"num_features", 8},
+                           {"num_classes", 3}, {"batch_size", 8}}},
+                 {"train", {{"max_steps", 2}, {"seed", 1}, {"run_dir", nullptr}, {"collective_timeout_s", 20}}}};
+  if (processes > 1) config["plugin"] = "ddp";
+  const fs::path file = write_config("crashy_" + type + ".json", config);
+  const std::string train = "train --config " + file.string();
+  if (processes == 1) return testing::run_booster_in(dir, train, kEnv + " timeout -s KILL 60");
+  return testing::run_booster_in(dir, "run -n " + std::to_string(processes) + " " + run_args + "-- " + BOOSTER_BIN_DIR +
+                                          "/booster " + train,
+                                 kEnv + " timeout -s KILL 90");
+}
+
+}  // namespace
+
+TEST_CASE("a model library that crashes in its factory is named, and the run ends by the signal",
+          "[cli][faults][plugin]") {
+  const RunResult r = train_crashy("crash_in_factory", 1);
+  INFO(r.err);
+  CHECK(r.exit_code == 128 + SIGSEGV);
+  CHECK_THAT(r.err, Contains("booster: fatal signal SIGSEGV in the factory of model \"crash_in_factory\" of model "
+                             "library 'crashy' (" + kCrashy + "); the fault is in that library's code"));
+}
+
+TEST_CASE("a model library that crashes in a module's forward is named with the module", "[cli][faults][plugin]") {
+  const RunResult r = train_crashy("crash_in_forward", 1);
+  INFO(r.err);
+  CHECK(r.exit_code == 128 + SIGSEGV);
+  // 'bad' is innermost on the stack; 'fc' ran before it and returned, and the model is outermost.
+  CHECK_THAT(r.err, Contains("booster: fatal signal SIGSEGV in the forward of module 'bad' (CrashyLayer) of model "
+                             "\"crash_in_forward\" of model library 'crashy' (" + kCrashy + ")"));
+}
+
+TEST_CASE("under booster run a crashing model library is named by rank and the restart says why",
+          "[cli][faults][plugin][mpi]") {
+  if (!testing::have_mpirun()) return skip_test(testing::kNoMpirun);
+  if (!testing::have_plugin("ddp")) return skip_test("the ddp plugin was not built");
+  const std::string named = "fatal signal SIGSEGV in the forward of module 'bad' (CrashyLayer) of model "
+                            "\"crash_in_forward\" of model library 'crashy' (" + kCrashy + ")";
+  const RunResult r = train_crashy("crash_in_forward", 2, "--max-restarts 1 ");
+  INFO(r.err);
+  CHECK(r.exit_code == 128 + SIGSEGV);  // mpirun's status for a rank that died of SIGSEGV
+  // Each rank's line passes through booster run, and mpirun's line says which signal ended the job.
+  CHECK_THAT(r.err, Contains("booster: rank 0 of 2: " + named) && Contains("booster: rank 1 of 2: " + named) &&
+                        Contains("exited on signal 11"));
+  // The restart names the first rank's line as its reason, not only the signal.
+  CHECK_THAT(r.err, Contains("booster run: restart 1 of 1") && Contains("(signal 11, Segmentation fault): booster: rank "));
 }

@@ -9,6 +9,7 @@
 
 #include "booster/common/error.h"
 #include "booster/common/error_context.h"
+#include "booster/common/fatal_signal.h"
 #include "booster/plugin/loader.h"
 
 namespace booster::nn {
@@ -56,12 +57,49 @@ class CollectingRegistrar final : public ModelRegistrar {
   std::vector<std::pair<std::string, ModelFactory>>& out_;
 };
 
+// "model library 'NAME' (FILE)", for messages.
+std::string describe(const plugin::Plugin& library) {
+  return "model library '" + library.name() + "' (" + library.file().string() + ")";
+}
+
+// What a model a library made shares with each of its modules: the library, kept loaded while any of
+// them lives (Note [Plugin lifetime]), and each module's label for the fatal-signal handler (Note
+// [Naming the code that crashed]), taken back when the last module is gone.
+class LibraryModelOwner {
+ public:
+  LibraryModelOwner(std::shared_ptr<plugin::Plugin> library, const Module& model, const std::string& type)
+      : library_(std::move(library)) {
+    const std::string of = "model \"" + type + "\" of " + describe(*library_);
+    const auto modules = model.named_modules();  // pre-order: the outer modules first
+    labels_.reserve(modules.size());             // no reallocation: the handler holds c_str()s
+    for (const auto& [path, module] : modules)
+      labels_.emplace_back(module, path.empty() ? of : "module '" + path + "' (" + module->name() + ") of " + of);
+    for (const auto& [module, label] : labels_) register_crash_module(module, label.c_str());
+  }
+  ~LibraryModelOwner() {
+    for (const auto& [module, label] : labels_) unregister_crash_module(module);
+  }
+  LibraryModelOwner(const LibraryModelOwner&) = delete;
+  LibraryModelOwner& operator=(const LibraryModelOwner&) = delete;
+
+ private:
+  std::shared_ptr<plugin::Plugin> library_;  // declared first: released last
+  std::vector<std::pair<const Module*, std::string>> labels_;
+};
+
 LoadedLibrary load_library(const std::string& name_or_path) {
   LoadedLibrary loaded;
   loaded.library = plugin::load(plugin::kModelKind, name_or_path);
   auto* entry = reinterpret_cast<ModelLibraryEntry*>(loaded.library->symbol(plugin::entry_point(plugin::kModelKind)));
   CollectingRegistrar registrar(loaded.models);
-  plugin::call_into(*loaded.library, "booster_register_models", [&] { entry(registrar); });
+  // Note [Naming the code that crashed] (booster/common/fatal_signal.h): a crash in the library's code
+  // names it.
+  install_fatal_signal_reporter();
+  const std::string site = "the entry point booster_register_models of " + describe(*loaded.library);
+  {
+    const CrashSiteScope calling(site.c_str());
+    plugin::call_into(*loaded.library, "booster_register_models", [&] { entry(registrar); });
+  }
   BOOSTER_CHECK(!loaded.models.empty(), PluginError, "model library '", loaded.library->name(), "' (",
                 loaded.library->file().string(), ") registered no models");
   return loaded;
@@ -85,11 +123,24 @@ ModulePtr make_library_model(const json& cfg, const std::string& type, uint64_t 
   json own = cfg;
   own.erase("library");
   plugin::count_factory_call(plugin::kModelKind);
-  ModulePtr model = plugin::call_into(library, "the factory of model \"" + type + "\"", [&] { return it->second(own, seed); });
+  const std::string site = "the factory of model \"" + type + "\" of " + describe(library);
+  ModulePtr model;
+  {
+    const CrashSiteScope calling(site.c_str());  // Note [Naming the code that crashed]
+    model = plugin::call_into(library, "the factory of model \"" + type + "\"", [&] { return it->second(own, seed); });
+  }
   BOOSTER_CHECK(model != nullptr, PluginError, "model library '", library.name(), "' (", library.file().string(),
                 ") returned no model for \"", type, "\"");
-  // Note [Plugin lifetime]: the model, and each module below it, keeps its library loaded.
-  return plugin::bind_module(loaded.library, std::move(model));
+  // Note [Plugin lifetime]: the model, and each module below it, keeps its library loaded (as
+  // plugin::bind_module does), through an owner that also names its modules in a crash.
+  auto owner = std::make_shared<const LibraryModelOwner>(loaded.library, *model, type);
+  model->share_children_with(owner);
+  struct Keeper {
+    std::shared_ptr<const LibraryModelOwner> owner;  // declared first: released after the model
+    ModulePtr model;
+  };
+  Module* raw = model.get();
+  return ModulePtr(std::make_shared<Keeper>(Keeper{std::move(owner), std::move(model)}), raw);
 }
 
 }  // namespace
