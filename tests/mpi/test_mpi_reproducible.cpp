@@ -73,11 +73,13 @@ struct Outcome {
   std::vector<Tensor> params;               // as the model holds them (dtype kept)
   std::map<std::string, Tensor> state;      // the optimizer's state tensors
   std::vector<double> losses;               // per step
+  std::vector<double> scales;               // the loss scale after each step
+  int skipped = 0;                          // steps skipped (inf/NaN gradients)
 };
 
 // kSteps reproducible steps of AdamW under `config`; `whole`: this process takes the whole global
 // batch (the one-process reference), else its rows of it.
-Outcome train(BoosterConfig config, bool whole, int64_t accumulation_rows = 0) {
+Outcome train(BoosterConfig config, bool whole, int64_t accumulation_rows = 0, int steps = kSteps) {
   config.reproducible = true;
   config.reproducible_chunks = kChunks;
   Booster booster(config);
@@ -88,7 +90,7 @@ Outcome train(BoosterConfig config, bool whole, int64_t accumulation_rows = 0) {
   Outcome out;
   const int world = whole ? 1 : group().size();
   const int rank = whole ? 0 : group().rank();
-  for (int s = 0; s < kSteps; ++s) {
+  for (int s = 0; s < steps; ++s) {
     const Batch mine = rows_of(global_batch(s), world, rank);
     Tensor x = mine.x, y = mine.y;
     if (accumulation_rows > 0) {
@@ -103,6 +105,8 @@ Outcome train(BoosterConfig config, bool whole, int64_t accumulation_rows = 0) {
     }
     out.losses.push_back(booster.reproducible_step(x, y, *b.model, b.criterion, *b.optimizer));
     b.optimizer->step();
+    out.skipped += b.optimizer->step_was_skipped() ? 1 : 0;
+    out.scales.push_back(booster.precision().loss_scale());
   }
   for (const Tensor& p : b.model->parameters()) out.params.push_back(p.detach().clone());
   out.state = b.optimizer->state_dict().tensors;
@@ -132,6 +136,8 @@ void require_same_bytes(const Outcome& got, const Outcome& want) {
     REQUIRE(got.state.count(name) == 1);
     REQUIRE(bitwise_equal(got.state.at(name), t));
   }
+  REQUIRE(got.skipped == want.skipped);
+  REQUIRE(got.scales == want.scales);
   for (size_t s = 0; s < want.losses.size(); ++s) {
     INFO("step " << s + 1);
     REQUIRE(std::memcmp(&got.losses[s], &want.losses[s], sizeof(double)) == 0);
@@ -257,6 +263,20 @@ TEST_CASE("reproducible ddp with the step's micro-batches concatenated", "[mpi][
   require_same_bytes(train(with("fp32", "ddp"), false, per_rank / 2), train(with("fp32", ""), true));
 }
 
+TEST_CASE("reproducible ddp fp16 with a dynamic loss scale decides as one process does", "[mpi][reproducible]") {
+  // A scale of 2^24 overflows float16 in the first steps (skipped, the scale halves), then grows every
+  // 2 good steps: the same decisions, and the same bytes, at every world size.
+  BoosterConfig fp16 = with("fp16", "ddp");
+  fp16.mixed_precision_options = {{"init_scale", 16777216.0}, {"growth_interval", 2}};
+  BoosterConfig single = fp16;
+  single.plugin = "";
+  const Outcome reference = train(single, true, 0, 16);
+  INFO("skipped " << reference.skipped << " of 16 steps");
+  REQUIRE(reference.skipped > 0);
+  REQUIRE(reference.skipped < 16);
+  require_same_bytes(train(fp16, false, 0, 16), reference);
+}
+
 TEST_CASE("reproducible zero stage 1 fp32 ends on the one-process bytes", "[mpi][reproducible]") {
   const Outcome reference = train(with("fp32", ""), true);
   require_same_bytes(train(with("fp32", "low_level_zero", {{"stage", 1}, {"precision", "fp32"}}), false), reference);
@@ -278,9 +298,9 @@ TEST_CASE("reproducible refusals name what would work", "[mpi][reproducible]") {
   BoosterConfig zero_fp16 = with("fp32", "low_level_zero", {{"stage", 1}});
   zero_fp16.reproducible = true;
   REQUIRE_THROWS_WITH(Booster(zero_fp16), Contains("precision 'fp16'") && Contains("fp32 or bf16"));
-  BoosterConfig fp16 = with("fp16", "ddp");
-  fp16.reproducible = true;
-  REQUIRE_THROWS_AS(Booster(fp16), ConfigError);
+  BoosterConfig naive = with("fp16_naive", "ddp");
+  naive.reproducible = true;
+  REQUIRE_THROWS_WITH(Booster(naive), Contains("precision 'fp16_naive' is not supported"));
 
   // Chunks that are no power of two, that do not divide the batch, or that the world size does not divide.
   REQUIRE_THROWS_WITH(reproducible::check_sizes(6, 24, 1, "here"), Contains("power of two") && Contains("1, 2, 4 or 8"));

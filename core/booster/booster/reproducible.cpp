@@ -94,9 +94,13 @@ void check_layout(const std::string& plugin, const ParallelLayout& layout, const
                   "norm over shards, whose number is the world size; train without max_norm / train.max_grad_norm, "
                   "or under ddp");
   }
-  BOOSTER_CHECK(strategy == "fp32" || strategy == "bf16", ConfigError, where, ": precision '", strategy,
-                "' is not supported (float16's loss scale could decide differently at another world size); use "
-                "fp32 or bf16", plugin == "low_level_zero" ? " (the plugin's \"precision\" option, default fp16)" : "");
+  // fp16 is autocast with float32 gradients; ZeRO's fp16 has float16 ones (Note: W * G could overflow).
+  const bool supported = strategy == "fp32" || strategy == "bf16" || (strategy == "fp16" && plugin != "low_level_zero");
+  BOOSTER_CHECK(supported, ConfigError, where, ": precision '", strategy, "' is not supported",
+                plugin == "low_level_zero" ? " under low_level_zero (float16 gradients could overflow in the exchange "
+                                             "where they do not on one process); use its \"precision\" option fp32 or "
+                                             "bf16 (the default is fp16)"
+                                           : "; use fp32, bf16 or fp16 (autocast with float32 gradients)");
 }
 
 void check_model(const nn::Module& model) {
@@ -159,6 +163,9 @@ GradientTree::GradientTree(std::vector<Tensor> params) {
       groups_.push_back(Group{p.dtype(), {}, {0}, {}, {}});
       it = groups_.end() - 1;
     }
+    BOOSTER_CHECK(p.dtype() != DType::Float16, ConfigError, "reproducible training: parameter '", p.name(),
+                  "' has float16 gradients, which could overflow in the exchange (W times the sum) where they do not "
+                  "on one process; train it in float32 or bfloat16 (fp16 autocast keeps float32 gradients)");
     it->params.push_back(p);
     it->offsets.push_back(it->offsets.back() + p.numel());
   }

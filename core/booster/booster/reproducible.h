@@ -29,8 +29,10 @@
 // * The loss is summed in the same tree (float64) and divided by K.
 // Where it cannot hold it is refused (check_layout, check_sizes, check_model): tensor parallelism (a row-
 // parallel layer sums over tensor ranks inside the forward), pipeline parallelism and ZeRO stages 2 and
-// 3 (they reduce every backward into the shard, so the chunk sums cannot be ordered yet), float16 (W * G
-// could overflow where G does not, changing the loss scale's decisions), clipping under ZeRO (the norm is
+// 3 (they reduce every backward into the shard, so the chunk sums cannot be ordered yet), float16
+// gradients (W * G could overflow where G does not, changing the loss scale's decisions: a float16 model,
+// ZeRO's fp16; the fp16 strategy, autocast with float32 gradients, is supported, its dynamic loss scale
+// included), other strategies (fp16_naive, fp16_apex, fp8: untested), clipping under ZeRO (the norm is
 // summed over shards), and dropout (its masks follow the rank, not the sample).
 #pragma once
 
