@@ -313,6 +313,18 @@ TEST_CASE("lora: the GPT policy with tp 2 splits the adapters, c_attn's B by q, 
   check_tp_split(gpt());
 }
 
+TEST_CASE("lora: the GPT policy with tp 2 refuses adapters on the vocabulary-parallel lm_head",
+          "[mpi][lora][tp][gpt]") {
+  ProcessGroup& pg = group();
+  Family f = gpt();
+  f.lora.target_modules = {"c_attn", "lm_head"};
+  const nn::ModulePtr whole = adapted(f);
+  nn::ShardContext c;
+  c.tp = &pg;
+  CHECK_THROWS_WITH(nn::find_shard_policy(f.policy, "this test")(whole, c),
+                    Catch::Contains("lm_head has LoRA adapters") && Catch::Contains("tp_size 1"));
+}
+
 TEST_CASE("lora: hybrid_parallel tp 2 and pp 2 train the adapters as one process does",
           "[mpi][lora][hybrid][roundoff]") {
   check_training(llama());
