@@ -34,6 +34,7 @@
 #include <vector>
 
 #include "booster/common/error.h"
+#include "booster/common/input_file.h"
 
 namespace booster::cli {
 
@@ -198,20 +199,23 @@ inline Hostfile parse_hostfile(const std::string& text, const std::string& name)
   return file;
 }
 
-// Reads and parses the hostfile at `path`: ConfigError when it cannot be read or is malformed.
+// The largest hostfile booster run reads: a line per machine is a few hundred kilobytes for the largest
+// clusters; more is not a hostfile (Note [Inputs that are not files]).
+inline constexpr uint64_t kMaxHostfileBytes = uint64_t(1) << 20;
+
+// Reads and parses the hostfile at `path`: ConfigError when it cannot be read, is larger than
+// kMaxHostfileBytes, or is malformed. A pipe (--hostfile <(scontrol show ...)) is read as it comes, at
+// most kMaxHostfileBytes and refused when nothing arrives for 10 s (a FIFO nobody writes to); a device
+// (/dev/zero, which never ends) or a directory is refused (Note [Inputs that are not files]).
 inline Hostfile read_hostfile(const std::string& path, std::string* contents = nullptr) {
   std::error_code ec;
-  BOOSTER_CHECK(!std::filesystem::is_directory(path, ec), ConfigError, "booster run: the hostfile '", path,
-                "' is a directory; give --hostfile a file with a line `HOST slots=N` per machine");
-  std::ifstream in(path, std::ios::binary);
-  BOOSTER_CHECK(in.good(), ConfigError, "booster run: cannot read the hostfile '", path, "' (", std::strerror(errno),
-                "); give --hostfile a file with a line `HOST slots=N` per machine");
-  std::stringstream ss;
-  ss << in.rdbuf();
-  BOOSTER_CHECK(!in.bad(), ConfigError, "booster run: cannot read the hostfile '", path, "' (",
-                std::strerror(errno), ")");
-  if (contents) *contents = ss.str();
-  return parse_hostfile(ss.str(), path);
+  BOOSTER_CHECK(std::filesystem::exists(path, ec), ConfigError, "booster run: cannot read the hostfile '", path, "' (",
+                std::strerror(ec ? ec.value() : ENOENT), "); give --hostfile a file with a line `HOST slots=N` per machine");
+  const std::string text = read_input_text<ConfigError>(
+      path, "booster run: the hostfile", "give --hostfile a file with a line `HOST slots=N` per machine",
+      kMaxHostfileBytes);
+  if (contents) *contents = text;
+  return parse_hostfile(text, path);
 }
 
 }  // namespace booster::cli

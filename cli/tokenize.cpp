@@ -17,7 +17,11 @@
 // as a sentence and to stdout as one line of JSON: {"train": {"path", "tokens"}, "val": {...} | null,
 // "dtype", "vocab_size", "model", "inputs"}. An output (or its description) that is an --in text, the
 // --model tokenizer or the other output (however the path is spelled) is refused before anything is
-// written.
+// written. The texts and their ids are held in memory, so the --in texts may total at most
+// kMaxTokenizeTextBytes (1 GiB): regular files past it, or a device (/dev/zero would never end), are
+// refused before anything is read; a pipe (--in <(zcat corpus.gz)) is read as it comes and refused once
+// past the limit, or when nothing arrives for 10 s (a FIFO nobody writes to; Note [Inputs that are not
+// files]).
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
@@ -32,6 +36,7 @@
 
 #include "booster/checkpoint/atomic_file.h"
 #include "booster/common/error.h"
+#include "booster/common/input_file.h"
 #include "booster/data/tokenizer.h"
 #include "booster/data/tokens.h"
 #include "commands.h"
@@ -41,6 +46,12 @@ namespace po = boost::program_options;
 
 namespace booster::cli {
 namespace {
+
+// The most text one `booster tokenize` reads: the text, its ids (4 bytes per token) and the output
+// buffers are in memory at once, a few GiB at this size. A larger corpus is tokenized in parts.
+constexpr uint64_t kMaxTokenizeTextBytes = uint64_t(1) << 30;
+constexpr const char* kTokenizeTextFix =
+    "give --in text files (or pipes) of at most 1.0 GiB in all (tokenize a larger corpus in parts)";
 
 // train.bin -> train.val.bin, beside it.
 std::string default_val_path(const std::string& out) {
@@ -126,18 +137,27 @@ int tokenize(const std::vector<std::string>& args) {
                   "--dtype uint16 cannot hold the ", tokenizer.vocab_size(), " ids of ", model, "; use --dtype uint32");
   }
 
-  // Every input opens before any is encoded, so a typo in the last one costs no time.
-  for (const std::string& in : inputs)
-    BOOSTER_CHECK(std::ifstream(in, std::ios::binary).good(), DataError, "booster tokenize: cannot open --in ", in,
-                  ": ", std::strerror(errno));
-  std::vector<uint32_t> ids;
+  // Every input opens before any is encoded, so a typo in the last one costs no time; a device or
+  // regular files beyond the limit are refused here too (Note [Inputs that are not files]).
+  uint64_t total_bytes = 0;
   for (const std::string& in : inputs) {
-    std::ifstream text_file(in, std::ios::binary);
-    BOOSTER_CHECK(text_file.good(), DataError, "booster tokenize: cannot open --in ", in, ": ", std::strerror(errno));
-    std::stringstream text;
-    text << text_file.rdbuf();
-    BOOSTER_CHECK(!text_file.bad(), DataError, "booster tokenize: error while reading ", in);
-    const std::vector<uint32_t> file_ids = tokenizer.encode_lines(text.str(), /*eos=*/!vm.count("no-eos"));
+    BOOSTER_CHECK(std::filesystem::exists(in), DataError, "booster tokenize: cannot open --in ", in, ": ",
+                  std::strerror(ENOENT));
+    std::error_code ec;
+    if (std::filesystem::is_fifo(in, ec)) continue;  // a pipe is counted as it is read
+    total_bytes += open_input_file<DataError>(in, "booster tokenize: --in", kTokenizeTextFix, kMaxTokenizeTextBytes).size();
+    BOOSTER_CHECK(total_bytes <= kMaxTokenizeTextBytes, DataError, "booster tokenize: the --in texts total ",
+                  format_input_size(total_bytes), " by ", in, ", more than the limit of ",
+                  format_input_size(kMaxTokenizeTextBytes), "; ", kTokenizeTextFix);
+  }
+
+  std::vector<uint32_t> ids;
+  uint64_t read_bytes = 0;
+  for (const std::string& in : inputs) {
+    const std::string text = read_input_text<DataError>(in, "booster tokenize: --in", kTokenizeTextFix,
+                                                        kMaxTokenizeTextBytes - read_bytes);
+    read_bytes += text.size();
+    const std::vector<uint32_t> file_ids = tokenizer.encode_lines(text, /*eos=*/!vm.count("no-eos"));
     ids.insert(ids.end(), file_ids.begin(), file_ids.end());
   }
   std::string in;  // the inputs, for messages

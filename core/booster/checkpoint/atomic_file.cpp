@@ -9,6 +9,7 @@
 #include <system_error>
 
 #include "booster/common/error.h"
+#include "booster/common/input_file.h"
 
 namespace booster::checkpoint {
 
@@ -157,26 +158,8 @@ void write_text_file_atomically(const fs::path& path, const std::string& text) {
 }
 
 std::string read_text_file(const fs::path& path, size_t max_bytes) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  BOOSTER_CHECK(fd >= 0, CheckpointError, "cannot open ", path.string(), ": ", errno_text());
-  struct stat st {};
-  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || size_t(st.st_size) > max_bytes) {
-    ::close(fd);
-    BOOSTER_FAIL(CheckpointError, "cannot read ", path.string(), ": not a regular file of at most ",
-                 max_bytes, " bytes");
-  }
-  std::string text(size_t(st.st_size), '\0');
-  size_t done = 0;
-  while (done < text.size()) {
-    const ssize_t n = ::read(fd, text.data() + done, text.size() - done);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) break;
-    done += size_t(n);
-  }
-  ::close(fd);
-  BOOSTER_CHECK(done == text.size(), CheckpointError, "cannot read ", path.string(), ": got ", done,
-                " of ", text.size(), " bytes");
-  return text;
+  // Note [Inputs that are not files]: a FIFO must not block the open, nor a device be read on end.
+  return read_input_file<CheckpointError>(path, "", "", max_bytes);
 }
 
 }  // namespace booster::checkpoint

@@ -16,6 +16,7 @@
 
 #include "booster/checkpoint/atomic_file.h"
 #include "booster/common/error.h"
+#include "booster/common/input_file.h"
 #include "booster/common/json_text.h"
 
 namespace booster::checkpoint {
@@ -62,14 +63,10 @@ std::string supported_dtype_names() {
 class FileReader {
  public:
   explicit FileReader(const fs::path& path) : path_(path) {
-    fd_ = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-    BOOSTER_CHECK(fd_ >= 0, CheckpointError, "cannot open ", path.string(), ": ", std::strerror(errno));
-    struct stat st {};
-    if (::fstat(fd_, &st) != 0 || !S_ISREG(st.st_mode)) {
-      ::close(fd_);
-      BOOSTER_FAIL(CheckpointError, "cannot read ", path.string(), ": not a regular file");
-    }
-    size_ = uint64_t(st.st_size);
+    // A FIFO would block a plain open (Note [Inputs that are not files]).
+    InputFile file = open_input_file<CheckpointError>(path, "safetensors file", "give a .safetensors file");
+    size_ = file.size();
+    fd_ = file.release();
   }
   ~FileReader() { ::close(fd_); }
   FileReader(const FileReader&) = delete;

@@ -4,6 +4,7 @@
 #include <system_error>
 
 #include "booster/common/error.h"
+#include "booster/common/input_file.h"
 
 namespace booster::data {
 
@@ -89,13 +90,10 @@ Batch TensorDataset::get_batch(const std::vector<int64_t>& indices) const {
 
 // Note [A data file that is not a file] (dataset.h).
 void check_data_file(const std::filesystem::path& path, const std::string& who, const std::string& fix) {
-  namespace fs = std::filesystem;
-  std::error_code ec;
-  const fs::file_status status = fs::status(path, ec);
-  if (ec || !fs::exists(status)) return;
-  BOOSTER_CHECK(!fs::is_directory(status), DataError, who, path.string(), " is a directory; ", fix);
-  BOOSTER_CHECK(fs::is_regular_file(status), DataError, who, path.string(),
-                " is not a regular file (a FIFO, a socket or a device); ", fix);
+  // One check for every input (Note [Inputs that are not files] in booster/common/input_file.h).
+  std::string what = who;
+  while (!what.empty() && what.back() == ' ') what.pop_back();
+  check_input_file<DataError>(path, what, fix);
 }
 
 }  // namespace booster::data

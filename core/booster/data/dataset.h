@@ -60,9 +60,10 @@ Tensor gather_rows(const Tensor& src, const std::vector<int64_t>& indices, const
 // A directory opens as an ifstream on Linux, and its size reads as 2^63 - 1: a reader that sizes its
 // buffer from it throws std::bad_alloc, one that reads on gets nothing. A FIFO blocks the run forever.
 // Every reader of a data file (.npy, .npz, .safetensors, CSV, text, token files, Fashion-MNIST's IDX
-// files, a tokenizer's model) calls this first: a DataError "<who><path> is a directory; <fix>" (or
-// "is not a regular file"), naming the path. A path that does not exist is left to the reader's own
-// message.
+// files, a tokenizer's model) calls this first: a DataError "<who> <path> is a directory, not a regular
+// file; <fix>" (or a FIFO, a device, a socket), naming the path; the check is booster's one for every
+// input (Note [Inputs that are not files] in booster/common/input_file.h). A path that does not exist is
+// left to the reader's own message.
 void check_data_file(const std::filesystem::path& path, const std::string& who, const std::string& fix);
 
 }  // namespace booster::data

@@ -45,6 +45,7 @@
 
 #include "booster/checkpoint/atomic_file.h"
 #include "booster/common/error.h"
+#include "booster/common/input_file.h"
 #include "booster/common/json_text.h"
 #include "booster/nn/families.h"
 #include "booster/nn/llama.h"
@@ -82,8 +83,9 @@ bool is_conv1d(const ModelFamily& f, const std::string& name) {
 // ------------------------------------------------------------------------------------------ config.json
 
 json read_json_file(const fs::path& file, const std::string& what) {
-  std::ifstream in(file, std::ios::binary);
-  BOOSTER_CHECK(in.good(), ConfigError, what, ": cannot read ", file.string());
+  // Not opened with an ifstream: a FIFO would block the open (Note [Inputs that are not files]).
+  BOOSTER_CHECK(fs::exists(file), ConfigError, what, ": cannot read ", file.string());
+  check_input_file<ConfigError>(file, what + ":", "give a JSON file");
   // The config's limits (Note [One JSON reader] in booster/common/json_text.h).
   return booster::read_json_file(file.string(), what + ": the file", JsonLimits{});
 }
