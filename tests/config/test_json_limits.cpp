@@ -236,3 +236,23 @@ TEST_CASE("a hybrid_layout.json nested 200000 deep is refused at resume, naming 
   CHECK(r.exit_code < 128);
   CHECK_THAT(r.err, Contains("hybrid_layout.json") && Contains("nested more than 64 deep"));
 }
+
+TEST_CASE("a metrics.jsonl record nested 200000 deep is set aside at resume, not continued",
+          "[config][json_limits][hardening][cli]") {
+  const fs::path dir = fresh("metrics_resume");
+  const std::string train = "train --config " + std::string(BOOSTER_SOURCE_DIR) +
+                            "/tests/bad_configs/base.json --set train.max_steps=2 --set train.log_every=1 "
+                            "--set train.run_dir=run --set train.checkpoint_every=1 --set train.checkpoint_dir=ck ";
+  testing::RunResult r = testing::run_booster_in(dir, train, "OMP_NUM_THREADS=1");
+  INFO(r.err);
+  REQUIRE(r.exit_code == 0);
+  // A record of step 1 whose extra field is 200 000 arrays deep, then a good one (a last line that does
+  // not read is a torn write, dropped without a word).
+  std::ofstream(dir / "run" / "metrics.jsonl", std::ios::app)
+      << R"({"kind": "train", "step": 1, "x": )" << deep() << "}\n" << R"({"kind": "note", "step": 1})" << "\n";
+  r = testing::run_booster_in(dir, train + "--resume ck/step-00000001", "OMP_NUM_THREADS=1");
+  INFO(r.err);
+  CHECK(r.exit_code == 0);
+  CHECK_THAT(r.err, Contains("1 line(s) of run/metrics.jsonl are not metrics records"));
+  CHECK(testing::read_text(dir / "run" / "metrics.jsonl").find("[[[[") == std::string::npos);
+}

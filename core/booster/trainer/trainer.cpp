@@ -17,6 +17,7 @@
 #include "booster/booster/reproducible.h"
 #include "booster/checkpoint/atomic_file.h"
 #include "booster/checkpoint/checkpoint.h"
+#include "booster/common/json_text.h"
 #include "booster/common/threads.h"
 #include "booster/data/dataloader.h"
 #include "booster/distributed/flight_recorder.h"
@@ -126,7 +127,8 @@ void truncate_metrics_after(const fs::path& file, int64_t step, int64_t log_ever
   int64_t unreadable = 0;
   int64_t last_train = 0;  // the last "train" record kept
   for (size_t i = 0; i < lines.size(); ++i) {
-    const json record = json::parse(lines[i], nullptr, /*allow_exceptions=*/false);
+    // Note [One JSON reader] (booster/common/json_text.h): a line nested past its depth is not a record.
+    const json record = try_parse_json_text(lines[i], data_limits(lines[i].size(), "a line of the file"));
     if (!record.is_object() || !record.contains("step")) {
       if (i + 1 < lines.size() || lines[i].empty() || lines[i].front() != '{') ++unreadable;
       continue;
