@@ -1,6 +1,6 @@
 // Hostile inputs through the `booster` program, each made in a scratch directory (nothing large is
-// committed): inputs that are not files or never end (Note [Inputs that are not files] in
-// common/input_file.h). Each used
+// committed): sizes a model cannot have (Note [Sizes before building] in nn/model_size.h) and inputs
+// that are not files or never end (Note [Inputs that are not files] in common/input_file.h). Each used
 // to hang, grow without end or fail in the allocator; each runs under `timeout 20`, so a regression
 // fails as exit 124 in seconds instead of hanging the suite, and must end in one line naming the
 // field or the file.
@@ -50,6 +50,13 @@ fs::path hf_copy(const std::string& name, const std::string& copy) {
   return dir;
 }
 
+// `dir`/config.json with `key` set to `value`.
+void set_config_key(const fs::path& dir, const std::string& key, const json& value) {
+  json c = json::parse(std::ifstream(dir / "config.json"));
+  c[key] = value;
+  std::ofstream(dir / "config.json") << c.dump(2);
+}
+
 fs::path make_fifo(const fs::path& path) {
   fs::remove(path);
   REQUIRE(::mkfifo(path.c_str(), 0600) == 0);
@@ -65,9 +72,89 @@ fs::path sparse_file(const fs::path& path, uintmax_t bytes) {
 
 RunResult generate_hf(const fs::path& dir) { return run_cli("generate --hf " + dir.string() + " --prompt-ids '1 2' -n 2"); }
 
+// 512 uint16 token ids below the fixtures' vocabulary of 48.
+fs::path token_file() {
+  const fs::path p = scratch_dir() / "tokens.bin";
+  std::vector<uint16_t> ids;
+  for (int i = 0; i < 512; ++i) ids.push_back(uint16_t((i * 7) % 48));
+  std::ofstream(p, std::ios::binary).write(reinterpret_cast<const char*>(ids.data()), std::streamsize(ids.size() * 2));
+  return p;
+}
+
+fs::path train_config(const std::string& name, const json& model) {
+  const json c = {{"model", model},
+                  {"optimizer", {{"type", "sgd"}, {"lr", 0.05}}},
+                  {"data", {{"type", "tokens"}, {"path", token_file().string()}, {"dtype", "uint16"}, {"seq_len", 8},
+                            {"batch_size", 4}}},
+                  {"train", {{"max_steps", 1}, {"seed", 3}}}};
+  const fs::path p = scratch_dir() / name;
+  std::ofstream(p) << c.dump(2);
+  return p;
+}
+
 const fs::path kTokenizer = fs::path(BOOSTER_FIXTURE_DIR) / "bpe" / "gpt2" / "tokenizer.json";
 
 }  // namespace
+
+// ------------------------------------------------------------------------------------ sizes
+
+TEST_CASE("an hf config.json with vocab_size 10^12 is refused against its weights before building", "[cli][hostile]") {
+  // It used to build the embedding deferred and skip 10^12 x 16 draws for minutes.
+  const fs::path dir = hf_copy("llama_tied_bf16", "vocab");
+  set_config_key(dir, "vocab_size", int64_t(1'000'000'000'000));
+  check_refused(generate_hf(dir), 2,
+                {(dir / "config.json").string(), "\"vocab_size\" is 1000000000000", "model.embed_tokens.weight [48, 16]",
+                 "48 rows"});
+}
+
+TEST_CASE("an hf config.json with num_hidden_layers 10^6 is refused against its weights before building",
+          "[cli][hostile]") {
+  // It used to build a million layers, memory growing with nothing printed.
+  const fs::path dir = hf_copy("llama", "layers");
+  set_config_key(dir, "num_hidden_layers", 1'000'000);
+  check_refused(generate_hf(dir), 2, {"\"num_hidden_layers\" is 1000000", "the weights hold 2 layers"});
+  // GPT-2's keys too.
+  const fs::path gpt = hf_copy("gpt2", "gpt_layers");
+  set_config_key(gpt, "n_layer", 1'000'000);
+  check_refused(generate_hf(gpt), 2, {"\"n_layer\" is 1000000", "the weights hold 2 layers"});
+}
+
+TEST_CASE("model.hf whose config.json says hidden_size 2^40 is refused by booster check and train", "[cli][hostile]") {
+  const fs::path dir = hf_copy("llama", "hidden");
+  set_config_key(dir, "hidden_size", int64_t(1) << 40);
+  const fs::path cfg = train_config("hf_hidden.json", {{"type", "hf"}, {"path", dir.string()}});
+  for (const char* command : {"check", "train"}) {
+    INFO(command);
+    check_refused(run_cli(std::string(command) + " --config " + cfg.string()), 2,
+                  {"\"hidden_size\" is 1099511627776", "model.embed_tokens.weight [48, 16]", "16 columns"});
+  }
+}
+
+TEST_CASE("a booster llama config with hidden_size 2^40 is refused by name and limit, not by the allocator",
+          "[cli][hostile]") {
+  json model = {{"type", "llama"},          {"vocab_size", 48},         {"hidden_size", int64_t(1) << 40},
+                {"intermediate_size", 32},  {"num_hidden_layers", 2},   {"num_attention_heads", 4},
+                {"max_position_embeddings", 32}};
+  // Before: "out of host memory: cannot allocate 4294967296.0 PiB ... while building model 'llama'".
+  check_refused(run_cli("check --config " + train_config("hidden.json", model).string()), 2,
+                {"'model.hidden_size' is 1099511627776", "limit of 16777216"});
+  // Sizes each within the width limit whose product is not: the parameter count, named with the sizes.
+  model["hidden_size"] = 1 << 24;
+  model["vocab_size"] = 1 << 24;
+  model["num_attention_heads"] = 1 << 12;
+  check_refused(run_cli("check --config " + train_config("product.json", model).string()), 2,
+                {"'model.vocab_size' 16777216", "'model.hidden_size' 16777216", "limit of 2^40"});
+  // An MLP's widths too.
+  const json mlp = {{"type", "mlp"}, {"in", int64_t(1) << 40}, {"hidden", {4}}, {"classes", 2}};
+  const json c = {{"model", mlp},
+                  {"optimizer", {{"type", "sgd"}, {"lr", 0.05}}},
+                  {"data", {{"type", "synthetic"}, {"num_features", int64_t(1) << 40}, {"num_classes", 2}}}};
+  std::ofstream(scratch_dir() / "mlp.json") << c.dump();
+  const RunResult r = run_cli("check --config " + (scratch_dir() / "mlp.json").string());
+  INFO(r.err);
+  CHECK(r.exit_code == 2);
+  CHECK_THAT(r.err, Contains("limit of 16777216"));
+}
 
 // ------------------------------------------------------------------------------------ endless inputs
 

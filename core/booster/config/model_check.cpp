@@ -60,6 +60,7 @@
 #include "booster/nn/kv_cache.h"
 #include "booster/nn/llama.h"
 #include "booster/nn/model_registry.h"
+#include "booster/nn/model_size.h"
 #include "booster/nn/models.h"
 #include "booster/nn/shard_policy.h"
 #include "booster/autograd/autograd.h"
@@ -178,6 +179,12 @@ void check_split(const nn::ModulePtr& model, const json& plugin) {
 void check_model(const json& c) {
   const json& model = c.at("model");
   const std::string type = model.at("type").get<std::string>();
+  // Note [Sizes before building] (nn/model_size.h): sizes past booster's limits are refused by name
+  // before anything is built (an hf directory's are checked against its weights as it is read).
+  if (type == "gpt" || nn::find_decoder_family(type) != nullptr)
+    nn::check_decoder_sizes(nn::booster_decoder_sizes(type, model), "");
+  else if (type == "mlp" || type == "linear")
+    nn::check_mlp_sizes(model, "");
   if (nn::find_decoder_family(type) == nullptr && type != "hf") {
     if (!splits_model(c.at("plugin"))) return;
     // A family's policy (the GPT's) is booster's own, and split as a Llama's is; of other models, only

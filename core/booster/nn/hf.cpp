@@ -49,6 +49,7 @@
 #include "booster/common/json_text.h"
 #include "booster/nn/families.h"
 #include "booster/nn/llama.h"
+#include "booster/nn/model_size.h"
 #include "booster/tensor/deferred.h"
 
 namespace booster::nn {
@@ -262,6 +263,7 @@ std::string join(const std::vector<std::string>& parts, const std::string& sep) 
 // ------------------------------------------------------------------------------------------ in
 
 ModulePtr model_from_hf_config(const json& hf_config, const json& overrides, uint64_t seed) {
+  check_hf_sizes(hf_config, "Hugging Face config");  // Note [Sizes before building] (model_size.h)
   return from_config(hf_config, "Hugging Face config", overrides, seed);
 }
 
@@ -272,6 +274,16 @@ ModulePtr load_pretrained(const fs::path& dir, const json& overrides, uint64_t s
   BOOSTER_CHECK(fs::exists(config_file), ConfigError, "hf model ", dir.string(),
                 ": no config.json (a Hugging Face model directory holds config.json and model.safetensors)");
   const json config = read_json_file(config_file, "hf model " + dir.string());
+  {
+    // Note [Sizes before building] (model_size.h): config.json's sizes against the weights' headers and
+    // the limits, before a layer is built.
+    std::vector<std::string> ignored;
+    std::set<std::string> missing;
+    std::map<std::string, std::vector<int64_t>> shapes;
+    for (const auto& [name, t] : index_weights(dir, ignored, missing)) shapes[t.entry.name] = t.entry.shape;
+    for (const std::string& name : missing) shapes.emplace(name, std::vector<int64_t>{});
+    check_hf_sizes(config, config_file.string(), &shapes);
+  }
   ModulePtr model;
   {
     LazyInitGuard lazy;  // nothing allocated: every parameter is about to point at the file instead
