@@ -167,7 +167,8 @@ const std::string kCrashy = std::string(BOOSTER_TEST_MODEL_DIR) + "/libbooster_m
 
 // `booster train` of the crashy library's `type` on synthetic data, on `processes` processes (1:
 // directly; more: booster run -n under ddp, with a short collective timeout so no rank waits long).
-RunResult train_crashy(const std::string& type, int processes, const std::string& run_args = "") {
+RunResult train_crashy(const std::string& type, int processes, const std::string& run_args = "",
+                       const json& run_dir = nullptr) {
   const fs::path dir = scratch_dir() / ("crashy_" + type + "_" + std::to_string(processes));
   fs::remove_all(dir);
   json config = {{"model", {{"type", type}, {"library", kCrashy}, {"in", 8}, {"classes", 3}}},
@@ -175,7 +176,7 @@ RunResult train_crashy(const std::string& type, int processes, const std::string
                  {"criterion", {{"type", "cross_entropy"}}},
                  {"data", {{"type", "synthetic"}, {"num_samples", 64}, {"num_test_samples", 16}, {"num_features", 8},
                            {"num_classes", 3}, {"batch_size", 8}}},
-                 {"train", {{"max_steps", 2}, {"seed", 1}, {"run_dir", nullptr}, {"collective_timeout_s", 20}}}};
+                 {"train", {{"max_steps", 2}, {"seed", 1}, {"run_dir", run_dir}, {"collective_timeout_s", 20}}}};
   if (processes > 1) config["plugin"] = "ddp";
   const fs::path file = write_config("crashy_" + type + ".json", config);
   const std::string train = "train --config " + file.string();
@@ -203,6 +204,17 @@ TEST_CASE("a model library that crashes in a module's forward is named with the 
   // 'bad' is innermost on the stack; 'fc' ran before it and returned, and the model is outermost.
   CHECK_THAT(r.err, Contains("booster: fatal signal SIGSEGV in the forward of module 'bad' (CrashyLayer) of model "
                              "\"crash_in_forward\" of model library 'crashy' (" + kCrashy + ")"));
+}
+
+TEST_CASE("a crashing model library is named with the flight recorder's handler installed above ours",
+          "[cli][faults][plugin]") {
+  // A run directory turns the flight recorder on, whose handler is installed after the model is built and
+  // chains to ours: both lines, and the status of the signal.
+  const RunResult r = train_crashy("crash_in_forward", 1, "", "run");
+  INFO(r.err);
+  CHECK(r.exit_code == 128 + SIGSEGV);
+  CHECK_THAT(r.err, Contains("booster: fatal signal SIGSEGV; flight record written to ") &&
+                        Contains("booster: fatal signal SIGSEGV in the forward of module 'bad' (CrashyLayer)"));
 }
 
 TEST_CASE("under booster run a crashing model library is named by rank and the restart says why",

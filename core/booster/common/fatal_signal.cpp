@@ -98,8 +98,9 @@ void on_fatal_signal(int signal, siginfo_t* info, void*) {
     write_text("; the fault is in that library's code or in what it called (run the command under gdb for a "
                "backtrace)\n");
   }
-  sigaction(signal, &g_previous[slot], nullptr);  // hand it on (Note [Naming the code that crashed])
-  g_in_handler.store(false);
+  // Hand it on (Note [Naming the code that crashed]). g_in_handler stays set: a handler that chains
+  // back here (ours installed again above one that had ours below it) meets the default action.
+  sigaction(signal, &g_previous[slot], nullptr);
   if (info == nullptr || info->si_code <= 0) raise(signal);
   errno = saved_errno;
 }
