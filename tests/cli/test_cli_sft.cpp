@@ -148,6 +148,25 @@ TEST_CASE("booster train on sft data trains a tiny llama and counts the truncate
   CHECK(packed_result["steps"] == 3);
   CHECK(std::isfinite(packed_result["val_loss"].get<double>()));
   CHECK(packed_result["val_loss"].get<double>() < 8.0);
+
+  // With activation checkpointing each layer's recompute runs under the packed layout its forward had
+  // (Note [Recomputing in backward]): the same gradients bit for bit, so the same validation loss. One
+  // batch of all 8 samples, so that the one holding two records is trained on.
+  std::vector<json> val_losses;
+  for (const bool recompute : {false, true}) {
+    const std::string name = recompute ? "packed_recomputed" : "packed_whole";
+    json cfg = sft_config(tokenizer_model().string(), records_file(), name);
+    cfg["data"]["packing"] = true;
+    cfg["data"]["batch_size"] = 8;
+    cfg["model"]["activation_checkpointing"] = recompute;
+    const RunResult r = run_booster("train --config " + write_config(name + ".json", cfg).string());
+    INFO(name << " train stderr: " << r.err);
+    REQUIRE(r.exit_code == 0);
+    const json result = json::parse(testing::last_line(r.out));
+    CHECK(result["steps"] == 1);  // the epoch's one batch
+    val_losses.push_back(result["val_loss"]);
+  }
+  CHECK(val_losses[1] == val_losses[0]);
 }
 
 TEST_CASE("booster check refuses sft config mistakes naming the key, and bad records naming the line", "[cli][sft]") {
