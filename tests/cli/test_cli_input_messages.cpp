@@ -1,7 +1,8 @@
 // Messages for inputs that are not what they claim to be (issue 48 item 10), through the command: a
-// Hugging Face model whose config.json is a directory, and a CSV data file with a NUL byte in a cell
-// (which cut every message that showed the cell at the NUL). Each is one line naming the file and
-// where in it, with exit 1 or 2, never a partial message or a crash.
+// Hugging Face model whose config.json is a directory, a CSV data file with a NUL byte in a cell
+// (which cut every message that showed the cell at the NUL), and a checkpoint whose model file holds
+// 100 000 tensors the model does not have (each was listed: 1.23 M made a 37 MB line). Each is one
+// line naming the file and where in it, with exit 1 or 2, never a partial message or a crash.
 #include <catch2/catch.hpp>
 
 #include <algorithm>
@@ -11,6 +12,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "booster/checkpoint/safetensors.h"
+#include "booster/ops/ops.h"
 #include "run_booster.h"
 
 namespace fs = std::filesystem;
@@ -66,4 +69,28 @@ TEST_CASE("a NUL byte in a CSV cell is a DataError naming the line and the colum
   // The message reached its end: nothing cut at the NUL.
   CHECK_THAT(r.err, Contains("saved as UTF-16?)"));
   CHECK(r.err.find('\0') == std::string::npos);
+}
+
+TEST_CASE("a checkpoint model of 100000 unexpected tensors names the first 20 and a count", "[cli][hardening]") {
+  const fs::path dir = fresh("stray_tensors");
+  const std::string train = "train --config " + std::string(BOOSTER_SOURCE_DIR) +
+                            "/tests/bad_configs/base.json --set train.run_dir=null --set train.checkpoint_dir=ck ";
+  testing::RunResult r = testing::run_booster_in(dir, train + "--set train.max_steps=1 --set train.checkpoint_every=1",
+                                                 "OMP_NUM_THREADS=1");
+  INFO(r.err);
+  REQUIRE(r.exit_code == 0);
+  const fs::path file = dir / "ck" / "step-00000001" / "model" / "model.safetensors";
+  booster::checkpoint::TensorMap tensors = booster::checkpoint::read_safetensors(file).tensors;
+  const booster::Tensor one = booster::zeros({1});
+  for (int i = 0; i < 100'000; ++i) tensors.emplace("stray." + std::to_string(i), one);
+  booster::checkpoint::write_safetensors(file, tensors);
+  // Unverified: the file no longer matches its checksum, and the test is about the model's keys.
+  r = testing::run_booster_in(dir, train + "--set train.max_steps=2 --resume ck/step-00000001 --no-verify",
+                              "OMP_NUM_THREADS=1");
+  INFO(r.err.substr(0, 2000));
+  CHECK(r.exit_code == 1);
+  CHECK(lines(r.err) == 1);
+  CHECK(r.err.size() < 2000);
+  CHECK_THAT(r.err, Contains("unexpected keys: \"stray.0\", \"stray.1\", \"stray.10\", ") &&
+                        Contains(" and 99980 more (100000 in all)"));
 }

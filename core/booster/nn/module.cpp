@@ -44,9 +44,12 @@ void move_tensor(const Tensor& t, Device device) {
   if (const Tensor g = t.grad(); g.defined() && g.device() != device) replace_data(g, g.detach().to(device));
 }
 
+// The first 20 keys, quoted, and how many more: a checkpoint of 1.23 M stray tensors made a 37 MB line.
 std::string list_keys(const std::vector<std::string>& keys) {
+  constexpr size_t kShown = 20;
   std::string s;
-  for (const auto& k : keys) s += (s.empty() ? "\"" : ", \"") + k + "\"";
+  for (size_t i = 0; i < keys.size() && i < kShown; ++i) s += (s.empty() ? "\"" : ", \"") + keys[i] + "\"";
+  if (keys.size() > kShown) s += str(" and ", keys.size() - kShown, " more (", keys.size(), " in all)");
   return s;
 }
 
