@@ -99,6 +99,19 @@ TEST_CASE("a token file cut short under a mapped data set is a DataError naming 
   CHECK(whole->get_batch({254}).x.numel() == 16);
 }
 
+TEST_CASE("a token shard cut short is named with its own offset, a sample across two shards too", "[data][faults]") {
+  const fs::path a = write_tokens(scratch_dir() / "shard_a.bin", 100), b = write_tokens(scratch_dir() / "shard_b.bin", 100);
+  auto data = booster::data::token_files_dataset({a.string(), b.string()}, booster::data::TokenDType::UInt16,
+                                                 {.seq_len = 16});
+  REQUIRE(data->size() == 12);
+  REQUIRE(::truncate(b.c_str(), 40) == 0);  // 20 of b's tokens are left
+  data->get_batch({0, 5, 6});  // sample 6 reads a's last 4 tokens and b's first 13
+  // Sample 7 reads tokens [112, 129): b's [12, 29), of which 28 is past its 20.
+  CHECK_THROWS_WITH(data->get_batch({0, 7}),
+                    Contains(b.string() + " was cut short while in use: it holds 40 bytes now, 200 when it was opened, "
+                                          "and a batch reads token offset 28 (byte offset 56)"));
+}
+
 TEST_CASE("booster train on a token file truncated while it trains fails naming the file", "[cli][faults]") {
   const fs::path dir = scratch_dir() / "truncated";
   fs::remove_all(dir);
