@@ -1,11 +1,12 @@
-// Hugging Face checkpoints in and out (hf.h): the families' name tables, config.json in both
-// directions, and the matching of a file's tensors to a model's parameters.
+// Hugging Face checkpoints in and out (hf.h): config.json in both directions and the matching of a
+// file's tensors to a model's parameters, through each family's declaration (nn/families.h; no family
+// is named here).
 //
 // Note [Hugging Face names]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~
-// A family is a booster model plus a table: booster name prefix -> Hugging Face name prefix (first
-// match wins), the parameters Hugging Face stores transposed, and the tensors of its files that are not
-// parameters. Llama's names are Hugging Face's already (nn::Llama is built that way), so its table is
+// A family is a booster model plus a table in its declaration (nn/gpt_family.cpp, nn/llama_family.cpp):
+// booster name prefix -> Hugging Face name prefix (first match wins), the parameters Hugging Face
+// stores transposed, and the tensors of its files that are not parameters. Llama's names are Hugging Face's already (nn::Llama is built that way), so its table is
 // the identity. GPT-2's (nn::GPT keeps nanoGPT's names):
 //
 //   wte.weight, wpe.weight          transformer.wte.weight, transformer.wpe.weight

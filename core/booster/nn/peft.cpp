@@ -38,6 +38,7 @@
 #include "booster/checkpoint/atomic_file.h"
 #include "booster/common/error.h"
 #include "booster/common/json_text.h"
+#include "booster/nn/families.h"
 #include "booster/nn/hf.h"
 #include "booster/nn/llama.h"
 #include "booster/nn/models.h"
@@ -63,12 +64,13 @@ bool is_adapter_name(const std::string& name) { return ends_with(name, kA) || en
 // save_pretrained writes, the module path itself for any other model (PEFT's names for a plain
 // torch.nn.Module).
 std::string peft_name(const Module& model, const std::string& name) {
-  if (dynamic_cast<const Llama*>(&model) || dynamic_cast<const GPT*>(&model)) return hf_tensor_name(model, name).name;
+  if (family_of(model) != nullptr) return hf_tensor_name(model, name).name;  // a declared family (families.h)
   return name;
 }
 
 bool has_conv1d_targets(const Module& model) {
-  if (!dynamic_cast<const GPT*>(&model)) return false;
+  const ModelFamily* family = family_of(model);
+  if (family == nullptr || family->conv1d.empty()) return false;  // only GPT-2 stores Conv1D weights
   for (const auto& [name, t] : model.named_parameters())
     if (ends_with(name, kA) && hf_tensor_name(model, name.substr(0, name.size() - kA.size()) + ".weight").transposed)
       return true;
