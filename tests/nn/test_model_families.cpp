@@ -15,6 +15,7 @@
 #include "fixture.h"
 
 #include "booster/checkpoint/safetensors.h"
+#include "booster/config/config.h"
 #include "booster/nn/families.h"
 #include "booster/nn/hf.h"
 #include "booster/nn/llama.h"
@@ -239,4 +240,31 @@ TEST_CASE("model families: make_model checks the GPT's declared keys with the sa
   CHECK(c.dropout == 0.25);
   CHECK(c.activation_checkpointing);
   CHECK(c.width == 8);
+}
+
+// The schema's checks ask for a family, not for "gpt": every decoder family needs token data (a Llama
+// on a classifier's data used to pass booster check and fail at its first batch), and the GPT's
+// declared context and divisibility are checked against the data and its keys.
+TEST_CASE("model families: booster check asks the family, not the type name", "[families][config]") {
+  const json synthetic = {{"type", "synthetic"}, {"num_features", 8}, {"num_classes", 3}, {"batch_size", 4}};
+  const json optimizer = {{"type", "sgd"}, {"lr", 0.1}};
+  for (const char* type : {"gpt", "llama", "mistral", "qwen2"}) {
+    INFO(type);
+    json model = std::string(type) == "gpt"
+                     ? json{{"type", "gpt"}, {"vocab_size", 256}, {"context", 8}, {"width", 8}, {"layers", 1}, {"heads", 2}}
+                     : json{{"type", type}, {"vocab_size", 256}, {"hidden_size", 8}, {"intermediate_size", 16},
+                            {"num_hidden_layers", 1}, {"num_attention_heads", 2}};
+    CHECK_THAT(error_of([&] { config::resolve({{"model", model}, {"optimizer", optimizer}, {"data", synthetic}}); }),
+               Contains(std::string("'model.type' \"") + type + "\" needs token data"));
+  }
+  const json gpt = {{"type", "gpt"}, {"vocab_size", 256}, {"context", 8}, {"width", 10}, {"layers", 1}, {"heads", 4}};
+  const json tokens = {{"type", "text"}, {"path", "/usr/share/common-licenses/GPL-3"}, {"context", 8}};
+  CHECK_THAT(error_of([&] { config::resolve({{"model", gpt}, {"optimizer", optimizer}, {"data", tokens}}); }),
+             Contains("is not divisible by") && Contains("heads"));
+  json long_data = tokens;
+  long_data["context"] = 9;
+  json fine = gpt;
+  fine["width"] = 8;
+  CHECK(error_of([&] { config::resolve({{"model", fine}, {"optimizer", optimizer}, {"data", long_data}}); }) ==
+        "'data.context' is 9 but 'model.context' is 8; the model cannot see more tokens than its context");
 }
