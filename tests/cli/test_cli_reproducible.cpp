@@ -1,7 +1,8 @@
 // `train.reproducible` through the `booster` command (Note [Reproducible training across world sizes] in
 // booster/booster/reproducible.h): `booster train` on 1 process and `booster run -n 2` and `-n 4` (the
 // global batch kept: data.batch_size 32, 16, 8) write the same checkpoint bytes and log the same losses;
-// a run stopped on 4 or 2 processes and resumed on 2 or 1 ends on the bytes of the uninterrupted run;
+// a run stopped on 4 or 2 processes and resumed on 2 or 1 ends on the bytes of the uninterrupted run, and
+// so does a job whose rank was killed and that `booster run --max-restarts` brought back on 1 process;
 // `booster check` names the world sizes; a world size the chunks do not allow is refused with them.
 // The plain runs are the control: without `reproducible` the 2-process run ends on other bytes.
 #include <catch2/catch.hpp>
@@ -42,15 +43,19 @@ fs::path write_config(bool reproducible) {
 }
 
 // `booster train` on `processes` processes (through `booster run` above one) into run directory `name`.
-RunResult train(const fs::path& config, int processes, const std::string& name, const std::string& extra = "") {
+// `run_options` go to `booster run` (--max-restarts), `env` before it (the trainer's kill hook).
+RunResult train(const fs::path& config, int processes, const std::string& name, const std::string& extra = "",
+                const std::string& run_options = "", const std::string& env = "") {
   const std::string batch = std::to_string(16 / processes);
   const std::string args = "train --config " + config.string() + " --set data.batch_size=" + batch +
                            " --set train.run_dir=" + (scratch() / name).string() + " " + extra +
                            (processes == 1 ? " --set plugin=single" : "");
   fs::remove_all(scratch() / name);
   return testing::run_booster_in(scratch() / ("out_" + name),
-                                 processes == 1 ? args : "run -n " + std::to_string(processes) + " -- booster " + args,
-                                 "OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1");
+                                 processes == 1 ? args
+                                                : "run -n " + std::to_string(processes) + " " + run_options +
+                                                      " -- booster " + args,
+                                 "OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 " + env);
 }
 
 // The tensors of step 12 (model, optimizer and the strategy's state) and the train records' losses.
@@ -104,6 +109,17 @@ TEST_CASE("reproducible booster train writes the same bytes on 1, 2 and 4 proces
     REQUIRE(resumed.exit_code == 0);
     CHECK(bytes_of(second) == bytes_of("one"));
   }
+  // An elastic restart on fewer processes (Note [Restarting a failed job] in cli/run.cpp): the last of 2
+  // ranks is killed after step 8, and the job comes back on 1 process (one slot left) from step 6 with
+  // the global batch kept.
+  const fs::path once = scratch() / "killed_once";
+  fs::remove(once);
+  const RunResult elastic = train(config, 2, "elastic", "", "--max-restarts 1 --min-processes 1",
+                                  "BOOSTER_TEST_KILL_AT_STEP=8:" + once.string() + " BOOSTER_TEST_MAX_PROCESSES=1");
+  INFO(elastic.err);
+  REQUIRE(elastic.exit_code == 0);
+  CHECK_THAT(elastic.err, Catch::Contains("on 1 process instead of 2"));
+  CHECK(bytes_of("elastic") == bytes_of("one"));
   // The control: the plain data-parallel run sums in another order.
   const fs::path plain = write_config(false);
   REQUIRE(train(plain, 1, "plain1").exit_code == 0);
