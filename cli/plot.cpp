@@ -24,6 +24,7 @@
 #include <fstream>
 #include <iostream>
 #include <limits>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -31,6 +32,7 @@
 #include <nlohmann/json.hpp>
 
 #include "booster/common/error.h"
+#include "booster/common/input_file.h"
 #include "booster/common/json_text.h"
 #include "canvas.h"
 #include "commands.h"
@@ -59,13 +61,18 @@ std::string run_name(const fs::path& file) {
   return file.stem().string();
 }
 
+// The most a metrics file or a doctor report may hold (a million logged steps are about 200 MB).
+constexpr uint64_t kMaxPlotInputBytes = uint64_t(1) << 30;
+
 // The records of a metrics file (Note [What booster train prints] in booster/trainer/progress.h) that have a
 // finite `key`: "eval" records for the evaluation keys (test_*, val_*: test_loss, test_accuracy, val_loss,
 // val_ppl), "train" records for the others. Empty when there is none (a run stopped before its first
 // logged step).
 Series read_series(const fs::path& file, const std::string& key) {
-  std::ifstream in(file);
-  BOOSTER_CHECK(in.good(), ConfigError, "plot: cannot open '", file.string(), "'; expected a metrics.jsonl file");
+  BOOSTER_CHECK(fs::exists(file), ConfigError, "plot: cannot open '", file.string(), "'; expected a metrics.jsonl file");
+  // Note [Inputs that are not files]: a pipe (<(ssh host cat metrics.jsonl)) is read as it comes, a device
+  // or a FIFO nobody writes to is refused.
+  std::istringstream in(read_input_text<ConfigError>(file, "plot:", "expected a metrics.jsonl file", kMaxPlotInputBytes));
   Series s;
   s.name = run_name(file);
   const bool evaluation_key = key.rfind("test_", 0) == 0 || key.rfind("val_", 0) == 0;

@@ -30,6 +30,7 @@
 #include <nlohmann/json.hpp>
 
 #include "booster/common/error.h"
+#include "booster/common/input_file.h"
 #include "booster/common/json_text.h"
 #include "canvas.h"
 #include "commands.h"
@@ -51,9 +52,12 @@ constexpr int kLog2Lo = -40, kLog2Hi = 20;
 
 // The report: the last line of the file that parses as a JSON object with "modules".
 json read_report(const fs::path& file) {
-  std::ifstream in(file);
-  BOOSTER_CHECK(in.good(), ConfigError, "plot: cannot open '", file.string(),
+  BOOSTER_CHECK(fs::exists(file), ConfigError, "plot: cannot open '", file.string(),
                 "'; expected the output of booster doctor (its last line is the report)");
+  // Note [Inputs that are not files]: a pipe (<(booster doctor ...)) is read as it comes, a device or a
+  // FIFO nobody writes to is refused.
+  std::istringstream in(read_input_text<ConfigError>(file, "plot:", "expected the output of booster doctor",
+                                                     uint64_t(1) << 30));
   std::string line;
   json report;
   while (std::getline(in, line)) {

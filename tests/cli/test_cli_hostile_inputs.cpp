@@ -232,3 +232,19 @@ TEST_CASE("tokenize --in /dev/zero or a text past 1 GiB is refused before it is 
   fs::remove(big);
   fs::remove(half);
 }
+
+TEST_CASE("plot of /dev/zero is refused, and plot of a pipe reads it", "[cli][hostile]") {
+  // /dev/zero used to be read as one endless line.
+  const fs::path png = scratch_dir() / "plot.png";
+  check_refused(run_cli("plot --out " + png.string() + " /dev/zero"), 2, {"plot: /dev/zero is a character device"});
+  check_refused(run_cli("plot --doctor /dev/zero --out " + png.string()), 2, {"plot: /dev/zero is a character device"});
+  const fs::path fifo = make_fifo(scratch_dir() / "metrics_fifo");
+  const fs::path records = scratch_dir() / "metrics_records.jsonl";
+  std::ofstream(records) << R"({"kind":"train","step":1,"loss":2})" << "\n" << R"({"kind":"train","step":2,"loss":1.5})" << "\n";
+  const RunResult ok = testing::run_booster_in(
+      scratch_dir(), "plot --out " + png.string() + " " + fifo.string(),
+      "(timeout 30 sh -c 'cat " + records.string() + " > " + fifo.string() + "' >/dev/null 2>&1 &); " + kEnv);
+  INFO(ok.err);
+  CHECK(ok.exit_code == 0);
+  CHECK(fs::exists(png));
+}

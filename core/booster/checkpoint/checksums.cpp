@@ -19,6 +19,7 @@
 #include "booster/checkpoint/atomic_file.h"
 #include "booster/checkpoint/safetensors.h"
 #include "booster/common/error.h"
+#include "booster/common/input_file.h"
 #include "booster/common/json_text.h"
 
 namespace booster::checkpoint {
@@ -38,14 +39,10 @@ constexpr const char* kEscape =
 class MappedFile {
  public:
   explicit MappedFile(const fs::path& path) {
-    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-    BOOSTER_CHECK(fd >= 0, CheckpointError, "cannot open ", path.string(), ": ", std::strerror(errno));
-    struct stat st {};
-    if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
-      ::close(fd);
-      BOOSTER_FAIL(CheckpointError, "cannot read ", path.string(), ": not a regular file");
-    }
-    size_ = size_t(st.st_size);
+    // A FIFO must not block the open (Note [Inputs that are not files]).
+    InputFile file = open_input_file<CheckpointError>(path, "checkpoint file", "");
+    size_ = size_t(file.size());
+    const int fd = file.release();
     if (size_ > 0) {
       void* p = ::mmap(nullptr, size_, PROT_READ, MAP_PRIVATE, fd, 0);
       const int err = errno;

@@ -32,6 +32,18 @@ SizeField size_field(const json& c, const std::string& key, const std::string& s
   return size_of(*it, shown);
 }
 
+// A Llama-family decoder's sizes: the keys are the same in a booster config and a config.json; each
+// is shown between `open` and `close`.
+DecoderSizes llama_sizes(const json& c, const std::string& open, const std::string& close) {
+  auto f = [&](const char* key) { return size_field(c, key, open + key + close, std::nullopt); };
+  DecoderSizes s;
+  s.vocab = f("vocab_size"), s.width = f("hidden_size"), s.layers = f("num_hidden_layers");
+  s.heads = f("num_attention_heads"), s.kv_heads = f("num_key_value_heads");
+  s.intermediate = f("intermediate_size"), s.positions = f("max_position_embeddings");
+  s.tied = c.value("tie_word_embeddings", json(false)) == json(true);
+  return s;
+}
+
 std::string sci(int64_t n) {
   char buf[32];
   std::snprintf(buf, sizeof buf, "%.2g", double(n));
@@ -66,13 +78,9 @@ DecoderSizes booster_decoder_sizes(const std::string& type, const json& model) {
     s.vocab = f("vocab_size"), s.width = f("width"), s.layers = f("layers"), s.heads = f("heads");
     s.kv_heads = s.heads, s.positions = f("context");
     s.tied = true;
-  } else {
-    s.vocab = f("vocab_size"), s.width = f("hidden_size"), s.layers = f("num_hidden_layers");
-    s.heads = f("num_attention_heads"), s.kv_heads = f("num_key_value_heads");
-    s.intermediate = f("intermediate_size"), s.positions = f("max_position_embeddings");
-    s.tied = model.value("tie_word_embeddings", json(false)) == json(true);
+    return s;
   }
-  return s;
+  return llama_sizes(model, "'model.", "'");
 }
 
 namespace {
@@ -97,13 +105,9 @@ DecoderSizes hf_decoder_sizes(const json& c) {
     s.vocab = f("vocab_size", 50257), s.width = f("n_embd", 768), s.layers = f("n_layer", 12);
     s.heads = f("n_head", 12), s.kv_heads = s.heads, s.positions = f("n_positions", 1024);
     s.tied = c.value("tie_word_embeddings", json(true)) != json(false);
-  } else {
-    s.vocab = f("vocab_size"), s.width = f("hidden_size"), s.layers = f("num_hidden_layers");
-    s.heads = f("num_attention_heads"), s.kv_heads = f("num_key_value_heads");
-    s.intermediate = f("intermediate_size"), s.positions = f("max_position_embeddings");
-    s.tied = c.value("tie_word_embeddings", json(false)) == json(true);
+    return s;
   }
-  return s;
+  return llama_sizes(c, "\"", "\"");
 }
 
 int64_t decoder_parameters(const DecoderSizes& s) {

@@ -44,6 +44,7 @@
 #include <optional>
 
 #include "booster/common/error.h"
+#include "booster/common/input_file.h"
 #include "booster/tensor/grad_mode.h"
 #include "booster/tensor/half.h"
 
@@ -92,9 +93,8 @@ struct Replay {
 class FileValues {
  public:
   FileValues(const DeferredFileTensor& f, int64_t numel) : f_(f) {
-    const int fd = ::open(f.path.c_str(), O_RDONLY | O_CLOEXEC);
-    BOOSTER_CHECK(fd >= 0, CheckpointError, "cannot open ", f.path.string(), " to read a deferred weight: ",
-                  std::strerror(errno));
+    // A FIFO put where the weights were must not block the open (Note [Inputs that are not files]).
+    const int fd = open_input_file<CheckpointError>(f.path, "a deferred weight's file", "").release();
     struct stat st {};
     const bool ok = ::fstat(fd, &st) == 0;
     const uint64_t need = f.offset + uint64_t(numel) * itemsize(f.dtype);
