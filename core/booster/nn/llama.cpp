@@ -627,12 +627,19 @@ namespace {
 
 // lm_head column-parallel over the vocabulary: logits stay split while gradients are recorded (the
 // loss is vocabulary-parallel) and are gathered otherwise (evaluation), as the GPT's head.
+// Note [LoRA on the vocabulary-parallel head]: the whole model's lm_head may carry adapters
+// (target_modules naming "lm_head", tied to the embedding or not). The head is column-parallel, so
+// they split as on any column-parallel base (split_lora: B by the rank's vocabulary rows, A whole,
+// entered into the group); their hook adds to this rank's slice of the logits, so the gather for
+// evaluation is a later hook, not part of forward.
 class LlamaVocabParallelHead final : public tp::ColumnParallelLinear {
  public:
-  using ColumnParallelLinear::ColumnParallelLinear;
-  Tensor forward(const Tensor& x) override {
-    const Tensor y = ColumnParallelLinear::forward(x);
-    return autograd::grad_mode_enabled() ? y : tp::gather_last_dim(y, group());
+  LlamaVocabParallelHead(const Linear& full_adapted, Tensor weight_shard, distributed::ProcessGroup& group)
+      : ColumnParallelLinear(std::move(weight_shard), Tensor(), full_adapted.out_features, group, false) {
+    split_lora(full_adapted, *this, 0, group);
+    register_forward_hook([g = &group](Module&, const Tensor&, const Tensor& y) {
+      return autograd::grad_mode_enabled() ? y : tp::gather_last_dim(y, *g);
+    });
   }
   std::string name() const override { return "VocabParallelHead"; }
 };
@@ -757,10 +764,11 @@ ShardedModel llama_shard_policy(const ModulePtr& whole, const ShardContext& c) {
       layer = split;
     }
     if (last) {
-      if (cfg.tie_word_embeddings)  // one stage (checked above): the head is the embedding's shard
-        head = std::make_shared<LlamaVocabParallelHead>(vocab_embed->weight, Tensor(), cfg.vocab_size, *group, false);
-      else
-        head = std::make_shared<LlamaVocabParallelHead>(*llama->lm_head, *group, false);
+      // Tied: one stage (checked above), the head is the embedding's shard. Adapters follow the rows.
+      const Tensor rows = cfg.tie_word_embeddings
+                              ? vocab_embed->weight
+                              : shard_of(llama->lm_head->weight, ShardSpec{0, 1}, group->rank(), int(tp));
+      head = std::make_shared<LlamaVocabParallelHead>(*llama->lm_head, rows, *group);
     }
     // Each Linear of a layer by its split; a bias the model has follows a column split's rows and stays
     // whole under a row split (added once after the all-reduce); LoRA's B follows a column split's rows,
