@@ -35,7 +35,7 @@ tagged=()
 for src in $(grep -l '\[roundoff\]' tests/*/test_*.cpp | grep -v '^tests/mpi/'); do tagged+=("$(basename "$src" .cpp)"); done
 mpi_runs=("2 test_mpi_ddp" "2 test_mpi_llama" "2 test_mpi_zero" "4 test_mpi_zero zero3*" "2 test_mpi_pipeline" "4 test_mpi_pipeline"
           "2 test_mpi_tensor_parallel" "4 test_mpi_hybrid" "2 test_mpi_families" "2 test_mpi_lora"
-          "2 test_mpi_lora_hybrid" "2 test_mpi_token_mean" "4 test_mpi_token_mean [packed_pp]" "2 test_mpi_reproducible" "4 test_mpi_reproducible")
+          "2 test_mpi_lora_hybrid" "4 test_mpi_lora_hybrid [hybrid_4_ranks]" "2 test_mpi_token_mean" "4 test_mpi_token_mean [packed_pp]" "2 test_mpi_reproducible" "4 test_mpi_reproducible")
 
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_WAIT_POLICY=passive
 failed=()
