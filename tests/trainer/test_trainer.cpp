@@ -252,6 +252,8 @@ std::vector<json> metrics(const fs::path& run_dir) {
     json r = json::parse(line);
     r.erase("time");
     r.erase("samples_per_second");
+    // Peak memory counts from each process's fit(): a resumed one starts from what loading left live.
+    for (const char* key : {"peak_tensor_bytes", "peak_reserved_bytes"}) r.erase(key);
     out.push_back(r);
   }
   return out;

@@ -24,6 +24,7 @@
 #include "booster/distributed/process_group.h"
 #include "booster/nn/loss.h"
 #include "booster/ops/ops.h"
+#include "booster/tensor/memory_stats.h"
 #include "booster/trainer/signals.h"
 
 namespace booster {
@@ -280,6 +281,59 @@ std::string trainer::loss_scale_warmup(Booster& booster, double scale) {
          key + " to start lower (torch's GradScaler starts at 65536)";
 }
 
+// Note [Peak memory of a run]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// fit() resets the peak of live tensor bytes of the model's device type as it starts, so the figure is
+// the high-water mark over the run: what was live at its start (the parameters, a resumed optimizer's
+// state) plus the most the steps, evaluations and saves added at once. Each "train" record holds the
+// peak so far, the summary the peak at the run's end; on CUDA also the caching allocator's reserved
+// peak (cudaMalloc'd bytes, in use or cached). The allocators count per process, with atomics they
+// already update on every allocation, so reading costs nothing on the allocation path. Under several
+// ranks each rank's figures are gathered by one float64 all-reduce of a vector in which each rank fills
+// its own slots (zeros elsewhere; exact up to 2^53 bytes), at each logged step, which every rank reaches
+// together, and at the run's end: records and summary hold the ranks' max as peak_tensor_bytes and
+// every rank's as peak_tensor_bytes_per_rank. Ranks that are threads of one process share its counters.
+namespace {
+
+struct PeakMemory {
+  std::vector<int64_t> tensor, reserved;  // per rank; reserved only on CUDA
+};
+
+PeakMemory gather_peak_memory(distributed::ProcessGroup& group, DeviceType type) {
+  const MemoryStats m = memory_stats(type);
+  const int n = group.size();
+  PeakMemory out;
+  if (n == 1) {
+    out.tensor = {m.peak};
+    if (type == DeviceType::CUDA) out.reserved = {m.peak_reserved};
+    return out;
+  }
+  Tensor mine = full({2 * int64_t(n)}, 0.0, DType::Float64, Device::cpu());
+  mine.data<double>()[2 * group.rank()] = double(m.peak);
+  mine.data<double>()[2 * group.rank() + 1] = double(m.peak_reserved);
+  Tensor all = mine.to(group.device());
+  group.all_reduce(all);
+  const Tensor back = all.cpu().contiguous();
+  for (int r = 0; r < n; ++r) {
+    out.tensor.push_back(int64_t(back.data<double>()[2 * r]));
+    if (type == DeviceType::CUDA) out.reserved.push_back(int64_t(back.data<double>()[2 * r + 1]));
+  }
+  return out;
+}
+
+void put_peak(json& out, const char* key, const std::vector<int64_t>& per_rank) {
+  if (per_rank.empty()) return;
+  out[key] = *std::max_element(per_rank.begin(), per_rank.end());
+  if (per_rank.size() > 1) out[std::string(key) + "_per_rank"] = per_rank;
+}
+
+void put_peak_memory(json& out, const std::vector<int64_t>& tensor, const std::vector<int64_t>& reserved) {
+  put_peak(out, "peak_tensor_bytes", tensor);
+  put_peak(out, "peak_reserved_bytes", reserved);
+}
+
+}  // namespace
+
 json FitResult::to_json() const {
   json out = json::object();
   out["final_loss"] = final_loss;
@@ -294,6 +348,7 @@ json FitResult::to_json() const {
   if (evaluation) out.update(evaluation->to_json());
   out["run_dir"] = run_dir ? json(run_dir->string()) : json(nullptr);
   out["resumed_from"] = resumed_from ? json(resumed_from->string()) : json(nullptr);
+  put_peak_memory(out, peak_tensor_bytes, peak_reserved_bytes);
   if (!interrupted.empty()) {
     out["interrupted"] = interrupted;
     out["last_checkpoint"] = last_checkpoint ? json(last_checkpoint->string()) : json(nullptr);
@@ -731,6 +786,12 @@ FitResult Trainer::fit() {
     return t.item() / double(group.size());
   };
   run_start_ = now_seconds();
+  // Note [Peak memory of a run]
+  const DeviceType memory_device = [&] {
+    const std::vector<Tensor> params = model.parameters();
+    return params.empty() ? DeviceType::CPU : params.front().device().type;
+  }();
+  reset_peak_memory_stats(memory_device);
   model.train();
   const int64_t first_step = step;
   double last_loss = position_.loss.is_number() ? position_.loss.get<double>() : std::nan("");
@@ -1014,16 +1075,21 @@ FitResult Trainer::fit() {
       if (is_rank0_)
         for (const auto& hook : step_hooks_) hook(report);
       if (logged) {
-        metrics_.write({{"kind", "train"},
-                        {"step", step},
-                        {"epoch", report.epoch},
-                        {"loss", last_loss},
-                        {"lr", step_lr},
-                        {"loss_scale", report.loss_scale ? json(*report.loss_scale) : json(nullptr)},
-                        {"skipped", position_.skipped_steps},
-                        {"samples_per_second", report.samples_per_second},
-                        {"time", report.seconds},
-                        {"precision", running_precision}});
+        const PeakMemory peak = gather_peak_memory(group, memory_device);  // Note [Peak memory of a run]
+        result.peak_tensor_bytes = peak.tensor;
+        result.peak_reserved_bytes = peak.reserved;
+        json record = {{"kind", "train"},
+                       {"step", step},
+                       {"epoch", report.epoch},
+                       {"loss", last_loss},
+                       {"lr", step_lr},
+                       {"loss_scale", report.loss_scale ? json(*report.loss_scale) : json(nullptr)},
+                       {"skipped", position_.skipped_steps},
+                       {"samples_per_second", report.samples_per_second},
+                       {"time", report.seconds},
+                       {"precision", running_precision}};
+        put_peak_memory(record, peak.tensor, peak.reserved);
+        metrics_.write(record);
         window_samples = 0;
         window_start = now_seconds();
       }
@@ -1043,6 +1109,11 @@ FitResult Trainer::fit() {
   // A signal during the last step's evaluation or save came after after_step() looked: the run is
   // complete, but a stop was asked for, so it ends as interrupted (Note [Stopping on a signal]).
   if (const int signal = stop_signal()) interrupt_complete(signal);
+  {  // every rank is here together (the signal was agreed): Note [Peak memory of a run]
+    const PeakMemory peak = gather_peak_memory(group, memory_device);
+    result.peak_tensor_bytes = peak.tensor;
+    result.peak_reserved_bytes = peak.reserved;
+  }
   progress.finish();
   metrics_.close();
   check_writes(step, result.last_checkpoint ? result.last_checkpoint : result.resumed_from);

@@ -185,6 +185,9 @@ struct FitResult {
   std::optional<std::filesystem::path> last_checkpoint;
   // The signal that stopped the run ("SIGINT"), in the summary of an InterruptedError; "": none.
   std::string interrupted;
+  // Each rank's peak of live tensor bytes over the run (rank order of the plugin's group) and, on
+  // CUDA, of the caching allocator's reserved bytes: Note [Peak memory of a run] in trainer.cpp.
+  std::vector<int64_t> peak_tensor_bytes, peak_reserved_bytes;
   nlohmann::json to_json() const;
 };
 

@@ -38,6 +38,10 @@ size_t bytes_in_use();
 size_t peak_bytes();
 void reset_peak_bytes();
 size_t cached_bytes();
+// Bytes the caching allocator holds from cudaMalloc (in use and cached) and their peak since the last
+// reset_peak_bytes() (which resets both peaks), as torch.cuda.memory_reserved / max_memory_reserved.
+size_t reserved_bytes();
+size_t peak_reserved_bytes();
 // The kernel-family time table gathered under BOOSTER_CUDA_PROFILE=1 (Note [CUDA kernel profile]),
 // largest first, and a reset.
 std::string profile_report();

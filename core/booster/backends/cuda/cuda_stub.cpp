@@ -21,6 +21,8 @@ size_t bytes_in_use() { return 0; }
 size_t peak_bytes() { return 0; }
 void reset_peak_bytes() {}
 size_t cached_bytes() { return 0; }
+size_t reserved_bytes() { return 0; }
+size_t peak_reserved_bytes() { return 0; }
 std::string profile_report() { return ""; }
 void reset_profile() {}
 void set_allow_tf32(bool) {}

@@ -231,6 +231,15 @@ bool allow_tf32() { return g_allow_tf32.load(); }
 namespace {
 
 std::atomic<size_t> g_in_use{0}, g_peak{0}, g_cached{0};
+// Bytes obtained from cudaMalloc and not yet given back (in use + cached), and their peak: updated
+// only where cudaMalloc and cudaFree run, never on a cache hit.
+std::atomic<size_t> g_reserved{0}, g_peak_reserved{0};
+
+void raise_peak(std::atomic<size_t>& peak, size_t now) {
+  size_t seen = peak.load();
+  while (now > seen && !peak.compare_exchange_weak(seen, now)) {
+  }
+}
 
 // Note [CUDA caching allocator]
 // cudaMalloc and cudaFree synchronize the device and cost tens of microseconds, so no op may call them
@@ -278,6 +287,7 @@ class CudaAllocator final : public Allocator {
                    cudaGetErrorName(err), " (", cudaGetErrorString(err), "); ", g_in_use.load(),
                    " bytes in use by tensors, ", free_b, " of ", total_b, " free on the device");
     }
+    raise_peak(g_peak_reserved, g_reserved += size);
     note_alloc(size);
     return p;
   }
@@ -323,6 +333,7 @@ class CudaAllocator final : public Allocator {
       for (void* p : blocks) {
         cudaFree(p);
         g_cached -= size;
+        g_reserved -= size;
       }
     free_.clear();
   }
@@ -333,12 +344,7 @@ class CudaAllocator final : public Allocator {
     if (n <= (size_t(1) << 20)) return n == 0 ? kSmall : (n + kSmall - 1) / kSmall * kSmall;
     return (n + kLarge - 1) / kLarge * kLarge;
   }
-  static void note_alloc(size_t size) {
-    const size_t now = g_in_use += size;
-    size_t peak = g_peak.load();
-    while (now > peak && !g_peak.compare_exchange_weak(peak, now)) {
-    }
-  }
+  static void note_alloc(size_t size) { raise_peak(g_peak, g_in_use += size); }
 
   int device_;
   std::mutex mu_;
@@ -432,7 +438,12 @@ class CudaAllocatorRouter final : public Allocator {
 
 size_t bytes_in_use() { return g_in_use.load(); }
 size_t peak_bytes() { return g_peak.load(); }
-void reset_peak_bytes() { g_peak = g_in_use.load(); }
+void reset_peak_bytes() {
+  g_peak = g_in_use.load();
+  g_peak_reserved = g_reserved.load();
+}
 size_t cached_bytes() { return g_cached.load(); }
+size_t reserved_bytes() { return g_reserved.load(); }
+size_t peak_reserved_bytes() { return g_peak_reserved.load(); }
 
 }  // namespace booster::cuda
