@@ -370,6 +370,8 @@ TEST_CASE("lora: the Llama policy with tp 2 splits lm_head's adapters by the voc
 TEST_CASE("lora: hybrid_parallel tp 2 and pp 2 train a Llama's lm_head adapters as one process does",
           "[mpi][lora][hybrid][roundoff]") {
   check_training(llama_with_head(false), kTwoRanks);
+  // Tied to the embedding: tp only (a pipeline puts the embedding and the head on different ranks).
+  check_training(llama_with_head(true), {{"tp 2, tied", 2, 1}});
 }
 
 TEST_CASE("lora: the GPT policy with tp 2 refuses adapters on the vocabulary-parallel lm_head",
