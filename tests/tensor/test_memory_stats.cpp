@@ -22,6 +22,7 @@
 #include "booster/tensor/random.h"
 #include "booster/tensor/storage.h"
 #include "booster/trainer/trainer.h"
+#include "../cuda_skip.h"
 #include "../skip.h"
 
 using namespace booster;
@@ -104,6 +105,48 @@ TEST_CASE("memory_stats: the CPU allocator counts each tensor's rounded bytes an
   CHECK(size_t(in_use()) == cpu_bytes_in_use());
   CHECK(size_t(peak()) == cpu_peak_bytes());
   CHECK(memory_stats(DeviceType::CPU).reserved == 0);
+}
+
+TEST_CASE("memory_stats: the CUDA caching allocator counts rounded bytes, reserved bytes and their peaks",
+          "[memory_stats][cuda]") {
+  if (::testing::skip_without_gpu()) return;
+  const Device gpu = Device::cuda(0);
+  // Note [CUDA caching allocator]: 512-byte blocks up to 1 MiB, 2 MiB ones above.
+  auto cuda_block = [](int64_t n) {
+    return n <= (int64_t(1) << 20) ? (n + 511) / 512 * 512 : (n + (int64_t(2) << 20) - 1) / (int64_t(2) << 20) * (int64_t(2) << 20);
+  };
+  const int64_t small = cuda_block(1000 * 4), large = cuda_block(int64_t(3) << 20);
+  CHECK(small == 4096);
+  CHECK(large == int64_t(4) << 20);
+  allocator_for(gpu).empty_cache();  // nothing cached: what is reserved is in use
+  const MemoryStats start = memory_stats(DeviceType::CUDA);
+  REQUIRE(start.reserved == start.in_use);
+  reset_peak_memory_stats(DeviceType::CUDA);
+  {
+    const Tensor a = Tensor::empty({1000}, DType::Float32, gpu);
+    const Tensor b = Tensor::empty({int64_t(3) << 18}, DType::Float32, gpu);  // 3 MiB
+    const MemoryStats m = memory_stats(DeviceType::CUDA);
+    CHECK(m.in_use - start.in_use == small + large);
+    CHECK(m.reserved - start.reserved == small + large);
+    CHECK(m.peak - start.in_use == small + large);
+    CHECK(m.peak_reserved - start.reserved == small + large);
+  }
+  // Freed blocks stay reserved in the cache; a block of a cached size comes from it, reserving nothing.
+  MemoryStats m = memory_stats(DeviceType::CUDA);
+  CHECK(m.in_use == start.in_use);
+  CHECK(m.reserved - start.reserved == small + large);
+  {
+    const Tensor again = Tensor::empty({int64_t(3) << 18}, DType::Float32, gpu);
+    CHECK(memory_stats(DeviceType::CUDA).reserved - start.reserved == small + large);
+  }
+  allocator_for(gpu).empty_cache();
+  m = memory_stats(DeviceType::CUDA);
+  CHECK(m.reserved == start.reserved);
+  CHECK(m.peak_reserved - start.reserved == small + large);  // the peaks stay until a reset
+  reset_peak_memory_stats(DeviceType::CUDA);
+  m = memory_stats(DeviceType::CUDA);
+  CHECK(m.peak == m.in_use);
+  CHECK(m.peak_reserved == m.reserved);
 }
 
 // Note [Peak tensor bytes against peak RSS]
