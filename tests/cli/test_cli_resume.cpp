@@ -98,6 +98,10 @@ std::vector<json> metrics_records(const fs::path& run_dir) {
     json record = json::parse(line);
     record.erase("time");
     record.erase("samples_per_second");
+    // Peak memory counts from each process's fit(): a resumed one starts from what loading left live.
+    for (const char* key : {"peak_tensor_bytes", "peak_tensor_bytes_per_rank", "peak_reserved_bytes",
+                            "peak_reserved_bytes_per_rank"})
+      record.erase(key);
     records.push_back(record);
   }
   return records;
