@@ -357,9 +357,13 @@ double Booster::reproducible_step(const Tensor& x, const Tensor& y, nn::Module& 
     }
     tree.combine_ranks(group);
     losses.combine_ranks(group);
-    // Rank 0 hands the plugin's averaging reduction world * G and the others zeros: exact in any order.
-    tree.write_gradients(double(world), /*zeros_elsewhere=*/true, group.rank());
-    if (quiet) {
+    // Every rank holds G now. ddp (and one process) step with what the gradients hold while sync is
+    // off; ZeRO-1 reduce-scatters them at its step anyway, so rank 0 hands its averaging reduction
+    // world * G and the others zeros: exact in any order.
+    const bool plugin_reduces = plugin_->name() == "low_level_zero";
+    tree.write_gradients(plugin_reduces ? double(world) : 1.0, /*zeros_elsewhere=*/plugin_reduces, group.rank());
+    if (quiet && !plugin_reduces) plugin_->set_gradient_sync(true);
+    if (quiet && plugin_reduces) {
       plugin_->set_gradient_sync(true);
       // A backward that reaches no parameter: the plugin reduces what the gradients hold (ddp's
       // finish_backward launches every bucket, ZeRO-1 reduce-scatters its buffer).

@@ -22,10 +22,12 @@
 //   the tree's top w levels: rank r's partial is leaf bitrev(r), so 4 ranks add (P0 + P2) + (P1 + P3).
 // * Across ranks: every rank all-gathers the partial sums and adds them in that order (the simple first
 //   version: (W - 1) times the gradient's bytes received per rank, where a ring all-reduce moves
-//   2 (W - 1) / W times). Every rank then holds the same total G. The plugin's own reduction still runs,
-//   made exact: rank 0 hands it W * G and the others zeros, and every supported plugin averages (divides
-//   by the power of two W, exact, then adds zeros, exact) in whatever order it likes. -0 is made +0
-//   first (G + 0), so zeros cannot differ in sign between world sizes.
+//   2 (W - 1) / W times). Every rank then holds the same total G. Under ddp (and on one process) the
+//   optimizer steps with G as it is, gradient sync staying off. ZeRO-1 reduce-scatters its gradient
+//   buffer at its step whatever happened before, so its reduction runs, made exact: rank 0 hands it
+//   W * G and the others zeros, and it averages (divides by the power of two W, exact, then adds zeros,
+//   exact) in whatever order it likes. -0 is made +0 first (G + 0), so zeros cannot differ in sign
+//   between world sizes.
 // * The loss is summed in the same tree (float64) and divided by K.
 // Where it cannot hold it is refused (check_layout, check_sizes, check_model): tensor parallelism (a row-
 // parallel layer sums over tensor ranks inside the forward), pipeline parallelism and ZeRO stages 2 and
