@@ -6,11 +6,11 @@
 // with tp 2: this rank's logits, the loss and every adapter's gradient (its slice of the whole model's
 // where the adapter is split, the whole gradient where it is replicated); then three AdamW steps
 // through the Booster with tp 2 and with pp 2: each step's loss, the first step's adapter gradients,
-// the adapters at the end in the gathered checkpoint, and the frozen base saved unchanged. The Llama
-// also with an adapter on its vocabulary-parallel lm_head (tied to the embedding or not; the GPT's
-// policy refuses one). On 4 ranks (`mpirun -np 4 ... "[hybrid_4_ranks]"`, CTest's
-// test_mpi_lora_hybrid_4_ranks) the same training under tp 2 x pp 2 and dp 2 x tp 2. Bounds from
-// Note [Roundoff bounds] (tests/roundoff.h), float32.
+// the adapters at the end in the gathered checkpoint, and the frozen base saved unchanged. Both also
+// with an adapter on the vocabulary-parallel lm_head (tied to the embedding or not). On 4 ranks
+// (`mpirun -np 4 ... "[hybrid_4_ranks]"`, CTest's test_mpi_lora_hybrid_4_ranks) the same training,
+// lm_head adapted, under tp 2 x pp 2 and dp 2 x tp 2. Bounds from Note [Roundoff bounds]
+// (tests/roundoff.h), float32.
 #include <catch2/catch.hpp>
 
 #include <chrono>
@@ -84,16 +84,11 @@ Family llama() {
           }};
 }
 
-// The Llama with adapters on lm_head too (Note [LoRA on the vocabulary-parallel head] in llama.cpp):
-// its B splits by the head's vocabulary rows, tied to the embedding or not.
-Family llama_with_head(bool tied) {
-  Family f = llama();
+// `f` with adapters on lm_head too, the model from `build` (Note [LoRA on the vocabulary-parallel
+// head] in shard_policy.cpp): its B splits by the head's vocabulary rows, tied to the embedding or not.
+Family with_head(Family f, std::function<nn::ModulePtr()> build) {
   f.lora.target_modules.push_back("lm_head");
-  f.build = [tied] {
-    nn::LlamaConfig c = booster::testing::tiny_llama_config();
-    c.tie_word_embeddings = tied;
-    return std::make_shared<nn::Llama>(c, 13);
-  };
+  f.build = std::move(build);
   f.adapters += 2;
   f.adapted_outputs += 1;
   f.split = [split = f.split](const std::string& name) -> std::optional<nn::ShardSpec> {
@@ -101,6 +96,14 @@ Family llama_with_head(bool tied) {
     return split(name);
   };
   return f;
+}
+
+Family llama_with_head(bool tied) {
+  return with_head(llama(), [tied] {
+    nn::LlamaConfig c = booster::testing::tiny_llama_config();
+    c.tie_word_embeddings = tied;
+    return std::make_shared<nn::Llama>(c, 13);
+  });
 }
 
 // A tiny GPT: width 32, 4 heads, 2 blocks, vocabulary 64, 16 positions.
@@ -122,6 +125,14 @@ Family gpt() {
             if (row || name.find(".lora_B.") == std::string::npos) return std::nullopt;
             return nn::ShardSpec{0, name.find("c_attn.") != std::string::npos ? 3 : 1};  // q | k | v
           }};
+}
+
+Family gpt_with_head(bool tied) {
+  return with_head(gpt(), [tied] {
+    nn::GPTConfig c;
+    c.vocab_size = 64, c.context = 16, c.width = 32, c.layers = 2, c.heads = 4, c.tie_word_embeddings = tied;
+    return std::make_shared<nn::GPT>(c, 13);
+  });
 }
 
 // The whole model, adapted, its B drawn N(0, 0.1^2) (the same on every rank and in every call).
@@ -374,16 +385,10 @@ TEST_CASE("lora: hybrid_parallel tp 2 and pp 2 train a Llama's lm_head adapters 
   check_training(llama_with_head(true), {{"tp 2, tied", 2, 1}});
 }
 
-TEST_CASE("lora: the GPT policy with tp 2 refuses adapters on the vocabulary-parallel lm_head",
-          "[mpi][lora][tp][gpt]") {
-  ProcessGroup& pg = group();
-  Family f = gpt();
-  f.lora.target_modules = {"c_attn", "lm_head"};
-  const nn::ModulePtr whole = adapted(f);
-  nn::ShardContext c;
-  c.tp = &pg;
-  CHECK_THROWS_WITH(nn::find_shard_policy(f.policy, "this test")(whole, c),
-                    Catch::Contains("lm_head has LoRA adapters") && Catch::Contains("tp_size 1"));
+TEST_CASE("lora: the GPT policy with tp 2 splits lm_head's adapters by the vocabulary as one process",
+          "[mpi][lora][tp][gpt][roundoff]") {
+  SECTION("untied") { check_tp_split(gpt_with_head(false)); }
+  SECTION("tied to the embedding") { check_tp_split(gpt_with_head(true)); }
 }
 
 TEST_CASE("lora: hybrid_parallel tp 2 and pp 2 train the adapters as one process does",
@@ -406,5 +411,5 @@ TEST_CASE("lora: hybrid_parallel tp 2 x pp 2 and dp 2 x tp 2 train a Llama's ada
 TEST_CASE("lora: hybrid_parallel tp 2 x pp 2 and dp 2 x tp 2 train a GPT's adapters as one process does",
           "[.][mpi][lora][hybrid_4_ranks][gpt][roundoff]") {
   REQUIRE(group().size() == 4);
-  check_training(gpt(), kFourRanks);
+  check_training(gpt_with_head(false), kFourRanks);
 }

@@ -146,8 +146,8 @@ std::map<std::string, ShardSpec> family_shards(const ModelFamily& family, const 
   std::map<std::string, ShardSpec> out;
   out[family.embedding] = {0, 1};
   if (!(family.tied && family.tied(model))) out[family.head] = {0, 1};
-  // Adapters on the head (Note [LoRA on the vocabulary-parallel head] in llama.cpp): B by its rows,
-  // tied or not; a policy that takes none refuses them.
+  // Adapters on the head (Note [LoRA on the vocabulary-parallel head] in shard_policy.cpp): B by its
+  // rows, tied or not.
   const std::string head_b = family.head.substr(0, family.head.rfind('.') + 1) + "lora_B.weight";
   if (names.count(head_b)) out[head_b] = {0, 1};
   for (int64_t i = 0; i < layers; ++i) {

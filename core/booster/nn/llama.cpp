@@ -259,7 +259,7 @@ LlamaConfig parse_decoder_config(const nlohmann::json& cfg) {
       cfg.contains("num_key_value_heads") ? positive_int(cfg, "num_key_value_heads") : c.num_attention_heads;
   if (cfg.contains("max_position_embeddings")) c.max_position_embeddings = positive_int(cfg, "max_position_embeddings");
   if (cfg.contains("rms_norm_eps")) c.rms_norm_eps = positive_number(cfg, "rms_norm_eps");
-  if (cfg.contains("rope_theta")) c.rope_theta = positive_number(cfg, "rope_theta");
+  if (cfg.contains("rope_theta") && type == "llama") c.rope_theta = positive_number(cfg, "rope_theta");
   if (cfg.contains("tie_word_embeddings")) c.tie_word_embeddings = boolean(cfg, "tie_word_embeddings");
   if (cfg.contains("activation_checkpointing")) c.activation_checkpointing = boolean(cfg, "activation_checkpointing");
   if (cfg.contains("rope_scaling")) c.rope_scaling = parse_rope_scaling(cfg.at("rope_scaling"));
@@ -625,25 +625,6 @@ ModulePtr make_llama(const nlohmann::json& cfg, uint64_t seed) { return std::mak
 
 namespace {
 
-// lm_head column-parallel over the vocabulary: logits stay split while gradients are recorded (the
-// loss is vocabulary-parallel) and are gathered otherwise (evaluation), as the GPT's head.
-// Note [LoRA on the vocabulary-parallel head]: the whole model's lm_head may carry adapters
-// (target_modules naming "lm_head", tied to the embedding or not). The head is column-parallel, so
-// they split as on any column-parallel base (split_lora: B by the rank's vocabulary rows, A whole,
-// entered into the group); their hook adds to this rank's slice of the logits, so the gather for
-// evaluation is a later hook, not part of forward.
-class LlamaVocabParallelHead final : public tp::ColumnParallelLinear {
- public:
-  LlamaVocabParallelHead(const Linear& full_adapted, Tensor weight_shard, distributed::ProcessGroup& group)
-      : ColumnParallelLinear(std::move(weight_shard), Tensor(), full_adapted.out_features, group, false) {
-    split_lora(full_adapted, *this, 0, group);
-    register_forward_hook([g = &group](Module&, const Tensor&, const Tensor& y) {
-      return autograd::grad_mode_enabled() ? y : tp::gather_last_dim(y, *g);
-    });
-  }
-  std::string name() const override { return "VocabParallelHead"; }
-};
-
 // Layers [begin, end) of a Llama, with the embedding on the first stage and norm + lm_head on the
 // last, named as in the whole model ("model.layers.5.mlp.up_proj.weight").
 class LlamaStage final : public Module {
@@ -764,11 +745,9 @@ ShardedModel llama_shard_policy(const ModulePtr& whole, const ShardContext& c) {
       layer = split;
     }
     if (last) {
-      // Tied: one stage (checked above), the head is the embedding's shard. Adapters follow the rows.
-      const Tensor rows = cfg.tie_word_embeddings
-                              ? vocab_embed->weight
-                              : shard_of(llama->lm_head->weight, ShardSpec{0, 1}, group->rank(), int(tp));
-      head = std::make_shared<LlamaVocabParallelHead>(*llama->lm_head, rows, *group);
+      // Tied: one stage (checked above), the head is the embedding's shard. Adapters on it follow the
+      // rows (Note [LoRA on the vocabulary-parallel head] in shard_policy.cpp).
+      head = vocab_parallel_head(*llama->lm_head, cfg.tie_word_embeddings ? vocab_embed->weight : Tensor(), *group);
     }
     // Each Linear of a layer by its split; a bias the model has follows a column split's rows and stays
     // whole under a row split (added once after the all-reduce); LoRA's B follows a column split's rows,

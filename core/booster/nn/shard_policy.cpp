@@ -93,19 +93,33 @@ std::function<Criterion(const Criterion&)> vocab_parallel_criterion(distributed:
 
 namespace {
 
-// The GPT's lm_head: column-parallel over the vocabulary; its logits stay split while gradients are
-// recorded (training: the loss is vocabulary-parallel) and are gathered otherwise (Note [Shard policies]).
+// lm_head column-parallel over the vocabulary: its logits stay split while gradients are recorded
+// (training: the loss is vocabulary-parallel) and are gathered otherwise (Note [Shard policies]).
+// Note [LoRA on the vocabulary-parallel head]: the whole model's lm_head may carry adapters
+// (target_modules naming "lm_head", tied to the embedding or not). The head is column-parallel, so
+// they split as on any column-parallel base (split_lora: B by the rank's vocabulary rows, A whole,
+// entered into the group); their hook adds to this rank's slice of the logits, so the gather for
+// evaluation is a later hook, not part of forward.
 class VocabParallelHead final : public tp::ColumnParallelLinear {
  public:
-  VocabParallelHead(const Linear& full, distributed::ProcessGroup& group) : ColumnParallelLinear(full, group, false) {}
-  using ColumnParallelLinear::ColumnParallelLinear;  // a tied head: the vocabulary-parallel embedding's shard
-  Tensor forward(const Tensor& x) override {
-    const Tensor y = ColumnParallelLinear::forward(x);
-    return autograd::grad_mode_enabled() ? y : tp::gather_last_dim(y, group());
+  VocabParallelHead(const Linear& full, Tensor rows, distributed::ProcessGroup& group)
+      : ColumnParallelLinear(std::move(rows), Tensor(), full.out_features, group, false) {
+    split_lora(full, *this, 0, group);
+    register_forward_hook([g = &group](Module&, const Tensor&, const Tensor& y) {
+      return autograd::grad_mode_enabled() ? y : tp::gather_last_dim(y, *g);
+    });
   }
+  std::string name() const override { return "VocabParallelHead"; }
 };
 
 }  // namespace
+
+ModulePtr vocab_parallel_head(const Linear& full, Tensor rows, distributed::ProcessGroup& group) {
+  BOOSTER_CHECK(!full.bias.defined(), IncompatibleError, "tensor parallel: the vocabulary-parallel lm_head has no "
+                "bias here, and this one has; use tp_size 1");
+  if (!rows.defined()) rows = shard_of(full.weight, ShardSpec{0, 1}, group.rank(), group.size());
+  return std::make_shared<VocabParallelHead>(full, std::move(rows), group);
+}
 
 ShardedModel gpt_shard_policy(const ModulePtr& model, const ShardContext& c) {
   const auto gpt = std::dynamic_pointer_cast<GPT>(model);
@@ -145,15 +159,9 @@ ShardedModel gpt_shard_policy(const ModulePtr& model, const ShardContext& c) {
       split_layer_lora(family, block, split, *group);
       parts.blocks[size_t(b)] = split;
     }
-    // The vocabulary-parallel head is not a Linear that takes adapters.
-    for (const auto& [name, p] : gpt->lm_head->named_parameters())
-      BOOSTER_CHECK(name.find("lora_") == std::string::npos, IncompatibleError, "shard policy 'GPT': lm_head has "
-                    "LoRA adapters, which tensor parallelism does not split (the head is vocabulary-parallel); "
-                    "leave lm_head out of lora.target_modules, or use tp_size 1");
+    // Tied: one stage (checked above), the head is wte's shard. Adapters on it follow the rows.
     if (c.stage == c.stages - 1)
-      parts.lm_head = cfg.tie_word_embeddings  // one stage (checked above): the head is wte's shard
-                          ? std::make_shared<VocabParallelHead>(vocab_wte->weight, Tensor(), cfg.vocab_size, *group, false)
-                          : std::make_shared<VocabParallelHead>(*gpt->lm_head, *group);
+      parts.lm_head = vocab_parallel_head(*gpt->lm_head, cfg.tie_word_embeddings ? vocab_wte->weight : Tensor(), *group);
     // Each block's Linears by the family's split table (gpt_family.cpp), biases and LoRA following.
     out.shards = family_shards(family, *gpt, cfg.layers);
     out.criterion = vocab_parallel_criterion(*group, cfg.vocab_size, "GPT");

@@ -66,6 +66,12 @@ std::vector<std::string> registered_shard_policies();
 // outlive it.
 std::function<Criterion(const Criterion&)> vocab_parallel_criterion(distributed::ProcessGroup& group, int64_t vocab,
                                                                 const std::string& policy);
+// A model's lm_head `full` column-parallel over the vocabulary (logits split while gradients are
+// recorded, gathered otherwise): `rows` this rank's rows of its weight (undefined: taken from `full`;
+// a tied head passes the vocabulary-parallel embedding's shard), its LoRA adapters split by the same
+// rows. IncompatibleError for a head with a bias.
+class Linear;
+ModulePtr vocab_parallel_head(const Linear& full, Tensor rows, distributed::ProcessGroup& group);
 
 // This rank's piece of `whole` under `spec` (rank of `size`), and the whole from every rank's piece
 // (in rank order): the inverse of each other.
