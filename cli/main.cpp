@@ -5,6 +5,7 @@
 #include <cstdlib>
 #include <exception>
 #include <filesystem>
+#include <fstream>
 #include <iostream>
 #include <new>
 #include <optional>
@@ -227,6 +228,32 @@ void print_memory_estimate(const nlohmann::json& config, int world_size) {
   }
 }
 
+// Beside the estimate, the peak a run of this config measured (Note [Peak memory of a run] in
+// trainer.cpp): the last "train" record of train.run_dir's metrics.jsonl that has one. Nothing when
+// there is no such file; a file that is not a regular one, or over 64 MiB, is not read.
+void print_measured_peak(const nlohmann::json& config) {
+  const nlohmann::json run_dir = config.at("train").value("run_dir", nlohmann::json());
+  if (!run_dir.is_string() || run_dir.get<std::string>().find("{time}") != std::string::npos) return;
+  const std::filesystem::path file = std::filesystem::path(run_dir.get<std::string>()) / "metrics.jsonl";
+  std::error_code ec;
+  if (!std::filesystem::is_regular_file(file, ec) || std::filesystem::file_size(file, ec) > (uintmax_t(64) << 20))
+    return;
+  std::ifstream in(file);
+  nlohmann::json last;
+  for (std::string line; std::getline(in, line);) {
+    nlohmann::json record = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
+    if (record.is_object() && record.value("kind", "") == "train" && record.contains("peak_tensor_bytes") &&
+        record.at("peak_tensor_bytes").is_number())
+      last = std::move(record);
+  }
+  if (last.is_null()) return;
+  std::cerr << "  measured: " << booster::config::format_bytes(last.at("peak_tensor_bytes").get<double>())
+            << " peak of live tensors";
+  if (last.contains("peak_tensor_bytes_per_rank"))
+    std::cerr << " (the most of " << last.at("peak_tensor_bytes_per_rank").size() << " ranks)";
+  std::cerr << " by step " << last.value("step", int64_t(0)) << " of the run in " << file.string() << "\n";
+}
+
 // Parses `args` (after the subcommand); returns false when --help was printed.
 // `booster eval`'s weights as overrides of the config (Note [Evaluating without training] in train.cpp),
 // after the user's own so they win: train.max_steps 0, no resume, and the checkpoint's model as
@@ -363,6 +390,7 @@ int run(int argc, char** argv) {
       // Note [Reproducible training across world sizes]: whether, and at which world sizes.
       std::cerr << "booster: " << booster::reproducible::describe_config(config, world_size) << "\n";
       print_memory_estimate(config, world_size);
+      print_measured_peak(config);
       const std::string format = booster::diagnostics::compute_format(config.at("mixed_precision"), config.at("plugin"));
       if (const std::string note = booster::diagnostics::cpu_time_note(format, config.at("device").get<std::string>());
           !note.empty())

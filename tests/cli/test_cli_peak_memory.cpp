@@ -1,7 +1,7 @@
 // `booster train` reports the peak of live tensor bytes (Note [Peak memory of a run] in trainer.cpp):
 // in every "train" record of metrics.jsonl and in the summary it prints last, and under `booster run
-// -n 2` each rank's figure. Run as a user runs it: through the shell, output captured to files. The
-// figure itself is checked against the process's peak RSS in tests/tensor/test_memory_stats.cpp; here
+// -n 2` each rank's figure; `booster check` prints it beside its estimate. Run as a user runs it:
+// through the shell, output captured to files. The figure itself is checked against the process's peak RSS in tests/tensor/test_memory_stats.cpp; here
 // the lower bound is what must be live at once at an AdamW step: parameters, gradients, two moments.
 #include <catch2/catch.hpp>
 
@@ -78,6 +78,14 @@ TEST_CASE("booster train writes peak_tensor_bytes into metrics.jsonl and the sum
   INFO(summary.dump());
   REQUIRE(summary.contains("peak_tensor_bytes"));
   CHECK(summary.at("peak_tensor_bytes").get<int64_t>() >= previous);  // the end also counts the evaluation
+
+  // booster check prints it beside its estimate, from the run directory the config names.
+  const testing::RunResult check =
+      testing::run_booster_in(scratch_dir(), "check --config " + (scratch_dir() / "single.json").string(), kOneThread);
+  INFO(check.err);
+  CHECK(check.exit_code == 0);
+  CHECK_THAT(check.err, Catch::Contains("  measured: ") && Catch::Contains(" peak of live tensors by step 4 of the run in " +
+                                                                           (run_dir / "metrics.jsonl").string()));
 }
 
 TEST_CASE("booster run -n 2 reports each rank's peak_tensor_bytes", "[cli][peak_memory][mpi]") {
