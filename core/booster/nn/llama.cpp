@@ -259,7 +259,7 @@ LlamaConfig parse_decoder_config(const nlohmann::json& cfg) {
       cfg.contains("num_key_value_heads") ? positive_int(cfg, "num_key_value_heads") : c.num_attention_heads;
   if (cfg.contains("max_position_embeddings")) c.max_position_embeddings = positive_int(cfg, "max_position_embeddings");
   if (cfg.contains("rms_norm_eps")) c.rms_norm_eps = positive_number(cfg, "rms_norm_eps");
-  if (cfg.contains("rope_theta") && type == "llama") c.rope_theta = positive_number(cfg, "rope_theta");
+  if (cfg.contains("rope_theta")) c.rope_theta = positive_number(cfg, "rope_theta");
   if (cfg.contains("tie_word_embeddings")) c.tie_word_embeddings = boolean(cfg, "tie_word_embeddings");
   if (cfg.contains("activation_checkpointing")) c.activation_checkpointing = boolean(cfg, "activation_checkpointing");
   if (cfg.contains("rope_scaling")) c.rope_scaling = parse_rope_scaling(cfg.at("rope_scaling"));
