@@ -1,9 +1,9 @@
 // Hostile inputs through the `booster` program, each made in a scratch directory (nothing large is
 // committed): sizes a model cannot have (Note [Sizes before building] in nn/model_size.h) and inputs
 // that are not files or never end (Note [Inputs that are not files] in common/input_file.h). Each used
-// to hang, grow without end or fail in the allocator; each runs under `timeout 20`, so a regression
-// fails as exit 124 in seconds instead of hanging the suite, and must end in one line naming the
-// field or the file.
+// to hang, grow without end or fail in the allocator; each runs under `timeout -s KILL 20`, so a
+// regression fails as exit 137 in seconds instead of hanging the suite, and must end in one line naming
+// the field or the file.
 #include <catch2/catch.hpp>
 
 #include <sys/stat.h>
@@ -28,8 +28,9 @@ namespace {
 
 fs::path scratch_dir() { return testing::scratch_dir("test_cli_hostile_inputs"); }
 
-// Every run is bounded: a hang is exit 124 after 20 s.
-const char* kEnv = "OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 timeout 20";
+// Every run is bounded: a hang is killed after 20 s (exit 137).
+// SIGKILL: booster defers SIGTERM until a step ends, which a hung open() never reaches.
+const char* kEnv = "OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 timeout -s KILL 20";
 
 RunResult run_cli(const std::string& args) { return testing::run_booster_in(scratch_dir(), args, kEnv); }
 
