@@ -406,11 +406,13 @@ TEST_CASE("hf: every malformed directory is one ConfigError listing all of its p
   }
   SECTION("no config.json, an unknown model_type, a feature the family lacks") {
     const fs::path dir = copy_fixture(tmp, "gpt2");
+    json relu = json::parse(std::ifstream(dir / "config.json"));  // sizes that agree with the weights
+    relu["activation_function"] = "relu";
     fs::remove(dir / "config.json");
     CHECK_THAT(config_error_of([&] { nn::load_pretrained(dir); }), Contains("no config.json"));
     std::ofstream(dir / "config.json") << R"({"model_type": "bert", "vocab_size": 48})";
     CHECK_THAT(config_error_of([&] { nn::load_pretrained(dir); }), Contains("model_type \"bert\" is not a family"));
-    std::ofstream(dir / "config.json") << R"({"model_type": "gpt2", "activation_function": "relu"})";
+    std::ofstream(dir / "config.json") << relu.dump();
     CHECK_THAT(config_error_of([&] { nn::load_pretrained(dir); }), Contains("\"activation_function\" is \"relu\""));
     std::ofstream(dir / "config.json") << R"({"model_type": "gpt2", )";
     CHECK_THAT(config_error_of([&] { nn::load_pretrained(dir); }), Contains("not valid JSON"));

@@ -156,7 +156,8 @@ json read_overrides(const json& o, const ModelFamily& family) {
   return o;
 }
 
-ModulePtr from_config(const json& c, const std::string& where, const json& overrides, uint64_t seed) {
+// The family config.json names, or a ConfigError refusing it by name.
+const ModelFamily& hf_family(const json& c, const std::string& where) {
   BOOSTER_CHECK(c.is_object(), ConfigError, where, " is not a JSON object");
   const HfConfigReader r{c, where};
   // Without model_type, the class in "architectures" names the family (as transformers' AutoConfig does
@@ -169,7 +170,12 @@ ModulePtr from_config(const json& c, const std::string& where, const json& overr
                 "knows); booster reads \"llama\", \"mistral\", \"qwen2\" and \"gpt2\"");
   const ModelFamily* family = find_hf_family(type);
   if (family == nullptr || family->hf_model_type != type || !family->from_hf) refuse_family(where, type);
-  return family->from_hf(r, read_overrides(overrides, *family), seed);
+  return *family;
+}
+
+ModulePtr from_config(const json& c, const std::string& where, const json& overrides, uint64_t seed) {
+  const ModelFamily& family = hf_family(c, where);
+  return family.from_hf(HfConfigReader{c, where}, read_overrides(overrides, family), seed);
 }
 
 // ------------------------------------------------------------------------------------------ weight files
@@ -275,6 +281,7 @@ ModulePtr load_pretrained(const fs::path& dir, const json& overrides, uint64_t s
   BOOSTER_CHECK(fs::exists(config_file), ConfigError, "hf model ", dir.string(),
                 ": no config.json (a Hugging Face model directory holds config.json and model.safetensors)");
   const json config = read_json_file(config_file, "hf model " + dir.string());
+  hf_family(config, config_file.string());  // an architecture booster lacks is named before any file is read
   {
     // Note [Sizes before building] (model_size.h): config.json's sizes against the weights' headers and
     // the limits, before a layer is built.
