@@ -86,6 +86,17 @@ TEST_CASE("booster train writes peak_tensor_bytes into metrics.jsonl and the sum
   CHECK(check.exit_code == 0);
   CHECK_THAT(check.err, Catch::Contains("  measured: ") && Catch::Contains(" peak of live tensors by step 4 of the run in " +
                                                                            (run_dir / "metrics.jsonl").string()));
+
+  // A record nested 200,000 deep (after the good ones) and a step that is not a number: set aside, no crash.
+  {
+    std::ofstream out(run_dir / "metrics.jsonl", std::ios::app);
+    out << R"({"kind": "train", "step": "x", "peak_tensor_bytes": 1000})" << "\n" << std::string(200000, '[') << std::string(200000, ']') << "\n";
+  }
+  const testing::RunResult hostile =
+      testing::run_booster_in(scratch_dir(), "check --config " + (scratch_dir() / "single.json").string(), kOneThread);
+  INFO(hostile.err);
+  CHECK(hostile.exit_code == 0);
+  CHECK_THAT(hostile.err, Catch::Contains("  measured: 1000 bytes peak of live tensors of the run in "));
 }
 
 TEST_CASE("booster run -n 2 reports each rank's peak_tensor_bytes", "[cli][peak_memory][mpi]") {
