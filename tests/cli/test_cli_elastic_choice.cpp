@@ -109,6 +109,21 @@ TEST_CASE("elastic choice: the slots left are the fewer of the re-read hostfile'
     CHECK(processes_run(r) == 2);
   }
   {
+    // The other way round, the hostfile drops to 3 slots, the hook allows 2: 2 are left (global 12: 3
+    // would divide it too, so a launcher that ignores the hook under a hostfile picks 3).
+    INFO("hostfile 3, hook 2");
+    write_hostfile("hosts_choice", "localhost slots=4\n");
+    const RunResult r = run_booster(
+        "run -n 4 --hostfile " + hosts.string() + " --max-restarts 1 --min-processes 1 -- booster train --config " +
+            config("hook_fewer", 3).string(),
+        killed_once("hook_fewer", "BOOSTER_TEST_MAX_PROCESSES=2 BOOSTER_TEST_BEFORE_RESTART='echo localhost slots=3 >" +
+                                      hosts.string() + "'"));
+    INFO(r.err);
+    REQUIRE(r.exit_code == 0);
+    CHECK_THAT(r.err, Catch::Contains("; on 2 processes instead of 4 (2 slots left), data.batch_size 3 -> 6"));
+    CHECK(processes_run(r) == 2);
+  }
+  {
     // The hostfile grows to 6 slots meanwhile: the job restarts as it was, on 4, with its batch size.
     INFO("hostfile 6");
     write_hostfile("hosts_choice", "localhost slots=4\n");
