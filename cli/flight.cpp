@@ -31,7 +31,7 @@ namespace {
 
 // "rank 1", "ranks 1-999999, 1000001": the ranks below `world` that are not in `have`, as ranges, so
 // that a world of 10^6 ranks (or a record named rank-999999999.json) never lists each number.
-std::string absent_ranks(const std::set<int>& have, int world) {
+std::string absent_ranks(const std::set<int>& have, int64_t world) {
   std::string out;
   int64_t count = 0, next = 0;
   auto add = [&](int64_t first, int64_t last) {
@@ -83,12 +83,12 @@ int flight(const std::vector<std::string>& args) {
   // Which ranks wrote, and which of the world did not. The whole text is made before any of it is
   // printed: a record that fails the analysis prints nothing partial.
   std::set<int> have;
-  int world = 0;
+  int64_t world = 0;
   for (const nlohmann::json& r : records) {
     if (const int rank = distributed::record_world_rank(r); rank >= 0) have.insert(rank);
-    for (const nlohmann::json& g : r.at("groups")) world = std::max(world, int(g.at("size").get<int64_t>()));
+    for (const nlohmann::json& g : r.at("groups")) world = std::max(world, g.at("size").get<int64_t>());
   }
-  if (!have.empty()) world = std::max(world, *have.rbegin() + 1);
+  if (!have.empty()) world = std::max(world, int64_t(*have.rbegin()) + 1);  // a rank of INT32_MAX does not overflow
   const std::vector<int> got(have.begin(), have.end());
   const std::string absent = absent_ranks(have, world);
   size_t unknown = 0;  // rank-unknown-<pid>.json files
